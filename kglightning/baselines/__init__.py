@@ -1,0 +1,5 @@
+"""KBQA baselines that propose answers (the detector's source of real hallucinations)."""
+
+from kglightning.baselines.path_reasoner import EmbeddingPathReasoner
+
+__all__ = ["EmbeddingPathReasoner"]

@@ -1,0 +1,5 @@
+"""Lightning callbacks."""
+
+from kglightning.callbacks.prediction_writer import JsonlPredictionWriter
+
+__all__ = ["JsonlPredictionWriter"]

@@ -1,0 +1,63 @@
+"""``python -m kglightning``: LightningCLI (fit / validate / test / predict) plus extra subcommands.
+
+Any LightningModule and LightningDataModule can be named by ``class_path`` (subclass mode). Sizes that the data
+decides and the model needs are linked with ``link_arguments`` at instantiation; a link is applied only where both
+the chosen data class and the chosen model class have the argument, so one CLI serves every module.
+
+Extra subcommands, handled before LightningCLI:
+  ``evaluate``         RoG-compatible answer metrics (+ ECE) of a predictions jsonl (see :mod:`kglightning.evaluate`)
+  ``build-benchmark``  build the embedded geography/elements benchmark into a folder
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.cli import LightningCLI
+
+EXTRA_SUBCOMMANDS = ("evaluate", "build-benchmark")
+
+
+class KGLightningCLI(LightningCLI):
+    """LightningCLI with kglightning's links between data and model."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.link_arguments("data.text_dim", "model.init_args.text_dim", apply_on="instantiate")
+
+
+def _build_benchmark(argv: list[str]) -> int:
+    import argparse
+
+    from kglightning.data.sources.embedded import build_embedded_benchmark
+
+    p = argparse.ArgumentParser(prog="python -m kglightning build-benchmark",
+                                description="Build the embedded geography/elements KGQA benchmark (RoG format).")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    for split, path in build_embedded_benchmark(args.out, seed=args.seed).items():
+        print(f"{split}: {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Entry point of ``python -m kglightning`` and of the ``kglightning`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "evaluate":
+        from kglightning.evaluate import main as evaluate_main
+
+        return evaluate_main(argv[1:])
+    if argv and argv[0] == "build-benchmark":
+        return _build_benchmark(argv[1:])
+    return KGLightningCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        seed_everything_default=0,
+        save_config_kwargs={"overwrite": True},
+        args=argv,
+        parser_kwargs={"description": __doc__},
+    )

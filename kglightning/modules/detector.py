@@ -1,0 +1,199 @@
+"""KG-Guard hallucination detector as a LightningModule (KG-Guard §3.2, App. A)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor
+from torch.nn import functional as F
+from torchmetrics import Metric, MetricCollection
+from torchmetrics.classification import BinaryAccuracy, BinaryF1Score, BinaryPrecision, BinaryRecall
+from torchmetrics.functional.classification import binary_average_precision, binary_precision_recall_curve
+
+from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard
+
+
+class ScoreBuffer(Metric):
+    """Keeps every (probability, label) pair of an epoch; DDP gathers them with ``cat``.
+
+    Example:
+        >>> buf = ScoreBuffer()
+        >>> buf.update(torch.tensor([0.2, 0.9]), torch.tensor([0, 1]))
+        >>> [t.tolist() for t in buf.compute()]
+        [[0.20000000298023224, 0.8999999761581543], [0, 1]]
+    """
+
+    full_state_update = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("probs", default=[], dist_reduce_fx="cat")
+        self.add_state("target", default=[], dist_reduce_fx="cat")
+
+    def update(self, probs: Tensor, target: Tensor) -> None:
+        self.probs.append(probs.detach().float())
+        self.target.append(target.detach().long())
+
+    def compute(self) -> tuple[Tensor, Tensor]:
+        probs = torch.cat(self.probs) if isinstance(self.probs, list) else self.probs
+        target = torch.cat(self.target) if isinstance(self.target, list) else self.target
+        return probs, target
+
+
+def best_f1_threshold(probs: Tensor, target: Tensor) -> tuple[float, float]:
+    """The threshold ``t`` (predict hallucinated when ``p >= t``) with the highest F1, and that F1."""
+    precision, recall, thresholds = binary_precision_recall_curve(probs, target)
+    f1 = 2 * precision[:-1] * recall[:-1] / (precision[:-1] + recall[:-1]).clamp_min(1e-12)
+    best = int(torch.argmax(f1))
+    return float(thresholds[best]), float(f1[best])
+
+
+def item_uniform(seed: int, qid: str, node: str) -> float:
+    """A uniform number in ``[0, 1)`` fixed by ``(seed, question id, node)``, whatever process or batch sees it."""
+    digest = hashlib.sha1(f"{seed}\x1f{qid}\x1f{node}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _hard_metrics() -> MetricCollection:
+    return MetricCollection(
+        {"f1": BinaryF1Score(), "precision": BinaryPrecision(), "recall": BinaryRecall(), "accuracy": BinaryAccuracy()}
+    )
+
+
+class HallucinationDetector(L.LightningModule):
+    """Flags hallucinated answer nodes: label 1 = the proposed node is not a gold answer.
+
+    The decision threshold is tuned on validation (best F1) at the end of every validation epoch and kept in the
+    ``threshold`` buffer, so it is saved in checkpoints. The majority class of validation labels is kept in the
+    ``majority`` buffer; the test run reports the MostFrequent and Random baselines beside the detector
+    (``test/mostfrequent/*``, ``test/random/*``).
+
+    Args:
+        text_dim: text-embedding size (linked from the DataModule).
+        encoder: graph encoder, built as ``encoder(in_channels, edge_dim)``; name it by ``class_path``
+            (``kglightning.nn.GraphTransformerEncoder`` or ``kglightning.nn.GATEncoder``, or your own subclass of
+            :class:`~kglightning.nn.GraphEncoder`).
+        mark_dim: size of topic/answer mark embeddings.
+        mlp_hidden: hidden size of the classifier MLP.
+        dropout: MLP dropout.
+        optimizer: optimizer factory; default Adam(lr=1e-3, weight_decay=1e-4) as in the paper.
+        threshold: initial decision threshold.
+        tune_threshold: re-tune the threshold on validation.
+        baseline_seed: seed of the Random baseline, whose score for a node is fixed by (seed, question id,
+            node name), so that it is the same on one process or many.
+    """
+
+    def __init__(
+        self,
+        text_dim: int = 384,
+        encoder: Callable[[int, int], GraphEncoder] = GraphTransformerEncoder,
+        mark_dim: int = 20,
+        mlp_hidden: int = 256,
+        dropout: float = 0.1,
+        optimizer: OptimizerCallable | None = None,
+        threshold: float = 0.5,
+        tune_threshold: bool = True,
+        baseline_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["encoder", "optimizer"])
+        self.net = KGGuard(text_dim, encoder, mark_dim=mark_dim, mlp_hidden=mlp_hidden, dropout=dropout)
+        self.optimizer = optimizer
+        self.tune_threshold = tune_threshold
+        self.baseline_seed = baseline_seed
+        self.register_buffer("threshold", torch.tensor(float(threshold)))
+        self.register_buffer("majority", torch.tensor(1.0))
+        self.val_scores = ScoreBuffer()
+        self.test_scores = ScoreBuffer()
+        self.test_metrics = _hard_metrics()
+        self.mostfrequent_metrics = _hard_metrics()
+        self.random_metrics = _hard_metrics()
+        self.random_scores = ScoreBuffer()
+
+    def forward(self, batch: Any) -> Tensor:
+        """Logits ``(A,)`` for every proposed answer node of the batch."""
+        return self.net(
+            batch.x_text, batch.topic_mask, batch.answer_mask, batch.edge_index, batch.edge_text_emb,
+            batch.edge_kind, batch.answer_index, batch.question,
+        )
+
+    def _loss(self, batch: Any, stage: str) -> tuple[Tensor, Tensor]:
+        logits = self(batch)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.y)
+        train = stage == "train"
+        self.log(f"{stage}/loss", loss, batch_size=batch.y.numel(), prog_bar=train, on_step=train, on_epoch=True,
+                 sync_dist=not train)
+        return loss, torch.sigmoid(logits)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return self._loss(batch, "train")[0]
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        _, probs = self._loss(batch, "val")
+        self.val_scores.update(probs, batch.y)
+
+    def on_validation_epoch_end(self) -> None:
+        probs, target = self.val_scores.compute()
+        self.val_scores.reset()
+        if probs.numel() == 0:
+            return
+        if self.tune_threshold and not self.trainer.sanity_checking:
+            self.threshold.fill_(best_f1_threshold(probs, target)[0])
+            self.majority.fill_(float(target.float().mean() >= 0.5))
+        preds = (probs >= self.threshold).long()
+        metrics = _hard_metrics().to(probs.device)
+        values = {f"val/{k}": v for k, v in metrics(preds, target).items()}
+        values["val/auc_pr"] = binary_average_precision(probs, target)
+        values["val/threshold"] = self.threshold.clone()
+        self.log("val/f1", values.pop("val/f1"), prog_bar=True)
+        self.log_dict(values)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        _, probs = self._loss(batch, "test")
+        target = batch.y.long()
+        self.test_scores.update(probs, target)
+        self.test_metrics.update((probs >= self.threshold).long(), target)
+        self.mostfrequent_metrics.update(torch.full_like(target, int(self.majority)), target)
+        # answer nodes come graph by graph, in the order of each graph's answer_names
+        rand = torch.tensor([item_uniform(self.baseline_seed, qid, name)
+                             for qid, names in zip(batch.qid, batch.answer_names) for name in names],
+                            device=probs.device)
+        self.random_scores.update(rand, target)
+        self.random_metrics.update((rand >= 0.5).long(), target)
+
+    def on_test_epoch_end(self) -> None:
+        probs, target = self.test_scores.compute()
+        rand, _ = self.random_scores.compute()
+        values = {f"test/{k}": v for k, v in self.test_metrics.compute().items()}
+        values["test/auc_pr"] = binary_average_precision(probs, target)
+        values["test/threshold"] = self.threshold.clone()
+        for name, metrics in (("mostfrequent", self.mostfrequent_metrics), ("random", self.random_metrics)):
+            values.update({f"test/{name}/{k}": v for k, v in metrics.compute().items()})
+        # a constant score ranks nothing: its average precision is the positive rate
+        values["test/mostfrequent/auc_pr"] = target.float().mean()
+        values["test/random/auc_pr"] = binary_average_precision(rand, target)
+        self.log_dict(values)
+        for m in (self.test_scores, self.random_scores, self.test_metrics, self.mostfrequent_metrics,
+                  self.random_metrics):
+            m.reset()
+
+    def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
+        """Per question: the proposed answers with their hallucination probability and flag."""
+        probs = torch.sigmoid(self(batch)).cpu()
+        owner = batch.batch[batch.answer_index].cpu()
+        thr = float(self.threshold)
+        out = []
+        for g, (qid, names) in enumerate(zip(batch.qid, batch.answer_names)):
+            p = probs[owner == g].tolist()
+            out.append({"id": qid, "prediction": list(names), "hallucination_prob": [round(x, 6) for x in p],
+                        "flagged": [n for n, x in zip(names, p) if x >= thr], "threshold": thr})
+        return out
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            return torch.optim.Adam(self.parameters(), lr=1e-3, weight_decay=1e-4)
+        return self.optimizer(self.parameters())

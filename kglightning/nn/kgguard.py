@@ -1,0 +1,95 @@
+"""The KG-Guard hallucination detector network (KG-Guard §3.2, App. A), without any Lightning code."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from kglightning.nn.base import GraphEncoder
+
+#: ``edge_kind`` values of the augmented graph.
+EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL = 0, 1, 2
+
+
+class KGGuard(nn.Module):
+    """Scores every proposed answer node of a question subgraph in one forward pass.
+
+    Node features are ``[text embedding ‖ M_T[is_topic] ‖ M_A[is_answer]]`` with learned mark tables ``M_T`` and
+    ``M_A`` of shape ``(2, mark_dim)``. Edge features are relation-text embeddings plus a learned embedding of the
+    edge kind (forward triple, explicit reverse edge, or virtual-question edge); the virtual edges, which join the
+    virtual question node to the topic entities, have no relation text, so their feature is the learned kind
+    embedding alone. An MLP reads ``[h_answer ‖ z_question]`` and returns one logit (hallucinated = 1).
+
+    Args:
+        text_dim: size of the text embeddings of nodes, relations and questions.
+        encoder: builds the graph encoder from ``(in_channels, edge_dim)``, e.g. a
+            :class:`~kglightning.nn.GraphTransformerEncoder` class or a partial of it.
+        mark_dim: size of the topic and answer mark embeddings (``d_T = d_A``).
+        mlp_hidden: hidden size of the classifier MLP.
+        dropout: dropout inside the MLP.
+
+    Shapes:
+        - ``x_text (N, text_dim)``; ``topic_mask``, ``answer_mask (N,)`` bool
+        - ``edge_index (2, E)``; ``edge_text (E, text_dim)`` (rows of virtual edges are ignored); ``edge_kind (E,)``
+        - ``answer_index (A,)`` node indices; ``question (A, text_dim)`` the question embedding of each answer
+        - output: logits ``(A,)``
+
+    Example:
+        >>> from kglightning.nn import GraphTransformerEncoder
+        >>> from functools import partial
+        >>> net = KGGuard(8, partial(GraphTransformerEncoder, hidden_channels=16, heads=2), mark_dim=4)
+        >>> x = torch.randn(3, 8); ei = torch.tensor([[2, 0], [0, 1]])
+        >>> logits = net(x, torch.tensor([True, False, False]), torch.tensor([False, True, False]), ei,
+        ...              torch.randn(2, 8), torch.tensor([EDGE_VIRTUAL, EDGE_FORWARD]), torch.tensor([1]),
+        ...              torch.randn(1, 8))
+        >>> logits.shape
+        torch.Size([1])
+    """
+
+    def __init__(
+        self,
+        text_dim: int,
+        encoder: Callable[[int, int], GraphEncoder],
+        mark_dim: int = 20,
+        mlp_hidden: int = 256,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.text_dim = text_dim
+        self.topic_mark = nn.Embedding(2, mark_dim)
+        self.answer_mark = nn.Embedding(2, mark_dim)
+        self.edge_kind = nn.Embedding(3, text_dim)
+        self.encoder = encoder(text_dim + 2 * mark_dim, text_dim)
+        hidden = self.encoder.out_channels
+        self.head = nn.Sequential(
+            nn.Linear(hidden + text_dim, mlp_hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(mlp_hidden, 1)
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.topic_mark.weight, std=0.1)
+        nn.init.normal_(self.answer_mark.weight, std=0.1)
+        nn.init.normal_(self.edge_kind.weight, std=0.1)
+        self.encoder.reset_parameters()
+        for layer in self.head:
+            if isinstance(layer, nn.Linear):
+                layer.reset_parameters()
+
+    def forward(
+        self,
+        x_text: Tensor,
+        topic_mask: Tensor,
+        answer_mask: Tensor,
+        edge_index: Tensor,
+        edge_text: Tensor,
+        edge_kind: Tensor,
+        answer_index: Tensor,
+        question: Tensor,
+    ) -> Tensor:
+        x = torch.cat([x_text, self.topic_mark(topic_mask.long()), self.answer_mark(answer_mask.long())], dim=-1)
+        has_text = (edge_kind != EDGE_VIRTUAL).unsqueeze(-1).to(edge_text.dtype)
+        edge_attr = edge_text * has_text + self.edge_kind(edge_kind)
+        h = self.encoder(x, edge_index, edge_attr)
+        return self.head(torch.cat([h[answer_index], question], dim=-1)).squeeze(-1)

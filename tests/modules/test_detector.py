@@ -1,0 +1,95 @@
+"""The detector trains on a small hand-made dataset: loss falls, parameters change, threshold is checkpointed."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import lightning as L
+import pytest
+import torch
+
+from kglightning.data import DetectionDataModule, SentenceEncoder
+from kglightning.modules import HallucinationDetector
+from kglightning.modules.detector import best_f1_threshold
+from kglightning.nn import GATEncoder, GraphTransformerEncoder
+
+
+def _datamodule(detection_dir, tiny_encoder_dir, tmp_path):
+    return DetectionDataModule(data_dir=detection_dir, encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+                               cache_dir=str(tmp_path / "cache"), batch_size=8)
+
+
+def _trainer(tmp_path, epochs):
+    return L.Trainer(max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                     default_root_dir=tmp_path, accelerator="cpu", deterministic=True)
+
+
+@pytest.mark.parametrize("encoder", [GraphTransformerEncoder, GATEncoder])
+def test_fit_lowers_loss_and_changes_parameters(encoder, detection_dir, tiny_encoder_dir, tmp_path):
+    L.seed_everything(0)
+    dm = _datamodule(detection_dir, tiny_encoder_dir, tmp_path)
+    dm.prepare_data()
+    dm.setup("fit")
+    model = HallucinationDetector(text_dim=dm.text_dim, encoder=partial(encoder, hidden_channels=32, heads=4),
+                                  mlp_hidden=32, dropout=0.0)
+    batch = dm.collate(dm.datasets["train"])
+
+    def loss():
+        model.eval()
+        with torch.no_grad():
+            return torch.nn.functional.binary_cross_entropy_with_logits(model(batch), batch.y).item()
+
+    before_loss, before = loss(), [p.detach().clone() for p in model.parameters()]
+    _trainer(tmp_path, 15).fit(model, dm)
+    after_loss = loss()
+    assert after_loss < 0.7 * before_loss
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_threshold_tuned_on_validation_and_kept_in_checkpoint(detection_dir, tiny_encoder_dir, tmp_path):
+    L.seed_everything(0)
+    dm = _datamodule(detection_dir, tiny_encoder_dir, tmp_path)
+    model = HallucinationDetector(text_dim=32, encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=4))
+    trainer = _trainer(tmp_path, 3)
+    trainer.fit(model, dm)
+    assert float(model.threshold) != 0.5
+    path = tmp_path / "m.ckpt"
+    trainer.save_checkpoint(path)
+    fresh = HallucinationDetector(text_dim=32, encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=4))
+    fresh.load_state_dict(torch.load(path, weights_only=False)["state_dict"])
+    assert float(fresh.threshold) == float(model.threshold)
+    assert float(fresh.majority) == float(model.majority)
+
+    results = trainer.test(model, dm, verbose=False)[0]
+    for name in ("test/f1", "test/auc_pr", "test/mostfrequent/f1", "test/random/f1", "test/random/auc_pr"):
+        assert 0.0 <= results[name] <= 1.0, name
+    # MostFrequent predicts one class for every node: its recall is 0 or 1
+    assert results["test/mostfrequent/recall"] in (0.0, 1.0)
+
+    preds = trainer.predict(model, dm)
+    rows = [row for batch in preds for row in batch]
+    assert len(rows) == len(dm.datasets["test"])
+    for row in rows:
+        assert len(row["hallucination_prob"]) == len(row["prediction"])
+        assert set(row["flagged"]) <= set(row["prediction"])
+
+
+def test_best_f1_threshold_hand_computed():
+    probs = torch.tensor([0.1, 0.4, 0.35, 0.8])
+    target = torch.tensor([0, 0, 1, 1])
+    thr, f1 = best_f1_threshold(probs, target)
+    # p >= 0.35 -> preds [0,1,1,1]: P=2/3, R=1, F1=0.8; p >= 0.8 -> P=1, R=0.5, F1=2/3
+    assert thr == pytest.approx(0.35) and f1 == pytest.approx(0.8)
+
+
+def test_records_without_predictions_need_a_proposer(tmp_path, tiny_encoder_dir):
+    import json
+
+    for split in ("train", "validation", "test"):
+        (tmp_path / f"{split}.jsonl").write_text(json.dumps(
+            {"id": "a", "question": "q?", "answer": ["x"], "q_entity": ["y"], "a_entity": ["x"],
+             "graph": [["y", "r", "x"]]}) + "\n")
+    dm = DetectionDataModule(data_dir=str(tmp_path), encoder=SentenceEncoder(tiny_encoder_dir),
+                             cache_dir=str(tmp_path / "c"))
+    with pytest.raises(ValueError, match=r"train\.jsonl.*no 'prediction'.*proposer"):
+        dm.prepare_data()

@@ -1,0 +1,128 @@
+"""The evaluate command on a small predictions file with hand-computed numbers."""
+
+import json
+
+import pytest
+
+from kglightning.data.records import RecordError
+from kglightning.evaluate import evaluate_predictions, main
+
+LINES = [
+    # q1: string with a trailing newline -> ["Paris", "Lyon", ""]: 1 gold matched of 1, precision 1/3
+    {"id": "q1", "question": "?", "prediction": "Paris\nLyon\n", "ground_truth": ["Paris"],
+     "confidence": [0.9, 0.6, 0.5]},
+    # q2: list, de-duplicated -> ["Barack Obama", "Michelle"]; "Obama" matched, "Sasha" not
+    {"id": "q2", "question": "?", "prediction": ["Barack Obama", "Barack Obama", "Michelle"],
+     "ground_truth": ["Obama", "Sasha"], "confidence": {"Barack Obama": 0.8, "Michelle": 0.3}},
+    # q3: our record format: "answer" instead of "ground_truth"; wrong
+    {"id": "q3", "question": "?", "prediction": ["Rome"], "answer": ["Lyon"]},
+    # q4: empty gold list: RoG crashes; here it is skipped and counted
+    {"id": "q4", "question": "?", "prediction": ["x"], "ground_truth": []},
+]
+
+# per question (q1, q2, q3), computed by hand
+ACC = [1.0, 0.5, 0.0]
+HIT = [1.0, 1.0, 0.0]
+HIT1 = [1.0, 1.0, 0.0]
+PRECISION = [1 / 3, 0.5, 0.0]
+RECALL = [1.0, 0.5, 0.0]
+F1 = [2 * (1 / 3) * 1 / (1 / 3 + 1), 0.5, 0.0]
+STRICT_F1 = [2 / 3, 0.0, 0.0]  # q1: {paris, lyon} vs {paris}
+
+
+def _pct(xs):
+    return sum(xs) * 100 / len(xs)  # RoG's formula
+
+
+def _write(path, lines):
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines), encoding="utf-8")
+    return path
+
+
+def test_evaluate_writes_expected_numbers(tmp_path, capsys):
+    pred = _write(tmp_path / "predictions.jsonl", LINES + [""])  # a trailing blank line is fine
+    res = evaluate_predictions(pred, n_bins=10)
+
+    rog_line = (f"Accuracy: {_pct(ACC)} Hit: {_pct(HIT)} Hit1: {_pct(HIT1)} F1: {_pct(F1)} "
+                f"Precision: {_pct(PRECISION)} Recall: {_pct(RECALL)}")
+    text = (tmp_path / "eval_result.txt").read_text().splitlines()
+    assert text[0] == rog_line
+    assert text[0].startswith("Accuracy: 50.0 Hit: 66.66666666666667 Hit1: 66.66666666666667 F1: ")
+    assert text[1] == f"Strict-F1: {_pct(STRICT_F1)} Strict-Precision: {_pct([0.5, 0, 0])} " \
+                      f"Strict-Recall: {_pct([1.0, 0, 0])} EM: 0.0"
+    assert text[2].startswith("ECE: ")
+    assert rog_line in capsys.readouterr().out
+
+    # confidences: (0.9, right), (0.6, wrong) [the empty line is skipped], (0.8, right), (0.3, wrong)
+    # each alone in its bin -> ECE = mean(|1-.9|, |0-.6|, |1-.8|, |0-.3|) = 0.3, MCE = 0.6, Brier = 0.125
+    assert res["ece"] == pytest.approx(30.0, abs=1e-4)
+    assert res["mce"] == pytest.approx(60.0, abs=1e-4)
+    assert res["brier"] == pytest.approx(12.5, abs=1e-4)
+    assert res["n_questions"] == 3 and res["n_empty_gold"] == 1 and res["n_confidences"] == 4
+    assert res["f1"] == _pct(F1) and res["hit1"] == _pct(HIT1)
+    assert (tmp_path / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+
+    rows = [json.loads(x) for x in (tmp_path / "detailed_eval_result.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["q1", "q2", "q3", "q4"]
+    assert rows[0]["prediction"] == ["Paris", "Lyon", ""]
+    assert rows[1]["prediction"] == ["Barack Obama", "Michelle"]
+    assert rows[2]["ground_truth"] == ["Lyon"]
+    for i, r in enumerate(rows[:3]):
+        assert (r["acc"], r["hit"], r["hit1"], r["recall"]) == (ACC[i], HIT[i], HIT1[i], RECALL[i])
+        assert r["f1"] == pytest.approx(F1[i]) and r["precision"] == pytest.approx(PRECISION[i])
+        assert r["strict_f1"] == pytest.approx(STRICT_F1[i]) and r["em"] == 0.0
+    assert rows[3]["f1"] is None and rows[3]["skipped"] == "empty ground_truth"
+
+
+def test_no_confidence_no_plot_and_topk_names(tmp_path):
+    pred = _write(tmp_path / "p.jsonl", [{"id": 1, "prediction": ["x", "y", "y"], "ground_truth": ["x"]}])
+    out = tmp_path / "out"
+    res = evaluate_predictions(pred, out, topk=1)  # keeps "y" (most frequent) only
+    assert res["hit"] == 0.0 and "ece" not in res
+    assert sorted(p.name for p in out.iterdir()) == ["detailed_eval_result_top_1.jsonl", "eval_result_top_1.txt"]
+    assert len((out / "eval_result_top_1.txt").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ('{"id": "q2", "prediction": ["a", 3], "ground_truth": ["a"]}', "prediction"),
+        ('{"id": "q2", "prediction": ["a"]}', "ground_truth"),
+        ('{"id": "q2", "prediction": ["a"], "ground_truth": [1]}', "ground_truth"),
+        ('{"id": "q2", "prediction": ["a"], "answer": {"x": 1}}', "answer"),
+        ('{"prediction": ["a"], "ground_truth": ["a"]}', "id"),
+        ('{"id": "q2", "prediction": ["a"], "ground_truth": ["a"], "confidence": [1.2]}', "confidence"),
+        ('{"id": "q2", "prediction": ["a", "b"], "ground_truth": ["a"], "confidence": [0.2]}', "confidence"),
+        ('{"id": "q2", "prediction": ["a", "b"], "ground_truth": ["a"], "confidence": {"a": 0.2}}', "confidence"),
+        ('{"id": "q2", "prediction": "a", "ground_truth": ["a"], "confidence": "high"}', "confidence"),
+        ('{"id": "q2", "prediction": ["a"], "ground_truth": ["a"]', None),
+        ('["q2"]', None),
+    ],
+)
+def test_malformed_line_names_file_line_and_field(tmp_path, bad, field):
+    path = _write(tmp_path / "predictions.jsonl", [LINES[0], "", bad])
+    with pytest.raises(RecordError) as info:
+        evaluate_predictions(path)
+    err = info.value
+    assert (err.source, err.line, err.field) == (str(path), 3, field)
+    assert f"{path}:3" in str(err)
+    if field:
+        assert f"'{field}'" in str(err)
+
+
+def test_main(tmp_path, capsys):
+    pred = _write(tmp_path / "predictions.jsonl", LINES)
+    out = tmp_path / "o"
+    assert main(["--predictions", str(pred), "--output", str(out), "--n_bins", "5"]) == 0
+    assert (out / "eval_result.txt").exists() and (out / "reliability.png").exists()
+    assert "Hit1:" in capsys.readouterr().out
+
+    bad = _write(tmp_path / "bad.jsonl", ['{"id": 1}'])
+    assert main(["--predictions", str(bad)]) == 2
+    assert f"{bad}:1: field 'prediction'" in capsys.readouterr().err
+    assert main(["--predictions", str(tmp_path / "missing.jsonl")]) == 2
+    only_empty = _write(tmp_path / "e.jsonl", [LINES[3]])
+    assert main(["--predictions", str(only_empty)]) == 2
+    assert "no question" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([])
