@@ -159,8 +159,10 @@ class EmbeddingCache:
     @property
     def table(self) -> torch.Tensor:
         """All cached embeddings, row ``i`` belonging to the ``i``-th string added."""
+        if not self._chunks:
+            return torch.zeros(0, 0)
         if self._table is None:
-            self._table = torch.cat(self._chunks) if self._chunks else torch.zeros(0, 0)
+            self._table = torch.cat(self._chunks)
             self._chunks = [self._table]
         return self._table
 
@@ -191,4 +193,5 @@ class EmbeddingCache:
 
     def embed(self, texts: Iterable[str]) -> torch.Tensor:
         """Embeddings of ``texts`` (shape ``(n, dim)``), encoding the missing ones."""
-        return self.table[self.ids(texts)]
+        ids = self.ids(texts)  # first: it may add rows to the table
+        return self.table[ids]
