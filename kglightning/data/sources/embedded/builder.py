@@ -1,0 +1,187 @@
+"""Assemble the embedded benchmark: full KG -> questions -> subgraphs -> stratified splits -> files.
+
+Everything random draws from :class:`random.Random` instances seeded from ``seed`` (and the question id), and
+everything taken from a set or dict is sorted first, so one seed always gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import shutil
+import statistics
+import tempfile
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .facts_elements import load_elements
+from .facts_geography import load_geography
+from .factset import FactSet
+from .kg import KnowledgeGraph
+from .questions import Question, generate_questions
+from .subgraphs import SubgraphConfig, make_subgraph
+
+#: Bump when the output of a build changes; it names the cache folder.
+VERSION = "1"
+SPLITS = ("train", "validation", "test")
+SPLIT_FRACTIONS = (0.7, 0.1, 0.2)
+
+
+@functools.lru_cache(maxsize=1)
+def build_knowledge_graph() -> KnowledgeGraph:
+    """The full embedded KG (geography + elements), built once per process."""
+    geo, countries = load_geography()
+    facts = FactSet().merge(geo).merge(load_elements(countries))
+    return KnowledgeGraph(facts)
+
+
+def make_record(kg: KnowledgeGraph, q: Question, seed: int, cfg: SubgraphConfig) -> dict[str, Any]:
+    """The RoG-format record of one question, with its seeded subgraph."""
+    triples = make_subgraph(kg, q, random.Random(f"{seed}:{q.qid}"), cfg)
+    graph = sorted(kg.triple(t) for t in triples)
+    present = {n for t in triples for n in (kg.heads[t], kg.tails[t])}
+    answers = [kg.names[a] for a in q.answers]
+    a_entity = [kg.names[a] for a in q.answers if a in present]
+    tpl = q.template
+    return {
+        "id": q.qid,
+        "question": q.text,
+        "answer": answers,
+        "q_entity": [kg.names[e] for e in q.q_entities],
+        "a_entity": a_entity,
+        "graph": graph,
+        "kind": tpl.kind,
+        "hops": tpl.hops,
+        "relation_path": tpl.relation_path,
+        "answer_in_graph": len(a_entity) == len(answers),
+        "source": tpl.source,
+        "constraints": [[tpl.constraint, kg.names[q.constraint]]] if q.constraint is not None else [],
+        "template": tpl.name,
+    }
+
+
+def split_records(records: list[dict[str, Any]], seed: int) -> dict[str, list[dict[str, Any]]]:
+    """Stratified split by (source, kind, hops): ~70/10/20 inside every stratum, each split sorted by id."""
+    strata: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        strata.setdefault((r["source"], r["kind"], r["hops"]), []).append(r)
+    out: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
+    rng = random.Random(f"split:{seed}")
+    for key in sorted(strata):
+        group = sorted(strata[key], key=lambda r: r["id"])
+        rng.shuffle(group)
+        n = len(group)
+        n_val = max(1, round(n * SPLIT_FRACTIONS[1])) if n >= 3 else 0
+        n_test = max(1, round(n * SPLIT_FRACTIONS[2])) if n >= 3 else 0
+        n_train = n - n_val - n_test
+        out["train"] += group[:n_train]
+        out["validation"] += group[n_train : n_train + n_val]
+        out["test"] += group[n_train + n_val :]
+    return {s: sorted(rs, key=lambda r: r["id"]) for s, rs in out.items()}
+
+
+def _share(records: list[dict[str, Any]], pred) -> float:
+    return round(sum(1 for r in records if pred(r)) / max(1, len(records)), 4)
+
+
+def summarize(kg: KnowledgeGraph, splits: dict[str, list[dict[str, Any]]], seed: int) -> dict[str, Any]:
+    """The manifest: version, seed, counts per split/kind/hops/source, answer statistics, subgraph sizes."""
+    everything = [r for s in SPLITS for r in splits[s]]
+    sizes = sorted(len(r["graph"]) for r in everything)
+
+    def counts(rs: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "total": len(rs),
+            "kind": dict(sorted(Counter(r["kind"] for r in rs).items())),
+            "hops": {str(k): v for k, v in sorted(Counter(r["hops"] for r in rs).items())},
+            "source": dict(sorted(Counter(r["source"] for r in rs).items())),
+        }
+
+    return {
+        "name": "kglightning-embedded",
+        "builder_version": VERSION,
+        "seed": seed,
+        "files": {s: f"{s}.jsonl" for s in SPLITS},
+        "counts": {"all": counts(everything), **{s: counts(splits[s]) for s in SPLITS}},
+        "multi_answer_share": _share(everything, lambda r: len(r["answer"]) > 1),
+        "answers_missing_share": _share(everything, lambda r: not r["answer_in_graph"]),
+        "answers_per_question": {"mean": round(statistics.fmean(len(r["answer"]) for r in everything), 3),
+                                 "max": max(len(r["answer"]) for r in everything)},  # fmt: skip
+        "subgraph_triples": {"min": sizes[0], "median": statistics.median(sizes), "max": sizes[-1],
+                             "mean": round(statistics.fmean(sizes), 1)},  # fmt: skip
+        "templates": len({r["template"] for r in everything}),
+        "kg": kg.stats(),
+        "data_quality": kg.quality,
+    }
+
+
+def _write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")))
+            f.write("\n")
+
+
+def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
+    """Rename a finished build into place.
+
+    With ``replace=False`` a complete build already in place (say, from a concurrent process) is kept and ours
+    is discarded; with ``replace=True`` the old folder is moved aside first and then deleted.
+    """
+    if out_dir.exists():
+        if not replace and (out_dir / "manifest.json").exists():
+            return
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}-{tmp.name[-8:]}")
+        os.replace(out_dir, old)
+        shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.replace(tmp, out_dir)
+    except OSError:
+        if not (out_dir / "manifest.json").exists():  # lost a race to another complete build: fine
+            raise
+
+
+def build_embedded_benchmark(
+    out_dir: str | Path, seed: int = 0, progress: bool = True, *, replace: bool = True
+) -> dict[str, Path]:
+    """Build the benchmark into ``out_dir`` (written in a temp folder, then renamed into place).
+
+    Args:
+        out_dir: destination folder; an existing one is replaced as a whole (unless ``replace=False`` and it
+            already holds a complete build, which is then kept).
+        seed: seed of the split, the subgraph sampling and the missing answers.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        ``{"train": ..., "validation": ..., "test": ..., "manifest": ...}`` paths.
+    """
+    out_dir = Path(out_dir).expanduser().resolve()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    kg = build_knowledge_graph()
+    questions = generate_questions(kg)
+    cfg = SubgraphConfig()
+    items: Iterable[Question] = questions
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(questions, desc="embedded benchmark: subgraphs", unit="q")
+    records = [make_record(kg, q, seed, cfg) for q in items]
+    splits = split_records(records, seed)
+    manifest = summarize(kg, splits, seed)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        for s in SPLITS:
+            _write_jsonl(tmp / f"{s}.jsonl", splits[s])
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
+        os.chmod(tmp, 0o755)
+        _publish(tmp, out_dir, replace)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    paths = {s: out_dir / f"{s}.jsonl" for s in SPLITS}
+    paths["manifest"] = out_dir / "manifest.json"
+    return paths
