@@ -35,7 +35,9 @@ class EmbeddingPathReasoner(AnswerProposer):
         encoder: the sentence encoder (default: the bundled all-MiniLM-L6-v2).
         cache_dir: where text embeddings are cached (default ``$KGLIGHTNING_CACHE/embeddings``).
         max_hops: longest relation path considered.
-        top_k_paths: number of best paths followed.
+        top_k_paths: number of best paths followed at most.
+        min_relative_prob: a path among the top ``top_k_paths`` is followed only if its probability is at least
+            this fraction of the best path's (``0`` follows all of them).
         max_answers: most answers returned per question (highest confidence first).
         max_path_fanout: paths that end in more entities than this are ignored (they answer nothing specific).
         max_paths_per_entity: bound on enumerated paths per topic entity.
@@ -52,6 +54,7 @@ class EmbeddingPathReasoner(AnswerProposer):
         cache_dir: str | None = None,
         max_hops: int = 2,
         top_k_paths: int = 3,
+        min_relative_prob: float = 0.0,
         max_answers: int = 20,
         max_path_fanout: int = 50,
         max_paths_per_entity: int = 2000,
@@ -60,12 +63,15 @@ class EmbeddingPathReasoner(AnswerProposer):
     ) -> None:
         if max_hops < 1 or top_k_paths < 1 or max_answers < 1:
             raise ValueError("max_hops, top_k_paths and max_answers must be >= 1")
+        if not 0 <= min_relative_prob <= 1:
+            raise ValueError(f"min_relative_prob must be in [0, 1], got {min_relative_prob}")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.encoder = encoder or SentenceEncoder()
         self.cache_dir = cache_dir
         self.max_hops = max_hops
         self.top_k_paths = top_k_paths
+        self.min_relative_prob = min_relative_prob
         self.max_answers = max_answers
         self.max_path_fanout = max_path_fanout
         self.max_paths_per_entity = max_paths_per_entity
@@ -78,7 +84,8 @@ class EmbeddingPathReasoner(AnswerProposer):
     def cache_key(self) -> str:
         """Identifies this configuration, so cached proposals of another configuration are never reused."""
         return (
-            f"paths-{self.encoder.cache_key}-h{self.max_hops}-k{self.top_k_paths}-a{self.max_answers}"
+            f"paths-{self.encoder.cache_key}-h{self.max_hops}-k{self.top_k_paths}-r{self.min_relative_prob:g}"
+            f"-a{self.max_answers}"
             f"-f{self.max_path_fanout}-p{self.max_paths_per_entity}-t{self.temperature:g}"
         )
 
@@ -112,6 +119,7 @@ class EmbeddingPathReasoner(AnswerProposer):
         sims = emb @ q_emb
         probs = torch.softmax(sims / self.temperature, dim=0)
         order = torch.argsort(probs, descending=True, stable=True)[: self.top_k_paths].tolist()
+        order = [i for i in order if probs[i] >= self.min_relative_prob * probs[order[0]]]
         conf: dict[str, float] = {}
         for i in order:
             for entity in paths[keys[i]]:

@@ -10,9 +10,10 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 from torch.nn import functional as F
-from torchmetrics import Metric, MetricCollection
-from torchmetrics.classification import BinaryAccuracy, BinaryF1Score, BinaryPrecision, BinaryRecall
-from torchmetrics.functional.classification import binary_average_precision, binary_precision_recall_curve
+from torchmetrics import Metric
+from torchmetrics.functional.classification import binary_precision_recall_curve
+
+from kglightning.metrics.classification import detection_metrics
 
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard
 
@@ -56,12 +57,6 @@ def item_uniform(seed: int, qid: str, node: str) -> float:
     """A uniform number in ``[0, 1)`` fixed by ``(seed, question id, node)``, whatever process or batch sees it."""
     digest = hashlib.sha1(f"{seed}\x1f{qid}\x1f{node}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
-
-
-def _hard_metrics() -> MetricCollection:
-    return MetricCollection(
-        {"f1": BinaryF1Score(), "precision": BinaryPrecision(), "recall": BinaryRecall(), "accuracy": BinaryAccuracy()}
-    )
 
 
 class HallucinationDetector(L.LightningModule):
@@ -108,11 +103,10 @@ class HallucinationDetector(L.LightningModule):
         self.register_buffer("threshold", torch.tensor(float(threshold)))
         self.register_buffer("majority", torch.tensor(1.0))
         self.val_scores = ScoreBuffer()
-        self.test_scores = ScoreBuffer()
-        self.test_metrics = _hard_metrics()
-        self.mostfrequent_metrics = _hard_metrics()
-        self.random_metrics = _hard_metrics()
-        self.random_scores = ScoreBuffer()
+        # rebuilt at test start with the tuned threshold; the baselines' scores are 0/1 or uniform: threshold 0.5
+        self.test_metrics = detection_metrics(threshold=float(threshold))
+        self.mostfrequent_metrics = detection_metrics()
+        self.random_metrics = detection_metrics()
 
     def forward(self, batch: Any) -> Tensor:
         """Logits ``(A,)`` for every proposed answer node of the batch."""
@@ -144,42 +138,33 @@ class HallucinationDetector(L.LightningModule):
         if self.tune_threshold and not self.trainer.sanity_checking:
             self.threshold.fill_(best_f1_threshold(probs, target)[0])
             self.majority.fill_(float(target.float().mean() >= 0.5))
-        preds = (probs >= self.threshold).long()
-        metrics = _hard_metrics().to(probs.device)
-        values = {f"val/{k}": v for k, v in metrics(preds, target).items()}
-        values["val/auc_pr"] = binary_average_precision(probs, target)
+        values = {f"val/{k}": v for k, v in detection_metrics(float(self.threshold))(probs, target).items()}
         values["val/threshold"] = self.threshold.clone()
         self.log("val/f1", values.pop("val/f1"), prog_bar=True)
         self.log_dict(values)
 
+    def on_test_epoch_start(self) -> None:
+        self.test_metrics = detection_metrics(threshold=float(self.threshold)).to(self.device)
+
     def test_step(self, batch: Any, batch_idx: int) -> None:
         _, probs = self._loss(batch, "test")
         target = batch.y.long()
-        self.test_scores.update(probs, target)
-        self.test_metrics.update((probs >= self.threshold).long(), target)
-        self.mostfrequent_metrics.update(torch.full_like(target, int(self.majority)), target)
+        self.test_metrics.update(probs, target)
+        self.mostfrequent_metrics.update(torch.full_like(probs, float(self.majority)), target)
         # answer nodes come graph by graph, in the order of each graph's answer_names
         rand = torch.tensor([item_uniform(self.baseline_seed, qid, name)
                              for qid, names in zip(batch.qid, batch.answer_names) for name in names],
                             device=probs.device)
-        self.random_scores.update(rand, target)
-        self.random_metrics.update((rand >= 0.5).long(), target)
+        self.random_metrics.update(rand, target)
 
     def on_test_epoch_end(self) -> None:
-        probs, target = self.test_scores.compute()
-        rand, _ = self.random_scores.compute()
-        values = {f"test/{k}": v for k, v in self.test_metrics.compute().items()}
-        values["test/auc_pr"] = binary_average_precision(probs, target)
+        values = {}
+        for name, metrics in (("", self.test_metrics), ("mostfrequent/", self.mostfrequent_metrics),
+                              ("random/", self.random_metrics)):
+            values.update({f"test/{name}{k}": v for k, v in metrics.compute().items()})
+            metrics.reset()
         values["test/threshold"] = self.threshold.clone()
-        for name, metrics in (("mostfrequent", self.mostfrequent_metrics), ("random", self.random_metrics)):
-            values.update({f"test/{name}/{k}": v for k, v in metrics.compute().items()})
-        # a constant score ranks nothing: its average precision is the positive rate
-        values["test/mostfrequent/auc_pr"] = target.float().mean()
-        values["test/random/auc_pr"] = binary_average_precision(rand, target)
         self.log_dict(values)
-        for m in (self.test_scores, self.random_scores, self.test_metrics, self.mostfrequent_metrics,
-                  self.random_metrics):
-            m.reset()
 
     def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
         """Per question: the proposed answers with their hallucination probability and flag."""

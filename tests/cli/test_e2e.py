@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
-METRICS = ("test/f1", "test/precision", "test/recall", "test/accuracy", "test/auc_pr", "test/mostfrequent/f1",
+METRICS = ("test/f1", "test/precision", "test/recall", "test/acc", "test/auroc", "test/auc_pr", "test/mostfrequent/f1",
            "test/mostfrequent/auc_pr", "test/random/f1", "test/random/auc_pr")
 
 

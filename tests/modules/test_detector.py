@@ -63,8 +63,10 @@ def test_threshold_tuned_on_validation_and_kept_in_checkpoint(detection_dir, tin
     results = trainer.test(model, dm, verbose=False)[0]
     for name in ("test/f1", "test/auc_pr", "test/mostfrequent/f1", "test/random/f1", "test/random/auc_pr"):
         assert 0.0 <= results[name] <= 1.0, name
-    # MostFrequent predicts one class for every node: its recall is 0 or 1
+    # MostFrequent predicts one class for every node: its recall is 0 or 1, its AUC-PR the positive rate
     assert results["test/mostfrequent/recall"] in (0.0, 1.0)
+    positive_rate = torch.cat([g.y for g in dm.datasets["test"]]).mean().item()
+    assert results["test/mostfrequent/auc_pr"] == pytest.approx(positive_rate, abs=1e-6)
 
     preds = trainer.predict(model, dm)
     rows = [row for batch in preds for row in batch]
