@@ -29,9 +29,31 @@ class GraphEncoder(nn.Module, ABC):
 
 
 class _StackedAttentionEncoder(GraphEncoder):
-    """Shared body of the attention encoders: conv → residual → LayerNorm → activation → dropout, per layer."""
+    """Shared body of the attention encoders: input projection, then per layer conv → residual → LayerNorm →
+    ReLU → dropout. Subclasses only say which conv a layer is (:meth:`make_conv`).
 
-    def __init__(self, in_channels: int, hidden_channels: int, num_layers: int, heads: int, dropout: float) -> None:
+    Args:
+        in_channels: node feature size.
+        edge_dim: edge feature size.
+        hidden_channels: output size of every layer (``heads * per-head size``).
+        num_layers: number of attention layers.
+        heads: attention heads per layer (concatenated).
+        dropout: dropout on attention weights and on layer outputs.
+
+    Shapes:
+        - input: ``x (N, in_channels)``, ``edge_index (2, E)``, ``edge_attr (E, edge_dim)``
+        - output: ``(N, hidden_channels)``
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        edge_dim: int,
+        hidden_channels: int = 256,
+        num_layers: int = 2,
+        heads: int = 8,
+        dropout: float = 0.1,
+    ) -> None:
         super().__init__()
         if hidden_channels % heads:
             raise ValueError(f"hidden_channels ({hidden_channels}) must be divisible by heads ({heads})")
@@ -43,8 +65,14 @@ class _StackedAttentionEncoder(GraphEncoder):
         self.heads = heads
         self.dropout = dropout
         self.input_proj = nn.Linear(in_channels, hidden_channels)
-        self.convs = nn.ModuleList()
+        self.convs = nn.ModuleList(
+            [self.make_conv(hidden_channels, heads, dropout, edge_dim) for _ in range(num_layers)]
+        )
         self.norms = nn.ModuleList([nn.LayerNorm(hidden_channels) for _ in range(num_layers)])
+
+    @abstractmethod
+    def make_conv(self, channels: int, heads: int, dropout: float, edge_dim: int) -> nn.Module:
+        """One attention layer ``channels -> channels`` (``heads`` concatenated heads) taking edge features."""
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
         h = self.input_proj(x)
