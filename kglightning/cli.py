@@ -32,8 +32,10 @@ def _build_benchmark(argv: list[str]) -> int:
 
     from kglightning.data.sources.embedded import build_embedded_benchmark
 
-    p = argparse.ArgumentParser(prog="python -m kglightning build-benchmark",
-                                description="Build the embedded geography/elements KGQA benchmark (RoG format).")
+    p = argparse.ArgumentParser(
+        prog="python -m kglightning build-benchmark",
+        description="Build the embedded geography/elements KGQA benchmark (RoG format).",
+    )
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)

@@ -44,10 +44,20 @@ from kglightning.metrics.functional.calibration import (
 from kglightning.metrics.functional.qa import ALL_KEYS, answer_correctness, answer_scores, prepare_prediction
 from kglightning.metrics.plots import plot_reliability_diagram
 
-_ROG_LINE = (("Accuracy", "acc"), ("Hit", "hit"), ("Hit1", "hit1"), ("F1", "f1"), ("Precision", "precision"),
-             ("Recall", "recall"))
-_STRICT_LINE = (("Strict-F1", "strict_f1"), ("Strict-Precision", "strict_precision"),
-                ("Strict-Recall", "strict_recall"), ("EM", "em"))
+_ROG_LINE = (
+    ("Accuracy", "acc"),
+    ("Hit", "hit"),
+    ("Hit1", "hit1"),
+    ("F1", "f1"),
+    ("Precision", "precision"),
+    ("Recall", "recall"),
+)
+_STRICT_LINE = (
+    ("Strict-F1", "strict_f1"),
+    ("Strict-Precision", "strict_precision"),
+    ("Strict-Recall", "strict_recall"),
+    ("EM", "em"),
+)
 _CALIB_LINE = (("ECE", "ece"), ("MCE", "mce"), ("Brier", "brier"))
 
 
@@ -156,8 +166,12 @@ def confidence_pairs(rec: PredictionLine, scored: list[str]) -> tuple[list[float
             if not p.strip():
                 continue
             if p not in table:
-                raise RecordError(f"no confidence for predicted answer {p!r}", source="<predictions>",
-                                  line=rec.line, field="confidence")
+                raise RecordError(
+                    f"no confidence for predicted answer {p!r}",
+                    source="<predictions>",
+                    line=rec.line,
+                    field="confidence",
+                )
             items.append((p, table[p]))
     correct = answer_correctness([p for p, _ in items], rec.ground_truth)
     return [float(c) for _, c in items], correct
@@ -170,8 +184,10 @@ def format_result(results: dict[str, float]) -> str:
         >>> print(format_result({k: 50.0 for k in ALL_KEYS}).splitlines()[0])
         Accuracy: 50.0 Hit: 50.0 Hit1: 50.0 F1: 50.0 Precision: 50.0 Recall: 50.0
     """
-    lines = [" ".join(f"{label}: {results[key]}" for label, key in _ROG_LINE),
-             " ".join(f"{label}: {results[key]}" for label, key in _STRICT_LINE)]
+    lines = [
+        " ".join(f"{label}: {results[key]}" for label, key in _ROG_LINE),
+        " ".join(f"{label}: {results[key]}" for label, key in _STRICT_LINE),
+    ]
     if "ece" in results:
         lines.append(" ".join(f"{label}: {results[key]}" for label, key in _CALIB_LINE))
     return "\n".join(lines) + "\n"
@@ -243,8 +259,9 @@ def evaluate_predictions(
         results["ece"] = expected_calibration_error(conf_all, correct_all, n_bins=n_bins).item() * 100
         results["mce"] = maximum_calibration_error(conf_all, correct_all, n_bins=n_bins).item() * 100
         results["brier"] = brier_score(conf_all, correct_all).item() * 100
-        plot_reliability_diagram(conf_all, correct_all, out_dir / f"reliability{suffix}.png", n_bins=n_bins,
-                                 title=predictions.name)
+        plot_reliability_diagram(
+            conf_all, correct_all, out_dir / f"reliability{suffix}.png", n_bins=n_bins, title=predictions.name
+        )
     text = format_result(results)
     (out_dir / f"eval_result{suffix}.txt").write_text(text, encoding="utf-8")
     print(text, end="")

@@ -30,8 +30,14 @@ def tiny_encoder_dir(tmp_path_factory) -> str:
 
     root = tmp_path_factory.mktemp("tiny_encoder")
     tok = AutoTokenizer.from_pretrained(bundled_minilm_path())
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     BertModel(cfg).save_pretrained(root / "hf")
     tok.save_pretrained(root / "hf")
@@ -74,8 +80,18 @@ def make_detection_records(n: int, seed: int = 0) -> list[dict]:
             wrong = rng.choice([capital, currency])
         prediction = gold[:1] + ([wrong] if rng.random() < 0.8 else [])
         rng.shuffle(prediction)
-        out.append({"id": f"q{i}", "question": question, "answer": gold, "q_entity": [country], "a_entity": gold,
-                    "graph": graph, "prediction": prediction, "confidence": [0.5] * len(prediction)})
+        out.append(
+            {
+                "id": f"q{i}",
+                "question": question,
+                "answer": gold,
+                "q_entity": [country],
+                "a_entity": gold,
+                "graph": graph,
+                "prediction": prediction,
+                "confidence": [0.5] * len(prediction),
+            }
+        )
     return out
 
 

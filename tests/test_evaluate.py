@@ -9,11 +9,21 @@ from kglightning.evaluate import evaluate_predictions, main
 
 LINES = [
     # q1: string with a trailing newline -> ["Paris", "Lyon", ""]: 1 gold matched of 1, precision 1/3
-    {"id": "q1", "question": "?", "prediction": "Paris\nLyon\n", "ground_truth": ["Paris"],
-     "confidence": [0.9, 0.6, 0.5]},
+    {
+        "id": "q1",
+        "question": "?",
+        "prediction": "Paris\nLyon\n",
+        "ground_truth": ["Paris"],
+        "confidence": [0.9, 0.6, 0.5],
+    },
     # q2: list, de-duplicated -> ["Barack Obama", "Michelle"]; "Obama" matched, "Sasha" not
-    {"id": "q2", "question": "?", "prediction": ["Barack Obama", "Barack Obama", "Michelle"],
-     "ground_truth": ["Obama", "Sasha"], "confidence": {"Barack Obama": 0.8, "Michelle": 0.3}},
+    {
+        "id": "q2",
+        "question": "?",
+        "prediction": ["Barack Obama", "Barack Obama", "Michelle"],
+        "ground_truth": ["Obama", "Sasha"],
+        "confidence": {"Barack Obama": 0.8, "Michelle": 0.3},
+    },
     # q3: our record format: "answer" instead of "ground_truth"; wrong
     {"id": "q3", "question": "?", "prediction": ["Rome"], "answer": ["Lyon"]},
     # q4: empty gold list: RoG crashes; here it is skipped and counted
@@ -43,13 +53,17 @@ def test_evaluate_writes_expected_numbers(tmp_path, capsys):
     pred = _write(tmp_path / "predictions.jsonl", LINES + [""])  # a trailing blank line is fine
     res = evaluate_predictions(pred, n_bins=10)
 
-    rog_line = (f"Accuracy: {_pct(ACC)} Hit: {_pct(HIT)} Hit1: {_pct(HIT1)} F1: {_pct(F1)} "
-                f"Precision: {_pct(PRECISION)} Recall: {_pct(RECALL)}")
+    rog_line = (
+        f"Accuracy: {_pct(ACC)} Hit: {_pct(HIT)} Hit1: {_pct(HIT1)} F1: {_pct(F1)} "
+        f"Precision: {_pct(PRECISION)} Recall: {_pct(RECALL)}"
+    )
     text = (tmp_path / "eval_result.txt").read_text().splitlines()
     assert text[0] == rog_line
     assert text[0].startswith("Accuracy: 50.0 Hit: 66.66666666666667 Hit1: 66.66666666666667 F1: ")
-    assert text[1] == f"Strict-F1: {_pct(STRICT_F1)} Strict-Precision: {_pct([0.5, 0, 0])} " \
-                      f"Strict-Recall: {_pct([1.0, 0, 0])} EM: 0.0"
+    assert (
+        text[1] == f"Strict-F1: {_pct(STRICT_F1)} Strict-Precision: {_pct([0.5, 0, 0])} "
+        f"Strict-Recall: {_pct([1.0, 0, 0])} EM: 0.0"
+    )
     assert text[2].startswith("ECE: ")
     assert rog_line in capsys.readouterr().out
 

@@ -13,8 +13,8 @@ dropped), which is why its predictions are the training data of the hallucinatio
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Iterable
 
 import torch
 from tqdm.auto import tqdm
@@ -113,7 +113,9 @@ class EmbeddingPathReasoner(AnswerProposer):
                     out.setdefault(path, set()).update(ends)
         return out
 
-    def _answer(self, q_emb: torch.Tensor, paths: dict[tuple[str, ...], set[str]]) -> tuple[list[str], list[float], list]:
+    def _answer(
+        self, q_emb: torch.Tensor, paths: dict[tuple[str, ...], set[str]]
+    ) -> tuple[list[str], list[float], list]:
         keys = sorted(paths)
         emb = self.embeddings.embed([path_text(p) for p in keys])
         sims = emb @ q_emb
@@ -125,8 +127,9 @@ class EmbeddingPathReasoner(AnswerProposer):
             for entity in paths[keys[i]]:
                 conf[entity] = max(conf.get(entity, 0.0), float(probs[i]))
         ranked = sorted(conf.items(), key=lambda kv: (-kv[1], kv[0]))[: self.max_answers]
-        evidence = [{"path": list(keys[i]), "score": round(float(sims[i]), 6), "prob": round(float(probs[i]), 6)}
-                    for i in order]
+        evidence = [
+            {"path": list(keys[i]), "score": round(float(sims[i]), 6), "prob": round(float(probs[i]), 6)} for i in order
+        ]
         return [e for e, _ in ranked], [min(1.0, max(0.0, c)) for _, c in ranked], evidence
 
     def propose(self, records: Iterable[KGQARecord], chunk_size: int = 256) -> list[KGQARecord]:
@@ -149,7 +152,9 @@ class EmbeddingPathReasoner(AnswerProposer):
             bar.update(len(chunk))
         bar.close()
         if self.num_abstained:
-            log.info("path reasoner abstained on %d of %d questions (no topic entity or no path in the graph)",
-                     self.num_abstained, len(records))
+            log.info(
+                "path reasoner abstained on %d of %d questions (no topic entity or no path in the graph)",
+                self.num_abstained,
+                len(records),
+            )
         return out
-

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
@@ -39,8 +40,14 @@ class JsonlPredictionWriter(BasePredictionWriter):
         self.num_written = 0
 
     def write_on_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, prediction: Sequence[Any], batch_indices: Any,
-        batch: Any, batch_idx: int, dataloader_idx: int = 0,
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        prediction: Sequence[Any],
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         with self.path_for(trainer).open("a", encoding="utf-8") as f:
             for item in prediction:

@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader
 from torch_geometric.data import Batch, Data
 
 from kglightning.data.detection_graphs import DetectionStats, build_detection_graph, node_texts
-from kglightning.data.proposer import AnswerProposer
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder, default_cache_root
+from kglightning.data.proposer import AnswerProposer
 from kglightning.data.records import KGQARecord
 from kglightning.data.sources.loaders import read_records, write_records
 from kglightning.data.splits import SPLITS, locate_splits
@@ -112,8 +112,9 @@ class DetectionDataModule(L.LightningDataModule):
                 f"{path}: {len(lacking)} of {len(records)} records have no 'prediction' (first: id "
                 f"{lacking[0].id!r}); give records with predictions or set data.init_args.proposer"
             )
-        cache = (self.cache_root / "proposals" / self._dataset_key(path, name) / self.proposer.cache_key
-                 / f"{split}.jsonl")
+        cache = (
+            self.cache_root / "proposals" / self._dataset_key(path, name) / self.proposer.cache_key / f"{split}.jsonl"
+        )
         if cache.exists():
             return list(read_records(str(cache)))
         rank_zero_info(f"proposing answers for {len(lacking)} {split} questions with {type(self.proposer).__name__}")
@@ -129,8 +130,12 @@ class DetectionDataModule(L.LightningDataModule):
             self.embeddings.add(t for r in self.records(split) for t in node_texts(r))
 
     def setup(self, stage: str | None = None) -> None:
-        wanted = {"fit": ["train", "validation"], "validate": ["validation"], "test": ["validation", "test"],
-                  "predict": [self.predict_split]}.get(stage or "", list(SPLITS))
+        wanted = {
+            "fit": ["train", "validation"],
+            "validate": ["validation"],
+            "test": ["validation", "test"],
+            "predict": [self.predict_split],
+        }.get(stage or "", list(SPLITS))
         for split in wanted:
             if split in self.datasets:
                 continue
@@ -144,8 +149,12 @@ class DetectionDataModule(L.LightningDataModule):
             self.datasets[split], self.stats[split] = graphs, stats
             rank_zero_info(stats.summary(split))
             if stats.unmatched:
-                log.warning("%s: %d predictions name no node of their subgraph, e.g. %s", split, stats.unmatched,
-                            "; ".join(stats.unmatched_examples))
+                log.warning(
+                    "%s: %d predictions name no node of their subgraph, e.g. %s",
+                    split,
+                    stats.unmatched,
+                    "; ".join(stats.unmatched_examples),
+                )
 
     def collate(self, items: list[Data]) -> Batch:
         """Batch graphs and look their texts up in the embedding table."""
@@ -159,9 +168,14 @@ class DetectionDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         if split not in self.datasets:
             self.setup({"train": "fit", "validation": "validate", "test": "test"}.get(split, "predict"))
-        return DataLoader(self.datasets[split], batch_size=self.batch_size, shuffle=shuffle,
-                          num_workers=self.num_workers, collate_fn=self.collate,
-                          persistent_workers=self.num_workers > 0)
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            collate_fn=self.collate,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

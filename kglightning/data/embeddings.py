@@ -11,10 +11,14 @@ import hashlib
 import importlib.util
 import logging
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
+
+from kglightning.data.cache import default_cache_root
+
+__all__ = ["BUNDLED_MINILM", "EmbeddingCache", "SentenceEncoder", "bundled_minilm_path", "default_cache_root"]
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +34,6 @@ def bundled_minilm_path() -> str:
             "(or pass a local sentence-transformers model folder as `model`)"
         )
     return str(Path(spec.origin).parent / "model")
-
-
-def default_cache_root() -> Path:
-    """``$KGLIGHTNING_CACHE`` or ``~/.cache/kglightning``."""
-    return Path(os.environ.get("KGLIGHTNING_CACHE", Path.home() / ".cache" / "kglightning"))
 
 
 class SentenceEncoder:

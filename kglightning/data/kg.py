@@ -34,7 +34,7 @@ def reverse(relation: str) -> str:
         >>> reverse("capital"), reverse("~capital")
         ('~capital', 'capital')
     """
-    return relation[len(REVERSE_PREFIX):] if is_reverse(relation) else REVERSE_PREFIX + relation
+    return relation[len(REVERSE_PREFIX) :] if is_reverse(relation) else REVERSE_PREFIX + relation
 
 
 def is_reverse(relation: str) -> bool:
@@ -101,8 +101,12 @@ class KGIndex:
         except TypeError:
             ok = False
         if not ok:
-            bad = next(t for t in triples if isinstance(t, str) or not (hasattr(t, "__len__") and len(t) == 3
-                                                                         and all(isinstance(x, str) for x in t)))
+            bad = next(
+                t
+                for t in triples
+                if isinstance(t, str)
+                or not (hasattr(t, "__len__") and len(t) == 3 and all(isinstance(x, str) for x in t))
+            )
             raise ValueError(f"triple {bad!r} is not three strings (head, relation, tail)")
         names, rel_names = sorted(set(heads).union(tails, entities)), sorted(set(rels))
         bad = [r for r in rel_names if is_reverse(r)]
@@ -115,12 +119,12 @@ class KGIndex:
         self._build(h, r, np.fromiter(map(eid, tails), dtype=np.int64, count=m))
 
     @classmethod
-    def from_triples(cls, triples: Iterable[Sequence[str]], *, entities: Iterable[str] = ()) -> "KGIndex":
+    def from_triples(cls, triples: Iterable[Sequence[str]], *, entities: Iterable[str] = ()) -> KGIndex:
         """Build the index from ``(head, relation, tail)`` triples (see :class:`KGIndex`)."""
         return cls(triples, entities=entities)
 
     @classmethod
-    def from_record(cls, record: Any) -> "KGIndex":
+    def from_record(cls, record: Any) -> KGIndex:
         """Build the index from a record's ``graph`` (a :class:`~kglightning.data.records.KGQARecord`).
 
         Topic entities that do not occur in the graph are *not* added: ``record.q_entity[0] in kg`` tells whether
@@ -298,7 +302,7 @@ class KGIndex:
 
         return kg_paths.shortest_relation_paths(self, source, target, max_hops, max_paths)
 
-    def subgraph(self, entities: Iterable[str]) -> "KGIndex":
+    def subgraph(self, entities: Iterable[str]) -> KGIndex:
         """The induced subgraph on ``entities`` (unknown names ignored; known isolated ones kept as nodes).
 
         Example:

@@ -108,9 +108,7 @@ def _shortest_levels(kg: KGIndex, source: str, target: str, max_hops: int) -> li
     return on
 
 
-def shortest_paths(
-    kg: KGIndex, source: str, target: str, max_hops: int = 4, max_paths: int = 1000
-) -> list[list[Hop]]:
+def shortest_paths(kg: KGIndex, source: str, target: str, max_hops: int = 4, max_paths: int = 1000) -> list[list[Hop]]:
     """All shortest paths from ``source`` to ``target``, walking triples both ways.
 
     Each path is a list of hops ``(from_entity, relation, to_entity)`` where a hop against a triple's direction

@@ -54,7 +54,7 @@ def _str_list(value: Any, name: str, err) -> list[str]:
         # a bare string where a list is expected is a common slip in hand-written data; accept it as one item
         return [value]
     if value is None:
-        raise err(f"is null, expected a list of strings", name)
+        raise err("is null, expected a list of strings", name)
     if not isinstance(value, (list, tuple)):
         raise err(f"expected a list of strings, got {type(value).__name__}", name)
     out = []
@@ -98,7 +98,7 @@ class KGQARecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data: Any, *, source: str = "<record>", line: int | None = None) -> "KGQARecord":
+    def from_dict(cls, data: Any, *, source: str = "<record>", line: int | None = None) -> KGQARecord:
         """Validate ``data`` and build a record; raise :class:`RecordError` naming source, line and field."""
 
         def err(message: str, name: str | None = None) -> RecordError:

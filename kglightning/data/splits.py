@@ -9,7 +9,9 @@ _ALIASES = {"train": ("train",), "validation": ("validation", "val", "valid", "d
 _SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-def locate_splits(data_dir: str | None, benchmark_seed: int = 0, cache_dir: str | None = None) -> dict[str, tuple[str, str | None]]:
+def locate_splits(
+    data_dir: str | None, benchmark_seed: int = 0, cache_dir: str | None = None
+) -> dict[str, tuple[str, str | None]]:
     """Map each split to ``(path, split_name)``, the arguments of :func:`read_records`.
 
     Args:

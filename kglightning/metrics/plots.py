@@ -61,8 +61,18 @@ def plot_reliability_diagram(
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     top.bar(left, acc, width=width, align="edge", color="tab:blue", edgecolor="black", label="accuracy")
-    top.bar(left, gap_height, bottom=gap_bottom, width=width, align="edge", color="tab:red", alpha=0.35,
-            edgecolor="tab:red", hatch="//", label="gap to confidence")
+    top.bar(
+        left,
+        gap_height,
+        bottom=gap_bottom,
+        width=width,
+        align="edge",
+        color="tab:red",
+        alpha=0.35,
+        edgecolor="tab:red",
+        hatch="//",
+        label="gap to confidence",
+    )
     top.plot([0, 1], [0, 1], linestyle="--", color="gray", label="perfect calibration")
     top.set_xlim(0, 1)
     top.set_ylim(0, 1)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -14,7 +15,6 @@ from torchmetrics import Metric
 from torchmetrics.functional.classification import binary_precision_recall_curve
 
 from kglightning.metrics.classification import detection_metrics
-
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard
 
 
@@ -111,16 +111,29 @@ class HallucinationDetector(L.LightningModule):
     def forward(self, batch: Any) -> Tensor:
         """Logits ``(A,)`` for every proposed answer node of the batch."""
         return self.net(
-            batch.x_text, batch.topic_mask, batch.answer_mask, batch.edge_index, batch.edge_text_emb,
-            batch.edge_kind, batch.answer_index, batch.question,
+            batch.x_text,
+            batch.topic_mask,
+            batch.answer_mask,
+            batch.edge_index,
+            batch.edge_text_emb,
+            batch.edge_kind,
+            batch.answer_index,
+            batch.question,
         )
 
     def _loss(self, batch: Any, stage: str) -> tuple[Tensor, Tensor]:
         logits = self(batch)
         loss = F.binary_cross_entropy_with_logits(logits, batch.y)
         train = stage == "train"
-        self.log(f"{stage}/loss", loss, batch_size=batch.y.numel(), prog_bar=train, on_step=train, on_epoch=True,
-                 sync_dist=not train)
+        self.log(
+            f"{stage}/loss",
+            loss,
+            batch_size=batch.y.numel(),
+            prog_bar=train,
+            on_step=train,
+            on_epoch=True,
+            sync_dist=not train,
+        )
         return loss, torch.sigmoid(logits)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
@@ -152,15 +165,23 @@ class HallucinationDetector(L.LightningModule):
         self.test_metrics.update(probs, target)
         self.mostfrequent_metrics.update(torch.full_like(probs, float(self.majority)), target)
         # answer nodes come graph by graph, in the order of each graph's answer_names
-        rand = torch.tensor([item_uniform(self.baseline_seed, qid, name)
-                             for qid, names in zip(batch.qid, batch.answer_names) for name in names],
-                            device=probs.device)
+        rand = torch.tensor(
+            [
+                item_uniform(self.baseline_seed, qid, name)
+                for qid, names in zip(batch.qid, batch.answer_names)
+                for name in names
+            ],
+            device=probs.device,
+        )
         self.random_metrics.update(rand, target)
 
     def on_test_epoch_end(self) -> None:
         values = {}
-        for name, metrics in (("", self.test_metrics), ("mostfrequent/", self.mostfrequent_metrics),
-                              ("random/", self.random_metrics)):
+        for name, metrics in (
+            ("", self.test_metrics),
+            ("mostfrequent/", self.mostfrequent_metrics),
+            ("random/", self.random_metrics),
+        ):
             values.update({f"test/{name}{k}": v for k, v in metrics.compute().items()})
             metrics.reset()
         values["test/threshold"] = self.threshold.clone()
@@ -174,8 +195,15 @@ class HallucinationDetector(L.LightningModule):
         out = []
         for g, (qid, names) in enumerate(zip(batch.qid, batch.answer_names)):
             p = probs[owner == g].tolist()
-            out.append({"id": qid, "prediction": list(names), "hallucination_prob": [round(x, 6) for x in p],
-                        "flagged": [n for n, x in zip(names, p) if x >= thr], "threshold": thr})
+            out.append(
+                {
+                    "id": qid,
+                    "prediction": list(names),
+                    "hallucination_prob": [round(x, 6) for x in p],
+                    "flagged": [n for n, x in zip(names, p) if x >= thr],
+                    "threshold": thr,
+                }
+            )
         return out
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -22,5 +22,12 @@ class GATEncoder(_StackedAttentionEncoder):
     """
 
     def make_conv(self, channels: int, heads: int, dropout: float, edge_dim: int) -> GATConv:
-        return GATConv(channels, channels // heads, heads=heads, concat=True, dropout=dropout, edge_dim=edge_dim,
-                       add_self_loops=True)
+        return GATConv(
+            channels,
+            channels // heads,
+            heads=heads,
+            concat=True,
+            dropout=dropout,
+            edge_dim=edge_dim,
+            add_self_loops=True,
+        )

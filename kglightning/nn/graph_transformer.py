@@ -22,5 +22,6 @@ class GraphTransformerEncoder(_StackedAttentionEncoder):
     """
 
     def make_conv(self, channels: int, heads: int, dropout: float, edge_dim: int) -> TransformerConv:
-        return TransformerConv(channels, channels // heads, heads=heads, concat=True, dropout=dropout,
-                               edge_dim=edge_dim)
+        return TransformerConv(
+            channels, channels // heads, heads=heads, concat=True, dropout=dropout, edge_dim=edge_dim
+        )

@@ -27,14 +27,22 @@ def _record(question: str, **kw) -> KGQARecord:
 
 @pytest.fixture(scope="module")
 def reasoner(tmp_path_factory):
-    return EmbeddingPathReasoner(SentenceEncoder(show_progress=False), cache_dir=str(tmp_path_factory.mktemp("emb")),
-                                 top_k_paths=1, show_progress=False)
+    return EmbeddingPathReasoner(
+        SentenceEncoder(show_progress=False),
+        cache_dir=str(tmp_path_factory.mktemp("emb")),
+        top_k_paths=1,
+        show_progress=False,
+    )
 
 
 def test_picks_the_relation_the_question_asks_for(reasoner):
-    out = reasoner.propose([_record("what is the capital of France?"),
-                            _record("what languages are spoken in France?"),
-                            _record("what currency is used in France?")])
+    out = reasoner.propose(
+        [
+            _record("what is the capital of France?"),
+            _record("what languages are spoken in France?"),
+            _record("what currency is used in France?"),
+        ]
+    )
     assert out[0].prediction == ["Paris"]
     assert sorted(out[1].prediction) == ["Breton", "French"]
     assert out[2].prediction == ["Euro"]

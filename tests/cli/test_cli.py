@@ -44,8 +44,9 @@ def test_print_config_roundtrip(name, tmp_path):
 
 
 def test_class_path_swaps_the_encoder():
-    printed = _print_config("fit", "--config", str(ROOT / "configs/detector.yaml"),
-                            "--model.init_args.encoder", "kglightning.nn.GATEncoder")
+    printed = _print_config(
+        "fit", "--config", str(ROOT / "configs/detector.yaml"), "--model.init_args.encoder", "kglightning.nn.GATEncoder"
+    )
     assert yaml.safe_load(printed)["model"]["init_args"]["encoder"]["class_path"] == "kglightning.nn.GATEncoder"
 
 
@@ -59,8 +60,10 @@ def test_wandb_fragment_and_sweep_parameters_parse():
         value = spec["values"][0] if "values" in spec else spec["min"]
         overrides.append(f"--{key}={value}")
     cfg = yaml.safe_load(_print_config(*base, *overrides))
-    assert cfg["model"]["init_args"]["optimizer"]["init_args"]["lr"] == sweep["parameters"][
-        "model.init_args.optimizer.init_args.lr"]["min"]
+    assert (
+        cfg["model"]["init_args"]["optimizer"]["init_args"]["lr"]
+        == sweep["parameters"]["model.init_args.optimizer.init_args.lr"]["min"]
+    )
     for item in sweep["command"]:
         if item.startswith("configs/"):
             assert (ROOT / item).exists(), item

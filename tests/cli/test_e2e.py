@@ -17,32 +17,59 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
-METRICS = ("test/f1", "test/precision", "test/recall", "test/acc", "test/auroc", "test/auc_pr", "test/mostfrequent/f1",
-           "test/mostfrequent/auc_pr", "test/random/f1", "test/random/auc_pr")
+METRICS = (
+    "test/f1",
+    "test/precision",
+    "test/recall",
+    "test/acc",
+    "test/auroc",
+    "test/auc_pr",
+    "test/mostfrequent/f1",
+    "test/mostfrequent/auc_pr",
+    "test/random/f1",
+    "test/random/auc_pr",
+)
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, KGLIGHTNING_CACHE=str(tmp_path / "cache"), WANDB_MODE="offline", HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "kglightning", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=900)
+    env = dict(
+        os.environ,
+        KGLIGHTNING_CACHE=str(tmp_path / "cache"),
+        WANDB_MODE="offline",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(ROOT),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "kglightning", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 
 
 def _fixture_args(detection_dir: str, tiny_encoder_dir: str, version: str) -> list[str]:
     return [
-        "--config", str(ROOT / "configs/detector.yaml"),
-        "--data.init_args.data_dir", detection_dir,
-        "--data.init_args.proposer", "null",
-        "--data.init_args.encoder", "kglightning.data.SentenceEncoder",
-        "--data.init_args.encoder.init_args.model", tiny_encoder_dir,
-        "--data.init_args.batch_size", "8",
-        "--model.init_args.encoder.init_args.hidden_channels", "32",
-        "--model.init_args.encoder.init_args.heads", "4",
-        "--trainer.max_epochs", "3",
-        "--trainer.logger.init_args.version", version,
-        "--trainer.enable_progress_bar", "false",
+        "--config",
+        str(ROOT / "configs/detector.yaml"),
+        "--data.init_args.data_dir",
+        detection_dir,
+        "--data.init_args.proposer",
+        "null",
+        "--data.init_args.encoder",
+        "kglightning.data.SentenceEncoder",
+        "--data.init_args.encoder.init_args.model",
+        tiny_encoder_dir,
+        "--data.init_args.batch_size",
+        "8",
+        "--model.init_args.encoder.init_args.hidden_channels",
+        "32",
+        "--model.init_args.encoder.init_args.heads",
+        "4",
+        "--trainer.max_epochs",
+        "3",
+        "--trainer.logger.init_args.version",
+        version,
+        "--trainer.enable_progress_bar",
+        "false",
     ]
 
 
@@ -73,11 +100,50 @@ def test_fit_test_predict_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
     for name in METRICS:
         assert double[name] == pytest.approx(single[name], abs=1e-6), name
 
-    _cli(tmp_path, "fit", *_fixture_args(detection_dir, tiny_encoder_dir, "fitddp"), *ddp,
-         "--trainer.max_epochs", "2")
+    _cli(tmp_path, "fit", *_fixture_args(detection_dir, tiny_encoder_dir, "fitddp"), *ddp, "--trainer.max_epochs", "2")
     assert "val/auc_pr" in _metrics(tmp_path, "fitddp")
 
     _cli(tmp_path, "predict", *_fixture_args(detection_dir, tiny_encoder_dir, "pred"), "--ckpt_path", str(ckpt))
-    rows = [json.loads(line) for line in
-            (tmp_path / "outputs/detector/graph_transformer/hallucination_predictions.jsonl").open()]
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "outputs/detector/graph_transformer/hallucination_predictions.jsonl").open()
+    ]
     assert len(rows) == 16 and all(len(r["hallucination_prob"]) == len(r["prediction"]) for r in rows)
+
+
+def test_baseline_predict_then_evaluate(detection_dir, tiny_encoder_dir, tmp_path):
+    out = tmp_path / "preds.jsonl"
+    _cli(
+        tmp_path,
+        "predict",
+        "--config",
+        str(ROOT / "configs/baseline_predict.yaml"),
+        "--data.init_args.data_dir",
+        detection_dir,
+        "--model.init_args.reasoner.init_args.encoder",
+        "kglightning.data.SentenceEncoder",
+        "--model.init_args.reasoner.init_args.encoder.init_args.model",
+        tiny_encoder_dir,
+        "--trainer.callbacks.0.init_args.output",
+        str(out),
+        "--trainer.enable_progress_bar",
+        "false",
+    )
+    rows = [json.loads(line) for line in out.open()]
+    assert len(rows) == 16
+    for row in rows:
+        assert row["prediction"] and len(row["confidence"]) == len(row["prediction"])
+        assert all(0 <= c <= 1 for c in row["confidence"]) and row["evidence"]
+    proc = _cli(tmp_path, "evaluate", "--predictions", str(out), "--output", str(tmp_path / "eval"))
+    text = (tmp_path / "eval/eval_result.txt").read_text()
+    assert text.startswith("Accuracy: ") and " Hit1: " in text and "ECE: " in text
+    assert (tmp_path / "eval/reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "eval/detailed_eval_result.jsonl").exists() and "Hit" in proc.stdout
+
+
+def test_wandb_logger_offline(detection_dir, tiny_encoder_dir, tmp_path):
+    args = _fixture_args(detection_dir, tiny_encoder_dir, "wb")
+    args = [a for a in args if a not in ("--trainer.logger.init_args.version", "wb")]
+    _cli(tmp_path, "fit", *args, "--config", str(ROOT / "configs/logger/wandb.yaml"), "--trainer.max_epochs", "1")
+    runs = list((tmp_path / "outputs/wandb/wandb").glob("offline-run-*"))
+    assert runs and any(p.suffix == ".wandb" for p in runs[0].iterdir())

@@ -6,10 +6,20 @@ from kglightning.nn import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
 
 
 def _record(**kw) -> KGQARecord:
-    base = {"id": "q1", "question": "capital of France?", "answer": ["Paris"], "q_entity": ["France"],
-            "a_entity": ["Paris"], "graph": [["France", "capital", "Paris"], ["France", "capital", "Paris"],
-                                              ["France", "currency", "Euro"], ["France", "borders", "Spain"]],
-            "prediction": ["Paris", "Euro", "unknown", "Atlantis"]}
+    base = {
+        "id": "q1",
+        "question": "capital of France?",
+        "answer": ["Paris"],
+        "q_entity": ["France"],
+        "a_entity": ["Paris"],
+        "graph": [
+            ["France", "capital", "Paris"],
+            ["France", "capital", "Paris"],
+            ["France", "currency", "Euro"],
+            ["France", "borders", "Spain"],
+        ],
+        "prediction": ["Paris", "Euro", "unknown", "Atlantis"],
+    }
     base.update(kw)
     return KGQARecord.from_dict(base)
 

@@ -57,7 +57,9 @@ def test_parallel_relations_and_reverse_hops(kg):
     ]
     assert kg.edges("Paris", "out") == [("location.location.containedby", "France")]
     assert kg.edges("Paris", "in") == [
-        ("~location.country.capital", "France"), ("~location.country.largest_city", "France")]
+        ("~location.country.capital", "France"),
+        ("~location.country.largest_city", "France"),
+    ]
     assert kg.neighbors("France") == ["Lyon", "Paris", "m.cvt"]
     assert kg.neighbors("France", "out") == ["Paris", "m.cvt"]
     assert kg.neighbors("France", "in") == ["Lyon", "Paris"]
@@ -79,8 +81,13 @@ def test_follow(kg):
     assert kg.follow("Paris", ["~location.country.capital"]) == {"France"}
     assert kg.follow("Paris", ["location.location.containedby", "~location.location.containedby"]) == {"Paris", "Lyon"}
     assert kg.follow(["Paris", "Lyon"], ["location.location.containedby"]) == {"France"}
-    assert kg.follow("France", ["government.governmental_jurisdiction.governing_officials",
-                                "government.government_position_held.office_holder"]) == {"Macron"}
+    assert kg.follow(
+        "France",
+        [
+            "government.governmental_jurisdiction.governing_officials",
+            "government.government_position_held.office_holder",
+        ],
+    ) == {"Macron"}
     assert kg.follow("France", []) == {"France"}
     assert kg.follow("France", ["no.such.relation"]) == set()
     assert kg.follow("Macron", ["location.country.capital"]) == set()
@@ -89,8 +96,10 @@ def test_follow(kg):
 def test_relation_paths(kg):
     paths = kg.relation_paths("Macron", 3)
     assert paths[("~government.government_position_held.office_holder",)] == {"m.cvt"}
-    two = ("~government.government_position_held.office_holder",
-           "~government.governmental_jurisdiction.governing_officials")
+    two = (
+        "~government.government_position_held.office_holder",
+        "~government.governmental_jurisdiction.governing_officials",
+    )
     assert paths[two] == {"France"}
     assert paths[two + ("location.country.capital",)] == {"Paris"}
     assert paths[two + ("~location.location.containedby",)] == {"Paris", "Lyon"}
@@ -124,7 +133,9 @@ def test_shortest_paths_parallel_and_reverse(kg):
         ("location.location.containedby", "~location.location.containedby"),
     ]
     assert kg.shortest_paths("Paris", "Lyon")[0] == [
-        ("Paris", "location.location.containedby", "France"), ("France", "~location.location.containedby", "Lyon")]
+        ("Paris", "location.location.containedby", "France"),
+        ("France", "~location.location.containedby", "Lyon"),
+    ]
     assert kg.shortest_paths("Macron", "Paris", max_hops=2) == []
     assert len(kg.shortest_paths("Macron", "Paris", max_hops=3)) == 3
     assert kg.shortest_paths("Paris", "Paris") == [[]] and kg.shortest_relation_paths("Paris", "Paris") == [()]
@@ -143,13 +154,22 @@ def test_empty_graph():
     assert kg.edges("x") == [] and kg.follow("x", ["r"]) == set() and kg.relation_paths("x", 2) == {}
     assert kg.shortest_paths("x", "y") == [] and kg.subgraph(["x"]).num_entities == 0
     rec = KGQARecord.from_dict(
-        {"id": "q", "question": "q?", "answer": [], "q_entity": ["x"], "a_entity": [], "graph": []})
+        {"id": "q", "question": "q?", "answer": [], "q_entity": ["x"], "a_entity": [], "graph": []}
+    )
     assert KGIndex.from_record(rec).num_edges == 0 and "x" not in KGIndex.from_record(rec)
 
 
 def test_from_record_and_isolated_entities(kg):
-    rec = KGQARecord.from_dict({"id": "q", "question": "q?", "answer": ["Paris"], "q_entity": ["France", "Ghost"],
-                                "a_entity": ["Paris"], "graph": [list(t) for t in TRIPLES]})
+    rec = KGQARecord.from_dict(
+        {
+            "id": "q",
+            "question": "q?",
+            "answer": ["Paris"],
+            "q_entity": ["France", "Ghost"],
+            "a_entity": ["Paris"],
+            "graph": [list(t) for t in TRIPLES],
+        }
+    )
     from_rec = KGIndex.from_record(rec)
     assert from_rec.triples() == kg.triples() and "Ghost" not in from_rec
     iso = KGIndex.from_triples(TRIPLES, entities=["Ghost"])

@@ -119,8 +119,9 @@ def test_save_to_disk_dataset_and_dict(tmp_path):
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_list(RECS).save_to_disk(str(tmp_path / "ds"))
     assert read_records(tmp_path / "ds") == records(RECS)
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(RECS[:3]),
-                               "test": datasets.Dataset.from_list(RECS[3:])})
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(RECS[:3]), "test": datasets.Dataset.from_list(RECS[3:])}
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     got = read_records(tmp_path / "dd", split="test")
     assert got == records(RECS[3:]) and got.split == "test"
@@ -166,8 +167,14 @@ def test_invalid_utf8_line(tmp_path):
 
 
 def test_skip_mode_counts_and_logs(tmp_path, caplog):
-    rows = [json.dumps(RECS[0]), "not json", json.dumps(rec(1, answer=5)), json.dumps(RECS[2]),
-            json.dumps(rec(3, confidence=[2.0], prediction=["a"])), json.dumps(RECS[3])]
+    rows = [
+        json.dumps(RECS[0]),
+        "not json",
+        json.dumps(rec(1, answer=5)),
+        json.dumps(RECS[2]),
+        json.dumps(rec(3, confidence=[2.0], prediction=["a"])),
+        json.dumps(RECS[3]),
+    ]
     path = tmp_path / "a.jsonl"
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -179,8 +186,9 @@ def test_skip_mode_counts_and_logs(tmp_path, caplog):
     per_record = [m for m in msgs if m.startswith("skipping record")]
     assert len(per_record) == 3 and f"{path}:3: field 'answer'" in per_record[1]
     summary = [m for m in msgs if m.startswith("skipped")]
-    assert summary == [f"skipped 3 of 6 records from {path}: 1 x invalid JSON, 1 x field 'answer', "
-                       "1 x field 'confidence'"]
+    assert summary == [
+        f"skipped 3 of 6 records from {path}: 1 x invalid JSON, 1 x field 'answer', 1 x field 'confidence'"
+    ]
     assert "3 skipped" in got.summary()
 
 

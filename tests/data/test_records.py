@@ -35,7 +35,9 @@ def test_valid_record():
     r = KGQARecord.from_dict(good())
     assert r.id == "WebQTest-1" and r.answer == ["Paris"]
     assert r.graph == [
-        ("France", "location.country.capital", "Paris"), ("Paris", "location.location.containedby", "France")]
+        ("France", "location.country.capital", "Paris"),
+        ("Paris", "location.location.containedby", "France"),
+    ]
     assert r.prediction is None and r.confidence is None and r.extra == {}
 
 

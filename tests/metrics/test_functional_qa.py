@@ -109,7 +109,11 @@ def test_empty_prediction_and_gold():
 
 def test_strict_scores():
     assert strict_answer_scores(["Paris Texas", "Lyon"], ["Paris", "Lyon"]) == {
-        "f1": 0.5, "precision": 0.5, "recall": 0.5, "em": 0.0}
+        "f1": 0.5,
+        "precision": 0.5,
+        "recall": 0.5,
+        "em": 0.0,
+    }
     assert strict_answer_scores("the Lyon\nParis\n", ["paris", "Lyon"])["em"] == 1.0
     s = strict_answer_scores(["Paris", "Paris", "Rome"], ["Paris"])
     assert s["precision"] == 0.5 and s["recall"] == 1.0 and s["f1"] == pytest.approx(2 / 3)

@@ -36,8 +36,14 @@ from kglightning.metrics.functional import (
 PREDS = [["Paris"], "Rome\nLyon\n", ["x"], ["Nice", "Nice", "Oslo"], ["Barack Obama"], [], ["New", "York"]]
 GOLDS = [["Paris"], ["Lyon", "Nice"], [], ["Oslo"], ["Obama", "Barack"], ["Bern"], ["New York", "NYC"]]
 SINGLE = {
-    "acc": AnswerAccuracy, "hit": AnswerHit, "hit1": AnswerHits1, "f1": AnswerF1, "precision": AnswerPrecision,
-    "recall": AnswerRecall, "strict_f1": StrictAnswerF1, "em": ExactMatch,
+    "acc": AnswerAccuracy,
+    "hit": AnswerHit,
+    "hit1": AnswerHits1,
+    "f1": AnswerF1,
+    "precision": AnswerPrecision,
+    "recall": AnswerRecall,
+    "strict_f1": StrictAnswerF1,
+    "em": ExactMatch,
 }
 
 

@@ -15,13 +15,24 @@ from kglightning.nn import GATEncoder, GraphTransformerEncoder
 
 
 def _datamodule(detection_dir, tiny_encoder_dir, tmp_path):
-    return DetectionDataModule(data_dir=detection_dir, encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
-                               cache_dir=str(tmp_path / "cache"), batch_size=8)
+    return DetectionDataModule(
+        data_dir=detection_dir,
+        encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+        cache_dir=str(tmp_path / "cache"),
+        batch_size=8,
+    )
 
 
 def _trainer(tmp_path, epochs):
-    return L.Trainer(max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                     default_root_dir=tmp_path, accelerator="cpu", deterministic=True)
+    return L.Trainer(
+        max_epochs=epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        deterministic=True,
+    )
 
 
 @pytest.mark.parametrize("encoder", [GraphTransformerEncoder, GATEncoder])
@@ -30,8 +41,9 @@ def test_fit_lowers_loss_and_changes_parameters(encoder, detection_dir, tiny_enc
     dm = _datamodule(detection_dir, tiny_encoder_dir, tmp_path)
     dm.prepare_data()
     dm.setup("fit")
-    model = HallucinationDetector(text_dim=dm.text_dim, encoder=partial(encoder, hidden_channels=32, heads=4),
-                                  mlp_hidden=32, dropout=0.0)
+    model = HallucinationDetector(
+        text_dim=dm.text_dim, encoder=partial(encoder, hidden_channels=32, heads=4), mlp_hidden=32, dropout=0.0
+    )
     batch = dm.collate(dm.datasets["train"])
 
     def loss():
@@ -88,10 +100,21 @@ def test_records_without_predictions_need_a_proposer(tmp_path, tiny_encoder_dir)
     import json
 
     for split in ("train", "validation", "test"):
-        (tmp_path / f"{split}.jsonl").write_text(json.dumps(
-            {"id": "a", "question": "q?", "answer": ["x"], "q_entity": ["y"], "a_entity": ["x"],
-             "graph": [["y", "r", "x"]]}) + "\n")
-    dm = DetectionDataModule(data_dir=str(tmp_path), encoder=SentenceEncoder(tiny_encoder_dir),
-                             cache_dir=str(tmp_path / "c"))
+        (tmp_path / f"{split}.jsonl").write_text(
+            json.dumps(
+                {
+                    "id": "a",
+                    "question": "q?",
+                    "answer": ["x"],
+                    "q_entity": ["y"],
+                    "a_entity": ["x"],
+                    "graph": [["y", "r", "x"]],
+                }
+            )
+            + "\n"
+        )
+    dm = DetectionDataModule(
+        data_dir=str(tmp_path), encoder=SentenceEncoder(tiny_encoder_dir), cache_dir=str(tmp_path / "c")
+    )
     with pytest.raises(ValueError, match=r"train\.jsonl.*no 'prediction'.*proposer"):
         dm.prepare_data()

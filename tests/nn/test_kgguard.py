@@ -10,8 +10,16 @@ def _graph():
     x = torch.randn(4, 8)
     edge_index = torch.tensor([[3, 0, 0], [0, 1, 2]])
     kinds = torch.tensor([EDGE_VIRTUAL, EDGE_FORWARD, EDGE_FORWARD])
-    return x, torch.tensor([True, False, False, False]), torch.tensor([False, True, True, False]), edge_index, \
-        torch.randn(3, 8), kinds, torch.tensor([1, 2]), torch.randn(2, 8)
+    return (
+        x,
+        torch.tensor([True, False, False, False]),
+        torch.tensor([False, True, True, False]),
+        edge_index,
+        torch.randn(3, 8),
+        kinds,
+        torch.tensor([1, 2]),
+        torch.randn(2, 8),
+    )
 
 
 @pytest.mark.parametrize("encoder", [GraphTransformerEncoder, GATEncoder])

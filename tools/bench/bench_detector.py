@@ -81,8 +81,15 @@ def main() -> None:
     assert torch.allclose(fast, slow, atol=1e-4), "batched and per-node logits differ"
 
     model.train()
-    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0, accelerator=args.device)
+    trainer = L.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        accelerator=args.device,
+    )
     _, t_epoch = timed(trainer.fit, model, dm)
 
     results = {

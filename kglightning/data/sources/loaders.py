@@ -110,8 +110,9 @@ def _iter_json(path: Path, source: str, split: str | None) -> Iterator[tuple[int
         if key is None:
             keys = ", ".join(map(repr, list(data)[:10]))
             want = f"split {split!r} or " if split is not None else ""
-            raise RecordError(f"expected a list of records, or an object with {want}'data' (keys: {keys})",
-                              source=source)
+            raise RecordError(
+                f"expected a list of records, or an object with {want}'data' (keys: {keys})", source=source
+            )
         data = data[key]
     if not isinstance(data, list):
         raise RecordError(f"expected a list of records, got {type(data).__name__}", source=source)
@@ -160,7 +161,7 @@ def _open(path: str | os.PathLike, split: str | None) -> tuple[str, Iterator[tup
     if isinstance(path, str) and path.startswith(HF_PREFIX):
         import datasets
 
-        ds, split = _pick_split(datasets.load_dataset(path[len(HF_PREFIX):], split=split), split, path)
+        ds, split = _pick_split(datasets.load_dataset(path[len(HF_PREFIX) :], split=split), split, path)
         return path, _iter_dataset(ds), split
     p = Path(path)
     source = str(path)
@@ -238,8 +239,9 @@ def read_records(
             rec = KGQARecord.from_dict(raw, source=source, line=line)
             if rec.id in first_seen:
                 where = f"{'line' if source.endswith('.jsonl') else 'row'} {first_seen[rec.id]}"
-                raise RecordError(f"duplicate id {rec.id!r} (first seen at {where})", source=source, line=line,
-                                  field="id")
+                raise RecordError(
+                    f"duplicate id {rec.id!r} (first seen at {where})", source=source, line=line, field="id"
+                )
         except RecordError as err:
             if on_bad_record == "raise":
                 raise
@@ -266,7 +268,10 @@ def _log_summary(out: RecordList) -> None:
     if out.empty_graph or out.unknown_topic:
         logger.warning(
             "%s: %d of %d records have an empty graph and %d have a topic entity missing from their graph; they are "
-            "kept and treated as having no evidence", out.source, len(out.empty_graph), len(out),
+            "kept and treated as having no evidence",
+            out.source,
+            len(out.empty_graph),
+            len(out),
             len(out.unknown_topic),
         )
 

@@ -180,8 +180,9 @@ def answer_scores(prediction: str | Sequence[str], answer: Sequence[str], topk: 
     """
     out = rog_answer_scores(prediction, answer, topk)
     strict = strict_answer_scores(prediction, answer, topk)
-    out.update(strict_f1=strict["f1"], strict_precision=strict["precision"], strict_recall=strict["recall"],
-               em=strict["em"])
+    out.update(
+        strict_f1=strict["f1"], strict_precision=strict["precision"], strict_recall=strict["recall"], em=strict["em"]
+    )
     return out
 
 

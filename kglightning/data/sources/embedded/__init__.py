@@ -17,9 +17,10 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
+
+from kglightning.data.cache import default_cache_root
 
 from .builder import SPLITS, VERSION, build_embedded_benchmark, build_knowledge_graph
 from .kg import KnowledgeGraph
@@ -38,12 +39,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-def default_cache_root() -> Path:
-    """``$KGLIGHTNING_CACHE`` if set, else ``~/.cache/kglightning``."""
-    env = os.environ.get("KGLIGHTNING_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "kglightning"
 
 
 def _complete(folder: Path) -> bool:

@@ -109,10 +109,16 @@ def summarize(kg: KnowledgeGraph, splits: dict[str, list[dict[str, Any]]], seed:
         "counts": {"all": counts(everything), **{s: counts(splits[s]) for s in SPLITS}},
         "multi_answer_share": _share(everything, lambda r: len(r["answer"]) > 1),
         "answers_missing_share": _share(everything, lambda r: not r["answer_in_graph"]),
-        "answers_per_question": {"mean": round(statistics.fmean(len(r["answer"]) for r in everything), 3),
-                                 "max": max(len(r["answer"]) for r in everything)},  # fmt: skip
-        "subgraph_triples": {"min": sizes[0], "median": statistics.median(sizes), "max": sizes[-1],
-                             "mean": round(statistics.fmean(sizes), 1)},  # fmt: skip
+        "answers_per_question": {
+            "mean": round(statistics.fmean(len(r["answer"]) for r in everything), 3),
+            "max": max(len(r["answer"]) for r in everything),
+        },  # fmt: skip
+        "subgraph_triples": {
+            "min": sizes[0],
+            "median": statistics.median(sizes),
+            "max": sizes[-1],
+            "mean": round(statistics.fmean(sizes), 1),
+        },  # fmt: skip
         "templates": len({r["template"] for r in everything}),
         "kg": kg.stats(),
         "data_quality": kg.quality,

@@ -70,7 +70,7 @@ def add_country_attributes(countries: dict[str, Country], fs: FactSet) -> None:
             fs.entity(key, kind, [name, f"{name} ({kind})"])
             fs.add(c.key, rel, key)
 
-    for code, c in countries.items():
+    for c in countries.values():
         gc_codes = [x.strip().split("-")[0].lower() for x in str(c.gc.get("languages") or "").split(",") if x.strip()]
         spoken = [language_name(x) for x in gc_codes]
         official = [language_name(_official_code(str(x), gc_codes, spoken, c, fs)) for x in c.ci.get("languages") or []]

@@ -77,7 +77,7 @@ def _place(fs: FactSet, name: str) -> str:
 def add_regions(raw: RawGeography, countries: dict[str, Country], fs: FactSet) -> None:
     """Continents (geonames) and the UN M49 region tree (countryinfo): country -> (intermediate) -> sub -> region."""
     parent: dict[str, str] = {}
-    for code, c in countries.items():
+    for c in countries.values():
         continent = raw.gc_continents.get(c.gc.get("continentcode") or "")
         if continent:
             fs.add(c.key, S.CONTINENT, _place(fs, clean(continent)))

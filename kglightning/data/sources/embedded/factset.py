@@ -51,7 +51,7 @@ class FactSet:
             if len(bucket) < 5:
                 bucket.append(example)
 
-    def merge(self, other: "FactSet") -> "FactSet":
+    def merge(self, other: FactSet) -> FactSet:
         """Add ``other``'s entities, triples and notes to this set and return it."""
         for key, spec in other.entities.items():
             self.entities.setdefault(key, spec)
