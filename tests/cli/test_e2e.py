@@ -112,7 +112,7 @@ def test_fit_test_predict_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
 
 
 def test_baseline_predict_then_evaluate(detection_dir, tiny_encoder_dir, tmp_path):
-    out = tmp_path / "preds.jsonl"
+    out = tmp_path / "outputs/baseline/predictions_test.jsonl"  # the config's path, relative to the run folder
     _cli(
         tmp_path,
         "predict",
@@ -124,8 +124,6 @@ def test_baseline_predict_then_evaluate(detection_dir, tiny_encoder_dir, tmp_pat
         "kglightning.data.SentenceEncoder",
         "--model.init_args.reasoner.init_args.encoder.init_args.model",
         tiny_encoder_dir,
-        "--trainer.callbacks.0.init_args.output",
-        str(out),
         "--trainer.enable_progress_bar",
         "false",
     )
@@ -147,3 +145,26 @@ def test_wandb_logger_offline(detection_dir, tiny_encoder_dir, tmp_path):
     _cli(tmp_path, "fit", *args, "--config", str(ROOT / "configs/logger/wandb.yaml"), "--trainer.max_epochs", "1")
     runs = list((tmp_path / "outputs/wandb/wandb").glob("offline-run-*"))
     assert runs and any(p.suffix == ".wandb" for p in runs[0].iterdir())
+
+
+def test_main_job_on_embedded_subset(tmp_path):
+    """The README's main job as written, bounded: embedded benchmark built from scratch, the real bundled MiniLM,
+    the baseline's proposals, 200 records per split, 2 epochs; then ``test`` from the checkpoint."""
+    bound = [
+        "--data.init_args.max_records",
+        "200",
+        "--trainer.max_epochs",
+        "2",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.logger.init_args.version",
+        "main",
+    ]
+    _cli(tmp_path, "fit", "--config", str(ROOT / "configs/detector.yaml"), *bound)
+    ckpt = tmp_path / "outputs/detector/graph_transformer/checkpoints/best.ckpt"
+    assert (tmp_path / "cache/embedded-v1-seed0/manifest.json").exists() and ckpt.exists()
+    proc = _cli(tmp_path, "test", "--config", str(ROOT / "configs/detector.yaml"), *bound, "--ckpt_path", str(ckpt))
+    assert "test/mostfrequent/f1" in proc.stdout and "test/random/auc_pr" in proc.stdout
+    metrics = _metrics(tmp_path, "main")
+    for name in METRICS:
+        assert 0.0 <= metrics[name] <= 1.0, name
