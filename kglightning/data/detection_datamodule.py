@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Literal
 
 import lightning as L
-import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 from torch_geometric.data import Batch, Data
@@ -188,8 +187,3 @@ class DetectionDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.predict_split)
-
-    def label_counts(self, split: str) -> torch.Tensor:
-        """``[factual, hallucinated]`` answer-node counts of a split."""
-        y = torch.cat([g.y for g in self.datasets[split]])
-        return torch.stack([(y == 0).sum(), (y == 1).sum()])

@@ -67,6 +67,10 @@ class HallucinationDetector(L.LightningModule):
     ``majority`` buffer; the test run reports the MostFrequent and Random baselines beside the detector
     (``test/mostfrequent/*``, ``test/random/*``).
 
+    Reloading: through the CLI (``--ckpt_path``) the config rebuilds the encoder. In Python, pass a non-default
+    encoder again, as the factory is not pickled into the checkpoint:
+    ``HallucinationDetector.load_from_checkpoint(path, encoder=partial(GATEncoder, hidden_channels=256))``.
+
     Args:
         text_dim: text-embedding size (linked from the DataModule).
         encoder: graph encoder, built as ``encoder(in_channels, edge_dim)``; name it by ``class_path``

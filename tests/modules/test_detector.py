@@ -67,8 +67,9 @@ def test_threshold_tuned_on_validation_and_kept_in_checkpoint(detection_dir, tin
     assert float(model.threshold) != 0.5
     path = tmp_path / "m.ckpt"
     trainer.save_checkpoint(path)
-    fresh = HallucinationDetector(text_dim=32, encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=4))
-    fresh.load_state_dict(torch.load(path, weights_only=False)["state_dict"])
+    fresh = HallucinationDetector.load_from_checkpoint(
+        path, encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=4)
+    )
     assert float(fresh.threshold) == float(model.threshold)
     assert float(fresh.majority) == float(model.majority)
 
