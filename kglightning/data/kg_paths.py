@@ -178,3 +178,65 @@ def shortest_relation_paths(
     depth = len(on) - 1
     walks = _walk(kg, on[0], depth, None, on)
     return list(islice((p for p, _ in walks if len(p) == depth), max_paths)) if depth else [()]
+
+
+def shortest_relation_paths_many(
+    kg: KGIndex, source: str, targets: Iterable[str], max_hops: int = 4, max_paths: int = 1000
+) -> dict[str, list[tuple[str, ...]]]:
+    """:func:`shortest_relation_paths` from one ``source`` to many ``targets``, in one shared search.
+
+    One BFS from ``source`` gives every target's distance; the levels are pruned backwards to the entities on a
+    shortest path to *some* target, and a single relation-sequence walk over them serves all targets: a sequence
+    of length ``d`` whose end set holds a target at distance ``d`` is a shortest path to it. Each value equals
+    ``shortest_relation_paths(kg, source, target, max_hops, max_paths)`` (same order, same cap per target).
+
+    Args:
+        kg: the graph index.
+        source: start entity.
+        targets: end entities; unknown or unreachable ones map to ``[]``, ``source`` itself to ``[()]``.
+        max_hops: longest path considered.
+        max_paths: cap on the sequences kept per target.
+
+    Example:
+        >>> kg = KGIndex.from_triples([("a", "r", "m"), ("m", "s", "b"), ("m", "t", "c"), ("c", "u", "a")])
+        >>> shortest_relation_paths_many(kg, "a", ["b", "c", "z"])
+        {'b': [('r', 's')], 'c': [('~u',)], 'z': []}
+    """
+    names = list(dict.fromkeys(targets))
+    out: dict[str, list[tuple[str, ...]]] = {t: [] for t in names}
+    s = kg._eid.get(source)
+    if s is None or max_paths <= 0:
+        return out
+    if source in out:
+        out[source].append(())
+    ptr, _, dst = kg._both_csr()
+    dist = np.full(kg.num_entities, -1, dtype=np.int64)
+    dist[s] = 0
+    want = np.array(sorted({kg._eid[t] for t in names if t in kg._eid and t != source}), dtype=np.int64)
+    levels = [np.array([s], dtype=np.int64)]
+    while len(levels) <= max_hops and want.size and (dist[want] < 0).any():
+        nb = np.unique(dst[_gather(ptr, levels[-1])])
+        nb = nb[dist[nb] < 0]
+        if not nb.size:
+            break
+        dist[nb] = len(levels)
+        levels.append(nb)
+    want = want[dist[want] > 0]
+    if not want.size:
+        return out
+    depth = int(dist[want].max())
+    is_target = np.zeros(kg.num_entities, dtype=bool)
+    is_target[want] = True
+    on = [want[dist[want] == depth]]  # prune backwards to the union of every target's shortest-path entities
+    for k in range(depth - 1, -1, -1):
+        nb = np.intersect1d(np.unique(dst[_gather(ptr, on[0])]), levels[k], assume_unique=True)
+        on.insert(0, np.union1d(nb, want[dist[want] == k]) if k else nb)
+    left = {int(t): max_paths for t in want.tolist()}
+    for path, ids in _walk(kg, on[0], depth, None, on):
+        for t in ids[is_target[ids]].tolist():  # the walk stays on BFS level len(path)
+            if left[t] > 0:
+                left[t] -= 1
+                out[kg._entities[t]].append(path)
+                if left[t] == 0 and not any(left.values()):
+                    return out
+    return out
