@@ -209,34 +209,70 @@ def shortest_relation_paths_many(
         return out
     if source in out:
         out[source].append(())
-    ptr, _, dst = kg._both_csr()
-    dist = np.full(kg.num_entities, -1, dtype=np.int64)
-    dist[s] = 0
+    ptr, lab, dst = kg._both_csr()
+    n, nrel = kg.num_entities, kg.num_relations
+    src = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))  # whole-graph masks beat per-node gathers here
     want = np.array(sorted({kg._eid[t] for t in names if t in kg._eid and t != source}), dtype=np.int64)
-    levels = [np.array([s], dtype=np.int64)]
-    while len(levels) <= max_hops and want.size and (dist[want] < 0).any():
-        nb = np.unique(dst[_gather(ptr, levels[-1])])
+    dist = np.full(n, -1, dtype=np.int64)
+    dist[s] = 0
+    front = np.zeros(n, dtype=bool)
+    front[s] = True
+    k = 0
+    while k < max_hops and want.size and (dist[want] < 0).any():
+        nb = dst[front[src]]
         nb = nb[dist[nb] < 0]
         if not nb.size:
             break
-        dist[nb] = len(levels)
-        levels.append(nb)
+        k += 1
+        dist[nb] = k
+        front[:] = False
+        front[nb] = True
     want = want[dist[want] > 0]
     if not want.size:
         return out
     depth = int(dist[want].max())
-    is_target = np.zeros(kg.num_entities, dtype=bool)
+    # prune backwards to the entities on a shortest path to *some* target, collecting the DAG of shortest-path
+    # hops u -> v (dist[v] = dist[u] + 1) on the way: the both-ways adjacency is symmetric, so the hop v -> u
+    # with label l is the hop u -> v with the reverse label
+    is_target = np.zeros(n, dtype=bool)
     is_target[want] = True
-    on = [want[dist[want] == depth]]  # prune backwards to the union of every target's shortest-path entities
+    on, dist_dst, children = is_target & (dist == depth), dist[dst], {}
     for k in range(depth - 1, -1, -1):
-        nb = np.intersect1d(np.unique(dst[_gather(ptr, on[0])]), levels[k], assume_unique=True)
-        on.insert(0, np.union1d(nb, want[dist[want] == k]) if k else nb)
-    left = {int(t): max_paths for t in want.tolist()}
-    for path, ids in _walk(kg, on[0], depth, None, on):
-        for t in ids[is_target[ids]].tolist():  # the walk stays on BFS level len(path)
-            if left[t] > 0:
-                left[t] -= 1
-                out[kg._entities[t]].append(path)
-                if left[t] == 0 and not any(left.values()):
+        e = np.flatnonzero(on[src] & (dist_dst == k))
+        u, v, rev = dst[e], src[e], (lab[e] + nrel) % (2 * nrel)
+        for a, b, c in zip(u.tolist(), rev.tolist(), v.tolist()):
+            children.setdefault(a, {}).setdefault(b, []).append(c)
+        on = is_target & (dist == k)
+        on[u] = True
+    return _collect(kg, s, depth, children, dist, want, max_paths, out)
+
+
+def _collect(
+    kg: KGIndex, s: int, depth: int, children: dict, dist: np.ndarray, want: np.ndarray, max_paths: int, out: dict
+) -> dict:
+    """Walk relation sequences over the shortest-path DAG (label order, so lexicographic) and file them per target."""
+    at_depth = [set() for _ in range(depth + 1)]
+    for t, d in zip(want.tolist(), dist[want].tolist()):
+        at_depth[d].add(t)
+    left = dict.fromkeys(want.tolist(), max_paths)
+    busy, labels, names = len(left), kg._labels, kg._entities
+    level: list[tuple[tuple[str, ...], set[int]]] = [((), {s})]
+    for k in range(1, depth + 1):
+        nxt = []
+        for path, nodes in level:
+            groups: dict[int, set[int]] = {}
+            for u in nodes:
+                for label, vs in children.get(u, {}).items():
+                    groups.setdefault(label, set()).update(vs)
+            for label in sorted(groups):
+                ends, seq = groups[label], path + (labels[label],)
+                for t in at_depth[k].intersection(ends):
+                    if left[t] > 0:
+                        left[t] -= 1
+                        out[names[t]].append(seq)
+                        busy -= left[t] == 0
+                if not busy:
                     return out
+                nxt.append((seq, ends))
+        level = nxt
     return out

@@ -1,0 +1,33 @@
+"""KG evidence for DoublyCal: constrained relational paths ``z = P_r ∧ C`` and their Bayesian confidence.
+
+* :mod:`~kglightning.evidence.schema`: :class:`Evidence`, the record of one (scored) constrained path.
+* :mod:`~kglightning.evidence.confidence`: the Beta-Bernoulli posterior mean (Eq. 4, Jeffreys prior).
+* :mod:`~kglightning.evidence.paths`: grounding on integer ids (shared-prefix walks, vectorized constraint scores).
+* :mod:`~kglightning.evidence.builder`: :class:`EvidenceBuilder`, mining (training) and grounding/scoring
+  (inference) for one record.
+"""
+
+from kglightning.evidence.builder import CVT_PATTERN, EvidenceBuilder
+from kglightning.evidence.confidence import (
+    JEFFREYS_ALPHA,
+    JEFFREYS_BETA,
+    beta_bernoulli_confidence,
+    beta_bernoulli_confidences,
+    set_confidence,
+)
+from kglightning.evidence.paths import ConstraintScores, PathGrounder, score_constraints
+from kglightning.evidence.schema import Evidence
+
+__all__ = [
+    "CVT_PATTERN",
+    "JEFFREYS_ALPHA",
+    "JEFFREYS_BETA",
+    "ConstraintScores",
+    "Evidence",
+    "EvidenceBuilder",
+    "PathGrounder",
+    "beta_bernoulli_confidence",
+    "beta_bernoulli_confidences",
+    "score_constraints",
+    "set_confidence",
+]

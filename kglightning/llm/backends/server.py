@@ -1,0 +1,300 @@
+"""A small OpenAI-compatible HTTP server (``/v1/chat/completions``, ``/v1/models``) over any LLM backend.
+
+Meant for tests and local experiments, built on the standard library's ``ThreadingHTTPServer``; requests are
+answered one at a time (generation holds a lock). For throughput, serve models with vLLM and point
+:class:`~kglightning.llm.backends.openai_http.OpenAIChatBackend` at it. Fault injection for tests: an artificial
+delay (:attr:`ChatCompletionServer.delay_s`, or per request :attr:`~ChatCompletionServer.delay_next`), scripted
+error statuses (:attr:`~ChatCompletionServer.fail_next`) and a simulated crash after ``k`` answers
+(:attr:`~ChatCompletionServer.fail_after`).
+
+From a shell::
+
+    python -m kglightning.llm.backends.server --model bundled:smollm2 --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from kglightning.llm.backends.base import GenerationParams, LLMBackend, _check_messages, _normalize_stop
+
+__all__ = ["ChatCompletionServer", "main"]
+
+log = logging.getLogger(__name__)
+
+
+class _BadRequest(ValueError):
+    pass
+
+
+def params_from_body(body: dict[str, Any]) -> GenerationParams:
+    """Decoding settings from an OpenAI chat-completion request body (OpenAI defaults where absent).
+
+    >>> params_from_body({"max_tokens": 5, "temperature": 0, "stop": "\\n", "logprobs": True})
+    GenerationParams(max_new_tokens=5, temperature=0.0, top_p=1.0, stop=('\\n',), logprobs=True, seed=0)
+    """
+    if body.get("stream"):
+        raise _BadRequest("streaming is not supported by this server")
+    if int(body.get("n") or 1) != 1:
+        raise _BadRequest("only n=1 is supported")
+    try:
+        return GenerationParams(
+            max_new_tokens=int(body.get("max_completion_tokens") or body.get("max_tokens") or 256),
+            temperature=float(1.0 if body.get("temperature") is None else body["temperature"]),
+            top_p=float(1.0 if body.get("top_p") is None else body["top_p"]),
+            stop=_normalize_stop(body.get("stop")),
+            logprobs=bool(body.get("logprobs")),
+            seed=int(body.get("seed") or 0),
+        )
+    except (TypeError, ValueError) as e:
+        raise _BadRequest(str(e)) from e
+
+
+class ChatCompletionServer:
+    """Serve ``backend`` under the OpenAI chat-completions schema.
+
+    Args:
+        backend: any :class:`~kglightning.llm.backends.base.LLMBackend` (typically a ``LocalHFBackend``).
+        host: interface to bind (loopback by default).
+        port: TCP port; ``0`` picks a free one (read it back from :attr:`port`).
+        model_name: the model id served under ``/v1/models``; default ``backend.name``.
+        delay_s: seconds to sleep before answering each chat request.
+
+    Example:
+        >>> from kglightning.llm.backends.base import Generation
+        >>> class Echo(LLMBackend):
+        ...     name = "echo"
+        ...     def _generate_uncached(self, batch, params, on_result):
+        ...         on_result(0, Generation(text=batch[0][-1]["content"], completion_tokens=1))
+        >>> from kglightning.llm.backends.openai_http import OpenAIChatBackend
+        >>> with ChatCompletionServer(Echo(), port=0) as server:
+        ...     client = OpenAIChatBackend(server.url, show_progress=False)
+        ...     [g.text for g in client.generate([[{"role": "user", "content": "hi"}]])], client.model
+        (['hi'], 'echo')
+    """
+
+    def __init__(
+        self,
+        backend: LLMBackend,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        model_name: str | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.backend = backend
+        self.model_name = model_name or backend.name
+        self.delay_s = delay_s
+        self.delay_next: list[float] = []  # per-request delays, used (and removed) before delay_s
+        self.fail_next: list[int] = []  # HTTP statuses to answer the next chat requests with, in order
+        self.fail_after: int | None = None  # answer 500 to every chat request once this many were admitted
+        self.request_count = 0  # chat requests received
+        self.admitted_count = 0  # chat requests that passed the injected faults and went to generation
+        self.completed_count = 0  # chat requests answered with a completion
+        self.in_flight = 0  # chat requests being handled now
+        self.max_in_flight = 0  # the most chat requests handled at once so far
+        self._state = threading.Lock()
+        self._generate_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._httpd = ThreadingHTTPServer((host, port), _make_handler(self))
+        self._httpd.daemon_threads = True
+
+    @property
+    def host(self) -> str:
+        return str(self._httpd.server_address[0])
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """Base URL for clients, ``http://host:port/v1``."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until :meth:`stop`."""
+        log.info("serving %s at %s", self.model_name, self.url)
+        self._httpd.serve_forever(poll_interval=0.1)
+
+    def start(self) -> ChatCompletionServer:
+        """Serve in a daemon thread; returns ``self``."""
+        self._thread = threading.Thread(target=self.serve_forever, name="chat-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._httpd.server_close()
+
+    def __enter__(self) -> ChatCompletionServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # request handling (called from handler threads)
+
+    def handle_chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Answer one chat-completion request body: ``(status, response body)``."""
+        with self._state:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return self._handle_chat(body)
+        finally:
+            with self._state:
+                self.in_flight -= 1
+
+    def _handle_chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with self._state:
+            self.request_count += 1
+            delay = self.delay_next.pop(0) if self.delay_next else self.delay_s
+            status = self.fail_next.pop(0) if self.fail_next else 0
+        if delay > 0:
+            time.sleep(delay)
+        if status:
+            return status, _error(f"injected failure (HTTP {status})", "server_error")
+        with self._state:  # admit at most fail_after requests for generation, even when they run concurrently
+            if self.fail_after is not None and self.admitted_count >= self.fail_after:
+                return 500, _error("injected crash: no more answers", "server_error")
+            self.admitted_count += 1
+        try:
+            messages = body.get("messages")
+            _check_messages(messages)
+            params = params_from_body(body)
+        except (TypeError, ValueError) as e:
+            return 400, _error(str(e), "invalid_request_error")
+        try:
+            with self._generate_lock:
+                gen = self.backend.generate_with_params([messages], params)[0]
+        except Exception as e:  # report, do not kill the server
+            log.exception("generation failed")
+            return 500, _error(f"generation failed: {e!r}", "server_error")
+        with self._state:
+            self.completed_count += 1
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": gen.text},
+            "finish_reason": gen.finish_reason,
+            "logprobs": None,
+        }
+        if params.logprobs and gen.token_logprobs is not None:
+            tokens = gen.tokens or [""] * len(gen.token_logprobs)
+            choice["logprobs"] = {
+                "content": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+                    for t, lp in zip(tokens, gen.token_logprobs)
+                ]
+            }
+        return 200, {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": gen.prompt_tokens,
+                "completion_tokens": gen.completion_tokens,
+                "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+            },
+        }
+
+    def models(self) -> dict[str, Any]:
+        """The ``/v1/models`` listing."""
+        return {
+            "object": "list",
+            "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "kglightning"}],
+        }
+
+
+def _error(message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "code": None}}
+
+
+def _make_handler(app: ChatCompletionServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "kglightning-chat/0.1"
+
+        def _reply(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                if status == 429:
+                    self.send_header("Retry-After", "0")
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. timed out)
+                log.debug("client went away before the answer")
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            path = self.path.split("?")[0].rstrip("/")
+            if path in ("/v1/models", "/models"):
+                self._reply(200, app.models())
+            elif path in ("/health", "/v1/health"):
+                self._reply(200, {"status": "ok"})
+            else:
+                self._reply(404, _error(f"no route {self.path}", "not_found"))
+
+        def do_POST(self) -> None:  # noqa: N802
+            path = self.path.split("?")[0].rstrip("/")
+            if path not in ("/v1/chat/completions", "/chat/completions"):
+                self._reply(404, _error(f"no route {self.path}", "not_found"))
+                return
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if not isinstance(body, dict):
+                    raise ValueError("the request body must be a JSON object")
+            except ValueError as e:
+                self._reply(400, _error(f"bad JSON body: {e}", "invalid_request_error"))
+                return
+            self._reply(*app.handle_chat(body))
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            log.debug("%s %s", self.address_string(), format % args)
+
+    return Handler
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m kglightning.llm.backends.server --model PATH --port 8000``: serve a local model."""
+    from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2, LocalHFBackend
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=BUNDLED_SMOLLM2, help="model folder, .gguf file or bundled:smollm2")
+    parser.add_argument("--gguf-file", default=None, help="GGUF file name inside --model")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--delay-s", type=float, default=0.0, help="artificial delay before each answer")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    backend = LocalHFBackend(args.model, args.gguf_file, device=args.device, dtype=args.dtype, show_progress=False)
+    backend.load()
+    server = ChatCompletionServer(backend, args.host, args.port, args.served_model_name, args.delay_s)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

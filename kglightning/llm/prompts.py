@@ -1,0 +1,353 @@
+"""Reasoner prompts of DoublyCal (App. C) as chat messages: Vanilla, CoT and two-round Self-Probing.
+
+Each template is ``[KG_RAG_INSTRUCTION] <UQ instruction> [KG_RAG_CONTEXT] Question: [QUESTION]``. The UQ wording is
+the paper's. The KG parts follow RoG's reasoning prompt, on which DoublyCal builds, and the paper's Fig. 2:
+
+* evidence mode ``"with_confidence"`` (DoublyCal): the instruction opens with "Based on the reasoning paths and their
+  confidence scores, ..." and each path line ends with ``[Confidence: c]`` (as in the paper's Fig. 2 and Tables 5-6);
+* ``"without_confidence"`` (the SingleCal ablation): "Based on the reasoning paths, ..." and bare path lines;
+* ``"none"`` (LLM only): App. C's templates with empty KG parts; evidence, if given, is ignored.
+
+The context is ``Reasoning Paths:`` with one path per line, then ``Question:`` and the question (RoG's layout).
+A prompt is one user message, optionally after a system message. Self-Probing first asks for a list of answers
+(:func:`self_probing_first_round`), then continues the dialogue with the model's list and asks for confidences
+(:func:`self_probing_second_round`). All templates ask for ``{answer: confidence}``, which
+:func:`kglightning.llm.parsing.parse_answers` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = [
+    "EvidenceLine",
+    "EvidenceMode",
+    "Message",
+    "PromptStyle",
+    "ReasonerPrompt",
+    "build_prompt",
+    "count_tokens",
+    "cot_prompt",
+    "render_evidence",
+    "self_probing_first_round",
+    "self_probing_second_round",
+    "vanilla_prompt",
+    "verbalize_path",
+]
+
+PromptStyle = Literal["vanilla", "cot", "self_probing"]
+EvidenceMode = Literal["with_confidence", "without_confidence", "none"]
+Message = dict[str, str]
+
+KG_RAG_INSTRUCTION: dict[str, str] = {
+    "with_confidence": "Based on the reasoning paths and their confidence scores, ",
+    "without_confidence": "Based on the reasoning paths, ",
+    "none": "",
+}
+OUTPUT_FORMAT = "Output format example: {<answer_1>: <confidence_1>,...,<answer_k>: <confidence_k>}"
+UQ_INSTRUCTION = (
+    "Please answer the following questions and provide the confidence (0.0 to 1.0) for each answer being correct. "
+    "Please keep the answer as simple as possible and return all the possible answers and their confidence as a "
+    f"json string. {OUTPUT_FORMAT}"
+)
+COT_INSTRUCTION = "Let's think it step by step."
+SELF_PROBING_FIRST = (
+    "Please answer the given question. Please keep the answer as simple as possible and return all the possible "
+    "answers as a list."
+)
+SELF_PROBING_SECOND = (
+    "Q: How likely are the above answers to be correct? Analyze the possible answers, provide your reasoning "
+    "concisely, and give your confidence (0.0 to 1.0) for each answer being correct. Please keep the answer as "
+    f"simple as possible and return all the possible answers and their confidence as a json string. {OUTPUT_FORMAT}"
+)
+
+
+@dataclass(frozen=True)
+class EvidenceLine:
+    """One grounded reasoning path and its evidence confidence.
+
+    Args:
+        path: the path as text (``"Snoopy -> sibling_of -> Spike"``), or its entities and relations in order.
+        confidence: the evidence confidence in ``[0, 1]``; required in ``"with_confidence"`` mode.
+    """
+
+    path: str | Sequence[str]
+    confidence: float | None = None
+
+
+EvidenceLike = EvidenceLine | str | tuple[str, float | None]
+
+
+def verbalize_path(elements: Sequence[str]) -> str:
+    """Write a grounded path, entities and relations alternating, as RoG does.
+
+    Example:
+        >>> verbalize_path(["Snoopy", "sibling_of", "Spike"])
+        'Snoopy -> sibling_of -> Spike'
+    """
+    return " -> ".join(elements)
+
+
+def _line(item: EvidenceLike) -> EvidenceLine:
+    if isinstance(item, EvidenceLine):
+        return item
+    if isinstance(item, str):
+        return EvidenceLine(item)
+    path, confidence = item
+    return EvidenceLine(path, confidence)
+
+
+def render_evidence(evidence: Sequence[EvidenceLike], mode: EvidenceMode = "with_confidence", digits: int = 2) -> str:
+    """The evidence lines of the context, one path per line (``""`` in mode ``"none"``).
+
+    Args:
+        evidence: :class:`EvidenceLine` objects, path strings, or ``(path, confidence)`` tuples.
+        mode: whether to append ``[Confidence: c]``, or to drop the evidence.
+        digits: decimals of the written confidence.
+
+    Raises:
+        ValueError: in ``"with_confidence"`` mode, for a line without a confidence or with one outside ``[0, 1]``.
+
+    Example:
+        >>> print(render_evidence([("Snoopy -> sibling_of -> Spike", 0.5), EvidenceLine(["Snoopy", "r", "Belle"], 0.25)]))
+        Snoopy -> sibling_of -> Spike [Confidence: 0.50]
+        Snoopy -> r -> Belle [Confidence: 0.25]
+        >>> render_evidence([("Snoopy -> sibling_of -> Spike", 0.5)], mode="without_confidence")
+        'Snoopy -> sibling_of -> Spike'
+    """
+    if mode == "none":
+        return ""
+    rows = []
+    for line in map(_line, evidence):
+        text = line.path if isinstance(line.path, str) else verbalize_path(line.path)
+        if mode == "with_confidence":
+            c = line.confidence
+            if c is None or not (math.isfinite(c) and 0.0 <= c <= 1.0):
+                raise ValueError(f"evidence {text!r} needs a confidence in [0, 1] in 'with_confidence' mode, got {c}")
+            text = f"{text} [Confidence: {c:.{digits}f}]"
+        rows.append(text)
+    return "\n".join(rows)
+
+
+def _user_content(
+    instruction: str, question: str, evidence: Sequence[EvidenceLike], mode: EvidenceMode, digits: int
+) -> str:
+    if mode not in KG_RAG_INSTRUCTION:
+        raise ValueError(f"unknown evidence mode {mode!r}; expected one of {sorted(KG_RAG_INSTRUCTION)}")
+    prefix = KG_RAG_INSTRUCTION[mode]
+    if prefix:
+        instruction = prefix + instruction[0].lower() + instruction[1:]
+    context = "" if mode == "none" else f"Reasoning Paths:\n{render_evidence(evidence, mode, digits)}\n\n"
+    return f"{instruction}\n\n{context}Question:\n{question}"
+
+
+def _messages(content: str, system: str | None) -> list[Message]:
+    head = [{"role": "system", "content": system}] if system else []
+    return head + [{"role": "user", "content": content}]
+
+
+def vanilla_prompt(
+    question: str,
+    evidence: Sequence[EvidenceLike] = (),
+    *,
+    mode: EvidenceMode = "with_confidence",
+    system: str | None = None,
+    digits: int = 2,
+) -> list[Message]:
+    """Vanilla verbalized UQ (App. C.1): answers with confidences as a JSON string.
+
+    Args:
+        question: the question, verbatim.
+        evidence: reasoning paths (see :func:`render_evidence`); ignored in mode ``"none"``.
+        mode: ``"with_confidence"`` (DoublyCal), ``"without_confidence"`` (SingleCal) or ``"none"`` (LLM only).
+        system: an optional system message.
+        digits: decimals of the evidence confidences.
+
+    Example:
+        >>> msgs = vanilla_prompt("What is the name of Snoopy's brother?", [("Snoopy -> sibling_of -> Spike", 0.75)])
+        >>> print(msgs[0]["content"])  # doctest: +ELLIPSIS
+        Based on the reasoning paths and their confidence scores, please answer the following questions and provide the confidence (0.0 to 1.0) for each answer being correct. ... {<answer_1>: <confidence_1>,...,<answer_k>: <confidence_k>}
+        <BLANKLINE>
+        Reasoning Paths:
+        Snoopy -> sibling_of -> Spike [Confidence: 0.75]
+        <BLANKLINE>
+        Question:
+        What is the name of Snoopy's brother?
+    """
+    return _messages(_user_content(UQ_INSTRUCTION, question, evidence, mode, digits), system)
+
+
+def cot_prompt(
+    question: str,
+    evidence: Sequence[EvidenceLike] = (),
+    *,
+    mode: EvidenceMode = "with_confidence",
+    system: str | None = None,
+    digits: int = 2,
+) -> list[Message]:
+    """CoT verbalized UQ (App. C.2): Vanilla plus "Let's think it step by step." before the context.
+
+    Example:
+        >>> msgs = cot_prompt("Who is Snoopy's brother?", mode="none")
+        >>> msgs[0]["content"].split("\\n\\n")[0].endswith("<confidence_k>} Let's think it step by step.")
+        True
+    """
+    instruction = f"{UQ_INSTRUCTION} {COT_INSTRUCTION}"
+    return _messages(_user_content(instruction, question, evidence, mode, digits), system)
+
+
+def self_probing_first_round(
+    question: str,
+    evidence: Sequence[EvidenceLike] = (),
+    *,
+    mode: EvidenceMode = "with_confidence",
+    system: str | None = None,
+    digits: int = 2,
+) -> list[Message]:
+    """Self-Probing, first interaction (App. C.3): all possible answers as a list, no confidence yet.
+
+    Example:
+        >>> msgs = self_probing_first_round("Who is Snoopy's brother?", ["Snoopy -> sibling_of -> Spike"],
+        ...                                 mode="without_confidence")
+        >>> msgs[0]["content"].split("\\n")[0]
+        'Based on the reasoning paths, please answer the given question. Please keep the answer as simple as possible and return all the possible answers as a list.'
+    """
+    return _messages(_user_content(SELF_PROBING_FIRST, question, evidence, mode, digits), system)
+
+
+def self_probing_second_round(first_round: Sequence[Message], first_answer: str | Sequence[str]) -> list[Message]:
+    """Self-Probing, second interaction: the dialogue so far, the model's answer list, then the confidence probe.
+
+    Args:
+        first_round: the messages of :func:`self_probing_first_round`.
+        first_answer: the model's first reply, verbatim, or its answers (written as a JSON list).
+
+    Example:
+        >>> first = self_probing_first_round("Who is Snoopy's brother?", mode="none")
+        >>> msgs = self_probing_second_round(first, ["Spike", "Belle"])
+        >>> [m["role"] for m in msgs], msgs[1]["content"]
+        (['user', 'assistant', 'user'], '["Spike", "Belle"]')
+        >>> msgs[2]["content"].startswith("Q: How likely are the above answers to be correct?")
+        True
+    """
+    if not first_round or first_round[-1].get("role") != "user":
+        raise ValueError("first_round must end with the user message of the first interaction")
+    answer = first_answer if isinstance(first_answer, str) else json.dumps(list(first_answer), ensure_ascii=False)
+    return [dict(m) for m in first_round] + [
+        {"role": "assistant", "content": answer.strip()},
+        {"role": "user", "content": SELF_PROBING_SECOND},
+    ]
+
+
+_FIRST_ROUND = {"vanilla": vanilla_prompt, "cot": cot_prompt, "self_probing": self_probing_first_round}
+
+
+def build_prompt(
+    question: str,
+    evidence: Sequence[EvidenceLike] = (),
+    *,
+    style: PromptStyle = "vanilla",
+    mode: EvidenceMode = "with_confidence",
+    system: str | None = None,
+    digits: int = 2,
+) -> list[Message]:
+    """The (first-round) prompt of a style; for ``"self_probing"`` continue with :func:`self_probing_second_round`.
+
+    Example:
+        >>> build_prompt("q?", style="cot", mode="none") == cot_prompt("q?", mode="none")
+        True
+    """
+    if style not in _FIRST_ROUND:
+        raise ValueError(f"unknown prompt style {style!r}; expected one of {sorted(_FIRST_ROUND)}")
+    return _FIRST_ROUND[style](question, evidence, mode=mode, system=system, digits=digits)
+
+
+class ReasonerPrompt:
+    """Typed prompt settings for a reasoner pipeline (a LightningCLI component).
+
+    Args:
+        style: the verbalized-UQ method.
+        evidence_mode: evidence with confidence (DoublyCal), without (SingleCal), or none (LLM only).
+        confidence_digits: decimals of the evidence confidences.
+        system_prompt: an optional system message.
+
+    Example:
+        >>> prompt = ReasonerPrompt(style="self_probing", evidence_mode="without_confidence")
+        >>> first = prompt.first_round("Who is Snoopy's brother?", ["Snoopy -> sibling_of -> Spike"])
+        >>> prompt.two_rounds, len(prompt.second_round(first, "Spike"))
+        (True, 3)
+    """
+
+    def __init__(
+        self,
+        style: PromptStyle = "vanilla",
+        evidence_mode: EvidenceMode = "with_confidence",
+        confidence_digits: int = 2,
+        system_prompt: str | None = None,
+    ) -> None:
+        if style not in _FIRST_ROUND:
+            raise ValueError(f"unknown prompt style {style!r}")
+        if evidence_mode not in KG_RAG_INSTRUCTION:
+            raise ValueError(f"unknown evidence mode {evidence_mode!r}")
+        self.style = style
+        self.evidence_mode = evidence_mode
+        self.confidence_digits = confidence_digits
+        self.system_prompt = system_prompt
+
+    @property
+    def two_rounds(self) -> bool:
+        """Whether the style needs a second round (Self-Probing)."""
+        return self.style == "self_probing"
+
+    def first_round(self, question: str, evidence: Sequence[EvidenceLike] = ()) -> list[Message]:
+        """The prompt of the first (for Vanilla and CoT, the only) round."""
+        return build_prompt(
+            question,
+            evidence,
+            style=self.style,
+            mode=self.evidence_mode,
+            system=self.system_prompt,
+            digits=self.confidence_digits,
+        )
+
+    def second_round(self, first_round: Sequence[Message], first_answer: str | Sequence[str]) -> list[Message]:
+        """The Self-Probing confidence probe after the model's first answer."""
+        if not self.two_rounds:
+            raise ValueError(f"style {self.style!r} has a single round")
+        return self_probing_second_round(first_round, first_answer)
+
+
+def count_tokens(messages: Sequence[Message], tokenizer: PreTrainedTokenizerBase | Any | None = None) -> int:
+    """Prompt length in tokens, exact with a tokenizer, estimated without.
+
+    With a Hugging Face tokenizer that has a chat template, the length of the templated conversation including
+    the generation prompt; without a template, the sum of the encoded message contents (no special tokens).
+    Without a tokenizer, a heuristic: per message ``max(words, ceil(chars / 4)) + 4`` (about four characters per
+    English token, never fewer tokens than whitespace-separated words, four tokens of role framing), plus 3 for the
+    reply primer.
+
+    Example:
+        >>> count_tokens([{"role": "user", "content": "What is the name of Snoopy's brother?"}])
+        17
+    """
+    if tokenizer is None:
+        total = 3
+        for m in messages:
+            content = m["content"]
+            total += max(len(content.split()), math.ceil(len(content) / 4)) + 4
+        return total
+    if getattr(tokenizer, "chat_template", None):
+        ids: Any = tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=True)
+        if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        if len(ids) and isinstance(ids[0], list):  # a batch of one
+            ids = ids[0]
+        return len(ids)
+    return sum(len(tokenizer.encode(m["content"], add_special_tokens=False)) for m in messages)
