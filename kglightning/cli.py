@@ -25,6 +25,8 @@ class KGLightningCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.link_arguments("data.text_dim", "model.init_args.text_dim", apply_on="instantiate")
+        # the data is tokenized with the model's tokenizer (e.g. ProxySFT -> ProxySFTDataModule)
+        parser.link_arguments("model.init_args.model", "data.init_args.tokenizer")
 
 
 def _build_benchmark(argv: list[str]) -> int:

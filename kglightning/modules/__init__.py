@@ -2,5 +2,6 @@
 
 from kglightning.modules.detector import HallucinationDetector
 from kglightning.modules.path_baseline import PathRetrievalBaseline
+from kglightning.modules.proxy_sft import ProxySFT
 
-__all__ = ["HallucinationDetector", "PathRetrievalBaseline"]
+__all__ = ["HallucinationDetector", "PathRetrievalBaseline", "ProxySFT"]

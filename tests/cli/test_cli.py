@@ -16,6 +16,7 @@ CONFIGS = {
     "detector.yaml": "fit",
     "detector_gat.yaml": "fit",
     "baseline_predict.yaml": "predict",
+    "proxy_sft.yaml": "fit",
 }
 
 

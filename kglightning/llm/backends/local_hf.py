@@ -19,7 +19,15 @@ import torch
 
 from kglightning.llm.backends.base import ChatMessage, Generation, GenerationParams, LLMBackend
 
-__all__ = ["BUNDLED_SMOLLM2", "SMOLLM2_GGUF", "LocalHFBackend", "bundled_smollm2_path", "resolve_model"]
+__all__ = [
+    "BUNDLED_SMOLLM2",
+    "SMOLLM2_GGUF",
+    "LocalHFBackend",
+    "bundled_smollm2_path",
+    "load_causal_lm",
+    "load_tokenizer",
+    "resolve_model",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,55 @@ def resolve_model(model: str, gguf_file: str | None = None) -> tuple[str, str | 
         path = Path(model).expanduser()
         return str(path.parent), path.name
     return model, gguf_file
+
+
+def load_tokenizer(model: str, gguf_file: str | None = None) -> Any:
+    """Load the tokenizer of ``model`` (see :func:`resolve_model`); a missing pad token becomes the EOS token.
+
+    Args:
+        model: a local model folder, a ``.gguf`` file, or ``"bundled:smollm2"``.
+        gguf_file: GGUF file name inside the ``model`` folder, if the weights are a GGUF file.
+    """
+    from transformers import AutoTokenizer
+
+    folder, gguf = resolve_model(model, gguf_file)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **({"gguf_file": gguf} if gguf else {}))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(
+    model: str,
+    gguf_file: str | None = None,
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32",
+    pad_token_id: int | None = None,
+) -> Any:
+    """Load the causal LM of ``model`` (see :func:`resolve_model`); GGUF weights are dequantised to ``dtype``.
+
+    The generation config keeps only the BOS, EOS and pad ids: decoding is decided by the caller's settings, not by
+    sampling defaults shipped with a checkpoint.
+
+    Args:
+        model: a local model folder, a ``.gguf`` file, or ``"bundled:smollm2"``.
+        gguf_file: GGUF file name inside the ``model`` folder, if the weights are a GGUF file.
+        dtype: weight dtype after loading.
+        pad_token_id: pad id of the generation config (the tokenizer's); ``None`` keeps the checkpoint's.
+    """
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    folder, gguf = resolve_model(model, gguf_file)
+    log.info("loading %s%s", folder, f" ({gguf})" if gguf else "")
+    lm = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=getattr(torch, dtype), **({"gguf_file": gguf} if gguf else {})
+    )
+    gc = lm.generation_config
+    lm.generation_config = GenerationConfig(
+        bos_token_id=gc.bos_token_id,
+        eos_token_id=gc.eos_token_id,
+        pad_token_id=gc.pad_token_id if pad_token_id is None else pad_token_id,
+    )
+    return lm
 
 
 class LocalHFBackend(LLMBackend):
@@ -131,27 +188,15 @@ class LocalHFBackend(LLMBackend):
         """Load the tokenizer and model now (otherwise done on the first :meth:`generate`)."""
         if self._model is not None:
             return
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-        folder, gguf = resolve_model(self.model_name_or_path, self.gguf_file)
-        extra: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
-        log.info("loading %s%s", folder, f" ({gguf})" if gguf else "")
-        tokenizer = AutoTokenizer.from_pretrained(folder, **extra)
+        tokenizer = load_tokenizer(self.model_name_or_path, self.gguf_file)
         tokenizer.padding_side = "left"
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
         if self.chat_template is not None:
             tokenizer.chat_template = self.chat_template
         elif not getattr(tokenizer, "chat_template", None):
-            log.warning("%s has no chat template; using plain 'role: content' lines", folder)
+            log.warning("%s has no chat template; using plain 'role: content' lines", self.model_name_or_path)
             tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, self.dtype), **extra)
+        model = load_causal_lm(self.model_name_or_path, self.gguf_file, self.dtype, tokenizer.pad_token_id)
         model.to(self.device).eval()
-        # decoding is decided by the caller's settings only, not by sampling defaults shipped with a checkpoint
-        gc = model.generation_config
-        model.generation_config = GenerationConfig(
-            bos_token_id=gc.bos_token_id, eos_token_id=gc.eos_token_id, pad_token_id=tokenizer.pad_token_id
-        )
         self._tokenizer, self._model = tokenizer, model
 
     @property
