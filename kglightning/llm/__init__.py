@@ -1,41 +1,17 @@
-"""LLMs for kglightning: backends (local transformers incl. GGUF, OpenAI-compatible HTTP), prompts and parsing."""
+"""LLMs for kglightning: backends (local transformers incl. GGUF, OpenAI-compatible HTTP), prompts and parsing.
 
-from kglightning.llm.backends import (
-    BUNDLED_SMOLLM2,
-    ChatMessage,
-    Generation,
-    GenerationParams,
-    LLMBackend,
-    LLMBackendError,
-    LLMHTTPError,
-    LLMTimeoutError,
-    LocalHFBackend,
-    OpenAIChatBackend,
-    ResponseCache,
-    bundled_smollm2_path,
-)
+The package re-exports :mod:`kglightning.llm.backends` (``__all__`` is the same list); prompts, parsing,
+grounding and the KG-Trie live in their own modules (``kglightning.llm.prompts``, ``.parsing``, ``.grounding``,
+``.trie``).
+"""
 
-__all__ = [
-    "BUNDLED_SMOLLM2",
-    "ChatCompletionServer",
-    "ChatMessage",
-    "Generation",
-    "GenerationParams",
-    "LLMBackend",
-    "LLMBackendError",
-    "LLMHTTPError",
-    "LLMTimeoutError",
-    "LocalHFBackend",
-    "OpenAIChatBackend",
-    "ResponseCache",
-    "bundled_smollm2_path",
-]
+from kglightning.llm import backends as _backends
+
+__all__ = list(_backends.__all__)
 
 
 def __getattr__(name: str) -> object:
-    # imported on demand, so that `python -m kglightning.llm.backends.server` does not import the server module twice
-    if name == "ChatCompletionServer":
-        from kglightning.llm.backends.server import ChatCompletionServer
-
-        return ChatCompletionServer
+    # delegate, so that the backends package's lazy names (ChatCompletionServer) stay lazy
+    if name in __all__:
+        return getattr(_backends, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
