@@ -14,6 +14,7 @@ from kglightning.data.sources.loaders import RecordList, read_records, write_rec
 _LAZY = {
     "DetectionDataModule": "kglightning.data.detection_datamodule",
     "KGQADataModule": "kglightning.data.kgqa_datamodule",
+    "ProxySFTDataModule": "kglightning.data.sft_datamodule",
     "EmbeddingCache": "kglightning.data.embeddings",
     "SentenceEncoder": "kglightning.data.embeddings",
     "AnswerProposer": "kglightning.data.proposer",
@@ -33,6 +34,7 @@ __all__ = [
     "KGIndex",
     "KGQADataModule",
     "KGQARecord",
+    "ProxySFTDataModule",
     "REVERSE_PREFIX",
     "RecordError",
     "RecordList",
