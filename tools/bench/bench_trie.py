@@ -18,7 +18,7 @@ Models:
     so that it writes ``<PATH>`` blocks, often with relation sequences that the question's graph lacks;
   * smollm2 (``--smollm2-questions N``): the bundled SmolLM2-135M-Instruct GGUF, untrained for the format,
     prompted with the App. A.1 instruction, one worked example from a training question and the assistant turn
-    opened with ``<PATH confidence=``; one timed repeat.
+    opened with ``<PATH confidence=``; ``--smollm2-repeats`` timed repeats (1 by default).
 Questions: the embedded benchmark's test split (topic entity in the graph). Tries hold every relation path of
 ≤ ``--max-hops`` hops from the topic, plus up to ``--constraints`` constraints per path.
 
@@ -298,6 +298,7 @@ def main() -> None:
     p.add_argument("--constraints", type=int, default=3, help="constraints per path in the trie (0: none)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--smollm2-batch-size", type=int, default=4)
+    p.add_argument("--smollm2-repeats", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--temperature", type=float, default=1.0, help="tiny model sampling temperature (0: greedy)")
     p.add_argument("--smollm2-temperature", type=float, default=0.7)
@@ -331,7 +332,7 @@ def main() -> None:
         sub = recs[: args.smollm2_questions]
         tries, stats = build_tries(backend.tokenizer, sub, args.max_hops, args.constraints)
         args.prefix, args.temperature = "<PATH confidence=", args.smollm2_temperature
-        args.batch_size, args.repeats = args.smollm2_batch_size, 1
+        args.batch_size, args.repeats = args.smollm2_batch_size, args.smollm2_repeats
         prompts = smollm2_prompts(backend.tokenizer, sub, args.prefix)
         rows.append(report("smollm2", compare(backend.model, backend.tokenizer, prompts, sub, tries, args), stats))
         rows[-1]["temperature"] = args.temperature
