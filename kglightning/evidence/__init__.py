@@ -5,6 +5,7 @@
 * :mod:`~kglightning.evidence.paths`: grounding on integer ids (shared-prefix walks, vectorized constraint scores).
 * :mod:`~kglightning.evidence.builder`: :class:`EvidenceBuilder`, mining (training) and grounding/scoring
   (inference) for one record.
+* :mod:`~kglightning.evidence.verbalize`: the grounded path instances of an evidence, written for the reasoner.
 """
 
 from kglightning.evidence.builder import CVT_PATTERN, EvidenceBuilder
@@ -17,6 +18,7 @@ from kglightning.evidence.confidence import (
 )
 from kglightning.evidence.paths import ConstraintScores, PathGrounder, score_constraints
 from kglightning.evidence.schema import Evidence
+from kglightning.evidence.verbalize import path_instances, verbalize_instance
 
 __all__ = [
     "CVT_PATTERN",
@@ -29,5 +31,7 @@ __all__ = [
     "beta_bernoulli_confidence",
     "beta_bernoulli_confidences",
     "score_constraints",
+    "path_instances",
     "set_confidence",
+    "verbalize_instance",
 ]

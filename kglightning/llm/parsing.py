@@ -32,6 +32,7 @@ CONFIDENCE_CLIPPED = "confidence_clipped"  #: a confidence outside ``[0, 1]``, c
 EMPTY_ANSWER = "empty_answer"  #: an empty or null answer (dropped)
 INVALID_ANSWER = "invalid_answer"  #: an answer that is a list or an object (dropped)
 DUPLICATE_ANSWER = "duplicate_answer"  #: an answer given twice (the higher confidence is kept)
+PATH_ANSWER = "path_answer"  #: a reasoning path echoed as the answer (``a -> r -> b``): its last entity is kept
 
 _ANSWER_KEYS = ("answer", "answers", "prediction", "entity", "name")
 _CONF_KEYS = ("confidence", "conf", "probability", "prob", "score")
@@ -41,7 +42,7 @@ _NUMBER_RE = re.compile(rf"\s*({_NUMBER})\s*(%?)\s*")
 _PAIR_NUM = re.compile(rf"\s*(?P<key>[^\n]+?)\s*:\s*(?P<val>{_NUMBER}\s*%?|null|None|\"[^\"]*\"|'[^']*')\s*(?:,|$)")
 _PAIR_ANY = re.compile(r"\s*(?P<key>[^\n:,]+?)\s*(?::\s*(?P<val>[^,\n]*?))?\s*(?:,|\n|$)")
 _CONF_LINE = re.compile(  # lengths bounded, so that a long line cannot cost quadratic time
-    r"^[ \t]*(?:[-*\u2022]|\d+[.)])?[ \t]*(?:A(?:nswer)?[ \t]*:[ \t]*)?(?P<key>[^\n]{1,300}?)[ \t]*[\[(][ \t]*"
+    r"^[ \t]*(?:[-*\u2022]|\d+[.)])?[ \t]*(?:(?:the[ \t]+)?(?:final[ \t]+)?A(?:nswer)?(?:[ \t]+is)?[ \t]*:[ \t]*)?(?P<key>[^\n]{1,300}?)[ \t]*[\[(][ \t]*"
     r"confidence[ \t]*[:=][ \t]*(?P<val>[^\])\n]{0,40})[\])]",
     re.I | re.M,
 )
@@ -355,6 +356,10 @@ def parse_answers(text: str | None, stats: ParseStats | None = None) -> ParsedAn
         {'Washington, D.C.': 0.6}
         >>> parse_answers("{Washington, D.C.: 0.7, Star Wars: Episode IV: 0.2}").answers
         {'Washington, D.C.': 0.7, 'Star Wars: Episode IV': 0.2}
+        >>> parse_answers("The answer is: Asia [Confidence: 0.75]").answers
+        {'Asia': 0.75}
+        >>> parse_answers("{Tanzania -> official_language -> Swahili: 0.9}")
+        ParsedAnswers(answers={'Swahili': 0.9}, issues=['path_answer'])
         >>> parse_answers("I am not sure.")
         ParsedAnswers(answers={}, issues=['no_structure'])
     """
@@ -375,6 +380,9 @@ def parse_answers(text: str | None, stats: ParseStats | None = None) -> ParsedAn
                 issues.append(EMPTY_ANSWER if raw_answer is None else INVALID_ANSWER)
                 continue
             answer = " ".join(_strip_quotes(str(raw_answer)).split())
+            if "->" in answer:
+                issues.append(PATH_ANSWER)
+                answer = _strip_quotes(answer.rsplit("->", 1)[1])
             if not answer:
                 issues.append(EMPTY_ANSWER)
                 continue

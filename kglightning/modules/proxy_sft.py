@@ -12,6 +12,8 @@ loads back, e.g. for ``predict``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -25,6 +27,7 @@ from kglightning.data.sft_datamodule import sft_tokenizer
 from kglightning.evidence.format import ParseResult, parse_evidence
 from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2, load_causal_lm
 from kglightning.llm.parsing import ParseStats
+from kglightning.llm.trie import KGTrie, KGTrieLogitsProcessor
 
 __all__ = ["DEFAULT_TARGET_MODULES", "ProxySFT"]
 
@@ -96,6 +99,11 @@ class ProxySFT(L.LightningModule):
         self.tokenizer = sft_tokenizer(model, gguf_file)
         base = load_causal_lm(model, gguf_file, dtype, self.tokenizer.pad_token_id)
         if adapter_path is not None:
+            if not (Path(adapter_path) / "adapter_config.json").is_file():
+                raise FileNotFoundError(
+                    f"adapter_path {adapter_path!r} is not a PEFT adapter folder (no adapter_config.json); train one "
+                    "with `python -m kglightning fit --config configs/proxy_sft.yaml` (it writes save_adapter_dir)"
+                )
             self.model = PeftModel.from_pretrained(base, adapter_path, is_trainable=True)
         else:
             config = LoraConfig(
@@ -145,7 +153,11 @@ class ProxySFT(L.LightningModule):
 
     @torch.no_grad()
     def generate_texts(
-        self, input_ids: Tensor, attention_mask: Tensor, decoding: Decoding | None = None
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        decoding: Decoding | None = None,
+        tries: Sequence[KGTrie] | None = None,
     ) -> tuple[list[str], list[float] | None]:
         """Generate from left-padded prompts.
 
@@ -153,6 +165,8 @@ class ProxySFT(L.LightningModule):
             input_ids: ``(B, L)`` left-padded prompt ids.
             attention_mask: ``(B, L)``.
             decoding: ``"beam"`` or ``"greedy"``; default the module's ``decoding``.
+            tries: one :class:`~kglightning.llm.trie.KGTrie` per prompt: every ``<PATH>`` block is then constrained
+                to the prompt's KG (graph-constrained decoding, failing closed; confidence digits stay free).
 
         Returns:
             The ``B * n`` completion texts, question by question (``n = num_evidence`` for beam search, else 1),
@@ -177,8 +191,20 @@ class ProxySFT(L.LightningModule):
         )
         was_training = self.model.training
         self.model.eval()
+        processors = None
+        if tries is not None:
+            if len(tries) != input_ids.shape[0]:
+                raise ValueError(f"need one trie per prompt: got {len(tries)} tries for {input_ids.shape[0]} prompts")
+            from transformers import LogitsProcessorList
+
+            processors = LogitsProcessorList([KGTrieLogitsProcessor(list(tries))])
         try:
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                logits_processor=processors,
+            )
         finally:
             self.model.train(was_training)
         new = out.sequences[:, input_ids.shape[1] :].tolist()

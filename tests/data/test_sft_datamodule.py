@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,17 +10,6 @@ import torch
 from kglightning.data.sft_datamodule import IGNORE_INDEX, ProxySFTDataModule, collate_sft, render_prompt
 from kglightning.evidence import EvidenceBuilder
 from kglightning.evidence.format import parse_evidence
-
-
-def _llm_conftest():
-    """The LLM tests' fixtures (tiny ChatML tokenizer and Llama), reused without moving them."""
-    spec = importlib.util.spec_from_file_location("_llm_test_fixtures", Path(__file__).parents[1] / "llm/conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tiny_chat_model_dir = _llm_conftest().tiny_chat_model_dir
 
 FACTS = {  # country: (capital, currency)
     "France": ("Paris", "Euro"),

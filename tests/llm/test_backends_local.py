@@ -144,3 +144,22 @@ def test_bundled_smollm2_generates():
     assert all(lp <= 0 for lp in gen.token_logprobs)
     assert math.exp(sum(gen.token_logprobs)) > 0
     assert "paris" in gen.text.lower()
+
+
+def test_response_prefix_and_repetition_penalty(tiny_backend, tiny_chat_model_dir, make_conversations):
+    convs = make_conversations(3)
+    plain = tiny_backend.generate(convs, max_new_tokens=6)
+    prefilled = LocalHFBackend(tiny_chat_model_dir, show_progress=False, response_prefix='{"')
+    assert prefilled.render(convs[0]) == tiny_backend.render(convs[0]) + '{"'
+    gens = prefilled.generate(convs, max_new_tokens=6)
+    assert all(g.text.startswith('{"') for g in gens)
+    assert [g.text for g in gens] != ['{"' + g.text for g in plain]  # the prefill is part of the prompt
+    assert all(g.prompt_tokens > p.prompt_tokens for g, p in zip(gens, plain))
+    penalized = LocalHFBackend(tiny_chat_model_dir, show_progress=False, repetition_penalty=5.0)
+    keys = {b.cache_key for b in (tiny_backend, prefilled, penalized)}
+    assert len(keys) == 3  # each setting changes the outputs, hence the cache key
+    many = penalized.generate(convs, max_new_tokens=24)
+    base = tiny_backend.generate(convs, max_new_tokens=24)
+    assert [g.text for g in many] != [g.text for g in base]
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        LocalHFBackend(tiny_chat_model_dir, repetition_penalty=0.0)

@@ -14,17 +14,6 @@ import torch
 from kglightning.data.sft_datamodule import ProxySFTDataModule
 from kglightning.modules import ProxySFT
 
-
-def _llm_conftest():
-    """The LLM tests' fixtures (tiny ChatML tokenizer and Llama), reused without moving them."""
-    spec = importlib.util.spec_from_file_location("_llm_test_fixtures", Path(__file__).parents[1] / "llm/conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tiny_chat_model_dir = _llm_conftest().tiny_chat_model_dir
-
 CITIES = {"France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi", "Peru": "Lima", "Egypt": "Cairo", "Spain": "Madrid"}
 
 

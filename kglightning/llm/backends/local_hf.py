@@ -137,6 +137,9 @@ class LocalHFBackend(LLMBackend):
         show_progress: show a tqdm bar over conversations.
         cache_dir: optional folder of a :class:`~kglightning.llm.backends.cache.ResponseCache`.
         chat_template: a Jinja chat template that replaces the tokenizer's own.
+        response_prefix: text that opens every assistant reply (a "prefill", e.g. ``"{"`` so that a small model
+            starts the requested JSON); it is part of the prompt and of the returned text.
+        repetition_penalty: transformers' repetition penalty (``1.0``: none); small models tend to loop.
     """
 
     def __init__(
@@ -149,6 +152,8 @@ class LocalHFBackend(LLMBackend):
         show_progress: bool = True,
         cache_dir: str | None = None,
         chat_template: str | None = None,
+        response_prefix: str | None = None,
+        repetition_penalty: float = 1.0,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -159,6 +164,10 @@ class LocalHFBackend(LLMBackend):
         self.batch_size = batch_size
         self.show_progress = show_progress
         self.chat_template = chat_template
+        if repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
+        self.response_prefix = response_prefix or ""
+        self.repetition_penalty = repetition_penalty
         self._model: Any = None
         self._tokenizer: Any = None
         if cache_dir is not None:
@@ -180,6 +189,10 @@ class LocalHFBackend(LLMBackend):
         key = f"local-hf:{where}:{gguf or ''}:{self.dtype}"
         if self.chat_template is not None:  # another template, other prompts
             key += ":template-" + hashlib.sha256(self.chat_template.encode("utf-8")).hexdigest()[:12]
+        if self.response_prefix:  # other prompts, other outputs
+            key += ":prefix-" + hashlib.sha256(self.response_prefix.encode("utf-8")).hexdigest()[:12]
+        if self.repetition_penalty != 1.0:
+            key += f":rep-{self.repetition_penalty:g}"
         return key
 
     # loading
@@ -212,8 +225,9 @@ class LocalHFBackend(LLMBackend):
         return self._model
 
     def render(self, messages: list[ChatMessage]) -> str:
-        """The prompt text of one conversation: the chat template with the assistant turn opened."""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        """The prompt text of one conversation: the chat template with the assistant turn opened (and prefilled)."""
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return text + self.response_prefix
 
     # generation
 
@@ -260,7 +274,7 @@ class LocalHFBackend(LLMBackend):
             temperature=params.temperature if sample else None,
             top_p=params.top_p if sample else None,
             top_k=0 if sample else None,
-            repetition_penalty=1.0,
+            repetition_penalty=self.repetition_penalty,
             eos_token_id=sorted(self._eos_ids()) or None,
             pad_token_id=tokenizer.pad_token_id,
             return_dict_in_generate=True,
@@ -316,7 +330,7 @@ class LocalHFBackend(LLMBackend):
             tokens = [tokenizer.decode([tok]) for tok in ids[:end]]
             lp = [float(x) for x in logprobs[:end]]
         return Generation(
-            text=text,
+            text=self.response_prefix + text,
             token_logprobs=lp,
             tokens=tokens,
             prompt_tokens=int(prompt_tokens),

@@ -1,0 +1,323 @@
+"""The DoublyCal inference pipeline (DoublyCal §4.3, ablations of §5.4), run by ``predict``.
+
+Per question: the proxy (:class:`~kglightning.modules.ProxySFT` with its trained adapter) writes top-K evidence
+``<PATH confidence=c>...</PATH>``, optionally through a KG-Trie so that every path exists in the question's graph;
+each evidence is grounded in the graph and its path instances are verbalized with ``[Confidence: c]``; a black-box
+reasoner (any :class:`~kglightning.llm.backends.LLMBackend`: the bundled SmolLM2, a local HF model, or an
+OpenAI-compatible endpoint) answers with verbalized ``{answer: confidence}``. The same evidence feeds every variant:
+
+* ``doublycal``: evidence with its confidence (double calibration);
+* ``singlecal``: the same evidence without confidence (only the reasoner's own verbalized UQ);
+* ``evidence_only``: no reasoner; the grounded entities are the answers, each with the highest confidence of the
+  evidence that reaches it;
+* ``llm_only``: the reasoner without evidence.
+
+At the end of ``predict`` the pipeline writes ``evidence.jsonl`` (the proxy's raw and parsed output), each variant's
+predictions and evaluation, ``comparison.md``/``comparison.json`` (Hit, Recall, F1, EM, ECE, Brier, abstentions,
+reasoner input tokens per question) and ``reliability_comparison.png`` to ``output_dir``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from kglightning.data.kg import KGIndex
+from kglightning.data.records import KGQARecord
+from kglightning.data.sft_datamodule import PromptStyle as ProxyPromptStyle
+from kglightning.data.sft_datamodule import render_prompt
+from kglightning.evidence.builder import EvidenceBuilder
+from kglightning.evidence.format import parse_evidence, sft_input
+from kglightning.evidence.verbalize import path_instances, verbalize_instance
+from kglightning.llm.backends.base import Generation, GenerationParams, LLMBackend
+from kglightning.llm.grounding import ground_answers
+from kglightning.llm.parsing import ParseStats, parse_answers
+from kglightning.llm.prompts import EvidenceLine, EvidenceMode, PromptStyle, ReasonerPrompt, count_tokens
+from kglightning.llm.trie import KGTrie
+from kglightning.modules.proxy_sft import ProxySFT
+from kglightning.pipelines.report import comparison_markdown, write_comparison
+
+__all__ = ["VARIANTS", "DoublyCalPipeline", "Variant"]
+
+log = logging.getLogger(__name__)
+
+Variant = Literal["doublycal", "singlecal", "evidence_only", "llm_only"]
+VARIANTS: tuple[str, ...] = ("doublycal", "singlecal", "evidence_only", "llm_only")
+_MODE: dict[str, EvidenceMode] = {"doublycal": "with_confidence", "singlecal": "without_confidence", "llm_only": "none"}
+
+
+def _left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return ids, mask
+
+
+class DoublyCalPipeline(L.LightningModule):
+    """Proxy evidence → grounding → verbalized evidence → reasoner, for DoublyCal and its ablations.
+
+    Batches are lists of :class:`~kglightning.data.records.KGQARecord` (:class:`~kglightning.data.KGQADataModule`).
+
+    Args:
+        proxy: the trained evidence proxy (give its ``adapter_path``); its ``num_evidence``/``decoding`` set K.
+        reasoner: the black-box LLM.
+        variants: which answers to produce (default all four, see the module docstring).
+        prompt_style: the reasoner's verbalized-UQ template (App. C): ``vanilla``, ``cot`` or ``self_probing``.
+        system_prompt: an optional system message for the reasoner.
+        constrained: generate evidence through a KG-Trie of the question's graph (paths always exist in the KG).
+        trie_max_hops: longest relation path in the trie.
+        trie_constraints: also allow the one-hop constraints of each path in the trie.
+        trie_max_paths: cap on the trie's relation paths per question.
+        trie_max_constraints: cap on the constraints per path.
+        builder: grounds the evidence (its ``max_hops`` does not limit grounding).
+        proxy_prompt_style: how the proxy's prompt is rendered; must match its SFT data (``"chat"``/``"plain"``).
+        proxy_system_prompt: the proxy's system turn, as in its SFT data (``None``: the template's default).
+        max_instances: grounded path instances shown to the reasoner per evidence.
+        max_new_tokens: longest reasoner output per round.
+        temperature: reasoner sampling temperature (0: greedy).
+        missing_confidence: confidence given to an answer the reasoner wrote without one (counted as
+            ``missing_confidence`` in the parse statistics).
+        output_dir: where the report goes.
+        n_bins: calibration bins.
+    """
+
+    def __init__(
+        self,
+        proxy: ProxySFT,
+        reasoner: LLMBackend,
+        variants: list[Variant] | None = None,
+        prompt_style: PromptStyle = "vanilla",
+        system_prompt: str | None = None,
+        constrained: bool = True,
+        trie_max_hops: int = 4,
+        trie_constraints: bool = True,
+        trie_max_paths: int | None = 2000,
+        trie_max_constraints: int | None = 50,
+        builder: EvidenceBuilder | None = None,
+        proxy_prompt_style: ProxyPromptStyle = "chat",
+        proxy_system_prompt: str | None = "",
+        max_instances: int = 5,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        missing_confidence: float = 0.5,
+        output_dir: str = "outputs/doublycal",
+        n_bins: int = 10,
+    ) -> None:
+        super().__init__()
+        variants = list(variants or VARIANTS)
+        unknown = sorted(set(variants) - set(VARIANTS))
+        if unknown or not variants:
+            raise ValueError(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+        if not 0.0 <= missing_confidence <= 1.0:
+            raise ValueError(f"missing_confidence must be in [0, 1], got {missing_confidence}")
+        if max_instances < 1:
+            raise ValueError(f"max_instances must be >= 1, got {max_instances}")
+        self.proxy = proxy
+        self.reasoner = reasoner
+        self.variants = list(dict.fromkeys(variants))
+        self.prompts = {v: ReasonerPrompt(prompt_style, _MODE[v], system_prompt=system_prompt) for v in _MODE}
+        self.constrained = constrained
+        self.trie_kwargs = {
+            "max_hops": trie_max_hops,
+            "constraints": trie_constraints,
+            "max_paths": trie_max_paths,
+            "max_constraints_per_path": trie_max_constraints,
+        }
+        self.builder = builder or EvidenceBuilder()
+        self.proxy_prompt_style = proxy_prompt_style
+        self.proxy_system_prompt = proxy_system_prompt
+        self.max_instances = max_instances
+        self.params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature)
+        self.missing_confidence = missing_confidence
+        self.output_dir = output_dir
+        self.n_bins = n_bins
+        self._reset_stats()
+
+    def _reset_stats(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.evidence_stats = ParseStats()
+        self.answer_stats = {v: ParseStats() for v in self.variants}
+        self.counts = {"evidence": 0, "ungrounded_evidence": 0, "questions_without_evidence": 0}
+
+    # evidence
+
+    def proxy_texts(self, records: Sequence[KGQARecord]) -> list[list[str]]:
+        """The proxy's generated texts, ``K`` per question (KG-Trie constrained when ``constrained``)."""
+        tok = self.proxy.tokenizer
+        rows = []
+        for rec in records:
+            text = render_prompt(tok, sft_input(rec.question), self.proxy_prompt_style, self.proxy_system_prompt)
+            rows.append(tok(text, add_special_tokens=False)["input_ids"])
+        ids, mask = _left_pad(rows, tok.pad_token_id)
+        tries = [KGTrie.from_record(tok, rec, **self.trie_kwargs) for rec in records] if self.constrained else None
+        texts, _ = self.proxy.generate_texts(ids.to(self.proxy.device), mask.to(self.proxy.device), tries=tries)
+        k = len(texts) // len(records)
+        return [texts[i * k : (i + 1) * k] for i in range(len(records))]
+
+    def ground_evidence(self, record: KGQARecord, texts: Sequence[str], kg: KGIndex | None = None) -> list[dict]:
+        """Parse, de-duplicate (first rank wins) and ground the proxy's evidence for one question.
+
+        Returns one dict per distinct well-formed evidence that grounds to at least one entity: ``relations``,
+        ``constraint``, ``confidence``, ``rank``, ``answers`` (the grounded entities) and ``paths`` (verbalized
+        instances, at most ``max_instances``). Evidence that grounds to nothing is counted and left out.
+        """
+        seen: dict[tuple[Any, ...], tuple[int, Any]] = {}
+        for rank, text in enumerate(texts):
+            for z in parse_evidence(text, require_confidence=True, stats=self.evidence_stats).evidence:
+                seen.setdefault((z.relations, z.constraint), (rank, z.to_evidence()))
+        if not seen:
+            return []
+        ranks, evidence = zip(*seen.values())
+        grounded = self.builder.ground_all(record, evidence)
+        kg = kg or KGIndex.from_record(record)
+        out = []
+        for rank, z, answers in zip(ranks, evidence, grounded):
+            self.counts["evidence"] += 1
+            if not answers:
+                self.counts["ungrounded_evidence"] += 1
+                continue
+            instances = path_instances(kg, record.q_entity, z, self.max_instances)
+            out.append(
+                {
+                    "relations": list(z.relations),
+                    "constraint": None if z.constraint is None else list(z.constraint),
+                    "confidence": z.confidence,
+                    "rank": rank,
+                    "answers": sorted(answers),
+                    "paths": [verbalize_instance(p, z.constraint) for p in instances],
+                }
+            )
+        return out
+
+    # answers
+
+    def _answer(self, variant: str, text: str, entities: Sequence[str]) -> dict[str, Any]:
+        parsed = parse_answers(text, self.answer_stats[variant])
+        ranked = parsed.ranked()
+        conf = [self.missing_confidence if parsed.answers[a] is None else parsed.answers[a] for a in ranked]
+        entities = ground_answers(parsed, entities).entities
+        return {"prediction": ranked, "confidence": conf, "entities": sorted(entities), "issues": parsed.issues}
+
+    @staticmethod
+    def evidence_answers(evidence: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """The ``evidence_only`` answer: every grounded entity with the highest confidence reaching it.
+
+        Example:
+            >>> z = [{"answers": ["Spike"], "confidence": 0.75}, {"answers": ["Belle", "Spike"], "confidence": 0.5}]
+            >>> DoublyCalPipeline.evidence_answers(z)
+            {'prediction': ['Spike', 'Belle'], 'confidence': [0.75, 0.5], 'input_tokens': 0}
+        """
+        best: dict[str, float] = {}
+        for z in evidence:
+            for a in z["answers"]:
+                best[a] = max(best.get(a, 0.0), z["confidence"])
+        ranked = sorted(best, key=lambda a: -best[a])
+        return {"prediction": ranked, "confidence": [best[a] for a in ranked], "input_tokens": 0}
+
+    def _messages(self, variant: str, record: KGQARecord, evidence: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+        lines = [EvidenceLine(p, z["confidence"]) for z in evidence for p in z["paths"]]
+        return self.prompts[variant].first_round(record.question, lines)
+
+    def _tokens(self, messages: list[dict[str, str]], gen: Generation) -> int:
+        return gen.prompt_tokens or count_tokens(messages)
+
+    def reason(
+        self, records: Sequence[KGQARecord], evidence: Sequence[Sequence[dict[str, Any]]], kgs: Sequence[KGIndex]
+    ) -> list[dict[str, Any]]:
+        """Run every LLM variant on every question in one backend call per round; per question, variant -> answer.
+
+        Args:
+            records: the questions.
+            evidence: per question, its grounded evidence (:meth:`ground_evidence`).
+            kgs: per question, its graph (answers are matched to its entity names).
+        """
+        jobs = [(v, i) for v in self.variants if v in _MODE for i in range(len(records))]
+        convs = [self._messages(v, records[i], evidence[i]) for v, i in jobs]
+        gens = self.reasoner.generate_with_params(convs, self.params) if jobs else []
+        tokens = [self._tokens(c, g) for c, g in zip(convs, gens)]
+        if self.prompts["doublycal"].two_rounds and jobs:
+            convs = [self.prompts[v].second_round(c, g.text) for (v, _), c, g in zip(jobs, convs, gens)]
+            gens = self.reasoner.generate_with_params(convs, self.params)
+            tokens = [t + self._tokens(c, g) for t, c, g in zip(tokens, convs, gens)]
+        out: list[dict[str, Any]] = [{} for _ in records]
+        for (v, i), g, t in zip(jobs, gens, tokens):
+            out[i][v] = {**self._answer(v, g.text, kgs[i].entities), "raw": g.text, "input_tokens": t}
+        if "evidence_only" in self.variants:
+            for i, z in enumerate(evidence):
+                out[i]["evidence_only"] = self.evidence_answers(z)
+        return out
+
+    # Lightning hooks
+
+    def predict_step(self, batch: list[KGQARecord], batch_idx: int) -> list[dict[str, Any]]:
+        records = list(batch)
+        uses_evidence = any(v != "llm_only" for v in self.variants)
+        texts = self.proxy_texts(records) if uses_evidence else [[] for _ in records]
+        kgs = [KGIndex.from_record(r) for r in records]
+        evidence = [self.ground_evidence(r, t, kg) for r, t, kg in zip(records, texts, kgs)]
+        self.counts["questions_without_evidence"] += sum(not z for z in evidence)
+        answers = self.reason(records, evidence, kgs)
+        rows = [
+            {
+                "id": r.id,
+                "question": r.question,
+                "answer": list(r.answer),
+                "q_entity": list(r.q_entity),
+                "proxy_raw": t,
+                "evidence": z,
+                "variants": {v: a[v] for v in self.variants},
+            }
+            for r, t, z, a in zip(records, texts, evidence, answers)
+        ]
+        self.rows.extend(rows)
+        return rows
+
+    def on_predict_start(self) -> None:
+        self._reset_stats()
+        self.proxy.eval()
+
+    def _gathered_rows(self) -> list[dict[str, Any]]:
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return self.rows
+        parts: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(parts, self.rows)
+        seen: dict[Any, dict[str, Any]] = {}
+        for part in parts:
+            for row in part:
+                seen.setdefault(row["id"], row)  # DistributedSampler pads with repeats
+        return list(seen.values())
+
+    def on_predict_epoch_end(self) -> None:
+        rows = self._gathered_rows()
+        if self.trainer.is_global_zero and rows:
+            self.results = self.write_report(rows)
+
+    def write_report(self, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Write ``evidence.jsonl``, the per-variant predictions and the comparison; return the results table."""
+        import json
+        from pathlib import Path
+
+        out = Path(self.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "evidence.jsonl").open("w", encoding="utf-8") as f:
+            for row in rows:
+                keep = ("id", "question", "answer", "q_entity", "proxy_raw", "evidence")
+                f.write(json.dumps({k: row[k] for k in keep}, ensure_ascii=False) + "\n")
+        results = write_comparison(rows, self.variants, out, self.n_bins)
+        stats = {
+            "questions": len(rows),
+            **self.counts,
+            "evidence_parse": self.evidence_stats.as_dict(),
+            "answer_parse": {v: s.as_dict() for v, s in self.answer_stats.items()},
+        }
+        (out / "run_stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+        rank_zero_info(
+            f"DoublyCal comparison on {len(rows)} questions ({out}/comparison.md):\n" + comparison_markdown(results)
+        )
+        rank_zero_info(f"evidence: {self.counts}; proxy parse: {self.evidence_stats}")
+        return results
