@@ -212,3 +212,40 @@ def test_doublycal_config_runs_through_the_cli(tiny_proxy, tiny_chat_model_dir, 
     proc = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and cached  # a re-run reads the reasoner's answers back from the cache
     assert json.loads((out / "comparison.json").read_text()) == results
+
+
+def test_write_comparison_scores_each_variant_exactly(tmp_path):
+    from kglightning.pipelines.report import write_comparison
+
+    rows = [
+        {
+            "id": "a",
+            "question": "q a",
+            "answer": ["Spike"],
+            "variants": {
+                "doublycal": {"prediction": ["Spike", "Belle"], "confidence": [0.8, 0.2], "input_tokens": 100},
+                "llm_only": {"prediction": [], "confidence": [], "input_tokens": 40},
+            },
+        },
+        {
+            "id": "b",
+            "question": "q b",
+            "answer": ["Paris"],
+            "variants": {
+                "doublycal": {"prediction": ["Lyon"], "confidence": [0.6], "input_tokens": 120},
+                "llm_only": {"prediction": ["Paris"], "confidence": [1.0], "input_tokens": 60},
+            },
+        },
+    ]
+    results = write_comparison(rows, ["doublycal", "llm_only"], tmp_path)
+    dc, llm = results["doublycal"], results["llm_only"]
+    assert dc["hit"] == 50.0 and llm["hit"] == 50.0 and llm["abstained"] == 1 and dc["abstained"] == 0
+    # doublycal answers: (0.8, right), (0.2, wrong), (0.6, wrong) in 10 bins -> ECE = (0.2 + 0.2 + 0.6) / 3
+    assert dc["ece"] == pytest.approx(100 / 3)
+    assert llm["ece"] == pytest.approx(0.0) and llm["n_confidences"] == 1
+    assert dc["input_tokens"] == 110 and llm["input_tokens"] == 50
+    table = (tmp_path / "comparison.md").read_text().splitlines()
+    assert table[2].startswith("| doublycal | 50.0 |") and "| 33.3 |" in table[2]
+    assert json.loads((tmp_path / "doublycal" / "predictions.jsonl").read_text().splitlines()[1])["prediction"] == [
+        "Lyon"
+    ]
