@@ -249,3 +249,24 @@ def test_write_comparison_scores_each_variant_exactly(tmp_path):
     assert json.loads((tmp_path / "doublycal" / "predictions.jsonl").read_text().splitlines()[1])["prediction"] == [
         "Lyon"
     ]
+
+
+def test_reasoner_behind_an_openai_compatible_endpoint(tiny_proxy, tiny_chat_model_dir, tmp_path, single_torch_thread):
+    """The pipeline's reasoner over real HTTP (loopback server on the tiny model) answers like the local backend."""
+    from kglightning.data.kg import KGIndex
+    from kglightning.llm.backends import ChatCompletionServer, LocalHFBackend, OpenAIChatBackend
+
+    local = LocalHFBackend(tiny_chat_model_dir, batch_size=4, show_progress=False)
+    records, kgs = [SNOOPY, SNOOPY], [KGIndex.from_record(SNOOPY)] * 2
+    grounded = _pipeline(tiny_proxy, local, tmp_path).ground_evidence(
+        SNOOPY, ["<PATH confidence=0.5>sibling_of</PATH>"]
+    )
+    evidence = [[], grounded]
+    expected = _pipeline(tiny_proxy, local, tmp_path, max_new_tokens=12).reason(records, evidence, kgs)
+    with ChatCompletionServer(local, port=0, model_name="tiny") as server:
+        remote = OpenAIChatBackend(base_url=server.url, model="tiny", show_progress=False)
+        got = _pipeline(tiny_proxy, remote, tmp_path, max_new_tokens=12).reason(records, evidence, kgs)
+        assert server.request_count == 6  # 3 LLM variants x 2 questions
+    for e, g in zip(expected, got):
+        for v in ("doublycal", "singlecal", "llm_only"):
+            assert g[v]["raw"] == e[v]["raw"] and g[v]["prediction"] == e[v]["prediction"]
