@@ -17,6 +17,8 @@ CONFIGS = {
     "detector_gat.yaml": "fit",
     "baseline_predict.yaml": "predict",
     "proxy_sft.yaml": "fit",
+    "doublycal.yaml": "predict",
+    "refinement.yaml": "predict",
 }
 
 

@@ -1,0 +1,18 @@
+"""Inference pipelines that chain kglightning's parts, each a LightningModule run by ``predict``.
+
+* :class:`DoublyCalPipeline`: proxy evidence → grounding → verbalized confidence → reasoner, with its ablations.
+* :class:`KGGuardRefinement`: the detector flags answer nodes, the LLM revises flagged answers, up to a cap.
+"""
+
+from kglightning.pipelines.doublycal import VARIANTS, DoublyCalPipeline
+from kglightning.pipelines.refinement import KGGuardRefinement, load_detector
+from kglightning.pipelines.report import comparison_markdown, write_comparison
+
+__all__ = [
+    "VARIANTS",
+    "DoublyCalPipeline",
+    "KGGuardRefinement",
+    "comparison_markdown",
+    "load_detector",
+    "write_comparison",
+]
