@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -12,6 +13,18 @@ from kglightning.metrics.functional.calibration import (
     maximum_calibration_error,
     reliability_bins,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Lay out ``fig`` tightly and write it as a PNG to ``path`` (parent folders are created); return the path."""
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
 
 
 def plot_reliability_diagram(
@@ -83,9 +96,4 @@ def plot_reliability_diagram(
     bottom.bar(left, bin_count.tolist(), width=width, align="edge", color="tab:gray", edgecolor="black")
     bottom.set_xlabel("confidence")
     bottom.set_ylabel("count")
-    fig.tight_layout()
-
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
+    return save_figure(fig, path)

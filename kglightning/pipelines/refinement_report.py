@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kglightning.metrics.functional.qa import ALL_KEYS, answer_score_sums
+from kglightning.metrics.plots import save_figure
 
 __all__ = [
     "TABLE_METRICS",
@@ -238,12 +239,7 @@ def plot_refinement(summary: Mapping[str, Any], path: str | Path) -> Path:
     right.set_xlabel("refinement iterations")
     right.set_ylabel("questions")
     right.set_title("Iterations per question")
-    fig.tight_layout()
-
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
+    return save_figure(fig, path)
 
 
 def write_report(

@@ -19,6 +19,7 @@ from typing import Any
 from kglightning.evaluate import evaluate_predictions
 from kglightning.metrics.functional.calibration import expected_calibration_error, reliability_bins
 from kglightning.metrics.functional.qa import answer_correctness
+from kglightning.metrics.plots import save_figure
 
 __all__ = ["TABLE_COLUMNS", "comparison_markdown", "plot_reliability_comparison", "write_comparison"]
 
@@ -94,10 +95,7 @@ def plot_reliability_comparison(
     ax.set_ylabel("accuracy")
     ax.set_title("Reliability by variant")
     ax.legend(loc="upper left", fontsize="small")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path)
 
 
 def _prediction_line(row: Mapping[str, Any], out: Mapping[str, Any]) -> dict[str, Any]:
