@@ -95,6 +95,13 @@ def make_detection_records(n: int, seed: int = 0) -> list[dict]:
     return out
 
 
+@pytest.fixture(scope="session")
+def detection_records():
+    """``detection_records(n, seed)``: :func:`make_detection_records` for tests in any folder (``conftest`` is not
+    importable by name once several folders have one)."""
+    return make_detection_records
+
+
 @pytest.fixture
 def detection_dir(tmp_path: Path) -> str:
     """A dataset folder with train/validation/test jsonl files of records that carry predictions."""

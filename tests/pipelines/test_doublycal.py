@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 
 import lightning as L
 import pytest
-from conftest import make_detection_records
 from torch.utils.data import DataLoader
 
 from kglightning.data.records import KGQARecord
@@ -127,16 +126,12 @@ def test_bad_arguments(tiny_proxy, tmp_path):
         _pipeline(tiny_proxy, backend, tmp_path, missing_confidence=2.0)
 
 
-def _records(n: int) -> list[KGQARecord]:
-    return [KGQARecord.from_dict(r) for r in make_detection_records(n, seed=3)]
-
-
-def _walkable(rows: Sequence[dict]) -> bool:
+def _walkable(rows: Sequence[dict], records: Sequence[KGQARecord]) -> bool:
     from kglightning.evidence.schema import Evidence
     from kglightning.llm.trie import is_walkable
 
     for row in rows:
-        rec = next(r for r in _records(6) if r.id == row["id"])
+        rec = next(r for r in records if r.id == row["id"])
         for z in row["evidence"]:
             from kglightning.data.kg import KGIndex
 
@@ -146,13 +141,16 @@ def _walkable(rows: Sequence[dict]) -> bool:
     return True
 
 
-def test_predict_with_tiny_models_writes_the_comparison(tiny_proxy, tiny_chat_model_dir, tmp_path, single_torch_thread):
+def test_predict_with_tiny_models_writes_the_comparison(
+    tiny_proxy, tiny_chat_model_dir, detection_records, tmp_path, single_torch_thread
+):
     from kglightning.llm.backends.local_hf import LocalHFBackend
 
     backend = LocalHFBackend(tiny_chat_model_dir, batch_size=8, show_progress=False)
     pipe = _pipeline(tiny_proxy, backend, tmp_path, max_new_tokens=16, trie_max_hops=2)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
-    loader = DataLoader(_records(6), batch_size=3, collate_fn=list)
+    records = [KGQARecord.from_dict(r) for r in detection_records(6, 3)]
+    loader = DataLoader(records, batch_size=3, collate_fn=list)
     rows = [r for batch in trainer.predict(pipe, loader) for r in batch]
     assert [r["id"] for r in rows] == [f"q{i}" for i in range(6)]
     out = tmp_path / "out"
@@ -167,7 +165,7 @@ def test_predict_with_tiny_models_writes_the_comparison(tiny_proxy, tiny_chat_mo
     assert (out / "reliability_comparison.png").read_bytes()[:4] == b"\x89PNG"
     stats = json.loads((out / "run_stats.json").read_text())
     assert stats["questions"] == 6 and stats["ungrounded_evidence"] == 0  # the KG-Trie keeps paths in the graph
-    assert _walkable(rows)
+    assert _walkable(rows, records)
 
 
 @pytest.mark.e2e
@@ -208,9 +206,13 @@ def test_doublycal_config_runs_through_the_cli(tiny_proxy, tiny_chat_model_dir, 
     results = json.loads((out / "comparison.json").read_text())
     assert list(results) == ["doublycal", "singlecal", "evidence_only", "llm_only"]
     assert all(r["n_questions"] == 4 for r in results.values())
-    cached = len(list((out / "llm_cache").rglob("*"))) > 0
-    proc = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and cached  # a re-run reads the reasoner's answers back from the cache
+    cache = (out / "llm_cache" / "responses.jsonl").read_text()
+    # a re-run on 2 DDP processes: the ranks' rows are gathered, and every answer comes back from the cache
+    ddp = [*run, "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    proc = subprocess.run(ddp, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "MEMBER: 2/2" in proc.stderr + proc.stdout
+    assert (out / "llm_cache" / "responses.jsonl").read_text() == cache  # nothing was generated again
     assert json.loads((out / "comparison.json").read_text()) == results
 
 
