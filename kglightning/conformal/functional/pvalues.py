@@ -1,0 +1,126 @@
+"""Super-uniform p-values for the Learn-Then-Test null ``H0: E[L] > alpha`` (Angelopoulos et al. 2021).
+
+All functions take calibration losses of shape ``(..., n)`` (one row per configuration of a grid) and return one
+p-value per row, computed in float64.
+
+Which p-value is valid for which loss:
+
+* :func:`binomial_tail_pvalue` ``P(Binom(n, alpha) <= sum L)`` is exact and valid for **binary** losses
+  ``L in {0, 1}`` (LTT Prop. "binomial tail bound"; UAG Theorem 2, which uses miscoverage indicators). It is *not*
+  valid for general losses in ``[0, 1]``: with ``n = 1`` and a constant loss ``L = alpha`` (the null boundary) it
+  always equals ``1 - alpha``, so ``P(p <= 1 - alpha) = 1 > 1 - alpha``. Non-binary losses are therefore rejected.
+* :func:`hoeffding_bentkus_pvalue` is valid for any losses bounded in ``[0, 1]``; for binary losses it is never
+  smaller than the binomial p-value (the binomial one is preferable there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from kglightning.conformal.functional._checks import as_float_tensor, check_level
+
+
+def _losses(losses: Tensor | Sequence, binary: bool) -> Tensor:
+    L = as_float_tensor(losses, "losses", dtype=torch.float64)
+    if L.dim() == 0 or L.shape[-1] == 0:
+        raise ValueError("losses must have shape (..., n) with n >= 1 (calibration set is empty)")
+    if binary:
+        if not bool(((L == 0) | (L == 1)).all()):
+            raise ValueError(
+                "binomial_tail_pvalue is only valid for binary losses in {0, 1}; "
+                "use hoeffding_bentkus_pvalue for losses in [0, 1]"
+            )
+    elif not bool(((L >= 0) & (L <= 1)).all()):
+        raise ValueError("losses must lie in [0, 1]")
+    return L
+
+
+def binomial_cdf(k: Tensor | Sequence | float, n: int, p: float) -> Tensor:
+    """Exact ``P(Binom(n, p) <= k)`` for a tensor of thresholds ``k`` (floored; ``k < 0`` gives 0), float64.
+
+    Computed in log space: ``log pmf`` via ``lgamma``, accumulated with ``logcumsumexp``, so tiny lower tails keep
+    their relative accuracy. Cost ``O(n)`` once, then a gather per threshold.
+
+    Args:
+        k: thresholds, any shape.
+        n: number of trials (``>= 0``).
+        p: success probability in ``(0, 1)``.
+
+    Returns:
+        Float64 tensor with the shape of ``k``.
+
+    Example:
+        >>> binomial_cdf(torch.tensor([-1, 0, 1, 2, 5]), 2, 0.5)
+        tensor([0.0000, 0.2500, 0.7500, 1.0000, 1.0000], dtype=torch.float64)
+    """
+    check_level(p, "p")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    kf = torch.floor(torch.as_tensor(k, dtype=torch.float64))
+    j = torch.arange(n + 1, dtype=torch.float64)
+    logpmf = (
+        math.lgamma(n + 1) - torch.lgamma(j + 1) - torch.lgamma(n - j + 1) + j * math.log(p) + (n - j) * math.log1p(-p)
+    )
+    cdf = torch.exp(torch.logcumsumexp(logpmf, dim=0)).clamp(max=1.0)
+    idx = kf.clamp(0, n).long()
+    out = cdf[idx]
+    out = torch.where(kf < 0, torch.zeros_like(out), out)
+    return torch.where(kf >= n, torch.ones_like(out), out)
+
+
+def binomial_tail_pvalue(losses: Tensor | Sequence, alpha: float) -> Tensor:
+    """Binomial tail p-value ``P(Binom(n, alpha) <= sum_i L_i)`` for binary losses, one per row.
+
+    Valid (super-uniform) under ``H0: E[L] > alpha`` when the ``n`` losses are i.i.d. in ``{0, 1}``; see the module
+    docstring for why bounded non-binary losses are rejected.
+
+    Args:
+        losses: binary losses of shape ``(..., n)`` (e.g. miscoverage indicators, one row per configuration).
+        alpha: target risk level in ``(0, 1)``.
+
+    Returns:
+        Float64 p-values of shape ``losses.shape[:-1]``.
+
+    Example:
+        >>> losses = torch.tensor([[0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [1, 0, 1, 0, 1, 0, 1, 0, 1, 0]])
+        >>> binomial_tail_pvalue(losses, 0.2)  # (0.8 ** 10, P(Binom(10, 0.2) <= 5))
+        tensor([0.1074, 0.9936], dtype=torch.float64)
+    """
+    check_level(alpha, "alpha")
+    L = _losses(losses, binary=True)
+    return binomial_cdf(L.sum(dim=-1), L.shape[-1], float(alpha))
+
+
+def hoeffding_bentkus_pvalue(losses: Tensor | Sequence, alpha: float) -> Tensor:
+    """Hoeffding-Bentkus p-value (LTT, Angelopoulos et al. 2021) for losses bounded in ``[0, 1]``, one per row.
+
+    ``p = min(exp(-n h1(min(R, alpha), alpha)), e * P(Binom(n, alpha) <= ceil(n R)))`` with ``R`` the empirical
+    risk and ``h1(a, b) = a log(a / b) + (1 - a) log((1 - a) / (1 - b))``; clipped to at most 1.
+
+    Args:
+        losses: losses in ``[0, 1]`` of shape ``(..., n)``.
+        alpha: target risk level in ``(0, 1)``.
+
+    Returns:
+        Float64 p-values of shape ``losses.shape[:-1]``.
+
+    Example:
+        >>> hoeffding_bentkus_pvalue(torch.zeros(1, 50), 0.1)  # Hoeffding term (0.9 ** 50) wins
+        tensor([0.0052], dtype=torch.float64)
+        >>> hoeffding_bentkus_pvalue(torch.full((1, 50), 0.5), 0.1)  # risk above alpha: no evidence
+        tensor([1.], dtype=torch.float64)
+    """
+    check_level(alpha, "alpha")
+    L = _losses(losses, binary=False)
+    n = L.shape[-1]
+    total = L.sum(dim=-1)
+    a = torch.clamp(total / n, max=alpha)
+    h1 = torch.xlogy(a, a) - a * math.log(alpha) + torch.xlogy(1 - a, 1 - a) - (1 - a) * math.log1p(-alpha)
+    h1 = torch.where(total >= n * alpha, torch.zeros_like(h1), h1.clamp(min=0.0))  # exact 1 at/above alpha
+    hoeffding = torch.exp(-n * h1)
+    bentkus = math.e * binomial_cdf(torch.ceil(total), n, float(alpha))
+    return torch.minimum(hoeffding, bentkus).clamp(max=1.0)

@@ -1,0 +1,124 @@
+"""Split-conformal quantile and prediction sets.
+
+Convention: scores are *non-conformity* scores, lower = more conforming (e.g. ``1 - p(y | x)``). A candidate ``y`` is
+in the prediction set of ``x`` when ``s(x, y) <= qhat``.
+
+The threshold is the exact finite-sample one: the ``k = ceil((n + 1)(1 - alpha))``-th smallest of the ``n``
+calibration scores, and ``+inf`` when ``k > n`` (too few calibration points for level ``alpha``: the only valid set
+is the full candidate set). With exchangeable calibration and test scores this gives
+``P(s_test <= qhat) >= 1 - alpha``, and ``<= 1 - alpha + 1 / (n + 1)`` when scores have no ties. This differs from
+UAG's reference code, which uses ``np.quantile`` with interpolation and no ceiling (anti-conservative).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from kglightning.conformal.functional._checks import as_float_tensor, check_level
+
+# (n + 1)(1 - alpha) within this (relative) distance of an integer is taken to be that integer, so that a decimal
+# alpha such as 0.3 (stored as 0.29999999999999998890) gives the rank the user wrote down.
+_RANK_TOL = 1e-9
+
+
+def conformal_rank(n: int, alpha: float | Tensor) -> Tensor:
+    """The rank ``k = ceil((n + 1)(1 - alpha))`` of the split-conformal quantile.
+
+    Args:
+        n: number of calibration scores (``>= 1``).
+        alpha: miscoverage level(s) in ``(0, 1)``, a float or a tensor of any shape.
+
+    Returns:
+        A ``long`` tensor with the shape of ``alpha``. Values above ``n`` mean "threshold is +inf".
+
+    Example:
+        >>> conformal_rank(9, 0.1)
+        tensor(9)
+        >>> conformal_rank(19, torch.tensor([0.05, 0.3, 0.01]))
+        tensor([19, 14, 20])
+    """
+    if n < 1:
+        raise ValueError(f"calibration set is empty (n={n})")
+    check_level(alpha, "alpha")
+    x = (n + 1) * (1.0 - torch.as_tensor(alpha, dtype=torch.float64))
+    return torch.ceil(x - _RANK_TOL * torch.clamp(x, min=1.0)).long()
+
+
+def conformal_quantile(scores: Tensor | Sequence, alpha: float | Tensor) -> Tensor:
+    """Split-conformal threshold: the ``ceil((n+1)(1-alpha))``-th smallest calibration score, ``+inf`` if that rank > n.
+
+    Vectorised over leading dimensions: one threshold per row of ``scores`` (e.g. one per configuration of a grid).
+    Ties need no special treatment: the ``k``-th order statistic is the smallest ``t`` with ``#{s_i <= t} >= k``.
+
+    Args:
+        scores: calibration non-conformity scores, shape ``(..., n)``; ``+inf`` entries are allowed, NaN is not.
+        alpha: miscoverage level in ``(0, 1)``: a float, or a tensor broadcastable to ``scores.shape[:-1]``.
+
+    Returns:
+        Thresholds of shape ``broadcast(scores.shape[:-1], alpha.shape)``, in the floating dtype of ``scores``
+        (float64 for integer input).
+
+    Example:
+        >>> s = torch.tensor([0.1, 0.4, 0.2, 0.9, 0.3, 0.5, 0.8, 0.6, 0.7])  # n = 9
+        >>> conformal_quantile(s, 0.2)  # k = ceil(10 * 0.8) = 8
+        tensor(0.8000)
+        >>> conformal_quantile(s, 0.05)  # k = ceil(9.5) = 10 > n: no finite threshold is valid
+        tensor(inf)
+        >>> conformal_quantile(torch.stack([s, 2 * s]), torch.tensor([0.2, 0.5]))  # one per row
+        tensor([0.8000, 1.0000])
+    """
+    s = as_float_tensor(scores, "scores")
+    if s.dim() == 0:
+        raise ValueError("scores must have at least one dimension (..., n)")
+    n = s.shape[-1]
+    if n == 0:
+        raise ValueError("calibration set is empty (scores.shape[-1] == 0)")
+    k = conformal_rank(n, alpha)
+    if k.dim() == 0:  # one rank for every row: an O(n) selection instead of a sort
+        if int(k) > n:
+            return torch.full(s.shape[:-1], math.inf, dtype=s.dtype)
+        return torch.kthvalue(s, int(k), dim=-1).values
+    batch = torch.broadcast_shapes(s.shape[:-1], k.shape)
+    sorted_s = torch.sort(s, dim=-1).values.expand(*batch, n)
+    k = k.expand(batch)
+    picked = torch.gather(sorted_s, -1, (k.clamp(1, n) - 1).unsqueeze(-1)).squeeze(-1)
+    return torch.where(k > n, torch.full_like(picked, math.inf), picked)
+
+
+def prediction_sets(scores: Tensor | Sequence, qhat: float | Tensor) -> Tensor:
+    """Conformal prediction sets as a boolean mask: ``scores <= qhat``.
+
+    A ``+inf`` threshold (calibration set too small for ``alpha``) yields the *full* candidate set, which is the
+    correct, honest output; callers that report set sizes should surface it rather than hide it. Mask out padded
+    candidates yourself (``sets & valid``).
+
+    Args:
+        scores: non-conformity scores of shape ``(..., B, C)`` (questions x candidates), lower = more conforming.
+        qhat: a scalar threshold, or one per leading configuration, of shape ``scores.shape[:-2]``.
+
+    Returns:
+        Boolean tensor with the shape of ``scores``; ``True`` = candidate is in the set.
+
+    Example:
+        >>> scores = torch.tensor([[0.1, 0.7, 0.3], [0.9, 0.2, 0.6]])
+        >>> prediction_sets(scores, 0.5)
+        tensor([[ True, False,  True],
+                [False,  True, False]])
+        >>> prediction_sets(scores, float("inf")).all()  # too few calibration points: full set
+        tensor(True)
+        >>> prediction_sets(torch.stack([scores, scores]), torch.tensor([0.2, 0.65])).sum(dim=(-2, -1))
+        tensor([2, 4])
+    """
+    s = as_float_tensor(scores, "scores")
+    if s.dim() < 2:
+        raise ValueError(f"scores must have shape (..., B, C), got {tuple(s.shape)}")
+    q = as_float_tensor(qhat, "qhat", dtype=s.dtype)
+    if q.dim() > 0:
+        if tuple(q.shape) != tuple(s.shape[:-2]):
+            raise ValueError(f"qhat must be a scalar or of shape {tuple(s.shape[:-2])}, got {tuple(q.shape)}")
+        q = q[..., None, None]
+    return s <= q
