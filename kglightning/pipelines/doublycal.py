@@ -146,15 +146,23 @@ class DoublyCalPipeline(L.LightningModule):
 
     # evidence
 
-    def proxy_texts(self, records: Sequence[KGQARecord]) -> list[list[str]]:
-        """The proxy's generated texts, ``K`` per question (KG-Trie constrained when ``constrained``)."""
+    def proxy_texts(self, records: Sequence[KGQARecord], kgs: Sequence[KGIndex] | None = None) -> list[list[str]]:
+        """The proxy's generated texts, ``K`` per question (KG-Trie constrained when ``constrained``).
+
+        Args:
+            records: the questions.
+            kgs: their graphs, when already built (the tries are built from them).
+        """
         tok = self.proxy.tokenizer
         rows = []
         for rec in records:
             text = render_prompt(tok, sft_input(rec.question), self.proxy_prompt_style, self.proxy_system_prompt)
             rows.append(tok(text, add_special_tokens=False)["input_ids"])
         ids, mask = _left_pad(rows, tok.pad_token_id)
-        tries = [KGTrie.from_record(tok, rec, **self.trie_kwargs) for rec in records] if self.constrained else None
+        tries = None
+        if self.constrained:
+            kgs = kgs or [KGIndex.from_record(r) for r in records]
+            tries = [KGTrie.from_kg(tok, kg, rec.q_entity, **self.trie_kwargs) for rec, kg in zip(records, kgs)]
         texts, _ = self.proxy.generate_texts(ids.to(self.proxy.device), mask.to(self.proxy.device), tries=tries)
         k = len(texts) // len(records)
         return [texts[i * k : (i + 1) * k] for i in range(len(records))]
@@ -257,8 +265,8 @@ class DoublyCalPipeline(L.LightningModule):
     def predict_step(self, batch: list[KGQARecord], batch_idx: int) -> list[dict[str, Any]]:
         records = list(batch)
         uses_evidence = any(v != "llm_only" for v in self.variants)
-        texts = self.proxy_texts(records) if uses_evidence else [[] for _ in records]
         kgs = [KGIndex.from_record(r) for r in records]
+        texts = self.proxy_texts(records, kgs) if uses_evidence else [[] for _ in records]
         evidence = [self.ground_evidence(r, t, kg) for r, t, kg in zip(records, texts, kgs)]
         self.counts["questions_without_evidence"] += sum(not z for z in evidence)
         answers = self.reason(records, evidence, kgs)
