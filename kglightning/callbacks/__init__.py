@@ -1,5 +1,6 @@
 """Lightning callbacks."""
 
+from kglightning.callbacks.conformal import ConformalCallback, ConformalScorer, ConformalScores
 from kglightning.callbacks.prediction_writer import JsonlPredictionWriter
 
-__all__ = ["JsonlPredictionWriter"]
+__all__ = ["ConformalCallback", "ConformalScorer", "ConformalScores", "JsonlPredictionWriter"]

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from torchmetrics import Metric
 from torchmetrics.functional.classification import binary_precision_recall_curve
 
+from kglightning.callbacks.conformal import ConformalScores
 from kglightning.metrics.classification import detection_metrics
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard
 
@@ -24,8 +25,9 @@ class ScoreBuffer(Metric):
     Example:
         >>> buf = ScoreBuffer()
         >>> buf.update(torch.tensor([0.2, 0.9]), torch.tensor([0, 1]))
-        >>> [t.tolist() for t in buf.compute()]
-        [[0.20000000298023224, 0.8999999761581543], [0, 1]]
+        >>> probs, target = buf.compute()
+        >>> probs.dtype, [round(p, 6) for p in probs.tolist()], target.tolist()
+        (torch.float32, [0.2, 0.9], [0, 1])
     """
 
     full_state_update = False
@@ -209,6 +211,25 @@ class HallucinationDetector(L.LightningModule):
                 }
             )
         return out
+
+    def conformal_scores(self, batch: Any) -> ConformalScores:
+        """For :class:`~kglightning.callbacks.ConformalCallback`: each answer node is an item with the candidate labels
+        ``("faithful", "hallucinated")`` and non-conformity ``1 - p(label)``; ``labels`` one-hot of ``batch.y``."""
+        p = torch.sigmoid(self(batch)).double()
+        y = getattr(batch, "y", None)
+        labels = F.one_hot(y.long(), 2).bool() if y is not None else None
+        return ConformalScores(torch.stack([p, 1 - p], dim=1), labels=labels, candidates=("faithful", "hallucinated"))
+
+    def attach_conformal_sets(
+        self, outputs: list[dict[str, Any]], batch: Any, sets: list[list[str]], qhat: float
+    ) -> None:
+        """Adds ``conformal_set`` (one label set per proposed answer), ``conformal_qhat`` and ``conformal_full_set``
+        to each question's dict of :meth:`predict_step`."""
+        owner = batch.batch[batch.answer_index].tolist()
+        for g, out in enumerate(outputs):
+            out["conformal_set"] = [s for s, o in zip(sets, owner) if o == g]
+            out["conformal_qhat"] = qhat
+            out["conformal_full_set"] = qhat == float("inf")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.optimizer is None:

@@ -1,0 +1,343 @@
+"""Split-conformal prediction sets for any LightningModule that scores candidates (UAG's ECR / APSS setting).
+
+A module takes part by implementing the :class:`ConformalScorer` protocol: ``conformal_scores(batch)`` returns a
+:class:`ConformalScores` (non-conformity per item and candidate, lower = more conforming). :class:`ConformalCallback`
+fits the exact split-conformal threshold ``qhat`` (:func:`~kglightning.conformal.functional.conformal_quantile`) on
+the calibration (validation) data, keeps it in its ``state_dict`` (so checkpoints keep it), adds the sets to the
+``predict`` outputs and reports empirical coverage and average set size on ``test``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter, Callback
+from torch import Tensor
+
+from kglightning.conformal.functional import conformal_quantile, prediction_sets
+from kglightning.metrics.coverage import AverageSetSize, EmpiricalCoverage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ConformalScores:
+    """Non-conformity scores of a batch: ``N`` items, each with up to ``C`` candidates.
+
+    Args:
+        scores: ``(N, C)`` float non-conformity, lower = more conforming (e.g. ``1 - p(candidate)``).
+        labels: ``(N, C)`` bool, ``True`` for the true candidates; ``None`` when unknown (plain ``predict``).
+        mask: ``(N, C)`` bool, ``True`` for real candidates (``False`` = padding); ``None`` = all real.
+        candidates: names of the ``C`` candidates when every item shares them (e.g. class names); sets are then
+            reported by name, otherwise by candidate index.
+
+    Example:
+        >>> cs = ConformalScores(torch.tensor([[0.2, 0.8], [0.6, 0.4]]), labels=torch.tensor([[1, 0], [0, 1]]).bool())
+        >>> cs.calibration_scores("all")
+        tensor([0.2000, 0.4000], dtype=torch.float64)
+    """
+
+    scores: Tensor
+    labels: Tensor | None = None
+    mask: Tensor | None = None
+    candidates: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.scores.dim() != 2:
+            raise ValueError(f"scores must have shape (N, C), got {tuple(self.scores.shape)}")
+        for name in ("labels", "mask"):
+            value = getattr(self, name)
+            if value is not None and value.shape != self.scores.shape:
+                raise ValueError(f"{name} must have the shape of scores {tuple(self.scores.shape)}")
+        if self.candidates is not None and len(self.candidates) != self.scores.shape[1]:
+            raise ValueError(f"got {len(self.candidates)} candidate names for {self.scores.shape[1]} candidates")
+
+    @property
+    def valid(self) -> Tensor:
+        """``(N, C)`` bool mask of real candidates."""
+        return torch.ones_like(self.scores, dtype=torch.bool) if self.mask is None else self.mask.bool()
+
+    def calibration_scores(self, coverage: Literal["all", "any"] = "all") -> Tensor:
+        """Per item: the largest (``"all"``) or smallest (``"any"``) score over its true candidates, ``(N,)`` float64.
+
+        An item with no true candidate gets ``-inf`` for ``"all"`` (vacuously covered) and ``+inf`` for ``"any"``
+        (never covered), the conventions of :func:`~kglightning.metrics.functional.coverage.covered`.
+        """
+        if self.labels is None:
+            raise ValueError("calibration needs labels: conformal_scores(batch) returned labels=None")
+        gold = self.labels.bool() & self.valid
+        s = self.scores.detach().double()
+        if coverage == "all":
+            return torch.where(gold, s, torch.full_like(s, -math.inf)).amax(dim=1)
+        return torch.where(gold, s, torch.full_like(s, math.inf)).amin(dim=1)
+
+    def sets(self, qhat: float) -> Tensor:
+        """``(N, C)`` bool membership of the prediction sets at threshold ``qhat`` (padding excluded)."""
+        return prediction_sets(self.scores.detach().double(), qhat) & self.valid
+
+
+@runtime_checkable
+class ConformalScorer(Protocol):
+    """What a LightningModule implements to work with :class:`ConformalCallback`.
+
+    ``attach_conformal_sets(outputs, batch, sets, qhat)`` is optional: it writes the sets (``sets[i]`` = the names or
+    indices of item ``i``'s set) into the ``predict_step`` outputs; without it, the callback handles outputs that
+    are a list of one dict per item, or a dict.
+    """
+
+    def conformal_scores(self, batch: Any) -> ConformalScores: ...
+
+
+class ConformalCallback(Callback):
+    """Fits a split-conformal threshold on the validation data and emits prediction sets.
+
+    ``qhat`` is the ``ceil((n+1)(1-alpha))``-th smallest of the ``n`` calibration scores (``+inf`` when that rank
+    exceeds ``n``: the sets are then the full candidate sets, with ``conformal_full_set = True``). An item's
+    calibration score is the max (``coverage="all"``) or min (``"any"``) non-conformity over its true candidates,
+    so that ``P(every / some true candidate is in the set) >= 1 - alpha`` for exchangeable test items.
+
+    When it fits (``fit_on``):
+
+    * ``"fit_end"``: once, at the end of ``fit``, on ``trainer.datamodule.val_dataloader()`` (or the trainer's
+      validation loaders), module in eval mode, no grad. Checkpoints written *during* ``fit`` (``ModelCheckpoint``)
+      predate this; save with ``trainer.save_checkpoint`` afterwards to keep ``qhat``.
+    * ``"validation"``: after every validation epoch (sanity check excepted), from the scores of that epoch, so that
+      every ``ModelCheckpoint`` checkpoint holds the ``qhat`` of its weights. Note that choosing the best checkpoint
+      on the same validation data makes it not strictly exchangeable with test data.
+    * ``"manual"``: only when :meth:`fit` is called.
+
+    The state (``qhat``, ``n_cal``, ``alpha``, ``coverage``) is in :meth:`state_dict`; Lightning stores it under the
+    class name, so ``Trainer(callbacks=[ConformalCallback()]).predict(model, dm, ckpt_path=...)`` restores it.
+
+    ``predict`` adds ``conformal_set``, ``conformal_qhat`` and ``conformal_full_set`` to the outputs (list this
+    callback *before* a prediction writer, which sees the outputs in callback order). ``test`` logs
+    ``test/conformal_coverage`` (:class:`EmpiricalCoverage`) and ``test/conformal_set_size``
+    (:class:`AverageSetSize`). The module must implement :class:`ConformalScorer`; ``predict`` and ``test`` run a
+    second forward pass through ``conformal_scores``.
+
+    DDP: with ``"validation"`` the per-rank calibration scores are gathered before the quantile. With
+    ``"fit_end"``/``"manual"`` every rank scores the whole loader it is given (a datamodule's loader is not sharded)
+    and gets the same ``qhat``.
+
+    Args:
+        alpha: miscoverage level in ``(0, 1)``.
+        calibration: the calibration split; only ``"val"`` for now.
+        coverage: ``"all"`` (every true candidate in the set) or ``"any"`` (at least one).
+        fit_on: when to fit, see above.
+    """
+
+    def __init__(
+        self,
+        alpha: float = 0.1,
+        calibration: Literal["val"] = "val",
+        coverage: Literal["all", "any"] = "all",
+        fit_on: Literal["fit_end", "validation", "manual"] = "fit_end",
+    ) -> None:
+        super().__init__()
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+        if calibration != "val":
+            raise ValueError(f"calibration must be 'val', got {calibration!r}")
+        if coverage not in ("all", "any"):
+            raise ValueError(f"coverage must be 'all' or 'any', got {coverage!r}")
+        if fit_on not in ("fit_end", "validation", "manual"):
+            raise ValueError(f"fit_on must be 'fit_end', 'validation' or 'manual', got {fit_on!r}")
+        self.alpha, self.calibration, self.coverage, self.fit_on = alpha, calibration, coverage, fit_on
+        self.qhat: float | None = None
+        self.n_cal: int = 0
+        self._val_scores: list[Tensor] = []
+        self.test_coverage = EmpiricalCoverage(mode=coverage)
+        self.test_set_size = AverageSetSize()
+
+    # ---------------------------------------------------------------- fitting
+    @property
+    def fitted(self) -> bool:
+        return self.qhat is not None
+
+    def fit_scores(self, calibration_scores: Tensor) -> float:
+        """Set ``qhat`` from per-item calibration scores ``(n,)`` and return it."""
+        s = calibration_scores.detach().double().flatten().cpu()
+        if s.numel() == 0:
+            raise ValueError("calibration set is empty: the validation data gave no item to calibrate on")
+        self.qhat, self.n_cal = float(conformal_quantile(s, self.alpha)), int(s.numel())
+        if math.isinf(self.qhat):
+            log.warning(
+                "ConformalCallback: %d calibration items are too few for alpha=%g (need >= %d); qhat=+inf and every "
+                "prediction set is the full candidate set",
+                self.n_cal,
+                self.alpha,
+                math.ceil(1 / self.alpha - 1),
+            )
+        return self.qhat
+
+    @torch.no_grad()
+    def fit(self, trainer: L.Trainer | None, pl_module: L.LightningModule, dataloader: Iterable | None = None) -> float:
+        """Fit ``qhat`` on ``dataloader`` (default: the validation loader of ``trainer``) and return it.
+
+        The module runs in eval mode without grad; its training mode is restored afterwards.
+        """
+        _check_scorer(pl_module)
+        loaders = [dataloader] if dataloader is not None else _val_loaders(trainer)
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            scores = [
+                pl_module.conformal_scores(pl_module.transfer_batch_to_device(batch, pl_module.device, 0))
+                .calibration_scores(self.coverage)
+                .cpu()
+                for loader in loaders
+                for batch in loader
+            ]
+        finally:
+            pl_module.train(was_training)
+        return self.fit_scores(torch.cat(scores) if scores else torch.empty(0))
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.fit_on == "fit_end":
+            self.fit(trainer, pl_module)
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._val_scores = []
+
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        if self.fit_on == "validation" and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._val_scores.append(pl_module.conformal_scores(batch).calibration_scores(self.coverage).detach())
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._val_scores:
+            return
+        local = torch.cat(self._val_scores).cpu()
+        self._val_scores = []
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            parts: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(parts, local)
+            local = torch.cat(parts)
+        self.fit_scores(local)
+
+    # ---------------------------------------------------------------- checks
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        _check_scorer(pl_module)
+        if stage == "predict":
+            mine = trainer.callbacks.index(self) if self in trainer.callbacks else -1
+            for i, cb in enumerate(trainer.callbacks):
+                if isinstance(cb, BasePredictionWriter) and i < mine:
+                    log.warning("%s runs before ConformalCallback and will not see the sets", type(cb).__name__)
+
+    def _require_fitted(self) -> None:
+        if not self.fitted:
+            raise RuntimeError(
+                "ConformalCallback has no threshold yet: run trainer.fit with fit_on='fit_end' or 'validation', "
+                "call callback.fit(trainer, model, calibration_loader), or pass ckpt_path= of a checkpoint saved "
+                "after fitting"
+            )
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._require_fitted()
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._require_fitted()
+        self.test_coverage = self.test_coverage.to(pl_module.device)
+        self.test_set_size = self.test_set_size.to(pl_module.device)
+        self.test_coverage.reset()
+        self.test_set_size.reset()
+
+    # ---------------------------------------------------------------- outputs
+    def on_predict_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        cs = pl_module.conformal_scores(batch)
+        members = cs.sets(self.qhat).cpu()
+        names = cs.candidates
+        sets = [[names[j] if names is not None else j for j in row.nonzero().flatten().tolist()] for row in members]
+        attach = getattr(pl_module, "attach_conformal_sets", None)
+        if attach is not None:
+            attach(outputs, batch, sets, self.qhat)
+        else:
+            attach_sets(outputs, sets, self.qhat)
+
+    def on_test_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        cs = pl_module.conformal_scores(batch)
+        if cs.labels is None:
+            return
+        members = cs.sets(self.qhat)
+        self.test_coverage.update(members, cs.labels.bool() & cs.valid)
+        self.test_set_size.update(members)
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if int(self.test_set_size.count) == 0 and trainer.world_size == 1:
+            return
+        pl_module.log("test/conformal_coverage", self.test_coverage.compute())
+        pl_module.log("test/conformal_set_size", self.test_set_size.compute().float())
+        self.test_coverage.reset()
+        self.test_set_size.reset()
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        if not self.fitted:
+            return {}
+        return {"qhat": self.qhat, "n_cal": self.n_cal, "alpha": self.alpha, "coverage": self.coverage}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        for key in ("alpha", "coverage"):
+            if state_dict[key] != getattr(self, key):
+                log.warning(
+                    "ConformalCallback: the checkpoint's qhat was fitted with %s=%r, not %r; using the checkpoint's",
+                    key,
+                    state_dict[key],
+                    getattr(self, key),
+                )
+        self.qhat, self.n_cal = float(state_dict["qhat"]), int(state_dict["n_cal"])
+        self.alpha, self.coverage = float(state_dict["alpha"]), state_dict["coverage"]
+        if self.test_coverage.mode != self.coverage:
+            self.test_coverage = EmpiricalCoverage(mode=self.coverage)
+
+
+def attach_sets(outputs: Any, sets: list[list[Any]], qhat: float) -> None:
+    """Write sets into ``predict_step`` outputs: a list of one dict per item, or one dict for the batch."""
+    full = math.isinf(qhat)
+    if isinstance(outputs, dict):
+        outputs.update(conformal_set=sets, conformal_qhat=qhat, conformal_full_set=full)
+    elif isinstance(outputs, list) and len(outputs) == len(sets) and all(isinstance(o, dict) for o in outputs):
+        for out, s in zip(outputs, sets):
+            out.update(conformal_set=s, conformal_qhat=qhat, conformal_full_set=full)
+    else:
+        raise TypeError(
+            "ConformalCallback cannot place the sets in these predict outputs (a dict, or a list of one dict per "
+            "item, is expected); implement attach_conformal_sets(outputs, batch, sets, qhat) on the module"
+        )
+
+
+def _check_scorer(pl_module: L.LightningModule) -> None:
+    if not callable(getattr(pl_module, "conformal_scores", None)):
+        raise TypeError(
+            f"{type(pl_module).__name__} does not implement conformal_scores(batch) -> ConformalScores, which "
+            "ConformalCallback needs (see kglightning.callbacks.conformal.ConformalScorer)"
+        )
+
+
+def _val_loaders(trainer: L.Trainer | None) -> list[Iterable]:
+    if trainer is None:
+        raise ValueError("pass a dataloader, or a trainer whose datamodule has a val_dataloader")
+    dm = trainer.datamodule
+    if dm is not None and callable(getattr(dm, "val_dataloader", None)):
+        loaders = dm.val_dataloader()
+    else:
+        loaders = trainer.val_dataloaders
+    if loaders is None:
+        raise ValueError("no validation dataloader to calibrate on; pass one to ConformalCallback.fit")
+    return list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]

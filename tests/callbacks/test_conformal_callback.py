@@ -1,0 +1,172 @@
+"""ConformalCallback on the KG-Guard detector: exact qhat, test metrics, checkpoint reload, +inf sets, errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from functools import partial
+
+import lightning as L
+import pytest
+import torch
+
+from kglightning.callbacks import ConformalCallback, ConformalScores, JsonlPredictionWriter
+from kglightning.conformal.functional import conformal_quantile
+from kglightning.data import DetectionDataModule, SentenceEncoder
+from kglightning.metrics.functional.coverage import covered
+from kglightning.modules import HallucinationDetector
+from kglightning.nn import GraphTransformerEncoder
+
+ENCODER = partial(GraphTransformerEncoder, hidden_channels=16, heads=4)
+
+
+def _dm(detection_dir, tiny_encoder_dir, tmp_path, batch_size=8):
+    return DetectionDataModule(
+        data_dir=detection_dir,
+        encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+        cache_dir=str(tmp_path / "cache"),
+        batch_size=batch_size,
+    )
+
+
+def _trainer(tmp_path, callbacks, epochs=2):
+    return L.Trainer(
+        max_epochs=epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        callbacks=callbacks,
+    )
+
+
+def _scores(model, loader) -> ConformalScores:
+    """All batches' scores, computed independently of the callback (eval mode, no grad)."""
+    model.eval()
+    with torch.no_grad():
+        parts = [model.conformal_scores(b) for b in loader]
+    return ConformalScores(
+        torch.cat([p.scores for p in parts]),
+        labels=torch.cat([p.labels for p in parts]),
+        candidates=parts[0].candidates,
+    )
+
+
+@pytest.fixture
+def fitted(detection_dir, tiny_encoder_dir, tmp_path):
+    L.seed_everything(0)
+    dm = _dm(detection_dir, tiny_encoder_dir, tmp_path)
+    model = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
+    cb = ConformalCallback(alpha=0.2)
+    trainer = _trainer(tmp_path, [cb])
+    trainer.fit(model, dm)
+    return trainer, model, dm, cb
+
+
+def test_qhat_is_the_exact_quantile_of_validation_scores(fitted):
+    trainer, model, dm, cb = fitted
+    cal = _scores(model, dm.val_dataloader())
+    expected = conformal_quantile(cal.calibration_scores("all"), 0.2)
+    n = cal.scores.shape[0]
+    assert cb.n_cal == n == sum(len(g.answer_names) for g in dm.datasets["validation"])
+    assert cb.qhat == float(expected) and math.isfinite(cb.qhat)
+    # hand check of the calibration score: 1 - p(true label), the rank ceil((n+1)(1-alpha))
+    p_true = 1 - cal.scores[torch.arange(n), cal.labels.long().argmax(1)]
+    assert torch.allclose(cal.calibration_scores("all"), 1 - p_true)
+    assert cb.qhat == sorted((1 - p_true).tolist())[math.ceil((n + 1) * 0.8) - 1]
+
+
+def test_test_metrics_equal_an_independent_computation(fitted):
+    trainer, model, dm, cb = fitted
+    results = trainer.test(model, dm, verbose=False)[0]
+    test = _scores(model, dm.test_dataloader())
+    sets = test.scores <= cb.qhat
+    assert results["test/conformal_coverage"] == pytest.approx(covered(sets, test.labels, "all").float().mean().item())
+    assert results["test/conformal_set_size"] == pytest.approx(sets.sum(1).float().mean().item())
+
+
+def test_checkpoint_reload_restores_qhat_and_predict_emits_sets(fitted, tmp_path, caplog):
+    trainer, model, dm, cb = fitted
+    path = tmp_path / "calibrated.ckpt"
+    trainer.save_checkpoint(path)
+    fresh_cb = ConformalCallback(alpha=0.1)  # another alpha: the checkpoint's wins, with a warning
+    assert not fresh_cb.fitted
+    fresh_model = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
+    writer = JsonlPredictionWriter(str(tmp_path / "preds.jsonl"))
+    with caplog.at_level(logging.WARNING, logger="kglightning.callbacks.conformal"):
+        preds = _trainer(tmp_path, [fresh_cb, writer]).predict(fresh_model, dm, ckpt_path=path)
+    assert "fitted with alpha=0.2, not 0.1" in caplog.text
+    assert fresh_cb.qhat == cb.qhat and fresh_cb.n_cal == cb.n_cal and fresh_cb.alpha == 0.2
+    written = [json.loads(line) for line in (tmp_path / "preds.jsonl").read_text().splitlines()]
+    assert [w["conformal_set"] for w in written] == [r["conformal_set"] for b in preds for r in b]
+    rows = [row for batch in preds for row in batch]
+    assert len(rows) == len(dm.datasets["test"])
+    for row in rows:
+        assert len(row["conformal_set"]) == len(row["prediction"])
+        assert row["conformal_qhat"] == cb.qhat and row["conformal_full_set"] is False
+        for prob, labels in zip(row["hallucination_prob"], row["conformal_set"]):
+            assert set(labels) <= {"faithful", "hallucinated"}
+            # faithful is in the set when 1 - p(faithful) = p(hallucinated) <= qhat (up to the 6-digit rounding)
+            if abs(prob - cb.qhat) > 1e-5 and abs(1 - prob - cb.qhat) > 1e-5:
+                assert ("faithful" in labels) == (prob <= cb.qhat)
+                assert ("hallucinated" in labels) == (1 - prob <= cb.qhat)
+
+
+def test_too_small_calibration_set_gives_full_sets(detection_dir, tiny_encoder_dir, tmp_path, caplog):
+    L.seed_everything(0)
+    dm = _dm(detection_dir, tiny_encoder_dir, tmp_path)
+    dm.setup("fit")
+    model = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
+    cb = ConformalCallback(alpha=0.1, fit_on="manual")
+    one_graph = [dm.collate(dm.datasets["validation"][:1])]  # 1-2 items: rank ceil((n+1)0.9) > n
+    with caplog.at_level(logging.WARNING, logger="kglightning.callbacks.conformal"):
+        assert cb.fit(None, model, one_graph) == math.inf
+    assert "full candidate set" in caplog.text
+    assert model.training  # fit restores the module's mode
+    rows = [r for b in _trainer(tmp_path, [cb]).predict(model, dm) for r in b]
+    assert all(r["conformal_full_set"] and r["conformal_qhat"] == math.inf for r in rows)
+    assert all(sorted(s) == ["faithful", "hallucinated"] for r in rows for s in r["conformal_set"])
+
+
+def test_validation_mode_fits_every_epoch_and_unfitted_errors(detection_dir, tiny_encoder_dir, tmp_path):
+    L.seed_everything(0)
+    dm = _dm(detection_dir, tiny_encoder_dir, tmp_path)
+    model = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
+    with pytest.raises(RuntimeError, match="no threshold yet.*callback.fit"):
+        _trainer(tmp_path, [ConformalCallback(fit_on="manual")]).predict(model, dm)
+    model.train()
+    cb = ConformalCallback(alpha=0.2, fit_on="validation")
+    _trainer(tmp_path, [cb], epochs=1).fit(model, dm)
+    cal = _scores(model, dm.val_dataloader())
+    assert cb.qhat == float(conformal_quantile(cal.calibration_scores("all"), 0.2))
+
+
+class _NotAScorer(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def predict_step(self, batch, batch_idx):
+        return self.layer(batch[0])
+
+
+def test_module_without_conformal_scores_is_named(tmp_path):
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4, 2)), batch_size=2)
+    with pytest.raises(TypeError, match="_NotAScorer does not implement conformal_scores"):
+        _trainer(tmp_path, [ConformalCallback()]).predict(_NotAScorer(), loader)
+
+
+def test_scores_dataclass_any_all_and_padding():
+    cs = ConformalScores(
+        torch.tensor([[0.1, 0.5, 0.9], [0.3, 0.2, math.inf]], dtype=torch.float64),
+        labels=torch.tensor([[1, 0, 1], [0, 0, 0]]).bool(),
+        mask=torch.tensor([[1, 1, 1], [1, 1, 0]]).bool(),
+    )
+    assert cs.calibration_scores("all").tolist() == [0.9, -math.inf]
+    assert cs.calibration_scores("any").tolist() == [0.1, math.inf]
+    assert cs.sets(math.inf).sum(1).tolist() == [3, 2]  # padding never enters a set
+    with pytest.raises(ValueError, match="shape"):
+        ConformalScores(torch.zeros(2, 2), labels=torch.zeros(2, 3).bool())
