@@ -48,6 +48,7 @@ def _build_benchmark(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> Any:
     """Entry point of ``python -m kglightning`` and of the ``kglightning`` console script."""
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "evaluate":
         from kglightning.evaluate import main as evaluate_main
@@ -62,6 +63,6 @@ def main(argv: list[str] | None = None) -> Any:
         subclass_mode_data=True,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
-        args=argv,
+        args=None if from_command_line else argv,  # None: LightningCLI reads sys.argv (and does not warn)
         parser_kwargs={"description": __doc__},
     )
