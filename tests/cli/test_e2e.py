@@ -168,3 +168,38 @@ def test_main_job_on_embedded_subset(tmp_path):
     metrics = _metrics(tmp_path, "main")
     for name in METRICS:
         assert 0.0 <= metrics[name] <= 1.0, name
+
+
+def test_conformal_callback_through_the_cli_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
+    """fit keeps qhat in its checkpoints (fit_on=validation, also on 2 DDP processes: scores gathered); test on 1 and
+    2 processes restores it and reports the same coverage and set size; predict writes the sets."""
+    import torch
+
+    conformal = [
+        "--trainer.callbacks+=kglightning.callbacks.ConformalCallback",
+        "--trainer.callbacks.alpha=0.2",
+        "--trainer.callbacks.fit_on=validation",
+    ]
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    ckpt = tmp_path / "outputs/detector/graph_transformer/checkpoints/last.ckpt"
+    _cli(tmp_path, "fit", *_fixture_args(detection_dir, tiny_encoder_dir, "cfit"), *conformal, *ddp)
+    state = torch.load(ckpt, weights_only=False)["callbacks"]
+    (key,) = [k for k in state if "ConformalCallback" in k]
+    assert state[key]["alpha"] == 0.2 and state[key]["n_cal"] > 0
+
+    results = {}
+    for name, extra in (("c1", []), ("c2", ddp)):
+        _cli(
+            tmp_path,
+            "test",
+            *_fixture_args(detection_dir, tiny_encoder_dir, name),
+            *conformal,
+            *extra,
+            "--ckpt_path",
+            str(ckpt),
+        )
+        results[name] = _metrics(tmp_path, name)
+    for metric in ("test/conformal_coverage", "test/conformal_set_size"):
+        assert results["c2"][metric] == pytest.approx(results["c1"][metric], abs=1e-6), metric
+    assert 0.0 <= results["c1"]["test/conformal_coverage"] <= 1.0
+    assert 0.0 <= results["c1"]["test/conformal_set_size"] <= 2.0
