@@ -19,8 +19,10 @@ reasoner input tokens per question) and ``reliability_comparison.png`` to ``outp
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -29,8 +31,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
-from kglightning.data.sft_datamodule import PromptStyle as ProxyPromptStyle
-from kglightning.data.sft_datamodule import render_prompt
+from kglightning.data.sft_examples import PromptStyle as ProxyPromptStyle
+from kglightning.data.sft_examples import render_prompt
 from kglightning.evidence.builder import EvidenceBuilder
 from kglightning.evidence.format import parse_evidence, sft_input
 from kglightning.evidence.verbalize import path_instances, verbalize_instance
@@ -307,9 +309,6 @@ class DoublyCalPipeline(L.LightningModule):
 
     def write_report(self, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Write ``evidence.jsonl``, the per-variant predictions and the comparison; return the results table."""
-        import json
-        from pathlib import Path
-
         out = Path(self.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         with (out / "evidence.jsonl").open("w", encoding="utf-8") as f:
