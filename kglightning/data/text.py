@@ -27,3 +27,17 @@ def path_text(path: Sequence[str]) -> str:
         'inverse of location country capital -> location country currency used'
     """
     return " -> ".join(relation_text(r) for r in path)
+
+
+def step_query_text(question: str, prefix: Sequence[str]) -> str:
+    """Text of UAG's ``Q || r_0 || ... || r_{j-1}``: the question, then the relations walked so far.
+
+    It is compared with the next relation's :func:`relation_text` (Eq. 4) by the relation scorer.
+
+    Example:
+        >>> step_query_text("capital of France?", [])
+        'capital of France?'
+        >>> step_query_text("currency of the capital's country?", ["~location.country.capital"])
+        "currency of the capital's country? | inverse of location country capital"
+    """
+    return f"{question} | {path_text(prefix)}" if len(prefix) else question

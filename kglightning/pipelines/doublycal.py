@@ -42,6 +42,7 @@ from kglightning.llm.parsing import ParseStats, parse_answers
 from kglightning.llm.prompts import EvidenceLine, EvidenceMode, PromptStyle, ReasonerPrompt, count_tokens
 from kglightning.llm.trie import KGTrie
 from kglightning.modules.proxy_sft import ProxySFT
+from kglightning.pipelines._ddp import gather_unique_rows
 from kglightning.pipelines.report import comparison_markdown, write_comparison
 
 __all__ = ["VARIANTS", "DoublyCalPipeline", "Variant"]
@@ -291,19 +292,8 @@ class DoublyCalPipeline(L.LightningModule):
         self._reset_stats()
         self.proxy.eval()
 
-    def _gathered_rows(self) -> list[dict[str, Any]]:
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return self.rows
-        parts: list[Any] = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(parts, self.rows)
-        seen: dict[Any, dict[str, Any]] = {}
-        for part in parts:
-            for row in part:
-                seen.setdefault(row["id"], row)  # DistributedSampler pads with repeats
-        return list(seen.values())
-
     def on_predict_epoch_end(self) -> None:
-        rows = self._gathered_rows()
+        rows = gather_unique_rows(self.rows)
         if self.trainer.is_global_zero and rows:
             self.results = self.write_report(rows)
 

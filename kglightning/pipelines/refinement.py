@@ -54,6 +54,7 @@ from kglightning.llm.parsing import parse_answers
 from kglightning.metrics.functional.qa import normalize
 from kglightning.modules.detector import HallucinationDetector
 from kglightning.nn import GraphEncoder
+from kglightning.pipelines._ddp import gather_unique_rows
 from kglightning.pipelines.refinement_prompts import follow_up_message, initial_messages, verbalize_triple
 from kglightning.pipelines.refinement_report import format_table, write_report
 
@@ -344,19 +345,8 @@ class KGGuardRefinement(L.LightningModule):
         self.rows.extend(rows)
         return rows
 
-    def _gathered_rows(self) -> list[dict[str, Any]]:
-        rows = self.rows
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            parts: list[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(parts, rows)
-            rows = [row for part in parts for row in part]
-        unique: dict[str, dict[str, Any]] = {}  # a distributed sampler repeats records to even out the ranks
-        for row in rows:
-            unique.setdefault(row["id"], row)
-        return list(unique.values())
-
     def on_predict_end(self) -> None:
-        rows = self._gathered_rows()
+        rows = gather_unique_rows(self.rows)
         if not self.trainer.is_global_zero:
             return
         meta = {

@@ -1,0 +1,290 @@
+"""UAG as a LightningModule: ``python -m kglightning predict --config configs/uag.yaml --model.alpha 0.2``.
+
+At the start of ``predict`` the module scores its calibration pool (the data module's ``calibration_split``, by
+default ``validation``), fits :class:`~kglightning.conformal.uag.UAGController` and selects ``(alpha1, alpha2,
+alpha3)`` by Learn-Then-Test for ``alpha`` and for every level of ``sweep_alphas``; it fits the Top-K and split-CP
+baselines on the same pool. It prints the selected per-component error rates and writes them to
+``<output_dir>/ltt.json``. Each predicted question then gets UAG's set from the breadth-first traversal at the
+selected thresholds (:class:`~kglightning.conformal.uag.UAGTraversal`), the baselines' sets, and, for every swept
+level, whether each method covered it and with how many answers.
+
+When ``alpha`` cannot be certified, the module abstains explicitly: every set is the full candidate pool and each
+row says ``"abstained": true`` (the same for a baseline that cannot reach a level).
+
+Outputs (rank 0, rows of every DDP process gathered): ``predictions.jsonl`` (readable by ``python -m kglightning
+evaluate``), ``metrics.json``, and with ``sweep_alphas`` the table ``sweep.md``/``sweep.json`` and the plot
+``coverage_vs_alpha.png``.
+
+Without an ``llm``, the evaluator (Eq. 6) compares each candidate with the question instead of with an LLM answer;
+see :mod:`kglightning.conformal.uag.scores`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
+
+from kglightning.conformal.uag import (
+    QuestionScores,
+    SplitCP,
+    TopK,
+    UAGCalibration,
+    UAGController,
+    UAGTraversal,
+    covers,
+    members_at,
+    score_questions,
+)
+from kglightning.conformal.uag.controller import COMPONENTS
+from kglightning.conformal.uag.evaluator import LLMEvaluator
+from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder, default_cache_root
+from kglightning.data.kg import KGIndex
+from kglightning.data.records import KGQARecord
+from kglightning.pipelines._ddp import gather_unique_rows
+from kglightning.pipelines.uag_report import METHODS, alpha_key, sweep_markdown, sweep_results, write_sweep
+
+RELATION_SCORER_HINT = "train it with `python -m kglightning fit --config configs/relation_scorer.yaml`"
+
+
+def describe(cal: UAGCalibration) -> str:
+    """One paragraph on an LTT selection, for the console."""
+    head = f"UAG at alpha={cal.alpha:g} (delta={cal.delta:g}; {int(cal.valid.sum())} of {cal.valid.numel()} valid)"
+    if cal.abstained:
+        return f"{head}: no configuration certified, so UAG abstains (full candidate pools, flagged)"
+    parts = [
+        f"{c} alpha={a:g} (threshold {q:.4f})"
+        for c, a, q in zip(COMPONENTS, cal.selected_alphas or (), cal.selected_thresholds)
+    ]
+    s = cal.summary()
+    return (
+        f"{head}: LTT selected " + ", ".join(parts) + f"; calibration error rate {s['calibration_error_rate']:.3f} "
+        f"(p={s['pvalue']:.2g}, n={cal.n_cal}), selection mean set size {s['selection_mean_set_size']:.1f}"
+    )
+
+
+class UAGReasoner(L.LightningModule):
+    """Conformal KG traversal with Learn-Then-Test error control (UAG), run by ``predict``.
+
+    Args:
+        encoder: the relation scorer's sentence encoder (a folder written by
+            :class:`~kglightning.modules.RelationScorer`, or the bundled MiniLM without fine-tuning).
+        alpha: the user's error rate: the set misses the gold answers with probability at most ``alpha``.
+        delta: LTT's FWER level (the guarantee holds with probability ``1 - delta``).
+        grid_step: ``h`` of the ``(alpha1, alpha2, alpha3)`` grid, one value or one per component.
+        procedure: FWER procedure, ``"fixed_sequence"`` or ``"bonferroni"``.
+        pvalue: ``"binomial"`` (UAG) or ``"hoeffding_bentkus"``.
+        coverage: ``"any"`` (a set covers when it holds a gold answer) or ``"all"``.
+        split_fractions: quantile / calibration / selection fractions of the calibration pool (disjoint, seeded).
+        calibration_split: the data module's split used as the calibration pool.
+        max_hops: longest relation path walked.
+        max_paths: bound on enumerated relation paths per question.
+        llm: optional reasoner LLM for the evaluator (Eq. 6).
+        sweep_alphas: levels for the ECR/APSS table and plot (``[]`` for none).
+        baselines: also fit and apply Top-K and split CP.
+        output_dir: where the outputs go.
+        cache_dir: text-embedding cache root (default ``$KGLIGHTNING_CACHE/embeddings``).
+        seed: seed of the three-way split.
+        progress: show progress bars.
+    """
+
+    def __init__(
+        self,
+        encoder: SentenceEncoder | None = None,
+        alpha: float = 0.2,
+        delta: float = 0.05,
+        grid_step: float | list[float] = 0.1,
+        procedure: Literal["fixed_sequence", "bonferroni"] = "fixed_sequence",
+        pvalue: Literal["binomial", "hoeffding_bentkus"] = "binomial",
+        coverage: Literal["any", "all"] = "any",
+        split_fractions: list[float] | None = None,
+        calibration_split: Literal["train", "validation", "test"] = "validation",
+        max_hops: int = 3,
+        max_paths: int | None = 5000,
+        llm: LLMEvaluator | None = None,
+        sweep_alphas: list[float] | None = None,
+        baselines: bool = True,
+        output_dir: str = "outputs/uag",
+        cache_dir: str | None = None,
+        seed: int = 0,
+        progress: bool = True,
+    ) -> None:
+        super().__init__()
+        if not 0 < alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        if any(not 0 < a < 1 for a in sweep_alphas or []):
+            raise ValueError(f"sweep_alphas must lie in (0, 1), got {sweep_alphas}")
+        self.encoder = encoder or SentenceEncoder(show_progress=progress)
+        self.alpha = alpha
+        self.controller = UAGController(
+            grid_step=grid_step,
+            delta=delta,
+            procedure=procedure,
+            pvalue=pvalue,
+            coverage=coverage,
+            split_fractions=split_fractions or (1 / 3, 1 / 3, 1 / 3),
+            seed=seed,
+        )
+        self.coverage = coverage
+        self.calibration_split = calibration_split
+        self.max_hops = max_hops
+        self.max_paths = max_paths
+        self.llm = llm
+        self.sweep_alphas = [float(a) for a in sweep_alphas or []]
+        self.baselines = baselines
+        self.output_dir = Path(output_dir)
+        self.cache_dir = cache_dir
+        self.progress = progress
+        self.rows: list[dict[str, Any]] = []
+        self.selections: dict[str, UAGCalibration] = {}
+        self.fitted_baselines: dict[str, dict[str, SplitCP | TopK]] = {}
+        self._cache: EmbeddingCache | None = None
+
+    @property
+    def cache(self) -> EmbeddingCache:
+        if self._cache is None:
+            if self.encoder.model != "bundled:all-MiniLM-L6-v2" and not Path(self.encoder.path).is_dir():
+                raise FileNotFoundError(
+                    f"relation scorer encoder not found at {self.encoder.path!r}; {RELATION_SCORER_HINT}, "
+                    "or set model.encoder.init_args.model to a sentence-transformers folder"
+                )
+            root = self.cache_dir if self.cache_dir is not None else default_cache_root() / "embeddings"
+            self._cache = EmbeddingCache(self.encoder, root)
+        return self._cache
+
+    @property
+    def alphas(self) -> list[float]:
+        """``alpha`` followed by the swept levels (no repeats)."""
+        return list(dict.fromkeys([self.alpha, *self.sweep_alphas]))
+
+    def score(self, records: Sequence[KGQARecord], desc: str = "UAG scores") -> list[QuestionScores]:
+        """UAG scores of ``records`` (the LLM is asked when configured)."""
+        scores = score_questions(
+            records, self.cache, max_hops=self.max_hops, max_paths=self.max_paths, progress=self.progress, desc=desc
+        )
+        if self.llm is not None:
+            self.llm.rescore(records, scores, self.cache)
+        return scores
+
+    def calibrate(self, pool: Sequence[KGQARecord]) -> dict[str, UAGCalibration]:
+        """Fit the controller on ``pool`` and select a configuration for every level in :attr:`alphas`."""
+        start = time.perf_counter()
+        self.controller.fit(self.score(pool, desc=f"UAG calibration ({self.calibration_split})"))
+        pool_scores = self.controller.pool
+        self.selections = {alpha_key(a): self.controller.select(a) for a in self.alphas}
+        self.fitted_baselines = {}
+        if self.baselines:
+            for a in self.alphas:
+                self.fitted_baselines[alpha_key(a)] = {
+                    "split_cp": SplitCP(self.coverage).fit(pool_scores, a),
+                    "top_k": TopK(self.coverage).fit(pool_scores, a),
+                }
+        self.calibration_seconds = time.perf_counter() - start
+        return self.selections
+
+    def on_predict_start(self) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "split_records"):
+            raise RuntimeError("UAGReasoner needs a data module with split_records() (e.g. KGQADataModule)")
+        self.rows = []
+        self.calibrate(datamodule.split_records(self.calibration_split))
+        main = self.selections[alpha_key(self.alpha)]
+        rank_zero_info(describe(main))
+        if self.trainer.is_global_zero:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            payload = {
+                "main": main.summary(),
+                "levels": {k: c.summary() for k, c in self.selections.items()},
+                "baselines": {k: {m: b.summary() for m, b in v.items()} for k, v in self.fitted_baselines.items()},
+                "calibration_split": self.calibration_split,
+                "calibration_seconds": round(self.calibration_seconds, 2),
+            }
+            (self.output_dir / "ltt.json").write_text(json.dumps(payload, indent=2) + "\n")
+
+    def _methods(self, key: str, s: QuestionScores) -> dict[str, tuple[Any, bool]]:
+        """Each method's set (``(A,)`` bool) at level ``key`` and whether it abstained."""
+        cal = self.selections[key]
+        out = {"uag": (members_at(s, *cal.selected_thresholds), cal.abstained)}
+        for name, b in self.fitted_baselines.get(key, {}).items():
+            out[name] = (b.member(s), b.abstained)
+        return out
+
+    def predict_step(self, batch: list[KGQARecord], batch_idx: int) -> list[dict[str, Any]]:
+        scores = self.score(batch, desc="UAG test scores")
+        main = self.selections[alpha_key(self.alpha)]
+        traversal = UAGTraversal(self.cache, self.max_hops)
+        rows = []
+        for record, s in zip(batch, scores):
+            kg = KGIndex.from_record(record)
+            res = traversal.run(record, *main.selected_thresholds, kg=kg, llm_answer=s.llm_answer)
+            row: dict[str, Any] = {
+                "id": record.id,
+                "question": record.question,
+                "answer": record.answer,
+                "a_entity": record.a_entity,
+                "prediction": res.answers,
+                "abstained": main.abstained,
+                "set_size": len(res.answers),
+                "covered": covers(s, members_at(s, *main.selected_thresholds), self.coverage),
+                "num_candidates": s.num_entities,
+                "llm_answer": s.llm_answer,
+                "paths": {a: [" -> ".join(p) for p in res.paths[a][:3]] for a in res.answers[:20]},
+                "baselines": {},
+                "sweep": {},
+            }
+            for key in (alpha_key(a) for a in self.alphas):
+                methods = self._methods(key, s)
+                row["sweep"][key] = {
+                    m: [covers(s, member, self.coverage), int(member.sum())] for m, (member, _) in methods.items()
+                }
+                if key == alpha_key(self.alpha):
+                    row["baselines"] = {
+                        m: {"prediction": [s.entities[i] for i in member.nonzero().flatten().tolist()], "abstained": ab}
+                        for m, (member, ab) in methods.items()
+                        if m != "uag"
+                    }
+            rows.append(row)
+        self.rows.extend(rows)
+        return rows
+
+    def on_predict_epoch_end(self) -> None:
+        rows = gather_unique_rows(self.rows)
+        if not self.trainer.is_global_zero or not rows:
+            return
+        self.write_outputs(rows)
+
+    def write_outputs(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """``predictions.jsonl``, ``metrics.json`` and (with ``sweep_alphas``) the sweep table and plot."""
+        out = self.output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "predictions.jsonl", "w") as f:
+            for row in rows:
+                f.write(json.dumps({k: v for k, v in row.items() if k != "sweep"}) + "\n")
+        abstained = {
+            k: {"uag": cal.abstained} | {m: b.abstained for m, b in self.fitted_baselines.get(k, {}).items()}
+            for k, cal in self.selections.items()
+        }
+        main = sweep_results(rows, [self.alpha], abstained)[0]
+        metrics = {"alpha": self.alpha, "n": len(rows), "ltt": self.selections[alpha_key(self.alpha)].summary()}
+        metrics.update({m: main[m] for m in METHODS if m in main})
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        rank_zero_info(f"UAG on {len(rows)} questions:\n{sweep_markdown([main])}")
+        if self.sweep_alphas:
+            results = sweep_results(rows, self.sweep_alphas, abstained)
+            meta = {
+                "delta": self.controller.delta,
+                "coverage": self.coverage,
+                "calibration_split": self.calibration_split,
+            }
+            paths = write_sweep(results, out, meta)
+            rank_zero_info(f"alpha sweep:\n{sweep_markdown(results)}\nwrote {paths['md']} and {paths['png']}")
+        rank_zero_info(f"wrote the predictions and metrics to {out}")
+        return metrics
+
+    def configure_optimizers(self) -> Any:
+        raise RuntimeError(f"UAGReasoner has nothing to train; run `predict` ({RELATION_SCORER_HINT} first)")

@@ -1,0 +1,115 @@
+"""UAGReasoner run by a Trainer and through the CLI, with the tiny sentence encoder on the embedded benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+
+from kglightning.conformal.uag import covers, members_at, score_questions
+from kglightning.data import KGQADataModule, SentenceEncoder
+from kglightning.data.sources.embedded import build_embedded_benchmark
+from kglightning.pipelines import UAGReasoner
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("uag_bench")
+    build_embedded_benchmark(folder, seed=0)
+    return str(folder)
+
+
+def _run(tmp_path, bench_dir, tiny_encoder_dir, **kw) -> tuple[UAGReasoner, KGQADataModule]:
+    model = UAGReasoner(
+        encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+        grid_step=0.25,
+        output_dir=str(tmp_path / "out"),
+        cache_dir=str(tmp_path / "cache"),
+        progress=False,
+        **kw,
+    )
+    data = KGQADataModule(data_dir=bench_dir, max_records=60, batch_size=32)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    trainer.predict(model, datamodule=data, return_predictions=False)
+    return model, data
+
+
+def test_predict_writes_sets_selection_and_sweep(tmp_path, bench_dir, tiny_encoder_dir):
+    model, data = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, sweep_alphas=[0.3, 0.5])
+    out = tmp_path / "out"
+    ltt = json.loads((out / "ltt.json").read_text())
+    main = model.selections["0.4"]
+    assert ltt["main"] == json.loads(json.dumps(main.summary()))
+    assert ltt["main"]["n_quantile"] + ltt["main"]["n_calibration"] + ltt["main"]["n_selection"] == 60
+    assert set(ltt["levels"]) == {"0.4", "0.3", "0.5"} and set(ltt["baselines"]["0.4"]) == {"split_cp", "top_k"}
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").open()]
+    test = data.split_records("test")
+    assert [r["id"] for r in rows] == [r.id for r in test]
+    # the traversal's sets are the grid's sets at the selected thresholds
+    scores = score_questions(test, model.cache, max_hops=3, progress=False)
+    for row, s in zip(rows, scores):
+        member = members_at(s, *main.selected_thresholds)
+        assert set(row["prediction"]) == {s.entities[i] for i in member.nonzero().flatten().tolist()}
+        assert row["covered"] == covers(s, member) == bool(set(row["prediction"]) & set(row["a_entity"]))
+        assert row["set_size"] == len(row["prediction"]) and row["abstained"] == main.abstained
+        assert set(row["baselines"]) == {"split_cp", "top_k"}
+        assert set(row["paths"]) <= set(row["prediction"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["uag"]["ecr"] == pytest.approx(sum(r["covered"] for r in rows) / len(rows))
+    assert metrics["uag"]["apss"] == pytest.approx(sum(r["set_size"] for r in rows) / len(rows))
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [r["alpha"] for r in sweep["results"]] == [0.3, 0.5]
+    assert "| 0.3 | ≥ 70 |" in (out / "sweep.md").read_text() and (out / "coverage_vs_alpha.png").stat().st_size > 0
+    with pytest.raises(RuntimeError, match="nothing to train"):
+        model.configure_optimizers()
+
+
+def test_unreachable_alpha_abstains_with_the_full_pool(tmp_path, bench_dir, tiny_encoder_dir):
+    model, _ = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.01)
+    assert model.selections["0.01"].abstained
+    rows = [json.loads(line) for line in (tmp_path / "out/predictions.jsonl").open()]
+    assert all(r["abstained"] and r["set_size"] == r["num_candidates"] for r in rows)
+    assert all(r["baselines"]["split_cp"]["abstained"] for r in rows)  # 20 questions: rank 20 * 0.99 > n
+    assert json.loads((tmp_path / "out/ltt.json").read_text())["main"]["abstained"] is True
+
+
+def test_missing_relation_scorer_folder_is_a_clear_error(tmp_path):
+    model = UAGReasoner(encoder=SentenceEncoder(str(tmp_path / "nope")), cache_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="relation_scorer.yaml"):
+        _ = model.cache
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("devices", [1, 2])
+def test_cli_predict_with_alpha_flag(devices, bench_dir, tiny_encoder_dir, tmp_path):
+    """``predict --config configs/uag.yaml --model.alpha 0.4`` as a user runs it; rows of 2 DDP ranks are gathered."""
+    env = dict(os.environ, KGLIGHTNING_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    args = {
+        "--config": str(ROOT / "configs/uag.yaml"),
+        "--model.alpha": "0.4",
+        "--model.encoder.model": tiny_encoder_dir,
+        "--model.grid_step": "0.25",
+        "--data.data_dir": bench_dir,
+        "--data.max_records": "45",
+        "--trainer.enable_progress_bar": "false",
+        "--trainer.devices": str(devices),
+    }
+    if devices > 1:
+        args["--trainer.strategy"] = "ddp"
+    cmd = [sys.executable, "-m", "kglightning", "predict", *(x for kv in args.items() for x in kv)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    output = proc.stdout + proc.stderr
+    assert "UAG at alpha=0.4" in output and output.count("alpha sweep:") == 1
+    folder = tmp_path / "outputs/uag"
+    rows = [json.loads(line) for line in (folder / "predictions.jsonl").open()]
+    assert len(rows) == len({r["id"] for r in rows}) == 45
+    assert json.loads((folder / "ltt.json").read_text())["main"]["alpha"] == 0.4
+    assert (folder / "sweep.md").exists() and (folder / "coverage_vs_alpha.png").exists()
