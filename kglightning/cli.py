@@ -7,6 +7,8 @@ the chosen data class and the chosen model class have the argument, so one CLI s
 Extra subcommands, handled before LightningCLI:
   ``evaluate``         RoG-compatible answer metrics (+ ECE) of a predictions jsonl (see :mod:`kglightning.evaluate`)
   ``build-benchmark``  build the embedded geography/elements benchmark into a folder
+  ``conformalize``     split-conformal answer sets for any predictions jsonl with confidences
+                       (see :mod:`kglightning.conformal.offline`)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
-EXTRA_SUBCOMMANDS = ("evaluate", "build-benchmark")
+EXTRA_SUBCOMMANDS = ("evaluate", "build-benchmark", "conformalize")
 
 
 class KGLightningCLI(LightningCLI):
@@ -56,6 +58,10 @@ def main(argv: list[str] | None = None) -> Any:
         return evaluate_main(argv[1:])
     if argv and argv[0] == "build-benchmark":
         return _build_benchmark(argv[1:])
+    if argv and argv[0] == "conformalize":
+        from kglightning.conformal.offline import main as conformalize_main
+
+        return conformalize_main(argv[1:])
     return KGLightningCLI(
         LightningModule,
         LightningDataModule,

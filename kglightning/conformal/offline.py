@@ -1,0 +1,117 @@
+"""The ``conformalize`` command: split-conformal answer sets for any scorer's predictions file.
+
+Any kglightning stage that writes a predictions jsonl with per-answer confidences (the retrieval baseline,
+DoublyCal's variants, the refinement loop) or any RoG-format file can be wrapped after the fact. Run the scorer on a
+calibration split (e.g. ``--data.init_args.predict_split validation``) and on the test split, then::
+
+    python -m kglightning conformalize --calibration cal.jsonl --predictions test.jsonl --alpha 0.2
+
+A proposed answer's non-conformity is ``1 - confidence``; it is *correct* when it RoG-matches a gold answer (the
+``evaluate`` rule). A calibration question's score is the smallest non-conformity of its correct answers (``+inf``
+when the scorer proposed none), and ``qhat`` is the exact ``ceil((n+1)(1-alpha))``-th smallest score. Each test
+question's set is its proposed answers with ``1 - confidence <= qhat``: with exchangeable questions, it holds a
+correct answer with probability at least ``1 - alpha``. When ``qhat`` is ``+inf`` (the scorer misses too often for
+``alpha``), every set is the full proposed list and ``conformal_full_set`` is ``true``: the guarantee then cannot
+hold, and the command says so instead of returning sets that look calibrated.
+
+Output: the predictions with ``conformal_set``, ``conformal_qhat`` and ``conformal_full_set`` added (default
+``<predictions>.conformal.jsonl``), and a summary JSON beside it with ``qhat``, ``n_calibration`` and, when the
+test file has gold answers, the empirical coverage (ECR) and average set size (APSS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kglightning.conformal.functional import conformal_quantile
+from kglightning.data.records import RecordError
+from kglightning.evaluate import PredictionLine, confidence_pairs, read_predictions
+from kglightning.metrics.functional.qa import prepare_prediction
+
+
+def scored_answers(rec: PredictionLine, source: str) -> tuple[list[str], list[float], list[bool]]:
+    """The question's distinct non-empty answers, their non-conformity ``1 - confidence`` and correctness."""
+    if rec.confidence is None:
+        raise RecordError(
+            "conformal sets need a confidence per answer", source=source, line=rec.line, field="confidence"
+        )
+    answers = [p for p in prepare_prediction(rec.prediction) if p.strip()]
+    conf, correct = confidence_pairs(rec, answers)
+    return answers, [1.0 - c for c in conf], correct
+
+
+def calibration_score(rec: PredictionLine, source: str) -> float:
+    """Smallest non-conformity of a correct answer; ``+inf`` when none is correct."""
+    _, nonconf, correct = scored_answers(rec, source)
+    return min((s for s, ok in zip(nonconf, correct) if ok), default=math.inf)
+
+
+def conformalize(
+    calibration: str | Path, predictions: str | Path, alpha: float, output: str | Path | None = None
+) -> dict[str, Any]:
+    """Fit ``qhat`` on ``calibration`` and write the sets of ``predictions`` (see the module docstring)."""
+    cal = read_predictions(calibration)
+    if not cal:
+        raise ValueError(f"{calibration}: no calibration questions")
+    scores = torch.tensor([calibration_score(r, str(calibration)) for r in cal], dtype=torch.float64)
+    qhat = float(conformal_quantile(scores, alpha))
+    test = read_predictions(predictions)
+    out_path = Path(output) if output else Path(predictions).with_suffix(".conformal.jsonl")
+    covered, sizes, n_gold = 0, 0, 0
+    raw = [line for line in Path(predictions).read_text(encoding="utf-8").splitlines() if line.strip()]
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with out_path.open("w", encoding="utf-8") as f:
+        for rec, text in zip(test, raw):
+            answers, nonconf, correct = scored_answers(rec, str(predictions))
+            keep = [i for i, s in enumerate(nonconf) if s <= qhat]
+            sizes += len(keep)
+            if rec.ground_truth:
+                n_gold += 1
+                covered += any(correct[i] for i in keep)
+            row = json.loads(text)
+            row.update(
+                conformal_set=[answers[i] for i in keep], conformal_qhat=qhat, conformal_full_set=math.isinf(qhat)
+            )
+            f.write(json.dumps(row) + "\n")
+    summary = {
+        "alpha": alpha,
+        "qhat": qhat,
+        "full_sets": math.isinf(qhat),
+        "n_calibration": len(cal),
+        "calibration_missed": int(torch.isinf(scores).sum()),
+        "n_test": len(test),
+        "ecr": covered / n_gold if n_gold else None,
+        "apss": sizes / len(test) if test else None,
+        "output": str(out_path),
+    }
+    out_path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m kglightning conformalize",
+        description="Split-conformal answer sets from a calibration and a test predictions jsonl (with confidences).",
+    )
+    p.add_argument("--calibration", required=True, help="predictions jsonl of the calibration questions")
+    p.add_argument("--predictions", required=True, help="predictions jsonl to add sets to")
+    p.add_argument("--alpha", type=float, required=True, help="miscoverage level in (0, 1)")
+    p.add_argument("--output", default=None, help="output jsonl (default: <predictions>.conformal.jsonl)")
+    args = p.parse_args(argv)
+    s = conformalize(args.calibration, args.predictions, args.alpha, args.output)
+    print(
+        f"qhat={s['qhat']:.6g} from {s['n_calibration']} calibration questions "
+        f"({s['calibration_missed']} with no correct proposed answer)"
+    )
+    if s["full_sets"]:
+        print(f"alpha={args.alpha:g} cannot be reached with these proposals: every set is the full list (flagged)")
+    if s["ecr"] is not None:
+        print(f"test: ECR {s['ecr']:.4f}, APSS {s['apss']:.2f} over {s['n_test']} questions")
+    print(f"wrote {s['output']}")
+    return 0
