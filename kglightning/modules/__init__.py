@@ -3,5 +3,6 @@
 from kglightning.modules.detector import HallucinationDetector
 from kglightning.modules.path_baseline import PathRetrievalBaseline
 from kglightning.modules.proxy_sft import ProxySFT
+from kglightning.modules.relation_scorer import RelationScorer
 
-__all__ = ["HallucinationDetector", "PathRetrievalBaseline", "ProxySFT"]
+__all__ = ["HallucinationDetector", "PathRetrievalBaseline", "ProxySFT", "RelationScorer"]

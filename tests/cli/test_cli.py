@@ -19,6 +19,8 @@ CONFIGS = {
     "proxy_sft.yaml": "fit",
     "doublycal.yaml": "predict",
     "refinement.yaml": "predict",
+    "relation_scorer.yaml": "fit",
+    "uag.yaml": "predict",
 }
 
 

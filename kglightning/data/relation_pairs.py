@@ -1,0 +1,263 @@
+"""Training pairs for UAG's relation scorer (UAG App. D), and the DataModule that serves them.
+
+UAG fine-tunes its SBERT encoder with ``CosineSimilarityLoss`` on pairs ``(Q || r_0 .. r_{j-1}, r_j)``: the question
+followed by the relations walked so far, against the next relation. :func:`mine_relation_pairs` builds them from a
+:class:`~kglightning.data.records.KGQARecord`:
+
+* gold relation paths are the shortest topic -> answer relation paths of the record's subgraph (walking triples both
+  ways; a reverse hop is written ``~r``), deduplicated, sorted and capped;
+* every step ``j`` of a gold path gives a positive pair (label 1.0) for its next relation ``r_j``;
+* negatives (label 0.0) are other relations that leave the entities reached by the prefix ``r_0 .. r_{j-1}``,
+  excluding every gold next relation for that prefix, sampled without replacement.
+
+The texts are :func:`~kglightning.data.text.step_query_text` and :func:`~kglightning.data.text.relation_text`,
+exactly what the traversal that consumes the fine-tuned encoder compares.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from kglightning.data.kg import KGIndex
+from kglightning.data.records import KGQARecord
+from kglightning.data.sources.loaders import read_records
+from kglightning.data.splits import locate_splits
+from kglightning.data.text import relation_text, step_query_text
+
+__all__ = ["RelationPair", "RelationPairDataModule", "collate_pairs", "gold_relation_paths", "mine_relation_pairs"]
+
+log = logging.getLogger(__name__)
+
+PROGRESS_MIN_RECORDS = 500
+"""Mining shows a progress bar from this many records on."""
+
+
+@dataclass(frozen=True)
+class RelationPair:
+    """One (query, relation) pair for the relation scorer.
+
+    Args:
+        query: ``step_query_text(question, prefix)``.
+        relation: ``relation_text(next_relation)``.
+        label: 1.0 for a gold next relation, 0.0 for a negative.
+        question_id: the id of the record it was mined from.
+    """
+
+    query: str
+    relation: str
+    label: float
+    question_id: str
+
+
+def gold_relation_paths(
+    record: KGQARecord, kg: KGIndex | None = None, max_hops: int = 3, max_paths: int = 8
+) -> list[tuple[str, ...]]:
+    """The record's gold relation paths: shortest paths from each topic entity to each answer entity.
+
+    Deduplicated, sorted by (length, relations) and capped at ``max_paths``; empty when no answer is within
+    ``max_hops`` of a topic entity (or a topic entity is not in the graph).
+
+    Example:
+        >>> rec = KGQARecord(id="q", question="?", answer=["c"], q_entity=["a"], a_entity=["c"],
+        ...                  graph=[["a", "r", "b"], ["c", "s", "b"]])
+        >>> gold_relation_paths(rec)
+        [('r', '~s')]
+    """
+    kg = KGIndex.from_record(record) if kg is None else kg
+    found: set[tuple[str, ...]] = set()
+    for topic in dict.fromkeys(record.q_entity):
+        if topic not in kg:
+            continue
+        for answer in dict.fromkeys(record.a_entity):
+            if answer == topic or answer not in kg:
+                continue
+            found.update(tuple(p) for p in kg.shortest_relation_paths(topic, answer, max_hops))
+    return sorted(found, key=lambda p: (len(p), p))[:max_paths]
+
+
+def mine_relation_pairs(
+    record: KGQARecord,
+    kg: KGIndex | None = None,
+    max_hops: int = 3,
+    negatives: int = 3,
+    rng: random.Random | None = None,
+    *,
+    max_paths: int = 8,
+) -> list[RelationPair]:
+    """Positive and negative ``(Q || r_0..r_{j-1}, r_j)`` pairs of one record (see the module docstring).
+
+    Each distinct ``(prefix, next relation)`` of the gold paths gives one positive. Each distinct prefix gives up to
+    ``negatives`` negatives per positive at that prefix, drawn without replacement from the relations (both
+    directions) that leave the entities reached from the topic entities by the prefix, minus the gold next relations
+    of that prefix. Pairs come in gold-path order: a prefix's positives, then its negatives.
+
+    Args:
+        record: the question with its subgraph.
+        kg: the record's index, when already built (else built from ``record``).
+        max_hops: longest gold path searched.
+        negatives: negatives per positive.
+        rng: the sampler; ``None`` seeds one from ``record.id`` (same pairs on every call).
+        max_paths: most gold paths used.
+
+    Returns:
+        The pairs; empty when the question has no gold path.
+
+    Example:
+        >>> rec = KGQARecord(id="q", question="capital of France?", answer=["Paris"], q_entity=["France"],
+        ...                  a_entity=["Paris"], graph=[["France", "capital", "Paris"], ["France", "currency", "Euro"]])
+        >>> [(p.query, p.relation, p.label) for p in mine_relation_pairs(rec)]
+        [('capital of France?', 'capital', 1.0), ('capital of France?', 'currency', 0.0)]
+    """
+    kg = KGIndex.from_record(record) if kg is None else kg
+    rng = random.Random(str(record.id)) if rng is None else rng
+    gold = gold_relation_paths(record, kg, max_hops, max_paths)
+    next_gold: dict[tuple[str, ...], list[str]] = {}  # prefix -> gold next relations, in gold-path order
+    for path in gold:
+        for j in range(len(path)):
+            options = next_gold.setdefault(path[:j], [])
+            if path[j] not in options:
+                options.append(path[j])
+    topics = [t for t in record.q_entity if t in kg]
+    pairs: list[RelationPair] = []
+    for prefix, positives in next_gold.items():
+        query = step_query_text(record.question, prefix)
+        pairs += [RelationPair(query, relation_text(r), 1.0, record.id) for r in positives]
+        if negatives <= 0:
+            continue
+        excluded = set(positives)
+        pool = sorted({r for e in kg.follow(topics, prefix) for r, _ in kg.edges(e)} - excluded)
+        chosen = rng.sample(pool, min(len(pool), negatives * len(positives)))
+        pairs += [RelationPair(query, relation_text(r), 0.0, record.id) for r in chosen]
+    return pairs
+
+
+def collate_pairs(pairs: Sequence[RelationPair]) -> dict:
+    """A batch dict ``{"query": list[str], "relation": list[str], "label": FloatTensor}``."""
+    return {
+        "query": [p.query for p in pairs],
+        "relation": [p.relation for p in pairs],
+        "label": torch.tensor([p.label for p in pairs], dtype=torch.float32),
+    }
+
+
+class RelationPairDataModule(L.LightningDataModule):
+    """Relation-scorer pairs mined from a RoG-format dataset, or from the embedded benchmark.
+
+    Train pairs come from the train split (reshuffled every epoch by a seeded generator); validation pairs from the
+    validation split and test pairs from the test split, in order. Each record's negatives are sampled with a
+    ``random.Random`` seeded by ``(seed, record id)``, so the pairs do not depend on ``max_records`` or on order.
+
+    Args:
+        data_dir: dataset folder (see :func:`~kglightning.data.splits.locate_splits`) or ``None`` for the
+            embedded benchmark.
+        max_hops: longest gold relation path searched.
+        negatives: negatives per positive pair.
+        batch_size: pairs per batch.
+        max_records: read at most this many train records (``None``: all).
+        max_val_records: read at most this many validation (and test) records (``None``: all).
+        seed: seed of negative sampling and of the train shuffle.
+        on_bad_record: ``"raise"`` on the first invalid record, or ``"skip"`` it (counted and logged).
+        benchmark_seed: seed of the embedded benchmark.
+        cache_dir: cache root of the embedded benchmark.
+        num_workers: DataLoader worker processes.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        max_hops: int = 3,
+        negatives: int = 3,
+        batch_size: int = 32,
+        max_records: int | None = None,
+        max_val_records: int | None = 200,
+        seed: int = 0,
+        on_bad_record: Literal["raise", "skip"] = "raise",
+        benchmark_seed: int = 0,
+        cache_dir: str | None = None,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.data_dir = data_dir
+        self.max_hops = max_hops
+        self.negatives = negatives
+        self.batch_size = batch_size
+        self.max_records = max_records
+        self.max_val_records = max_val_records
+        self.seed = seed
+        self.on_bad_record = on_bad_record
+        self.benchmark_seed = benchmark_seed
+        self.cache_dir = cache_dir
+        self.num_workers = num_workers
+        self.pairs: dict[str, list[RelationPair]] = {}
+
+    def prepare_data(self) -> None:
+        locate_splits(self.data_dir, self.benchmark_seed, self.cache_dir)
+
+    def split_pairs(self, split: Literal["train", "validation", "test"]) -> list[RelationPair]:
+        """The pairs of one split, mined on first use."""
+        if split not in self.pairs:
+            path, name = locate_splits(self.data_dir, self.benchmark_seed, self.cache_dir)[split]
+            limit = self.max_records if split == "train" else self.max_val_records
+            records = list(read_records(path, split=name, on_bad_record=self.on_bad_record, limit=limit))
+            self.pairs[split] = self._mine(records, split)
+        return self.pairs[split]
+
+    def _mine(self, records: list[KGQARecord], split: str) -> list[RelationPair]:
+        pairs: list[RelationPair] = []
+        no_path = 0
+        bar = tqdm(records, desc=f"mining {split} relation pairs", disable=len(records) < PROGRESS_MIN_RECORDS)
+        for record in bar:
+            rng = random.Random(f"{self.seed}:{record.id}")
+            mined = mine_relation_pairs(record, max_hops=self.max_hops, negatives=self.negatives, rng=rng)
+            no_path += not any(p.label > 0 for p in mined)
+            pairs += mined
+        positives = sum(p.label > 0 for p in pairs)
+        log.info(
+            "%s: mined %d relation pairs (%d positive, %d negative) from %d questions; %d questions have no gold "
+            "path within %d hops",
+            split,
+            len(pairs),
+            positives,
+            len(pairs) - positives,
+            len(records),
+            no_path,
+            self.max_hops,
+        )
+        return pairs
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit"):
+            self.split_pairs("train")
+        if stage in (None, "fit", "validate"):
+            self.split_pairs("validation")
+        if stage in (None, "test"):
+            self.split_pairs("test")
+
+    def _loader(self, split: Literal["train", "validation", "test"]) -> DataLoader:
+        shuffle = split == "train"
+        return DataLoader(
+            self.split_pairs(split),
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
+            collate_fn=collate_pairs,
+            num_workers=self.num_workers,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
