@@ -14,7 +14,7 @@ correct answer with probability at least ``1 - alpha``. When ``qhat`` is ``+inf`
 ``alpha``), every set is the full proposed list and ``conformal_full_set`` is ``true``: the guarantee then cannot
 hold, and the command says so instead of returning sets that look calibrated.
 
-Output: the predictions with ``conformal_set``, ``conformal_qhat`` and ``conformal_full_set`` added (default
+Output: the predictions with ``conformal_set``, ``conformal_qhat`` and ``conformal_full_set`` added (``conformal_qhat`` is ``null`` when infinite) (default
 ``<predictions>.conformal.jsonl``), and a summary JSON beside it with ``qhat``, ``n_calibration`` and, when the
 test file has gold answers, the empirical coverage (ECR) and average set size (APSS).
 """
@@ -76,12 +76,14 @@ def conformalize(
                 covered += any(correct[i] for i in keep)
             row = json.loads(text)
             row.update(
-                conformal_set=[answers[i] for i in keep], conformal_qhat=qhat, conformal_full_set=math.isinf(qhat)
+                conformal_set=[answers[i] for i in keep],
+                conformal_qhat=None if math.isinf(qhat) else qhat,  # strict JSON has no Infinity
+                conformal_full_set=math.isinf(qhat),
             )
             f.write(json.dumps(row) + "\n")
     summary = {
         "alpha": alpha,
-        "qhat": qhat,
+        "qhat": None if math.isinf(qhat) else qhat,
         "full_sets": math.isinf(qhat),
         "n_calibration": len(cal),
         "calibration_missed": int(torch.isinf(scores).sum()),
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     s = conformalize(args.calibration, args.predictions, args.alpha, args.output)
     print(
-        f"qhat={s['qhat']:.6g} from {s['n_calibration']} calibration questions "
+        f"qhat={s['qhat'] if s['qhat'] is None else format(s['qhat'], '.6g')} from {s['n_calibration']} calibration questions "
         f"({s['calibration_missed']} with no correct proposed answer)"
     )
     if s["full_sets"]:

@@ -78,7 +78,8 @@ class SplitCP:
         return candidate_scores(s).double() <= self.qhat
 
     def summary(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "qhat": self.qhat, "abstained": self.abstained}
+        qhat = None if self.abstained else self.qhat  # null when +inf: strict JSON has no Infinity
+        return {"alpha": self.alpha, "qhat": qhat, "abstained": self.abstained}
 
 
 class TopK:

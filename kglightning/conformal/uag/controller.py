@@ -22,6 +22,7 @@ candidate pool.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -126,8 +127,8 @@ class UAGCalibration:
             "num_valid": int(self.valid.sum()),
         }
         if self.index is not None:
-            out["selected"] = {
-                c: {"alpha": a, "threshold": q}
+            out["selected"] = {  # threshold null: the component is off (alpha 0, threshold +inf)
+                c: {"alpha": a, "threshold": q if math.isfinite(q) else None}
                 for c, a, q in zip(COMPONENTS, self.selected_alphas or (), self.selected_thresholds)
             }
             out["pvalue"] = float(self.pvalues[self.index])
