@@ -113,3 +113,25 @@ def test_cli_predict_with_alpha_flag(devices, bench_dir, tiny_encoder_dir, tmp_p
     assert len(rows) == len({r["id"] for r in rows}) == 45
     assert json.loads((folder / "ltt.json").read_text())["main"]["alpha"] == 0.4
     assert (folder / "sweep.md").exists() and (folder / "coverage_vs_alpha.png").exists()
+
+
+def test_llm_evaluator_with_a_local_model(tmp_path, bench_dir, tiny_encoder_dir, tiny_chat_model_dir):
+    """Eq. 6 with a (tiny, random) local chat model: one call per question, answers cached, a rerun reads them."""
+    from kglightning.conformal.uag.evaluator import LLMEvaluator
+    from kglightning.llm.backends import LocalHFBackend
+
+    def evaluator():
+        backend = LocalHFBackend(tiny_chat_model_dir, batch_size=8, show_progress=False, cache_dir=str(tmp_path / "llm"))
+        return LLMEvaluator(backend, max_paths=3, max_new_tokens=4)
+
+    llm = evaluator()
+    model, _ = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, llm=llm)
+    rows = [json.loads(line) for line in (tmp_path / "out/predictions.jsonl").open()]
+    answered = [r for r in rows if r["llm_answer"] is not None]
+    assert len(answered) + llm.num_no_answer >= len(rows)  # pool and test questions are asked once each
+    assert (tmp_path / "llm/responses.jsonl").exists()
+    again = evaluator()
+    model2, _ = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, llm=again)
+    rows2 = [json.loads(line) for line in (tmp_path / "out/predictions.jsonl").open()]
+    assert [r["llm_answer"] for r in rows2] == [r["llm_answer"] for r in rows]
+    assert model2.selections["0.4"].summary() == model.selections["0.4"].summary()

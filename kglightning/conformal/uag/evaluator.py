@@ -34,7 +34,7 @@ def answer_text(text: str | None) -> str | None:
     """``Phi`` from a generation: its first non-blank line without an ``Answer:`` prefix; ``None`` if blank.
 
     Example:
-        >>> answer_text("\n Answer: Swahili\nmore"), answer_text("  "), answer_text(None)
+        >>> answer_text(" \\n Answer: Swahili\\nmore"), answer_text("  "), answer_text(None)
         ('Swahili', None, None)
     """
     for line in (text or "").splitlines():
