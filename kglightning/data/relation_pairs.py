@@ -28,9 +28,8 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from kglightning.data.kg import KGIndex
+from kglightning.data.kgqa_datamodule import KGQADataModule
 from kglightning.data.records import KGQARecord
-from kglightning.data.sources.loaders import read_records
-from kglightning.data.splits import locate_splits
 from kglightning.data.text import relation_text, step_query_text
 
 __all__ = ["RelationPair", "RelationPairDataModule", "collate_pairs", "gold_relation_paths", "mine_relation_pairs"]
@@ -187,6 +186,9 @@ class RelationPairDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.data_dir = data_dir
+        self.records = KGQADataModule(
+            data_dir=data_dir, on_bad_record=on_bad_record, benchmark_seed=benchmark_seed, cache_dir=cache_dir
+        )
         self.max_hops = max_hops
         self.negatives = negatives
         self.batch_size = batch_size
@@ -200,14 +202,13 @@ class RelationPairDataModule(L.LightningDataModule):
         self.pairs: dict[str, list[RelationPair]] = {}
 
     def prepare_data(self) -> None:
-        locate_splits(self.data_dir, self.benchmark_seed, self.cache_dir)
+        self.records.prepare_data()
 
     def split_pairs(self, split: Literal["train", "validation", "test"]) -> list[RelationPair]:
         """The pairs of one split, mined on first use."""
         if split not in self.pairs:
-            path, name = locate_splits(self.data_dir, self.benchmark_seed, self.cache_dir)[split]
             limit = self.max_records if split == "train" else self.max_val_records
-            records = list(read_records(path, split=name, on_bad_record=self.on_bad_record, limit=limit))
+            records = self.records.split_records(split)[:limit]
             self.pairs[split] = self._mine(records, split)
         return self.pairs[split]
 
