@@ -121,7 +121,9 @@ def test_llm_evaluator_with_a_local_model(tmp_path, bench_dir, tiny_encoder_dir,
     from kglightning.llm.backends import LocalHFBackend
 
     def evaluator():
-        backend = LocalHFBackend(tiny_chat_model_dir, batch_size=8, show_progress=False, cache_dir=str(tmp_path / "llm"))
+        backend = LocalHFBackend(
+            tiny_chat_model_dir, batch_size=8, show_progress=False, cache_dir=str(tmp_path / "llm")
+        )
         return LLMEvaluator(backend, max_paths=3, max_new_tokens=4)
 
     llm = evaluator()
