@@ -144,6 +144,7 @@ class UAGReasoner(L.LightningModule):
         self.selections: dict[str, UAGCalibration] = {}
         self.fitted_baselines: dict[str, dict[str, SplitCP | TopK]] = {}
         self._cache: EmbeddingCache | None = None
+        self.empty_pools = 0
 
     @property
     def cache(self) -> EmbeddingCache:
@@ -176,6 +177,12 @@ class UAGReasoner(L.LightningModule):
         start = time.perf_counter()
         self.controller.fit(self.score(pool, desc=f"UAG calibration ({self.calibration_split})"))
         pool_scores = self.controller.pool
+        self.empty_pools = sum(s.num_entities == 0 for s in pool_scores)
+        if self.empty_pools:
+            rank_zero_info(
+                f"UAG: {self.empty_pools} of {len(pool_scores)} calibration questions have no candidate "
+                "(no topic entity in the graph, or no path from it); they count as misses"
+            )
         self.selections = {alpha_key(a): self.controller.select(a) for a in self.alphas}
         self.fitted_baselines = {}
         if self.baselines:
@@ -202,6 +209,7 @@ class UAGReasoner(L.LightningModule):
                 "levels": {k: c.summary() for k, c in self.selections.items()},
                 "baselines": {k: {m: b.summary() for m, b in v.items()} for k, v in self.fitted_baselines.items()},
                 "calibration_split": self.calibration_split,
+                "calibration_questions_without_candidates": self.empty_pools,
                 "calibration_seconds": round(self.calibration_seconds, 2),
             }
             (self.output_dir / "ltt.json").write_text(json.dumps(payload, indent=2) + "\n")
@@ -272,6 +280,10 @@ class UAGReasoner(L.LightningModule):
         main = sweep_results(rows, [self.alpha], abstained)[0]
         metrics = {"alpha": self.alpha, "n": len(rows), "ltt": self.selections[alpha_key(self.alpha)].summary()}
         metrics.update({m: main[m] for m in METHODS if m in main})
+        metrics["questions_without_candidates"] = sum(row["num_candidates"] == 0 for row in rows)
+        if self.llm is not None:  # over calibration and test questions, this process
+            metrics["llm_no_answer"] = self.llm.num_no_answer
+            rank_zero_info(f"UAG: the LLM gave no readable answer for {self.llm.num_no_answer} questions")
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         rank_zero_info(f"UAG on {len(rows)} questions:\n{sweep_markdown([main])}")
         if self.sweep_alphas:

@@ -62,6 +62,8 @@ def test_predict_writes_sets_selection_and_sweep(tmp_path, bench_dir, tiny_encod
         assert set(row["baselines"]) == {"split_cp", "top_k"}
         assert set(row["paths"]) <= set(row["prediction"])
     metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["questions_without_candidates"] == sum(r["num_candidates"] == 0 for r in rows)
+    assert ltt["calibration_questions_without_candidates"] == model.empty_pools
     assert metrics["uag"]["ecr"] == pytest.approx(sum(r["covered"] for r in rows) / len(rows))
     assert metrics["uag"]["apss"] == pytest.approx(sum(r["set_size"] for r in rows) / len(rows))
     sweep = json.loads((out / "sweep.json").read_text())
@@ -137,3 +139,5 @@ def test_llm_evaluator_with_a_local_model(tmp_path, bench_dir, tiny_encoder_dir,
     rows2 = [json.loads(line) for line in (tmp_path / "out/predictions.jsonl").open()]
     assert [r["llm_answer"] for r in rows2] == [r["llm_answer"] for r in rows]
     assert model2.selections["0.4"].summary() == model.selections["0.4"].summary()
+    metrics = json.loads((tmp_path / "out/metrics.json").read_text())
+    assert metrics["llm_no_answer"] == again.num_no_answer == llm.num_no_answer
