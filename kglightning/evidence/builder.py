@@ -189,8 +189,10 @@ class EvidenceBuilder:
             ids = constraint_filter(kg, ids, label_id(kg, rel), kg.entity_id(ent))
         return ids
 
-    def _ground_many(self, record: KGQARecord, evidence: Sequence[Evidence]) -> tuple[KGIndex, list[np.ndarray]]:
-        kg = self.index(record)
+    def _ground_many(
+        self, record: KGQARecord, evidence: Sequence[Evidence], kg: KGIndex | None = None
+    ) -> tuple[KGIndex, list[np.ndarray]]:
+        kg = self.index(record) if kg is None else kg
         grounders: dict[str | None, PathGrounder] = {}
         out = []
         for z in evidence:
@@ -207,9 +209,12 @@ class EvidenceBuilder:
         """
         return self.ground_all(record, [evidence])[0]
 
-    def ground_all(self, record: KGQARecord, evidence: Sequence[Evidence]) -> list[set[str]]:
-        """:meth:`ground` for several evidences of one question, walking shared path prefixes once."""
-        kg, sets = self._ground_many(record, evidence)
+    def ground_all(self, record: KGQARecord, evidence: Sequence[Evidence], kg: KGIndex | None = None) -> list[set[str]]:
+        """:meth:`ground` for several evidences of one question, walking shared path prefixes once.
+
+        ``kg`` is the record's graph index when the caller has already built it (otherwise :meth:`index`).
+        """
+        kg, sets = self._ground_many(record, evidence, kg)
         return [{kg._entities[i] for i in ids.tolist()} for ids in sets]
 
     def score(self, record: KGQARecord, evidence: Evidence, answers: Iterable[str] | None = None) -> Evidence:

@@ -184,8 +184,8 @@ class DoublyCalPipeline(L.LightningModule):
         if not seen:
             return []
         ranks, evidence = zip(*seen.values())
-        grounded = self.builder.ground_all(record, evidence)
-        kg = kg or KGIndex.from_record(record)
+        kg = KGIndex.from_record(record) if kg is None else kg
+        grounded = self.builder.ground_all(record, evidence, kg)
         out = []
         for rank, z, answers in zip(ranks, evidence, grounded):
             self.counts["evidence"] += 1

@@ -4,6 +4,7 @@ import pytest
 from evidence_brute import adjacency, brute_follow, brute_shortest_relation_paths, seeded_graphs
 
 from kglightning.data import KGQARecord
+from kglightning.data.kg import KGIndex
 from kglightning.evidence import Evidence, EvidenceBuilder
 
 # DoublyCal Figure 2 / §4.1. The KG states SiblingOf(Snoopy, x) for both siblings, as z3 := SiblingOf(q, â) needs:
@@ -102,6 +103,11 @@ def test_grounding_reverse_hops_and_parallel_relations():
         {"Paris", "Lyon"},
         set(),
     ]
+    # a caller's index is used as given: the builder builds none of its own
+    fresh = EvidenceBuilder()
+    fresh.index = None  # calling it would fail
+    kg = KGIndex.from_record(two)
+    assert fresh.ground_all(two, [Evidence(None, ("containedby",))], kg) == [{"France"}]
 
 
 def test_unknown_topic_and_empty_graph_give_no_evidence():
