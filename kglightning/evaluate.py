@@ -177,6 +177,27 @@ def confidence_pairs(rec: PredictionLine, scored: list[str]) -> tuple[list[float
     return [float(c) for _, c in items], correct
 
 
+def calibration_pairs(
+    records: list[PredictionLine], topk: int = -1, source: str = "<predictions>"
+) -> tuple[list[float], list[bool]]:
+    """Every scored answer's (confidence, correct) pair over the questions with a non-empty ground truth.
+
+    These are the pairs behind ECE/MCE/Brier and the reliability diagram of :func:`evaluate_predictions`.
+    """
+    conf_all: list[float] = []
+    correct_all: list[bool] = []
+    for rec in records:
+        if not rec.ground_truth:
+            continue
+        try:
+            c, ok = confidence_pairs(rec, prepare_prediction(rec.prediction, topk))
+        except RecordError as e:
+            raise RecordError(e.reason, source=source, line=rec.line, field=e.field) from None
+        conf_all += c
+        correct_all += ok
+    return conf_all, correct_all
+
+
 def format_result(results: dict[str, float]) -> str:
     """The text of ``eval_result.txt`` (see the module docstring).
 
@@ -227,8 +248,7 @@ def evaluate_predictions(
     records = read_predictions(predictions)
 
     scores: dict[str, list[float]] = {k: [] for k in ALL_KEYS}
-    conf_all: list[float] = []
-    correct_all: list[bool] = []
+    conf_all, correct_all = calibration_pairs(records, topk, source=str(predictions))
     n_empty = 0
     with (out_dir / f"detailed_eval_result{suffix}.jsonl").open("w", encoding="utf-8") as f:
         for rec in records:
@@ -243,12 +263,6 @@ def evaluate_predictions(
                 for k in ALL_KEYS:
                     scores[k].append(s[k])
                 row.update({k: s[k] for k in ("acc", "hit", "hit1", "f1", "precision", "recall", "strict_f1", "em")})
-                try:
-                    c, ok = confidence_pairs(rec, scored)
-                except RecordError as e:
-                    raise RecordError(e.reason, source=str(predictions), line=rec.line, field=e.field) from None
-                conf_all += c
-                correct_all += ok
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
     n = len(scores["acc"])

@@ -16,9 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kglightning.evaluate import evaluate_predictions
+from kglightning.evaluate import calibration_pairs, evaluate_predictions, read_predictions
 from kglightning.metrics.functional.calibration import expected_calibration_error, reliability_bins
-from kglightning.metrics.functional.qa import answer_correctness
 from kglightning.metrics.plots import save_figure
 
 __all__ = ["TABLE_COLUMNS", "comparison_markdown", "plot_reliability_comparison", "write_comparison"]
@@ -147,11 +146,7 @@ def write_comparison(
         res["abstained"] = sum(not out["prediction"] for _, out in outs)
         res["input_tokens"] = sum(out.get("input_tokens", 0) for _, out in outs) / max(len(outs), 1)
         results[name] = res
-        conf = [c for row, out in outs if row["answer"] for c in out["confidence"]]
-        correct = [
-            ok for row, out in outs if row["answer"] for ok in answer_correctness(out["prediction"], row["answer"])
-        ]
-        pairs[name] = (conf, correct)
+        pairs[name] = calibration_pairs(read_predictions(path), source=str(path))  # the pairs behind res["ece"]
     table = comparison_markdown(results)
     (out_dir / "comparison.md").write_text(table + "\n", encoding="utf-8")
     (out_dir / "comparison.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
