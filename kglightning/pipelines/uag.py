@@ -198,6 +198,12 @@ class UAGReasoner(L.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is None or not hasattr(datamodule, "split_records"):
             raise RuntimeError("UAGReasoner needs a data module with split_records() (e.g. KGQADataModule)")
+        if getattr(datamodule, "predict_split", None) == self.calibration_split:
+            raise ValueError(
+                f"UAGReasoner calibrates on the {self.calibration_split!r} split and the data module predicts on it "
+                "too: the coverage guarantee needs questions the calibration has not seen (set data.predict_split "
+                "or model.calibration_split to another split)"
+            )
         self.rows = []
         self.calibrate(datamodule.split_records(self.calibration_split))
         main = self.selections[alpha_key(self.alpha)]

@@ -82,6 +82,14 @@ def test_unreachable_alpha_abstains_with_the_full_pool(tmp_path, bench_dir, tiny
     assert json.loads((tmp_path / "out/ltt.json").read_text())["main"]["abstained"] is True
 
 
+def test_predicting_on_the_calibration_split_is_refused(tmp_path, bench_dir, tiny_encoder_dir):
+    model = UAGReasoner(encoder=SentenceEncoder(tiny_encoder_dir), cache_dir=str(tmp_path), progress=False)
+    data = KGQADataModule(data_dir=bench_dir, max_records=30, predict_split="validation")
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match="calibrates on the 'validation' split"):
+        trainer.predict(model, datamodule=data, return_predictions=False)
+
+
 def test_missing_relation_scorer_folder_is_a_clear_error(tmp_path):
     model = UAGReasoner(encoder=SentenceEncoder(str(tmp_path / "nope")), cache_dir=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="relation_scorer.yaml"):
