@@ -136,42 +136,13 @@ CORPUS = [
 @pytest.fixture(scope="session")
 def tiny_chat_model_dir(tmp_path_factory) -> str:
     """A folder with a tiny random ``LlamaForCausalLM`` and a ChatML byte-level BPE tokenizer."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from kglightning.testing import tiny_bpe_tokenizer, tiny_llama
 
     root = tmp_path_factory.mktemp("tiny_chat_model")
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(CORPUS * 4, trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer = tiny_bpe_tokenizer(CORPUS * 4, vocab_size=400, chat_template=CHATML_TEMPLATE)
     tokenizer.save_pretrained(root)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-        initializer_range=0.5,  # peaked, varied next-token distributions (the default 0.02 is near uniform)
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(root)
+    # initializer_range 0.5: peaked, varied next-token distributions (the default 0.02 is near uniform)
+    tiny_llama(tokenizer, hidden_size=32, intermediate_size=64, initializer_range=0.5, seed=0).save_pretrained(root)
     return str(root)
 
 

@@ -25,6 +25,7 @@ from kglightning.llm.trie import (
     valid_evidence,
 )
 from kglightning.llm.trie.kg_trie import _body
+from kglightning.testing import tiny_bpe_tokenizer, tiny_llama
 
 RELS = ["sibling_of", "gender", "owner_of", "species", "lives_in", "friend_of", "created_by", "located_in", "born_in"]
 KG_A = [
@@ -63,46 +64,11 @@ def _target(rng: random.Random) -> str:
 
 
 def _tokenizer(texts: list[str], regex: bool):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        padding_side="left",
-    )
+    return tiny_bpe_tokenizer(texts, vocab_size=600, use_regex=regex, padding_side="left")
 
 
 def _model(tok, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama(tok, hidden_size=64, intermediate_size=128, max_position_embeddings=256, seed=seed).eval()
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,7 @@ from kglightning.data.sources.loaders import read_records
 from kglightning.evidence import EvidenceBuilder
 from kglightning.evidence.format import format_evidence, sft_input
 from kglightning.llm.trie import KGTrie, KGTrieLogitsProcessor, PathValidity, TagVocab, path_validity
+from kglightning.testing import tiny_bpe_tokenizer, tiny_llama
 
 MODES = ("free", "trie", "prefix_fn")
 
@@ -83,36 +84,12 @@ def sft_targets(recs: list[KGQARecord], seed: int = 0) -> list[str]:
 
 def tiny_proxy(steps: int, seed: int = 0) -> tuple[Any, Any, float]:
     """Train a byte-level BPE tokenizer and a tiny Llama on the training split's SFT strings."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
     start = time.perf_counter()
     texts = sft_targets(questions("train", 1500), seed)
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=2000,
-        special_tokens=["<|endoftext|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    tok = tiny_bpe_tokenizer(
+        texts, vocab_size=2000, special_tokens=["<|endoftext|>", "<|im_end|>"], bos_token=None, eos_token="<|im_end|>"
     )
-    bpe.train_from_iterator(texts, trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).train()
+    model = tiny_llama(tok, hidden_size=64, intermediate_size=128, max_position_embeddings=512, seed=seed).train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     tok.padding_side = "right"
     for step in range(steps):
