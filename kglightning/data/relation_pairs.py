@@ -185,8 +185,7 @@ class RelationPairDataModule(L.LightningDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
-        self.data_dir = data_dir
-        self.records = KGQADataModule(
+        self.records = KGQADataModule(  # reads (and validates) the records of each split
             data_dir=data_dir, on_bad_record=on_bad_record, benchmark_seed=benchmark_seed, cache_dir=cache_dir
         )
         self.max_hops = max_hops
@@ -195,9 +194,6 @@ class RelationPairDataModule(L.LightningDataModule):
         self.max_records = max_records
         self.max_val_records = max_val_records
         self.seed = seed
-        self.on_bad_record = on_bad_record
-        self.benchmark_seed = benchmark_seed
-        self.cache_dir = cache_dir
         self.num_workers = num_workers
         self.pairs: dict[str, list[RelationPair]] = {}
 
