@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from kglightning.data.kg import KGIndex
 from kglightning.data.kgqa_datamodule import KGQADataModule
 from kglightning.data.records import KGQARecord
-from kglightning.data.text import relation_text, step_query_text
+from kglightning.data.text import path_text, relation_text, step_query_text
 
 __all__ = ["RelationPair", "RelationPairDataModule", "collate_pairs", "gold_relation_paths", "mine_relation_pairs"]
 
@@ -91,6 +91,7 @@ def mine_relation_pairs(
     rng: random.Random | None = None,
     *,
     max_paths: int = 8,
+    path_negatives: int = 0,
 ) -> list[RelationPair]:
     """Positive and negative ``(Q || r_0..r_{j-1}, r_j)`` pairs of one record (see the module docstring).
 
@@ -106,6 +107,9 @@ def mine_relation_pairs(
         negatives: negatives per positive.
         rng: the sampler; ``None`` seeds one from ``record.id`` (same pairs on every call).
         max_paths: most gold paths used.
+        path_negatives: with ``> 0``, also whole-path pairs for Eq. 5: ``(Q, r_0 -> ... -> r_k)`` with label 1 for
+            each gold path, and up to this many negatives per gold path, drawn from the non-gold relation paths of
+            the same length that leave the topic entities (the paper trains step pairs only; ``0`` keeps that).
 
     Returns:
         The pairs; empty when the question has no gold path.
@@ -136,6 +140,15 @@ def mine_relation_pairs(
         pool = sorted({r for e in kg.follow(topics, prefix) for r, _ in kg.edges(e)} - excluded)
         chosen = rng.sample(pool, min(len(pool), negatives * len(positives)))
         pairs += [RelationPair(query, relation_text(r), 0.0, record.id) for r in chosen]
+    if path_negatives > 0 and gold:
+        walks = kg.relation_paths(topics, max(len(p) for p in gold))
+        gold_set = set(gold)
+        pairs += [RelationPair(record.question, path_text(p), 1.0, record.id) for p in gold]
+        for length in sorted({len(p) for p in gold}):
+            n_gold = sum(len(p) == length for p in gold)
+            pool = sorted(p for p in walks if len(p) == length and p not in gold_set)
+            chosen = rng.sample(pool, min(len(pool), path_negatives * n_gold))
+            pairs += [RelationPair(record.question, path_text(p), 0.0, record.id) for p in chosen]
     return pairs
 
 
@@ -160,6 +173,7 @@ class RelationPairDataModule(L.LightningDataModule):
             embedded benchmark.
         max_hops: longest gold relation path searched.
         negatives: negatives per positive pair.
+        path_negatives: whole-path (Eq. 5) negatives per gold path; ``0`` mines step pairs only (UAG's recipe).
         batch_size: pairs per batch.
         max_records: read at most this many train records (``None``: all).
         max_val_records: read at most this many validation (and test) records (``None``: all).
@@ -175,6 +189,7 @@ class RelationPairDataModule(L.LightningDataModule):
         data_dir: str | None = None,
         max_hops: int = 3,
         negatives: int = 3,
+        path_negatives: int = 0,
         batch_size: int = 32,
         max_records: int | None = None,
         max_val_records: int | None = 200,
@@ -190,6 +205,7 @@ class RelationPairDataModule(L.LightningDataModule):
         )
         self.max_hops = max_hops
         self.negatives = negatives
+        self.path_negatives = path_negatives
         self.batch_size = batch_size
         self.max_records = max_records
         self.max_val_records = max_val_records
@@ -214,7 +230,9 @@ class RelationPairDataModule(L.LightningDataModule):
         bar = tqdm(records, desc=f"mining {split} relation pairs", disable=len(records) < PROGRESS_MIN_RECORDS)
         for record in bar:
             rng = random.Random(f"{self.seed}:{record.id}")
-            mined = mine_relation_pairs(record, max_hops=self.max_hops, negatives=self.negatives, rng=rng)
+            mined = mine_relation_pairs(
+                record, max_hops=self.max_hops, negatives=self.negatives, rng=rng, path_negatives=self.path_negatives
+            )
             no_path += not any(p.label > 0 for p in mined)
             pairs += mined
         positives = sum(p.label > 0 for p in pairs)

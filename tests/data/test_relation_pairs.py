@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from kglightning.data import RelationPair, RelationPairDataModule, mine_relation_pairs
+from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.relation_pairs import gold_relation_paths
-from kglightning.data.text import relation_text, step_query_text
+from kglightning.data.text import path_text, relation_text, step_query_text
 
 QUESTION = "what currency is used in the country whose capital is Paris?"
 
@@ -121,3 +122,18 @@ def test_datamodule_batches_and_logs(pairs_dir, caplog):
     # pairs do not depend on how many records are read
     capped = RelationPairDataModule(data_dir=pairs_dir, negatives=2, max_records=1)
     assert capped.split_pairs("train") == dm.split_pairs("train")[:6]
+
+
+def test_whole_path_pairs_for_eq5():
+    step_only = mine_relation_pairs(_record(), negatives=10)
+    pairs = mine_relation_pairs(_record(), negatives=10, path_negatives=100)
+    assert pairs[: len(step_only)] == step_only  # the step pairs are unchanged
+    extra = pairs[len(step_only) :]
+    assert all(p.query == QUESTION for p in extra)
+    assert [(p.relation, p.label) for p in extra if p.label == 1.0] == [("inverse of capital -> currency", 1.0)]
+    # negatives: every other 2-hop relation path from Paris (the walk never re-enters the topic entity)
+    kg = KGIndex.from_record(_record())
+    two_hop = {p for p in kg.relation_paths(["Paris"], 2) if len(p) == 2} - {("~capital", "currency")}
+    assert {p.relation for p in extra if p.label == 0.0} == {path_text(p) for p in two_hop}
+    capped = mine_relation_pairs(_record(), negatives=0, path_negatives=1)
+    assert [p.label for p in capped] == [1.0, 1.0, 1.0, 0.0]
