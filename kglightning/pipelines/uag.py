@@ -43,7 +43,7 @@ from kglightning.conformal.uag import (
 )
 from kglightning.conformal.uag.controller import COMPONENTS
 from kglightning.conformal.uag.evaluator import LLMEvaluator
-from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder, default_cache_root
+from kglightning.data.embeddings import BUNDLED_MINILM, EmbeddingCache, SentenceEncoder, default_cache_root
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.pipelines._ddp import gather_unique_rows
@@ -149,7 +149,7 @@ class UAGReasoner(L.LightningModule):
     @property
     def cache(self) -> EmbeddingCache:
         if self._cache is None:
-            if self.encoder.model != "bundled:all-MiniLM-L6-v2" and not Path(self.encoder.path).is_dir():
+            if self.encoder.model != BUNDLED_MINILM and not Path(self.encoder.path).is_dir():
                 raise FileNotFoundError(
                     f"relation scorer encoder not found at {self.encoder.path!r}; {RELATION_SCORER_HINT}, "
                     "or set model.encoder.init_args.model to a sentence-transformers folder"
@@ -244,7 +244,7 @@ class UAGReasoner(L.LightningModule):
                 "prediction": res.answers,
                 "abstained": main.abstained,
                 "set_size": len(res.answers),
-                "covered": covers(s, members_at(s, *main.selected_thresholds), self.coverage),
+                "covered": None,  # from the sweep entry of alpha below
                 "num_candidates": s.num_entities,
                 "llm_answer": s.llm_answer,
                 "paths": {a: [" -> ".join(p) for p in res.paths[a][:3]] for a in res.answers[:20]},
@@ -257,6 +257,7 @@ class UAGReasoner(L.LightningModule):
                     m: [covers(s, member, self.coverage), int(member.sum())] for m, (member, _) in methods.items()
                 }
                 if key == alpha_key(self.alpha):
+                    row["covered"] = row["sweep"][key]["uag"][0]
                     row["baselines"] = {
                         m: {"prediction": [s.entities[i] for i in member.nonzero().flatten().tolist()], "abstained": ab}
                         for m, (member, ab) in methods.items()
