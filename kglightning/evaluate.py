@@ -6,9 +6,12 @@ Input, one JSON object per line, in the RoG / GNN-RAG form::
      "ground_truth": ["Paris"], "confidence": [0.9, 0.2] or {"Paris": 0.9, "Lyon": 0.2}}
 
 ``ground_truth`` falls back to ``answer`` (kglightning's record format). ``confidence`` is optional: a list aligned
-with the list ``prediction`` (or with the lines of a string prediction), or a dict answer → confidence. Blank lines
-are skipped; any other malformed line raises :class:`~kglightning.data.records.RecordError` naming the file, the
-line and the field (RoG prints such lines and silently skips them).
+with the list ``prediction`` (or with the lines of a string prediction), or a dict answer → confidence. The file is
+read by :func:`kglightning.data.predictions.read_predictions`: blank lines are skipped; a malformed line (not UTF-8,
+not JSON, a bad field, a repeated ``id``) or an empty file raises :class:`~kglightning.data.records.RecordError`
+naming the file, the line and the field (RoG prints such lines and silently skips them), or, with
+``on_bad_record="skip"`` (``--on-bad-record skip``), is left out, logged and counted. All input is checked before
+any output is written, so a failed run leaves no (empty) result files behind.
 
 Output, in ``output`` (default: the folder of the predictions file; RoG instead derives names by replacing
 ``predictions.jsonl`` in the path, which overwrites its input when the file is named otherwise):
@@ -29,12 +32,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from kglightning.data.predictions import PredictionLine, read_predictions
 from kglightning.data.records import RecordError
 from kglightning.metrics.functional.calibration import (
     brier_score,
@@ -59,89 +61,7 @@ _STRICT_LINE = (
     ("EM", "em"),
 )
 _CALIB_LINE = (("ECE", "ece"), ("MCE", "mce"), ("Brier", "brier"))
-
-
-@dataclass
-class PredictionLine:
-    """One validated line of a predictions file."""
-
-    id: Any
-    prediction: str | list[str]
-    ground_truth: list[str]
-    confidence: list[float] | dict[str, float] | None
-    line: int
-
-
-def _unit_float(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value <= 1
-
-
-def parse_prediction_line(text: str, source: str = "<predictions>", line: int | None = None) -> PredictionLine:
-    """Validate one jsonl line; raise :class:`RecordError` naming ``source``, ``line`` and the field.
-
-    Example:
-        >>> parse_prediction_line('{"id": "q1", "prediction": "a\\\\nb", "answer": ["a"]}').ground_truth
-        ['a']
-        >>> try:
-        ...     parse_prediction_line('{"id": "q1", "prediction": 3, "answer": ["a"]}', "p.jsonl", 7)
-        ... except RecordError as e:
-        ...     print(e)
-        p.jsonl:7: field 'prediction' expected a string or a list of strings, got int
-    """
-
-    def err(message: str, name: str | None = None) -> RecordError:
-        return RecordError(message, source=source, line=line, field=name)
-
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise err(f"invalid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(data, dict):
-        raise err(f"expected a JSON object, got {type(data).__name__}")
-    if "id" not in data:
-        raise err("missing required field", "id")
-    if isinstance(data["id"], bool) or not isinstance(data["id"], (str, int)):
-        raise err(f"expected a string, got {data['id']!r}", "id")
-    if "prediction" not in data:
-        raise err("missing required field", "prediction")
-    pred = data["prediction"]
-    if not isinstance(pred, str):
-        if not isinstance(pred, list) or not all(isinstance(p, str) for p in pred):
-            raise err(f"expected a string or a list of strings, got {type(pred).__name__}", "prediction")
-    name = "ground_truth" if "ground_truth" in data else "answer"
-    if name not in data:
-        raise err("missing required field (or its fallback 'answer')", "ground_truth")
-    gold = data[name]
-    if isinstance(gold, str):  # as kglightning.data.records: a bare string is one answer
-        gold = [gold]
-    if not isinstance(gold, list) or not all(isinstance(a, str) for a in gold):
-        raise err(f"expected a list of strings, got {type(gold).__name__}", name)
-    conf = data.get("confidence")
-    if isinstance(conf, dict):
-        bad = [k for k, v in conf.items() if not _unit_float(v)]
-        if bad:
-            raise err(f"value for {bad[0]!r} is {conf[bad[0]]!r}, expected a number in [0, 1]", "confidence")
-    elif isinstance(conf, list):
-        n = len(pred.split("\n")) if isinstance(pred, str) else len(pred)
-        if len(conf) != n:
-            raise err(f"has {len(conf)} values for {n} predictions", "confidence")
-        bad_i = [i for i, v in enumerate(conf) if not _unit_float(v)]
-        if bad_i:
-            raise err(f"item {bad_i[0]} is {conf[bad_i[0]]!r}, expected a number in [0, 1]", "confidence")
-    elif conf is not None:
-        raise err(f"expected a list of numbers or an object answer -> number, got {type(conf).__name__}", "confidence")
-    return PredictionLine(data["id"], pred, gold, conf, line if line is not None else 0)
-
-
-def read_predictions(path: str | Path) -> list[PredictionLine]:
-    """Read and validate a predictions jsonl file (blank lines are skipped)."""
-    path = Path(path)
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for i, text in enumerate(f, start=1):
-            if text.strip():
-                out.append(parse_prediction_line(text, source=str(path), line=i))
-    return out
+_DETAILED_KEYS = ("acc", "hit", "hit1", "f1", "precision", "recall", "strict_f1", "em")
 
 
 def confidence_pairs(rec: PredictionLine, scored: list[str]) -> tuple[list[float], list[bool]]:
@@ -215,20 +135,31 @@ def format_result(results: dict[str, float]) -> str:
 
 
 def evaluate_predictions(
-    predictions: str | Path, output: str | Path | None = None, topk: int = -1, n_bins: int = 10
+    predictions: str | Path,
+    output: str | Path | None = None,
+    topk: int = -1,
+    n_bins: int = 10,
+    on_bad_record: Literal["raise", "skip"] = "raise",
 ) -> dict[str, float]:
     """Score a predictions jsonl, write ``eval_result.txt``, ``detailed_eval_result.jsonl`` (and ``reliability.png``).
+
+    Everything is read, validated and scored before the first output file (or the output folder) is created.
 
     Args:
         predictions: the jsonl file (see the module docstring for the format).
         output: folder for the outputs; defaults to the folder of ``predictions``.
         topk: keep the ``topk`` most frequent entries of list predictions (RoG's ``--top_k``); ``-1`` keeps all.
         n_bins: bins for ECE/MCE and the reliability diagram.
+        on_bad_record: ``"raise"`` on the first malformed line, or ``"skip"`` such lines (logged and counted).
 
     Returns:
         Every metric ×100 as in ``eval_result.txt`` (keys ``acc hit hit1 f1 precision recall strict_f1
         strict_precision strict_recall em``, plus ``ece mce brier`` with confidences), and the counts
-        ``n_questions`` (scored), ``n_empty_gold`` and ``n_confidences``.
+        ``n_questions`` (scored), ``n_empty_gold``, ``n_confidences`` and ``n_skipped`` (malformed lines left out).
+
+    Raises:
+        RecordError: a malformed line (naming file, line and field), an empty file, or no question with a gold answer.
+        FileNotFoundError: ``predictions`` does not exist.
 
     Example:
         >>> import tempfile, pathlib
@@ -242,37 +173,42 @@ def evaluate_predictions(
         ['detailed_eval_result.jsonl', 'eval_result.txt', 'predictions.jsonl']
     """
     predictions = Path(predictions)
-    out_dir = Path(output) if output is not None else predictions.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
     suffix = f"_top_{topk}" if topk > 0 else ""
-    records = read_predictions(predictions)
+    records = read_predictions(predictions, on_bad_record=on_bad_record)
 
     scores: dict[str, list[float]] = {k: [] for k in ALL_KEYS}
     conf_all, correct_all = calibration_pairs(records, topk, source=str(predictions))
+    rows: list[dict[str, Any]] = []
     n_empty = 0
-    with (out_dir / f"detailed_eval_result{suffix}.jsonl").open("w", encoding="utf-8") as f:
-        for rec in records:
-            scored = prepare_prediction(rec.prediction, topk)
-            row: dict[str, Any] = {"id": rec.id, "prediction": scored, "ground_truth": rec.ground_truth}
-            if not rec.ground_truth:
-                n_empty += 1
-                row.update({k: None for k in ("acc", "hit", "hit1", "f1", "precision", "recall", "strict_f1", "em")})
-                row["skipped"] = "empty ground_truth"
-            else:
-                s = answer_scores(rec.prediction, rec.ground_truth, topk)
-                for k in ALL_KEYS:
-                    scores[k].append(s[k])
-                row.update({k: s[k] for k in ("acc", "hit", "hit1", "f1", "precision", "recall", "strict_f1", "em")})
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-
+    for rec in records:
+        row: dict[str, Any] = {"id": rec.id, "prediction": prepare_prediction(rec.prediction, topk)}
+        row["ground_truth"] = rec.ground_truth
+        if not rec.ground_truth:
+            n_empty += 1
+            row.update({k: None for k in _DETAILED_KEYS})
+            row["skipped"] = "empty ground_truth"
+        else:
+            s = answer_scores(rec.prediction, rec.ground_truth, topk)
+            for k in ALL_KEYS:
+                scores[k].append(s[k])
+            row.update({k: s[k] for k in _DETAILED_KEYS})
+        rows.append(row)
     n = len(scores["acc"])
     if n == 0:
-        raise ValueError(f"{predictions}: no question with a non-empty ground truth to evaluate")
+        raise RecordError(
+            f"no question with a non-empty ground truth to evaluate ({n_empty} rows)", source=str(predictions)
+        )
     results: dict[str, float] = {k: sum(v) * 100 / len(v) for k, v in scores.items()}
     if conf_all:
         results["ece"] = expected_calibration_error(conf_all, correct_all, n_bins=n_bins).item() * 100
         results["mce"] = maximum_calibration_error(conf_all, correct_all, n_bins=n_bins).item() * 100
         results["brier"] = brier_score(conf_all, correct_all).item() * 100
+
+    out_dir = Path(output) if output is not None else predictions.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / f"detailed_eval_result{suffix}.jsonl").open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    if conf_all:
         plot_reliability_diagram(
             conf_all, correct_all, out_dir / f"reliability{suffix}.png", n_bins=n_bins, title=predictions.name
         )
@@ -281,7 +217,9 @@ def evaluate_predictions(
     print(text, end="")
     if n_empty:
         print(f"({n} questions scored; {n_empty} with an empty ground truth left out)")
-    results.update(n_questions=n, n_empty_gold=n_empty, n_confidences=len(conf_all))
+    if records.skipped:
+        print(f"({len(records.skipped)} bad rows skipped, see the warnings above)")
+    results.update(n_questions=n, n_empty_gold=n_empty, n_confidences=len(conf_all), n_skipped=len(records.skipped))
     return results
 
 
@@ -292,14 +230,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, default=None, help="output folder (default: the predictions' folder)")
     p.add_argument("--topk", "--top_k", type=int, default=-1, help="keep the k most frequent list predictions")
     p.add_argument("--n_bins", type=int, default=10, help="calibration bins")
+    p.add_argument(
+        "--on-bad-record",
+        "--on_bad_record",
+        choices=("raise", "skip"),
+        default="raise",
+        help="stop at the first malformed line (default) or skip such lines, each logged and counted",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command; returns 0, or 2 with a message on stderr when the input is malformed or missing."""
+    """Run the command; returns 0, or 2 with a one-line message on stderr when the input is malformed or missing."""
     args = build_parser().parse_args(argv)
     try:
-        evaluate_predictions(args.predictions, args.output, topk=args.topk, n_bins=args.n_bins)
+        evaluate_predictions(
+            args.predictions, args.output, topk=args.topk, n_bins=args.n_bins, on_bad_record=args.on_bad_record
+        )
     except (RecordError, ValueError, OSError) as e:
         print(f"kglightning evaluate: error: {e}", file=sys.stderr)
         return 2

@@ -140,3 +140,49 @@ def test_main(tmp_path, capsys):
     assert "no question" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([])
+
+
+def _write_bytes(path, lines):
+    path.write_bytes(b"".join((x if isinstance(x, bytes) else json.dumps(x).encode()) + b"\n" for x in lines))
+    return path
+
+
+GOOD = LINES[0]
+
+
+@pytest.mark.parametrize(
+    ("lines", "where", "words"),
+    [
+        ([GOOD, b'{"id": "q2", "prediction": "caf\xe9", "ground_truth": ["a"]}'], ":2: ", "not valid UTF-8"),
+        ([GOOD, b"", b'{"id": "q2", "prediction": ['], ":3: ", "invalid JSON"),
+        ([b"[1, 2]"], ":1: ", "expected a JSON object"),
+        ([GOOD, {**GOOD, "prediction": ["x"], "confidence": None}], ":2: field 'id'", "first seen at line 1"),
+        ([{**GOOD, "confidence": [0.5]}], ":1: field 'confidence'", "1 values for 3 predictions"),
+        ([], "", "no predictions"),
+        ([b"", b"  "], "", "no predictions"),
+        ([LINES[3]], "", "no question with a non-empty ground truth"),
+    ],
+)
+@pytest.mark.parametrize("to_folder", [False, True])
+def test_main_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, lines, where, words, to_folder):
+    pred = _write_bytes(tmp_path / "predictions.jsonl", lines)
+    out = tmp_path / "out"
+    argv = ["--predictions", str(pred)] + (["--output", str(out)] if to_folder else [])
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith(f"kglightning evaluate: error: {pred}{where}") and words in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.jsonl"]  # no output folder, no empty files
+
+
+def test_skip_bad_rows_on_request(tmp_path, capsys):
+    pred = _write_bytes(tmp_path / "predictions.jsonl", [*LINES[:3], b"\xff", {**LINES[1], "prediction": ["x"]}])
+    assert main(["--predictions", str(pred)]) == 2
+    assert f"{pred}:4: not valid UTF-8" in capsys.readouterr().err
+    assert main(["--predictions", str(pred), "--on-bad-record", "skip"]) == 0
+    out = capsys.readouterr().out
+    assert "2 bad rows skipped" in out
+    rows = (tmp_path / "detailed_eval_result.jsonl").read_text().splitlines()
+    assert [json.loads(r)["id"] for r in rows] == ["q1", "q2", "q3"]  # the duplicate q2 (line 5) is not scored twice
+    res = evaluate_predictions(pred, on_bad_record="skip")
+    assert res["n_skipped"] == 2 and res["n_questions"] == 3 and res["hit"] == _pct(HIT)

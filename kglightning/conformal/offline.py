@@ -14,9 +14,15 @@ correct answer with probability at least ``1 - alpha``. When ``qhat`` is ``+inf`
 ``alpha``), every set is the full proposed list and ``conformal_full_set`` is ``true``: the guarantee then cannot
 hold, and the command says so instead of returning sets that look calibrated.
 
-Output: the predictions with ``conformal_set``, ``conformal_qhat`` and ``conformal_full_set`` added (``conformal_qhat`` is ``null`` when infinite) (default
-``<predictions>.conformal.jsonl``), and a summary JSON beside it with ``qhat``, ``n_calibration`` and, when the
-test file has gold answers, the empirical coverage (ECR) and average set size (APSS).
+Output: the predictions with ``conformal_set``, ``conformal_qhat`` (``null`` when infinite) and
+``conformal_full_set`` added (default ``<predictions>.conformal.jsonl``), and a summary JSON beside it with ``qhat``,
+``n_calibration``, the skipped-line counts and, when the test file has gold answers, the empirical coverage (ECR)
+and average set size (APSS).
+
+Input problems (bytes that are not UTF-8, invalid JSON, a bad or missing field, a missing ``confidence``, a repeated
+``id``, an empty file) stop the command with one ``FILE:LINE: field 'NAME' ...`` line on stderr and exit status 2,
+before anything is written; ``--on-bad-record skip`` leaves such lines out instead (logged, and counted in the
+summary). The reader is :func:`kglightning.data.predictions.read_predictions`, the one ``evaluate`` uses.
 """
 
 from __future__ import annotations
@@ -24,14 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from kglightning.conformal.functional import conformal_quantile
+from kglightning.data.predictions import PredictionLine, read_predictions
 from kglightning.data.records import RecordError
-from kglightning.evaluate import PredictionLine, confidence_pairs, read_predictions
+from kglightning.evaluate import confidence_pairs
 from kglightning.metrics.functional.qa import prepare_prediction
 
 
@@ -53,34 +61,54 @@ def calibration_score(rec: PredictionLine, source: str) -> float:
 
 
 def conformalize(
-    calibration: str | Path, predictions: str | Path, alpha: float, output: str | Path | None = None
+    calibration: str | Path,
+    predictions: str | Path,
+    alpha: float,
+    output: str | Path | None = None,
+    on_bad_record: Literal["raise", "skip"] = "raise",
 ) -> dict[str, Any]:
-    """Fit ``qhat`` on ``calibration`` and write the sets of ``predictions`` (see the module docstring)."""
-    cal = read_predictions(calibration)
-    if not cal:
-        raise ValueError(f"{calibration}: no calibration questions")
+    """Fit ``qhat`` on ``calibration`` and write the sets of ``predictions`` (see the module docstring).
+
+    Both files are read with :func:`~kglightning.data.predictions.read_predictions` (a confidence per answer
+    required) and every test set is computed before the output (and its summary) is written, so bad input leaves
+    no file behind.
+
+    Args:
+        calibration: predictions jsonl of the calibration questions.
+        predictions: predictions jsonl to add sets to.
+        alpha: miscoverage level in ``(0, 1)``.
+        output: the output jsonl; defaults to ``<predictions>.conformal.jsonl``.
+        on_bad_record: ``"raise"`` on the first malformed line, or ``"skip"`` such lines (logged and counted in
+            the summary's ``n_calibration_skipped`` / ``n_test_skipped``).
+
+    Raises:
+        RecordError: a malformed line (naming file, line and field) or an empty file.
+        ValueError: ``alpha`` outside ``(0, 1)``.
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    cal = read_predictions(calibration, on_bad_record=on_bad_record, require_confidence=True)
+    test = read_predictions(predictions, on_bad_record=on_bad_record, require_confidence=True)
     scores = torch.tensor([calibration_score(r, str(calibration)) for r in cal], dtype=torch.float64)
     qhat = float(conformal_quantile(scores, alpha))
-    test = read_predictions(predictions)
-    out_path = Path(output) if output else Path(predictions).with_suffix(".conformal.jsonl")
     covered, sizes, n_gold = 0, 0, 0
-    raw = [line for line in Path(predictions).read_text(encoding="utf-8").splitlines() if line.strip()]
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with out_path.open("w", encoding="utf-8") as f:
-        for rec, text in zip(test, raw):
-            answers, nonconf, correct = scored_answers(rec, str(predictions))
-            keep = [i for i, s in enumerate(nonconf) if s <= qhat]
-            sizes += len(keep)
-            if rec.ground_truth:
-                n_gold += 1
-                covered += any(correct[i] for i in keep)
-            row = json.loads(text)
-            row.update(
-                conformal_set=[answers[i] for i in keep],
-                conformal_qhat=None if math.isinf(qhat) else qhat,  # strict JSON has no Infinity
-                conformal_full_set=math.isinf(qhat),
-            )
-            f.write(json.dumps(row) + "\n")
+    rows = []
+    for rec in test:
+        answers, nonconf, correct = scored_answers(rec, str(predictions))
+        keep = [i for i, s in enumerate(nonconf) if s <= qhat]
+        sizes += len(keep)
+        if rec.ground_truth:
+            n_gold += 1
+            covered += any(correct[i] for i in keep)
+        rows.append(
+            {
+                **rec.row,
+                "conformal_set": [answers[i] for i in keep],
+                "conformal_qhat": None if math.isinf(qhat) else qhat,  # strict JSON has no Infinity
+                "conformal_full_set": math.isinf(qhat),
+            }
+        )
+    out_path = Path(output) if output else Path(predictions).with_suffix(".conformal.jsonl")
     summary = {
         "alpha": alpha,
         "qhat": None if math.isinf(qhat) else qhat,
@@ -89,14 +117,20 @@ def conformalize(
         "calibration_missed": int(torch.isinf(scores).sum()),
         "n_test": len(test),
         "ecr": covered / n_gold if n_gold else None,
-        "apss": sizes / len(test) if test else None,
+        "apss": sizes / len(test),
+        "n_calibration_skipped": len(cal.skipped),
+        "n_test_skipped": len(test.skipped),
         "output": str(out_path),
     }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with out_path.open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
     out_path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command; returns 0, or 2 with a one-line message on stderr when the input is malformed or missing."""
     p = argparse.ArgumentParser(
         prog="python -m kglightning conformalize",
         description="Split-conformal answer sets from a calibration and a test predictions jsonl (with confidences).",
@@ -105,8 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--predictions", required=True, help="predictions jsonl to add sets to")
     p.add_argument("--alpha", type=float, required=True, help="miscoverage level in (0, 1)")
     p.add_argument("--output", default=None, help="output jsonl (default: <predictions>.conformal.jsonl)")
+    p.add_argument(
+        "--on-bad-record",
+        "--on_bad_record",
+        choices=("raise", "skip"),
+        default="raise",
+        help="stop at the first malformed line (default) or skip such lines, each logged and counted",
+    )
     args = p.parse_args(argv)
-    s = conformalize(args.calibration, args.predictions, args.alpha, args.output)
+    try:
+        s = conformalize(args.calibration, args.predictions, args.alpha, args.output, args.on_bad_record)
+    except (RecordError, ValueError, OSError) as e:
+        print(f"kglightning conformalize: error: {e}", file=sys.stderr)
+        return 2
     print(
         f"qhat={s['qhat'] if s['qhat'] is None else format(s['qhat'], '.6g')} from {s['n_calibration']} calibration questions "
         f"({s['calibration_missed']} with no correct proposed answer)"
@@ -115,5 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"alpha={args.alpha:g} cannot be reached with these proposals: every set is the full list (flagged)")
     if s["ecr"] is not None:
         print(f"test: ECR {s['ecr']:.4f}, APSS {s['apss']:.2f} over {s['n_test']} questions")
+    n_skipped = s["n_calibration_skipped"] + s["n_test_skipped"]
+    if n_skipped:
+        print(
+            f"({n_skipped} bad rows skipped: {s['n_calibration_skipped']} calibration, {s['n_test_skipped']} test; "
+            "see the warnings above)"
+        )
     print(f"wrote {s['output']}")
     return 0

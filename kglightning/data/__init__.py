@@ -1,4 +1,5 @@
-"""KGQA data: the RoG record schema, the per-question KG index, loaders, embeddings and DataModules.
+"""KGQA data: the RoG record schema, the per-question KG index, loaders (records and predictions files),
+embeddings and DataModules.
 
 The DataModules and the text encoder pull in Lightning, PyG and sentence-transformers; they are imported on first
 use, so ``from kglightning.data import KGQARecord`` stays light.
@@ -8,6 +9,7 @@ from importlib import import_module
 from typing import Any
 
 from kglightning.data.kg import REVERSE_PREFIX, KGIndex, is_reverse, reverse
+from kglightning.data.predictions import PredictionLine, PredictionList, read_predictions
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.loaders import RecordList, read_records, write_records
 
@@ -37,6 +39,8 @@ __all__ = [
     "KGIndex",
     "KGQADataModule",
     "KGQARecord",
+    "PredictionLine",
+    "PredictionList",
     "ProxySFTDataModule",
     "REVERSE_PREFIX",
     "RecordError",
@@ -46,6 +50,7 @@ __all__ = [
     "SentenceEncoder",
     "is_reverse",
     "mine_relation_pairs",
+    "read_predictions",
     "read_records",
     "reverse",
     "write_records",

@@ -9,6 +9,7 @@ import pytest
 
 from kglightning.cli import main
 from kglightning.conformal.offline import conformalize
+from kglightning.conformal.offline import main as offline_main
 from kglightning.data.records import RecordError
 
 
@@ -78,3 +79,60 @@ def test_cli_subcommand(tmp_path, capsys):
     assert main(["conformalize", "--calibration", str(c), "--predictions", str(c), "--alpha", "0.2"]) == 0
     out = capsys.readouterr().out
     assert "qhat=0.1" in out and "ECR 1.0000" in out and (tmp_path / "cal.conformal.jsonl").exists()
+
+
+def _write_bytes(path, rows):
+    path.write_bytes(b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows))
+    return path
+
+
+CAL = [_row(i, ["a", "b"], [0.9, 0.1], ["a"]) for i in range(10)]
+TEST = [_row(i, ["a", "b"], [0.8, 0.3], ["a"]) for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    ("which", "rows", "where", "words"),
+    [
+        ("cal", [*CAL[:2], b'{"id": "q9", "prediction": "caf\xe9"}'], ":3: ", "not valid UTF-8"),
+        ("test", [TEST[0], b'{"id": "q9", '], ":2: ", "invalid JSON"),
+        ("test", [TEST[0], b"17"], ":2: ", "expected a JSON object, got int"),
+        ("test", [*TEST, TEST[1]], ":4: field 'id'", "duplicate id 'q1' (first seen at line 2)"),
+        ("cal", [*CAL, CAL[0]], ":11: field 'id'", "duplicate id 'q0' (first seen at line 1)"),
+        ("test", [TEST[0], {"id": "q9", "prediction": ["a"], "answer": ["a"]}], ":2: field 'confidence'", "per answer"),
+        ("test", [TEST[0], {**TEST[1], "confidence": {"a": 0.5}}], ":2: field 'confidence'", "'b'"),
+        ("test", [TEST[0], {**TEST[1], "prediction": ["a", 1]}], ":2: field 'prediction'", "item 1"),
+        ("test", [], "", "no predictions"),
+        ("cal", [b""], "", "no predictions"),
+    ],
+)
+def test_main_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, which, rows, where, words):
+    files = {"cal": _write(tmp_path / "cal.jsonl", CAL), "test": _write(tmp_path / "test.jsonl", TEST)}
+    bad = _write_bytes(files[which], rows)
+    argv = ["--calibration", str(files["cal"]), "--predictions", str(files["test"]), "--alpha", "0.2"]
+    assert offline_main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith(f"kglightning conformalize: error: {bad}{where}") and words in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.jsonl", "test.jsonl"]  # no output, no summary
+
+
+def test_main_bad_alpha_and_missing_file(tmp_path, capsys):
+    c = _write(tmp_path / "cal.jsonl", CAL)
+    assert offline_main(["--calibration", str(c), "--predictions", str(c), "--alpha", "1.5"]) == 2
+    assert "alpha" in capsys.readouterr().err
+    assert offline_main(["--calibration", str(tmp_path / "nope.jsonl"), "--predictions", str(c), "--alpha", "0.2"]) == 2
+    assert f"{tmp_path / 'nope.jsonl'}: no such file" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.jsonl"]
+
+
+def test_skip_bad_rows_on_request(tmp_path, capsys):
+    c = _write_bytes(tmp_path / "cal.jsonl", [*CAL, b"\xff", {"id": "q99", "prediction": ["a"], "answer": ["a"]}])
+    t = _write_bytes(tmp_path / "test.jsonl", [*TEST, TEST[0]])
+    argv = ["--calibration", str(c), "--predictions", str(t), "--alpha", "0.2"]
+    assert offline_main(argv) == 2
+    assert offline_main([*argv, "--on-bad-record", "skip"]) == 0
+    assert "3 bad rows skipped" in capsys.readouterr().out
+    rows = [json.loads(x) for x in (tmp_path / "test.conformal.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["q0", "q1", "q2"]  # the repeated q0 is written once
+    summary = json.loads((tmp_path / "test.conformal.summary.json").read_text())
+    assert summary["n_calibration"] == 10 and summary["n_calibration_skipped"] == 2 and summary["n_test_skipped"] == 1
