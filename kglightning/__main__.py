@@ -5,5 +5,4 @@ import sys
 from kglightning.cli import main
 
 if __name__ == "__main__":
-    result = main()
-    sys.exit(result if isinstance(result, int) else 0)
+    sys.exit(main())

@@ -1,29 +1,71 @@
-"""``python -m kglightning``: LightningCLI (fit / validate / test / predict) plus extra subcommands.
+"""``kglightning`` / ``python -m kglightning``: LightningCLI (fit / validate / test / predict) plus extra subcommands.
 
 Any LightningModule and LightningDataModule can be named by ``class_path`` (subclass mode). Sizes that the data
 decides and the model needs are linked with ``link_arguments`` at instantiation; a link is applied only where both
 the chosen data class and the chosen model class have the argument, so one CLI serves every module.
 
-Extra subcommands, handled before LightningCLI:
-  ``evaluate``         RoG-compatible answer metrics (+ ECE) of a predictions jsonl (see :mod:`kglightning.evaluate`)
-  ``build-benchmark``  build the embedded geography/elements benchmark into a folder
-  ``conformalize``     split-conformal answer sets for any predictions jsonl with confidences
-                       (see :mod:`kglightning.conformal.offline`)
+The extra subcommands (:data:`EXTRA_SUBCOMMANDS`) are dispatched before LightningCLI parses anything; they are
+listed in the top-level ``--help`` all the same. :func:`main` returns the process exit status: 0 on success, 2 when
+the input data is bad (the one-line ``file:line: field ...`` message is printed instead of a traceback; set
+``KGLIGHTNING_TRACEBACK=1`` to see the traceback too).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-EXTRA_SUBCOMMANDS = ("evaluate", "build-benchmark", "conformalize")
+import kglightning
+from kglightning.data.records import RecordError
+
+PROG = "kglightning"
+
+#: subcommands handled by kglightning itself, with their one-line help
+EXTRA_SUBCOMMANDS = {
+    "evaluate": "RoG-compatible answer metrics (Hit, F1, EM, ECE, ...) of a predictions jsonl",
+    "build-benchmark": "build the embedded geography/elements KGQA benchmark into a folder",
+    "conformalize": "split-conformal answer sets for any predictions jsonl with confidences",
+}
+
+DESCRIPTION = (
+    "kglightning: trustworthy question answering over knowledge graphs with LLMs. fit / validate / test / predict "
+    "run a LightningModule and a LightningDataModule named by class_path in a YAML config (--config); evaluate, "
+    "build-benchmark and conformalize work on files. Run any subcommand with --help for its options."
+)
+
+#: errors that mean "the input is wrong", reported as one line with exit status 2
+USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (RecordError, FileNotFoundError)
+
+
+def version_string() -> str:
+    """``kglightning <version>`` (the installed distribution's version, else the package's ``__version__``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"{PROG} {version(PROG)}"
+    except PackageNotFoundError:
+        return f"{PROG} {kglightning.__version__}"
 
 
 class KGLightningCLI(LightningCLI):
-    """LightningCLI with kglightning's links between data and model."""
+    """LightningCLI with kglightning's links between data and model, ``--version`` and the extra subcommands in
+    the top-level help."""
+
+    def setup_parser(
+        self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
+    ) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        self.parser.add_argument("--version", action="version", version=version_string())
+        if add_subcommands:
+            # listed for --help only: main() dispatches these before LightningCLI parses the command line
+            subcommands = self.parser._subcommands_action
+            for name, help_text in EXTRA_SUBCOMMANDS.items():
+                sub = LightningArgumentParser(description=help_text, prog=f"{PROG} {name}")
+                subcommands.add_subcommand(name, sub, help=help_text)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.link_arguments("data.text_dim", "model.init_args.text_dim", apply_on="instantiate")
@@ -37,7 +79,7 @@ def _build_benchmark(argv: list[str]) -> int:
     from kglightning.data.sources.embedded import build_embedded_benchmark
 
     p = argparse.ArgumentParser(
-        prog="python -m kglightning build-benchmark",
+        prog=f"{PROG} build-benchmark",
         description="Build the embedded geography/elements KGQA benchmark (RoG format).",
     )
     p.add_argument("--out", required=True, help="output folder")
@@ -48,21 +90,18 @@ def _build_benchmark(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> Any:
-    """Entry point of ``python -m kglightning`` and of the ``kglightning`` console script."""
-    from_command_line = argv is None
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _dispatch(argv: list[str], from_command_line: bool) -> int:
     if argv and argv[0] == "evaluate":
         from kglightning.evaluate import main as evaluate_main
 
-        return evaluate_main(argv[1:])
+        return int(evaluate_main(argv[1:]) or 0)
     if argv and argv[0] == "build-benchmark":
         return _build_benchmark(argv[1:])
     if argv and argv[0] == "conformalize":
         from kglightning.conformal.offline import main as conformalize_main
 
-        return conformalize_main(argv[1:])
-    return KGLightningCLI(
+        return int(conformalize_main(argv[1:]) or 0)
+    KGLightningCLI(
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,
@@ -70,5 +109,26 @@ def main(argv: list[str] | None = None) -> Any:
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
         args=None if from_command_line else argv,  # None: LightningCLI reads sys.argv (and does not warn)
-        parser_kwargs={"description": __doc__},
+        parser_kwargs={"description": DESCRIPTION, "prog": PROG},
     )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m kglightning`` and of the ``kglightning`` console script.
+
+    Returns:
+        The exit status: 0 on success, 2 on bad input data (a :data:`USER_INPUT_ERRORS` error, printed as one
+        line to stderr). Other errors propagate with their traceback. ``--help``, ``--version`` and argument
+        errors exit through ``SystemExit`` as argparse does.
+    """
+    from_command_line = argv is None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv, from_command_line)
+    except USER_INPUT_ERRORS as e:
+        if os.environ.get("KGLIGHTNING_TRACEBACK", "") not in ("", "0"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        print("(set KGLIGHTNING_TRACEBACK=1 to see where it was raised)", file=sys.stderr)
+        return 2

@@ -15,8 +15,8 @@ from torch_geometric.data import Batch, Data
 from kglightning.data.detection_graphs import DetectionStats, build_detection_graph, node_texts
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder, default_cache_root
 from kglightning.data.proposer import AnswerProposer
-from kglightning.data.records import KGQARecord
-from kglightning.data.sources.loaders import read_records, write_records
+from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.sources.loaders import RecordList, read_records, write_records
 from kglightning.data.splits import SPLITS, locate_splits
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,8 @@ class DetectionDataModule(L.LightningDataModule):
         self.datasets: dict[str, list[Data]] = {}
         self.stats: dict[str, DetectionStats] = {}
         self._embeddings: EmbeddingCache | None = None
+        self._read: dict[str, RecordList] = {}
+        self._answered: dict[str, list[KGQARecord]] = {}
 
     @property
     def text_dim(self) -> int:
@@ -99,23 +101,45 @@ class DetectionDataModule(L.LightningDataModule):
             ident = f"{p.resolve()}:{split}:{stamp}"
         return hashlib.sha1(f"{ident}:{self.max_records}".encode()).hexdigest()[:12]
 
+    def read_split(self, split: str) -> RecordList:
+        """The split's records as read from the data (once per process, so skips are reported once).
+
+        Raises:
+            RecordError: a bad record (``on_bad_record="raise"``), or a split with no record left.
+        """
+        if split not in self._read:
+            path, name = self._files()[split]
+            records = read_records(path, split=name, on_bad_record=self.on_bad_record, limit=self.max_records)
+            if not records:
+                why = f"all {len(records.skipped)} records were skipped" if records.skipped else "it holds no record"
+                raise RecordError(f"split {split!r} is empty: {why}", source=records.source)
+            self._read[split] = records
+        return self._read[split]
+
     def records(self, split: str) -> list[KGQARecord]:
         """The split's records, with predictions (from the data, the proposal cache or the proposer)."""
-        path, name = self._files()[split]
-        records = read_records(path, split=name, on_bad_record=self.on_bad_record, limit=self.max_records)
+        if split not in self._answered:
+            self._answered[split] = self._answer(split)
+        return self._answered[split]
+
+    def _answer(self, split: str) -> list[KGQARecord]:
+        records = self.read_split(split)
         lacking = [r for r in records if r.prediction is None]
         if not lacking:
             return list(records)
         if self.proposer is None:
-            raise ValueError(
-                f"{path}: {len(lacking)} of {len(records)} records have no 'prediction' (first: id "
-                f"{lacking[0].id!r}); give records with predictions or set data.init_args.proposer"
+            raise RecordError(
+                f"{len(lacking)} of {len(records)} records have no 'prediction' (first: id {lacking[0].id!r}); give "
+                "records with predictions or set data.init_args.proposer",
+                source=records.source,
+                field="prediction",
             )
+        path, name = self._files()[split]
         cache = (
             self.cache_root / "proposals" / self._dataset_key(path, name) / self.proposer.cache_key / f"{split}.jsonl"
         )
         if cache.exists():
-            return list(read_records(str(cache)))
+            return list(read_records(str(cache), report=False))
         rank_zero_info(f"proposing answers for {len(lacking)} {split} questions with {type(self.proposer).__name__}")
         proposed = iter(self.proposer.propose(lacking))
         out = [r if r.prediction is not None else next(proposed) for r in records]
@@ -124,7 +148,13 @@ class DetectionDataModule(L.LightningDataModule):
         return out
 
     def prepare_data(self) -> None:
-        """Build the benchmark, the proposals and the text embeddings once (rank 0 only under DDP)."""
+        """Build the benchmark, the proposals and the text embeddings once (rank 0 only under DDP).
+
+        Every split is read and checked before any answer is proposed or any text encoded, so that a bad or empty
+        split fails the run at once.
+        """
+        for split in SPLITS:
+            self.read_split(split)
         for split in SPLITS:
             self.embeddings.add(t for r in self.records(split) for t in node_texts(r))
 

@@ -195,6 +195,7 @@ def read_records(
     split: str | None = None,
     on_bad_record: Literal["raise", "skip"] = "raise",
     limit: int | None = None,
+    report: bool = True,
 ) -> RecordList:
     """Read and validate KGQA records (see the module docstring for the formats).
 
@@ -205,6 +206,8 @@ def read_records(
         on_bad_record: ``"raise"`` the first :class:`RecordError`, or ``"skip"`` bad records (each logged at
             WARNING, plus a summary; they are listed in :attr:`RecordList.skipped`).
         limit: stop once this many valid records are kept.
+        report: log the summary WARNINGs (skipped records, empty graphs, unknown topics); ``False`` for files the
+            toolkit wrote itself from records it already reported (caches).
 
     Returns:
         The records, in file order, as a :class:`RecordList`. Records with an empty graph or an unknown topic
@@ -256,7 +259,8 @@ def read_records(
             nodes = {x for h, _, t in rec.graph for x in (h, t)}
             if not rec.q_entity or any(q not in nodes for q in rec.q_entity):
                 out.unknown_topic.append(rec.id)
-    _log_summary(out)
+    if report:
+        _log_summary(out)
     return out
 
 

@@ -1,0 +1,128 @@
+"""DetectionDataModule: every split is read and checked before any answer is proposed, each split is read once
+(so its skip summary is logged once), and graphs come out for every stage."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from kglightning.data import DetectionDataModule, SentenceEncoder
+from kglightning.data.proposer import AnswerProposer
+from kglightning.data.records import KGQARecord, RecordError
+
+
+class EchoGoldProposer(AnswerProposer):
+    """Proposes each record's first gold answer and counts how many records it was asked about."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    @property
+    def cache_key(self) -> str:
+        return "echo-gold"
+
+    def propose(self, records) -> list[KGQARecord]:
+        out = []
+        for r in records:
+            self.asked += 1
+            d = r.to_dict()
+            d["prediction"] = r.answer[:1]
+            out.append(KGQARecord.from_dict(d))
+        return out
+
+
+def _write(folder: Path, splits: dict[str, list[dict]], raw_lines: dict[str, list[str]] | None = None) -> str:
+    folder.mkdir(exist_ok=True)
+    for split, records in splits.items():
+        with open(folder / f"{split}.jsonl", "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+            for line in (raw_lines or {}).get(split, []):
+                f.write(line + "\n")
+    return str(folder)
+
+
+@pytest.fixture
+def splits(detection_records):
+    out = {}
+    for split, (n, seed) in {"train": (12, 0), "validation": (6, 1), "test": (6, 2)}.items():
+        out[split] = detection_records(n, seed)
+        for r in out[split]:
+            r["id"] = f"{split}-{r['id']}"
+    return out
+
+
+def _dm(data_dir: str, tmp_path: Path, encoder_dir: str, **kwargs) -> DetectionDataModule:
+    return DetectionDataModule(
+        data_dir=data_dir, encoder=SentenceEncoder(encoder_dir), cache_dir=str(tmp_path / "cache"), **kwargs
+    )
+
+
+def test_empty_split_fails_before_any_proposal(splits, tmp_path, tiny_encoder_dir):
+    for records in splits.values():
+        for r in records:
+            del r["prediction"], r["confidence"]
+    splits["test"] = []
+    proposer = EchoGoldProposer()
+    dm = _dm(_write(tmp_path / "d", splits), tmp_path, tiny_encoder_dir, proposer=proposer)
+    with pytest.raises(RecordError) as err:
+        dm.prepare_data()
+    assert str(err.value) == f"{tmp_path / 'd' / 'test.jsonl'}: split 'test' is empty: it holds no record"
+    assert proposer.asked == 0
+    assert not (tmp_path / "cache" / "proposals").exists()
+
+
+def test_split_with_every_record_skipped_is_an_error(splits, tmp_path, tiny_encoder_dir):
+    splits["validation"] = []
+    data = _write(tmp_path / "d", splits, raw_lines={"validation": ["{not json", "[1, 2]"]})
+    dm = _dm(data, tmp_path, tiny_encoder_dir, on_bad_record="skip")
+    with pytest.raises(RecordError, match=r"validation.jsonl: split 'validation' is empty: all 2 records were skipped"):
+        dm.prepare_data()
+
+
+def test_missing_predictions_without_proposer_names_file_and_field(splits, tmp_path, tiny_encoder_dir):
+    del splits["train"][2]["prediction"], splits["train"][2]["confidence"]
+    dm = _dm(_write(tmp_path / "d", splits), tmp_path, tiny_encoder_dir)
+    with pytest.raises(RecordError) as err:
+        dm.prepare_data()
+    assert err.value.field == "prediction" and err.value.source.endswith("train.jsonl")
+    assert "1 of 12 records have no 'prediction' (first: id 'train-q2')" in str(err.value)
+
+
+def test_each_split_is_read_and_summarised_once(splits, tmp_path, tiny_encoder_dir, caplog):
+    data = _write(tmp_path / "d", splits, raw_lines={split: ["{broken"] for split in splits})
+    dm = _dm(data, tmp_path, tiny_encoder_dir, on_bad_record="skip")
+    with caplog.at_level(logging.WARNING, logger="kglightning"):
+        dm.prepare_data()
+        dm.setup("fit")
+        dm.setup("test")
+        dm.setup("predict")
+    summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped 1 of")]
+    assert len(summaries) == 3, summaries
+    assert {Path(m.split(" from ")[1].split(":")[0]).name for m in summaries} == {
+        "train.jsonl",
+        "validation.jsonl",
+        "test.jsonl",
+    }
+    assert {len(dm.datasets[s]) for s in ("train", "validation", "test")} == {12, 6}
+
+
+def test_proposals_are_made_once_and_cached(splits, tmp_path, tiny_encoder_dir):
+    for records in splits.values():
+        for r in records:
+            del r["prediction"], r["confidence"]
+    data = _write(tmp_path / "d", splits)
+    proposer = EchoGoldProposer()
+    dm = _dm(data, tmp_path, tiny_encoder_dir, proposer=proposer)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert proposer.asked == 24
+    again = EchoGoldProposer()
+    dm2 = _dm(data, tmp_path, tiny_encoder_dir, proposer=again)
+    dm2.prepare_data()
+    dm2.setup("test")
+    assert again.asked == 0
+    assert all(g.y.sum() == 0 for g in dm2.datasets["test"])  # gold answers: nothing hallucinated
