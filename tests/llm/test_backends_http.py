@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,11 +18,14 @@ import pytest
 
 from kglightning.llm.backends import (
     ChatCompletionServer,
+    Generation,
+    LLMBackend,
     LLMHTTPError,
     LLMTimeoutError,
     OpenAIChatBackend,
     ResponseCache,
 )
+from kglightning.llm.backends.openai_http import DEFAULT_MAX_CONCURRENCY
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -35,6 +39,39 @@ def server(tiny_backend):
 def client(url: str, **kwargs) -> OpenAIChatBackend:
     kwargs = {"timeout_s": 10, "max_retries": 2, "backoff_s": 0.01, "show_progress": False, **kwargs}
     return OpenAIChatBackend(url, **kwargs)
+
+
+class SlowEcho(LLMBackend):
+    """Echoes the last message after ``delay_s`` and once :attr:`release` is set; counts generated requests."""
+
+    name = "slow-echo"
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.calls = 0
+        self.release = threading.Event()
+        self.release.set()
+
+    def _generate_uncached(self, batch, params, on_result):
+        self.calls += len(batch)
+        self.release.wait(30)
+        time.sleep(self.delay_s)
+        for i, messages in enumerate(batch):
+            on_result(i, Generation(text=messages[-1]["content"], completion_tokens=1))
+
+
+def free_port_url() -> str:
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def wait_until(condition, what: str, limit_s: float = 30.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
 
 
 def test_http_matches_local_greedy(server, tiny_backend, make_conversations):
@@ -111,10 +148,7 @@ def test_4xx_is_not_retried(server):
 
 
 def test_connection_refused_is_retried_then_raised():
-    with socket.socket() as s:  # a port that nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/v1"
+    url = free_port_url()
     with pytest.raises(LLMHTTPError, match=rf"{url}/chat/completions failed after 2 attempt.*connection error"):
         client(url, model="m", max_retries=1).generate([[{"role": "user", "content": "hi"}]])
 
@@ -128,6 +162,59 @@ def test_concurrency_limit(server):
     elapsed = time.perf_counter() - start
     assert len(gens) == 6 and server.max_in_flight == 2
     assert elapsed < 6 * 0.3  # the delays overlapped
+
+
+def test_repr_does_no_network_io():
+    with ChatCompletionServer(SlowEcho(), port=0) as server:
+        lazy = client(server.url)  # no model given: it is asked from /models when a request needs it
+        assert repr(lazy) == f"OpenAIChatBackend(base_url={server.url!r}, model=None)" and str(lazy) == repr(lazy)
+        assert server.models_count == 0 and server.request_count == 0
+        assert lazy.model == "slow-echo" and server.models_count == 1
+        assert repr(lazy) == f"OpenAIChatBackend(base_url={server.url!r}, model='slow-echo')"
+        assert server.models_count == 1
+    down = client(free_port_url(), max_retries=0)
+    assert "model=None" in repr(down)  # neither raises nor retries
+
+
+def test_default_client_follows_the_servers_concurrency():
+    backend = SlowEcho(delay_s=0.2)
+    with ChatCompletionServer(backend, port=0) as server:
+        assert server.models()["data"][0]["max_concurrency"] == 1
+        default = client(server.url, timeout_s=5, max_retries=0)  # max_concurrency=None: ask the server
+        convs = [[{"role": "user", "content": f"q{i}"}] for i in range(6)]
+        assert [g.text for g in default.generate(convs, max_new_tokens=1)] == [f"q{i}" for i in range(6)]
+        assert default.concurrency == 1 and server.max_in_flight == 1
+        assert server.request_count == 6 and server.models_count == 1
+        assert client(server.url, model="slow-echo", max_concurrency=3).concurrency == 3  # no need to ask
+        assert server.models_count == 1
+
+
+def test_default_concurrency_when_the_server_does_not_say():
+    class Plain(ChatCompletionServer):  # like OpenAI or vLLM: /models has no max_concurrency
+        def models(self):
+            listing = super().models()
+            for entry in listing["data"]:
+                entry.pop("max_concurrency")
+            return listing
+
+    with Plain(SlowEcho(), port=0) as server:
+        backend = client(server.url, model="slow-echo")
+        assert backend.concurrency == DEFAULT_MAX_CONCURRENCY == 8 and server.models_count == 1
+
+
+def test_server_skips_requests_whose_client_gave_up():
+    backend = SlowEcho()
+    backend.release.clear()  # the first request holds the generation lock until the test releases it
+    with ChatCompletionServer(backend, port=0) as server:
+        impatient = client(server.url, model="slow-echo", timeout_s=0.3, max_retries=0, max_concurrency=4)
+        convs = [[{"role": "user", "content": f"q{i}"}] for i in range(4)]
+        with pytest.raises(LLMTimeoutError):
+            impatient.generate(convs, max_new_tokens=1)
+        backend.release.set()
+        wait_until(lambda: server.request_count == 4 and server.in_flight == 0, "the server to finish")
+        # at most the request already generating when its client left was generated; the queued ones were skipped
+        assert backend.calls <= 1 and backend.calls + server.abandoned_count == 4
+        assert server.completed_count == backend.calls
 
 
 def test_resume_after_crash_sends_only_missing_requests(server, make_conversations, tmp_path: Path):

@@ -1,10 +1,13 @@
 """An OpenAI-compatible ``/chat/completions`` server (vLLM, llama.cpp, TGI, OpenAI...) as an LLM backend.
 
-Only the standard library is used (``urllib`` and a thread pool). Each conversation is one request; up to
-``max_concurrency`` are in flight at once. Connection errors, timeouts, HTTP 429 and 5xx are retried with
-exponential backoff and seeded jitter (a ``Retry-After`` header is honoured); other 4xx fail at once. With
-``cache_dir`` every response is appended to a :class:`~kglightning.llm.backends.cache.ResponseCache` as soon as it
-arrives, so a crashed or interrupted run resumes by sending only the requests that have no cached answer.
+HTTP goes through the standard library only (``urllib`` and a thread pool). Each conversation is one request; up
+to ``max_concurrency`` are in flight at once (by default as many as the server advertises in ``GET /models``, else
+:data:`DEFAULT_MAX_CONCURRENCY`). The API key is read from an environment variable or a file, never taken as a
+value, so that it cannot end up in a saved config, a printed config, an error message or a log. Connection errors,
+timeouts, HTTP 429 and 5xx are retried with exponential backoff and seeded jitter (a ``Retry-After`` header is
+honoured); other 4xx fail at once. With ``cache_dir`` every response is appended to a
+:class:`~kglightning.llm.backends.cache.ResponseCache` as soon as it arrives, so a crashed or interrupted run
+resumes by sending only the requests that have no cached answer.
 """
 
 from __future__ import annotations
@@ -15,19 +18,39 @@ import ipaddress
 import json
 import os
 import random
+import re
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+from jsonargparse.typing import SecretStr
 
 from kglightning.llm.backends.base import ChatMessage, Generation, GenerationParams, LLMBackend, LLMBackendError
 
-__all__ = ["DEFAULT_BASE_URL", "LLMHTTPError", "LLMTimeoutError", "OpenAIChatBackend", "parse_chat_completion"]
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "DEFAULT_MAX_CONCURRENCY",
+    "LLMHTTPError",
+    "LLMTimeoutError",
+    "OpenAIChatBackend",
+    "parse_chat_completion",
+]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # vLLM's default
+DEFAULT_MAX_CONCURRENCY = 8
+"""Requests in flight at once when neither ``max_concurrency`` nor the server's ``/models`` listing says."""
+
+_HOW_TO_PASS_A_KEY = (
+    "put the API key in an environment variable (OPENAI_API_KEY by default; another name with api_key_env, e.g. "
+    "--model.init_args.reasoner.init_args.api_key_env MY_KEY_VAR) or in a file (api_key_file, e.g. "
+    "--model.init_args.reasoner.init_args.api_key_file ~/.config/openai.key)"
+)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class LLMHTTPError(LLMBackendError):
@@ -85,47 +108,77 @@ def _is_loopback(url: str) -> bool:
 class OpenAIChatBackend(LLMBackend):
     """Chat completions from an OpenAI-compatible HTTP server.
 
-    One request per conversation, ``max_concurrency`` at a time. When a request fails for good (a 4xx other than
+    One request per conversation, :attr:`concurrency` at a time. When a request fails for good (a 4xx other than
     429, or retries exhausted), no new request is started, the answers already received are kept (in the cache,
     if any) and the error is raised: :class:`LLMHTTPError` (with ``url`` and ``status``) or
     :class:`LLMTimeoutError`. Rerunning with the same ``cache_dir`` then sends only the missing requests.
     ``timeout_s`` bounds each socket operation (connect, each read) of one attempt, not a whole request.
 
+    The API key is never held as a value: it is read from ``api_key_file`` if given, else from the environment
+    variable named ``api_key_env``, when a request is built, and it goes only into the ``Authorization`` header
+    (not into ``repr``, errors, logs, cache keys or the config that LightningCLI saves). ``repr`` does no network
+    I/O: it shows the model only once it is known.
+
     Args:
         base_url: API root, e.g. ``http://127.0.0.1:8000/v1``; default ``$OPENAI_BASE_URL``, else vLLM's default.
-        model: model id; default ``$OPENAI_MODEL``, else the first id listed by ``GET {base_url}/models``.
-        api_key: bearer token; default ``$OPENAI_API_KEY`` (none sent if unset).
+        model: model id; default ``$OPENAI_MODEL``, else the first id listed by ``GET {base_url}/models`` (asked
+            when the first request needs it).
+        api_key_env: name of the environment variable that holds the bearer token. With the default
+            ``OPENAI_API_KEY`` unset, no token is sent (a local vLLM needs none); another name must be set.
+        api_key_file: path of a file that holds the bearer token (surrounding whitespace ignored); it wins over
+            ``api_key_env``.
         timeout_s: socket timeout of one attempt (connect, and each read).
         max_retries: retries after the first attempt on connection errors, timeouts, 429 and 5xx.
         backoff_s: first retry delay; doubles per retry (capped at 60 s), times a seeded jitter in [0.5, 1].
-        max_concurrency: requests in flight at once.
+        max_concurrency: requests in flight at once. ``None``: what the server advertises as ``max_concurrency``
+            in its ``/models`` entry for the model (:class:`~kglightning.llm.backends.server.ChatCompletionServer`
+            does), else :data:`DEFAULT_MAX_CONCURRENCY`. More requests than the server serves at once only queue
+            there, and queued ones can run past ``timeout_s`` and be re-sent.
         cache_dir: folder of a :class:`~kglightning.llm.backends.cache.ResponseCache` (``None``: no cache).
         show_progress: show a tqdm bar over requests.
         retry_seed: seed of the backoff jitter.
+        api_key: refused. It exists only so that a key given as a value (Python, YAML or command line) is read as
+            a secret, which configs and error messages mask, and refused with a message saying how to pass it.
     """
 
     def __init__(
         self,
         base_url: str | None = None,
         model: str | None = None,
-        api_key: str | None = None,
+        *,
+        api_key_env: str = "OPENAI_API_KEY",
+        api_key_file: str | None = None,
         timeout_s: float = 60,
         max_retries: int = 5,
         backoff_s: float = 1.0,
-        max_concurrency: int = 8,
+        max_concurrency: int | None = None,
         cache_dir: str | None = None,
         show_progress: bool = True,
         retry_seed: int = 0,
+        api_key: SecretStr | None = None,
     ) -> None:
-        if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
-            raise ValueError("need max_concurrency >= 1, max_retries >= 0 and timeout_s > 0")
+        if api_key is not None:
+            raise ValueError(
+                f"{type(self).__name__} does not take the API key as a value (it would be saved in config.yaml, "
+                f"printed by --print_config and shown in error messages): {_HOW_TO_PASS_A_KEY}"
+            )
+        if (max_concurrency is not None and max_concurrency < 1) or max_retries < 0 or timeout_s <= 0:
+            raise ValueError("need max_concurrency >= 1 (or None), max_retries >= 0 and timeout_s > 0")
+        if not _ENV_NAME.fullmatch(api_key_env):
+            raise ValueError(
+                "api_key_env must be the name of an environment variable (letters, digits and _), such as "
+                f"OPENAI_API_KEY, not the key itself (the value is not shown here): {_HOW_TO_PASS_A_KEY}"
+            )
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         self._model = model or os.environ.get("OPENAI_MODEL") or None
-        self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.api_key_env = api_key_env
+        self.api_key_file = None if api_key_file is None else str(Path(api_key_file).expanduser())
+        self._api_key()  # fail now, not at the first request, when the file or the named variable is missing
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_concurrency = max_concurrency
+        self._concurrency = max_concurrency
         self.show_progress = show_progress
         self.retry_seed = retry_seed
         # never send loopback traffic through an http(s)_proxy from the environment
@@ -137,17 +190,69 @@ class OpenAIChatBackend(LLMBackend):
 
             self.cache = ResponseCache(cache_dir)
 
+    def _api_key(self) -> str | None:
+        """The bearer token, read afresh from ``api_key_file`` or ``$api_key_env`` (``None``: send none)."""
+        if self.api_key_file is not None:
+            path = Path(self.api_key_file)
+            if not path.is_file():
+                raise FileNotFoundError(f"api_key_file {path} is not a file (give the path of a file holding the key)")
+            key = path.read_text(encoding="utf-8").strip()
+            if not key:
+                raise ValueError(f"api_key_file {self.api_key_file} is empty")
+            return key
+        key = os.environ.get(self.api_key_env) or None
+        if key is None and self.api_key_env != "OPENAI_API_KEY":
+            raise ValueError(f"the environment variable {self.api_key_env} is not set (api_key_env names it)")
+        return key
+
+    def __repr__(self) -> str:
+        # no network I/O here: the model is shown only once known (given, or already asked from /models)
+        return f"{type(self).__name__}(base_url={self.base_url!r}, model={self._model!r})"
+
+    def _ask_server(self) -> None:
+        """Fill in the model and the concurrency from ``GET /models`` if not known yet (call with the lock held).
+
+        Without a model the listing is needed, and asked with retries. With one, it is asked once, for the
+        concurrency only: if that fails (no ``/models`` route, server not up yet...) the default is used and the
+        chat requests themselves retry and report any error.
+        """
+        if self._model is not None and self._concurrency is not None:
+            return
+        listing: Any = {}
+        try:
+            retries = None if self._model is None else 0
+            listing = self._request("GET", "/models", None, rng=random.Random(self.retry_seed), max_retries=retries)
+        except LLMBackendError:
+            if self._model is None:
+                raise
+        entries = listing.get("data") if isinstance(listing, dict) else None
+        if self._model is None:
+            try:
+                self._model = str(entries[0]["id"])  # type: ignore[index]
+            except (KeyError, IndexError, TypeError) as e:
+                raise LLMBackendError(f"GET {self.base_url}/models listed no model: {listing!r:.300}") from e
+        if self._concurrency is None:
+            entry = next((m for m in entries or [] if isinstance(m, dict) and m.get("id") == self._model), {})
+            advertised = entry.get("max_concurrency")
+            ok = isinstance(advertised, int) and not isinstance(advertised, bool) and advertised >= 1
+            self._concurrency = advertised if ok else DEFAULT_MAX_CONCURRENCY
+
     @property
     def model(self) -> str:
         """The model id sent with each request (asked from ``/models`` once if not given)."""
         with self._model_lock:
             if self._model is None:
-                listing = self._request("GET", "/models", None, rng=random.Random(self.retry_seed))
-                try:
-                    self._model = str(listing["data"][0]["id"])
-                except (KeyError, IndexError, TypeError) as e:
-                    raise LLMBackendError(f"GET {self.base_url}/models listed no model: {listing!r:.300}") from e
+                self._ask_server()
+            assert self._model is not None
             return self._model
+
+    @property
+    def concurrency(self) -> int:
+        """Requests in flight at once: ``max_concurrency``, else what ``/models`` advertises (asked once), else 8."""
+        with self._model_lock:
+            self._ask_server()
+            assert self._concurrency is not None
+            return self._concurrency
 
     @property
     def name(self) -> str:
@@ -193,7 +298,7 @@ class OpenAIChatBackend(LLMBackend):
             return None if payload is None else parse_chat_completion(payload)
 
         error: BaseException | None = None
-        pool = cf.ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="openai-chat")
+        pool = cf.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="openai-chat")
         bar = tqdm(total=len(batch), desc=f"chat ({self.name})", unit="req", disable=not self.show_progress)
         try:
             futures = {pool.submit(task, i): i for i in range(len(batch))}
@@ -225,11 +330,13 @@ class OpenAIChatBackend(LLMBackend):
         *,
         rng: random.Random,
         cancelled: threading.Event | None = None,
+        max_retries: int | None = None,
     ) -> Any:
         """One request with retries; the decoded JSON body, or ``None`` if ``cancelled`` was set during a backoff."""
         url = self.base_url + path
         last: _Retryable | None = None
-        for attempt in range(self.max_retries + 1):
+        max_retries = self.max_retries if max_retries is None else max_retries
+        for attempt in range(max_retries + 1):
             if attempt:
                 delay = min(self.backoff_s * 2 ** (attempt - 1), 60.0) * (0.5 + 0.5 * rng.random())
                 if last is not None and last.retry_after is not None:
@@ -244,7 +351,7 @@ class OpenAIChatBackend(LLMBackend):
             except _Retryable as e:
                 last = e
         assert last is not None
-        tries = f"{self.max_retries + 1} attempt(s)"
+        tries = f"{max_retries + 1} attempt(s)"
         if last.timed_out:
             raise LLMTimeoutError(f"{method} {url}: {last} ({tries}, timeout_s={self.timeout_s})")
         raise LLMHTTPError(f"{method} {url} failed after {tries}: {last}", url=url, status=last.status)
@@ -255,8 +362,9 @@ class OpenAIChatBackend(LLMBackend):
         if body is not None:
             data = json.dumps(body, ensure_ascii=False).encode("utf-8")
             headers["Content-Type"] = "application/json"
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
+        key = self._api_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
         req = urllib.request.Request(url, data=data, headers=headers, method=method)
         try:
             with self._opener.open(req, timeout=self.timeout_s) as resp:

@@ -1,8 +1,11 @@
 """A small OpenAI-compatible HTTP server (``/v1/chat/completions``, ``/v1/models``) over any LLM backend.
 
 Meant for tests and local experiments, built on the standard library's ``ThreadingHTTPServer``; requests are
-answered one at a time (generation holds a lock). For throughput, serve models with vLLM and point
-:class:`~kglightning.llm.backends.openai_http.OpenAIChatBackend` at it. Fault injection for tests: an artificial
+generated one at a time (generation holds a lock), and the server says so: each ``/v1/models`` entry carries
+``"max_concurrency": 1``, which :class:`~kglightning.llm.backends.openai_http.OpenAIChatBackend` follows by default,
+so that its requests do not queue here past their timeout. A queued request whose client has gone (timed out,
+interrupted) is dropped before generation starts (:attr:`ChatCompletionServer.abandoned_count`). For throughput,
+serve models with vLLM and point the client at it. Fault injection for tests: an artificial
 delay (:attr:`ChatCompletionServer.delay_s`, or per request :attr:`~ChatCompletionServer.delay_next`), scripted
 error statuses (:attr:`~ChatCompletionServer.fail_next`) and a simulated crash after ``k`` answers
 (:attr:`~ChatCompletionServer.fail_after`).
@@ -15,12 +18,15 @@ From a shell::
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
+import select
+import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -67,6 +73,8 @@ class ChatCompletionServer:
         port: TCP port; ``0`` picks a free one (read it back from :attr:`port`).
         model_name: the model id served under ``/v1/models``; default ``backend.name``.
         delay_s: seconds to sleep before answering each chat request.
+        api_key: if given, every request must carry ``Authorization: Bearer <api_key>`` (else HTTP 401), as with
+            vLLM's ``--api-key``; for tests of clients.
 
     Example:
         >>> from kglightning.llm.backends.base import Generation
@@ -81,6 +89,9 @@ class ChatCompletionServer:
         (['hi'], 'echo')
     """
 
+    max_concurrency = 1
+    """Chat requests generated at once (advertised in ``/v1/models``; more wait for the generation lock)."""
+
     def __init__(
         self,
         backend: LLMBackend,
@@ -88,16 +99,20 @@ class ChatCompletionServer:
         port: int = 8000,
         model_name: str | None = None,
         delay_s: float = 0.0,
+        api_key: str | None = None,
     ) -> None:
         self.backend = backend
         self.model_name = model_name or backend.name
         self.delay_s = delay_s
+        self._api_key = api_key
         self.delay_next: list[float] = []  # per-request delays, used (and removed) before delay_s
         self.fail_next: list[int] = []  # HTTP statuses to answer the next chat requests with, in order
         self.fail_after: int | None = None  # answer 500 to every chat request once this many were admitted
         self.request_count = 0  # chat requests received
         self.admitted_count = 0  # chat requests that passed the injected faults and went to generation
         self.completed_count = 0  # chat requests answered with a completion
+        self.abandoned_count = 0  # admitted chat requests dropped before generation: their client had gone
+        self.models_count = 0  # GET /models requests received
         self.in_flight = 0  # chat requests being handled now
         self.max_in_flight = 0  # the most chat requests handled at once so far
         self._state = threading.Lock()
@@ -146,18 +161,32 @@ class ChatCompletionServer:
 
     # request handling (called from handler threads)
 
-    def handle_chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """Answer one chat-completion request body: ``(status, response body)``."""
+    def authorized(self, header: str | None) -> bool:
+        """Whether an ``Authorization`` header value passes (always, when the server has no ``api_key``)."""
+        if self._api_key is None:
+            return True
+        return hmac.compare_digest((header or "").encode(), f"Bearer {self._api_key}".encode())
+
+    def handle_chat(
+        self, body: dict[str, Any], client_gone: Callable[[], bool] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """Answer one chat-completion request body: ``(status, response body)``.
+
+        Args:
+            body: the decoded JSON request body.
+            client_gone: called once the request holds the generation lock; if it returns ``True`` the request is
+                dropped (HTTP 499, counted in :attr:`abandoned_count`) instead of generated for nobody.
+        """
         with self._state:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            return self._handle_chat(body)
+            return self._handle_chat(body, client_gone)
         finally:
             with self._state:
                 self.in_flight -= 1
 
-    def _handle_chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _handle_chat(self, body: dict[str, Any], client_gone: Callable[[], bool] | None) -> tuple[int, dict[str, Any]]:
         with self._state:
             self.request_count += 1
             delay = self.delay_next.pop(0) if self.delay_next else self.delay_s
@@ -178,6 +207,10 @@ class ChatCompletionServer:
             return 400, _error(str(e), "invalid_request_error")
         try:
             with self._generate_lock:
+                if client_gone is not None and client_gone():
+                    with self._state:
+                        self.abandoned_count += 1
+                    return 499, _error("the client closed the connection before generation", "client_closed")
                 gen = self.backend.generate_with_params([messages], params)[0]
         except Exception as e:  # report, do not kill the server
             log.exception("generation failed")
@@ -212,11 +245,18 @@ class ChatCompletionServer:
         }
 
     def models(self) -> dict[str, Any]:
-        """The ``/v1/models`` listing."""
-        return {
-            "object": "list",
-            "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "kglightning"}],
-        }
+        """The ``/v1/models`` listing; each entry adds ``max_concurrency`` to OpenAI's fields."""
+        entry = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "kglightning"}
+        return {"object": "list", "data": [{**entry, "max_concurrency": self.max_concurrency}]}
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Whether the client closed its end: the socket reads as end-of-file (or fails) without blocking."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):  # reset by the peer, or already closed
+        return True
 
 
 def _error(message: str, kind: str) -> dict[str, Any]:
@@ -240,29 +280,43 @@ def _make_handler(app: ChatCompletionServer) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. timed out)
                 log.debug("client went away before the answer")
 
+        def _authorized(self) -> bool:
+            if app.authorized(self.headers.get("Authorization")):
+                return True
+            self._reply(401, _error("missing or wrong API key", "authentication_error"))
+            return False
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             path = self.path.split("?")[0].rstrip("/")
-            if path in ("/v1/models", "/models"):
-                self._reply(200, app.models())
-            elif path in ("/health", "/v1/health"):
+            if path in ("/health", "/v1/health"):
                 self._reply(200, {"status": "ok"})
+            elif not self._authorized():
+                return
+            elif path in ("/v1/models", "/models"):
+                with app._state:
+                    app.models_count += 1
+                self._reply(200, app.models())
             else:
                 self._reply(404, _error(f"no route {self.path}", "not_found"))
 
         def do_POST(self) -> None:  # noqa: N802
             path = self.path.split("?")[0].rstrip("/")
+            length = (self.headers.get("Content-Length") or "0").strip()
+            # read the body before any answer, so that the client gets the answer (not a connection reset)
+            raw = self.rfile.read(int(length)) if length.isdigit() else b""
+            if not self._authorized():
+                return
             if path not in ("/v1/chat/completions", "/chat/completions"):
                 self._reply(404, _error(f"no route {self.path}", "not_found"))
                 return
             try:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = json.loads(raw or b"{}")
                 if not isinstance(body, dict):
                     raise ValueError("the request body must be a JSON object")
             except ValueError as e:
                 self._reply(400, _error(f"bad JSON body: {e}", "invalid_request_error"))
                 return
-            self._reply(*app.handle_chat(body))
+            self._reply(*app.handle_chat(body, client_gone=lambda: _peer_closed(self.connection)))
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             log.debug("%s %s", self.address_string(), format % args)
