@@ -1,6 +1,7 @@
 """Lightning callbacks."""
 
 from kglightning.callbacks.conformal import ConformalCallback, ConformalScorer, ConformalScores
+from kglightning.callbacks.model_checkpoint import ModelCheckpoint
 from kglightning.callbacks.prediction_writer import JsonlPredictionWriter
 
-__all__ = ["ConformalCallback", "ConformalScorer", "ConformalScores", "JsonlPredictionWriter"]
+__all__ = ["ConformalCallback", "ConformalScorer", "ConformalScores", "JsonlPredictionWriter", "ModelCheckpoint"]
