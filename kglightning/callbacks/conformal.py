@@ -115,8 +115,10 @@ class ConformalCallback(Callback):
     The state (``qhat``, ``n_cal``, ``alpha``, ``coverage``) is in :meth:`state_dict`; Lightning stores it under the
     class name, so ``Trainer(callbacks=[ConformalCallback()]).predict(model, dm, ckpt_path=...)`` restores it.
 
-    ``predict`` adds ``conformal_set``, ``conformal_qhat`` and ``conformal_full_set`` to the outputs (list this
-    callback *before* a prediction writer, which sees the outputs in callback order). ``test`` logs
+    ``predict`` adds ``conformal_set``, ``conformal_qhat`` and ``conformal_full_set`` to the outputs. A prediction
+    writer (:class:`BasePredictionWriter`) sees the outputs in callback order, so at ``setup("predict")`` the callback
+    moves itself just ahead of any writer listed before it (as ``--trainer.callbacks+=`` lists it after a config's
+    writer); every rank does the same, so DDP runs agree. ``test`` logs
     ``test/conformal_coverage`` (:class:`EmpiricalCoverage`) and ``test/conformal_set_size``
     (:class:`AverageSetSize`). The module must implement :class:`ConformalScorer`; ``predict`` and ``test`` run a
     second forward pass through ``conformal_scores``.
@@ -227,10 +229,10 @@ class ConformalCallback(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         _check_scorer(pl_module)
         if stage == "predict":
-            mine = trainer.callbacks.index(self) if self in trainer.callbacks else -1
-            for i, cb in enumerate(trainer.callbacks):
-                if isinstance(cb, BasePredictionWriter) and i < mine:
-                    log.warning("%s runs before ConformalCallback and will not see the sets", type(cb).__name__)
+            reordered = ahead_of_writers(self, trainer.callbacks)
+            if reordered is not trainer.callbacks:
+                log.info("ConformalCallback: moved ahead of the prediction writers so that they write the sets")
+                trainer.callbacks = reordered  # a new list: the setup hooks still run over the old one
 
     def _require_fitted(self) -> None:
         if not self.fitted:
@@ -242,6 +244,12 @@ class ConformalCallback(Callback):
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._require_fitted()
+        late = _writers_before(self, trainer.callbacks)
+        if late:  # only if something reordered the callbacks after setup
+            raise RuntimeError(
+                f"{', '.join(type(cb).__name__ for cb in late)} would write predictions before ConformalCallback "
+                "adds the sets; list ConformalCallback before every prediction writer"
+            )
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._require_fitted()
@@ -320,6 +328,32 @@ def attach_sets(outputs: Any, sets: list[list[Any]], qhat: float) -> None:
             "ConformalCallback cannot place the sets in these predict outputs (a dict, or a list of one dict per "
             "item, is expected); implement attach_conformal_sets(outputs, batch, sets, qhat) on the module"
         )
+
+
+def ahead_of_writers(callback: Callback, callbacks: list[Callback]) -> list[Callback]:
+    """``callbacks`` with ``callback`` moved just before the first prediction writer that precedes it.
+
+    Lightning calls ``on_predict_batch_end`` in list order, so a :class:`BasePredictionWriter` listed earlier would
+    write a batch before ``callback`` adds its sets. Returns ``callbacks`` itself when nothing has to move, else a
+    new list in which every other callback keeps its order.
+
+    Example:
+        >>> from lightning.pytorch.callbacks import BasePredictionWriter, Callback
+        >>> a, w, c = Callback(), BasePredictionWriter(), Callback()
+        >>> ahead_of_writers(c, [a, w, c]) == [a, c, w]
+        True
+    """
+    late = _writers_before(callback, callbacks)
+    if not late:
+        return callbacks
+    out = [cb for cb in callbacks if cb is not callback]
+    out.insert(next(i for i, cb in enumerate(out) if cb is late[0]), callback)
+    return out
+
+
+def _writers_before(callback: Callback, callbacks: list[Callback]) -> list[Callback]:
+    index = next((i for i, cb in enumerate(callbacks) if cb is callback), 0)
+    return [cb for cb in callbacks[:index] if isinstance(cb, BasePredictionWriter)]
 
 
 def _check_scorer(pl_module: L.LightningModule) -> None:

@@ -115,6 +115,36 @@ def test_checkpoint_reload_restores_qhat_and_predict_emits_sets(fitted, tmp_path
                 assert ("hallucinated" in labels) == (1 - prob <= cb.qhat)
 
 
+@pytest.mark.parametrize("writer_first", [True, False], ids=["writer-first", "conformal-first"])
+def test_sets_reach_the_writer_whatever_the_callback_order(fitted, tmp_path, writer_first):
+    """A prediction writer listed before the callback (as ``--trainer.callbacks+=`` puts it) still writes the sets."""
+    trainer, model, dm, cb = fitted
+    path = tmp_path / "calibrated.ckpt"
+    trainer.save_checkpoint(path)
+    fresh_cb, writer = ConformalCallback(alpha=0.2), JsonlPredictionWriter(str(tmp_path / "preds.jsonl"))
+    predictor = _trainer(tmp_path, [writer, fresh_cb] if writer_first else [fresh_cb, writer])
+    preds = predictor.predict(HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16), dm, ckpt_path=path)
+    written = [json.loads(line) for line in (tmp_path / "preds.jsonl").read_text().splitlines()]
+    assert len(written) == len(dm.datasets["test"])
+    assert all(w["conformal_qhat"] == cb.qhat for w in written)
+    assert [w["conformal_set"] for w in written] == [r["conformal_set"] for b in preds for r in b]
+    assert predictor.callbacks.index(fresh_cb) < predictor.callbacks.index(writer)
+
+
+class _PutsWritersFirst(L.Callback):
+    """Reorders the callbacks after ConformalCallback's setup, so that a writer runs first again."""
+
+    def setup(self, trainer, pl_module, stage):
+        trainer.callbacks = sorted(trainer.callbacks, key=lambda c: not isinstance(c, JsonlPredictionWriter))
+
+
+def test_a_writer_put_back_first_after_setup_is_an_error(fitted, tmp_path):
+    trainer, model, dm, cb = fitted
+    writer = JsonlPredictionWriter(str(tmp_path / "preds.jsonl"))
+    with pytest.raises(RuntimeError, match="JsonlPredictionWriter would write predictions before ConformalCallback"):
+        _trainer(tmp_path, [cb, _PutsWritersFirst(), writer]).predict(model, dm)
+
+
 def test_too_small_calibration_set_gives_full_sets(detection_dir, tiny_encoder_dir, tmp_path, caplog):
     L.seed_everything(0)
     dm = _dm(detection_dir, tiny_encoder_dir, tmp_path)
