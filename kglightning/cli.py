@@ -71,6 +71,8 @@ class KGLightningCLI(LightningCLI):
         parser.link_arguments("data.text_dim", "model.init_args.text_dim", apply_on="instantiate")
         # the data is tokenized with the model's tokenizer (e.g. ProxySFT -> ProxySFTDataModule)
         parser.link_arguments("model.init_args.model", "data.init_args.tokenizer")
+        # an epoch-wise scheduler that anneals to the end (CosineAnnealingLR) spans the run's epochs
+        parser.link_arguments("trainer.max_epochs", "model.init_args.scheduler.init_args.T_max")
 
 
 def _build_benchmark(argv: list[str]) -> int:

@@ -14,14 +14,29 @@ from torch_geometric.data import Batch, Data
 
 from kglightning.data.detection_graphs import DetectionStats, build_detection_graph, node_texts
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder, default_cache_root
-from kglightning.data.proposer import AnswerProposer
+from kglightning.data.proposer import AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import KGQARecord, RecordError
-from kglightning.data.sources.loaders import RecordList, read_records, write_records
+from kglightning.data.sources.loaders import RecordList, read_records
 from kglightning.data.splits import SPLITS, locate_splits
+from kglightning.nn.kgguard import edge_types
 
 log = logging.getLogger(__name__)
 
 Split = Literal["train", "validation", "test"]
+#: splits that ``prepare_data`` readies per trainer function (``None``: the predict split)
+_STAGE_SPLITS: dict[str, tuple[str, ...] | None] = {
+    "fit": SPLITS,
+    "validate": ("validation",),
+    "test": ("validation", "test"),
+    "predict": None,
+}
+#: splits that ``setup`` turns into graphs per stage
+_SETUP_SPLITS: dict[str, tuple[str, ...] | None] = {
+    "fit": ("train", "validation"),
+    "validate": ("validation",),
+    "test": ("validation", "test"),
+    "predict": None,
+}
 
 
 class DetectionDataModule(L.LightningDataModule):
@@ -41,7 +56,8 @@ class DetectionDataModule(L.LightningDataModule):
         num_workers: DataLoader workers.
         on_bad_record: ``"raise"`` on the first invalid record, or ``"skip"`` it (counted and logged).
         add_reverse_edges: add an explicit reverse edge ``t → h`` for every triple.
-        max_records: read at most this many records per split (quick runs).
+        max_records: read at most this many records per split (quick runs), or a per-split mapping such as
+            ``{train: 1500}`` (splits it does not name are read whole).
         benchmark_seed: seed of the embedded benchmark.
         predict_split: the split that ``predict`` scores.
     """
@@ -56,7 +72,7 @@ class DetectionDataModule(L.LightningDataModule):
         num_workers: int = 0,
         on_bad_record: Literal["raise", "skip"] = "raise",
         add_reverse_edges: bool = True,
-        max_records: int | None = None,
+        max_records: int | dict[Split, int] | None = None,
         benchmark_seed: int = 0,
         predict_split: Split = "test",
     ) -> None:
@@ -77,6 +93,7 @@ class DetectionDataModule(L.LightningDataModule):
         self._embeddings: EmbeddingCache | None = None
         self._read: dict[str, RecordList] = {}
         self._answered: dict[str, list[KGQARecord]] = {}
+        self._embedded: set[str] = set()
 
     @property
     def text_dim(self) -> int:
@@ -92,14 +109,20 @@ class DetectionDataModule(L.LightningDataModule):
     def _files(self) -> dict[str, tuple[str, str | None]]:
         return locate_splits(self.data_dir, self.benchmark_seed, str(self.cache_root))
 
-    def _dataset_key(self, path: str, split: str | None) -> str:
+    def _dataset_key(self, path: str, name: str | None, split: str) -> str:
         if self.data_dir is None:
             ident = f"embedded-seed{self.benchmark_seed}:{Path(path).parent.name}"
         else:
             p = Path(path)
             stamp = f"{p.stat().st_size}-{p.stat().st_mtime_ns}" if p.is_file() else ""
-            ident = f"{p.resolve()}:{split}:{stamp}"
-        return hashlib.sha1(f"{ident}:{self.max_records}".encode()).hexdigest()[:12]
+            ident = f"{p.resolve()}:{name}:{stamp}"
+        return hashlib.sha1(f"{ident}:{self.limit(split)}".encode()).hexdigest()[:12]
+
+    def limit(self, split: str) -> int | None:
+        """How many records of ``split`` are read at most (``None``: all)."""
+        if isinstance(self.max_records, dict):
+            return self.max_records.get(split)
+        return self.max_records
 
     def read_split(self, split: str) -> RecordList:
         """The split's records as read from the data (once per process, so skips are reported once).
@@ -109,7 +132,7 @@ class DetectionDataModule(L.LightningDataModule):
         """
         if split not in self._read:
             path, name = self._files()[split]
-            records = read_records(path, split=name, on_bad_record=self.on_bad_record, limit=self.max_records)
+            records = read_records(path, split=name, on_bad_record=self.on_bad_record, limit=self.limit(split))
             if not records:
                 why = f"all {len(records.skipped)} records were skipped" if records.skipped else "it holds no record"
                 raise RecordError(f"split {split!r} is empty: {why}", source=records.source)
@@ -135,41 +158,44 @@ class DetectionDataModule(L.LightningDataModule):
                 field="prediction",
             )
         path, name = self._files()[split]
-        cache = (
-            self.cache_root / "proposals" / self._dataset_key(path, name) / self.proposer.cache_key / f"{split}.jsonl"
-        )
-        if cache.exists():
-            return list(read_records(str(cache), report=False))
+        key = self._dataset_key(path, name, split)
+        cache = self.cache_root / "proposals-v2" / key / self.proposer.cache_key / f"{split}.jsonl"
+        cached = load_proposals(records, cache)
+        if cached is not None:
+            return cached
         rank_zero_info(f"proposing answers for {len(lacking)} {split} questions with {type(self.proposer).__name__}")
         proposed = iter(self.proposer.propose(lacking))
         out = [r if r.prediction is not None else next(proposed) for r in records]
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        write_records(out, cache)
+        save_proposals(records, out, cache)
         return out
 
     def prepare_data(self) -> None:
         """Build the benchmark, the proposals and the text embeddings once (rank 0 only under DDP).
 
-        Every split is read and checked before any answer is proposed or any text encoded, so that a bad or empty
-        split fails the run at once.
+        ``fit`` prepares every split, ``validate``, ``test`` and ``predict`` the splits they read. The splits are
+        read and checked before any answer is proposed or any text encoded, so that a bad or empty split fails the
+        run at once.
         """
-        for split in SPLITS:
+        fn = self.trainer.state.fn if self.trainer is not None else None
+        splits = _STAGE_SPLITS.get(str(getattr(fn, "value", fn)) if fn is not None else "fit", SPLITS)
+        splits = [self.predict_split] if splits is None else splits
+        for split in splits:
             self.read_split(split)
-        for split in SPLITS:
-            self.embeddings.add(t for r in self.records(split) for t in node_texts(r))
+        for split in splits:
+            self._embed_split(split)
+
+    def _embed_split(self, split: str) -> None:
+        if split not in self._embedded:
+            self.embeddings.add({t for r in self.records(split) for t in node_texts(r)})
+            self._embedded.add(split)
 
     def setup(self, stage: str | None = None) -> None:
-        wanted = {
-            "fit": ["train", "validation"],
-            "validate": ["validation"],
-            "test": ["validation", "test"],
-            "predict": [self.predict_split],
-        }.get(stage or "", list(SPLITS))
-        for split in wanted:
+        wanted = _SETUP_SPLITS.get(stage or "", SPLITS)
+        for split in [self.predict_split] if wanted is None else wanted:
             if split in self.datasets:
                 continue
             records = self.records(split)
-            self.embeddings.add(t for r in records for t in node_texts(r))
+            self._embed_split(split)
             text_id = self.embeddings._index
             stats = DetectionStats()
             graphs = [g for r in records if (g := build_detection_graph(r, text_id, stats, self.add_reverse_edges))]
@@ -186,11 +212,16 @@ class DetectionDataModule(L.LightningDataModule):
                 )
 
     def collate(self, items: list[Data]) -> Batch:
-        """Batch graphs and look their texts up in the embedding table."""
+        """Batch graphs and look their texts up in the embedding table.
+
+        Edge features are given per edge type (:func:`~kglightning.nn.kgguard.edge_types`): ``type_text_emb (T,
+        text_dim)`` and ``type_kind (T,)`` for the batch's distinct (relation, kind) pairs, and ``edge_type (E,)``.
+        """
         batch = Batch.from_data_list(items)
         table = self.embeddings.table
         batch.x_text = table[batch.node_text]
-        batch.edge_text_emb = table[batch.edge_text]
+        type_text, batch.type_kind, batch.edge_type = edge_types(batch.edge_text, batch.edge_kind)
+        batch.type_text_emb = table[type_text]
         batch.question = batch.x_text[batch.question_index][batch.batch[batch.answer_index]]
         return batch
 

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 from kglightning.data.records import KGQARecord
+
+log = logging.getLogger(__name__)
+_MISSING = object()
 
 
 class AnswerProposer(ABC):
@@ -28,3 +36,47 @@ class AnswerProposer(ABC):
     @abstractmethod
     def propose(self, records: Iterable[KGQARecord]) -> list[KGQARecord]:
         """Copies of ``records``, in order, with ``prediction`` set (an empty list is an abstention)."""
+
+
+def save_proposals(originals: Sequence[KGQARecord], proposed: Sequence[KGQARecord], path: str | Path) -> None:
+    """Write what a proposer added to ``originals``: per record its id, ``prediction``, ``confidence`` and the
+    ``extra`` keys it added or changed (one jsonl row each, written atomically). The graphs are not repeated, so
+    :func:`load_proposals` is cheap."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for before, after in zip(originals, proposed, strict=True):
+            extra = {k: v for k, v in after.extra.items() if before.extra.get(k, _MISSING) != v}
+            row = {"id": after.id, "prediction": after.prediction, "confidence": after.confidence, "extra": extra}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def load_proposals(originals: Sequence[KGQARecord], path: str | Path) -> list[KGQARecord] | None:
+    """``originals`` with the proposals saved by :func:`save_proposals` applied, or ``None`` when the file does not
+    exist or does not match them (another id, another count, an unreadable row), so the caller proposes again."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    out: list[KGQARecord] = []
+    try:
+        with path.open(encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        if len(rows) != len(originals):
+            raise ValueError(f"{len(rows)} rows for {len(originals)} records")
+        for record, row in zip(originals, rows):
+            if row["id"] != record.id:
+                raise ValueError(f"id {row['id']!r} where {record.id!r} was expected")
+            out.append(
+                replace(
+                    record,
+                    prediction=row["prediction"],
+                    confidence=row["confidence"],
+                    extra={**record.extra, **row["extra"]},
+                )
+            )
+    except (ValueError, KeyError, TypeError) as e:
+        log.warning("%s: cached proposals do not match the records (%s); proposing again", path, e)
+        return None
+    return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 REQUIRED_FIELDS = ("id", "question", "answer", "q_entity", "a_entity", "graph")
@@ -63,6 +64,21 @@ def _str_list(value: Any, name: str, err) -> list[str]:
             raise err(f"item {i} is {type(item).__name__} ({item!r}), expected a string", name)
         out.append(item)
     return out
+
+
+def _triples(graph_raw: list | tuple, err) -> list[tuple[str, str, str]]:
+    """``graph_raw`` as ``(head, relation, tail)`` string tuples; the checks run in C (``map``/``set``) on the whole
+    list first, and only a bad list is walked triple by triple for the error message."""
+    if set(map(type, graph_raw)) <= {list, tuple} and set(map(len, graph_raw)) <= {3}:
+        graph = list(map(tuple, graph_raw))
+        if all(issubclass(k, str) for k in set(map(type, chain.from_iterable(graph)))):
+            return graph
+    for i, triple in enumerate(graph_raw):
+        if not isinstance(triple, (list, tuple)) or len(triple) != 3:
+            raise err(f"triple {i} is {triple!r}, expected [head, relation, tail]", "graph")
+        if not all(isinstance(x, str) for x in triple):
+            raise err(f"triple {i} is {list(triple)!r}, expected three strings", "graph")
+    raise AssertionError("unreachable: every triple passed")  # pragma: no cover
 
 
 @dataclass
@@ -125,13 +141,7 @@ class KGQARecord:
             graph_raw = []
         if not isinstance(graph_raw, (list, tuple)):
             raise err(f"expected a list of [head, relation, tail] triples, got {type(graph_raw).__name__}", "graph")
-        graph: list[tuple[str, str, str]] = []
-        for i, triple in enumerate(graph_raw):
-            if not isinstance(triple, (list, tuple)) or len(triple) != 3:
-                raise err(f"triple {i} is {triple!r}, expected [head, relation, tail]", "graph")
-            if not all(isinstance(x, str) for x in triple):
-                raise err(f"triple {i} is {list(triple)!r}, expected three strings", "graph")
-            graph.append((triple[0], triple[1], triple[2]))
+        graph = _triples(graph_raw, err)
 
         prediction = data.get("prediction")
         if prediction is not None:

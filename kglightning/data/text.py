@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from kglightning.data.kg import is_reverse
 
 
+@lru_cache(maxsize=65536)
 def relation_text(relation: str) -> str:
     """A readable rendering of a (possibly reversed) Freebase-style relation.
 

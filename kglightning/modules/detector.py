@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 from torch.nn import functional as F
 from torchmetrics import Metric
@@ -82,6 +82,9 @@ class HallucinationDetector(L.LightningModule):
         mlp_hidden: hidden size of the classifier MLP.
         dropout: MLP dropout.
         optimizer: optimizer factory; default Adam(lr=1e-3, weight_decay=1e-4) as in the paper.
+        scheduler: learning-rate scheduler factory, stepped once per epoch (e.g.
+            ``torch.optim.lr_scheduler.CosineAnnealingLR`` with ``T_max`` = the number of epochs); ``None``: a
+            constant rate.
         threshold: initial decision threshold.
         tune_threshold: re-tune the threshold on validation.
         baseline_seed: seed of the Random baseline, whose score for a node is fixed by (seed, question id,
@@ -96,14 +99,16 @@ class HallucinationDetector(L.LightningModule):
         mlp_hidden: int = 256,
         dropout: float = 0.1,
         optimizer: OptimizerCallable | None = None,
+        scheduler: LRSchedulerCallable | None = None,
         threshold: float = 0.5,
         tune_threshold: bool = True,
         baseline_seed: int = 0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["encoder", "optimizer"])
+        self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.net = KGGuard(text_dim, encoder, mark_dim=mark_dim, mlp_hidden=mlp_hidden, dropout=dropout)
         self.optimizer = optimizer
+        self.scheduler = scheduler
         self.tune_threshold = tune_threshold
         self.baseline_seed = baseline_seed
         self.register_buffer("threshold", torch.tensor(float(threshold)))
@@ -115,16 +120,26 @@ class HallucinationDetector(L.LightningModule):
         self.random_metrics = detection_metrics()
 
     def forward(self, batch: Any) -> Tensor:
-        """Logits ``(A,)`` for every proposed answer node of the batch."""
+        """Logits ``(A,)`` for every proposed answer node of the batch.
+
+        Edge features come per edge type (``type_text_emb``, ``type_kind``, ``edge_type``, as
+        :meth:`~kglightning.data.DetectionDataModule.collate` builds them) or per edge (``edge_text_emb``,
+        ``edge_kind``); both give the same logits.
+        """
+        if getattr(batch, "edge_type", None) is not None:
+            edges = (batch.type_text_emb, batch.type_kind, batch.edge_type)
+        else:
+            edges = (batch.edge_text_emb, batch.edge_kind, None)
         return self.net(
             batch.x_text,
             batch.topic_mask,
             batch.answer_mask,
             batch.edge_index,
-            batch.edge_text_emb,
-            batch.edge_kind,
+            edges[0],
+            edges[1],
             batch.answer_index,
             batch.question,
+            edge_type=edges[2],
         )
 
     def _loss(self, batch: Any, stage: str) -> tuple[Tensor, Tensor]:
@@ -231,7 +246,11 @@ class HallucinationDetector(L.LightningModule):
             out["conformal_qhat"] = qhat
             out["conformal_full_set"] = qhat == float("inf")
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> Any:
         if self.optimizer is None:
-            return torch.optim.Adam(self.parameters(), lr=1e-3, weight_decay=1e-4)
-        return self.optimizer(self.parameters())
+            optimizer = torch.optim.Adam(self.parameters(), lr=1e-3, weight_decay=1e-4)
+        else:
+            optimizer = self.optimizer(self.parameters())
+        if self.scheduler is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.scheduler(optimizer), "interval": "epoch"}}

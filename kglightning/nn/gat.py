@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from torch_geometric.nn import GATConv
-
 from kglightning.nn.base import _StackedAttentionEncoder
+from kglightning.nn.conv import TypedGATConv
 
 
 class GATEncoder(_StackedAttentionEncoder):
     """Graph attention network (Veličković et al., 2018) with relation embeddings in the attention scores.
 
-    Each layer is ``GATConv(hidden, hidden // heads, heads, edge_dim=edge_dim)`` with concatenated heads and self
+    Each layer is ``GATConv(hidden, hidden // heads, heads, edge_dim=edge_dim)`` (as
+    :class:`~kglightning.nn.conv.TypedGATConv`, so edge features may come per edge type) with concatenated heads and self
     loops, wrapped as described in :class:`~kglightning.nn.base._StackedAttentionEncoder`, whose arguments it
     takes: ``in_channels, edge_dim, hidden_channels=256, num_layers=2, heads=8, dropout=0.1``.
 
@@ -21,8 +21,8 @@ class GATEncoder(_StackedAttentionEncoder):
         torch.Size([3, 16])
     """
 
-    def make_conv(self, channels: int, heads: int, dropout: float, edge_dim: int) -> GATConv:
-        return GATConv(
+    def make_conv(self, channels: int, heads: int, dropout: float, edge_dim: int) -> TypedGATConv:
+        return TypedGATConv(
             channels,
             channels // heads,
             heads=heads,

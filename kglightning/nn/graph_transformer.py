@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from torch_geometric.nn import TransformerConv
-
 from kglightning.nn.base import _StackedAttentionEncoder
+from kglightning.nn.conv import TypedTransformerConv
 
 
 class GraphTransformerEncoder(_StackedAttentionEncoder):
     """Multi-head dot-product graph attention (Shi et al., 2021) with relation embeddings as edge features.
 
-    Each layer is ``TransformerConv(hidden, hidden // heads, heads, edge_dim=edge_dim)`` with concatenated heads,
+    Each layer is ``TransformerConv(hidden, hidden // heads, heads, edge_dim=edge_dim)`` (as
+    :class:`~kglightning.nn.conv.TypedTransformerConv`, so edge features may come per edge type) with concatenated heads,
     wrapped as described in :class:`~kglightning.nn.base._StackedAttentionEncoder`, whose arguments it takes:
     ``in_channels, edge_dim, hidden_channels=256, num_layers=2, heads=8, dropout=0.1``.
 
@@ -21,7 +21,7 @@ class GraphTransformerEncoder(_StackedAttentionEncoder):
         torch.Size([3, 16])
     """
 
-    def make_conv(self, channels: int, heads: int, dropout: float, edge_dim: int) -> TransformerConv:
-        return TransformerConv(
+    def make_conv(self, channels: int, heads: int, dropout: float, edge_dim: int) -> TypedTransformerConv:
+        return TypedTransformerConv(
             channels, channels // heads, heads=heads, concat=True, dropout=dropout, edge_dim=edge_dim
         )

@@ -11,6 +11,7 @@ from kglightning.nn.base import GraphEncoder
 
 #: ``edge_kind`` values of the augmented graph.
 EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL = 0, 1, 2
+NUM_EDGE_KINDS = 3
 
 
 class KGGuard(nn.Module):
@@ -33,6 +34,10 @@ class KGGuard(nn.Module):
     Shapes:
         - ``x_text (N, text_dim)``; ``topic_mask``, ``answer_mask (N,)`` bool
         - ``edge_index (2, E)``; ``edge_text (E, text_dim)`` (rows of virtual edges are ignored); ``edge_kind (E,)``
+        - or, per edge type: ``edge_text (T, text_dim)`` and ``edge_kind (T,)`` describe ``T`` (relation, kind)
+          types and ``edge_type (E,)`` gives each edge's type. The result is the same; an encoder that
+          :attr:`~kglightning.nn.GraphEncoder.supports_edge_types` then projects ``T`` rows instead of ``E``
+          (see :func:`edge_types`).
         - ``answer_index (A,)`` node indices; ``question (A, text_dim)`` the question embedding of each answer
         - output: logits ``(A,)``
 
@@ -60,7 +65,7 @@ class KGGuard(nn.Module):
         self.text_dim = text_dim
         self.topic_mark = nn.Embedding(2, mark_dim)
         self.answer_mark = nn.Embedding(2, mark_dim)
-        self.edge_kind = nn.Embedding(3, text_dim)
+        self.edge_kind = nn.Embedding(NUM_EDGE_KINDS, text_dim)
         self.encoder = encoder(text_dim + 2 * mark_dim, text_dim)
         hidden = self.encoder.out_channels
         self.head = nn.Sequential(
@@ -87,9 +92,31 @@ class KGGuard(nn.Module):
         edge_kind: Tensor,
         answer_index: Tensor,
         question: Tensor,
+        edge_type: Tensor | None = None,
     ) -> Tensor:
         x = torch.cat([x_text, self.topic_mark(topic_mask.long()), self.answer_mark(answer_mask.long())], dim=-1)
         has_text = (edge_kind != EDGE_VIRTUAL).unsqueeze(-1).to(edge_text.dtype)
         edge_attr = edge_text * has_text + self.edge_kind(edge_kind)
-        h = self.encoder(x, edge_index, edge_attr)
-        return self.head(torch.cat([h[answer_index], question], dim=-1)).squeeze(-1)
+        h = self.encoder.node_states(x, edge_index, edge_attr, edge_type, targets=answer_index)
+        return self.head(torch.cat([h, question], dim=-1)).squeeze(-1)
+
+
+def edge_types(edge_text: Tensor, edge_kind: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The distinct (relation text id, edge kind) pairs of a batch's edges.
+
+    Args:
+        edge_text: ``(E,)`` row ids of each edge's relation text in an embedding table.
+        edge_kind: ``(E,)`` edge kinds (``EDGE_FORWARD``, ``EDGE_REVERSE``, ``EDGE_VIRTUAL``).
+
+    Returns:
+        ``(type_text (T,), type_kind (T,), edge_type (E,))``: the text id and kind of each of the ``T`` types, and
+        the type of each edge, so that ``type_text[edge_type] == edge_text`` and ``type_kind[edge_type] ==
+        edge_kind``.
+
+    Example:
+        >>> edge_types(torch.tensor([5, 7, 5, 5]), torch.tensor([0, 0, 1, 0]))
+        (tensor([5, 5, 7]), tensor([0, 1, 0]), tensor([0, 2, 1, 0]))
+    """
+    key = edge_text * NUM_EDGE_KINDS + edge_kind
+    types, edge_type = torch.unique(key, return_inverse=True)
+    return types // NUM_EDGE_KINDS, types % NUM_EDGE_KINDS, edge_type

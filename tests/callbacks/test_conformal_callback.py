@@ -83,9 +83,15 @@ def test_test_metrics_equal_an_independent_computation(fitted):
     trainer, model, dm, cb = fitted
     results = trainer.test(model, dm, verbose=False)[0]
     test = _scores(model, dm.test_dataloader())
-    sets = test.scores <= cb.qhat
-    assert results["test/conformal_coverage"] == pytest.approx(covered(sets, test.labels, "all").float().mean().item())
-    assert results["test/conformal_set_size"] == pytest.approx(sets.sum(1).float().mean().item())
+    # the fixture repeats some (question, answer) pairs across splits, so a test score can equal qhat exactly, and
+    # float rounding (threaded scatter sums) may put it on either side: accept anything between the two readings
+    for metric, value in (
+        ("coverage", lambda sets: covered(sets, test.labels, "all")),
+        ("set_size", lambda s: s.sum(1)),
+    ):
+        low, high = (value(test.scores <= cb.qhat + eps).float().mean().item() for eps in (-1e-9, 1e-9))
+        assert low - 1e-6 <= results[f"test/conformal_{metric}"] <= high + 1e-6, metric
+        assert high - low <= 0.1  # at most a couple of items sit on the threshold
 
 
 def test_checkpoint_reload_restores_qhat_and_predict_emits_sets(fitted, tmp_path, caplog):

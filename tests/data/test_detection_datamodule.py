@@ -126,3 +126,37 @@ def test_proposals_are_made_once_and_cached(splits, tmp_path, tiny_encoder_dir):
     dm2.setup("test")
     assert again.asked == 0
     assert all(g.y.sum() == 0 for g in dm2.datasets["test"])  # gold answers: nothing hallucinated
+
+
+def test_proposal_cache_holds_predictions_only_and_a_stale_one_is_redone(splits, tmp_path, tiny_encoder_dir):
+    for records in splits.values():
+        for r in records:
+            del r["prediction"], r["confidence"]
+    data = _write(tmp_path / "d", splits)
+    dm = _dm(data, tmp_path, tiny_encoder_dir, proposer=EchoGoldProposer())
+    dm.prepare_data()
+    files = sorted((tmp_path / "cache").glob("proposals-v2/*/echo-gold/*.jsonl"), key=lambda f: f.name)
+    assert [f.name for f in files] == ["test.jsonl", "train.jsonl", "validation.jsonl"]
+    rows = [json.loads(line) for line in files[1].read_text().splitlines()]
+    assert set(rows[0]) == {"id", "prediction", "confidence", "extra"} and rows[0]["id"] == "train-q0"
+    first = dm.records("train")
+    # the cache no longer matches the records (an id changed): proposals are made again, with a warning
+    rows[0]["id"] = "someone-else"
+    files[1].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    again = EchoGoldProposer()
+    dm2 = _dm(data, tmp_path, tiny_encoder_dir, proposer=again)
+    assert [r.prediction for r in dm2.records("train")] == [r.prediction for r in first]
+    assert again.asked == 12
+
+
+def test_test_stage_prepares_only_what_test_reads(splits, tmp_path, tiny_encoder_dir):
+    import lightning as L
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    splits["train"] = []  # an empty train split does not matter to `test`
+    dm = _dm(_write(tmp_path / "d", splits), tmp_path, tiny_encoder_dir)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False)
+    trainer.state.fn = TrainerFn.TESTING
+    dm.trainer = trainer
+    dm.prepare_data()
+    assert set(dm._read) == {"validation", "test"}

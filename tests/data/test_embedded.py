@@ -49,11 +49,11 @@ def _all(bench) -> list[dict]:
     return [r for s in SPLITS for r in bench[1][s]]
 
 
-def _small_build(monkeypatch, out: Path, seed: int, n: int = 120) -> dict[str, Path]:
+def _small_build(monkeypatch, out: Path, seed: int, n: int = 120, workers: int | None = None) -> dict[str, Path]:
     """A build over the first ``n`` questions only (the KG is cached), for fast determinism checks."""
     full = embedded.generate_questions(embedded.build_knowledge_graph())
     monkeypatch.setattr(builder, "generate_questions", lambda kg: full[::7][:n])
-    return embedded.build_embedded_benchmark(out, seed=seed, progress=False)
+    return embedded.build_embedded_benchmark(out, seed=seed, progress=False, workers=workers)
 
 
 # ----------------------------------------------------------------------------------------------- the pieces
@@ -141,6 +141,13 @@ def test_subset_build_is_deterministic_and_atomic(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         _small_build(monkeypatch, tmp_path / "d", seed=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"]  # no half-written cache, no temp folder
+
+
+def test_build_does_not_depend_on_the_number_of_workers(tmp_path, monkeypatch):
+    one = _small_build(monkeypatch, tmp_path / "one", seed=0, n=600, workers=1)
+    two = _small_build(monkeypatch, tmp_path / "two", seed=0, n=600, workers=2)  # 3 chunks over 2 processes
+    for key in (*SPLITS, "manifest"):
+        assert one[key].read_bytes() == two[key].read_bytes()
 
 
 def test_ensure_builds_once_into_versioned_folder(tmp_path, monkeypatch, caplog):

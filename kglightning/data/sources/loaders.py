@@ -29,6 +29,7 @@ import os
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -256,7 +257,7 @@ def read_records(
         if not rec.graph:
             out.empty_graph.append(rec.id)
         else:
-            nodes = {x for h, _, t in rec.graph for x in (h, t)}
+            nodes = set(map(itemgetter(0), rec.graph)).union(map(itemgetter(2), rec.graph))
             if not rec.q_entity or any(q not in nodes for q in rec.q_entity):
                 out.unknown_topic.append(rec.id)
     if report:

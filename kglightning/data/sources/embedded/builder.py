@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -15,6 +16,7 @@ import statistics
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +153,47 @@ def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
             raise
 
 
+_WORK: tuple[KnowledgeGraph, list[Question], int, SubgraphConfig] | None = None  # read by forked workers
+
+
+def _make_records(bounds: tuple[int, int]) -> list[dict[str, Any]]:
+    assert _WORK is not None
+    kg, questions, seed, cfg = _WORK
+    return [make_record(kg, q, seed, cfg) for q in questions[bounds[0] : bounds[1]]]
+
+
+def make_records(
+    kg: KnowledgeGraph, questions: list[Question], seed: int, cfg: SubgraphConfig, workers: int, progress: bool
+) -> list[dict[str, Any]]:
+    """:func:`make_record` for every question, in order, on ``workers`` forked processes (each question draws
+    from its own seeded generator, so the records do not depend on how the work is split)."""
+    global _WORK
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(questions), desc="embedded benchmark: subgraphs", unit="q", disable=not progress)
+    chunk = 250
+    bounds = [(i, min(i + chunk, len(questions))) for i in range(0, len(questions), chunk)]
+    out: list[dict[str, Any]] = []
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        _WORK = (kg, questions, seed, cfg)
+        try:
+            ctx = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                for part in pool.map(_make_records, bounds):
+                    out.extend(part)
+                    bar.update(len(part))
+        finally:
+            _WORK = None
+    else:
+        for q in questions:
+            out.append(make_record(kg, q, seed, cfg))
+            bar.update(1)
+    bar.close()
+    return out
+
+
 def build_embedded_benchmark(
-    out_dir: str | Path, seed: int = 0, progress: bool = True, *, replace: bool = True
+    out_dir: str | Path, seed: int = 0, progress: bool = True, *, replace: bool = True, workers: int | None = None
 ) -> dict[str, Path]:
     """Build the benchmark into ``out_dir`` (written in a temp folder, then renamed into place).
 
@@ -161,6 +202,8 @@ def build_embedded_benchmark(
             already holds a complete build, which is then kept).
         seed: seed of the split, the subgraph sampling and the missing answers.
         progress: show a tqdm progress bar.
+        workers: processes that cut the subgraphs (default: the CPUs this process may use); the files are the same
+            for any number.
 
     Returns:
         ``{"train": ..., "validation": ..., "test": ..., "manifest": ...}`` paths.
@@ -169,13 +212,9 @@ def build_embedded_benchmark(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     kg = build_knowledge_graph()
     questions = generate_questions(kg)
-    cfg = SubgraphConfig()
-    items: Iterable[Question] = questions
-    if progress:
-        from tqdm.auto import tqdm
-
-        items = tqdm(questions, desc="embedded benchmark: subgraphs", unit="q")
-    records = [make_record(kg, q, seed, cfg) for q in items]
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    records = make_records(kg, questions, seed, SubgraphConfig(), workers, progress)
     splits = split_records(records, seed)
     manifest = summarize(kg, splits, seed)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))

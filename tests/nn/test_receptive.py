@@ -1,0 +1,58 @@
+"""Receptive-field blocks: encoders computing a few nodes' states on their receptive field only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kglightning.nn import GATEncoder, GraphTransformerEncoder
+from kglightning.nn.receptive import receptive_blocks
+
+
+def _random_graph(seed: int, n: int = 50, e: int = 150):
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, e), generator=g)
+    return ei, g
+
+
+def test_blocks_hold_exactly_the_nodes_each_layer_reads():
+    ei, g = _random_graph(0)
+    targets = torch.tensor([3, 17, 41])
+    blocks = receptive_blocks(ei, targets, num_layers=3, num_nodes=50)
+    assert blocks[-1].nodes[: blocks[-1].num_out].tolist() == targets.tolist()
+    for block, nxt in zip(blocks, blocks[1:]):
+        assert block.nodes[: block.num_out].tolist() == nxt.nodes.tolist()  # outputs feed the next layer
+    for block in blocks:
+        out = set(block.nodes[: block.num_out].tolist())
+        # every edge into an output node is kept, no other
+        assert block.edge_mask.tolist() == [t in out for t in ei[1].tolist()]
+        srcs = set(ei[0, block.edge_mask].tolist())
+        assert set(block.nodes.tolist()) == out | srcs
+        assert len(set(block.nodes.tolist())) == block.nodes.numel()
+        # renumbered edges point at the same global nodes
+        assert block.nodes[block.edge_index[0]].tolist() == ei[0, block.edge_mask].tolist()
+        assert block.nodes[block.edge_index[1]].tolist() == ei[1, block.edge_mask].tolist()
+
+
+def test_duplicate_targets_are_refused():
+    ei, _ = _random_graph(1)
+    with pytest.raises(ValueError, match="distinct"):
+        receptive_blocks(ei, torch.tensor([1, 1]), 2, 50)
+
+
+@pytest.mark.parametrize("encoder", [GraphTransformerEncoder, GATEncoder])
+@pytest.mark.parametrize("typed", [True, False])
+def test_node_states_equal_the_whole_graph_run(encoder, typed):
+    ei, g = _random_graph(2, n=60, e=200)
+    ei[:, :3] = torch.tensor([[5, 5, 8], [5, 9, 9]])  # a self-loop and repeated targets
+    x = torch.randn(60, 12, generator=g)
+    table, edge_type = torch.randn(6, 5, generator=g), torch.randint(0, 6, (200,), generator=g)
+    torch.manual_seed(0)
+    enc = encoder(12, 5, hidden_channels=16, num_layers=3, heads=4).eval()
+    full = enc(x, ei, table[edge_type])
+    targets = torch.tensor([9, 5, 33, 9, 0])  # repeats are allowed here
+    attr, types = (table, edge_type) if typed else (table[edge_type], None)
+    torch.testing.assert_close(
+        enc.node_states(x, ei, attr, types, targets=targets), full[targets], atol=1e-5, rtol=1e-5
+    )
+    torch.testing.assert_close(enc.node_states(x, ei, attr, types), full, atol=1e-5, rtol=1e-5)
