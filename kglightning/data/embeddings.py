@@ -133,10 +133,21 @@ class EmbeddingCache:
         self._chunks: list[torch.Tensor] = []
         self._table: torch.Tensor | None = None
         self._rows = 0
-        if self.folder is not None and self.folder.is_dir():
-            for shard in sorted(self.folder.glob("shard-*.pt")):
+        self._shards: set[str] = set()
+        self.refresh()
+
+    def refresh(self) -> int:
+        """Load the shards that appeared in :attr:`folder` since this cache last looked (written by another cache
+        on the same folder, e.g. the answer proposer's, or by another process); return how many strings came in."""
+        if self.folder is None or not self.folder.is_dir():
+            return 0
+        before = len(self._index)
+        for shard in sorted(self.folder.glob("shard-*.pt")):
+            if shard.name not in self._shards:
                 payload = torch.load(shard, weights_only=True)
                 self._add(payload["texts"], payload["embeddings"].float())
+                self._shards.add(shard.name)
+        return len(self._index) - before
 
     def __len__(self) -> int:
         return len(self._index)
@@ -173,7 +184,10 @@ class EmbeddingCache:
 
     def add(self, texts: Iterable[str]) -> int:
         """Encode and store the strings not yet cached; return how many were new."""
-        new = sorted({t for t in texts if t not in self._index})
+        texts = texts if isinstance(texts, (set, frozenset)) else set(texts)
+        new = sorted(t for t in texts if t not in self._index)
+        if new and self.refresh():  # another cache may have encoded some of them already
+            new = [t for t in new if t not in self._index]
         if not new:
             return 0
         log.info("encoding %d new strings with %s", len(new), self.encoder.cache_key)
@@ -186,6 +200,7 @@ class EmbeddingCache:
             tmp = self.folder / f".{shard.name}.{os.getpid()}.tmp"
             torch.save({"texts": new, "embeddings": emb.half()}, tmp)
             os.replace(tmp, shard)
+            self._shards.add(shard.name)
             emb = emb.half().float()  # what a reload would see, so a run and its rerun agree exactly
         self._add(new, emb)
         return len(new)

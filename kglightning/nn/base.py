@@ -40,7 +40,7 @@ class GraphEncoder(nn.Module, ABC):
         unless the encoder :attr:`supports_edge_types`."""
         if edge_type is None or self.supports_edge_types:
             return edge_attr, edge_type
-        return edge_attr[edge_type], None
+        return edge_attr.index_select(0, edge_type), None
 
     def node_states(
         self,
@@ -53,7 +53,7 @@ class GraphEncoder(nn.Module, ABC):
         """States ``(K, out_channels)`` of the ``targets`` nodes (``(N, out_channels)`` of all when ``None``);
         ``edge_attr`` may be per edge type with ``edge_type`` whatever the encoder supports."""
         h = self(x, edge_index, *self.edge_features(edge_attr, edge_type))
-        return h if targets is None else h[targets]
+        return h if targets is None else h.index_select(0, targets)
 
     def reset_parameters(self) -> None:
         for module in self.modules():
@@ -137,15 +137,16 @@ class _StackedAttentionEncoder(GraphEncoder):
             return self(x, edge_index, edge_attr, edge_type)
         wanted, order = targets.unique(return_inverse=True)
         blocks = receptive_blocks(edge_index, wanted, len(self.convs), x.size(0))
-        h = self.input_proj(x[blocks[0].nodes])
+        # index_select, not x[...]: its backward is a fast scatter-add, that of advanced indexing is not
+        h = self.input_proj(x.index_select(0, blocks[0].nodes))
         for block, conv, norm in zip(blocks, self.convs, self.norms):
             if edge_type is None:
-                attr, types = edge_attr[block.edge_mask], None
+                attr, types = edge_attr.index_select(0, block.edge_ids), None
             else:
-                attr, types = edge_attr, edge_type[block.edge_mask]
+                attr, types = edge_attr, edge_type.index_select(0, block.edge_ids)
             out = h[: block.num_out]
             h = self._finish(out, conv((h, out), block.edge_index, attr, types), norm)
-        return h[order]
+        return h.index_select(0, order)
 
     def __repr__(self) -> str:
         return (

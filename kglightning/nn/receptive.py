@@ -17,6 +17,7 @@ class LayerBlock:
             (so an output node's own input state is row ``i`` of both, as residuals and self-loops expect).
         num_out: how many output nodes the layer has.
         edge_mask: ``(E,)`` bool, the edges into the output nodes (all that the layer reads).
+        edge_ids: ``(E',)`` the indices of those edges.
         edge_index: ``(2, E')`` those edges renumbered: sources index ``nodes``, targets index its first
             ``num_out`` rows.
     """
@@ -24,6 +25,7 @@ class LayerBlock:
     nodes: Tensor
     num_out: int
     edge_mask: Tensor
+    edge_ids: Tensor
     edge_index: Tensor
 
 
@@ -61,6 +63,7 @@ def receptive_blocks(edge_index: Tensor, targets: Tensor, num_layers: int, num_n
         extra = sources[~is_out[sources]].unique()
         nodes = torch.cat([out_nodes, extra])
         local[nodes] = torch.arange(nodes.numel(), device=edge_index.device)
-        blocks.append(LayerBlock(nodes, out_nodes.numel(), edge_mask, local[edge_index[:, edge_mask]]))
+        edge_ids = edge_mask.nonzero().squeeze(1)
+        blocks.append(LayerBlock(nodes, out_nodes.numel(), edge_mask, edge_ids, local[edge_index[:, edge_ids]]))
         out_nodes = nodes
     return blocks[::-1]

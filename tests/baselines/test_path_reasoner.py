@@ -91,3 +91,25 @@ def test_embedding_cache_persists_and_never_reencodes(tmp_path):
     second.embed(["ccc"])
     third = EmbeddingCache(Counting(), tmp_path)
     assert len(third) == 3 and calls == ["a", "bb", "ccc"]
+
+
+def test_two_live_caches_on_one_folder_share_what_either_encoded(tmp_path):
+    """The detector's DataModule and the answer proposer each hold a cache on the same folder: strings one of them
+    encoded after the other was created are read from disk, not encoded again."""
+    calls = []
+
+    class Counting:
+        dim, cache_key = 2, "counting"
+
+        def encode(self, texts):
+            calls.extend(texts)
+            return torch.tensor([[float(len(t)), 1.0] for t in texts])
+
+    early = EmbeddingCache(Counting(), tmp_path)  # created before anything is on disk
+    late = EmbeddingCache(Counting(), tmp_path)
+    late.embed(["question one", "a path"])
+    assert calls == ["a path", "question one"]
+    out = early.embed(["question one", "a node", "a path"])
+    assert calls == ["a path", "question one", "a node"]  # only the new string was encoded
+    assert out[:, 0].tolist() == [12.0, 6.0, 6.0]
+    assert early.refresh() == 0

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {
     "detector.yaml": "fit",
     "detector_gat.yaml": "fit",
+    "detector_paper.yaml": "fit",
     "baseline_predict.yaml": "predict",
     "proxy_sft.yaml": "fit",
     "doublycal.yaml": "predict",

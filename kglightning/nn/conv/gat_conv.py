@@ -49,9 +49,9 @@ class TypedGATConv(GATConv):
         if edge_attr is None:
             raise ValueError("edge_type needs edge_attr: one feature row per edge type")
         if self.lin_edge is None:  # the layer ignores edge features
-            return super().forward(x, edge_index, edge_attr[edge_type], size, return_attention_weights)
+            return super().forward(x, edge_index, edge_attr.index_select(0, edge_type), size, return_attention_weights)
         projected = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
-        scores = (projected * self.att_edge).sum(dim=-1)[edge_type]  # (E, heads): a_e^T W_e e_ij
+        scores = (projected * self.att_edge).sum(dim=-1).index_select(0, edge_type)  # (E, heads): a_e^T W_e e_ij
         self._edges_scored = True
         try:
             return super().forward(x, edge_index, scores, size, return_attention_weights)

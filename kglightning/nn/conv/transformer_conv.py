@@ -52,8 +52,9 @@ class TypedTransformerConv(TransformerConv):
         if edge_attr is None:
             raise ValueError("edge_type needs edge_attr: one feature row per edge type")
         if self.lin_edge is None:  # the layer ignores edge features
-            return super().forward(x, edge_index, edge_attr[edge_type], return_attention_weights)
-        projected = self.lin_edge(edge_attr)[edge_type]
+            return super().forward(x, edge_index, edge_attr.index_select(0, edge_type), return_attention_weights)
+        # index_select: its backward is a scatter-add (advanced indexing's is several times slower on CPU)
+        projected = self.lin_edge(edge_attr).index_select(0, edge_type)
         self._edges_projected = True
         try:
             return super().forward(x, edge_index, projected, return_attention_weights)
