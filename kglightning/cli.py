@@ -73,6 +73,19 @@ class KGLightningCLI(LightningCLI):
         parser.link_arguments("model.init_args.model", "data.init_args.tokenizer")
         # an epoch-wise scheduler that anneals to the end (CosineAnnealingLR) spans the run's epochs
         parser.link_arguments("trainer.max_epochs", "model.init_args.scheduler.init_args.T_max")
+        parser.add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=False,
+            help="fit only: test the best checkpoint (or the last weights, without a checkpoint) in the same process "
+            "once training ends, so the data and the model are loaded once",
+        )
+
+    def after_fit(self) -> None:
+        if not self.config[self.subcommand].get("test_after_fit"):
+            return
+        best = getattr(self.trainer.checkpoint_callback, "best_model_path", "")
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
 
 
 def _build_benchmark(argv: list[str]) -> int:

@@ -56,11 +56,14 @@ def _fit_args(data_dir: str, encoder_dir: str) -> list[str]:
     ]
 
 
-def test_console_script_exits_0_after_a_successful_fit(detection_dir, tiny_encoder_dir, tmp_path):
+def test_console_script_exits_0_after_a_successful_fit_and_tests_after_it(detection_dir, tiny_encoder_dir, tmp_path):
     proc = _run([_console_script(), *_fit_args(detection_dir, tiny_encoder_dir)], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "KGLightningCLI object" not in proc.stdout + proc.stderr
     assert (tmp_path / "outputs/detector/graph_transformer/checkpoints/last.ckpt").exists()
+    # configs/detector.yaml sets test_after_fit: the best checkpoint is tested in the same run
+    assert "Restoring states from the checkpoint path at" in proc.stdout + proc.stderr
+    assert "test/f1" in proc.stdout and "test/mostfrequent/f1" in proc.stdout
 
 
 def test_version(tmp_path):

@@ -125,5 +125,10 @@ def test_readme_conformal_recipe_and_fast_dev_run_keep_last_ckpt(detection_dir, 
     _cli(tmp_path, "predict", *predict, *fixture, *ddp)
     parts = sorted((tmp_path / RUN_DIR).glob("hallucination_predictions.rank*.jsonl"))
     assert [p.name for p in parts] == [f"hallucination_predictions.rank{r}.jsonl" for r in (0, 1)]
-    rows = [json.loads(line) for p in parts for line in p.open()]
-    assert sorted(rows, key=lambda r: r["id"]) == sorted(early, key=lambda r: r["id"])
+    rows = sorted((json.loads(line) for p in parts for line in p.open()), key=lambda r: r["id"])
+    # each rank batches other graphs together, which may move a probability in its last printed digit
+    for got, want in zip(rows, sorted(early, key=lambda r: r["id"]), strict=True):
+        assert got["hallucination_prob"] == pytest.approx(want["hallucination_prob"], abs=1e-5)
+        assert {k: v for k, v in got.items() if k != "hallucination_prob"} == {
+            k: v for k, v in want.items() if k != "hallucination_prob"
+        }
