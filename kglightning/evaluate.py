@@ -1,5 +1,8 @@
 """The ``evaluate`` command: score a predictions jsonl the way RoG does, plus strict F1/EM and calibration.
 
+The scoring is :mod:`kglightning.metrics.functional.evaluation`, the output files :mod:`kglightning.metrics.evaluation`;
+this module reads the file and runs the command.
+
 Input, one JSON object per line, in the RoG / GNN-RAG form::
 
     {"id": "WebQTest-0", "question": "...", "prediction": "Paris\\nLyon" or ["Paris", "Lyon"],
@@ -31,107 +34,16 @@ literal ``{topk}``). Questions with an empty gold list, on which RoG crashes, ar
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from kglightning.data.predictions import PredictionLine, read_predictions
+from kglightning.data.predictions import read_predictions
 from kglightning.data.records import RecordError
-from kglightning.metrics.functional.calibration import (
-    brier_score,
-    expected_calibration_error,
-    maximum_calibration_error,
-)
-from kglightning.metrics.functional.qa import ALL_KEYS, answer_correctness, answer_scores, prepare_prediction
-from kglightning.metrics.plots import plot_reliability_diagram
+from kglightning.metrics.evaluation import format_result, write_evaluation
+from kglightning.metrics.functional.evaluation import AnswerError
 
-_ROG_LINE = (
-    ("Accuracy", "acc"),
-    ("Hit", "hit"),
-    ("Hit1", "hit1"),
-    ("F1", "f1"),
-    ("Precision", "precision"),
-    ("Recall", "recall"),
-)
-_STRICT_LINE = (
-    ("Strict-F1", "strict_f1"),
-    ("Strict-Precision", "strict_precision"),
-    ("Strict-Recall", "strict_recall"),
-    ("EM", "em"),
-)
-_CALIB_LINE = (("ECE", "ece"), ("MCE", "mce"), ("Brier", "brier"))
-_DETAILED_KEYS = ("acc", "hit", "hit1", "f1", "precision", "recall", "strict_f1", "em")
-
-
-def confidence_pairs(rec: PredictionLine, scored: list[str]) -> tuple[list[float], list[bool]]:
-    """Per scored proposed answer (empty ones skipped): its confidence and whether it RoG-matches a gold.
-
-    A list ``confidence`` aligned with a list prediction gives each distinct answer the confidence of its first
-    occurrence (RoG de-duplicates list predictions); with a string prediction it aligns with the lines.
-    """
-    if rec.confidence is None:
-        return [], []
-    if isinstance(rec.confidence, list) and isinstance(rec.prediction, str):
-        items = [(p, c) for p, c in zip(rec.prediction.split("\n"), rec.confidence) if p.strip()]
-    else:
-        if isinstance(rec.confidence, dict):
-            table = rec.confidence
-        else:
-            table = {}
-            for p, c in zip(rec.prediction, rec.confidence):
-                table.setdefault(p, c)
-        items = []
-        for p in scored:
-            if not p.strip():
-                continue
-            if p not in table:
-                raise RecordError(
-                    f"no confidence for predicted answer {p!r}",
-                    source="<predictions>",
-                    line=rec.line,
-                    field="confidence",
-                )
-            items.append((p, table[p]))
-    correct = answer_correctness([p for p, _ in items], rec.ground_truth)
-    return [float(c) for _, c in items], correct
-
-
-def calibration_pairs(
-    records: list[PredictionLine], topk: int = -1, source: str = "<predictions>"
-) -> tuple[list[float], list[bool]]:
-    """Every scored answer's (confidence, correct) pair over the questions with a non-empty ground truth.
-
-    These are the pairs behind ECE/MCE/Brier and the reliability diagram of :func:`evaluate_predictions`.
-    """
-    conf_all: list[float] = []
-    correct_all: list[bool] = []
-    for rec in records:
-        if not rec.ground_truth:
-            continue
-        try:
-            c, ok = confidence_pairs(rec, prepare_prediction(rec.prediction, topk))
-        except RecordError as e:
-            raise RecordError(e.reason, source=source, line=rec.line, field=e.field) from None
-        conf_all += c
-        correct_all += ok
-    return conf_all, correct_all
-
-
-def format_result(results: dict[str, float]) -> str:
-    """The text of ``eval_result.txt`` (see the module docstring).
-
-    Example:
-        >>> print(format_result({k: 50.0 for k in ALL_KEYS}).splitlines()[0])
-        Accuracy: 50.0 Hit: 50.0 Hit1: 50.0 F1: 50.0 Precision: 50.0 Recall: 50.0
-    """
-    lines = [
-        " ".join(f"{label}: {results[key]}" for label, key in _ROG_LINE),
-        " ".join(f"{label}: {results[key]}" for label, key in _STRICT_LINE),
-    ]
-    if "ece" in results:
-        lines.append(" ".join(f"{label}: {results[key]}" for label, key in _CALIB_LINE))
-    return "\n".join(lines) + "\n"
+__all__ = ["build_parser", "evaluate_predictions", "main"]
 
 
 def evaluate_predictions(
@@ -173,53 +85,20 @@ def evaluate_predictions(
         ['detailed_eval_result.jsonl', 'eval_result.txt', 'predictions.jsonl']
     """
     predictions = Path(predictions)
-    suffix = f"_top_{topk}" if topk > 0 else ""
     records = read_predictions(predictions, on_bad_record=on_bad_record)
-
-    scores: dict[str, list[float]] = {k: [] for k in ALL_KEYS}
-    conf_all, correct_all = calibration_pairs(records, topk, source=str(predictions))
-    rows: list[dict[str, Any]] = []
-    n_empty = 0
-    for rec in records:
-        row: dict[str, Any] = {"id": rec.id, "prediction": prepare_prediction(rec.prediction, topk)}
-        row["ground_truth"] = rec.ground_truth
-        if not rec.ground_truth:
-            n_empty += 1
-            row.update({k: None for k in _DETAILED_KEYS})
-            row["skipped"] = "empty ground_truth"
-        else:
-            s = answer_scores(rec.prediction, rec.ground_truth, topk)
-            for k in ALL_KEYS:
-                scores[k].append(s[k])
-            row.update({k: s[k] for k in _DETAILED_KEYS})
-        rows.append(row)
-    n = len(scores["acc"])
-    if n == 0:
-        raise RecordError(
-            f"no question with a non-empty ground truth to evaluate ({n_empty} rows)", source=str(predictions)
-        )
-    results: dict[str, float] = {k: sum(v) * 100 / len(v) for k, v in scores.items()}
-    if conf_all:
-        results["ece"] = expected_calibration_error(conf_all, correct_all, n_bins=n_bins).item() * 100
-        results["mce"] = maximum_calibration_error(conf_all, correct_all, n_bins=n_bins).item() * 100
-        results["brier"] = brier_score(conf_all, correct_all).item() * 100
-
     out_dir = Path(output) if output is not None else predictions.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / f"detailed_eval_result{suffix}.jsonl").open("w", encoding="utf-8") as f:
-        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    if conf_all:
-        plot_reliability_diagram(
-            conf_all, correct_all, out_dir / f"reliability{suffix}.png", n_bins=n_bins, title=predictions.name
+    try:
+        results = write_evaluation(records, out_dir, topk=topk, n_bins=n_bins, title=predictions.name)
+    except AnswerError as e:
+        raise RecordError(e.reason, source=str(predictions), line=e.line, field=e.field) from None
+    print(format_result(results), end="")
+    if results["n_empty_gold"]:
+        print(
+            f"({results['n_questions']} questions scored; {results['n_empty_gold']} with an empty ground truth left out)"
         )
-    text = format_result(results)
-    (out_dir / f"eval_result{suffix}.txt").write_text(text, encoding="utf-8")
-    print(text, end="")
-    if n_empty:
-        print(f"({n} questions scored; {n_empty} with an empty ground truth left out)")
     if records.skipped:
         print(f"({len(records.skipped)} bad rows skipped, see the warnings above)")
-    results.update(n_questions=n, n_empty_gold=n_empty, n_confidences=len(conf_all), n_skipped=len(records.skipped))
+    results["n_skipped"] = len(records.skipped)
     return results
 
 

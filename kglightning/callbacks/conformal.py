@@ -1,7 +1,8 @@
 """Split-conformal prediction sets for any LightningModule that scores candidates (UAG's ECR / APSS setting).
 
-A module takes part by implementing the :class:`ConformalScorer` protocol: ``conformal_scores(batch)`` returns a
-:class:`ConformalScores` (non-conformity per item and candidate, lower = more conforming). :class:`ConformalCallback`
+A module takes part by implementing the :class:`~kglightning.conformal.scorer.ConformalScorer` protocol:
+``conformal_scores(batch)`` returns a :class:`~kglightning.conformal.scorer.ConformalScores` (non-conformity per item
+and candidate, lower = more conforming; both live in :mod:`kglightning.conformal.scorer` and are re-exported here). :class:`ConformalCallback`
 fits the exact split-conformal threshold ``qhat`` (:func:`~kglightning.conformal.functional.conformal_quantile`) on
 the calibration (validation) data, keeps it in its ``state_dict`` (so checkpoints keep it), adds the sets to the
 ``predict`` outputs and reports empirical coverage and average set size on ``test``.
@@ -11,87 +12,21 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 from torch import Tensor
 
-from kglightning.conformal.functional import conformal_quantile, prediction_sets
+from kglightning.conformal.functional import conformal_quantile
+from kglightning.conformal.scorer import ConformalScorer, ConformalScores
 from kglightning.metrics.coverage import AverageSetSize, EmpiricalCoverage
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class ConformalScores:
-    """Non-conformity scores of a batch: ``N`` items, each with up to ``C`` candidates.
-
-    Args:
-        scores: ``(N, C)`` float non-conformity, lower = more conforming (e.g. ``1 - p(candidate)``).
-        labels: ``(N, C)`` bool, ``True`` for the true candidates; ``None`` when unknown (plain ``predict``).
-        mask: ``(N, C)`` bool, ``True`` for real candidates (``False`` = padding); ``None`` = all real.
-        candidates: names of the ``C`` candidates when every item shares them (e.g. class names); sets are then
-            reported by name, otherwise by candidate index.
-
-    Example:
-        >>> cs = ConformalScores(torch.tensor([[0.2, 0.8], [0.6, 0.4]]), labels=torch.tensor([[1, 0], [0, 1]]).bool())
-        >>> cs.calibration_scores("all")
-        tensor([0.2000, 0.4000], dtype=torch.float64)
-    """
-
-    scores: Tensor
-    labels: Tensor | None = None
-    mask: Tensor | None = None
-    candidates: Sequence[str] | None = None
-
-    def __post_init__(self) -> None:
-        if self.scores.dim() != 2:
-            raise ValueError(f"scores must have shape (N, C), got {tuple(self.scores.shape)}")
-        for name in ("labels", "mask"):
-            value = getattr(self, name)
-            if value is not None and value.shape != self.scores.shape:
-                raise ValueError(f"{name} must have the shape of scores {tuple(self.scores.shape)}")
-        if self.candidates is not None and len(self.candidates) != self.scores.shape[1]:
-            raise ValueError(f"got {len(self.candidates)} candidate names for {self.scores.shape[1]} candidates")
-
-    @property
-    def valid(self) -> Tensor:
-        """``(N, C)`` bool mask of real candidates."""
-        return torch.ones_like(self.scores, dtype=torch.bool) if self.mask is None else self.mask.bool()
-
-    def calibration_scores(self, coverage: Literal["all", "any"] = "all") -> Tensor:
-        """Per item: the largest (``"all"``) or smallest (``"any"``) score over its true candidates, ``(N,)`` float64.
-
-        An item with no true candidate gets ``-inf`` for ``"all"`` (vacuously covered) and ``+inf`` for ``"any"``
-        (never covered), the conventions of :func:`~kglightning.metrics.functional.coverage.covered`.
-        """
-        if self.labels is None:
-            raise ValueError("calibration needs labels: conformal_scores(batch) returned labels=None")
-        gold = self.labels.bool() & self.valid
-        s = self.scores.detach().double()
-        if coverage == "all":
-            return torch.where(gold, s, torch.full_like(s, -math.inf)).amax(dim=1)
-        return torch.where(gold, s, torch.full_like(s, math.inf)).amin(dim=1)
-
-    def sets(self, qhat: float) -> Tensor:
-        """``(N, C)`` bool membership of the prediction sets at threshold ``qhat`` (padding excluded)."""
-        return prediction_sets(self.scores.detach().double(), qhat) & self.valid
-
-
-@runtime_checkable
-class ConformalScorer(Protocol):
-    """What a LightningModule implements to work with :class:`ConformalCallback`.
-
-    ``attach_conformal_sets(outputs, batch, sets, qhat)`` is optional: it writes the sets (``sets[i]`` = the names or
-    indices of item ``i``'s set) into the ``predict_step`` outputs; without it, the callback handles outputs that
-    are a list of one dict per item, or a dict.
-    """
-
-    def conformal_scores(self, batch: Any) -> ConformalScores: ...
+__all__ = ["ConformalCallback", "ConformalScorer", "ConformalScores", "attach_sets"]
 
 
 class ConformalCallback(Callback):

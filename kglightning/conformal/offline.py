@@ -39,7 +39,7 @@ import torch
 from kglightning.conformal.functional import conformal_quantile
 from kglightning.data.predictions import PredictionLine, read_predictions
 from kglightning.data.records import RecordError
-from kglightning.evaluate import confidence_pairs
+from kglightning.metrics.functional.evaluation import AnswerError, confidence_pairs
 from kglightning.metrics.functional.qa import prepare_prediction
 
 
@@ -50,7 +50,10 @@ def scored_answers(rec: PredictionLine, source: str) -> tuple[list[str], list[fl
             "conformal sets need a confidence per answer", source=source, line=rec.line, field="confidence"
         )
     answers = [p for p in prepare_prediction(rec.prediction) if p.strip()]
-    conf, correct = confidence_pairs(rec, answers)
+    try:
+        conf, correct = confidence_pairs(rec, answers)
+    except AnswerError as e:
+        raise RecordError(e.reason, source=source, line=e.line, field=e.field) from None
     return answers, [1.0 - c for c in conf], correct
 
 

@@ -1,8 +1,9 @@
-"""KGQA data: the RoG record schema, the per-question KG index, loaders (records and predictions files),
-embeddings and DataModules.
+"""KGQA data, the ground floor: the RoG record schema, the per-question KG index, loaders (records and predictions
+files), the embedded benchmark, text embeddings and the answer-proposer interface. The LightningDataModules that
+serve it live one floor up, in :mod:`kglightning.datamodules`.
 
-The DataModules and the text encoder pull in Lightning, PyG and sentence-transformers; they are imported on first
-use, so ``from kglightning.data import KGQARecord`` stays light.
+The text encoder pulls in sentence-transformers; it is imported on first use, so ``from kglightning.data import
+KGQARecord`` stays light.
 """
 
 from importlib import import_module
@@ -14,11 +15,7 @@ from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.loaders import RecordList, read_records, write_records
 
 _LAZY = {
-    "DetectionDataModule": "kglightning.data.detection_datamodule",
-    "KGQADataModule": "kglightning.data.kgqa_datamodule",
-    "ProxySFTDataModule": "kglightning.data.sft_datamodule",
     "RelationPair": "kglightning.data.relation_pairs",
-    "RelationPairDataModule": "kglightning.data.relation_pairs",
     "mine_relation_pairs": "kglightning.data.relation_pairs",
     "EmbeddingCache": "kglightning.data.embeddings",
     "SentenceEncoder": "kglightning.data.embeddings",
@@ -34,19 +31,15 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AnswerProposer",
-    "DetectionDataModule",
     "EmbeddingCache",
     "KGIndex",
-    "KGQADataModule",
     "KGQARecord",
     "PredictionLine",
     "PredictionList",
-    "ProxySFTDataModule",
     "REVERSE_PREFIX",
     "RecordError",
     "RecordList",
     "RelationPair",
-    "RelationPairDataModule",
     "SentenceEncoder",
     "is_reverse",
     "mine_relation_pairs",

@@ -22,10 +22,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from kglightning.data import kg_paths
+from kglightning.data.kg_csr import Hop, csr_positions
+
 REVERSE_PREFIX = "~"
 
 Direction = Literal["out", "in", "both"]
-Hop = tuple[str, str, str]
 
 
 def reverse(relation: str) -> str:
@@ -46,17 +48,6 @@ def is_reverse(relation: str) -> bool:
         (True, False)
     """
     return relation.startswith(REVERSE_PREFIX)
-
-
-def _gather(indptr: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-    """Edge positions of all ``nodes`` in a CSR structure, node by node (vectorized slice concatenation)."""
-    starts = indptr[nodes]
-    counts = indptr[nodes + 1] - starts
-    total = int(counts.sum())
-    if total == 0:
-        return np.empty(0, dtype=np.int64)
-    offsets = np.repeat(starts - (np.cumsum(counts) - counts), counts)
-    return offsets + np.arange(total, dtype=np.int64)
 
 
 def _order(a: np.ndarray, b: np.ndarray, c: np.ndarray, n: int, nb: int) -> np.ndarray:
@@ -269,7 +260,7 @@ class KGIndex:
                 return set()
             csr = (self._in_ptr, self._in_rel, self._in_head) if rev else (self._out_ptr, self._r, self._t)
             ptr, rel_arr, nbr = csr
-            pos = _gather(ptr, ids)
+            pos = csr_positions(ptr, ids)
             ids = np.unique(nbr[pos[rel_arr[pos] == rid]])
         return {self._entities[i] for i in ids.tolist()}
 
@@ -280,8 +271,6 @@ class KGIndex:
 
         See :func:`kglightning.data.kg_paths.relation_paths`.
         """
-        from kglightning.data import kg_paths
-
         return kg_paths.relation_paths(self, start, max_hops, max_paths)
 
     def shortest_paths(self, source: str, target: str, max_hops: int = 4, max_paths: int = 1000) -> list[list[Hop]]:
@@ -289,8 +278,6 @@ class KGIndex:
 
         See :func:`kglightning.data.kg_paths.shortest_paths`.
         """
-        from kglightning.data import kg_paths
-
         return kg_paths.shortest_paths(self, source, target, max_hops, max_paths)
 
     def shortest_relation_paths(
@@ -300,8 +287,6 @@ class KGIndex:
 
         See :func:`kglightning.data.kg_paths.shortest_relation_paths`.
         """
-        from kglightning.data import kg_paths
-
         return kg_paths.shortest_relation_paths(self, source, target, max_hops, max_paths)
 
     def subgraph(self, entities: Iterable[str]) -> KGIndex:

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import islice
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kglightning.data.kg import Hop, KGIndex, _gather
+from kglightning.data.kg_csr import Hop, csr_positions
+
+if TYPE_CHECKING:  # annotations only: kg.py imports this module
+    from kglightning.data.kg import KGIndex
 
 
 def _expand(kg: KGIndex, ids: np.ndarray, allowed: np.ndarray | None, banned: np.ndarray | None):
     """Group the both-ways hops out of ``ids`` by label: yields ``(label_id, sorted dst ids)`` in label order."""
     ptr, lab, dst = kg._both_csr()
-    pos = _gather(ptr, ids)
+    pos = csr_positions(ptr, ids)
     if banned is not None:
         pos = pos[~banned[dst[pos]]]
     if allowed is not None:
@@ -53,6 +57,7 @@ def relation_paths(
             ``None`` for no cap.
 
     Example:
+        >>> from kglightning.data.kg import KGIndex
         >>> kg = KGIndex.from_triples([("a", "r", "b"), ("c", "r", "b"), ("b", "s", "d")])
         >>> {k: sorted(v) for k, v in relation_paths(kg, "a", 2).items()}
         {('r',): ['b'], ('r', 's'): ['d'], ('r', '~r'): ['c']}
@@ -95,7 +100,7 @@ def _shortest_levels(kg: KGIndex, source: str, target: str, max_hops: int) -> li
     while not seen[t]:
         if len(levels) > max_hops:
             return None
-        nb = np.unique(dst[_gather(ptr, levels[-1])])
+        nb = np.unique(dst[csr_positions(ptr, levels[-1])])
         nb = nb[~seen[nb]]
         if not nb.size:
             return None
@@ -103,7 +108,7 @@ def _shortest_levels(kg: KGIndex, source: str, target: str, max_hops: int) -> li
         levels.append(nb)
     on = [np.array([t], dtype=np.int64)]  # prune backwards: the both-ways adjacency is symmetric
     for k in range(len(levels) - 2, -1, -1):
-        nb = np.unique(dst[_gather(ptr, on[0])])
+        nb = np.unique(dst[csr_positions(ptr, on[0])])
         on.insert(0, np.intersect1d(nb, levels[k], assume_unique=True))
     return on
 
@@ -127,6 +132,7 @@ def shortest_paths(kg: KGIndex, source: str, target: str, max_hops: int = 4, max
         ``[[]]`` (one empty path) when ``source == target``.
 
     Example:
+        >>> from kglightning.data.kg import KGIndex
         >>> kg = KGIndex.from_triples([("a", "r", "b"), ("a", "q", "b"), ("c", "s", "b")])
         >>> shortest_paths(kg, "a", "c")
         [[('a', 'q', 'b'), ('b', '~s', 'c')], [('a', 'r', 'b'), ('b', '~s', 'c')]]
@@ -168,6 +174,7 @@ def shortest_relation_paths(
     :func:`shortest_paths`; ``max_paths`` caps the number of sequences.
 
     Example:
+        >>> from kglightning.data.kg import KGIndex
         >>> kg = KGIndex.from_triples([("a", "r", "m1"), ("a", "r", "m2"), ("m1", "s", "b"), ("m2", "s", "b")])
         >>> shortest_relation_paths(kg, "a", "b")
         [('r', 's')]
@@ -198,6 +205,7 @@ def shortest_relation_paths_many(
         max_paths: cap on the sequences kept per target.
 
     Example:
+        >>> from kglightning.data.kg import KGIndex
         >>> kg = KGIndex.from_triples([("a", "r", "m"), ("m", "s", "b"), ("m", "t", "c"), ("c", "u", "a")])
         >>> shortest_relation_paths_many(kg, "a", ["b", "c", "z"])
         {'b': [('r', 's')], 'c': [('~u',)], 'z': []}

@@ -20,7 +20,7 @@ class AnswerProposer(ABC):
     """Fills ``prediction`` (and optionally ``confidence``) of records.
 
     Subclass it and name the subclass by ``class_path`` as ``data.init_args.proposer`` of
-    :class:`~kglightning.data.DetectionDataModule`.
+    :class:`~kglightning.datamodules.DetectionDataModule`.
     """
 
     @property

@@ -1,4 +1,5 @@
-"""Training pairs for UAG's relation scorer (UAG App. D), and the DataModule that serves them.
+"""Training pairs for UAG's relation scorer (UAG App. D); :class:`~kglightning.datamodules.RelationPairDataModule`
+serves them.
 
 UAG fine-tunes its SBERT encoder with ``CosineSimilarityLoss`` on pairs ``(Q || r_0 .. r_{j-1}, r_j)``: the question
 followed by the relations walked so far, against the next relation. :func:`mine_relation_pairs` builds them from a
@@ -16,25 +17,17 @@ exactly what the traversal that consumes the fine-tuned encoder compares.
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from kglightning.data.kg import KGIndex
-from kglightning.data.kgqa_datamodule import KGQADataModule
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import path_text, relation_text, step_query_text
 
-__all__ = ["RelationPair", "RelationPairDataModule", "collate_pairs", "gold_relation_paths", "mine_relation_pairs"]
-
-log = logging.getLogger(__name__)
+__all__ = ["RelationPair", "collate_pairs", "gold_relation_paths", "mine_relation_pairs"]
 
 PROGRESS_MIN_RECORDS = 500
 """Mining shows a progress bar from this many records on."""
@@ -159,120 +152,3 @@ def collate_pairs(pairs: Sequence[RelationPair]) -> dict:
         "relation": [p.relation for p in pairs],
         "label": torch.tensor([p.label for p in pairs], dtype=torch.float32),
     }
-
-
-class RelationPairDataModule(L.LightningDataModule):
-    """Relation-scorer pairs mined from a RoG-format dataset, or from the embedded benchmark.
-
-    Train pairs come from the train split (reshuffled every epoch by a seeded generator); validation pairs from the
-    validation split and test pairs from the test split, in order. Each record's negatives are sampled with a
-    ``random.Random`` seeded by ``(seed, record id)``, so the pairs do not depend on ``max_records`` or on order.
-
-    Args:
-        data_dir: dataset folder (see :func:`~kglightning.data.splits.locate_splits`) or ``None`` for the
-            embedded benchmark.
-        max_hops: longest gold relation path searched.
-        negatives: negatives per positive pair.
-        path_negatives: whole-path (Eq. 5) negatives per gold path; ``0`` mines step pairs only (UAG's recipe).
-        batch_size: pairs per batch.
-        max_records: read at most this many train records (``None``: all).
-        max_val_records: read at most this many validation (and test) records (``None``: all).
-        seed: seed of negative sampling and of the train shuffle.
-        on_bad_record: ``"raise"`` on the first invalid record, or ``"skip"`` it (counted and logged).
-        benchmark_seed: seed of the embedded benchmark.
-        cache_dir: cache root of the embedded benchmark.
-        num_workers: DataLoader worker processes.
-    """
-
-    def __init__(
-        self,
-        data_dir: str | None = None,
-        max_hops: int = 3,
-        negatives: int = 3,
-        path_negatives: int = 0,
-        batch_size: int = 32,
-        max_records: int | None = None,
-        max_val_records: int | None = 200,
-        seed: int = 0,
-        on_bad_record: Literal["raise", "skip"] = "raise",
-        benchmark_seed: int = 0,
-        cache_dir: str | None = None,
-        num_workers: int = 0,
-    ) -> None:
-        super().__init__()
-        self.records = KGQADataModule(  # reads (and validates) the records of each split
-            data_dir=data_dir, on_bad_record=on_bad_record, benchmark_seed=benchmark_seed, cache_dir=cache_dir
-        )
-        self.max_hops = max_hops
-        self.negatives = negatives
-        self.path_negatives = path_negatives
-        self.batch_size = batch_size
-        self.max_records = max_records
-        self.max_val_records = max_val_records
-        self.seed = seed
-        self.num_workers = num_workers
-        self.pairs: dict[str, list[RelationPair]] = {}
-
-    def prepare_data(self) -> None:
-        self.records.prepare_data()
-
-    def split_pairs(self, split: Literal["train", "validation", "test"]) -> list[RelationPair]:
-        """The pairs of one split, mined on first use."""
-        if split not in self.pairs:
-            limit = self.max_records if split == "train" else self.max_val_records
-            records = self.records.split_records(split)[:limit]
-            self.pairs[split] = self._mine(records, split)
-        return self.pairs[split]
-
-    def _mine(self, records: list[KGQARecord], split: str) -> list[RelationPair]:
-        pairs: list[RelationPair] = []
-        no_path = 0
-        bar = tqdm(records, desc=f"mining {split} relation pairs", disable=len(records) < PROGRESS_MIN_RECORDS)
-        for record in bar:
-            rng = random.Random(f"{self.seed}:{record.id}")
-            mined = mine_relation_pairs(
-                record, max_hops=self.max_hops, negatives=self.negatives, rng=rng, path_negatives=self.path_negatives
-            )
-            no_path += not any(p.label > 0 for p in mined)
-            pairs += mined
-        positives = sum(p.label > 0 for p in pairs)
-        log.info(
-            "%s: mined %d relation pairs (%d positive, %d negative) from %d questions; %d questions have no gold "
-            "path within %d hops",
-            split,
-            len(pairs),
-            positives,
-            len(pairs) - positives,
-            len(records),
-            no_path,
-            self.max_hops,
-        )
-        return pairs
-
-    def setup(self, stage: str | None = None) -> None:
-        if stage in (None, "fit"):
-            self.split_pairs("train")
-        if stage in (None, "fit", "validate"):
-            self.split_pairs("validation")
-        if stage in (None, "test"):
-            self.split_pairs("test")
-
-    def _loader(self, split: Literal["train", "validation", "test"]) -> DataLoader:
-        shuffle = split == "train"
-        return DataLoader(
-            self.split_pairs(split),
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
-            collate_fn=collate_pairs,
-            num_workers=self.num_workers,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")

@@ -13,7 +13,7 @@ Relations are kept verbatim, including a leading ``~`` that marks a reverse hop 
 whitespace (around tags and separators, ``confidence = "0.75"``) and on tag case, strict on structure: a block with
 unbalanced or nested tags, an empty relation, a constraint without exactly a relation and an entity, or a confidence
 that is not a number in ``[0, 1]`` is *malformed*; it is returned with its reason, never dropped silently, and
-:class:`~kglightning.llm.parsing.ParseStats` counts reasons over a run.
+:class:`~kglightning.evidence.parse_stats.ParseStats` counts reasons over a run.
 
 RoG's multi-task SFT (which DoublyCal follows, App. D.2) adds an auxiliary QA task: :func:`qa_input` and
 :func:`qa_target` write it in RoG's layout (instruction, ``Reasoning Paths:``, ``Question:``; answers one per line).
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from kglightning.llm.parsing import ParseStats
+from kglightning.evidence.parse_stats import ParseStats
 
 if TYPE_CHECKING:
     from kglightning.evidence.schema import Evidence

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kglightning.data.kg import KGIndex, _gather, is_reverse, reverse
+from kglightning.data.kg import KGIndex, is_reverse, reverse
+from kglightning.data.kg_csr import csr_positions
 from kglightning.evidence.confidence import beta_bernoulli_confidences
 
 EMPTY = np.empty(0, dtype=np.int64)
@@ -50,7 +51,7 @@ def step(kg: KGIndex, ids: np.ndarray, label: int) -> np.ndarray:
     if not ids.size:
         return EMPTY
     ptr, lab, dst = kg._both_csr()
-    pos = _gather(ptr, ids)
+    pos = csr_positions(ptr, ids)
     return np.unique(dst[pos[lab[pos] == label]])
 
 
@@ -166,7 +167,7 @@ def score_constraints(
     none = ConstraintScores(EMPTY, EMPTY, EMPTY, EMPTY, np.empty(0))
     if not ids.size:
         return none
-    pos = _gather(ptr, ids)
+    pos = csr_positions(ptr, ids)
     n = max(kg.num_entities, 1)
     key = lab[pos] * n + dst[pos]  # (candidate, key) pairs are unique: the both-ways rows hold no duplicates
     ans = is_answer[np.repeat(ids, ptr[ids + 1] - ptr[ids])]

@@ -5,8 +5,8 @@ Real outputs drift from that: code fences, single quotes, unquoted keys (the pap
 prose around the object, JSON lines, a list of ``{"answer": ..., "confidence": ...}`` records, percentages,
 numbers as strings, confidences outside ``[0, 1]``, answers without a confidence. :func:`parse_answers` accepts
 all of these and records every departure that changes the meaning as an *issue*; an output from which nothing can
-be read is an abstention (no answers), never an exception. :class:`ParseStats` counts issues over a whole run and is
-shared with :mod:`kglightning.evidence.format`.
+be read is an abstention (no answers), never an exception. :class:`~kglightning.evidence.parse_stats.ParseStats`
+(re-exported here) counts issues over a whole run; :mod:`kglightning.evidence.format` uses it too.
 
 The module needs only the standard library.
 """
@@ -17,10 +17,11 @@ import ast
 import json
 import math
 import re
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
+
+from kglightning.evidence.parse_stats import ParseStats
 
 # issues of parse_answers (one entry per occurrence)
 EMPTY_OUTPUT = "empty_output"  #: the output is empty or blank
@@ -54,69 +55,6 @@ _COLON_LINE = re.compile(
 )
 _MAX_LENIENT_CHARS = 20_000
 _MAX_DEPTH = 8  # how deep to look for answers inside brackets that do not read as answers
-
-
-class _HasIssues(Protocol):
-    issues: list[str]
-
-
-@dataclass
-class ParseStats:
-    """Counts, over a run, of parsed items and of their issues by reason.
-
-    An *item* is one parsed output (a reasoner answer, or one generated evidence text); ``clean`` counts the items
-    without any issue; ``reasons`` counts every issue occurrence. Stats from several workers add up with ``+``.
-
-    Example:
-        >>> stats = ParseStats()
-        >>> stats.record(["missing_confidence", "missing_confidence"])
-        >>> stats.record(parse_answers('{"Spike": 0.8}'))
-        >>> stats.total, stats.clean, stats.count("missing_confidence"), stats.rate("missing_confidence")
-        (2, 1, 2, 1.0)
-        >>> stats.as_dict(prefix="answers/")
-        {'answers/total': 2, 'answers/clean': 1, 'answers/missing_confidence': 2}
-        >>> (stats + stats).total
-        4
-    """
-
-    total: int = 0
-    clean: int = 0
-    reasons: Counter[str] = field(default_factory=Counter)
-
-    def record(self, item: Iterable[str] | _HasIssues) -> None:
-        """Count one parsed item, given as its list of issues or as a result with an ``issues`` attribute."""
-        issues = list(item.issues if hasattr(item, "issues") else item)  # type: ignore[union-attr]
-        self.total += 1
-        self.clean += not issues
-        self.reasons.update(issues)
-
-    def count(self, reason: str) -> int:
-        """How many times ``reason`` occurred."""
-        return self.reasons[reason]
-
-    def rate(self, reason: str) -> float:
-        """Occurrences of ``reason`` per item (``0.0`` before any item)."""
-        return self.reasons[reason] / self.total if self.total else 0.0
-
-    def merge(self, other: ParseStats) -> ParseStats:
-        """Add ``other`` into ``self`` in place and return ``self``."""
-        self.total += other.total
-        self.clean += other.clean
-        self.reasons.update(other.reasons)
-        return self
-
-    def __add__(self, other: ParseStats) -> ParseStats:
-        return ParseStats(self.total, self.clean, Counter(self.reasons)).merge(other)
-
-    def as_dict(self, prefix: str = "") -> dict[str, int]:
-        """Flat counts for a logger: ``total``, ``clean``, then one key per reason (sorted)."""
-        out = {f"{prefix}total": self.total, f"{prefix}clean": self.clean}
-        out.update({f"{prefix}{k}": v for k, v in sorted(self.reasons.items())})
-        return out
-
-    def __str__(self) -> str:
-        parts = ", ".join(f"{k}={v}" for k, v in self.reasons.most_common())
-        return f"{self.total} parsed, {self.clean} clean" + (f"; {parts}" if parts else "")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from torchmetrics import Metric
 from torchmetrics.functional.classification import binary_precision_recall_curve
 
-from kglightning.callbacks.conformal import ConformalScores
+from kglightning.conformal.scorer import ConformalScores
 from kglightning.metrics.classification import detection_metrics
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard
 
@@ -123,7 +123,7 @@ class HallucinationDetector(L.LightningModule):
         """Logits ``(A,)`` for every proposed answer node of the batch.
 
         Edge features come per edge type (``type_text_emb``, ``type_kind``, ``edge_type``, as
-        :meth:`~kglightning.data.DetectionDataModule.collate` builds them) or per edge (``edge_text_emb``,
+        :meth:`~kglightning.datamodules.DetectionDataModule.collate` builds them) or per edge (``edge_text_emb``,
         ``edge_kind``); both give the same logits.
         """
         if getattr(batch, "edge_type", None) is not None:

@@ -1,7 +1,7 @@
 """The DoublyCal reasoning proxy, SFT stage: a causal LM with a LoRA adapter (DoublyCal §4.2, App. B.1).
 
 The proxy learns to write KG evidence with its Bayesian confidence (``<PATH confidence=...>...</PATH>``) from
-(prompt, completion) batches of :class:`~kglightning.data.sft_datamodule.ProxySFTDataModule`, with the
+(prompt, completion) batches of :class:`~kglightning.datamodules.sft.ProxySFTDataModule`, with the
 cross-entropy of Eq. 9 on completion tokens only (labels are ``-100`` elsewhere). Only the LoRA weights train.
 
 Checkpoints hold the trainable (LoRA) weights only; the frozen base model is rebuilt from ``model`` when a checkpoint
@@ -23,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric, SumMetric
 
-from kglightning.data.sft_datamodule import sft_tokenizer
+from kglightning.datamodules.sft import sft_tokenizer
 from kglightning.evidence.format import ParseResult, parse_evidence
 from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2, load_causal_lm
 from kglightning.llm.parsing import ParseStats

@@ -2,7 +2,7 @@
 
 The model scores how well a KG relation continues a partial reasoning path: the cosine similarity between the
 embeddings of ``Q || r_0 .. r_{j-1}`` and of ``r_j`` (UAG Eq. 4). Training pairs come from
-:class:`~kglightning.data.relation_pairs.RelationPairDataModule`; the loss is sentence-transformers'
+:class:`~kglightning.datamodules.RelationPairDataModule`; the loss is sentence-transformers'
 ``CosineSimilarityLoss``: the mean squared error between ``cos(u, v)`` and the 0/1 label.
 
 The :class:`~sentence_transformers.SentenceTransformer` is a submodule, so its weights are in every checkpoint. At the

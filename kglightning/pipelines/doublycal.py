@@ -31,8 +31,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
-from kglightning.data.sft_examples import PromptStyle as ProxyPromptStyle
-from kglightning.data.sft_examples import render_prompt
+from kglightning.datamodules.sft_examples import PromptStyle as ProxyPromptStyle
+from kglightning.datamodules.sft_examples import render_prompt
 from kglightning.evidence.builder import EvidenceBuilder
 from kglightning.evidence.format import parse_evidence, sft_input
 from kglightning.evidence.verbalize import path_instances, verbalize_instance
@@ -64,7 +64,7 @@ def _left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
 class DoublyCalPipeline(L.LightningModule):
     """Proxy evidence → grounding → verbalized evidence → reasoner, for DoublyCal and its ablations.
 
-    Batches are lists of :class:`~kglightning.data.records.KGQARecord` (:class:`~kglightning.data.KGQADataModule`).
+    Batches are lists of :class:`~kglightning.data.records.KGQARecord` (:class:`~kglightning.datamodules.KGQADataModule`).
 
     Args:
         proxy: the trained evidence proxy (give its ``adapter_path``); its ``num_evidence``/``decoding`` set K.

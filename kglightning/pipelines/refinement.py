@@ -8,7 +8,7 @@ For a batch of questions, :class:`KGGuardRefinement` runs:
    are grounded to nodes of the question's full subgraph by normalised name
    (:func:`~kglightning.llm.grounding.ground_answers`).
 1. **Detection**: each question's answer nodes go into a KG-Guard graph
-   (:func:`~kglightning.data.detection_graphs.build_detection_graph`, the same construction and text embeddings as
+   (:func:`~kglightning.datamodules.detection_graphs.build_detection_graph`, the same construction and text embeddings as
    the detector's training data), and the trained :class:`~kglightning.modules.HallucinationDetector` scores them;
    a node is flagged when its probability reaches the detector's tuned ``threshold``.
 2. A question with no flag is **resolved** at this step; its answers no longer change.
@@ -44,10 +44,10 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from kglightning.data.detection_datamodule import DetectionDataModule
-from kglightning.data.detection_graphs import ABSTENTIONS, DetectionStats, build_detection_graph, node_texts
 from kglightning.data.embeddings import SentenceEncoder
 from kglightning.data.records import KGQARecord
+from kglightning.datamodules.detection import DetectionDataModule
+from kglightning.datamodules.detection_graphs import ABSTENTIONS, DetectionStats, build_detection_graph, node_texts
 from kglightning.llm.backends import ChatMessage, LLMBackend, LocalHFBackend
 from kglightning.llm.grounding import ground_answers
 from kglightning.llm.parsing import parse_answers

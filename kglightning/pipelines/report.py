@@ -1,22 +1,22 @@
 """Files and tables of a pipeline run that compares answer variants on the same questions.
 
 :func:`write_comparison` takes per-question rows that hold one prediction per variant, writes each variant's
-predictions in the format of :mod:`kglightning.evaluate`, scores them with
-:func:`~kglightning.evaluate.evaluate_predictions` (RoG's Hit/Recall/F1, strict F1/EM, ECE/MCE/Brier, a reliability
-diagram per variant), and writes one comparison table (markdown and JSON) and one overlaid reliability plot.
+predictions in the format of :mod:`kglightning.evaluate`, scores them as that command does
+(:func:`~kglightning.metrics.evaluation.write_evaluation`: RoG's Hit/Recall/F1, strict F1/EM, ECE/MCE/Brier, a
+reliability diagram per variant), and writes one comparison table (markdown and JSON) and one overlaid reliability
+plot.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kglightning.evaluate import calibration_pairs, evaluate_predictions, read_predictions
+from kglightning.data.predictions import read_predictions
+from kglightning.metrics.evaluation import format_result, write_evaluation
 from kglightning.metrics.functional.calibration import expected_calibration_error, reliability_bins
 from kglightning.metrics.plots import save_figure
 
@@ -126,7 +126,7 @@ def write_comparison(
         quiet: do not print each variant's ``eval_result.txt``.
 
     Returns:
-        variant -> the :func:`~kglightning.evaluate.evaluate_predictions` results plus ``abstained`` (questions
+        variant -> the :func:`~kglightning.metrics.evaluation.write_evaluation` results plus ``abstained`` (questions
         without any answer) and ``input_tokens`` (mean reasoner input tokens per question).
     """
     out_dir = Path(output_dir)
@@ -140,13 +140,17 @@ def write_comparison(
         with path.open("w", encoding="utf-8") as f:
             for row, out in outs:
                 f.write(json.dumps(_prediction_line(row, out), ensure_ascii=False) + "\n")
-        sink = io.StringIO() if quiet else None
-        with contextlib.redirect_stdout(sink) if sink is not None else contextlib.nullcontext():
-            res: dict[str, Any] = dict(evaluate_predictions(path, n_bins=n_bins))
+        scored: dict[str, Any] = {}
+        res: dict[str, Any] = dict(
+            write_evaluation(read_predictions(path), folder, n_bins=n_bins, title=path.name, out=scored)
+        )
+        if not quiet:
+            print(format_result(res), end="")
+        res["n_skipped"] = 0
         res["abstained"] = sum(not out["prediction"] for _, out in outs)
         res["input_tokens"] = sum(out.get("input_tokens", 0) for _, out in outs) / max(len(outs), 1)
         results[name] = res
-        pairs[name] = calibration_pairs(read_predictions(path), source=str(path))  # the pairs behind res["ece"]
+        pairs[name] = scored["pairs"]  # the pairs behind res["ece"]
     table = comparison_markdown(results)
     (out_dir / "comparison.md").write_text(table + "\n", encoding="utf-8")
     (out_dir / "comparison.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

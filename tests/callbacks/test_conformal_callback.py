@@ -13,7 +13,8 @@ import torch
 
 from kglightning.callbacks import ConformalCallback, ConformalScores, JsonlPredictionWriter
 from kglightning.conformal.functional import conformal_quantile
-from kglightning.data import DetectionDataModule, SentenceEncoder
+from kglightning.data import SentenceEncoder
+from kglightning.datamodules import DetectionDataModule
 from kglightning.metrics.functional.coverage import covered
 from kglightning.modules import HallucinationDetector
 from kglightning.nn import GraphTransformerEncoder

@@ -8,11 +8,12 @@ import random
 import pytest
 import torch
 
-from kglightning.data import RelationPair, RelationPairDataModule, mine_relation_pairs
+from kglightning.data import RelationPair, mine_relation_pairs
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.relation_pairs import gold_relation_paths
 from kglightning.data.text import path_text, relation_text, step_query_text
+from kglightning.datamodules import RelationPairDataModule
 
 QUESTION = "what currency is used in the country whose capital is Paris?"
 
@@ -106,8 +107,8 @@ def pairs_dir(tmp_path) -> str:
 
 
 def test_datamodule_batches_and_logs(pairs_dir, caplog):
-    dm = RelationPairDataModule(data_dir=pairs_dir, negatives=2, batch_size=4, max_val_records=2)
-    with caplog.at_level("INFO", logger="kglightning.data.relation_pairs"):
+    dm = RelationPairDataModule(data_dir=pairs_dir, negatives=2, batch_size=4, max_records={"validation": 2})
+    with caplog.at_level("INFO", logger="kglightning.datamodules.relation_pairs"):
         dm.setup("fit")
     assert "1 questions have no gold path" in caplog.text
     assert len(dm.split_pairs("train")) == 3 * (2 + 2 + 2)
@@ -120,7 +121,7 @@ def test_datamodule_batches_and_logs(pairs_dir, caplog):
     again = RelationPairDataModule(data_dir=pairs_dir, negatives=2, batch_size=4)
     assert next(iter(again.train_dataloader()))["query"] == batch["query"]
     # pairs do not depend on how many records are read
-    capped = RelationPairDataModule(data_dir=pairs_dir, negatives=2, max_records=1)
+    capped = RelationPairDataModule(data_dir=pairs_dir, negatives=2, max_records={"train": 1})
     assert capped.split_pairs("train") == dm.split_pairs("train")[:6]
 
 

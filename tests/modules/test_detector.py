@@ -8,7 +8,8 @@ import lightning as L
 import pytest
 import torch
 
-from kglightning.data import DetectionDataModule, SentenceEncoder
+from kglightning.data import SentenceEncoder
+from kglightning.datamodules import DetectionDataModule
 from kglightning.modules import HallucinationDetector
 from kglightning.modules.detector import best_f1_threshold
 from kglightning.nn import GATEncoder, GraphTransformerEncoder

@@ -11,7 +11,7 @@ import lightning as L
 import pytest
 import torch
 
-from kglightning.data.sft_datamodule import ProxySFTDataModule
+from kglightning.datamodules.sft import ProxySFTDataModule
 from kglightning.modules import ProxySFT
 
 CITIES = {"France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi", "Peru": "Lima", "Egypt": "Cairo", "Spain": "Madrid"}

@@ -14,8 +14,9 @@ import lightning as L
 import pytest
 import torch
 
-from kglightning.data import KGQADataModule, SentenceEncoder
+from kglightning.data import SentenceEncoder
 from kglightning.data.records import KGQARecord
+from kglightning.datamodules import KGQADataModule
 from kglightning.evaluate import evaluate_predictions
 from kglightning.llm.backends import Generation, LLMBackend, LocalHFBackend
 from kglightning.modules import HallucinationDetector

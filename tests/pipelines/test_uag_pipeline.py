@@ -12,8 +12,9 @@ import lightning as L
 import pytest
 
 from kglightning.conformal.uag import covers, members_at, score_questions
-from kglightning.data import KGQADataModule, SentenceEncoder
+from kglightning.data import SentenceEncoder
 from kglightning.data.sources.embedded import build_embedded_benchmark
+from kglightning.datamodules import KGQADataModule
 from kglightning.pipelines import UAGReasoner
 
 ROOT = Path(__file__).resolve().parents[2]

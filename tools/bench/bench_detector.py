@@ -28,7 +28,7 @@ import lightning as L
 import torch
 from torch.nn import functional as F
 
-from kglightning.data import DetectionDataModule
+from kglightning.datamodules import DetectionDataModule
 from kglightning.modules import HallucinationDetector
 from kglightning.nn import GraphTransformerEncoder
 from kglightning.nn.kgguard import EDGE_VIRTUAL

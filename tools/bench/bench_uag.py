@@ -33,9 +33,9 @@ from kglightning.conformal.uag import (
     members_at,
     score_questions,
 )
-from kglightning.data import KGQADataModule
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
 from kglightning.data.kg import KGIndex
+from kglightning.datamodules import KGQADataModule
 
 
 def best_time(fn, repeat: int):

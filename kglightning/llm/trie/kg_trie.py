@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kglightning.data.kg import KGIndex, _gather
+from kglightning.data.kg import KGIndex
+from kglightning.data.kg_csr import csr_positions
 from kglightning.evidence.builder import CVT_PATTERN
 from kglightning.evidence.format import format_evidence
 from kglightning.llm.trie.token_trie import TokenTrie, TrieNode
@@ -50,7 +51,7 @@ def _constraints(kg: KGIndex, ends: Iterable[str], cap: int | None, skip_cvt: bo
     if not ids.size:
         return []
     ptr, lab, dst = kg._both_csr()
-    pos = _gather(ptr, ids)
+    pos = csr_positions(ptr, ids)
     n = max(kg.num_entities, 1)
     out: list[tuple[str, str]] = []
     for key in np.unique(lab[pos] * n + dst[pos]).tolist():

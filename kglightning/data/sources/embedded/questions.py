@@ -11,7 +11,19 @@ import random
 from dataclasses import dataclass
 
 from .kg import KnowledgeGraph
-from .templates import Template, all_templates
+from .templates import Template
+from .templates_elements import ELEMENT_TEMPLATES
+from .templates_geography import GEOGRAPHY_TEMPLATES
+
+
+def all_templates() -> list[Template]:
+    """Every template of the benchmark (geography and elements), with unique names."""
+    out = [*GEOGRAPHY_TEMPLATES, *ELEMENT_TEMPLATES]
+    names = [t.name for t in out]
+    if len(set(names)) != len(names):
+        raise ValueError("duplicate template names")
+    return out
+
 
 #: Questions with more gold answers than this are not asked.
 MAX_ANSWERS = 30

@@ -74,15 +74,3 @@ def template(
             raise ValueError(f"template {name}: phrasing {p!r} does not match its slots")
     return Template(name, tuple(path), kinds, tuple(phrasings), quota, constraint, hop_kinds, exclude_topic_step,
                     source, per_topic)  # fmt: skip
-
-
-def all_templates() -> list[Template]:
-    """Every template of the benchmark (geography and elements), with unique names."""
-    from .templates_elements import ELEMENT_TEMPLATES
-    from .templates_geography import GEOGRAPHY_TEMPLATES
-
-    out = [*GEOGRAPHY_TEMPLATES, *ELEMENT_TEMPLATES]
-    names = [t.name for t in out]
-    if len(set(names)) != len(names):
-        raise ValueError("duplicate template names")
-    return out

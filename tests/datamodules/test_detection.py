@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kglightning.data import DetectionDataModule, SentenceEncoder
+from kglightning.data import SentenceEncoder
 from kglightning.data.proposer import AnswerProposer
 from kglightning.data.records import KGQARecord, RecordError
+from kglightning.datamodules import DetectionDataModule
 
 
 class EchoGoldProposer(AnswerProposer):

@@ -1,7 +1,7 @@
 import torch
 
-from kglightning.data.detection_graphs import DetectionStats, build_detection_graph, node_texts
 from kglightning.data.records import KGQARecord
+from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
 from kglightning.nn import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from kglightning.data.sft_datamodule import IGNORE_INDEX, ProxySFTDataModule, collate_sft, render_prompt
+from kglightning.datamodules.sft import IGNORE_INDEX, ProxySFTDataModule, collate_sft, render_prompt
 from kglightning.evidence import EvidenceBuilder
 from kglightning.evidence.format import parse_evidence
 
@@ -116,7 +116,7 @@ def test_options_change_the_examples(tiny_chat_model_dir, sft_dir, tmp_path):
 
 
 def test_render_prompt_system_turn(tiny_chat_model_dir):
-    from kglightning.data.sft_datamodule import sft_tokenizer
+    from kglightning.datamodules.sft import sft_tokenizer
 
     tok = sft_tokenizer(tiny_chat_model_dir)
     text = render_prompt(tok, "hi", "chat", system_prompt="be brief")

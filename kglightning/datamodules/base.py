@@ -1,0 +1,237 @@
+"""The record-reading LightningDataModule that every kglightning DataModule extends.
+
+:class:`KGQADataModule` finds the splits of a RoG-format dataset (or builds the embedded benchmark), reads and checks
+each split once per process, and serves its items through the four dataloaders. A method's DataModule extends it
+with what is its own: how a split's records become items (:meth:`~KGQADataModule.build_split`), how items are
+batched (:meth:`~KGQADataModule.collate`) and what expensive work is done once and cached
+(:meth:`~KGQADataModule.prepare_split`). Used as is, it serves lists of :class:`~kglightning.data.KGQARecord`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from kglightning.data.cache import default_cache_root
+from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.sources.loaders import RecordList, read_records
+from kglightning.data.splits import SPLITS, locate_splits
+
+Split = Literal["train", "validation", "test"]
+OnBadRecord = Literal["raise", "skip"]
+
+
+def _as_list(items: list[Any]) -> list[Any]:
+    return items
+
+
+class KGQADataModule(L.LightningDataModule):
+    """Batches of KGQA records from a RoG-format dataset, or from the embedded benchmark.
+
+    Every split a run needs is read and checked before anything expensive happens (``prepare_data`` reads them all
+    first, then calls :meth:`prepare_split` on each), and a split with no record left is an error that names its
+    file. Each split is read once per process, so the loader's summary of skipped records is logged once.
+
+    Args:
+        data_dir: dataset folder (see :func:`~kglightning.data.splits.locate_splits`) or ``None`` for the
+            embedded benchmark.
+        batch_size: items per batch.
+        num_workers: DataLoader worker processes.
+        max_records: read at most this many records per split, or per named split with a mapping such as
+            ``{train: 1000}`` (splits it does not name are read whole).
+        on_bad_record: ``"raise"`` on the first invalid record, or ``"skip"`` it (counted and logged).
+        predict_split: the split served by ``predict_dataloader``.
+        benchmark_seed: seed of the embedded benchmark.
+        cache_dir: cache root of the embedded benchmark and of what subclasses cache (default
+            ``$KGLIGHTNING_CACHE``).
+
+    Example:
+        >>> import json, os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> for split in ("train", "validation", "test"):
+        ...     with open(os.path.join(folder, f"{split}.jsonl"), "w") as f:
+        ...         _ = f.write(json.dumps({"id": f"{split}-1", "question": "capital of France?", "answer": ["Paris"],
+        ...             "q_entity": ["France"], "a_entity": ["Paris"], "graph": [["France", "capital", "Paris"]]}) + "\\n")
+        >>> dm = KGQADataModule(data_dir=folder, batch_size=8)
+        >>> [r.id for batch in dm.test_dataloader() for r in batch]
+        ['test-1']
+    """
+
+    #: the splits whose items each stage builds (``None``: the predict split)
+    stage_splits: ClassVar[dict[str, tuple[str, ...] | None]] = {
+        "fit": ("train", "validation"),
+        "validate": ("validation",),
+        "test": ("test",),
+        "predict": None,
+    }
+    #: the splits that ``prepare_data`` reads and prepares, per trainer function (``fit`` checks them all)
+    prepare_splits: ClassVar[dict[str, tuple[str, ...] | None]] = {
+        "fit": SPLITS,
+        "validate": ("validation",),
+        "test": ("test",),
+        "predict": None,
+    }
+
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        max_records: int | dict[Split, int] | None = None,
+        on_bad_record: OnBadRecord = "raise",
+        predict_split: Split = "test",
+        benchmark_seed: int = 0,
+        cache_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        if on_bad_record not in ("raise", "skip"):
+            raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
+        self.data_dir = data_dir
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.max_records = max_records
+        self.on_bad_record = on_bad_record
+        self.predict_split = predict_split
+        self.benchmark_seed = benchmark_seed
+        self.cache_dir = cache_dir
+        self.datasets: dict[str, Sequence[Any]] = {}
+        self._read: dict[str, RecordList] = {}
+
+    # ------------------------------------------------------------------ records
+    @property
+    def cache_root(self) -> Path:
+        """The cache root: ``cache_dir``, or ``$KGLIGHTNING_CACHE``."""
+        return Path(self.cache_dir) if self.cache_dir is not None else default_cache_root()
+
+    def files(self) -> dict[str, tuple[str, str | None]]:
+        """``split -> (path, dataset split name)`` (see :func:`~kglightning.data.splits.locate_splits`)."""
+        return locate_splits(self.data_dir, self.benchmark_seed, str(self.cache_root))
+
+    def limit(self, split: str) -> int | None:
+        """How many records of ``split`` are read at most (``None``: all)."""
+        if isinstance(self.max_records, dict):
+            return self.max_records.get(split)
+        return self.max_records
+
+    def read_split(self, split: str) -> RecordList:
+        """The split's records as read from the data (once per process).
+
+        Raises:
+            RecordError: a bad record (``on_bad_record="raise"``), or a split with no record left.
+        """
+        if split not in self._read:
+            path, name = self.files()[split]
+            records = read_records(path, split=name, on_bad_record=self.on_bad_record, limit=self.limit(split))
+            if not records:
+                why = f"all {len(records.skipped)} records were skipped" if records.skipped else "it holds no record"
+                raise RecordError(f"split {split!r} is empty: {why}", source=records.source)
+            self._read[split] = records
+        return self._read[split]
+
+    def split_records(self, split: str) -> list[KGQARecord]:
+        """The records of ``split`` (a list; see :meth:`read_split`)."""
+        return list(self.read_split(split))
+
+    def dataset_key(self, split: str) -> str:
+        """A short hash of what ``split``'s records are: the dataset (for a local file, its path, size and mtime),
+        the split, ``max_records`` and ``on_bad_record``. Caches of work derived from the records use it."""
+        path, name = self.files()[split]
+        if self.data_dir is None:
+            ident = f"embedded-seed{self.benchmark_seed}:{Path(path).parent.name}:{Path(path).name}"
+        else:
+            p = Path(path)
+            stamp = f"{p.stat().st_size}-{p.stat().st_mtime_ns}" if p.is_file() else ""
+            ident = f"{p.resolve() if p.exists() else path}:{name}:{stamp}"
+        return hashlib.sha1(f"{ident}:{self.limit(split)}:{self.on_bad_record}".encode()).hexdigest()[:12]
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    def prepare_split(self, split: str) -> None:
+        """Expensive, cacheable work for ``split`` (rank 0 only under DDP); its records are read and checked."""
+
+    def build_split(self, split: str) -> Sequence[Any]:
+        """The items of ``split`` for training, validation and test (default: its records)."""
+        return self.split_records(split)
+
+    def build_predict(self, split: str) -> Sequence[Any]:
+        """The items ``predict`` serves from ``split`` (default: the items of :meth:`build_split`, built once)."""
+        if split not in self.datasets:
+            self.datasets[split] = self.build_split(split)
+        return self.datasets[split]
+
+    def collate(self, items: list[Any]) -> Any:
+        """A batch of training, validation or test items (default: the list itself)."""
+        return _as_list(items)
+
+    def collate_predict(self, items: list[Any]) -> Any:
+        """A batch of predict items (default: :meth:`collate`)."""
+        return self.collate(items)
+
+    def shuffle_generator(self) -> torch.Generator | None:
+        """The generator of the training shuffle (``None``: torch's global one, seeded by ``seed_everything``)."""
+        return None
+
+    # ------------------------------------------------------------------ Lightning
+    def _stage_of_trainer(self) -> str:
+        fn = self.trainer.state.fn if self.trainer is not None else None
+        return str(getattr(fn, "value", fn)) if fn is not None else "fit"
+
+    def prepare_data(self) -> None:
+        """Read and check every split the run needs, then :meth:`prepare_split` each (rank 0 only under DDP)."""
+        splits = self.prepare_splits.get(self._stage_of_trainer(), SPLITS)
+        splits = (self.predict_split,) if splits is None else splits
+        for split in splits:
+            self.read_split(split)
+        for split in splits:
+            self.prepare_split(split)
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage == "predict":
+            key = f"predict:{self.predict_split}"
+            if key not in self.datasets:
+                self.datasets[key] = self.build_predict(self.predict_split)
+            return
+        wanted = self.stage_splits.get(stage or "", SPLITS)
+        for split in SPLITS if wanted is None else wanted:
+            if split not in self.datasets:
+                self.datasets[split] = self.build_split(split)
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        if split not in self.datasets:
+            self.datasets[split] = self.build_split(split)
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            generator=self.shuffle_generator() if shuffle else None,
+            num_workers=self.num_workers,
+            collate_fn=self.collate,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        key = f"predict:{self.predict_split}"
+        if key not in self.datasets:
+            self.datasets[key] = self.build_predict(self.predict_split)
+        return DataLoader(
+            self.datasets[key],
+            batch_size=self.batch_size,
+            shuffle=False,
+            num_workers=self.num_workers,
+            collate_fn=self.collate_predict,
+            persistent_workers=self.num_workers > 0,
+        )

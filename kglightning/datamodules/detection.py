@@ -1,0 +1,141 @@
+"""LightningDataModule for hallucination detection: one augmented graph per question with proposed answers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from lightning.pytorch.utilities import rank_zero_info
+from torch_geometric.data import Batch, Data
+
+from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
+from kglightning.data.proposer import AnswerProposer, load_proposals, save_proposals
+from kglightning.data.records import KGQARecord, RecordError
+from kglightning.datamodules.base import KGQADataModule
+from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
+from kglightning.nn.kgguard import edge_types
+
+log = logging.getLogger(__name__)
+
+
+class DetectionDataModule(KGQADataModule):
+    """Graphs for KG-Guard: records with ``prediction`` become augmented subgraphs with labelled answer nodes.
+
+    Records that carry no ``prediction`` get one from ``proposer`` (a KBQA system, by default none); its output
+    is cached per dataset and proposer configuration, so it runs once. Text embeddings of node labels, relations
+    and questions are computed once in :meth:`prepare_data` and cached on disk. ``test`` builds the validation graphs
+    too (a :class:`~kglightning.callbacks.ConformalCallback` may calibrate on them).
+
+    Args:
+        proposer: KBQA system that proposes answers for records without ``prediction``.
+        encoder: text encoder of nodes, relations and questions (default: the proposer's, else the bundled
+            all-MiniLM-L6-v2).
+        add_reverse_edges: add an explicit reverse edge ``t → h`` for every triple.
+        batch_size: graphs per batch.
+        **kwargs: the record-reading arguments of :class:`~kglightning.datamodules.KGQADataModule` (``data_dir``,
+            ``max_records``, ``on_bad_record``, ``cache_dir``, ...).
+    """
+
+    stage_splits: ClassVar[dict[str, tuple[str, ...] | None]] = {
+        **KGQADataModule.stage_splits,
+        "test": ("validation", "test"),
+    }
+    prepare_splits: ClassVar[dict[str, tuple[str, ...] | None]] = {
+        **KGQADataModule.prepare_splits,
+        "test": ("validation", "test"),
+    }
+
+    def __init__(
+        self,
+        proposer: AnswerProposer | None = None,
+        encoder: SentenceEncoder | None = None,
+        add_reverse_edges: bool = True,
+        batch_size: int = 32,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(batch_size=batch_size, **kwargs)
+        self.proposer = proposer
+        self.encoder = encoder or (proposer.encoder_hint if proposer is not None else None) or SentenceEncoder()
+        self.add_reverse_edges = add_reverse_edges
+        self.stats: dict[str, DetectionStats] = {}
+        self._embeddings: EmbeddingCache | None = None
+        self._answered: dict[str, list[KGQARecord]] = {}
+        self._embedded: set[str] = set()
+
+    @property
+    def text_dim(self) -> int:
+        """Size of the text embeddings (linked to the model's ``text_dim``)."""
+        return self.encoder.dim
+
+    @property
+    def embeddings(self) -> EmbeddingCache:
+        if self._embeddings is None:
+            self._embeddings = EmbeddingCache(self.encoder, self.cache_root / "embeddings")
+        return self._embeddings
+
+    def records(self, split: str) -> list[KGQARecord]:
+        """The split's records, with predictions (from the data, the proposal cache or the proposer)."""
+        if split not in self._answered:
+            self._answered[split] = self._answer(split)
+        return self._answered[split]
+
+    def _answer(self, split: str) -> list[KGQARecord]:
+        records = self.read_split(split)
+        lacking = [r for r in records if r.prediction is None]
+        if not lacking:
+            return list(records)
+        if self.proposer is None:
+            raise RecordError(
+                f"{len(lacking)} of {len(records)} records have no 'prediction' (first: id {lacking[0].id!r}); give "
+                "records with predictions or set data.init_args.proposer",
+                source=records.source,
+                field="prediction",
+            )
+        cache = self.cache_root / "proposals-v2" / self.dataset_key(split) / self.proposer.cache_key / f"{split}.jsonl"
+        cached = load_proposals(records, cache)
+        if cached is not None:
+            return cached
+        rank_zero_info(f"proposing answers for {len(lacking)} {split} questions with {type(self.proposer).__name__}")
+        proposed = iter(self.proposer.propose(lacking))
+        out = [r if r.prediction is not None else next(proposed) for r in records]
+        save_proposals(records, out, cache)
+        return out
+
+    def prepare_split(self, split: str) -> None:
+        """Propose answers for ``split`` (or read them from the cache) and encode its texts."""
+        if split not in self._embedded:
+            self.embeddings.add({t for r in self.records(split) for t in node_texts(r)})
+            self._embedded.add(split)
+
+    def build_split(self, split: str) -> list[Data]:
+        records = self.records(split)
+        self.prepare_split(split)
+        text_id = self.embeddings._index
+        stats = DetectionStats()
+        graphs = [g for r in records if (g := build_detection_graph(r, text_id, stats, self.add_reverse_edges))]
+        if not graphs:
+            raise ValueError(f"split {split!r} has no answer node to classify: {stats.summary(split)}")
+        self.stats[split] = stats
+        rank_zero_info(stats.summary(split))
+        if stats.unmatched:
+            log.warning(
+                "%s: %d predictions name no node of their subgraph, e.g. %s",
+                split,
+                stats.unmatched,
+                "; ".join(stats.unmatched_examples),
+            )
+        return graphs
+
+    def collate(self, items: list[Data]) -> Batch:
+        """Batch graphs and look their texts up in the embedding table.
+
+        Edge features are given per edge type (:func:`~kglightning.nn.kgguard.edge_types`): ``type_text_emb (T,
+        text_dim)`` and ``type_kind (T,)`` for the batch's distinct (relation, kind) pairs, and ``edge_type (E,)``.
+        """
+        batch = Batch.from_data_list(items)
+        table = self.embeddings.table
+        batch.x_text = table[batch.node_text]
+        type_text, batch.type_kind, batch.edge_type = edge_types(batch.edge_text, batch.edge_kind)
+        batch.type_text_emb = table[type_text]
+        batch.question = batch.x_text[batch.question_index][batch.batch[batch.answer_index]]
+        return batch

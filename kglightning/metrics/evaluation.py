@@ -1,0 +1,83 @@
+"""The files of an evaluation: ``eval_result.txt``, ``detailed_eval_result.jsonl`` and ``reliability.png``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kglightning.metrics.functional.evaluation import score_predictions
+from kglightning.metrics.plots import plot_reliability_diagram
+
+_ROG_LINE = (
+    ("Accuracy", "acc"),
+    ("Hit", "hit"),
+    ("Hit1", "hit1"),
+    ("F1", "f1"),
+    ("Precision", "precision"),
+    ("Recall", "recall"),
+)
+_STRICT_LINE = (
+    ("Strict-F1", "strict_f1"),
+    ("Strict-Precision", "strict_precision"),
+    ("Strict-Recall", "strict_recall"),
+    ("EM", "em"),
+)
+_CALIB_LINE = (("ECE", "ece"), ("MCE", "mce"), ("Brier", "brier"))
+
+
+def format_result(results: dict[str, float]) -> str:
+    """The text of ``eval_result.txt``: RoG's line (with GNN-RAG's ``Hit1``), the strict line, and the calibration
+    line when there are confidences; values ×100, printed as ``str(float)`` like RoG.
+
+    Example:
+        >>> from kglightning.metrics.functional.qa import ALL_KEYS
+        >>> print(format_result({k: 50.0 for k in ALL_KEYS}).splitlines()[0])
+        Accuracy: 50.0 Hit: 50.0 Hit1: 50.0 F1: 50.0 Precision: 50.0 Recall: 50.0
+    """
+    lines = [
+        " ".join(f"{label}: {results[key]}" for label, key in _ROG_LINE),
+        " ".join(f"{label}: {results[key]}" for label, key in _STRICT_LINE),
+    ]
+    if "ece" in results:
+        lines.append(" ".join(f"{label}: {results[key]}" for label, key in _CALIB_LINE))
+    return "\n".join(lines) + "\n"
+
+
+def write_evaluation(
+    rows: Sequence[Any],
+    out_dir: str | Path,
+    topk: int = -1,
+    n_bins: int = 10,
+    title: str = "",
+    out: dict[str, Any] | None = None,
+) -> dict[str, float]:
+    """Score ``rows`` (:func:`~kglightning.metrics.functional.evaluation.score_predictions`) and write the files.
+
+    Everything is scored before the first file (or ``out_dir``) is created, so a row that cannot be scored leaves
+    nothing behind. With ``topk > 0`` the names get a ``_top_{topk}`` suffix.
+
+    Args:
+        rows: the predictions file's rows.
+        out_dir: the folder of the files.
+        topk: keep the ``topk`` most frequent entries of list predictions; ``-1`` keeps all.
+        n_bins: calibration bins.
+        title: title of the reliability diagram.
+        out: if given, gets ``detailed`` (the per-question rows) and ``pairs`` (the (confidence, correct) pairs).
+
+    Returns:
+        The results of ``score_predictions``.
+    """
+    results, detailed, (conf, correct) = score_predictions(rows, topk, n_bins)
+    if out is not None:
+        out.update(detailed=detailed, pairs=(conf, correct))
+    suffix = f"_top_{topk}" if topk > 0 else ""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / f"detailed_eval_result{suffix}.jsonl").open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in detailed)
+    if conf:
+        plot_reliability_diagram(conf, correct, out_dir / f"reliability{suffix}.png", n_bins=n_bins, title=title)
+    (out_dir / f"eval_result{suffix}.txt").write_text(format_result(results), encoding="utf-8")
+    return results
