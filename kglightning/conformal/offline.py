@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 
 from kglightning.conformal.functional import conformal_quantile
-from kglightning.data.predictions import PredictionLine, read_predictions
+from kglightning.data.predictions import PredictionLine, add_on_bad_record_argument, read_predictions
 from kglightning.data.records import RecordError
 from kglightning.metrics.functional.evaluation import AnswerError, confidence_pairs
 from kglightning.metrics.functional.qa import prepare_prediction
@@ -142,13 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--predictions", required=True, help="predictions jsonl to add sets to")
     p.add_argument("--alpha", type=float, required=True, help="miscoverage level in (0, 1)")
     p.add_argument("--output", default=None, help="output jsonl (default: <predictions>.conformal.jsonl)")
-    p.add_argument(
-        "--on-bad-record",
-        "--on_bad_record",
-        choices=("raise", "skip"),
-        default="raise",
-        help="stop at the first malformed line (default) or skip such lines, each logged and counted",
-    )
+    add_on_bad_record_argument(p)
     args = p.parse_args(argv)
     try:
         s = conformalize(args.calibration, args.predictions, args.alpha, args.output, args.on_bad_record)

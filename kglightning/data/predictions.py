@@ -18,6 +18,7 @@ out instead, logged at WARNING and kept in :attr:`PredictionList.skipped`; nothi
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -30,7 +31,13 @@ from typing import Any, Literal
 from kglightning.data.records import RecordError
 from kglightning.data.sources.loaders import _iter_jsonl
 
-__all__ = ["PredictionLine", "PredictionList", "parse_prediction_line", "read_predictions"]
+__all__ = [
+    "PredictionLine",
+    "PredictionList",
+    "add_on_bad_record_argument",
+    "parse_prediction_line",
+    "read_predictions",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -250,3 +257,14 @@ def read_predictions(
             raise RecordError("no predictions: the file is empty (or holds only blank lines)", source=source)
         raise RecordError(f"no valid predictions: all {n_read} rows skipped (first: {out.skipped[0]})", source=source)
     return out
+
+
+def add_on_bad_record_argument(parser: argparse.ArgumentParser) -> None:
+    """The ``--on-bad-record raise|skip`` option of every command that reads a predictions file."""
+    parser.add_argument(
+        "--on-bad-record",
+        "--on_bad_record",
+        choices=("raise", "skip"),
+        default="raise",
+        help="stop at the first malformed line (default) or skip such lines, each logged and counted",
+    )
