@@ -71,6 +71,8 @@ class KGLightningCLI(LightningCLI):
         parser.link_arguments("data.text_dim", "model.init_args.text_dim", apply_on="instantiate")
         # the data is tokenized with the model's tokenizer (e.g. ProxySFT -> ProxySFTDataModule)
         parser.link_arguments("model.init_args.model", "data.init_args.tokenizer")
+        # ... and rendered as the model will see them at predict time (ProxySFT.prompt_format -> ProxySFTDataModule)
+        parser.link_arguments("model.init_args.prompt_format", "data.init_args.prompt_format")
         # an epoch-wise scheduler that anneals to the end (CosineAnnealingLR) spans the run's epochs
         parser.link_arguments("trainer.max_epochs", "model.init_args.scheduler.init_args.T_max")
         parser.add_argument(

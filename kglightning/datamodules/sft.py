@@ -10,8 +10,8 @@ Mined evidence is cached on disk per dataset, split, ``max_records`` and builder
 reading of the raw records) happens once. A record without any evidence (no path from a topic entity to an answer
 within ``builder.max_hops``) gives no training example: it is counted and logged, never dropped silently.
 
-Prompts are rendered with the tokenizer's chat template (``prompt_style="chat"``) or as the bare instruction and a
-newline (``"plain"``). The completion is the target followed by the EOS token. Training batches are right-padded
+Prompts are rendered as the :class:`ProxyPrompt` says: with the tokenizer's chat template (``style: chat``) or as the
+bare instruction and a newline (``"plain"``). The completion is the target followed by the EOS token. Training batches are right-padded
 and their ``labels`` are ``-100`` on prompt and padding tokens, so the loss covers completion tokens only. Predict
 batches hold one left-padded prompt per question.
 """
@@ -29,7 +29,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.sft_examples import (
     IGNORE_INDEX,
-    PromptStyle,
+    ProxyPrompt,
     SFTExample,
     SFTStats,
     collate_prompts,
@@ -45,6 +45,7 @@ from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2
 
 __all__ = [  # the example-level helpers live in kglightning.datamodules.sft_examples and are re-exported here
     "IGNORE_INDEX",
+    "ProxyPrompt",
     "ProxySFTDataModule",
     "collate_prompts",
     "collate_sft",
@@ -67,8 +68,9 @@ class ProxySFTDataModule(KGQADataModule):
         qa_task: add RoG's auxiliary QA example per question.
         qa_max_paths: grounded paths in a QA input.
         digits: decimals of the confidence in targets.
-        prompt_style: ``"chat"`` (the tokenizer's chat template) or ``"plain"`` (see :func:`render_prompt`).
-        system_prompt: system turn of chat prompts; ``None`` leaves the template's default.
+        prompt_format: how prompts are rendered (:class:`ProxyPrompt`: chat template or plain text, system turn);
+            the CLI links it from ``model.init_args.prompt_format``, so that the proxy generates from the prompts
+            it was trained on.
         max_length: longest prompt + completion in tokens; longer training examples are dropped (counted).
         batch_size: examples (or questions, for predict) per batch.
         **kwargs: the record-reading arguments of :class:`~kglightning.datamodules.KGQADataModule` (``data_dir``,
@@ -85,8 +87,7 @@ class ProxySFTDataModule(KGQADataModule):
         qa_task: bool = True,
         qa_max_paths: int = 5,
         digits: int = 2,
-        prompt_style: PromptStyle = "chat",
-        system_prompt: str | None = None,
+        prompt_format: ProxyPrompt = ProxyPrompt(),
         max_length: int = 256,
         batch_size: int = 8,
         **kwargs: Any,
@@ -101,8 +102,7 @@ class ProxySFTDataModule(KGQADataModule):
         self.qa_task = qa_task
         self.qa_max_paths = qa_max_paths
         self.digits = digits
-        self.prompt_style = prompt_style
-        self.system_prompt = system_prompt
+        self.prompt_format = prompt_format
         self.max_length = max_length
         self.stats: dict[str, SFTStats] = {}
         self._tokenizer: Any = None
@@ -143,7 +143,7 @@ class ProxySFTDataModule(KGQADataModule):
         self.rows(split)
 
     def _prompt_ids(self, instruction: str) -> list[int]:
-        text = render_prompt(self.tokenizer, instruction, self.prompt_style, self.system_prompt)
+        text = self.prompt_format.render(self.tokenizer, instruction)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def encode(self, example: SFTExample, prompt_ids: list[int] | None = None) -> dict[str, Any]:

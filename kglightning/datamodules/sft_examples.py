@@ -67,6 +67,30 @@ def render_prompt(
     return instruction + "\n"
 
 
+@dataclass(frozen=True)
+class ProxyPrompt:
+    """How the proxy's prompt is rendered (see :func:`render_prompt`); its SFT data and every later use agree on it.
+
+    :class:`~kglightning.modules.ProxySFT` holds it as ``prompt_format``; the CLI links it to the
+    :class:`~kglightning.datamodules.ProxySFTDataModule`, and the DoublyCal pipeline reads it from the proxy.
+
+    Args:
+        style: ``"chat"`` (the tokenizer's chat template) or ``"plain"`` (the instruction and a newline).
+        system_prompt: a system turn for ``"chat"``; ``None`` leaves the template's default.
+    """
+
+    style: PromptStyle = "chat"
+    system_prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.style not in ("chat", "plain"):
+            raise ValueError(f"style must be 'chat' or 'plain', got {self.style!r}")
+
+    def render(self, tokenizer: Any, instruction: str) -> str:
+        """The prompt text of ``instruction``."""
+        return render_prompt(tokenizer, instruction, self.style, self.system_prompt)
+
+
 def _qa_paths(builder: EvidenceBuilder, record: KGQARecord, max_paths: int) -> list[str]:
     """Grounded shortest topic-answer paths, verbalized as RoG does (``q -> r -> x -> r2 -> a``)."""
     kg = builder.index(record)

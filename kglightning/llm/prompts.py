@@ -13,26 +13,32 @@ A prompt is one user message, optionally after a system message. Self-Probing fi
 (:func:`self_probing_first_round`), then continues the dialogue with the model's list and asks for confidences
 (:func:`self_probing_second_round`). All templates ask for ``{answer: confidence}``, which
 :func:`kglightning.llm.parsing.parse_answers` reads.
+
+A pipeline takes its style as a :class:`UQPrompt` (``VanillaPrompt``, ``CoTPrompt``, ``SelfProbingPrompt``, named by
+``class_path``); a new verbalized-UQ style is a subclass that returns its instruction (and, for a second round,
+overrides :meth:`UQPrompt.second_round`).
 """
 
 from __future__ import annotations
 
+import abc
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = [
+    "CoTPrompt",
     "EvidenceLine",
     "EvidenceMode",
     "Message",
-    "PromptStyle",
-    "ReasonerPrompt",
-    "build_prompt",
+    "SelfProbingPrompt",
+    "UQPrompt",
+    "VanillaPrompt",
     "count_tokens",
     "cot_prompt",
     "render_evidence",
@@ -42,7 +48,6 @@ __all__ = [
     "verbalize_path",
 ]
 
-PromptStyle = Literal["vanilla", "cot", "self_probing"]
 EvidenceMode = Literal["with_confidence", "without_confidence", "none"]
 Message = dict[str, str]
 
@@ -181,7 +186,7 @@ def vanilla_prompt(
         Question:
         What is the name of Snoopy's brother?
     """
-    return _messages(_user_content(UQ_INSTRUCTION, question, evidence, mode, digits), system)
+    return VanillaPrompt(system, digits).first_round(question, evidence, mode)
 
 
 def cot_prompt(
@@ -199,8 +204,7 @@ def cot_prompt(
         >>> msgs[0]["content"].split("\\n\\n")[0].endswith("<confidence_k>} Let's think it step by step.")
         True
     """
-    instruction = f"{UQ_INSTRUCTION} {COT_INSTRUCTION}"
-    return _messages(_user_content(instruction, question, evidence, mode, digits), system)
+    return CoTPrompt(system, digits).first_round(question, evidence, mode)
 
 
 def self_probing_first_round(
@@ -219,7 +223,7 @@ def self_probing_first_round(
         >>> msgs[0]["content"].split("\\n")[0]
         'Based on the reasoning paths, please answer the given question. Please keep the answer as simple as possible and return all the possible answers as a list.'
     """
-    return _messages(_user_content(SELF_PROBING_FIRST, question, evidence, mode, digits), system)
+    return SelfProbingPrompt(system, digits).first_round(question, evidence, mode)
 
 
 def self_probing_second_round(first_round: Sequence[Message], first_answer: str | Sequence[str]) -> list[Message]:
@@ -246,81 +250,96 @@ def self_probing_second_round(first_round: Sequence[Message], first_answer: str 
     ]
 
 
-_FIRST_ROUND = {"vanilla": vanilla_prompt, "cot": cot_prompt, "self_probing": self_probing_first_round}
+class UQPrompt(abc.ABC):
+    """A verbalized-UQ prompt style (DoublyCal App. C): the messages of its first round, and of a second if it has one.
 
-
-def build_prompt(
-    question: str,
-    evidence: Sequence[EvidenceLike] = (),
-    *,
-    style: PromptStyle = "vanilla",
-    mode: EvidenceMode = "with_confidence",
-    system: str | None = None,
-    digits: int = 2,
-) -> list[Message]:
-    """The (first-round) prompt of a style; for ``"self_probing"`` continue with :func:`self_probing_second_round`.
-
-    Example:
-        >>> build_prompt("q?", style="cot", mode="none") == cot_prompt("q?", mode="none")
-        True
-    """
-    if style not in _FIRST_ROUND:
-        raise ValueError(f"unknown prompt style {style!r}; expected one of {sorted(_FIRST_ROUND)}")
-    return _FIRST_ROUND[style](question, evidence, mode=mode, system=system, digits=digits)
-
-
-class ReasonerPrompt:
-    """Typed prompt settings for a reasoner pipeline (a LightningCLI component).
+    Subclasses return their UQ instruction from :meth:`instruction`; the KG parts (the evidence-mode prefix and the
+    ``Reasoning Paths:`` context) are added here, the same for every style.
 
     Args:
-        style: the verbalized-UQ method.
-        evidence_mode: evidence with confidence (DoublyCal), without (SingleCal), or none (LLM only).
+        system_prompt: an optional system message before the user turn.
         confidence_digits: decimals of the evidence confidences.
-        system_prompt: an optional system message.
 
     Example:
-        >>> prompt = ReasonerPrompt(style="self_probing", evidence_mode="without_confidence")
-        >>> first = prompt.first_round("Who is Snoopy's brother?", ["Snoopy -> sibling_of -> Spike"])
+        >>> class Terse(UQPrompt):
+        ...     def instruction(self) -> str:
+        ...         return "Answer with {answer: confidence} only."
+        >>> print(Terse().first_round("Who is Snoopy's brother?", [("Snoopy -> sibling_of -> Spike", 0.75)])[0]["content"])
+        Based on the reasoning paths and their confidence scores, answer with {answer: confidence} only.
+        <BLANKLINE>
+        Reasoning Paths:
+        Snoopy -> sibling_of -> Spike [Confidence: 0.75]
+        <BLANKLINE>
+        Question:
+        Who is Snoopy's brother?
+    """
+
+    #: whether the style asks a second question after the model's first answer (Self-Probing)
+    two_rounds: ClassVar[bool] = False
+
+    def __init__(self, system_prompt: str | None = None, confidence_digits: int = 2) -> None:
+        if confidence_digits < 0:
+            raise ValueError(f"confidence_digits must be >= 0, got {confidence_digits}")
+        self.system_prompt = system_prompt
+        self.confidence_digits = confidence_digits
+
+    @abc.abstractmethod
+    def instruction(self) -> str:
+        """The UQ instruction of the first round, without the KG prefix."""
+
+    def first_round(
+        self, question: str, evidence: Sequence[EvidenceLike] = (), mode: EvidenceMode = "with_confidence"
+    ) -> list[Message]:
+        """The prompt of the first (for single-round styles, the only) round.
+
+        Args:
+            question: the question, verbatim.
+            evidence: reasoning paths (see :func:`render_evidence`); ignored in mode ``"none"``.
+            mode: ``"with_confidence"`` (DoublyCal), ``"without_confidence"`` (SingleCal) or ``"none"`` (LLM only).
+        """
+        content = _user_content(self.instruction(), question, evidence, mode, self.confidence_digits)
+        return _messages(content, self.system_prompt)
+
+    def second_round(self, first_round: Sequence[Message], first_answer: str | Sequence[str]) -> list[Message]:
+        """The follow-up after the model's first answer; only styles with ``two_rounds`` have one."""
+        raise ValueError(f"{type(self).__name__} has a single round")
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(system_prompt={self.system_prompt!r}, confidence_digits={self.confidence_digits})"
+        )
+
+
+class VanillaPrompt(UQPrompt):
+    """Vanilla verbalized UQ (App. C.1): answers with confidences as a JSON string (see :func:`vanilla_prompt`)."""
+
+    def instruction(self) -> str:
+        return UQ_INSTRUCTION
+
+
+class CoTPrompt(UQPrompt):
+    """CoT verbalized UQ (App. C.2): Vanilla plus "Let's think it step by step." (see :func:`cot_prompt`)."""
+
+    def instruction(self) -> str:
+        return f"{UQ_INSTRUCTION} {COT_INSTRUCTION}"
+
+
+class SelfProbingPrompt(UQPrompt):
+    """Self-Probing (App. C.3): a list of answers first, then a confidence probe in the same dialogue.
+
+    Example:
+        >>> prompt = SelfProbingPrompt()
+        >>> first = prompt.first_round("Who is Snoopy's brother?", ["Snoopy -> sibling_of -> Spike"], "without_confidence")
         >>> prompt.two_rounds, len(prompt.second_round(first, "Spike"))
         (True, 3)
     """
 
-    def __init__(
-        self,
-        style: PromptStyle = "vanilla",
-        evidence_mode: EvidenceMode = "with_confidence",
-        confidence_digits: int = 2,
-        system_prompt: str | None = None,
-    ) -> None:
-        if style not in _FIRST_ROUND:
-            raise ValueError(f"unknown prompt style {style!r}")
-        if evidence_mode not in KG_RAG_INSTRUCTION:
-            raise ValueError(f"unknown evidence mode {evidence_mode!r}")
-        self.style = style
-        self.evidence_mode = evidence_mode
-        self.confidence_digits = confidence_digits
-        self.system_prompt = system_prompt
+    two_rounds: ClassVar[bool] = True
 
-    @property
-    def two_rounds(self) -> bool:
-        """Whether the style needs a second round (Self-Probing)."""
-        return self.style == "self_probing"
-
-    def first_round(self, question: str, evidence: Sequence[EvidenceLike] = ()) -> list[Message]:
-        """The prompt of the first (for Vanilla and CoT, the only) round."""
-        return build_prompt(
-            question,
-            evidence,
-            style=self.style,
-            mode=self.evidence_mode,
-            system=self.system_prompt,
-            digits=self.confidence_digits,
-        )
+    def instruction(self) -> str:
+        return SELF_PROBING_FIRST
 
     def second_round(self, first_round: Sequence[Message], first_answer: str | Sequence[str]) -> list[Message]:
-        """The Self-Probing confidence probe after the model's first answer."""
-        if not self.two_rounds:
-            raise ValueError(f"style {self.style!r} has a single round")
         return self_probing_second_round(first_round, first_answer)
 
 

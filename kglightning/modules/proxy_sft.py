@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,20 +24,45 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric, SumMetric
 
-from kglightning.datamodules.sft import sft_tokenizer
+from kglightning.datamodules.sft import ProxyPrompt, sft_tokenizer
 from kglightning.evidence.format import ParseResult, parse_evidence
 from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2, load_causal_lm
+from kglightning.llm.lora import DEFAULT_TARGET_MODULES, LoRASettings
 from kglightning.llm.parsing import ParseStats
 from kglightning.llm.trie import KGTrie, KGTrieLogitsProcessor
 
-__all__ = ["DEFAULT_TARGET_MODULES", "ProxySFT"]
+__all__ = ["DEFAULT_TARGET_MODULES", "EvidenceGeneration", "ProxySFT"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
-"""LoRA targets when none are given: the attention projections of Llama-style models (SmolLM2, Llama 2)."""
-
 Decoding = Literal["beam", "greedy"]
+
+
+@dataclass(frozen=True)
+class EvidenceGeneration:
+    """How the proxy writes evidence at predict time; a nested group in configs.
+
+    Args:
+        num_evidence: evidence sequences per question (top-K beams; RoG and the paper use 3).
+        decoding: ``"beam"`` (``num_evidence`` beams, all returned) or ``"greedy"`` (one sequence per question).
+        max_new_tokens: longest generated evidence.
+    """
+
+    num_evidence: int = 3
+    decoding: Decoding = "beam"
+    max_new_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        if self.num_evidence < 1 or self.max_new_tokens < 1:
+            raise ValueError(
+                f"need num_evidence >= 1 and max_new_tokens >= 1, got {self.num_evidence}, {self.max_new_tokens}"
+            )
+        if self.decoding not in ("beam", "greedy"):
+            raise ValueError(f"decoding must be 'beam' or 'greedy', got {self.decoding!r}")
+
+
+# the typed components are hyperparameters, so checkpoints hold them: let torch.load(weights_only=True) rebuild them
+torch.serialization.add_safe_globals([LoRASettings, EvidenceGeneration, ProxyPrompt])
 
 
 class ProxySFT(L.LightningModule):
@@ -53,17 +79,15 @@ class ProxySFT(L.LightningModule):
         model: the base model: a local folder, a ``.gguf`` file, or ``"bundled:smollm2"`` (SmolLM2-135M-Instruct).
         gguf_file: GGUF file name inside the ``model`` folder.
         dtype: weight dtype (GGUF weights are dequantised to it).
-        r: LoRA rank.
-        lora_alpha: LoRA scaling numerator (the update is scaled by ``lora_alpha / r``).
-        lora_dropout: dropout on the LoRA input.
-        target_modules: names of the modules that get LoRA (default :data:`DEFAULT_TARGET_MODULES`).
+        lora: the adapter's shape (:class:`~kglightning.llm.lora.LoRASettings`).
         adapter_path: a PEFT adapter folder (from :meth:`save_adapter`) to start from; its own LoRA config then
-            replaces ``r``, ``lora_alpha``, ``lora_dropout`` and ``target_modules``.
+            replaces ``lora``.
         save_adapter_dir: where to write the adapter at the end of ``fit`` (``None``: not written).
         optimizer: optimizer factory over the LoRA weights; default AdamW(lr=2e-5), the paper's SFT setting.
-        num_evidence: evidence sequences per question at predict time (top-K beams; RoG and the paper use 3).
-        decoding: ``"beam"`` (``num_evidence`` beams, all returned) or ``"greedy"`` (one sequence per question).
-        max_new_tokens: longest generated evidence.
+        generation: how evidence is generated at predict time (:class:`EvidenceGeneration`: K, beam or greedy,
+            length).
+        prompt_format: how prompts are rendered (:class:`~kglightning.datamodules.sft.ProxyPrompt`); the CLI links
+            it to the data, and the DoublyCal pipeline renders its prompts with it.
         val_generate_batches: validation/test batches whose evidence prompts are also generated and parsed.
     """
 
@@ -72,28 +96,24 @@ class ProxySFT(L.LightningModule):
         model: str = BUNDLED_SMOLLM2,
         gguf_file: str | None = None,
         dtype: Literal["float32", "float16", "bfloat16"] = "float32",
-        r: int = 8,
-        lora_alpha: int = 16,
-        lora_dropout: float = 0.05,
-        target_modules: list[str] | None = None,
+        lora: LoRASettings = LoRASettings(),
         adapter_path: str | None = None,
         save_adapter_dir: str | None = None,
         optimizer: OptimizerCallable | None = None,
-        num_evidence: int = 3,
-        decoding: Decoding = "beam",
-        max_new_tokens: int = 64,
+        generation: EvidenceGeneration = EvidenceGeneration(),
+        prompt_format: ProxyPrompt = ProxyPrompt(),
         val_generate_batches: int = 2,
     ) -> None:
         super().__init__()
-        if num_evidence < 1 or max_new_tokens < 1:
-            raise ValueError(f"need num_evidence >= 1 and max_new_tokens >= 1, got {num_evidence}, {max_new_tokens}")
-        from peft import LoraConfig, PeftModel, get_peft_model
+        from peft import PeftModel, get_peft_model
 
         self.save_hyperparameters(ignore=["optimizer"])
         self.optimizer = optimizer
-        self.num_evidence = num_evidence
-        self.decoding = decoding
-        self.max_new_tokens = max_new_tokens
+        self.generation = generation
+        self.num_evidence = self.generation.num_evidence
+        self.decoding = self.generation.decoding
+        self.max_new_tokens = self.generation.max_new_tokens
+        self.prompt_format = prompt_format
         self.val_generate_batches = val_generate_batches
         self.save_adapter_dir = save_adapter_dir
         self.tokenizer = sft_tokenizer(model, gguf_file)
@@ -106,14 +126,7 @@ class ProxySFT(L.LightningModule):
                 )
             self.model = PeftModel.from_pretrained(base, adapter_path, is_trainable=True)
         else:
-            config = LoraConfig(
-                task_type="CAUSAL_LM",
-                r=r,
-                lora_alpha=lora_alpha,
-                lora_dropout=lora_dropout,
-                target_modules=list(target_modules or DEFAULT_TARGET_MODULES),
-            )
-            self.model = get_peft_model(base, config)
+            self.model = get_peft_model(base, lora.to_peft())
         self.model.train()  # from_pretrained leaves eval mode; a new module starts in train mode like any nn.Module
         self.valid_rate = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
         self.malformed = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})

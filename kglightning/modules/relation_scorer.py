@@ -21,6 +21,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 from torchmetrics.classification import BinaryAUROC
 
@@ -66,8 +67,8 @@ class RelationScorer(L.LightningModule):
 
     Args:
         model: a local sentence-transformers folder, or ``"bundled:all-MiniLM-L6-v2"`` (UAG's backbone, bundled).
-        lr: AdamW learning rate (UAG: 2e-5).
-        weight_decay: AdamW weight decay, not applied to biases and LayerNorm weights (UAG: 0.01).
+        optimizer: optimizer factory over two parameter groups, the second (biases and LayerNorm weights) with
+            ``weight_decay=0``; default AdamW(lr=2e-5, weight_decay=0.01), UAG's setting.
         warmup_ratio: share of the total steps with linear warmup; then linear decay to 0 (UAG's WarmupLinear).
         max_seq_length: truncate texts to this many tokens (``None``: the model's own limit).
         export_dir: where :meth:`on_fit_end` writes the fine-tuned encoder (``None``: not written).
@@ -79,14 +80,14 @@ class RelationScorer(L.LightningModule):
     def __init__(
         self,
         model: str = BUNDLED_MINILM,
-        lr: float = 2e-5,
-        weight_decay: float = 0.01,
+        optimizer: OptimizerCallable | None = None,
         warmup_ratio: float = 0.1,
         max_seq_length: int | None = 64,
         export_dir: str | None = "outputs/relation_scorer/encoder",
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["optimizer"])
+        self.optimizer = optimizer
         self.encoder = _load_sentence_transformer(model, max_seq_length)
         self.encoder.train()  # SentenceTransformer loads in eval mode; Lightning keeps the modes it finds (dropout)
         self.val_auc = BinaryAUROC()
@@ -147,13 +148,11 @@ class RelationScorer(L.LightningModule):
         for name, param in self.named_parameters():
             if param.requires_grad:
                 (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(param)
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": self.hparams.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=self.hparams.lr,
-        )
+        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if self.optimizer is None:
+            optimizer = torch.optim.AdamW(groups, lr=2e-5, weight_decay=0.01)
+        else:
+            optimizer = self.optimizer(groups)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = math.ceil(self.hparams.warmup_ratio * total)
         scheduler = get_linear_schedule_with_warmup(optimizer, warmup, total)

@@ -31,16 +31,14 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
-from kglightning.datamodules.sft_examples import PromptStyle as ProxyPromptStyle
-from kglightning.datamodules.sft_examples import render_prompt
 from kglightning.evidence.builder import EvidenceBuilder
 from kglightning.evidence.format import parse_evidence, sft_input
 from kglightning.evidence.verbalize import path_instances, verbalize_instance
 from kglightning.llm.backends.base import Generation, GenerationParams, LLMBackend
 from kglightning.llm.grounding import ground_answers
 from kglightning.llm.parsing import ParseStats, parse_answers
-from kglightning.llm.prompts import EvidenceLine, EvidenceMode, PromptStyle, ReasonerPrompt, count_tokens
-from kglightning.llm.trie import KGTrie
+from kglightning.llm.prompts import EvidenceLine, EvidenceMode, UQPrompt, VanillaPrompt, count_tokens
+from kglightning.llm.trie import TrieConfig
 from kglightning.modules.proxy_sft import ProxySFT
 from kglightning.pipelines._ddp import gather_unique_rows
 from kglightning.pipelines.report import comparison_markdown, write_comparison
@@ -70,19 +68,15 @@ class DoublyCalPipeline(L.LightningModule):
         proxy: the trained evidence proxy (give its ``adapter_path``); its ``num_evidence``/``decoding`` set K.
         reasoner: the black-box LLM.
         variants: which answers to produce (default all four, see the module docstring).
-        prompt_style: the reasoner's verbalized-UQ template (App. C): ``vanilla``, ``cot`` or ``self_probing``.
-        system_prompt: an optional system message for the reasoner.
-        constrained: generate evidence through a KG-Trie of the question's graph (paths always exist in the KG).
-        trie_max_hops: longest relation path in the trie.
-        trie_constraints: also allow the one-hop constraints of each path in the trie.
-        trie_max_paths: cap on the trie's relation paths per question.
-        trie_max_constraints: cap on the constraints per path.
+        prompt: the reasoner's verbalized-UQ style (App. C), with its system message: a
+            :class:`~kglightning.llm.prompts.UQPrompt` (``VanillaPrompt``, ``CoTPrompt``, ``SelfProbingPrompt`` or
+            a subclass of your own).
+        generation: the reasoner's decoding settings (:class:`~kglightning.llm.backends.GenerationParams`; default
+            greedy, 128 new tokens per round).
+        trie: generate evidence through the KG-Trie of the question's graph, so that every path exists in the KG
+            (:class:`~kglightning.llm.trie.TrieConfig`); ``None`` decodes without it.
         builder: grounds the evidence (its ``max_hops`` does not limit grounding).
-        proxy_prompt_style: how the proxy's prompt is rendered; must match its SFT data (``"chat"``/``"plain"``).
-        proxy_system_prompt: the proxy's system turn, as in its SFT data (``None``: the template's default).
         max_instances: grounded path instances shown to the reasoner per evidence.
-        max_new_tokens: longest reasoner output per round.
-        temperature: reasoner sampling temperature (0: greedy).
         missing_confidence: confidence given to an answer the reasoner wrote without one (counted as
             ``missing_confidence`` in the parse statistics).
         output_dir: where the report goes.
@@ -94,19 +88,11 @@ class DoublyCalPipeline(L.LightningModule):
         proxy: ProxySFT,
         reasoner: LLMBackend,
         variants: list[Variant] | None = None,
-        prompt_style: PromptStyle = "vanilla",
-        system_prompt: str | None = None,
-        constrained: bool = True,
-        trie_max_hops: int = 4,
-        trie_constraints: bool = True,
-        trie_max_paths: int | None = 2000,
-        trie_max_constraints: int | None = 50,
+        prompt: UQPrompt = VanillaPrompt(),
+        generation: GenerationParams = GenerationParams(max_new_tokens=128),
+        trie: TrieConfig | None = TrieConfig(),
         builder: EvidenceBuilder | None = None,
-        proxy_prompt_style: ProxyPromptStyle = "chat",
-        proxy_system_prompt: str | None = "",
         max_instances: int = 5,
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
         missing_confidence: float = 0.5,
         output_dir: str = "outputs/doublycal",
         n_bins: int = 10,
@@ -123,19 +109,11 @@ class DoublyCalPipeline(L.LightningModule):
         self.proxy = proxy
         self.reasoner = reasoner
         self.variants = list(dict.fromkeys(variants))
-        self.prompts = {v: ReasonerPrompt(prompt_style, _MODE[v], system_prompt=system_prompt) for v in _MODE}
-        self.constrained = constrained
-        self.trie_kwargs = {
-            "max_hops": trie_max_hops,
-            "constraints": trie_constraints,
-            "max_paths": trie_max_paths,
-            "max_constraints_per_path": trie_max_constraints,
-        }
+        self.prompt = prompt
+        self.trie = trie
         self.builder = builder or EvidenceBuilder()
-        self.proxy_prompt_style = proxy_prompt_style
-        self.proxy_system_prompt = proxy_system_prompt
         self.max_instances = max_instances
-        self.params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature)
+        self.params = generation
         self.missing_confidence = missing_confidence
         self.output_dir = output_dir
         self.n_bins = n_bins
@@ -150,7 +128,7 @@ class DoublyCalPipeline(L.LightningModule):
     # evidence
 
     def proxy_texts(self, records: Sequence[KGQARecord], kgs: Sequence[KGIndex] | None = None) -> list[list[str]]:
-        """The proxy's generated texts, ``K`` per question (KG-Trie constrained when ``constrained``).
+        """The proxy's generated texts, ``K`` per question (KG-Trie constrained unless ``trie`` is ``None``).
 
         Args:
             records: the questions.
@@ -159,13 +137,13 @@ class DoublyCalPipeline(L.LightningModule):
         tok = self.proxy.tokenizer
         rows = []
         for rec in records:
-            text = render_prompt(tok, sft_input(rec.question), self.proxy_prompt_style, self.proxy_system_prompt)
+            text = self.proxy.prompt_format.render(tok, sft_input(rec.question))
             rows.append(tok(text, add_special_tokens=False)["input_ids"])
         ids, mask = _left_pad(rows, tok.pad_token_id)
         tries = None
-        if self.constrained:
+        if self.trie is not None:
             kgs = kgs or [KGIndex.from_record(r) for r in records]
-            tries = [KGTrie.from_kg(tok, kg, rec.q_entity, **self.trie_kwargs) for rec, kg in zip(records, kgs)]
+            tries = [self.trie.build(tok, kg, rec.q_entity) for rec, kg in zip(records, kgs)]
         texts, _ = self.proxy.generate_texts(ids.to(self.proxy.device), mask.to(self.proxy.device), tries=tries)
         k = len(texts) // len(records)
         return [texts[i * k : (i + 1) * k] for i in range(len(records))]
@@ -232,7 +210,7 @@ class DoublyCalPipeline(L.LightningModule):
 
     def _messages(self, variant: str, record: KGQARecord, evidence: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
         lines = [EvidenceLine(p, z["confidence"]) for z in evidence for p in z["paths"]]
-        return self.prompts[variant].first_round(record.question, lines)
+        return self.prompt.first_round(record.question, lines, _MODE[variant])
 
     def _tokens(self, messages: list[dict[str, str]], gen: Generation) -> int:
         return gen.prompt_tokens or count_tokens(messages)
@@ -251,8 +229,8 @@ class DoublyCalPipeline(L.LightningModule):
         convs = [self._messages(v, records[i], evidence[i]) for v, i in jobs]
         gens = self.reasoner.generate_with_params(convs, self.params) if jobs else []
         tokens = [self._tokens(c, g) for c, g in zip(convs, gens)]
-        if self.prompts["doublycal"].two_rounds and jobs:
-            convs = [self.prompts[v].second_round(c, g.text) for (v, _), c, g in zip(jobs, convs, gens)]
+        if self.prompt.two_rounds and jobs:
+            convs = [self.prompt.second_round(c, g.text) for c, g in zip(convs, gens)]
             gens = self.reasoner.generate_with_params(convs, self.params)
             tokens = [t + self._tokens(c, g) for t, c, g in zip(tokens, convs, gens)]
         out: list[dict[str, Any]] = [{} for _ in records]

@@ -48,7 +48,7 @@ from kglightning.data.embeddings import SentenceEncoder
 from kglightning.data.records import KGQARecord
 from kglightning.datamodules.detection import DetectionDataModule
 from kglightning.datamodules.detection_graphs import ABSTENTIONS, DetectionStats, build_detection_graph, node_texts
-from kglightning.llm.backends import ChatMessage, LLMBackend, LocalHFBackend
+from kglightning.llm.backends import ChatMessage, GenerationParams, LLMBackend, LocalHFBackend
 from kglightning.llm.grounding import ground_answers
 from kglightning.llm.parsing import parse_answers
 from kglightning.metrics.functional.qa import normalize
@@ -107,6 +107,10 @@ class _Dialogue:
         return self.versions[-1]
 
 
+# a hyperparameter, so checkpoints hold it: let torch.load(weights_only=True) rebuild it
+torch.serialization.add_safe_globals([GenerationParams])
+
+
 class KGGuardRefinement(L.LightningModule):
     """KG-Guard's refinement loop as a ``predict``-only LightningModule over batches of :class:`KGQARecord`.
 
@@ -125,9 +129,8 @@ class KGGuardRefinement(L.LightningModule):
         cache_dir: cache root of the text embeddings (default ``$KGLIGHTNING_CACHE``, shared with the detector).
         max_rounds: refinement rounds at most (the cap; KG-Guard uses 5).
         max_triples: triples of the subgraph shown to the LLM, most similar to the question first (``None``: all).
-        max_new_tokens: generation budget per answer.
-        temperature: ``0`` decodes greedily.
-        seed: sampling seed.
+        generation: the reasoner's decoding settings (:class:`~kglightning.llm.backends.GenerationParams`; default
+            greedy, 64 new tokens per answer, seed 0).
         unmatched: ``"flag"`` answers that name no KG node (kept, re-prompted as unverifiable), or ``"drop"`` them.
         add_reverse_edges: as in the detector's training data (``DetectionDataModule``).
         output_dir: where the predictions and the report are written.
@@ -142,9 +145,7 @@ class KGGuardRefinement(L.LightningModule):
         cache_dir: str | None = None,
         max_rounds: int = 5,
         max_triples: int | None = 30,
-        max_new_tokens: int = 64,
-        temperature: float = 0.0,
-        seed: int = 0,
+        generation: GenerationParams = GenerationParams(max_new_tokens=64),
         unmatched: Literal["flag", "drop"] = "flag",
         add_reverse_edges: bool = True,
         output_dir: str = "outputs/refinement",
@@ -167,7 +168,7 @@ class KGGuardRefinement(L.LightningModule):
         self.detector_ckpt = detector_ckpt
         self.max_rounds = max_rounds
         self.max_triples = max_triples
-        self.generation = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
+        self.generation = generation
         self.unmatched = unmatched
         self.output_dir = output_dir
         self.rows: list[dict[str, Any]] = []
@@ -270,7 +271,7 @@ class KGGuardRefinement(L.LightningModule):
 
     def generate(self, chats: Sequence[list[ChatMessage]]) -> list[str]:
         """One batched LLM call."""
-        return [g.text for g in self.reasoner.generate(list(chats), **self.generation)]
+        return [g.text for g in self.reasoner.generate_with_params(list(chats), self.generation)]
 
     # the loop
 
@@ -355,7 +356,7 @@ class KGGuardRefinement(L.LightningModule):
             "reasoner": repr(self.reasoner),
             "unmatched": self.unmatched,
             "max_triples": self.max_triples,
-            **self.generation,
+            **{k: v for k, v in self.generation.to_dict().items() if k in ("max_new_tokens", "temperature", "seed")},
         }
         summary = write_report(rows, self.output_dir, self.max_rounds, meta=meta, timings=self.timings)
         for logger in self.loggers:

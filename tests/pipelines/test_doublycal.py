@@ -11,6 +11,8 @@ from torch.utils.data import DataLoader
 
 from kglightning.data.records import KGQARecord
 from kglightning.llm.backends.base import Generation, GenerationParams, LLMBackend
+from kglightning.llm.prompts import SelfProbingPrompt
+from kglightning.llm.trie import TrieConfig
 from kglightning.pipelines.doublycal import DoublyCalPipeline
 
 SNOOPY = KGQARecord(
@@ -48,9 +50,11 @@ class ScriptedBackend(LLMBackend):
 
 @pytest.fixture(scope="module")
 def tiny_proxy(tiny_chat_model_dir):
-    from kglightning.modules.proxy_sft import ProxySFT
+    from kglightning.modules.proxy_sft import EvidenceGeneration, ProxySFT
 
-    return ProxySFT(model=tiny_chat_model_dir, num_evidence=2, decoding="beam", max_new_tokens=24)
+    return ProxySFT(
+        model=tiny_chat_model_dir, generation=EvidenceGeneration(num_evidence=2, decoding="beam", max_new_tokens=24)
+    )
 
 
 def _pipeline(proxy, backend: LLMBackend, tmp_path, **kwargs) -> DoublyCalPipeline:
@@ -88,7 +92,7 @@ def _confident_reply(messages: list[dict[str, str]]) -> str:
 
 def test_variants_prompts_and_report(tiny_proxy, tmp_path):
     backend = ScriptedBackend(_confident_reply)
-    pipe = _pipeline(tiny_proxy, backend, tmp_path, constrained=False)
+    pipe = _pipeline(tiny_proxy, backend, tmp_path, trie=None)
     evidence = [pipe.ground_evidence(SNOOPY, ["<PATH confidence=0.5>sibling_of</PATH>"])]
     from kglightning.data.kg import KGIndex
 
@@ -111,7 +115,7 @@ def test_self_probing_runs_two_rounds(tiny_proxy, tmp_path):
         return "[Spike, Belle]" if len(messages) == 1 else "{Spike: 0.7}"
 
     backend = ScriptedBackend(reply)
-    pipe = _pipeline(tiny_proxy, backend, tmp_path, prompt_style="self_probing", variants=["singlecal"])
+    pipe = _pipeline(tiny_proxy, backend, tmp_path, prompt=SelfProbingPrompt(), variants=["singlecal"])
     out = pipe.reason([SNOOPY], [[]], [__import__("kglightning.data.kg").data.kg.KGIndex.from_record(SNOOPY)])[0]
     assert [len(c[0]) for c in backend.calls] == [1, 3]  # round 2 holds the first prompt, answer and probe
     assert backend.calls[1][0][1] == {"role": "assistant", "content": "[Spike, Belle]"}
@@ -147,7 +151,9 @@ def test_predict_with_tiny_models_writes_the_comparison(
     from kglightning.llm.backends.local_hf import LocalHFBackend
 
     backend = LocalHFBackend(tiny_chat_model_dir, batch_size=8, show_progress=False)
-    pipe = _pipeline(tiny_proxy, backend, tmp_path, max_new_tokens=16, trie_max_hops=2)
+    pipe = _pipeline(
+        tiny_proxy, backend, tmp_path, generation=GenerationParams(max_new_tokens=16), trie=TrieConfig(max_hops=2)
+    )
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     records = [KGQARecord.from_dict(r) for r in detection_records(6, 3)]
     loader = DataLoader(records, batch_size=3, collate_fn=list)
@@ -189,9 +195,9 @@ def test_doublycal_config_runs_through_the_cli(tiny_proxy, tiny_chat_model_dir, 
         tiny_chat_model_dir,
         "--model.init_args.reasoner.init_args.show_progress",
         "false",
-        "--model.init_args.trie_max_hops",
+        "--model.init_args.trie.max_hops",
         "2",
-        "--model.init_args.max_new_tokens",
+        "--model.init_args.generation.max_new_tokens",
         "8",
         "--data.init_args.data_dir",
         detection_dir,
@@ -264,10 +270,14 @@ def test_reasoner_behind_an_openai_compatible_endpoint(tiny_proxy, tiny_chat_mod
         SNOOPY, ["<PATH confidence=0.5>sibling_of</PATH>"]
     )
     evidence = [[], grounded]
-    expected = _pipeline(tiny_proxy, local, tmp_path, max_new_tokens=12).reason(records, evidence, kgs)
+    expected = _pipeline(tiny_proxy, local, tmp_path, generation=GenerationParams(max_new_tokens=12)).reason(
+        records, evidence, kgs
+    )
     with ChatCompletionServer(local, port=0, model_name="tiny") as server:
         remote = OpenAIChatBackend(base_url=server.url, model="tiny", show_progress=False)
-        got = _pipeline(tiny_proxy, remote, tmp_path, max_new_tokens=12).reason(records, evidence, kgs)
+        got = _pipeline(tiny_proxy, remote, tmp_path, generation=GenerationParams(max_new_tokens=12)).reason(
+            records, evidence, kgs
+        )
         assert server.request_count == 6  # 3 LLM variants x 2 questions
     for e, g in zip(expected, got):
         for v in ("doublycal", "singlecal", "llm_only"):

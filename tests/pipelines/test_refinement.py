@@ -18,7 +18,7 @@ from kglightning.data import SentenceEncoder
 from kglightning.data.records import KGQARecord
 from kglightning.datamodules import KGQADataModule
 from kglightning.evaluate import evaluate_predictions
-from kglightning.llm.backends import Generation, LLMBackend, LocalHFBackend
+from kglightning.llm.backends import Generation, GenerationParams, LLMBackend, LocalHFBackend
 from kglightning.modules import HallucinationDetector
 from kglightning.nn import GATEncoder, GraphTransformerEncoder
 from kglightning.pipelines.refinement import KGGuardRefinement
@@ -183,7 +183,15 @@ def test_trainer_predict_with_tiny_chat_model_writes_the_report(
     detector_ckpt, tiny_encoder_dir, tiny_chat_model_dir, detection_dir, tmp_path, single_torch_thread
 ):
     reasoner = LocalHFBackend(tiny_chat_model_dir, batch_size=4, show_progress=False, cache_dir=str(tmp_path / "llm"))
-    module = _module(detector_ckpt, tiny_encoder_dir, tmp_path, reasoner, max_rounds=2, max_triples=4, max_new_tokens=6)
+    module = _module(
+        detector_ckpt,
+        tiny_encoder_dir,
+        tmp_path,
+        reasoner,
+        max_rounds=2,
+        max_triples=4,
+        generation=GenerationParams(max_new_tokens=6),
+    )
     data = KGQADataModule(data_dir=detection_dir, max_records=5, batch_size=2)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     out = trainer.predict(module, datamodule=data)
@@ -240,7 +248,7 @@ def test_cli_predict_runs_the_config(
         "--model.init_args.encoder.init_args.heads": "4",
         "--model.init_args.text_encoder.init_args.model": tiny_encoder_dir,
         "--model.init_args.reasoner.init_args.model": tiny_chat_model_dir,
-        "--model.init_args.max_new_tokens": "6",
+        "--model.init_args.generation.max_new_tokens": "6",
         "--model.init_args.max_rounds": "2",
         "--data.init_args.data_dir": detection_dir,
         "--data.init_args.max_records": "5",

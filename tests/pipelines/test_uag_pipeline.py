@@ -11,7 +11,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 
-from kglightning.conformal.uag import covers, members_at, score_questions
+from kglightning.conformal.uag import UAGController, covers, members_at, score_questions
 from kglightning.data import SentenceEncoder
 from kglightning.data.sources.embedded import build_embedded_benchmark
 from kglightning.datamodules import KGQADataModule
@@ -30,7 +30,7 @@ def bench_dir(tmp_path_factory) -> str:
 def _run(tmp_path, bench_dir, tiny_encoder_dir, **kw) -> tuple[UAGReasoner, KGQADataModule]:
     model = UAGReasoner(
         encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
-        grid_step=0.25,
+        controller=UAGController(grid_step=0.25),
         output_dir=str(tmp_path / "out"),
         cache_dir=str(tmp_path / "cache"),
         progress=False,
@@ -46,7 +46,7 @@ def test_predict_writes_sets_selection_and_sweep(tmp_path, bench_dir, tiny_encod
     model, data = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, sweep_alphas=[0.3, 0.5])
     out = tmp_path / "out"
     ltt = json.loads((out / "ltt.json").read_text())
-    main = model.selections["0.4"]
+    main = model.selections[0.4]
     assert ltt["main"] == json.loads(json.dumps(main.summary()))
     assert ltt["main"]["n_quantile"] + ltt["main"]["n_calibration"] + ltt["main"]["n_selection"] == 60
     assert set(ltt["levels"]) == {"0.4", "0.3", "0.5"} and set(ltt["baselines"]["0.4"]) == {"split_cp", "top_k"}
@@ -76,7 +76,7 @@ def test_predict_writes_sets_selection_and_sweep(tmp_path, bench_dir, tiny_encod
 
 def test_unreachable_alpha_abstains_with_the_full_pool(tmp_path, bench_dir, tiny_encoder_dir):
     model, _ = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.01)
-    assert model.selections["0.01"].abstained
+    assert model.selections[0.01].abstained
     rows = [json.loads(line) for line in (tmp_path / "out/predictions.jsonl").open()]
     assert all(r["abstained"] and r["set_size"] == r["num_candidates"] for r in rows)
     assert all(r["baselines"]["split_cp"]["abstained"] for r in rows)  # 20 questions: rank 20 * 0.99 > n
@@ -106,7 +106,7 @@ def test_cli_predict_with_alpha_flag(devices, bench_dir, tiny_encoder_dir, tmp_p
         "--config": str(ROOT / "configs/uag.yaml"),
         "--model.alpha": "0.4",
         "--model.encoder.model": tiny_encoder_dir,
-        "--model.grid_step": "0.25",
+        "--model.controller.init_args.grid_step": "0.25",
         "--data.data_dir": bench_dir,
         "--data.max_records": "45",
         "--trainer.enable_progress_bar": "false",
@@ -147,6 +147,48 @@ def test_llm_evaluator_with_a_local_model(tmp_path, bench_dir, tiny_encoder_dir,
     model2, _ = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, llm=again)
     rows2 = [json.loads(line) for line in (tmp_path / "out/predictions.jsonl").open()]
     assert [r["llm_answer"] for r in rows2] == [r["llm_answer"] for r in rows]
-    assert model2.selections["0.4"].summary() == model.selections["0.4"].summary()
+    assert model2.selections[0.4].summary() == model.selections[0.4].summary()
     metrics = json.loads((tmp_path / "out/metrics.json").read_text())
     assert metrics["llm_no_answer"] == again.num_no_answer == llm.num_no_answer
+
+
+def _unfitted(tmp_path, tiny_encoder_dir, grid_step: float, out: str) -> UAGReasoner:
+    return UAGReasoner(
+        encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+        controller=UAGController(grid_step=grid_step),
+        alpha=0.4,
+        sweep_alphas=[0.3],
+        output_dir=str(tmp_path / out),
+        cache_dir=str(tmp_path / "cache"),
+        progress=False,
+    )
+
+
+def test_fitted_selections_live_in_the_state_dict(tmp_path, bench_dir, tiny_encoder_dir, monkeypatch):
+    """A checkpoint saved after predict reproduces the sets in a fresh module without calibrating again."""
+    model, data = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, sweep_alphas=[0.3])
+    first = [json.loads(line) for line in (tmp_path / "out/predictions.jsonl").open()]
+    state = model.state_dict()
+    assert set(state["_extra_state"]["selections"]) == {0.4, 0.3}  # keyed by the float alpha
+
+    fresh = _unfitted(tmp_path, tiny_encoder_dir, 0.25, "out2")
+    fresh.load_state_dict(state)
+    assert fresh.selections[0.4].summary() == model.selections[0.4].summary()
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("calibrated again although the loaded selections match")
+
+    monkeypatch.setattr(fresh, "calibrate", no_calibration)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    trainer.predict(fresh, datamodule=data, return_predictions=False)
+    second = [json.loads(line) for line in (tmp_path / "out2/predictions.jsonl").open()]
+    assert [r["prediction"] for r in second] == [r["prediction"] for r in first]
+    assert [r["baselines"] for r in second] == [r["baselines"] for r in first]
+    assert json.loads((tmp_path / "out2/ltt.json").read_text())["from_loaded_state"] is True
+
+    # other settings (another grid) invalidate the loaded selections: it calibrates again
+    other = _unfitted(tmp_path, tiny_encoder_dir, 0.5, "out3")
+    other.load_state_dict(state)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    trainer.predict(other, datamodule=data, return_predictions=False)
+    assert json.loads((tmp_path / "out3/ltt.json").read_text())["from_loaded_state"] is False

@@ -13,6 +13,7 @@ Example:
     >>> out = model.generate(**enc, logits_processor=LogitsProcessorList([KGTrieLogitsProcessor(tries)]))  # doctest: +SKIP
 """
 
+from kglightning.llm.trie.config import TrieConfig
 from kglightning.llm.trie.kg_trie import CLOSE_TAG, OPEN_PREFIX, EvidenceKey, KGTrie, valid_evidence
 from kglightning.llm.trie.processor import KGTrieLogitsProcessor
 from kglightning.llm.trie.token_trie import TokenTrie, TrieNode
@@ -28,6 +29,7 @@ __all__ = [
     "PathValidity",
     "TagVocab",
     "TokenTrie",
+    "TrieConfig",
     "TrieNode",
     "is_walkable",
     "path_validity",

@@ -5,8 +5,10 @@ from __future__ import annotations
 from torch import Tensor
 from torch_geometric.nn import GATConv
 
+from kglightning.nn.conv.typed import TypedEdgesMixin
 
-class TypedGATConv(GATConv):
+
+class TypedGATConv(TypedEdgesMixin, GATConv):
     """PyG's :class:`~torch_geometric.nn.conv.GATConv` (Veličković et al., 2018, with edge features in the
     attention scores) that also accepts edge features as a table of edge *types*.
 
@@ -33,8 +35,6 @@ class TypedGATConv(GATConv):
         True
     """
 
-    _edges_scored = False
-
     def forward(  # type: ignore[override]
         self,
         x: Tensor,
@@ -44,19 +44,15 @@ class TypedGATConv(GATConv):
         size: tuple[int, int] | None = None,
         return_attention_weights: bool | None = None,
     ):
-        if edge_type is None:
-            return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
-        if edge_attr is None:
-            raise ValueError("edge_type needs edge_attr: one feature row per edge type")
-        if self.lin_edge is None:  # the layer ignores edge features
-            return super().forward(x, edge_index, edge_attr.index_select(0, edge_type), size, return_attention_weights)
+        def call(edge: Tensor | None):
+            return super(TypedGATConv, self).forward(x, edge_index, edge, size, return_attention_weights)
+
+        return self.typed_forward(call, edge_attr, edge_type)
+
+    def type_values(self, edge_attr: Tensor) -> Tensor:
+        """Each type's attention term ``a_e^T W_e e``, ``(T, heads)``."""
         projected = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
-        scores = (projected * self.att_edge).sum(dim=-1).index_select(0, edge_type)  # (E, heads): a_e^T W_e e_ij
-        self._edges_scored = True
-        try:
-            return super().forward(x, edge_index, scores, size, return_attention_weights)
-        finally:
-            self._edges_scored = False
+        return (projected * self.att_edge).sum(dim=-1)
 
     def edge_update(
         self,
@@ -67,6 +63,6 @@ class TypedGATConv(GATConv):
         ptr: Tensor | None,
         dim_size: int | None,
     ) -> Tensor:
-        if self._edges_scored:  # edge_attr holds each edge's attention term already
+        if self._typed_edges:  # edge_attr holds each edge's attention term already
             return super().edge_update(alpha_j + edge_attr, alpha_i, None, index, ptr, dim_size)
         return super().edge_update(alpha_j, alpha_i, edge_attr, index, ptr, dim_size)

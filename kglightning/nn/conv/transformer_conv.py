@@ -9,8 +9,10 @@ from torch.nn import functional as F
 from torch_geometric.nn import TransformerConv
 from torch_geometric.utils import softmax
 
+from kglightning.nn.conv.typed import TypedEdgesMixin
 
-class TypedTransformerConv(TransformerConv):
+
+class TypedTransformerConv(TypedEdgesMixin, TransformerConv):
     """PyG's :class:`~torch_geometric.nn.conv.TransformerConv` (Shi et al., 2021) that also accepts edge features
     as a table of edge *types*.
 
@@ -37,8 +39,6 @@ class TypedTransformerConv(TransformerConv):
         True
     """
 
-    _edges_projected = False
-
     def forward(  # type: ignore[override]
         self,
         x: Tensor,
@@ -47,19 +47,14 @@ class TypedTransformerConv(TransformerConv):
         edge_type: Tensor | None = None,
         return_attention_weights: bool | None = None,
     ):
-        if edge_type is None:
-            return super().forward(x, edge_index, edge_attr, return_attention_weights)
-        if edge_attr is None:
-            raise ValueError("edge_type needs edge_attr: one feature row per edge type")
-        if self.lin_edge is None:  # the layer ignores edge features
-            return super().forward(x, edge_index, edge_attr.index_select(0, edge_type), return_attention_weights)
-        # index_select: its backward is a scatter-add (advanced indexing's is several times slower on CPU)
-        projected = self.lin_edge(edge_attr).index_select(0, edge_type)
-        self._edges_projected = True
-        try:
-            return super().forward(x, edge_index, projected, return_attention_weights)
-        finally:
-            self._edges_projected = False
+        def call(edge: Tensor | None):
+            return super(TypedTransformerConv, self).forward(x, edge_index, edge, return_attention_weights)
+
+        return self.typed_forward(call, edge_attr, edge_type)
+
+    def type_values(self, edge_attr: Tensor) -> Tensor:
+        """Each type's projection ``W_e e``, ``(T, heads * out_channels)``."""
+        return self.lin_edge(edge_attr)
 
     def message(
         self,
@@ -71,7 +66,7 @@ class TypedTransformerConv(TransformerConv):
         ptr: Tensor | None,
         size_i: int | None,
     ) -> Tensor:
-        if not self._edges_projected:
+        if not self._typed_edges:
             return super().message(query_i, key_j, value_j, edge_attr, index, ptr, size_i)
         edge = edge_attr.view(-1, self.heads, self.out_channels)  # already W_e e_ij
         alpha = (query_i * (key_j + edge)).sum(dim=-1) / math.sqrt(self.out_channels)

@@ -1,0 +1,117 @@
+"""KGQADataModule, the record-reading base of every DataModule: splits, limits, bad records, hooks, loaders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kglightning.data.records import KGQARecord, RecordError
+from kglightning.datamodules.base import KGQADataModule
+
+
+def _record(qid: str) -> dict:
+    return {
+        "id": qid,
+        "question": f"capital of {qid}?",
+        "answer": ["Paris"],
+        "q_entity": ["France"],
+        "a_entity": ["Paris"],
+        "graph": [["France", "capital", "Paris"]],
+    }
+
+
+def _write(folder: Path, sizes: dict[str, int], bad: dict[str, int] | None = None) -> str:
+    """``sizes[split]`` good records per split; ``bad[split]`` is the 1-based line that lacks its ``question``."""
+    for split, n in sizes.items():
+        rows = [_record(f"{split}-{i}") for i in range(n)]
+        line = (bad or {}).get(split)
+        if line:
+            del rows[line - 1]["question"]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(folder)
+
+
+def test_max_records_per_split_and_predict_split(tmp_path):
+    folder = _write(tmp_path, {"train": 7, "validation": 5, "test": 4})
+    dm = KGQADataModule(data_dir=folder, batch_size=3, max_records={"train": 2}, predict_split="validation")
+    assert [len(dm.split_records(s)) for s in ("train", "validation", "test")] == [2, 5, 4]
+    assert dm.limit("train") == 2 and dm.limit("test") is None
+    dm.setup("predict")
+    ids = [r.id for batch in dm.predict_dataloader() for r in batch]
+    assert ids == [f"validation-{i}" for i in range(5)]
+    assert all(isinstance(r, KGQARecord) for r in dm.split_records("test"))
+    assert len(KGQADataModule(data_dir=folder, max_records=1).split_records("validation")) == 1
+
+
+def test_bad_record_raises_with_file_line_and_field_or_is_skipped(tmp_path):
+    folder = _write(tmp_path, {"train": 3, "validation": 3, "test": 3}, bad={"validation": 2})
+    with pytest.raises(RecordError) as err:
+        KGQADataModule(data_dir=folder).split_records("validation")
+    message = str(err.value)
+    assert "validation.jsonl:2" in message and "question" in message
+    skipping = KGQADataModule(data_dir=folder, on_bad_record="skip")
+    assert [r.id for r in skipping.split_records("validation")] == ["validation-0", "validation-2"]
+    assert len(skipping.read_split("validation").skipped) == 1
+    with pytest.raises(ValueError, match="on_bad_record"):
+        KGQADataModule(data_dir=folder, on_bad_record="ignore")  # type: ignore[arg-type]
+
+
+def test_an_empty_split_is_an_error_naming_its_file(tmp_path):
+    folder = _write(tmp_path, {"train": 2, "validation": 0, "test": 2})
+    dm = KGQADataModule(data_dir=folder)
+    with pytest.raises(RecordError, match=r"split 'validation' is empty: it holds no record") as err:
+        dm.prepare_data()  # fit reads every split before any work
+    assert "validation.jsonl" in str(err.value)
+
+
+def test_each_split_is_read_once(tmp_path, monkeypatch):
+    import kglightning.datamodules.base as base
+
+    folder = _write(tmp_path, {"train": 2, "validation": 2, "test": 2})
+    calls = []
+    real = base.read_records
+    monkeypatch.setattr(base, "read_records", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    dm = KGQADataModule(data_dir=folder)
+    dm.prepare_data()
+    dm.setup("fit")
+    dm.split_records("train")
+    assert sorted(Path(c).name for c in calls) == ["test.jsonl", "train.jsonl", "validation.jsonl"]
+
+
+def test_dataset_key_follows_what_the_records_are(tmp_path):
+    folder = _write(tmp_path, {"train": 3, "validation": 2, "test": 2})
+    key = KGQADataModule(data_dir=folder).dataset_key("train")
+    assert key == KGQADataModule(data_dir=folder, batch_size=99).dataset_key("train")  # batching is not data
+    assert key != KGQADataModule(data_dir=folder, max_records=2).dataset_key("train")
+    assert key != KGQADataModule(data_dir=folder, on_bad_record="skip").dataset_key("train")
+    assert key != KGQADataModule(data_dir=folder).dataset_key("test")
+    (tmp_path / "train.jsonl").write_text(json.dumps(_record("other")) + "\n")
+    assert key != KGQADataModule(data_dir=folder).dataset_key("train")  # the file changed
+
+
+class QuestionLengths(KGQADataModule):
+    """A new method's DataModule in a few lines: items are (id, question length), batches are tensors."""
+
+    def build_split(self, split):
+        return [(r.id, len(r.question)) for r in self.split_records(split)]
+
+    def collate(self, items):
+        return torch.tensor([n for _, n in items])
+
+
+def test_a_subclass_overrides_only_what_is_its_own(tmp_path):
+    folder = _write(tmp_path, {"train": 5, "validation": 2, "test": 3})
+    dm = QuestionLengths(data_dir=folder, batch_size=2)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert set(dm.datasets) == {"train", "validation"}  # fit builds only the splits it uses
+    batches = list(dm.val_dataloader())
+    assert [b.tolist() for b in batches] == [[len("capital of validation-0?"), len("capital of validation-1?")]]
+    torch.manual_seed(0)
+    first = torch.cat(list(dm.train_dataloader())).tolist()
+    assert sorted(first) == sorted(n for _, n in dm.datasets["train"])  # shuffled, nothing lost
+    dm.setup("predict")
+    assert sum(len(b) for b in dm.predict_dataloader()) == 3  # predict_split defaults to test
