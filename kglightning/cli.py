@@ -12,6 +12,7 @@ the input data is bad (the one-line ``file:line: field ...`` message is printed 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any
@@ -29,12 +30,14 @@ EXTRA_SUBCOMMANDS = {
     "evaluate": "RoG-compatible answer metrics (Hit, F1, EM, ECE, ...) of a predictions jsonl",
     "build-benchmark": "build the embedded geography/elements KGQA benchmark into a folder",
     "conformalize": "split-conformal answer sets for any predictions jsonl with confidences",
+    "compare-proxies": "score DoublyCal evidence proxies (e.g. SFT vs GRPO adapters) on the same held-out questions",
 }
 
 DESCRIPTION = (
     "kglightning: trustworthy question answering over knowledge graphs with LLMs. fit / validate / test / predict "
     "run a LightningModule and a LightningDataModule named by class_path in a YAML config (--config); evaluate, "
-    "build-benchmark and conformalize work on files. Run any subcommand with --help for its options."
+    "build-benchmark and conformalize work on files; compare-proxies scores DoublyCal evidence proxies. Run any "
+    "subcommand with --help for its options."
 )
 
 #: errors that mean "the input is wrong", reported as one line with exit status 2
@@ -107,6 +110,74 @@ def _build_benchmark(argv: list[str]) -> int:
     return 0
 
 
+def _compare_proxies(argv: list[str]) -> int:
+    import argparse
+
+    from kglightning.datamodules import ProxyGRPODataModule
+    from kglightning.pipelines.proxy_comparison import comparison_table, score_proxy, write_proxy_comparison
+
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} compare-proxies",
+        description="Score evidence proxies on the same held-out questions: each writes one greedy evidence per "
+        "question, which is grounded and scored (reward, validity, match, Hit/F1, ECE of the stated confidence "
+        "against the evidence's Bayesian confidence, rank correlation). Options not listed here (e.g. "
+        "--model.init_args.model, --trainer.accelerator) go to the config, as for `fit`.",
+    )
+    p.add_argument("--config", default="configs/proxy_grpo.yaml", help="a proxy config (ProxyGRPO or ProxySFT)")
+    p.add_argument("--proxy", action="append", required=True, metavar="NAME=ADAPTER[@sft|@rl]",
+                   help="a PEFT adapter folder and the instruction it was trained with (default sft); repeat")  # fmt: skip
+    p.add_argument("--split", default="test", choices=["train", "validation", "test"])
+    p.add_argument("--max_new_tokens", type=int, default=64)
+    p.add_argument("--output_dir", default="outputs/proxy_comparison")
+    args, overrides = p.parse_known_args(argv)
+    proxies: dict[str, tuple[str, str]] = {}
+    for spec in args.proxy:
+        name, sep, rest = spec.partition("=")
+        adapter, _, instruction = rest.partition("@")
+        if not sep or not name or not adapter or instruction not in ("", "sft", "rl"):
+            p.error(f"--proxy {spec!r}: expected NAME=ADAPTER, NAME=ADAPTER@sft or NAME=ADAPTER@rl")
+        proxies[name] = (adapter, instruction or "sft")
+    generation = json.dumps({"num_evidence": 1, "decoding": "greedy", "max_new_tokens": args.max_new_tokens})
+    results, details = {}, {}
+    for name, (adapter, instruction) in proxies.items():
+        cli = KGLightningCLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            run=False,
+            save_config_callback=None,  # nothing is trained; the table says what was compared
+            args=[
+                "--config",
+                args.config,
+                *overrides,
+                "--model.init_args.adapter_path",
+                adapter,
+                "--model.init_args.prompt_format.instruction",
+                instruction,
+                "--model.init_args.generation",
+                generation,
+                "--data.init_args.predict_split",
+                args.split,
+                "--trainer.logger",
+                "false",
+                "--trainer.callbacks",
+                "[]",
+            ],  # fmt: skip
+            parser_kwargs={"prog": f"{PROG} compare-proxies"},
+        )
+        dm = cli.datamodule
+        if not isinstance(dm, ProxyGRPODataModule):
+            raise TypeError(f"compare-proxies needs a ProxyGRPODataModule in {args.config}, got {type(dm).__name__}")
+        rows = [row for batch in cli.trainer.predict(cli.model, datamodule=dm) or [] for row in batch]
+        records = {r.id: r for r in dm.read_split(args.split)}
+        results[name], details[name] = score_proxy(rows, records, dm.gold_evidence(args.split), dm.builder)
+    files = write_proxy_comparison(results, details, args.output_dir)
+    print(comparison_table(results))
+    print(f"wrote {files['table']}, {files['json']} and {files['plot']}")
+    return 0
+
+
 def _dispatch(argv: list[str], from_command_line: bool) -> int:
     if argv and argv[0] == "evaluate":
         from kglightning.evaluate import main as evaluate_main
@@ -114,6 +185,8 @@ def _dispatch(argv: list[str], from_command_line: bool) -> int:
         return int(evaluate_main(argv[1:]) or 0)
     if argv and argv[0] == "build-benchmark":
         return _build_benchmark(argv[1:])
+    if argv and argv[0] == "compare-proxies":
+        return _compare_proxies(argv[1:])
     if argv and argv[0] == "conformalize":
         from kglightning.conformal.offline import main as conformalize_main
 

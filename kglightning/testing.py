@@ -93,3 +93,23 @@ def tiny_llama(
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
+
+
+def quiet_trainer(root: Any, **kwargs: Any) -> Any:
+    """A CPU ``lightning.Trainer`` for tests: no logger, checkpoints, progress bar, summary or sanity check.
+
+    Args:
+        root: ``default_root_dir``.
+        **kwargs: further ``Trainer`` arguments (``max_steps``, ``limit_val_batches``, ...).
+    """
+    import lightning as L
+
+    defaults: dict[str, Any] = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+    }
+    return L.Trainer(default_root_dir=root, **{**defaults, **kwargs})

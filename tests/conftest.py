@@ -159,3 +159,44 @@ def single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+CITIES = {"France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi", "Peru": "Lima", "Egypt": "Cairo", "Spain": "Madrid"}
+
+
+@pytest.fixture(scope="session")
+def capitals_dir(tmp_path_factory) -> str:
+    """train/validation/test jsonl: 'capital of X?' with the capital one hop away and a distractor triple."""
+    root = tmp_path_factory.mktemp("capitals")
+    names = sorted(CITIES)
+    for split, offset in (("train", 0), ("validation", 2), ("test", 4)):
+        rows = []
+        for i in range(6):
+            country, other = names[(i + offset) % 6], names[(i + offset + 1) % 6]
+            graph = [
+                [country, "capital", CITIES[country]],
+                [country, "borders", other],
+                [other, "capital", CITIES[other]],
+            ]
+            rows.append({"id": f"{split}-{i}", "question": f"what is the capital of {country}?",
+                         "answer": [CITIES[country]], "q_entity": [country], "a_entity": [CITIES[country]],
+                         "graph": graph})  # fmt: skip
+        (root / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(root)
+
+
+@pytest.fixture(scope="session")
+def tiny_sft_adapter(tiny_chat_model_dir, tmp_path_factory) -> str:
+    """A non-trivial SFT adapter of the tiny chat model (random LoRA B, not the zero init), saved as a PEFT folder."""
+    from kglightning.llm.lora import LoRASettings
+    from kglightning.modules import ProxySFT
+
+    torch.manual_seed(0)
+    sft = ProxySFT(model=tiny_chat_model_dir, lora=LoRASettings(r=4, lora_alpha=8, lora_dropout=0.0))
+    with torch.no_grad():
+        for name, p in sft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    folder = tmp_path_factory.mktemp("sft_adapter")
+    sft.save_adapter(str(folder))
+    return str(folder)

@@ -6,7 +6,14 @@ below the modules and pipelines that consume them.
 
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.detection import DetectionDataModule
+from kglightning.datamodules.grpo import ProxyGRPODataModule
 from kglightning.datamodules.relation_pairs import RelationPairDataModule
 from kglightning.datamodules.sft import ProxySFTDataModule
 
-__all__ = ["DetectionDataModule", "KGQADataModule", "ProxySFTDataModule", "RelationPairDataModule"]
+__all__ = [
+    "DetectionDataModule",
+    "KGQADataModule",
+    "ProxyGRPODataModule",
+    "ProxySFTDataModule",
+    "RelationPairDataModule",
+]

@@ -1,8 +1,9 @@
 """LightningDataModule for the DoublyCal proxy's SFT stage (DoublyCal §4.2, App. A.1, App. D.2).
 
-Each record becomes (prompt, completion) pairs. The *evidence* task pairs :func:`~kglightning.evidence.format.sft_input`
-with one mined evidence written by :func:`~kglightning.evidence.format.format_evidence` (relations, optional
-constraint, Bayesian confidence), one example per evidence, best confidence first. The optional auxiliary *QA* task
+Each record becomes (prompt, completion) pairs. The *evidence* task pairs the evidence instruction (App. A.1's
+:func:`~kglightning.evidence.format.sft_input` unless ``prompt_format.instruction`` says ``rl``) with one mined
+evidence written by :func:`~kglightning.evidence.format.format_evidence` (relations, optional constraint, Bayesian
+confidence), one example per evidence, best confidence first. The optional auxiliary *QA* task
 (RoG's multi-task setup, which DoublyCal follows) pairs :func:`~kglightning.evidence.format.qa_input` over the
 question's grounded shortest paths with :func:`~kglightning.evidence.format.qa_target` of its answers.
 
@@ -40,7 +41,6 @@ from kglightning.datamodules.sft_examples import (
     sft_tokenizer,
 )
 from kglightning.evidence.builder import EvidenceBuilder
-from kglightning.evidence.format import sft_input
 from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2
 
 __all__ = [  # the example-level helpers live in kglightning.datamodules.sft_examples and are re-exported here
@@ -167,7 +167,7 @@ class ProxySFTDataModule(KGQADataModule):
             if not row["evidence"]:
                 stats.without_evidence.append(row["id"])
                 continue
-            evidence_prompt = self._prompt_ids(sft_input(row["question"]))
+            evidence_prompt = self._prompt_ids(self.prompt_format.evidence_instruction(row["question"]))
             for example in row_examples(row, self.max_evidence, self.qa_task, self.digits):
                 item = self.encode(example, evidence_prompt if example.task == "evidence" else None)
                 if len(item["input_ids"]) > self.max_length:
@@ -182,7 +182,13 @@ class ProxySFTDataModule(KGQADataModule):
         """One prompt per question of ``split`` (every record, with or without mined evidence)."""
         rows = self.rows(split)
         keep = ("id", "question", "answer")
-        return [{"prompt_ids": self._prompt_ids(sft_input(r["question"])), **{k: r[k] for k in keep}} for r in rows]
+        return [
+            {
+                "prompt_ids": self._prompt_ids(self.prompt_format.evidence_instruction(r["question"])),
+                **{k: r[k] for k in keep},
+            }
+            for r in rows
+        ]
 
     def build_split(self, split: str) -> list[dict[str, Any]]:
         items, stats = self.examples(split)

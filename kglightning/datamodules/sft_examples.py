@@ -20,7 +20,7 @@ import torch
 
 from kglightning.data.records import KGQARecord
 from kglightning.evidence.builder import EvidenceBuilder
-from kglightning.evidence.format import format_evidence, qa_input, qa_target, sft_input
+from kglightning.evidence.format import format_evidence, qa_input, qa_target, rl_input, sft_input
 from kglightning.evidence.schema import Evidence
 from kglightning.llm.backends.local_hf import load_tokenizer
 from kglightning.llm.prompts import verbalize_path
@@ -30,6 +30,7 @@ IGNORE_INDEX = -100
 
 Split = Literal["train", "validation", "test"]
 PromptStyle = Literal["chat", "plain"]
+Instruction = Literal["sft", "rl"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -77,18 +78,36 @@ class ProxyPrompt:
     Args:
         style: ``"chat"`` (the tokenizer's chat template) or ``"plain"`` (the instruction and a newline).
         system_prompt: a system turn for ``"chat"``; ``None`` leaves the template's default.
+        instruction: which instruction asks for evidence: ``"sft"`` (App. A.1,
+            :func:`~kglightning.evidence.format.sft_input`) or ``"rl"`` (App. A.2, the GRPO stage's
+            :func:`~kglightning.evidence.format.rl_input`).
+
+    Example:
+        >>> ProxyPrompt(style="plain", instruction="rl").evidence_prompt(None, "who is snoopy's brother?")[:40]
+        'Please generate an enhanced relation pat'
     """
 
     style: PromptStyle = "chat"
     system_prompt: str | None = None
+    instruction: Instruction = "sft"
 
     def __post_init__(self) -> None:
         if self.style not in ("chat", "plain"):
             raise ValueError(f"style must be 'chat' or 'plain', got {self.style!r}")
+        if self.instruction not in ("sft", "rl"):
+            raise ValueError(f"instruction must be 'sft' or 'rl', got {self.instruction!r}")
 
     def render(self, tokenizer: Any, instruction: str) -> str:
         """The prompt text of ``instruction``."""
         return render_prompt(tokenizer, instruction, self.style, self.system_prompt)
+
+    def evidence_instruction(self, question: str) -> str:
+        """The instruction that asks for evidence about ``question`` (``sft_input`` or ``rl_input``)."""
+        return (rl_input if self.instruction == "rl" else sft_input)(question)
+
+    def evidence_prompt(self, tokenizer: Any, question: str) -> str:
+        """The rendered prompt that asks for evidence about ``question``."""
+        return self.render(tokenizer, self.evidence_instruction(question))
 
 
 def _qa_paths(builder: EvidenceBuilder, record: KGQARecord, max_paths: int) -> list[str]:

@@ -6,6 +6,7 @@
 * :mod:`~kglightning.evidence.builder`: :class:`EvidenceBuilder`, mining (training) and grounding/scoring
   (inference) for one record.
 * :mod:`~kglightning.evidence.verbalize`: the grounded path instances of an evidence, written for the reasoner.
+* :mod:`~kglightning.evidence.rewards`: :class:`EvidenceReward`, the RL stage's calibration-aware reward.
 """
 
 from kglightning.evidence.builder import CVT_PATTERN, EvidenceBuilder
@@ -17,6 +18,7 @@ from kglightning.evidence.confidence import (
     set_confidence,
 )
 from kglightning.evidence.paths import ConstraintScores, PathGrounder, score_constraints
+from kglightning.evidence.rewards import EvidenceReward
 from kglightning.evidence.schema import Evidence
 from kglightning.evidence.verbalize import path_instances, verbalize_instance
 
@@ -27,6 +29,7 @@ __all__ = [
     "ConstraintScores",
     "Evidence",
     "EvidenceBuilder",
+    "EvidenceReward",
     "PathGrounder",
     "beta_bernoulli_confidence",
     "beta_bernoulli_confidences",

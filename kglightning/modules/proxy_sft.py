@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
@@ -91,6 +91,9 @@ class ProxySFT(L.LightningModule):
         val_generate_batches: validation/test batches whose evidence prompts are also generated and parsed.
     """
 
+    #: constructor arguments left out of the saved hyperparameters (callables, rebuilt from the config)
+    hparams_ignore: ClassVar[tuple[str, ...]] = ("optimizer",)
+
     def __init__(
         self,
         model: str = BUNDLED_SMOLLM2,
@@ -107,7 +110,7 @@ class ProxySFT(L.LightningModule):
         super().__init__()
         from peft import PeftModel, get_peft_model
 
-        self.save_hyperparameters(ignore=["optimizer"])
+        self.save_hyperparameters(ignore=list(self.hparams_ignore))
         self.optimizer = optimizer
         self.generation = generation
         self.num_evidence = self.generation.num_evidence
@@ -202,17 +205,35 @@ class ProxySFT(L.LightningModule):
             return_dict_in_generate=True,
             output_scores=beam and n > 1,
         )
-        was_training = self.model.training
-        self.model.eval()
+        out = self.run_generate(input_ids, attention_mask, config, tries)
+        new = out.sequences[:, input_ids.shape[1] :].tolist()
+        texts = [self.tokenizer.decode(row, skip_special_tokens=True) for row in new]
+        scores = getattr(out, "sequences_scores", None)
+        return texts, None if scores is None else [float(s) for s in scores.float().cpu()]
+
+    @torch.no_grad()
+    def run_generate(
+        self, input_ids: Tensor, attention_mask: Tensor, config: Any, tries: Sequence[KGTrie] | None = None
+    ) -> Any:
+        """``model.generate`` in eval mode (the mode is restored after), through one KG-Trie per prompt if given.
+
+        Args:
+            input_ids: ``(B, L)`` left-padded prompt ids.
+            attention_mask: ``(B, L)``.
+            config: the ``transformers.GenerationConfig``.
+            tries: one :class:`~kglightning.llm.trie.KGTrie` per prompt, or ``None``.
+        """
+        from transformers import LogitsProcessorList
+
         processors = None
         if tries is not None:
             if len(tries) != input_ids.shape[0]:
                 raise ValueError(f"need one trie per prompt: got {len(tries)} tries for {input_ids.shape[0]} prompts")
-            from transformers import LogitsProcessorList
-
             processors = LogitsProcessorList([KGTrieLogitsProcessor(list(tries))])
+        was_training = self.model.training
+        self.model.eval()
         try:
-            out = self.model.generate(
+            return self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=config,
@@ -220,10 +241,6 @@ class ProxySFT(L.LightningModule):
             )
         finally:
             self.model.train(was_training)
-        new = out.sequences[:, input_ids.shape[1] :].tolist()
-        texts = [self.tokenizer.decode(row, skip_special_tokens=True) for row in new]
-        scores = getattr(out, "sequences_scores", None)
-        return texts, None if scores is None else [float(s) for s in scores.float().cpu()]
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         """Per question: ``evidence`` (well-formed blocks, each with its sequence ``rank`` and beam ``score``), the
@@ -276,7 +293,8 @@ class ProxySFT(L.LightningModule):
             directory: the output folder (created if missing).
         """
         main = self._trainer is None or self.trainer.is_global_zero
-        self.model.save_pretrained(directory, is_main_process=main)
+        # only the trained adapter (a GRPO policy also holds its frozen "reference" copy)
+        self.model.save_pretrained(directory, is_main_process=main, selected_adapters=["default"])
 
     def on_fit_end(self) -> None:
         if self.save_adapter_dir is not None:

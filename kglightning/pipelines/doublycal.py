@@ -32,7 +32,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.evidence.builder import EvidenceBuilder
-from kglightning.evidence.format import parse_evidence, sft_input
+from kglightning.evidence.format import parse_evidence
 from kglightning.evidence.verbalize import path_instances, verbalize_instance
 from kglightning.llm.backends.base import Generation, GenerationParams, LLMBackend
 from kglightning.llm.grounding import ground_answers
@@ -137,7 +137,7 @@ class DoublyCalPipeline(L.LightningModule):
         tok = self.proxy.tokenizer
         rows = []
         for rec in records:
-            text = self.proxy.prompt_format.render(tok, sft_input(rec.question))
+            text = self.proxy.prompt_format.evidence_prompt(tok, rec.question)
             rows.append(tok(text, add_special_tokens=False)["input_ids"])
         ids, mask = _left_pad(rows, tok.pad_token_id)
         tries = None

@@ -18,6 +18,7 @@ CONFIGS = {
     "detector_paper.yaml": "fit",
     "baseline_predict.yaml": "predict",
     "proxy_sft.yaml": "fit",
+    "proxy_grpo.yaml": "fit",
     "doublycal.yaml": "predict",
     "refinement.yaml": "predict",
     "relation_scorer.yaml": "fit",

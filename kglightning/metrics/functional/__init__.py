@@ -7,6 +7,7 @@ from kglightning.metrics.functional.calibration import (
     expected_calibration_error,
     maximum_calibration_error,
     reliability_bins,
+    target_calibration_error,
 )
 from kglightning.metrics.functional.coverage import average_set_size, covered, set_coverage, set_sizes
 from kglightning.metrics.functional.qa import (
@@ -49,4 +50,5 @@ __all__ = [
     "set_coverage",
     "set_sizes",
     "strict_answer_scores",
+    "target_calibration_error",
 ]

@@ -24,7 +24,9 @@ from torchmetrics.functional.classification import binary_calibration_error
 Norm = Literal["l1", "l2", "max"]
 
 
-def _as_inputs(conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool]) -> tuple[Tensor, Tensor]:
+def _as_inputs(
+    conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool] | Sequence[float], soft: bool = False
+) -> tuple[Tensor, Tensor]:
     conf_t = torch.as_tensor(conf)
     if not conf_t.is_floating_point():
         conf_t = conf_t.to(torch.get_default_dtype())
@@ -34,7 +36,11 @@ def _as_inputs(conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool])
         raise ValueError(f"conf has {conf_t.numel()} values but correct has {correct_t.numel()}")
     if conf_t.numel() and not bool(((conf_t >= 0) & (conf_t <= 1)).all()):
         raise ValueError("confidences must lie in [0, 1]")
-    if correct_t.dtype != torch.bool:
+    if soft:
+        correct_t = correct_t.to(torch.float64)
+        if correct_t.numel() and not bool(((correct_t >= 0) & (correct_t <= 1)).all()):
+            raise ValueError("targets must lie in [0, 1]")
+    elif correct_t.dtype != torch.bool:
         if correct_t.numel() and not bool(((correct_t == 0) | (correct_t == 1)).all()):
             raise ValueError("correct must be boolean or 0/1")
         correct_t = correct_t.bool()
@@ -42,18 +48,22 @@ def _as_inputs(conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool])
 
 
 def calibration_bin_sums(
-    conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool], n_bins: int = 10
+    conf: Tensor | Sequence[float],
+    correct: Tensor | Sequence[bool] | Sequence[float],
+    n_bins: int = 10,
+    soft: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Per-bin sums ``(conf_sum, correct_sum, count)``, float64 tensors of shape ``(n_bins + 1,)``.
 
     Bin ``k < n_bins`` holds ``k / n_bins <= conf < (k + 1) / n_bins``; bin ``n_bins`` holds ``conf == 1.0``.
+    With ``soft=True``, ``correct`` holds targets in ``[0, 1]`` (e.g. a Bayesian confidence) instead of 0/1.
 
     Example:
         >>> s, c, n = calibration_bin_sums([0.05, 0.95, 1.0], [False, True, True], n_bins=2)
         >>> n.tolist(), c.tolist()
         ([1.0, 1.0, 1.0], [0.0, 1.0, 1.0])
     """
-    conf_t, correct_t = _as_inputs(conf, correct)
+    conf_t, correct_t = _as_inputs(conf, correct, soft)
     boundaries = torch.linspace(0, 1, n_bins + 1, dtype=conf_t.dtype, device=conf_t.device)
     idx = torch.bucketize(conf_t, boundaries, right=True) - 1
     zeros = torch.zeros(n_bins + 1, dtype=torch.float64, device=conf_t.device)
@@ -84,6 +94,21 @@ def calibration_error_from_bin_sums(conf_sum: Tensor, correct_sum: Tensor, count
     if norm == "l2":
         return ((gap**2) * count / total).sum().sqrt()
     raise ValueError(f"norm must be 'l1', 'l2' or 'max', got {norm!r}")
+
+
+def target_calibration_error(
+    conf: Tensor | Sequence[float], target: Tensor | Sequence[float], n_bins: int = 10, norm: Norm = "l1"
+) -> Tensor:
+    """ECE against soft targets: ``sum_b (n_b / n) |mean conf_b - mean target_b|`` over equal-width bins of ``conf``.
+
+    With 0/1 targets it is :func:`expected_calibration_error`. DoublyCal's proxy is scored this way: its stated
+    confidence against the Bayesian confidence of the evidence it wrote (§4.2), since the SFT target is that number.
+
+    Example:
+        >>> target_calibration_error([0.75, 0.75, 0.2], [0.5, 1.0, 0.3], n_bins=2)
+        tensor(0.0333, dtype=torch.float64)
+    """
+    return calibration_error_from_bin_sums(*calibration_bin_sums(conf, target, n_bins, soft=True), norm=norm)
 
 
 def expected_calibration_error(

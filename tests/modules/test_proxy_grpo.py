@@ -1,0 +1,213 @@
+"""ProxyGRPO on a tiny random Llama: a toy task with a known optimum, the SFT reference, the DataModule, bad input."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from kglightning.datamodules import ProxyGRPODataModule
+from kglightning.llm.lora import LoRASettings
+from kglightning.llm.trie import TrieConfig
+from kglightning.modules import ProxyGRPO, ProxySFT
+from kglightning.testing import quiet_trainer
+
+LORA = LoRASettings(r=4, lora_alpha=8, lora_dropout=0.0)
+
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")  # tiny models only lose from more threads
+
+
+def _lora_weights(module: ProxySFT, adapter: str = "default") -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters() if "lora_" in n and f".{adapter}." in n}
+
+
+def _first_token_probs(module: ProxyGRPO, prompt: torch.Tensor) -> torch.Tensor:
+    module.model.eval()
+    with torch.no_grad():
+        logits = module.model(input_ids=prompt, attention_mask=torch.ones_like(prompt)).logits[0, -1]
+    module.model.train()
+    return torch.softmax(logits.float(), -1)
+
+
+class FirstToken:
+    """Reward 1 when a completion starts with ``token``: the expected reward is p(token | prompt), optimum 1."""
+
+    __name__ = "first_token"
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __call__(self, completions, completion_ids, **kwargs):
+        return [float(bool(ids) and ids[0] == self.token) for ids in completion_ids]
+
+
+def test_grpo_raises_the_expected_reward_on_a_toy_task_and_trains_only_the_adapter(tiny_chat_model_dir, tmp_path):
+    L.seed_everything(0)
+    module = ProxyGRPO(
+        model=tiny_chat_model_dir,
+        lora=LORA,
+        rewards=[FirstToken(0)],  # placeholder, replaced below once the prompt's distribution is known
+        num_generations=8,
+        max_completion_length=2,
+        beta=0.0,
+        optimizer=partial(torch.optim.AdamW, lr=3e-2),
+    )
+    prompt = torch.tensor([module.tokenizer("capital of France?")["input_ids"]])
+    before = _first_token_probs(module, prompt)
+    target = int(torch.argsort(before, descending=True)[2])  # sampled now and then, far from certain
+    module.reward_funcs, module.reward_names = [FirstToken(target)], ["first_token"]
+    frozen = {n: p.detach().clone() for n, p in module.named_parameters() if not p.requires_grad}
+    lora = _lora_weights(module)
+    batch = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt), "id": ["q"]}
+    loader = DataLoader([batch] * 12, batch_size=None)
+    quiet_trainer(tmp_path, max_steps=12).fit(module, loader)
+    after = _first_token_probs(module, prompt)
+    assert after[target] > before[target] + 0.2, (before[target].item(), after[target].item())
+    assert any(not torch.equal(p, _lora_weights(module)[n]) for n, p in lora.items())
+    assert all(torch.equal(p, dict(module.named_parameters())[n]) for n, p in frozen.items())
+
+
+def _completion_batch(module: ProxyGRPO) -> tuple[torch.Tensor, torch.Tensor, int]:
+    ids = torch.tensor([module.tokenizer("capital of France? <PATH confidence=0.5>capital</PATH>")["input_ids"]])
+    return ids, torch.ones_like(ids), 6
+
+
+def test_kl_to_the_sft_reference_is_zero_at_the_start_and_the_reference_stays_frozen(
+    tiny_chat_model_dir, tiny_sft_adapter, capitals_dir, tmp_path
+):
+    module = ProxyGRPO(
+        model=tiny_chat_model_dir,
+        adapter_path=tiny_sft_adapter,
+        num_generations=2,
+        max_completion_length=8,
+        optimizer=partial(torch.optim.AdamW, lr=1e-2),
+    )
+    ids, mask, width = _completion_batch(module)
+    module.model.eval()
+    policy = module.completion_log_probs(ids, mask, width).detach()
+    reference = module.completion_log_probs(ids, mask, width, reference=True)
+    torch.testing.assert_close(policy, reference, rtol=0, atol=1e-6)
+    with module.model.disable_adapter(), torch.no_grad():  # the reference is the SFT model, not the base
+        base = module.completion_log_probs(ids, mask, width)
+    assert (base - reference).abs().max() > 1e-3
+    ref_weights = _lora_weights(module, "reference")
+    assert ref_weights and all(not p.requires_grad for n, p in module.named_parameters() if ".reference." in n)
+
+    dm = ProxyGRPODataModule(
+        tokenizer=tiny_chat_model_dir, data_dir=capitals_dir, cache_dir=str(tmp_path / "cache"), batch_size=3
+    )
+    quiet_trainer(tmp_path, max_steps=3, limit_val_batches=1).fit(module, dm)
+    after = module.completion_log_probs(ids, mask, width).detach()
+    assert (after - module.completion_log_probs(ids, mask, width, reference=True)).abs().max() > 1e-4
+    assert all(torch.equal(p, _lora_weights(module, "reference")[n]) for n, p in ref_weights.items())
+    metrics = module.trainer.callback_metrics
+    for key in ("train/reward", "train/rewards/evidence_reward", "train/kl", "train/invalid_rate",
+                "train/completion_length", "val/reward", "val/invalid_rate"):  # fmt: skip
+        assert key in metrics and math.isfinite(float(metrics[key])), key
+    assert float(metrics["train/kl"]) > 0
+    module.save_adapter(str(tmp_path / "grpo_adapter"))
+    assert (tmp_path / "grpo_adapter" / "adapter_config.json").is_file()
+    assert not (tmp_path / "grpo_adapter" / "reference").exists()  # only the policy is saved
+    reloaded = ProxyGRPO(model=tiny_chat_model_dir, adapter_path=str(tmp_path / "grpo_adapter"))
+    reloaded.model.eval()
+    torch.testing.assert_close(reloaded.completion_log_probs(ids, mask, width).detach(), after)
+
+
+def test_datamodule_items_carry_gold_evidence_and_tries(tiny_chat_model_dir, capitals_dir, tmp_path):
+    dm = ProxyGRPODataModule(
+        tokenizer=tiny_chat_model_dir,
+        data_dir=capitals_dir,
+        cache_dir=str(tmp_path / "cache"),
+        batch_size=4,
+        trie=TrieConfig(max_hops=2),
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].shape[0] == 4 and len(batch["tries"]) == 4
+    gold = batch["gold_evidence"][0]
+    assert {"items": ["capital"], "confidence": 0.75, "f1": 1.0} in gold
+    text = dm.tokenizer.decode(batch["input_ids"][0], skip_special_tokens=True)
+    assert "enhanced relation path" in text  # App. A.2's RL instruction by default
+    assert dm.grpo_stats["train"].prompts == 6
+
+
+def test_questions_without_evidence_are_skipped_and_counted(tiny_chat_model_dir, capitals_dir, tmp_path):
+    dm = ProxyGRPODataModule(
+        tokenizer=tiny_chat_model_dir, data_dir=capitals_dir, cache_dir=str(tmp_path / "cache"), max_length=5
+    )
+    with pytest.raises(ValueError, match="gives no GRPO prompt: train: 6 records, 0 prompts, 0 without evidence"):
+        dm.build_split("train")
+    assert len(dm.grpo_stats["train"].too_long) == 6
+
+
+def test_bad_rewards_and_empty_batches_never_crash_or_give_nan(tiny_chat_model_dir, tmp_path):
+    def picky(completions, **kwargs):  # unscorable (None / NaN) for most completions
+        return [None if i % 3 else (math.nan if i % 2 else 1.0) for i in range(len(completions))]
+
+    module = ProxyGRPO(
+        model=tiny_chat_model_dir, lora=LORA, rewards=[picky], num_generations=4, max_completion_length=3
+    )
+    prompt = torch.tensor([module.tokenizer("capital of Peru?")["input_ids"]] * 2)
+    batch = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt), "id": ["a", "b"]}
+    loss = module.training_step(batch, 0)
+    assert loss is not None and torch.isfinite(loss)
+    empty = {"input_ids": torch.zeros(0, 3, dtype=torch.long), "attention_mask": torch.zeros(0, 3), "id": []}
+    assert module.training_step(empty, 1) is None and module.skipped_batches == 1
+
+    def short(completions, **kwargs):
+        return [1.0]
+
+    module.reward_funcs, module.reward_names = [short], ["short"]
+    with pytest.raises(ValueError, match="'short' returned 1 rewards for 8 completions"):
+        module.training_step(batch, 2)
+
+
+def test_argument_checks(tiny_chat_model_dir):
+    with pytest.raises(ValueError, match="num_generations must be >= 2"):
+        ProxyGRPO(model=tiny_chat_model_dir, num_generations=1)
+    with pytest.raises(ValueError, match="2 reward_weights for 1 reward functions"):
+        ProxyGRPO(model=tiny_chat_model_dir, reward_weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match="loss_type"):
+        ProxyGRPO(model=tiny_chat_model_dir, loss_type="ppo")  # type: ignore[arg-type]
+
+
+@pytest.mark.e2e
+def test_cli_fit_from_an_tiny_sft_adapter_and_under_ddp(tiny_chat_model_dir, tiny_sft_adapter, capitals_dir, tmp_path):
+    """configs/proxy_grpo.yaml as a user runs it, on a tiny model: one process, then DDP on 2 CPU processes."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    args = [
+        sys.executable, "-m", "kglightning", "fit", "--config", str(root / "configs/proxy_grpo.yaml"),
+        "--model.init_args.model", tiny_chat_model_dir, "--model.init_args.adapter_path", tiny_sft_adapter,
+        "--model.init_args.max_completion_length", "8", "--model.init_args.optimizer.init_args.lr", "0.01",
+        "--data.init_args.data_dir", capitals_dir, "--data.init_args.trie", "{max_hops: 2}",
+        "--data.init_args.batch_size", "2", "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "1",
+    ]  # fmt: skip
+    env = dict(os.environ, KGLIGHTNING_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", PYTHONPATH=str(root))
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = tmp_path / "outputs/proxy_grpo"
+    assert (out / "adapter/adapter_config.json").is_file() and (out / "checkpoints/last.ckpt").is_file()
+    rows = list(csv.DictReader((out / "smollm2_lora/version_0/metrics.csv").open()))
+    logged = {k for row in rows for k, v in row.items() if v}
+    assert {"train/reward_step", "train/kl_step", "train/invalid_rate_step", "val/reward"} <= logged
+    steps = [row for row in rows if row.get("train/reward_step")]
+    assert len(steps) == 3  # 6 questions, 2 per step
+    ddp = [*args, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu",
+           "--trainer.logger.init_args.name", "ddp"]  # fmt: skip
+    proc = subprocess.run(ddp, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "MEMBER: 2/2" in proc.stderr + proc.stdout
+    rows = list(csv.DictReader((out / "ddp/version_0/metrics.csv").open()))
+    assert len([row for row in rows if row.get("train/reward_step")]) == 2  # 6 questions over 2 ranks, 2 per step
