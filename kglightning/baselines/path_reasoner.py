@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder, default_cache_root
 from kglightning.data.kg import KGIndex
+from kglightning.data.kg_paths import topic_relation_paths
 from kglightning.data.proposer import AnswerProposer
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import path_text
@@ -103,15 +104,7 @@ class EmbeddingPathReasoner(AnswerProposer):
     def candidate_paths(self, record: KGQARecord, kg: KGIndex | None = None) -> dict[tuple[str, ...], set[str]]:
         """Relation paths from the record's topic entities (found in its graph) to their end entities."""
         kg = kg or KGIndex.from_record(record)
-        out: dict[tuple[str, ...], set[str]] = {}
-        for topic in record.q_entity:
-            if topic not in kg:
-                continue
-            for path, ends in kg.relation_paths(topic, self.max_hops, self.max_paths_per_entity).items():
-                ends = ends - set(record.q_entity)
-                if ends and len(ends) <= self.max_path_fanout:
-                    out.setdefault(path, set()).update(ends)
-        return out
+        return topic_relation_paths(kg, record.q_entity, self.max_hops, self.max_paths_per_entity, self.max_path_fanout)
 
     def _answer(
         self, q_emb: torch.Tensor, paths: dict[tuple[str, ...], set[str]]

@@ -71,6 +71,39 @@ def relation_paths(
     return {p: {kg._entities[i] for i in ids.tolist()} for p, ids in walks}
 
 
+def topic_relation_paths(
+    kg: KGIndex,
+    topics: Iterable[str],
+    max_hops: int,
+    max_paths_per_entity: int | None = None,
+    max_fanout: int | None = None,
+) -> dict[tuple[str, ...], set[str]]:
+    """Relation paths from each topic entity on its own, merged: the candidate answer paths of a question.
+
+    Unlike :func:`relation_paths` from all topics at once, each topic walks alone (and may pass through another
+    topic). Topic entities are removed from the ends, and a path left with no end, or with more than
+    ``max_fanout`` ends (it answers nothing specific), is dropped. Topics absent from the graph are ignored.
+
+    Example:
+        >>> from kglightning.data.kg import KGIndex
+        >>> kg = KGIndex.from_triples([("a", "r", "b"), ("a", "r", "c"), ("a", "s", "d"), ("b", "t", "e")])
+        >>> {k: sorted(v) for k, v in topic_relation_paths(kg, ["a", "b"], 1).items()}
+        {('r',): ['c'], ('s',): ['d'], ('t',): ['e']}
+        >>> {k: sorted(v) for k, v in topic_relation_paths(kg, ["a"], 1, max_fanout=1).items()}
+        {('s',): ['d']}
+    """
+    topics = list(dict.fromkeys(topics))
+    out: dict[tuple[str, ...], set[str]] = {}
+    for topic in topics:
+        if topic not in kg:
+            continue
+        for path, ends in relation_paths(kg, topic, max_hops, max_paths_per_entity).items():
+            ends = ends - set(topics)
+            if ends and (max_fanout is None or len(ends) <= max_fanout):
+                out.setdefault(path, set()).update(ends)
+    return out
+
+
 def _walk(kg: KGIndex, ids: np.ndarray, max_hops: int, banned: np.ndarray | None, on: list | None = None):
     """Breadth-first over relation sequences: yields ``(sequence, end ids)``, shortest first, in label order.
 

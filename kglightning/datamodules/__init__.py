@@ -9,6 +9,7 @@ from kglightning.datamodules.detection import DetectionDataModule
 from kglightning.datamodules.grpo import ProxyGRPODataModule
 from kglightning.datamodules.relation_pairs import RelationPairDataModule
 from kglightning.datamodules.sft import ProxySFTDataModule
+from kglightning.datamodules.sgic import SGICDataModule
 
 __all__ = [
     "DetectionDataModule",
@@ -16,4 +17,5 @@ __all__ = [
     "ProxyGRPODataModule",
     "ProxySFTDataModule",
     "RelationPairDataModule",
+    "SGICDataModule",
 ]

@@ -23,6 +23,7 @@ CONFIGS = {
     "refinement.yaml": "predict",
     "relation_scorer.yaml": "fit",
     "uag.yaml": "predict",
+    "sgic.yaml": "predict",
 }
 
 

@@ -25,8 +25,12 @@ from kglightning.metrics.functional.qa import (
     rog_answer_scores,
     strict_answer_scores,
 )
+from kglightning.metrics.functional.squad import normalize_squad, squad_exact_match, squad_f1
 
 __all__ = [
+    "normalize_squad",
+    "squad_exact_match",
+    "squad_f1",
     "ALL_KEYS",
     "ROG_KEYS",
     "STRICT_KEYS",

@@ -1,0 +1,61 @@
+"""Questions with documents for SGIC: verbalized KG evidence from RoG records, or HotpotQA-style text passages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from kglightning.data.sources.passages import PassageExample, read_passage_examples
+from kglightning.datamodules.base import KGQADataModule
+from kglightning.retrieval.path_documents import PathDocuments
+
+__all__ = ["SGICDataModule"]
+
+
+class SGICDataModule(KGQADataModule):
+    """Batches (lists) of :class:`~kglightning.data.sources.passages.PassageExample`: question, answers, documents.
+
+    Args:
+        source: ``"kg"`` reads RoG-format records (or the embedded benchmark, ``data_dir: null``) and writes each
+            question's documents with ``documents``; ``"passages"`` reads HotpotQA-style records (``question``,
+            ``answer``, ``context``; see :mod:`kglightning.data.sources.passages`) from the split files of
+            ``data_dir``.
+        documents: how a KG record becomes documents (default :class:`~kglightning.retrieval.PathDocuments`: the
+            5 relation paths most similar to the question, with their grounded instances).
+        **kwargs: :class:`~kglightning.datamodules.KGQADataModule`'s arguments (``data_dir``, ``batch_size``,
+            ``max_records``, ``on_bad_record``, ``predict_split``, ...).
+    """
+
+    def __init__(
+        self, source: Literal["kg", "passages"] = "kg", documents: PathDocuments | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        if source not in ("kg", "passages"):
+            raise ValueError(f"source must be 'kg' or 'passages', got {source!r}")
+        if source == "passages" and self.data_dir is None:
+            raise ValueError("source 'passages' needs data_dir: a folder with train/validation/test passage files")
+        self.source = source
+        self.documents = documents
+        self._passages: dict[str, list[PassageExample]] = {}
+
+    def read_split(self, split: str) -> Any:
+        if self.source == "kg":
+            return super().read_split(split)
+        if split not in self._passages:
+            path, name = self.files()[split]
+            self._passages[split] = read_passage_examples(
+                path, split=name, on_bad_record=self.on_bad_record, limit=self.limit(split)
+            )
+        return self._passages[split]
+
+    def build_split(self, split: str) -> Sequence[PassageExample]:
+        if self.source == "passages":
+            return list(self.read_split(split))
+        records = self.split_records(split)
+        if self.documents is None:
+            self.documents = PathDocuments()
+        docs = self.documents(records)
+        return [
+            PassageExample(r.id, r.question, list(r.answer), d, {"q_entity": list(r.q_entity)})
+            for r, d in zip(records, docs)
+        ]

@@ -1,0 +1,309 @@
+"""SGIC's uncertainty-guided iterative self-calibration (SGIC §3.1-3.2), run by ``predict``, with its baselines.
+
+Per question (documents from :class:`~kglightning.datamodules.SGICDataModule`: verbalized KG paths or text passages):
+
+1. **round 0**: a greedy answer to the question with all documents, and its confidence (Eq. 1); the answer
+   uncertainty (Eq. 2) is taken against the mean confidence ``s̄`` of the split's round-0 answers, computed in a first
+   pass over the predict data before the first batch (or given as ``answer_mean``, e.g. the training split's);
+2. **document scores**: one greedy answer per (question, single document), ``1 -`` its confidence, min-max
+   normalised over the question's documents (Eq. 3); all pairs of a batch go to the backend in one call;
+3. **rounds 1..K**: the Table 1 prompt (scored documents, the question, every earlier answer with its uncertainty
+   as ``Round k``), a greedy answer, its uncertainty by Eq. 2 with the same ``s̄``;
+4. the **final answer** is the round (0..K) with the lowest uncertainty (the first on ties).
+
+Beside it, on the same questions and backend: ``baseline`` (the round-0 answer) and ``k_sampling`` (``K`` answers
+sampled at ``sample_temperature`` from the round-0 prompt, the one with the highest sequence probability kept: the
+paper's baseline "sampled the same number of times").
+
+At the end of ``predict``, ``output_dir`` gets ``rounds.jsonl`` (per question: documents and their scores, every
+round's answer, confidence, uncertainty, EM and F1, the samples), per-method RoG-format predictions with their
+``evaluate`` files and ``comparison.md`` (Hit, F1, ECE with confidence ``1 - uncertainty/100``), and
+``sgic_summary.md``/``.json``: EM and F1 (SQuAD normalisation) per method and per round, the AUROC of the
+uncertainty for telling correct (EM) from wrong answers, generated and prompt tokens and seconds per method, and the
+counters of bad input. ``uncertainty_trajectories.png`` plots the mean uncertainty by round for the four kinds of
+change between round 0 and the final answer (the paper's Fig. 4) and ten single questions (Fig. 5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from kglightning.data.sources.passages import PassageExample
+from kglightning.llm.backends.base import Generation, GenerationParams, LLMBackend
+from kglightning.llm.sgic_prompt import SGICPrompt
+from kglightning.llm.uncertainty import MaxProbProduct, UncertaintyEstimator, answer_uncertainty, document_uncertainty
+from kglightning.pipelines._ddp import gather_unique_rows
+from kglightning.pipelines.report import write_comparison
+from kglightning.pipelines.sgic_report import METHODS, plot_trajectories, summarize, summary_markdown
+
+__all__ = ["SGICPipeline"]
+
+log = logging.getLogger(__name__)
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.split())
+
+
+class SGICPipeline(L.LightningModule):
+    """Iterative self-calibration of an LLM's answers with token-probability uncertainty (SGIC).
+
+    Args:
+        backend: the LLM (a local Hugging Face model, the bundled SmolLM2 by default in ``configs/sgic.yaml``, or an
+            OpenAI-compatible endpoint that returns token log-probabilities, as vLLM does).
+        rounds: ``K``, the calibration rounds after round 0 (the paper: 5).
+        prompt: the Table 1 input format (:class:`~kglightning.llm.sgic_prompt.SGICPrompt`; its
+            ``max_document_tokens`` truncates documents).
+        estimator: a generation's confidence (default :class:`~kglightning.llm.uncertainty.MaxProbProduct`, Eq. 1).
+        generation: decoding of every greedy answer (``temperature`` must be 0: Eq. 1 multiplies the highest token
+            probabilities, which greedy decoding generates); token log-probabilities are always requested.
+        answer_mean: ``s̄`` of Eq. 2; ``None`` computes it from the round-0 answers of the predict split.
+        sample_temperature: temperature of the ``k_sampling`` baseline (the paper: 0.7).
+        samples: answers sampled for ``k_sampling``; ``None`` = ``rounds``; ``0`` skips the baseline.
+        seed: sampling seed (sample ``k`` uses ``seed + 1000 * k``).
+        output_dir: where the report goes.
+        n_bins: calibration bins of the comparison.
+    """
+
+    def __init__(
+        self,
+        backend: LLMBackend,
+        rounds: int = 5,
+        prompt: SGICPrompt | None = None,
+        estimator: UncertaintyEstimator | None = None,
+        generation: GenerationParams = GenerationParams(max_new_tokens=32, stop=("\n",)),
+        answer_mean: float | None = None,
+        sample_temperature: float = 0.7,
+        samples: int | None = None,
+        seed: int = 0,
+        output_dir: str = "outputs/sgic",
+        n_bins: int = 10,
+    ) -> None:
+        super().__init__()
+        if rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {rounds}")
+        if generation.temperature != 0:
+            raise ValueError(
+                f"generation.temperature must be 0 (got {generation.temperature}): SGIC's scores multiply the highest "
+                "token probabilities, which greedy decoding generates; sampling is for the k_sampling baseline "
+                "(sample_temperature)"
+            )
+        if answer_mean is not None and not 0 < answer_mean < 1:
+            raise ValueError(f"answer_mean must be in (0, 1), got {answer_mean}")
+        if sample_temperature <= 0:
+            raise ValueError(f"sample_temperature must be > 0, got {sample_temperature}")
+        if samples is not None and samples < 0:
+            raise ValueError(f"samples must be >= 0, got {samples}")
+        self.backend = backend
+        self.rounds = rounds
+        self.prompt = prompt if prompt is not None else SGICPrompt()
+        self.estimator = estimator if estimator is not None else MaxProbProduct()
+        self.params = dataclasses.replace(generation, logprobs=True)
+        self.answer_mean = answer_mean
+        self.sample_params = dataclasses.replace(self.params, temperature=sample_temperature)
+        self.samples = rounds if samples is None else samples
+        self.seed = seed
+        self.output_dir = output_dir
+        self.n_bins = n_bins
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.mean: float | None = self.answer_mean
+        self._round0: dict[str, Generation] = {}
+        self.counts = {"questions": 0, "without_documents": 0, "unstable": 0, "empty_answers": 0}
+        self.cost = {m: {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0} for m in METHODS}
+
+    # generation with bookkeeping
+
+    def _generate(self, convs: list[list[dict[str, str]]], params: GenerationParams, *methods: str) -> list[Generation]:
+        if not convs:
+            return []
+        start = time.perf_counter()
+        gens = self.backend.generate_with_params(convs, params)
+        seconds = time.perf_counter() - start
+        for m in methods:
+            cost = self.cost[m]
+            cost["prompt_tokens"] += sum(g.prompt_tokens for g in gens)
+            cost["completion_tokens"] += sum(g.completion_tokens for g in gens)
+            cost["seconds"] += seconds
+        return gens
+
+    def confidence(self, gen: Generation) -> float:
+        """The estimator's confidence of one generation (a clear error if the backend gave no log-probabilities)."""
+        return self.estimator(gen, backend=f"backend {self.backend.name!r}")
+
+    def uncertainty(self, gen: Generation) -> float:
+        """Eq. 2's 0-100 uncertainty of one answer against the split mean."""
+        if self.mean is None:
+            raise RuntimeError("the mean answer confidence is not known yet (call round_zero first)")
+        return answer_uncertainty(self.confidence(gen), self.mean)
+
+    def round_zero(self, examples: Sequence[PassageExample]) -> list[Generation]:
+        """Round 0 for ``examples`` (the plain prompt with every document), remembered by id."""
+        todo = [e for e in examples if e.id not in self._round0]
+        convs = [self.prompt.plain(e.question, e.documents) for e in todo]
+        for e, g in zip(todo, self._generate(convs, self.params, "baseline", "sgic")):
+            self._round0[e.id] = g
+        return [self._round0[e.id] for e in examples]
+
+    def _predict_batches(self) -> list[list[PassageExample]]:
+        """This process's share of the predict data, read from a fresh loader (the loop's own is already running)."""
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is not None and hasattr(dm, "predict_dataloader"):
+            loaders = [dm.predict_dataloader()]
+        else:
+            loaders = self.trainer.predict_dataloaders
+            loaders = list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+        items = [e for loader in loaders for batch in loader for e in batch]
+        world, rank = self.trainer.world_size, self.trainer.global_rank
+        mine = items[rank::world] if dm is not None else items
+        size = max(getattr(dm, "batch_size", 8) or 8, 1)
+        return [mine[i : i + size] for i in range(0, len(mine), size)]
+
+    def _compute_mean(self) -> None:
+        total, count = 0.0, 0
+        for batch in self._predict_batches():
+            gens = self.round_zero(batch)
+            total += sum(self.confidence(g) for g in gens)
+            count += len(gens)
+        stats = torch.tensor([total, float(count)], dtype=torch.float64)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(stats)
+        total, count = stats.tolist()
+        mean = total / count if count else 0.5
+        self.mean = min(max(mean, 1e-6), 1 - 1e-6)
+        rank_zero_info(f"SGIC: mean round-0 answer confidence s̄ = {self.mean:.4f} over {int(count)} questions")
+
+    def document_scores(self, examples: Sequence[PassageExample]) -> list[list[float]]:
+        """Eq. 3 for every document of every example, in one backend call."""
+        pairs = [(i, d) for i, e in enumerate(examples) for d in e.documents]
+        convs = [self.prompt.plain(examples[i].question, [d]) for i, d in pairs]
+        confs: list[list[float]] = [[] for _ in examples]
+        for (i, _), g in zip(pairs, self._generate(convs, self.params, "sgic")):
+            confs[i].append(self.confidence(g))
+        return [document_uncertainty(c) for c in confs]
+
+    def sample_baseline(self, examples: Sequence[PassageExample]) -> list[list[dict[str, Any]]]:
+        """``samples`` sampled answers per example from the round-0 prompt, each with its sequence probability."""
+        out: list[list[dict[str, Any]]] = [[] for _ in examples]
+        convs = [self.prompt.plain(e.question, e.documents) for e in examples]
+        for k in range(self.samples):
+            params = dataclasses.replace(self.sample_params, seed=self.seed + 1000 * k)
+            for i, g in enumerate(self._generate(convs, params, "k_sampling")):
+                out[i].append({"answer": _clean(g.text), "confidence": self.confidence(g)})
+        return out
+
+    # Lightning hooks
+
+    def on_predict_start(self) -> None:
+        self._reset()
+        if self.mean is None:
+            self._compute_mean()
+
+    def predict_step(self, batch: list[PassageExample], batch_idx: int) -> list[dict[str, Any]]:
+        examples = list(batch)
+        self.counts["questions"] += len(examples)
+        self.counts["without_documents"] += sum(not e.documents for e in examples)
+        zero = self.round_zero(examples)
+        doc_scores = self.document_scores(examples)
+        history = [[(_clean(g.text), self.uncertainty(g), self.confidence(g))] for g in zero]
+        for _ in range(self.rounds):
+            convs = [
+                self.prompt.calibration(e.question, e.documents, s, [(a, u) for a, u, _ in h])
+                for e, s, h in zip(examples, doc_scores, history)
+            ]
+            for h, g in zip(history, self._generate(convs, self.params, "sgic")):
+                h.append((_clean(g.text), self.uncertainty(g), self.confidence(g)))
+        samples = self.sample_baseline(examples)
+        rows = [self._row(e, s, h, smp) for e, s, h, smp in zip(examples, doc_scores, history, samples)]
+        self.rows.extend(rows)
+        return rows
+
+    def _row(
+        self,
+        example: PassageExample,
+        doc_scores: list[float],
+        history: list[tuple[str, float, float]],
+        samples: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        from kglightning.metrics.functional.squad import squad_exact_match, squad_f1
+
+        gold = example.answer
+        rounds = [
+            {
+                "round": k,
+                "answer": a,
+                "confidence": c,
+                "uncertainty": u,
+                "em": squad_exact_match(a, gold),
+                "f1": squad_f1(a, gold),
+            }
+            for k, (a, u, c) in enumerate(history)
+        ]
+        self.counts["empty_answers"] += sum(not r["answer"] for r in rounds)
+        best = min(rounds, key=lambda r: (r["uncertainty"], r["round"]))
+        self.counts["unstable"] += len(rounds) > 1 and rounds[-1]["answer"] != rounds[-2]["answer"]
+        methods = {"baseline": rounds[0], "sgic": best}
+        if samples:
+            pick = max(samples, key=lambda s: s["confidence"])
+            methods["k_sampling"] = {
+                "answer": pick["answer"],
+                "uncertainty": answer_uncertainty(pick["confidence"], self.mean),
+                "em": squad_exact_match(pick["answer"], gold),
+                "f1": squad_f1(pick["answer"], gold),
+            }
+        variants = {
+            m: {
+                "prediction": [r["answer"]] if r["answer"] else [],
+                "confidence": [round(1.0 - r["uncertainty"] / 100.0, 6)] if r["answer"] else [],
+                "input_tokens": 0,
+            }
+            for m, r in methods.items()
+        }
+        return {
+            "id": example.id,
+            "question": example.question,
+            "answer": gold,
+            "documents": example.documents,
+            "document_scores": doc_scores,
+            "rounds": rounds,
+            "final_round": best["round"],
+            "samples": samples,
+            "methods": {m: {k: r[k] for k in ("answer", "uncertainty", "em", "f1")} for m, r in methods.items()},
+            "variants": variants,
+        }
+
+    def on_predict_epoch_end(self) -> None:
+        rows = gather_unique_rows(self.rows)
+        if self.trainer.is_global_zero and rows:
+            self.results = self.write_report(rows)
+
+    def write_report(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Write ``rounds.jsonl``, the per-method predictions and comparison, the summary and the plot."""
+        out = Path(self.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "rounds.jsonl").open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps({k: v for k, v in row.items() if k != "variants"}, ensure_ascii=False) + "\n")
+        methods = [m for m in METHODS if m in rows[0]["variants"]]
+        comparison = write_comparison(rows, methods, out, self.n_bins)
+        self.counts["truncated_documents"] = self.prompt.truncated
+        summary = summarize(rows, self.rounds, self.cost, self.counts, self.mean)
+        summary["comparison"] = {m: {k: comparison[m].get(k) for k in ("Hit", "F1", "ECE")} for m in methods}
+        (out / "sgic_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        text = summary_markdown(summary)
+        (out / "sgic_summary.md").write_text(text, encoding="utf-8")
+        plot_trajectories(rows, out / "uncertainty_trajectories.png")
+        rank_zero_info(f"SGIC on {len(rows)} questions ({out}/sgic_summary.md):\n{text}")
+        return summary
