@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 from tqdm.auto import tqdm
 
-from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder, default_cache_root
+from kglightning.data.embeddings import SentenceEncoder, UsesEmbeddings
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import topic_relation_paths
 from kglightning.data.proposer import AnswerProposer
@@ -29,7 +29,7 @@ from kglightning.data.text import path_text
 log = logging.getLogger(__name__)
 
 
-class EmbeddingPathReasoner(AnswerProposer):
+class EmbeddingPathReasoner(AnswerProposer, UsesEmbeddings):
     """Proposes answers with a confidence by ranking relation paths from the topic entities.
 
     Args:
@@ -79,7 +79,6 @@ class EmbeddingPathReasoner(AnswerProposer):
         self.temperature = temperature
         self.show_progress = show_progress
         self.num_abstained = 0
-        self._cache: EmbeddingCache | None = None
 
     @property
     def cache_key(self) -> str:
@@ -93,13 +92,6 @@ class EmbeddingPathReasoner(AnswerProposer):
     @property
     def encoder_hint(self) -> SentenceEncoder:
         return self.encoder
-
-    @property
-    def embeddings(self) -> EmbeddingCache:
-        if self._cache is None:
-            root = self.cache_dir if self.cache_dir is not None else default_cache_root() / "embeddings"
-            self._cache = EmbeddingCache(self.encoder, root)
-        return self._cache
 
     def candidate_paths(self, record: KGQARecord, kg: KGIndex | None = None) -> dict[tuple[str, ...], set[str]]:
         """Relation paths from the record's topic entities (found in its graph) to their end entities."""

@@ -18,7 +18,14 @@ import torch
 
 from kglightning.data.cache import default_cache_root
 
-__all__ = ["BUNDLED_MINILM", "EmbeddingCache", "SentenceEncoder", "bundled_minilm_path", "default_cache_root"]
+__all__ = [
+    "BUNDLED_MINILM",
+    "EmbeddingCache",
+    "SentenceEncoder",
+    "UsesEmbeddings",
+    "bundled_minilm_path",
+    "default_cache_root",
+]
 
 log = logging.getLogger(__name__)
 
@@ -209,3 +216,19 @@ class EmbeddingCache:
         """Embeddings of ``texts`` (shape ``(n, dim)``), encoding the missing ones."""
         ids = self.ids(texts)  # first: it may add rows to the table
         return self.table[ids]
+
+
+class UsesEmbeddings:
+    """Mixin for a component with an ``encoder`` and a ``cache_dir``: :attr:`embeddings`, opened on first use."""
+
+    encoder: SentenceEncoder
+    cache_dir: str | None = None
+    _cache: EmbeddingCache | None = None
+
+    @property
+    def embeddings(self) -> EmbeddingCache:
+        """The on-disk cache of ``encoder`` under ``cache_dir`` (default ``$KGLIGHTNING_CACHE/embeddings``)."""
+        if self._cache is None:
+            root = self.cache_dir if self.cache_dir is not None else default_cache_root() / "embeddings"
+            self._cache = EmbeddingCache(self.encoder, root)
+        return self._cache

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder, default_cache_root
+from kglightning.data.embeddings import SentenceEncoder, UsesEmbeddings
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import topic_relation_paths
 from kglightning.data.records import KGQARecord
@@ -29,7 +29,7 @@ __all__ = ["PathDocuments"]
 log = logging.getLogger(__name__)
 
 
-class PathDocuments:
+class PathDocuments(UsesEmbeddings):
     """Turns KG records into ranked text documents (one relation path and its instances per document).
 
     Args:
@@ -68,14 +68,6 @@ class PathDocuments:
         self.max_paths_per_entity = max_paths_per_entity
         self.show_progress = show_progress
         self.num_without_documents = 0
-        self._cache: EmbeddingCache | None = None
-
-    @property
-    def embeddings(self) -> EmbeddingCache:
-        if self._cache is None:
-            root = self.cache_dir if self.cache_dir is not None else default_cache_root() / "embeddings"
-            self._cache = EmbeddingCache(self.encoder, root)
-        return self._cache
 
     def ranked_paths(self, record: KGQARecord, kg: KGIndex, q_emb: torch.Tensor) -> list[tuple[str, ...]]:
         """The record's candidate relation paths, most similar to the question first (ties: path order)."""
