@@ -200,3 +200,70 @@ def tiny_sft_adapter(tiny_chat_model_dir, tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("sft_adapter")
     sft.save_adapter(str(folder))
     return str(folder)
+
+
+# ---------------------------------------------------------------- SGIC
+
+
+def _scripted_sgic_backend():
+    import math
+    import re
+
+    from kglightning.llm.backends.base import Generation, LLMBackend
+
+    class ScriptedSGICBackend(LLMBackend):
+        """An SGIC backend that answers by prompt shape; each answer's probability is given, so every score is known in advance."""
+
+        def __init__(self, logprobs: bool = True) -> None:
+            self.prompts: list[str] = []
+            self.logprobs = logprobs
+
+        @property
+        def name(self) -> str:
+            return "scripted"
+
+        def answer(self, text: str, temperature: float, seed: int) -> tuple[str, float]:
+            france = "France" in text
+            if temperature > 0:  # the k_sampling baseline
+                return ("Lyon", 0.5) if seed == 0 else ("Paris", 0.7) if france else ("Tokyo", 0.2)
+            rounds = len(re.findall(r"^Round \d+:", text, flags=re.M))
+            docs = len(re.findall(r"^Document \[", text, flags=re.M))
+            if not france:
+                return "Tokyo", 0.9
+            if rounds == 0 and docs == 1:  # one document: the document's score
+                return ("Paris", 0.9) if "capital Paris" in text else ("Spain", 0.2)
+            return {0: ("Lyon", 0.3), 1: ("Paris", 0.6), 2: ("Paris", 0.8), 3: ("Marseille", 0.1)}[rounds]
+
+        def _generate_uncached(self, batch, params, on_result):
+            for i, messages in enumerate(batch):
+                text = messages[-1]["content"]
+                self.prompts.append(text)
+                answer, p = self.answer(text, params.temperature, params.seed)
+                lp = [math.log(p)] if self.logprobs and params.logprobs else None
+                on_result(
+                    i, Generation(answer, token_logprobs=lp, tokens=[answer], prompt_tokens=10, completion_tokens=1)
+                )
+
+    return ScriptedSGICBackend
+
+
+@pytest.fixture(scope="session")
+def scripted_sgic():
+    """A backend class for SGIC: France questions go Lyon (0.3) -> Paris (0.6) -> Paris (0.8) -> Marseille (0.1) by
+    round; Japan questions always Tokyo (0.9); a single document scores 0.9 if it says "capital Paris", else 0.2."""
+    return _scripted_sgic_backend()
+
+
+@pytest.fixture
+def sgic_passages_dir(tmp_path):
+    """train/validation/test passage files with one France and one Japan question."""
+    rows = [
+        {"id": "fr", "question": "capital of France?", "answer": "Paris",
+         "context": ["France capital Paris", "France borders Spain"]},
+        {"id": "jp", "question": "capital of Japan?", "answer": ["Tokyo"], "context": ["Japan capital Tokyo"]},
+    ]  # fmt: skip
+    folder = tmp_path / "passages"
+    folder.mkdir()
+    for split in ("train", "validation", "test"):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(folder)

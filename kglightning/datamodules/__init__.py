@@ -10,6 +10,7 @@ from kglightning.datamodules.grpo import ProxyGRPODataModule
 from kglightning.datamodules.relation_pairs import RelationPairDataModule
 from kglightning.datamodules.sft import ProxySFTDataModule
 from kglightning.datamodules.sgic import SGICDataModule
+from kglightning.datamodules.sgic_finetune import SGICFinetuneDataModule
 
 __all__ = [
     "DetectionDataModule",
@@ -18,4 +19,5 @@ __all__ = [
     "ProxySFTDataModule",
     "RelationPairDataModule",
     "SGICDataModule",
+    "SGICFinetuneDataModule",
 ]

@@ -103,6 +103,16 @@ class KGQADataModule(L.LightningDataModule):
         self.datasets: dict[str, Sequence[Any]] = {}
         self._read: dict[str, RecordList] = {}
 
+    def __repr__(self) -> str:
+        # Lightning's own __str__ calls every dataloader method, which builds (and for some subclasses computes)
+        # every split; jsonargparse prints data modules in its messages, so keep this cheap
+        return (
+            f"{type(self).__name__}(data_dir={self.data_dir!r}, batch_size={self.batch_size}, "
+            f"max_records={self.max_records!r}, predict_split={self.predict_split!r})"
+        )
+
+    __str__ = __repr__
+
     # ------------------------------------------------------------------ records
     @property
     def cache_root(self) -> Path:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,9 +38,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from kglightning.data.sources.passages import PassageExample
-from kglightning.llm.backends.base import Generation, GenerationParams, LLMBackend
+from kglightning.llm.backends.base import GenerationParams, LLMBackend
 from kglightning.llm.sgic_prompt import SGICPrompt
-from kglightning.llm.uncertainty import MaxProbProduct, UncertaintyEstimator, answer_uncertainty, document_uncertainty
+from kglightning.llm.sgic_rounds import History, SelfCalibration, clean_answer
+from kglightning.llm.uncertainty import UncertaintyEstimator, answer_uncertainty
 from kglightning.pipelines._ddp import gather_unique_rows
 from kglightning.pipelines.report import write_comparison
 from kglightning.pipelines.sgic_report import METHODS, plot_trajectories, summarize, summary_markdown
@@ -49,10 +49,6 @@ from kglightning.pipelines.sgic_report import METHODS, plot_trajectories, summar
 __all__ = ["SGICPipeline"]
 
 log = logging.getLogger(__name__)
-
-
-def _clean(text: str) -> str:
-    return " ".join(text.split())
 
 
 class SGICPipeline(L.LightningModule):
@@ -90,93 +86,48 @@ class SGICPipeline(L.LightningModule):
         n_bins: int = 10,
     ) -> None:
         super().__init__()
-        if rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {rounds}")
-        if generation.temperature != 0:
-            raise ValueError(
-                f"generation.temperature must be 0 (got {generation.temperature}): SGIC's scores multiply the highest "
-                "token probabilities, which greedy decoding generates; sampling is for the k_sampling baseline "
-                "(sample_temperature)"
-            )
         if answer_mean is not None and not 0 < answer_mean < 1:
             raise ValueError(f"answer_mean must be in (0, 1), got {answer_mean}")
         if sample_temperature <= 0:
             raise ValueError(f"sample_temperature must be > 0, got {sample_temperature}")
         if samples is not None and samples < 0:
             raise ValueError(f"samples must be >= 0, got {samples}")
+        self.engine = SelfCalibration(backend, rounds, prompt, estimator, generation)
         self.backend = backend
         self.rounds = rounds
-        self.prompt = prompt if prompt is not None else SGICPrompt()
-        self.estimator = estimator if estimator is not None else MaxProbProduct()
-        self.params = dataclasses.replace(generation, logprobs=True)
         self.answer_mean = answer_mean
-        self.sample_params = dataclasses.replace(self.params, temperature=sample_temperature)
+        self.sample_params = dataclasses.replace(self.engine.params, temperature=sample_temperature)
         self.samples = rounds if samples is None else samples
         self.seed = seed
         self.output_dir = output_dir
         self.n_bins = n_bins
         self._reset()
 
+    @property
+    def prompt(self) -> SGICPrompt:
+        return self.engine.prompt
+
     def _reset(self) -> None:
         self.rows: list[dict[str, Any]] = []
         self.mean: float | None = self.answer_mean
-        self._round0: dict[str, Generation] = {}
+        self.engine.cost = {m: {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0} for m in METHODS}
+        self.engine._round0 = {}
         self.counts = {"questions": 0, "without_documents": 0, "unstable": 0, "empty_answers": 0}
-        self.cost = {m: {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0} for m in METHODS}
 
-    # generation with bookkeeping
-
-    def _generate(self, convs: list[list[dict[str, str]]], params: GenerationParams, *methods: str) -> list[Generation]:
-        if not convs:
-            return []
-        start = time.perf_counter()
-        gens = self.backend.generate_with_params(convs, params)
-        seconds = time.perf_counter() - start
-        for m in methods:
-            cost = self.cost[m]
-            cost["prompt_tokens"] += sum(g.prompt_tokens for g in gens)
-            cost["completion_tokens"] += sum(g.completion_tokens for g in gens)
-            cost["seconds"] += seconds
-        return gens
-
-    def confidence(self, gen: Generation) -> float:
-        """The estimator's confidence of one generation (a clear error if the backend gave no log-probabilities)."""
-        return self.estimator(gen, backend=f"backend {self.backend.name!r}")
-
-    def uncertainty(self, gen: Generation) -> float:
-        """Eq. 2's 0-100 uncertainty of one answer against the split mean."""
-        if self.mean is None:
-            raise RuntimeError("the mean answer confidence is not known yet (call round_zero first)")
-        return answer_uncertainty(self.confidence(gen), self.mean)
-
-    def round_zero(self, examples: Sequence[PassageExample]) -> list[Generation]:
-        """Round 0 for ``examples`` (the plain prompt with every document), remembered by id."""
-        todo = [e for e in examples if e.id not in self._round0]
-        convs = [self.prompt.plain(e.question, e.documents) for e in todo]
-        for e, g in zip(todo, self._generate(convs, self.params, "baseline", "sgic")):
-            self._round0[e.id] = g
-        return [self._round0[e.id] for e in examples]
-
-    def _predict_batches(self) -> list[list[PassageExample]]:
+    def _predict_examples(self) -> list[PassageExample]:
         """This process's share of the predict data, read from a fresh loader (the loop's own is already running)."""
         dm = getattr(self.trainer, "datamodule", None)
         if dm is not None and hasattr(dm, "predict_dataloader"):
-            loaders = [dm.predict_dataloader()]
-        else:
-            loaders = self.trainer.predict_dataloaders
-            loaders = list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
-        items = [e for loader in loaders for batch in loader for e in batch]
-        world, rank = self.trainer.world_size, self.trainer.global_rank
-        mine = items[rank::world] if dm is not None else items
-        size = max(getattr(dm, "batch_size", 8) or 8, 1)
-        return [mine[i : i + size] for i in range(0, len(mine), size)]
+            items = [e for batch in dm.predict_dataloader() for e in batch]
+            return items[self.trainer.global_rank :: self.trainer.world_size]
+        loaders = self.trainer.predict_dataloaders
+        loaders = list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+        return [e for loader in loaders for batch in loader for e in batch]
 
     def _compute_mean(self) -> None:
-        total, count = 0.0, 0
-        for batch in self._predict_batches():
-            gens = self.round_zero(batch)
-            total += sum(self.confidence(g) for g in gens)
-            count += len(gens)
+        dm = getattr(self.trainer, "datamodule", None)
+        size = max(int(getattr(dm, "batch_size", 8) or 8), 1)
+        total, count = self.engine.mean_confidence(self._predict_examples(), size, ("baseline", "sgic"))
         stats = torch.tensor([total, float(count)], dtype=torch.float64)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(stats)
@@ -185,23 +136,14 @@ class SGICPipeline(L.LightningModule):
         self.mean = min(max(mean, 1e-6), 1 - 1e-6)
         rank_zero_info(f"SGIC: mean round-0 answer confidence s̄ = {self.mean:.4f} over {int(count)} questions")
 
-    def document_scores(self, examples: Sequence[PassageExample]) -> list[list[float]]:
-        """Eq. 3 for every document of every example, in one backend call."""
-        pairs = [(i, d) for i, e in enumerate(examples) for d in e.documents]
-        convs = [self.prompt.plain(examples[i].question, [d]) for i, d in pairs]
-        confs: list[list[float]] = [[] for _ in examples]
-        for (i, _), g in zip(pairs, self._generate(convs, self.params, "sgic")):
-            confs[i].append(self.confidence(g))
-        return [document_uncertainty(c) for c in confs]
-
     def sample_baseline(self, examples: Sequence[PassageExample]) -> list[list[dict[str, Any]]]:
         """``samples`` sampled answers per example from the round-0 prompt, each with its sequence probability."""
         out: list[list[dict[str, Any]]] = [[] for _ in examples]
         convs = [self.prompt.plain(e.question, e.documents) for e in examples]
         for k in range(self.samples):
             params = dataclasses.replace(self.sample_params, seed=self.seed + 1000 * k)
-            for i, g in enumerate(self._generate(convs, params, "k_sampling")):
-                out[i].append({"answer": _clean(g.text), "confidence": self.confidence(g)})
+            for i, g in enumerate(self.engine.generate(convs, params, ("k_sampling",))):
+                out[i].append({"answer": clean_answer(g.text), "confidence": self.engine.confidence(g)})
         return out
 
     # Lightning hooks
@@ -215,18 +157,13 @@ class SGICPipeline(L.LightningModule):
         examples = list(batch)
         self.counts["questions"] += len(examples)
         self.counts["without_documents"] += sum(not e.documents for e in examples)
-        zero = self.round_zero(examples)
-        doc_scores = self.document_scores(examples)
-        history = [[(_clean(g.text), self.uncertainty(g), self.confidence(g))] for g in zero]
+        zero = self.engine.round_zero(examples, ("baseline", "sgic"))
+        doc_scores = self.engine.document_scores(examples, ("sgic",))
+        histories = [[self.engine.scored(g, self.mean)] for g in zero]
         for _ in range(self.rounds):
-            convs = [
-                self.prompt.calibration(e.question, e.documents, s, [(a, u) for a, u, _ in h])
-                for e, s, h in zip(examples, doc_scores, history)
-            ]
-            for h, g in zip(history, self._generate(convs, self.params, "sgic")):
-                h.append((_clean(g.text), self.uncertainty(g), self.confidence(g)))
+            self.engine.calibrate(examples, doc_scores, histories, self.mean, None, ("sgic",))
         samples = self.sample_baseline(examples)
-        rows = [self._row(e, s, h, smp) for e, s, h, smp in zip(examples, doc_scores, history, samples)]
+        rows = [self._row(e, s, h, smp) for e, s, h, smp in zip(examples, doc_scores, histories, samples)]
         self.rows.extend(rows)
         return rows
 
@@ -234,7 +171,7 @@ class SGICPipeline(L.LightningModule):
         self,
         example: PassageExample,
         doc_scores: list[float],
-        history: list[tuple[str, float, float]],
+        history: History,
         samples: list[dict[str, Any]],
     ) -> dict[str, Any]:
         from kglightning.metrics.functional.squad import squad_exact_match, squad_f1
@@ -299,7 +236,7 @@ class SGICPipeline(L.LightningModule):
         methods = [m for m in METHODS if m in rows[0]["variants"]]
         comparison = write_comparison(rows, methods, out, self.n_bins)
         self.counts["truncated_documents"] = self.prompt.truncated
-        summary = summarize(rows, self.rounds, self.cost, self.counts, self.mean)
+        summary = summarize(rows, self.rounds, self.engine.cost, self.counts, self.mean)
         summary["comparison"] = {m: {k: comparison[m].get(k) for k in ("Hit", "F1", "ECE")} for m in methods}
         (out / "sgic_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         text = summary_markdown(summary)

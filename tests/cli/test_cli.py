@@ -24,6 +24,7 @@ CONFIGS = {
     "relation_scorer.yaml": "fit",
     "uag.yaml": "predict",
     "sgic.yaml": "predict",
+    "sgic_finetune.yaml": "fit",
 }
 
 

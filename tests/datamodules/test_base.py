@@ -115,3 +115,21 @@ def test_a_subclass_overrides_only_what_is_its_own(tmp_path):
     assert sorted(first) == sorted(n for _, n in dm.datasets["train"])  # shuffled, nothing lost
     dm.setup("predict")
     assert sum(len(b) for b in dm.predict_dataloader()) == 3  # predict_split defaults to test
+
+
+def test_printing_a_datamodule_builds_no_split(tmp_path):
+    """Lightning's __str__ would call every dataloader method (and build every split); jsonargparse prints it."""
+    built = []
+
+    class Counting(KGQADataModule):
+        def build_split(self, split):
+            built.append(split)
+            return super().build_split(split)
+
+    dm = Counting(data_dir=_write(tmp_path, {"train": 1, "validation": 1, "test": 1}), batch_size=4)
+    assert (
+        str(dm)
+        == repr(dm)
+        == (f"Counting(data_dir={dm.data_dir!r}, batch_size=4, max_records=None, predict_split='test')")
+    )
+    assert built == []

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +12,6 @@ import lightning as L
 import pytest
 
 from kglightning.datamodules import SGICDataModule
-from kglightning.llm.backends.base import Generation, LLMBackend
 from kglightning.llm.sgic_prompt import SGICPrompt
 from kglightning.llm.uncertainty import MissingLogprobsError
 from kglightning.pipelines import SGICPipeline
@@ -22,48 +19,14 @@ from kglightning.pipelines import SGICPipeline
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class Scripted(LLMBackend):
-    """Answers by prompt shape; each answer's probability is given, so every score is known in advance."""
-
-    def __init__(self, logprobs: bool = True) -> None:
-        self.prompts: list[str] = []
-        self.logprobs = logprobs
-
-    @property
-    def name(self) -> str:
-        return "scripted"
-
-    def answer(self, text: str, temperature: float, seed: int) -> tuple[str, float]:
-        france = "France" in text
-        if temperature > 0:  # the k_sampling baseline
-            return ("Lyon", 0.5) if seed == 0 else ("Paris", 0.7) if france else ("Tokyo", 0.2)
-        rounds = len(re.findall(r"^Round \d+:", text, flags=re.M))
-        docs = len(re.findall(r"^Document \[", text, flags=re.M))
-        if not france:
-            return "Tokyo", 0.9
-        if rounds == 0 and docs == 1:  # one document: the document's score
-            return ("Paris", 0.9) if "capital Paris" in text else ("Spain", 0.2)
-        return {0: ("Lyon", 0.3), 1: ("Paris", 0.6), 2: ("Paris", 0.8), 3: ("Marseille", 0.1)}[rounds]
-
-    def _generate_uncached(self, batch, params, on_result):
-        for i, messages in enumerate(batch):
-            text = messages[-1]["content"]
-            self.prompts.append(text)
-            answer, p = self.answer(text, params.temperature, params.seed)
-            lp = [math.log(p)] if self.logprobs and params.logprobs else None
-            on_result(i, Generation(answer, token_logprobs=lp, tokens=[answer], prompt_tokens=10, completion_tokens=1))
+@pytest.fixture
+def passages_dir(sgic_passages_dir):
+    return sgic_passages_dir
 
 
 @pytest.fixture
-def passages_dir(tmp_path):
-    rows = [
-        {"id": "fr", "question": "capital of France?", "answer": "Paris",
-         "context": ["France capital Paris", "France borders Spain"]},
-        {"id": "jp", "question": "capital of Japan?", "answer": ["Tokyo"], "context": ["Japan capital Tokyo"]},
-    ]  # fmt: skip
-    for split in ("train", "validation", "test"):
-        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(tmp_path)
+def Scripted(scripted_sgic):  # noqa: N802 - a class
+    return scripted_sgic
 
 
 def _run(backend, passages_dir, tmp_path, **kwargs):
@@ -76,7 +39,7 @@ def _run(backend, passages_dir, tmp_path, **kwargs):
     return sgic, {r["id"]: r for r in rows}
 
 
-def test_rounds_scores_and_minimum_uncertainty_selection(passages_dir, tmp_path):
+def test_rounds_scores_and_minimum_uncertainty_selection(Scripted, passages_dir, tmp_path):
     backend = Scripted()
     sgic, rows = _run(backend, passages_dir, tmp_path, samples=2)
     assert sgic.mean == pytest.approx((0.3 + 0.9) / 2)  # s̄: the round-0 confidences of the split
@@ -114,7 +77,7 @@ def test_rounds_scores_and_minimum_uncertainty_selection(passages_dir, tmp_path)
     assert "| sgic | 100.0 |" in (out / "sgic_summary.md").read_text()
 
 
-def test_given_mean_no_documents_and_missing_logprobs(passages_dir, tmp_path):
+def test_given_mean_no_documents_and_missing_logprobs(Scripted, passages_dir, tmp_path):
     # a given s̄ is used as is; a question with no documents is answered closed-book and counted
     rows = [{"id": "x", "question": "capital of Japan?", "answer": "Tokyo", "context": []}]
     for split in ("train", "validation", "test"):
@@ -127,7 +90,7 @@ def test_given_mean_no_documents_and_missing_logprobs(passages_dir, tmp_path):
         _run(Scripted(logprobs=False), passages_dir, tmp_path)
 
 
-def test_bad_arguments():
+def test_bad_arguments(Scripted):
     with pytest.raises(ValueError, match="rounds"):
         SGICPipeline(Scripted(), rounds=0)
     with pytest.raises(ValueError, match="temperature must be 0"):

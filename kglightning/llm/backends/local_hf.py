@@ -140,6 +140,8 @@ class LocalHFBackend(LLMBackend):
         response_prefix: text that opens every assistant reply (a "prefill", e.g. ``"{"`` so that a small model
             starts the requested JSON); it is part of the prompt and of the returned text.
         repetition_penalty: transformers' repetition penalty (``1.0``: none); small models tend to loop.
+        adapter_path: a PEFT (LoRA) adapter folder applied to the model and merged into its weights (e.g. the
+            ``save_adapter_dir`` of a fine-tuned SGIC calibrator or DoublyCal proxy).
     """
 
     def __init__(
@@ -154,6 +156,7 @@ class LocalHFBackend(LLMBackend):
         chat_template: str | None = None,
         response_prefix: str | None = None,
         repetition_penalty: float = 1.0,
+        adapter_path: str | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -168,6 +171,11 @@ class LocalHFBackend(LLMBackend):
             raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
         self.response_prefix = response_prefix or ""
         self.repetition_penalty = repetition_penalty
+        if adapter_path is not None and not (Path(adapter_path) / "adapter_config.json").is_file():
+            raise FileNotFoundError(
+                f"adapter_path {adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)"
+            )
+        self.adapter_path = adapter_path
         self._model: Any = None
         self._tokenizer: Any = None
         if cache_dir is not None:
@@ -193,6 +201,10 @@ class LocalHFBackend(LLMBackend):
             key += ":prefix-" + hashlib.sha256(self.response_prefix.encode("utf-8")).hexdigest()[:12]
         if self.repetition_penalty != 1.0:
             key += f":rep-{self.repetition_penalty:g}"
+        if self.adapter_path is not None:  # other weights: the adapter's folder and its weights' timestamp
+            weights = sorted(Path(self.adapter_path).glob("adapter_model.*"))
+            stamp = weights[0].stat().st_mtime_ns if weights else 0
+            key += f":adapter-{os.path.abspath(self.adapter_path)}-{stamp}"
         return key
 
     # loading
@@ -209,6 +221,10 @@ class LocalHFBackend(LLMBackend):
             log.warning("%s has no chat template; using plain 'role: content' lines", self.model_name_or_path)
             tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
         model = load_causal_lm(self.model_name_or_path, self.gguf_file, self.dtype, tokenizer.pad_token_id)
+        if self.adapter_path is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, self.adapter_path).merge_and_unload()
         model.to(self.device).eval()
         self._tokenizer, self._model = tokenizer, model
 

@@ -1,0 +1,163 @@
+"""SGIC fine-tuning: the set is built once and read back, a LoRA step lowers the loss, the adapter serves SGIC."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import lightning as L
+import pytest
+import torch
+
+from kglightning.datamodules import SGICFinetuneDataModule
+from kglightning.llm.sgic_prompt import SGICPrompt
+from kglightning.llm.sgic_rounds import SelfCalibration
+from kglightning.modules import SGICCalibrator
+
+
+def _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path, backend=None):
+    engine = SelfCalibration(backend or scripted_sgic(), rounds=2, prompt=SGICPrompt(instruction="Answer."))
+    return SGICFinetuneDataModule(
+        calibration=engine,
+        tokenizer=tiny_chat_model_dir,
+        source="passages",
+        data_dir=sgic_passages_dir,
+        dataset_dir=str(tmp_path / "set"),
+        batch_size=2,
+    )
+
+
+def test_the_set_is_written_once_and_tokenized(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path):
+    backend = scripted_sgic()
+    dm = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path, backend)
+    trainer = L.Trainer(accelerator="cpu", logger=False, max_epochs=1)
+    dm.trainer = trainer
+    dm.prepare_data()
+    rows = [json.loads(x) for x in (tmp_path / "set/train.jsonl").read_text().splitlines()]
+    assert sorted((r["id"], r["kind"], r["target"]) for r in rows) == [
+        ("fr", "calibrated", "Paris"),
+        ("jp", "kept", "Tokyo"),
+    ]
+    stats = json.loads((tmp_path / "set/train.stats.json").read_text())
+    assert stats["answer_mean"] == pytest.approx(0.6) and stats["dropped"] == 0
+    assert not (tmp_path / "set/test.jsonl").exists()  # fit builds train and validation only
+    asked = len(backend.prompts)
+    dm2 = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path, backend)
+    dm2.trainer = trainer
+    dm2.prepare_data()
+    assert len(backend.prompts) == asked  # read back, nothing asked again
+    dm2.setup("fit")
+    batch = next(iter(dm2.train_dataloader()))
+    tok = dm2.tokenizer
+    for ids, labels, target in zip(batch["input_ids"], batch["labels"], batch["target"]):
+        kept = [int(i) for i, lab in zip(ids, labels) if lab != -100]
+        assert tok.decode(kept, skip_special_tokens=True) == target  # loss only on the target (and EOS)
+
+
+def test_a_lora_step_lowers_the_loss_and_the_adapter_serves_sgic(
+    scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path, single_torch_thread
+):
+    from kglightning.llm.backends.local_hf import LocalHFBackend
+
+    dm = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path)
+    dm.trainer = L.Trainer(accelerator="cpu", logger=False)
+    dm.prepare_data()
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    torch.manual_seed(0)
+    module = SGICCalibrator(model=tiny_chat_model_dir, optimizer=partial(torch.optim.AdamW, lr=1e-2), max_new_tokens=4)
+    before = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+    opt = module.configure_optimizers()
+    losses = []
+    for _ in range(8):
+        loss = module._loss(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < 0.7 * losses[0]
+    assert any(not torch.equal(before[n], p) for n, p in module.named_parameters() if p.requires_grad)
+    module._eval_step(batch, 0, "val")  # greedy answers scored against the targets
+    assert 0.0 <= float(module.em["val"].compute()) <= 1.0
+    module.save_adapter(str(tmp_path / "adapter"))
+    base = LocalHFBackend(tiny_chat_model_dir, show_progress=False)
+    tuned = LocalHFBackend(tiny_chat_model_dir, show_progress=False, adapter_path=str(tmp_path / "adapter"))
+    assert tuned.cache_key != base.cache_key
+    msgs = [[{"role": "user", "content": "capital of France?"}]]
+    assert tuned.generate(msgs, max_new_tokens=4, logprobs=True)[0].token_logprobs is not None
+    with pytest.raises(FileNotFoundError, match="not a PEFT adapter"):
+        LocalHFBackend(tiny_chat_model_dir, adapter_path=str(tmp_path))
+
+
+def test_default_learning_rate_and_bad_target(tiny_chat_model_dir):
+    module = SGICCalibrator(model=tiny_chat_model_dir)
+    assert module.configure_optimizers().defaults["lr"] == 5e-5
+    with pytest.raises(ValueError, match="target"):
+        SGICFinetuneDataModule(target="best")
+
+
+def _tiny_model_answers(tiny_chat_model_dir, examples):
+    """What the tiny model answers at round 0 with configs/sgic_finetune.yaml's prompt and 4 new tokens."""
+    from kglightning.llm.backends.base import GenerationParams
+    from kglightning.llm.backends.local_hf import LocalHFBackend
+
+    backend = LocalHFBackend(tiny_chat_model_dir, batch_size=16, show_progress=False)
+    engine = SelfCalibration(backend, generation=GenerationParams(max_new_tokens=4, stop=("\n",)))
+    return [" ".join(g.text.split()) for g in engine.round_zero(examples)]
+
+
+@pytest.mark.e2e
+def test_finetune_config_then_sgic_with_the_adapter(tiny_chat_model_dir, tmp_path):
+    """The random tiny model is never right, so its own round-0 answer is made the gold of the first question: that
+    question is kept, the second (gold it cannot write) dropped."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kglightning.data.sources.passages import PassageExample
+
+    root = Path(__file__).resolve().parents[2]
+    questions = [
+        ("q1", "capital of France?", ["France capital Paris"]),
+        ("q2", "capital of Japan?", ["Japan capital Tokyo"]),
+    ]
+    answers = _tiny_model_answers(tiny_chat_model_dir, [PassageExample(i, q, ["x"], d) for i, q, d in questions])
+    assert answers[0].strip(), "the tiny model wrote an empty answer"
+    passages = tmp_path / "passages"
+    passages.mkdir()
+    rows = [
+        {"id": i, "question": q, "answer": a, "context": d} for (i, q, d), a in zip(questions, [answers[0], "zzz qqq"])
+    ]
+    for split in ("train", "validation", "test"):
+        (passages / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = dict(os.environ, KGLIGHTNING_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", PYTHONPATH=str(root))
+    fit = [
+        sys.executable, "-m", "kglightning", "fit", "--config", str(root / "configs/sgic_finetune.yaml"),
+        "--model.init_args.model", tiny_chat_model_dir, "--model.init_args.max_new_tokens", "4",
+        "--data.init_args.calibration.init_args.backend.init_args.model", tiny_chat_model_dir,
+        "--data.init_args.calibration.init_args.backend.init_args.show_progress", "false",
+        "--data.init_args.calibration.init_args.generation.max_new_tokens", "4",
+        "--data.init_args.source", "passages", "--data.init_args.data_dir", str(passages),
+        "--trainer.max_epochs", "2",
+    ]  # fmt: skip
+    proc = subprocess.run(fit, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = tmp_path / "outputs/sgic_finetune"
+    stats = json.loads((out / "dataset/train.stats.json").read_text())
+    assert (stats["kept"], stats["calibrated"], stats["dropped"]) == (1, 0, 1)
+    assert not (out / "dataset/test.jsonl").exists()
+    assert (out / "adapter/adapter_config.json").is_file()
+    metrics = (out / "lora/version_0/metrics.csv").read_text()
+    assert "val/loss" in metrics and "val/em" in metrics
+    predict = [
+        sys.executable, "-m", "kglightning", "predict", "--config", str(root / "configs/sgic.yaml"),
+        "--model.init_args.backend.init_args.model", tiny_chat_model_dir,
+        "--model.init_args.backend.init_args.adapter_path", str(out / "adapter"),
+        "--model.init_args.backend.init_args.show_progress", "false",
+        "--model.init_args.rounds", "1", "--model.init_args.generation.max_new_tokens", "4",
+        "--data.init_args.source", "passages", "--data.init_args.data_dir", str(passages),
+    ]  # fmt: skip
+    proc = subprocess.run(predict, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads((tmp_path / "outputs/sgic/sgic_summary.json").read_text())["questions"] == 2
