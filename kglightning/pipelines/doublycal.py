@@ -42,6 +42,7 @@ from kglightning.llm.trie import TrieConfig
 from kglightning.modules.proxy_sft import ProxySFT
 from kglightning.pipelines._ddp import gather_unique_rows
 from kglightning.pipelines.report import comparison_markdown, write_comparison
+from kglightning.retrieval.faiss_grounding import FaissGrounder
 
 __all__ = ["VARIANTS", "DoublyCalPipeline", "Variant"]
 
@@ -81,6 +82,8 @@ class DoublyCalPipeline(L.LightningModule):
             ``missing_confidence`` in the parse statistics).
         output_dir: where the report goes.
         n_bins: calibration bins.
+        grounder: grounds answers that match no entity name exactly to the most similar name
+            (:class:`~kglightning.retrieval.FaissGrounder`); ``None`` keeps exact matching only.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class DoublyCalPipeline(L.LightningModule):
         missing_confidence: float = 0.5,
         output_dir: str = "outputs/doublycal",
         n_bins: int = 10,
+        grounder: FaissGrounder | None = None,
     ) -> None:
         super().__init__()
         variants = list(variants or VARIANTS)
@@ -117,6 +121,7 @@ class DoublyCalPipeline(L.LightningModule):
         self.missing_confidence = missing_confidence
         self.output_dir = output_dir
         self.n_bins = n_bins
+        self.grounder = grounder
         self._reset_stats()
 
     def _reset_stats(self) -> None:
@@ -189,7 +194,10 @@ class DoublyCalPipeline(L.LightningModule):
         parsed = parse_answers(text, self.answer_stats[variant])
         ranked = parsed.ranked()
         conf = [self.missing_confidence if parsed.answers[a] is None else parsed.answers[a] for a in ranked]
-        entities = ground_answers(parsed, entities).entities
+        grounded = ground_answers(parsed, entities)
+        if self.grounder is not None:
+            grounded = self.grounder.ground(grounded, entities)
+        entities = grounded.entities
         return {"prediction": ranked, "confidence": conf, "entities": sorted(entities), "issues": parsed.issues}
 
     @staticmethod
@@ -275,6 +283,11 @@ class DoublyCalPipeline(L.LightningModule):
         if self.trainer.is_global_zero and rows:
             self.results = self.write_report(rows)
 
+    def _grounder_counts(self) -> dict[str, Any]:
+        if self.grounder is None:
+            return {}
+        return {"faiss_grounding": {"matched": self.grounder.matched, "unmatched": self.grounder.unmatched}}
+
     def write_report(self, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Write ``evidence.jsonl``, the per-variant predictions and the comparison; return the results table."""
         out = Path(self.output_dir)
@@ -289,6 +302,7 @@ class DoublyCalPipeline(L.LightningModule):
             **self.counts,
             "evidence_parse": self.evidence_stats.as_dict(),
             "answer_parse": {v: s.as_dict() for v, s in self.answer_stats.items()},
+            **self._grounder_counts(),
         }
         (out / "run_stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
         rank_zero_info(

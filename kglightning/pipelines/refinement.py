@@ -57,6 +57,7 @@ from kglightning.nn import GraphEncoder
 from kglightning.pipelines._ddp import gather_unique_rows
 from kglightning.pipelines.refinement_prompts import follow_up_message, initial_messages, verbalize_triple
 from kglightning.pipelines.refinement_report import format_table, write_report
+from kglightning.retrieval.faiss_grounding import FaissGrounder
 
 __all__ = ["KGGuardRefinement", "load_detector"]
 
@@ -134,6 +135,8 @@ class KGGuardRefinement(L.LightningModule):
         unmatched: ``"flag"`` answers that name no KG node (kept, re-prompted as unverifiable), or ``"drop"`` them.
         add_reverse_edges: as in the detector's training data (``DetectionDataModule``).
         output_dir: where the predictions and the report are written.
+        grounder: grounds answers that match no node name exactly to the most similar name
+            (:class:`~kglightning.retrieval.FaissGrounder`); ``None`` keeps exact matching only.
     """
 
     def __init__(
@@ -149,6 +152,7 @@ class KGGuardRefinement(L.LightningModule):
         unmatched: Literal["flag", "drop"] = "flag",
         add_reverse_edges: bool = True,
         output_dir: str = "outputs/refinement",
+        grounder: FaissGrounder | None = None,
     ) -> None:
         super().__init__()
         if max_rounds < 1:
@@ -157,7 +161,8 @@ class KGGuardRefinement(L.LightningModule):
             raise ValueError(f"max_triples must be >= 1 or None, got {max_triples}")
         if unmatched not in ("flag", "drop"):
             raise ValueError(f"unmatched must be 'flag' or 'drop', got {unmatched!r}")
-        self.save_hyperparameters(ignore=["reasoner", "encoder", "text_encoder"])
+        self.save_hyperparameters(ignore=["reasoner", "encoder", "text_encoder", "grounder"])
+        self.grounder = grounder
         self.detector = load_detector(detector_ckpt, encoder)
         self.reasoner = reasoner if reasoner is not None else LocalHFBackend(show_progress=False)
         self.text_encoder = text_encoder or SentenceEncoder(show_progress=False)
@@ -225,6 +230,8 @@ class KGGuardRefinement(L.LightningModule):
         }
         entities = {n for triple in record.graph for n in (triple[0], triple[2])}
         grounded = ground_answers(answers, sorted(entities))
+        if self.grounder is not None:
+            grounded = self.grounder.ground(grounded, sorted(entities))
         unmatched = list(grounded.unmatched)
         names = list(grounded.entities) + (unmatched if self.unmatched == "flag" else [])
         conf = {**grounded.entities, **grounded.unmatched}

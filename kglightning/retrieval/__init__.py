@@ -1,5 +1,6 @@
-"""Retrieval over a question's graph: documents for LLM reasoners (floor 3)."""
+"""Retrieval over a question's graph: text documents for LLM reasoners, faiss grounding of answers (floor 3)."""
 
+from kglightning.retrieval.faiss_grounding import FaissGrounder, faiss_gpu_available
 from kglightning.retrieval.path_documents import PathDocuments
 
-__all__ = ["PathDocuments"]
+__all__ = ["FaissGrounder", "PathDocuments", "faiss_gpu_available"]

@@ -282,3 +282,16 @@ def test_reasoner_behind_an_openai_compatible_endpoint(tiny_proxy, tiny_chat_mod
     for e, g in zip(expected, got):
         for v in ("doublycal", "singlecal", "llm_only"):
             assert g[v]["raw"] == e[v]["raw"] and g[v]["prediction"] == e[v]["prediction"]
+
+
+def test_faiss_grounder_grounds_near_miss_answers(tiny_proxy, tmp_path):
+    from kglightning.data.embeddings import SentenceEncoder
+    from kglightning.retrieval import FaissGrounder
+
+    grounder = FaissGrounder(SentenceEncoder(show_progress=False), cache_dir=str(tmp_path / "emb"), min_similarity=0.8)
+    pipe = _pipeline(tiny_proxy, ScriptedBackend(lambda m: ""), tmp_path, grounder=grounder)
+    out = pipe._answer("doublycal", "{Charlie Browne: 0.8, Spike: 0.6, Jupiter: 0.3}", ["Spike", "Charlie Brown"])
+    assert out["entities"] == ["Charlie Brown", "Spike"]
+    assert pipe._grounder_counts() == {"faiss_grounding": {"matched": 1, "unmatched": 1}}
+    plain = _pipeline(tiny_proxy, ScriptedBackend(lambda m: ""), tmp_path)
+    assert plain._answer("doublycal", "{Charlie Browne: 0.8}", ["Charlie Brown"])["entities"] == []
