@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from kglightning.data.sources.passages import PassageExample, read_passage_examples
 from kglightning.datamodules.base import KGQADataModule
+from kglightning.retrieval.documents import DocumentSource
 from kglightning.retrieval.path_documents import PathDocuments
 
 __all__ = ["SGICDataModule"]
@@ -20,14 +21,15 @@ class SGICDataModule(KGQADataModule):
             question's documents with ``documents``; ``"passages"`` reads HotpotQA-style records (``question``,
             ``answer``, ``context``; see :mod:`kglightning.data.sources.passages`) from the split files of
             ``data_dir``.
-        documents: how a KG record becomes documents (default :class:`~kglightning.retrieval.PathDocuments`: the
-            5 relation paths most similar to the question, with their grounded instances).
+        documents: how a KG record becomes documents, a :class:`~kglightning.retrieval.DocumentSource` (default
+            :class:`~kglightning.retrieval.PathDocuments`: the 5 relation paths most similar to the question, with
+            their grounded instances; :class:`~kglightning.retrieval.EvidenceDocuments` reads DoublyCal's evidence).
         **kwargs: :class:`~kglightning.datamodules.KGQADataModule`'s arguments (``data_dir``, ``batch_size``,
             ``max_records``, ``on_bad_record``, ``predict_split``, ...).
     """
 
     def __init__(
-        self, source: Literal["kg", "passages"] = "kg", documents: PathDocuments | None = None, **kwargs: Any
+        self, source: Literal["kg", "passages"] = "kg", documents: DocumentSource | None = None, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
         if source not in ("kg", "passages"):

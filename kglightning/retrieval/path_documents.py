@@ -23,13 +23,14 @@ from kglightning.data.records import KGQARecord
 from kglightning.data.text import path_text
 from kglightning.evidence.schema import Evidence
 from kglightning.evidence.verbalize import path_instances, verbalize_instance
+from kglightning.retrieval.documents import DocumentSource
 
 __all__ = ["PathDocuments"]
 
 log = logging.getLogger(__name__)
 
 
-class PathDocuments(UsesEmbeddings):
+class PathDocuments(DocumentSource, UsesEmbeddings):
     """Turns KG records into ranked text documents (one relation path and its instances per document).
 
     Args:
@@ -68,6 +69,13 @@ class PathDocuments(UsesEmbeddings):
         self.max_paths_per_entity = max_paths_per_entity
         self.show_progress = show_progress
         self.num_without_documents = 0
+
+    @property
+    def cache_key(self) -> str:
+        return (
+            f"paths:{self.encoder.cache_key}:n{self.num_documents}:h{self.max_hops}:i{self.max_instances}"
+            f":f{self.max_path_fanout}:p{self.max_paths_per_entity}"
+        )
 
     def ranked_paths(self, record: KGQARecord, kg: KGIndex, q_emb: torch.Tensor) -> list[tuple[str, ...]]:
         """The record's candidate relation paths, most similar to the question first (ties: path order)."""

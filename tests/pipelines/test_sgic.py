@@ -131,3 +131,25 @@ def test_sgic_config_runs_through_the_cli(tiny_chat_model_dir, passages_dir, tmp
     assert summary["questions"] == 2 and len(summary["per_round"]) == 3
     assert set(summary["methods"]) == {"baseline", "k_sampling", "sgic"}
     assert (tmp_path / "outputs/sgic/llm_cache/responses.jsonl").exists()
+
+
+def test_doublycal_evidence_as_documents(tmp_path):
+    from kglightning.data.records import KGQARecord, RecordError
+    from kglightning.retrieval import EvidenceDocuments
+
+    rows = [
+        {"id": "q1", "evidence": [{"paths": ["A -> r -> B", "A -> r -> C"], "confidence": 0.75}, {"paths": []}]},
+        {"id": "q2", "evidence": []},
+    ]
+    path = tmp_path / "evidence.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = EvidenceDocuments(str(path))
+    recs = [KGQARecord(i, "q?", ["B"], ["A"], ["B"], [("A", "r", "B")]) for i in ("q1", "q2", "q3")]
+    docs = source(recs)
+    assert docs[0][0] == "A -> r -> B; A -> r -> C [Confidence: 0.75]" and docs[1:] == [[], []]
+    assert source.num_without_documents == 2
+    path.write_text('{"id": "q1", "evidence": [3]}\n')
+    with pytest.raises(RecordError, match=r"evidence.jsonl:1: field 'evidence'"):
+        EvidenceDocuments(str(path))(recs)
+    with pytest.raises(FileNotFoundError, match="no such evidence file"):
+        EvidenceDocuments(str(tmp_path / "none.jsonl"))
