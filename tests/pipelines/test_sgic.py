@@ -75,6 +75,11 @@ def test_rounds_scores_and_minimum_uncertainty_selection(Scripted, passages_dir,
     assert {p["id"]: p["prediction"] for p in preds} == {"fr": ["Paris"], "jp": ["Tokyo"]}
     assert (out / "uncertainty_trajectories.png").stat().st_size > 1000
     assert "| sgic | 100.0 |" in (out / "sgic_summary.md").read_text()
+    # the predictions stack: conformalize reads them (here as calibration and test at once)
+    from kglightning.cli import main
+
+    pred = str(out / "sgic" / "predictions.jsonl")
+    assert main(["conformalize", "--calibration", pred, "--predictions", pred, "--alpha", "0.5"]) == 0
 
 
 def test_given_mean_no_documents_and_missing_logprobs(Scripted, passages_dir, tmp_path):
