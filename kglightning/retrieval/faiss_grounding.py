@@ -21,12 +21,14 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from kglightning.data.embeddings import SentenceEncoder, UsesEmbeddings
-from kglightning.llm.grounding import GroundedAnswers
+
+if TYPE_CHECKING:  # the grounder fills what llm.grounding returns; retrieval and llm share a floor
+    from kglightning.llm.grounding import GroundedAnswers
 
 __all__ = ["FaissGrounder", "faiss_gpu_available"]
 
