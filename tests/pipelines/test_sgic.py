@@ -136,6 +136,14 @@ def test_sgic_config_runs_through_the_cli(tiny_chat_model_dir, passages_dir, tmp
     assert summary["questions"] == 2 and len(summary["per_round"]) == 3
     assert set(summary["methods"]) == {"baseline", "k_sampling", "sgic"}
     assert (tmp_path / "outputs/sgic/llm_cache/responses.jsonl").exists()
+    # on 2 DDP processes: s̄ is all-reduced over both shards and the rows are gathered (answers come from the cache)
+    ddp = [*args, "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    proc = subprocess.run(ddp, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "MEMBER: 2/2" in proc.stderr + proc.stdout
+    again = json.loads((tmp_path / "outputs/sgic/sgic_summary.json").read_text())
+    assert again["questions"] == 2 and again["answer_mean"] == pytest.approx(summary["answer_mean"])
+    assert again["per_round"] == summary["per_round"]
 
 
 def test_doublycal_evidence_as_documents(tmp_path):
