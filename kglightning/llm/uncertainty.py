@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Sequence
 
@@ -48,15 +49,16 @@ class MissingLogprobsError(RuntimeError):
     """A backend returned a generation without token log-probabilities, which SGIC's scores need."""
 
 
-class UncertaintyEstimator:
+class UncertaintyEstimator(abc.ABC):
     """Maps one generation to a confidence in ``[0, 1]`` (higher = more certain).
 
     Subclasses implement :meth:`confidence` on the token log-probabilities. Calling the estimator checks that they
     are present and raises :class:`MissingLogprobsError` naming the backend otherwise.
     """
 
+    @abc.abstractmethod
     def confidence(self, logprobs: Sequence[float]) -> float:
-        raise NotImplementedError
+        """The confidence in ``[0, 1]`` from the (non-empty) token log-probabilities of one generation."""
 
     def __call__(self, gen: Generation, backend: str = "the backend") -> float:
         if gen.token_logprobs is None:
