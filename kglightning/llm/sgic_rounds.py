@@ -77,6 +77,11 @@ class SelfCalibration:
         self.cost: dict[str, dict[str, float]] = {}
         self._round0: dict[str, Generation] = {}
 
+    def reset(self, tags: Sequence[str] = ()) -> None:
+        """Forget the remembered round-0 answers and the cost (zeroed for ``tags``)."""
+        self._round0 = {}
+        self.cost = {t: {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0} for t in tags}
+
     def generate(
         self, convs: list[list[dict[str, str]]], params: GenerationParams, tags: Sequence[str] = ()
     ) -> list[Generation]:

@@ -110,8 +110,7 @@ class SGICPipeline(L.LightningModule):
     def _reset(self) -> None:
         self.rows: list[dict[str, Any]] = []
         self.mean: float | None = self.answer_mean
-        self.engine.cost = {m: {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0} for m in METHODS}
-        self.engine._round0 = {}
+        self.engine.reset(METHODS)
         self.counts = {"questions": 0, "without_documents": 0, "unstable": 0, "empty_answers": 0}
 
     def _predict_examples(self) -> list[PassageExample]:
