@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from kglightning.datamodules.sft_examples import IGNORE_INDEX, _pad, collate_prompts, sft_tokenizer
 from kglightning.datamodules.sgic import SGICDataModule
 from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2, LocalHFBackend
-from kglightning.llm.sgic_rounds import SelfCalibration
+from kglightning.llm.sgic_rounds import SelfCalibration, split_mean
 
 __all__ = ["SGICFinetuneDataModule"]
 
@@ -106,7 +106,7 @@ class SGICFinetuneDataModule(SGICDataModule):
         mean = self.answer_mean
         if mean is None:
             total, count = engine.mean_confidence(examples, self.batch_size, ("build",))
-            mean = min(max(total / max(count, 1), 1e-6), 1 - 1e-6)
+            mean = split_mean(total, count)
         records, counts = [], {"kept": 0, "calibrated": 0, "dropped": 0}
         for start in range(0, len(examples), self.batch_size):
             got, c = engine.training_records(examples[start : start + self.batch_size], mean, self.target)

@@ -32,10 +32,20 @@ from kglightning.llm.sgic_prompt import SGICPrompt
 from kglightning.llm.uncertainty import MaxProbProduct, UncertaintyEstimator, answer_uncertainty, document_uncertainty
 from kglightning.metrics.functional.squad import squad_exact_match
 
-__all__ = ["History", "SelfCalibration"]
+__all__ = ["History", "SelfCalibration", "split_mean"]
 
 #: the rounds of one question so far: ``(answer, uncertainty, confidence)``, round 0 first
 History = list[tuple[str, float, float]]
+
+
+def split_mean(total: float, count: float) -> float:
+    """``s̄`` from the sum and count of a split's round-0 confidences, kept inside ``(0, 1)`` for Eq. 2 (0.5 if empty).
+
+    >>> split_mean(1.2, 2), split_mean(0.0, 3), split_mean(0.0, 0)
+    (0.6, 1e-06, 0.5)
+    """
+    mean = total / count if count else 0.5
+    return min(max(mean, 1e-6), 1 - 1e-6)
 
 
 def clean_answer(text: str) -> str:

@@ -40,8 +40,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from kglightning.data.sources.passages import PassageExample
 from kglightning.llm.backends.base import GenerationParams, LLMBackend
 from kglightning.llm.sgic_prompt import SGICPrompt
-from kglightning.llm.sgic_rounds import History, SelfCalibration, clean_answer
+from kglightning.llm.sgic_rounds import History, SelfCalibration, clean_answer, split_mean
 from kglightning.llm.uncertainty import UncertaintyEstimator, answer_uncertainty
+from kglightning.metrics.functional.squad import squad_exact_match, squad_f1
 from kglightning.pipelines._ddp import gather_unique_rows
 from kglightning.pipelines.report import write_comparison
 from kglightning.pipelines.sgic_report import METHODS, plot_trajectories, summarize, summary_markdown
@@ -49,6 +50,11 @@ from kglightning.pipelines.sgic_report import METHODS, plot_trajectories, summar
 __all__ = ["SGICPipeline"]
 
 log = logging.getLogger(__name__)
+
+
+def _correctness(answer: str, gold: Sequence[str]) -> dict[str, float]:
+    """SQuAD exact match and F1 of one answer against the accepted answers."""
+    return {"em": squad_exact_match(answer, gold), "f1": squad_f1(answer, gold)}
 
 
 class SGICPipeline(L.LightningModule):
@@ -93,7 +99,6 @@ class SGICPipeline(L.LightningModule):
         if samples is not None and samples < 0:
             raise ValueError(f"samples must be >= 0, got {samples}")
         self.engine = SelfCalibration(backend, rounds, prompt, estimator, generation)
-        self.backend = backend
         self.rounds = rounds
         self.answer_mean = answer_mean
         self.sample_params = dataclasses.replace(self.engine.params, temperature=sample_temperature)
@@ -131,8 +136,7 @@ class SGICPipeline(L.LightningModule):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(stats)
         total, count = stats.tolist()
-        mean = total / count if count else 0.5
-        self.mean = min(max(mean, 1e-6), 1 - 1e-6)
+        self.mean = split_mean(total, count)
         rank_zero_info(f"SGIC: mean round-0 answer confidence s̄ = {self.mean:.4f} over {int(count)} questions")
 
     def sample_baseline(self, examples: Sequence[PassageExample]) -> list[list[dict[str, Any]]]:
@@ -173,18 +177,9 @@ class SGICPipeline(L.LightningModule):
         history: History,
         samples: list[dict[str, Any]],
     ) -> dict[str, Any]:
-        from kglightning.metrics.functional.squad import squad_exact_match, squad_f1
-
         gold = example.answer
         rounds = [
-            {
-                "round": k,
-                "answer": a,
-                "confidence": c,
-                "uncertainty": u,
-                "em": squad_exact_match(a, gold),
-                "f1": squad_f1(a, gold),
-            }
+            {"round": k, "answer": a, "confidence": c, "uncertainty": u, **_correctness(a, gold)}
             for k, (a, u, c) in enumerate(history)
         ]
         self.counts["empty_answers"] += sum(not r["answer"] for r in rounds)
@@ -196,8 +191,7 @@ class SGICPipeline(L.LightningModule):
             methods["k_sampling"] = {
                 "answer": pick["answer"],
                 "uncertainty": answer_uncertainty(pick["confidence"], self.mean),
-                "em": squad_exact_match(pick["answer"], gold),
-                "f1": squad_f1(pick["answer"], gold),
+                **_correctness(pick["answer"], gold),
             }
         variants = {
             m: {
