@@ -176,6 +176,11 @@ class LocalHFBackend(LLMBackend):
                 f"adapter_path {adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)"
             )
         self.adapter_path = adapter_path
+        self._adapter_key = ""
+        if adapter_path is not None:  # other weights: the adapter's folder and its weights' timestamp, read once
+            weights = sorted(Path(adapter_path).glob("adapter_model.*"))
+            stamp = weights[0].stat().st_mtime_ns if weights else 0
+            self._adapter_key = f":adapter-{os.path.abspath(adapter_path)}-{stamp}"
         self._model: Any = None
         self._tokenizer: Any = None
         if cache_dir is not None:
@@ -201,10 +206,7 @@ class LocalHFBackend(LLMBackend):
             key += ":prefix-" + hashlib.sha256(self.response_prefix.encode("utf-8")).hexdigest()[:12]
         if self.repetition_penalty != 1.0:
             key += f":rep-{self.repetition_penalty:g}"
-        if self.adapter_path is not None:  # other weights: the adapter's folder and its weights' timestamp
-            weights = sorted(Path(self.adapter_path).glob("adapter_model.*"))
-            stamp = weights[0].stat().st_mtime_ns if weights else 0
-            key += f":adapter-{os.path.abspath(self.adapter_path)}-{stamp}"
+        key += self._adapter_key
         return key
 
     # loading
