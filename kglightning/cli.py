@@ -29,6 +29,7 @@ PROG = "kglightning"
 EXTRA_SUBCOMMANDS = {
     "evaluate": "RoG-compatible answer metrics (Hit, F1, EM, ECE, ...) of a predictions jsonl",
     "build-benchmark": "build the embedded geography/elements KGQA benchmark into a folder",
+    "build-subgraphs": "RoG records with G-Retriever PCST subgraphs from your own KG (triples) and questions",
     "conformalize": "split-conformal answer sets for any predictions jsonl with confidences",
     "compare-proxies": "score DoublyCal evidence proxies (e.g. SFT vs GRPO adapters) on the same held-out questions",
 }
@@ -36,7 +37,7 @@ EXTRA_SUBCOMMANDS = {
 DESCRIPTION = (
     "kglightning: trustworthy question answering over knowledge graphs with LLMs. fit / validate / test / predict "
     "run a LightningModule and a LightningDataModule named by class_path in a YAML config (--config); evaluate, "
-    "build-benchmark and conformalize work on files; compare-proxies scores DoublyCal evidence proxies. Run any "
+    "build-benchmark, build-subgraphs and conformalize work on files; compare-proxies scores DoublyCal evidence proxies. Run any "
     "subcommand with --help for its options."
 )
 
@@ -187,6 +188,10 @@ def _dispatch(argv: list[str], from_command_line: bool) -> int:
         return _build_benchmark(argv[1:])
     if argv and argv[0] == "compare-proxies":
         return _compare_proxies(argv[1:])
+    if argv and argv[0] == "build-subgraphs":
+        from kglightning.retrieval.build_subgraphs import main as build_subgraphs_main
+
+        return build_subgraphs_main(argv[1:], prog=f"{PROG} build-subgraphs")
     if argv and argv[0] == "conformalize":
         from kglightning.conformal.offline import main as conformalize_main
 

@@ -17,6 +17,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+# transformers prints "[INFO] Running in WANDB offline mode" when this module is first imported (lazily, e.g. on the
+# first model load): import it here, so the line is never part of a doctest's output
+import transformers.integrations.integration_utils  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from typing import Any
 from kglightning.data.kg import REVERSE_PREFIX, KGIndex, is_reverse, reverse
 from kglightning.data.predictions import PredictionLine, PredictionList, read_predictions
 from kglightning.data.records import KGQARecord, RecordError
-from kglightning.data.sources.loaders import RecordList, read_records, write_records
+from kglightning.data.sources.loaders import RecordList, read_questions, read_records, write_records
 
 _LAZY = {
     "RelationPair": "kglightning.data.relation_pairs",
@@ -44,6 +44,7 @@ __all__ = [
     "is_reverse",
     "mine_relation_pairs",
     "read_predictions",
+    "read_questions",
     "read_records",
     "reverse",
     "write_records",

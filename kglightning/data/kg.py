@@ -289,6 +289,25 @@ class KGIndex:
         """
         return kg_paths.shortest_relation_paths(self, source, target, max_hops, max_paths)
 
+    def neighborhood(
+        self, entities: str | Iterable[str], hops: int, *, max_degree: int | None = None, max_nodes: int | None = None
+    ) -> KGIndex:
+        """The induced subgraph on the entities within ``hops`` steps of ``entities`` (both edge directions).
+
+        Args:
+            entities: seed names (unknown names are ignored).
+            hops: breadth-first steps.
+            max_degree: nodes with more edges than this are kept but not expanded (hubs).
+            max_nodes: stop the walk at this many nodes (see :func:`~kglightning.data.kg_paths.khop_ids`).
+
+        Example:
+            >>> kg = KGIndex.from_triples([("a", "r", "b"), ("c", "s", "b"), ("c", "t", "d")])
+            >>> kg.neighborhood("a", 2).triples()
+            [('a', 'r', 'b'), ('c', 's', 'b')]
+        """
+        ids, _ = kg_paths.khop_ids(self, entities, hops, max_degree, max_nodes)
+        return self.subgraph(self._entities[i] for i in ids.tolist())
+
     def subgraph(self, entities: Iterable[str]) -> KGIndex:
         """The induced subgraph on ``entities`` (unknown names ignored; known isolated ones kept as nodes).
 

@@ -317,3 +317,34 @@ def _collect(
                 nxt.append((seq, ends))
         level = nxt
     return out
+
+
+def khop_ids(
+    kg: KGIndex, entities: str | Iterable[str], hops: int, max_degree: int | None = None, max_nodes: int | None = None
+) -> tuple[np.ndarray, bool]:
+    """Ids of the entities within ``hops`` steps of ``entities`` over both edge directions (breadth-first).
+
+    A node with more than ``max_degree`` edges (a hub) is kept but not expanded. With ``max_nodes`` the walk stops
+    once that many nodes are reached; the nodes of the last level are then taken in id order up to the bound.
+
+    Returns:
+        ``(ids, truncated)``: the sorted ids, and whether ``max_nodes`` cut the walk short.
+    """
+    ptr, _, dst = kg._both_csr()
+    seen = np.zeros(kg.num_entities, dtype=bool)
+    frontier = np.unique(kg._ids(entities))
+    seen[frontier] = True
+    count, truncated = int(frontier.size), False
+    for _ in range(hops):
+        if max_degree is not None:
+            frontier = frontier[(ptr[frontier + 1] - ptr[frontier]) <= max_degree]
+        nxt = np.unique(dst[csr_positions(ptr, frontier)])
+        nxt = nxt[~seen[nxt]]
+        if max_nodes is not None and count + nxt.size > max_nodes:
+            nxt, truncated = nxt[: max(max_nodes - count, 0)], True
+        seen[nxt] = True
+        count += int(nxt.size)
+        frontier = nxt
+        if truncated or not frontier.size:
+            break
+    return np.flatnonzero(seen), truncated

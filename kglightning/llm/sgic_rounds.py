@@ -30,7 +30,7 @@ from kglightning.data.sources.passages import PassageExample
 from kglightning.llm.backends.base import Generation, GenerationParams, LLMBackend
 from kglightning.llm.sgic_prompt import SGICPrompt
 from kglightning.llm.uncertainty import MaxProbProduct, UncertaintyEstimator, answer_uncertainty, document_uncertainty
-from kglightning.metrics.functional.squad import squad_exact_match
+from kglightning.metrics.functional.squad import squad_exact_match, squad_hit
 
 __all__ = ["History", "SelfCalibration", "split_mean"]
 
@@ -62,6 +62,9 @@ class SelfCalibration:
         prompt: the Table 1 format (default :class:`~kglightning.llm.sgic_prompt.SGICPrompt`).
         estimator: a generation's confidence (default :class:`~kglightning.llm.uncertainty.MaxProbProduct`).
         generation: greedy decoding settings (``temperature`` must be 0); log-probabilities are always requested.
+        correct_if: when an answer counts as correct while building the training set: SQuAD exact match (``"em"``,
+            the paper's) or Hit (``"hit"``: an accepted answer occurs in the answer, as RoG's metric counts it; for
+            small models whose answers are sentences).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class SelfCalibration:
         prompt: SGICPrompt | None = None,
         estimator: UncertaintyEstimator | None = None,
         generation: GenerationParams = GenerationParams(max_new_tokens=32, stop=("\n",)),
+        correct_if: Literal["em", "hit"] = "em",
     ) -> None:
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -79,13 +83,20 @@ class SelfCalibration:
                 f"generation.temperature must be 0 (got {generation.temperature}): SGIC's scores multiply the highest "
                 "token probabilities, which greedy decoding generates"
             )
+        if correct_if not in ("em", "hit"):
+            raise ValueError(f"correct_if must be 'em' or 'hit', got {correct_if!r}")
         self.backend = backend
         self.rounds = rounds
+        self.correct_if = correct_if
         self.prompt = prompt if prompt is not None else SGICPrompt()
         self.estimator = estimator if estimator is not None else MaxProbProduct()
         self.params = dataclasses.replace(generation, logprobs=True)
         self.cost: dict[str, dict[str, float]] = {}
         self._round0: dict[str, Generation] = {}
+
+    def is_correct(self, answer: str, gold: Sequence[str]) -> bool:
+        """Whether ``answer`` counts as correct: SQuAD exact match (``correct_if="em"``) or Hit (``"hit"``)."""
+        return bool((squad_exact_match if self.correct_if == "em" else squad_hit)(answer, gold))
 
     def reset(self, tags: Sequence[str] = ()) -> None:
         """Forget the remembered round-0 answers and the cost (zeroed for ``tags``)."""
@@ -171,7 +182,7 @@ class SelfCalibration:
         zero = self.round_zero(examples, ("build",))
         doc_scores = self.document_scores(examples, ("build",))
         histories: list[History] = [[self.scored(g, mean)] for g in zero]
-        correct = [bool(squad_exact_match(h[0][0], e.answer)) for h, e in zip(histories, examples)]
+        correct = [self.is_correct(h[0][0], e.answer) for h, e in zip(histories, examples)]
         done_at: list[int | None] = [0 if c else None for c in correct]
         for k in range(1, self.rounds + 1):
             active = [d is None for d in done_at]
@@ -179,7 +190,7 @@ class SelfCalibration:
                 break
             self.calibrate(examples, doc_scores, histories, mean, active, ("build",))
             for i, a in enumerate(active):
-                if a and squad_exact_match(histories[i][k][0], examples[i].answer):
+                if a and self.is_correct(histories[i][k][0], examples[i].answer):
                     done_at[i] = k
         records, counts = [], {"kept": 0, "calibrated": 0, "dropped": 0}
         for e, s, h, k in zip(examples, doc_scores, histories, done_at):

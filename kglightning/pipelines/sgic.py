@@ -31,7 +31,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -42,7 +42,7 @@ from kglightning.llm.backends.base import GenerationParams, LLMBackend
 from kglightning.llm.sgic_prompt import SGICPrompt
 from kglightning.llm.sgic_rounds import History, SelfCalibration, clean_answer, split_mean
 from kglightning.llm.uncertainty import UncertaintyEstimator, answer_uncertainty
-from kglightning.metrics.functional.squad import squad_exact_match, squad_f1
+from kglightning.metrics.functional.squad import squad_exact_match, squad_f1, squad_hit
 from kglightning.pipelines._ddp import gather_unique_rows
 from kglightning.pipelines.report import write_comparison
 from kglightning.pipelines.sgic_report import METHODS, plot_trajectories, summarize, summary_markdown
@@ -52,9 +52,10 @@ __all__ = ["SGICPipeline"]
 log = logging.getLogger(__name__)
 
 
-def _correctness(answer: str, gold: Sequence[str]) -> dict[str, float]:
-    """SQuAD exact match and F1 of one answer against the accepted answers."""
-    return {"em": squad_exact_match(answer, gold), "f1": squad_f1(answer, gold)}
+def _correctness(answer: str, gold: Sequence[str], correct_if: str) -> dict[str, float]:
+    """SQuAD exact match, Hit and F1 of one answer against the accepted answers, and which of them counts."""
+    scores = {"em": squad_exact_match(answer, gold), "hit": squad_hit(answer, gold), "f1": squad_f1(answer, gold)}
+    return {**scores, "correct": scores[correct_if]}
 
 
 class SGICPipeline(L.LightningModule):
@@ -75,6 +76,8 @@ class SGICPipeline(L.LightningModule):
         seed: sampling seed (sample ``k`` uses ``seed + 1000 * k``).
         output_dir: where the report goes.
         n_bins: calibration bins of the comparison.
+        correct_if: what counts as a correct answer for the uncertainty AUROC, the round-0 -> final transitions and
+            the plot: SQuAD exact match (``"em"``) or Hit (``"hit"``). EM, Hit and F1 are all reported.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class SGICPipeline(L.LightningModule):
         seed: int = 0,
         output_dir: str = "outputs/sgic",
         n_bins: int = 10,
+        correct_if: Literal["em", "hit"] = "em",
     ) -> None:
         super().__init__()
         if answer_mean is not None and not 0 < answer_mean < 1:
@@ -98,7 +102,7 @@ class SGICPipeline(L.LightningModule):
             raise ValueError(f"sample_temperature must be > 0, got {sample_temperature}")
         if samples is not None and samples < 0:
             raise ValueError(f"samples must be >= 0, got {samples}")
-        self.engine = SelfCalibration(backend, rounds, prompt, estimator, generation)
+        self.engine = SelfCalibration(backend, rounds, prompt, estimator, generation, correct_if)
         self.rounds = rounds
         self.answer_mean = answer_mean
         self.sample_params = dataclasses.replace(self.engine.params, temperature=sample_temperature)
@@ -177,9 +181,9 @@ class SGICPipeline(L.LightningModule):
         history: History,
         samples: list[dict[str, Any]],
     ) -> dict[str, Any]:
-        gold = example.answer
+        gold, correct_if = example.answer, self.engine.correct_if
         rounds = [
-            {"round": k, "answer": a, "confidence": c, "uncertainty": u, **_correctness(a, gold)}
+            {"round": k, "answer": a, "confidence": c, "uncertainty": u, **_correctness(a, gold, correct_if)}
             for k, (a, u, c) in enumerate(history)
         ]
         self.counts["empty_answers"] += sum(not r["answer"] for r in rounds)
@@ -191,7 +195,7 @@ class SGICPipeline(L.LightningModule):
             methods["k_sampling"] = {
                 "answer": pick["answer"],
                 "uncertainty": answer_uncertainty(pick["confidence"], self.mean),
-                **_correctness(pick["answer"], gold),
+                **_correctness(pick["answer"], gold, correct_if),
             }
         variants = {
             m: {
@@ -210,7 +214,10 @@ class SGICPipeline(L.LightningModule):
             "rounds": rounds,
             "final_round": best["round"],
             "samples": samples,
-            "methods": {m: {k: r[k] for k in ("answer", "uncertainty", "em", "f1")} for m, r in methods.items()},
+            "methods": {
+                m: {k: r[k] for k in ("answer", "uncertainty", "em", "hit", "f1", "correct")}
+                for m, r in methods.items()
+            },
             "variants": variants,
         }
 

@@ -43,9 +43,9 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def transition(row: Mapping[str, Any]) -> str:
-    """How the answer's correctness (EM) changed from round 0 to the final round."""
-    first = "correct" if row["rounds"][0]["em"] else "incorrect"
-    last = "correct" if row["rounds"][row["final_round"]]["em"] else "incorrect"
+    """How the answer's correctness (``correct``: EM or Hit) changed from round 0 to the final round."""
+    first = "correct" if row["rounds"][0]["correct"] else "incorrect"
+    last = "correct" if row["rounds"][row["final_round"]]["correct"] else "incorrect"
     return f"{first} => {last}"
 
 
@@ -56,7 +56,7 @@ def summarize(
     counts: Mapping[str, int],
     mean: float | None,
 ) -> dict[str, Any]:
-    """EM, F1 and AUROC per method and per round, the transitions, the cost per question and the counters.
+    """EM, Hit, F1 and AUROC (of ``correct``) per method and per round, the transitions, the cost per question and the counters.
 
     EM and F1 are percentages; cost is per question (tokens and seconds of every backend call a method needs:
     ``baseline`` round 0; ``sgic`` round 0, the document scores and the K rounds; ``k_sampling`` its samples).
@@ -70,8 +70,9 @@ def summarize(
         c = cost.get(m, {})
         methods[m] = {
             "EM": _mean([g["em"] for g in got]),
+            "Hit": _mean([g["hit"] for g in got]),
             "F1": _mean([g["f1"] for g in got]),
-            "AUROC": uncertainty_auroc([g["uncertainty"] for g in got], [g["em"] for g in got]),
+            "AUROC": uncertainty_auroc([g["uncertainty"] for g in got], [g["correct"] for g in got]),
             "prompt_tokens": round(c.get("prompt_tokens", 0) / max(n, 1), 1),
             "completion_tokens": round(c.get("completion_tokens", 0) / max(n, 1), 1),
             "seconds": round(c.get("seconds", 0.0) / max(n, 1), 3),
@@ -83,9 +84,10 @@ def summarize(
             {
                 "round": k,
                 "EM": _mean([g["em"] for g in got]),
+                "Hit": _mean([g["hit"] for g in got]),
                 "F1": _mean([g["f1"] for g in got]),
                 "uncertainty": round(sum(g["uncertainty"] for g in got) / max(len(got), 1), 2),
-                "AUROC": uncertainty_auroc([g["uncertainty"] for g in got], [g["em"] for g in got]),
+                "AUROC": uncertainty_auroc([g["uncertainty"] for g in got], [g["correct"] for g in got]),
                 "chosen": sum(r["final_round"] == k for r in rows),
             }
         )
@@ -108,15 +110,16 @@ def _cell(v: Any) -> str:
 def summary_markdown(summary: Mapping[str, Any]) -> str:
     """The summary as two Markdown tables (methods, rounds) and a line of counters."""
     lines = [
-        "| method | EM | F1 | AUROC | prompt tokens/q | generated tokens/q | s/q |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| method | EM | Hit | F1 | AUROC | prompt tokens/q | generated tokens/q | s/q |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m, r in summary["methods"].items():
-        cells = [r["EM"], r["F1"], r["AUROC"], r["prompt_tokens"], r["completion_tokens"], r["seconds"]]
+        cells = [r["EM"], r["Hit"], r["F1"], r["AUROC"], r["prompt_tokens"], r["completion_tokens"], r["seconds"]]
         lines.append(f"| {m} | " + " | ".join(_cell(v) for v in cells) + " |")
-    lines += ["", "| round | EM | F1 | mean uncertainty | AUROC | chosen as final |", "|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| round | EM | Hit | F1 | mean uncertainty | AUROC | chosen as final |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in summary["per_round"]:
-        cells = [r["round"], r["EM"], r["F1"], r["uncertainty"], r["AUROC"], r["chosen"]]
+        cells = [r["round"], r["EM"], r["Hit"], r["F1"], r["uncertainty"], r["AUROC"], r["chosen"]]
         lines.append("| " + " | ".join(_cell(v) for v in cells) + " |")
     trans = ", ".join(f"{k}: {v}" for k, v in summary["transitions"].items())
     counts = ", ".join(f"{k}: {v}" for k, v in summary["counts"].items())
@@ -145,7 +148,7 @@ def plot_trajectories(rows: Sequence[Mapping[str, Any]], path: str | Path, examp
         ks = [x["round"] for x in r["rounds"]]
         us = [x["uncertainty"] for x in r["rounds"]]
         right.plot(ks, us, color="0.7", linewidth=0.8)
-        right.scatter(ks, us, c=["tab:green" if x["em"] else "tab:red" for x in r["rounds"]], s=18, zorder=3)
+        right.scatter(ks, us, c=["tab:green" if x["correct"] else "tab:red" for x in r["rounds"]], s=18, zorder=3)
     right.set(
         xlabel="round", ylabel="answer uncertainty", title=f"{min(examples, len(rows))} questions (green: correct)"
     )

@@ -38,3 +38,13 @@ def test_gold_target_and_argument_checks(scripted_sgic):
     assert records[0]["target"] == "Paris"
     with pytest.raises(ValueError, match="rounds"):
         SelfCalibration(scripted_sgic(), rounds=0)
+
+
+def test_correct_if_hit_accepts_sentences_that_contain_the_answer(scripted_sgic):
+    em, hit = SelfCalibration(scripted_sgic(), rounds=1), SelfCalibration(scripted_sgic(), rounds=1, correct_if="hit")
+    assert not em.is_correct("It is Paris.", ["Paris"]) and hit.is_correct("It is Paris.", ["Paris"])
+    assert not hit.is_correct("Parisian food", ["Paris"]) and em.is_correct("the Paris", ["Paris"])
+    records, counts = hit.training_records(EXAMPLES, mean=0.6)
+    assert counts == {"kept": 1, "calibrated": 1, "dropped": 1}  # single-word answers: the same outcome as EM
+    with pytest.raises(ValueError, match="correct_if"):
+        SelfCalibration(scripted_sgic(), correct_if="f1")

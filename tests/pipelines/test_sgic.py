@@ -50,7 +50,8 @@ def test_rounds_scores_and_minimum_uncertainty_selection(Scripted, passages_dir,
         ("Lyon", 75.0), ("Paris", 50.0), ("Paris", 25.0), ("Marseille", 91.67)
     ]  # fmt: skip
     assert fr["final_round"] == 2 and fr["methods"]["sgic"]["answer"] == "Paris" and fr["methods"]["sgic"]["em"] == 1
-    assert fr["methods"]["baseline"] == {"answer": "Lyon", "uncertainty": 75.0, "em": 0.0, "f1": 0.0}
+    assert fr["methods"]["baseline"] == {"answer": "Lyon", "uncertainty": 75.0, "em": 0.0, "hit": 0.0, "f1": 0.0,
+                                         "correct": 0.0}  # fmt: skip
     assert fr["methods"]["k_sampling"]["answer"] == "Paris"  # the higher of 0.5 (Lyon) and 0.7 (Paris)
     assert rows["jp"]["final_round"] == 0  # equal uncertainty every round: the first wins
     # the round-3 prompt of the French question is Table 1 with every earlier round

@@ -265,6 +265,46 @@ def read_records(
     return out
 
 
+def read_questions(path: str | os.PathLike, *, split: str | None = None, limit: int | None = None) -> RecordList:
+    """Read questions that have no subgraph yet (the input of a retriever), in any format of :func:`read_records`.
+
+    Each row needs ``id``, ``question`` and ``q_entity`` (the topic entities, KG node names); ``answer`` and
+    ``a_entity`` are optional (empty when left out) and a ``graph`` is ignored. Other keys are kept in ``extra``.
+
+    Raises:
+        RecordError: the first bad row (missing or malformed field, duplicate id), naming file, line and field.
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "q.jsonl")
+        >>> with open(p, "w") as f:
+        ...     _ = f.write('{"id": "q1", "question": "capital of France?", "q_entity": "France"}\\n')
+        >>> qs = read_questions(p)
+        >>> qs[0].q_entity, qs[0].answer, qs[0].graph
+        (['France'], [], [])
+    """
+    source, rows, split = _open(path, split)
+    out = RecordList(source=source, split=split)
+    first_seen: dict[str, int | None] = {}
+    for line, raw in rows:
+        if limit is not None and len(out) >= limit:
+            break
+        if isinstance(raw, RecordError):
+            raise raw
+        if isinstance(raw, dict):
+            raw = {"answer": [], "a_entity": [], **raw, "graph": []}
+        rec = KGQARecord.from_dict(raw, source=source, line=line)
+        if rec.id in first_seen:
+            raise RecordError(f"duplicate id {rec.id!r} (first seen at {first_seen[rec.id]})", source=source,
+                              line=line, field="id")  # fmt: skip
+        if not rec.q_entity:
+            raise RecordError("no topic entity: a retriever needs at least one", source=source, line=line,
+                              field="q_entity")  # fmt: skip
+        first_seen[rec.id] = line
+        out.append(rec)
+    return out
+
+
 def _log_summary(out: RecordList) -> None:
     if out.skipped:
         reasons = Counter(f"field '{e.field}'" if e.field else e.reason.split(":")[0] for e in out.skipped)

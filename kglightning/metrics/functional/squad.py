@@ -1,4 +1,4 @@
-"""SQuAD-style exact match and token F1 (the metrics of SGIC's tables), the best over the accepted answers.
+"""SQuAD-style exact match, token F1 and Hit (SGIC's tables; RoG's Hit), the best over the accepted answers.
 
 Normalisation as in the SQuAD v1.1 evaluation: lower-case, drop punctuation, drop the articles ``a``/``an``/``the``,
 collapse whitespace. F1 is over the multiset of normalised tokens.
@@ -15,7 +15,7 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 
-__all__ = ["normalize_squad", "squad_exact_match", "squad_f1"]
+__all__ = ["normalize_squad", "squad_exact_match", "squad_f1", "squad_hit"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
@@ -59,3 +59,17 @@ def squad_f1(prediction: str, answers: Sequence[str]) -> float:
     if not answers:
         raise ValueError("no accepted answer to compare with")
     return max(_f1(prediction, a) for a in answers)
+
+
+def squad_hit(prediction: str, answers: Sequence[str]) -> float:
+    """1.0 when a normalised accepted answer occurs in the normalised prediction as whole tokens, else 0.0.
+
+    The Hit of RoG-style KGQA evaluation, for verbose answers that contain the right entity.
+
+    >>> squad_hit("It is the Eiffel Tower, in Paris.", ["eiffel tower"]), squad_hit("Parisian", ["Paris"])
+    (1.0, 0.0)
+    """
+    if not answers:
+        raise ValueError("no accepted answer to compare with")
+    pred = f" {normalize_squad(prediction)} "
+    return float(any(normalize_squad(a) and f" {normalize_squad(a)} " in pred for a in answers))
