@@ -26,12 +26,12 @@ from kglightning.data.sources.triples import load_kg
 from kglightning.data.splits import locate_splits
 from kglightning.retrieval.pcst import PCSTRetriever
 
-__all__ = ["build_subgraphs", "main"]
+__all__ = ["build_subgraphs", "embedded_kg", "main"]
 
 log = logging.getLogger(__name__)
 
 
-def _embedded_kg() -> KGIndex:
+def embedded_kg() -> KGIndex:
     from kglightning.data.sources.embedded import build_knowledge_graph
 
     kg = build_knowledge_graph()
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None, prog: str = "kglightning build-subgraphs
     p.add_argument("--no-cache", action="store_true", help="do not read or write the cached KG index")
     args = p.parse_args(argv)
     questions = _question_files(args.questions, args.kg, p)
-    kg = _embedded_kg() if args.kg == "embedded" else load_kg(args.kg, use_cache=not args.no_cache)
+    kg = embedded_kg() if args.kg == "embedded" else load_kg(args.kg, use_cache=not args.no_cache)
     print(f"KG {args.kg}: {kg}")
     encoder = SentenceEncoder(args.encoder) if args.encoder else SentenceEncoder()
     retriever = PCSTRetriever(encoder, hops=args.hops, topk=args.topk, topk_e=args.topk_e, cost_e=args.cost_e,

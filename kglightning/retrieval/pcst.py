@@ -152,7 +152,8 @@ class PCSTRetriever(UsesEmbeddings):
     def neighborhood(self, kg: KGIndex, topics: Sequence[str]) -> tuple[KGIndex, bool]:
         """The k-hop neighbourhood of ``topics`` and whether ``max_nodes`` cut it."""
         ids, truncated = khop_ids(kg, topics, self.hops, self.max_degree, self.max_nodes)
-        return kg.subgraph(kg.entities[i] for i in ids.tolist()), truncated
+        names = kg.entities
+        return kg.subgraph(names[i] for i in ids.tolist()), truncated
 
     def pcst(self, question: str, sub: KGIndex) -> tuple[list[tuple[str, str, str]], list[str]]:
         """PCST on a neighbourhood: the selected triples and nodes (PyG's ``retrieval_via_pcst``)."""
