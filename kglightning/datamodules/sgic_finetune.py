@@ -147,7 +147,11 @@ class SGICFinetuneDataModule(SGICDataModule):
         if self.dropped_too_long[split]:
             rank_zero_info(f"SGIC {split} set: {self.dropped_too_long[split]} examples over max_length dropped")
         if not kept:
-            raise ValueError(f"the SGIC {split} set {path} has no example (see {split}.stats.json)")
+            raise ValueError(
+                f"the SGIC {split} set {path} has no example (see {split}.stats.json): no question was answered "
+                "correctly within the rounds, or every example was over max_length. A model that answers in "
+                "sentences never scores an exact match; try --data.init_args.calibration.init_args.correct_if hit"
+            )
         return kept
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:

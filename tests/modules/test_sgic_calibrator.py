@@ -161,3 +161,16 @@ def test_finetune_config_then_sgic_with_the_adapter(tiny_chat_model_dir, tmp_pat
     proc = subprocess.run(predict, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads((tmp_path / "outputs/sgic/sgic_summary.json").read_text())["questions"] == 2
+
+
+def test_an_empty_set_says_why_and_what_to_try(scripted_sgic, tiny_chat_model_dir, tmp_path):
+    folder = tmp_path / "never_right"
+    folder.mkdir()
+    row = {"id": "jp", "question": "capital of Japan?", "answer": ["Osaka"], "context": ["Japan capital Tokyo"]}
+    for split in ("train", "validation", "test"):
+        (folder / f"{split}.jsonl").write_text(json.dumps(row) + "\n")
+    dm = _dm(scripted_sgic, tiny_chat_model_dir, str(folder), tmp_path)
+    dm.trainer = L.Trainer(accelerator="cpu", logger=False, max_epochs=1)
+    dm.prepare_data()
+    with pytest.raises(ValueError, match="train set .* has no example .*correct_if hit"):
+        dm.setup("fit")
