@@ -88,7 +88,7 @@ class SGICFinetuneDataModule(SGICDataModule):
         e = self.engine()
         parts = [self.dataset_key(split), self.source, e.backend.cache_key, e.rounds, e.prompt.instruction]
         parts += [e.prompt.max_document_tokens, type(e.estimator).__name__, e.params.to_dict(), self.answer_mean]
-        parts += [self.target, self.documents.cache_key if self.documents is not None else None]
+        parts += [self.target, self.documents.cache_key if self.documents is not None else None, e.correct_if]
         return hashlib.sha1(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
     def dataset_path(self, split: str) -> Path:

@@ -174,3 +174,10 @@ def test_an_empty_set_says_why_and_what_to_try(scripted_sgic, tiny_chat_model_di
     dm.prepare_data()
     with pytest.raises(ValueError, match="train set .* has no example .*correct_if hit"):
         dm.setup("fit")
+
+
+def test_what_counts_as_correct_is_part_of_the_set_key(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path):
+    em = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path)
+    hit = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path)
+    hit.calibration.correct_if = "hit"
+    assert em._key("train") != hit._key("train")  # a set built under EM is not read back under Hit
