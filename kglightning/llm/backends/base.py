@@ -24,7 +24,10 @@ import abc
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from kglightning.llm.trie.names import NameChoice
 
 __all__ = ["ChatMessage", "FinishReason", "Generation", "GenerationParams", "LLMBackend", "LLMBackendError"]
 
@@ -151,6 +154,19 @@ class LLMBackend(abc.ABC):
         Calling ``on_result`` early (not only at the end) is what lets an interrupted run keep its finished work.
         """
 
+    def _generate_choices(
+        self,
+        batch: Sequence[list[ChatMessage]],
+        params: GenerationParams,
+        choices: Sequence[NameChoice],
+        on_result: Callable[[int, Generation], None],
+    ) -> None:
+        """:meth:`_generate_uncached` under one :class:`NameChoice` per conversation (structured generation)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot constrain answers to a set of names; use LocalHFBackend, or generate "
+            "without choices and ground the answers (kglightning.llm.grounding, kglightning.retrieval.FaissGrounder)"
+        )
+
     def generate(
         self,
         batch: Sequence[list[ChatMessage]],
@@ -186,14 +202,31 @@ class LLMBackend(abc.ABC):
         )
         return self.generate_with_params(batch, params)
 
-    def generate_with_params(self, batch: Sequence[list[ChatMessage]], params: GenerationParams) -> list[Generation]:
-        """:meth:`generate` with the settings already gathered in a :class:`GenerationParams`."""
+    def generate_with_params(
+        self,
+        batch: Sequence[list[ChatMessage]],
+        params: GenerationParams,
+        choices: Sequence[NameChoice] | None = None,
+    ) -> list[Generation]:
+        """:meth:`generate` with the settings already gathered in a :class:`GenerationParams`.
+
+        With ``choices`` (one :class:`~kglightning.llm.trie.names.NameChoice` per conversation), each answer is
+        generated under that structure: names of the set, one per line, or ``unknown``. Backends that cannot
+        constrain decoding raise :class:`NotImplementedError`.
+        """
         for messages in batch:
             _check_messages(messages)
+        if choices is not None and len(choices) != len(batch):
+            raise ValueError(f"{len(choices)} choices for {len(batch)} conversations")
         results: list[Generation | None] = [None] * len(batch)
         keys: list[str] = []
         if self.cache is not None:
-            keys = [self.cache.request_key(self.cache_key, messages, params) for messages in batch]
+            keys = [
+                self.cache.request_key(
+                    self.cache_key + ("" if choices is None else f":names-{choices[i].key}"), messages, params
+                )  # fmt: skip
+                for i, messages in enumerate(batch)
+            ]
             for i, key in enumerate(keys):
                 results[i] = self.cache.get(key)
         todo = [i for i, r in enumerate(results) if r is None]
@@ -205,7 +238,10 @@ class LLMBackend(abc.ABC):
                 if self.cache is not None:
                     self.cache.put(keys[i], gen, messages=batch[i], params=params)
 
-            self._generate_uncached([batch[i] for i in todo], params, on_result)
+            if choices is None:
+                self._generate_uncached([batch[i] for i in todo], params, on_result)
+            else:
+                self._generate_choices([batch[i] for i in todo], params, [choices[i] for i in todo], on_result)
         missing = [i for i, r in enumerate(results) if r is None]
         if missing:
             raise LLMBackendError(f"{type(self).__name__} returned no generation for inputs {missing[:10]}")

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 
 from kglightning.llm.backends.base import ChatMessage, Generation, GenerationParams, LLMBackend
+from kglightning.llm.trie.names import NameChoice, NameListLogitsProcessor
 
 __all__ = [
     "BUNDLED_SMOLLM2",
@@ -255,6 +256,24 @@ class LocalHFBackend(LLMBackend):
         params: GenerationParams,
         on_result: Callable[[int, Generation], None],
     ) -> None:
+        self._run(batch, params, on_result, None)
+
+    def _generate_choices(
+        self,
+        batch: Sequence[list[ChatMessage]],
+        params: GenerationParams,
+        choices: Sequence[NameChoice],
+        on_result: Callable[[int, Generation], None],
+    ) -> None:
+        self._run(batch, params, on_result, choices)
+
+    def _run(
+        self,
+        batch: Sequence[list[ChatMessage]],
+        params: GenerationParams,
+        on_result: Callable[[int, Generation], None],
+        choices: Sequence[NameChoice] | None,
+    ) -> None:
         from tqdm.auto import tqdm
 
         tokenizer = self.tokenizer
@@ -264,7 +283,8 @@ class LocalHFBackend(LLMBackend):
         with tqdm(total=len(prompts), desc=f"generate ({self.name})", unit="q", disable=not self.show_progress) as bar:
             for b, start in enumerate(range(0, len(order), self.batch_size)):
                 idx = order[start : start + self.batch_size]
-                gens = self._generate_batch([prompts[i] for i in idx], params, batch_index=b)
+                picked = None if choices is None else [choices[i] for i in idx]
+                gens = self._generate_batch([prompts[i] for i in idx], params, batch_index=b, choices=picked)
                 for i, gen in zip(idx, gens):
                     on_result(i, gen)
                 bar.update(len(idx))
@@ -279,8 +299,10 @@ class LocalHFBackend(LLMBackend):
         return ids
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts: list[str], params: GenerationParams, batch_index: int) -> list[Generation]:
-        from transformers import GenerationConfig, StoppingCriteriaList
+    def _generate_batch(
+        self, prompts: list[str], params: GenerationParams, batch_index: int, choices: list[NameChoice] | None = None
+    ) -> list[Generation]:
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         tokenizer, model = self.tokenizer, self.model
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
@@ -302,7 +324,12 @@ class LocalHFBackend(LLMBackend):
         cuda = torch.device(self.device).type == "cuda"
         with torch.random.fork_rng(devices=None if cuda else [], device_type="cuda"):
             torch.manual_seed(params.seed + batch_index)
-            out = model.generate(**enc, generation_config=config, stopping_criteria=criteria)
+            processors = LogitsProcessorList()
+            if choices is not None:
+                processors.append(NameListLogitsProcessor(choices, tokenizer, sorted(self._eos_ids())))
+            out = model.generate(
+                **enc, generation_config=config, stopping_criteria=criteria, logits_processor=processors
+            )
         logprobs = None
         if params.logprobs:
             logprobs = model.compute_transition_scores(out.sequences, out.logits, normalize_logits=True)
