@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from kglightning.llm.trie.token_trie import TokenTrie, TrieNode
+from kglightning.llm.trie.token_trie import TokenTrie
 
 __all__ = ["UNKNOWN", "NameChoice", "NameListLogitsProcessor"]
 
