@@ -86,7 +86,8 @@ class _ChoiceTrie:
         self.eos = sorted(set(eos))
         if not self.eos:
             raise ValueError("the tokenizer has no EOS token; a name list could never end")
-        encoded = [ids for ids in tokenizer(list(choice.names), add_special_tokens=False)["input_ids"] if ids]
+        encoded = tokenizer(list(choice.names), add_special_tokens=False)["input_ids"] if choice.names else []
+        encoded = [ids for ids in encoded if ids]
         self.unknown = tuple(tokenizer.encode(UNKNOWN, add_special_tokens=False)) if choice.allow_unknown else ()
         self.names = TokenTrie(encoded)
         self.first = TokenTrie(encoded + ([list(self.unknown)] if self.unknown else []))

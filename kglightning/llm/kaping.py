@@ -1,0 +1,151 @@
+"""KG-Guard's LLM answerer: KAPING (Baek et al., 2023) over a question's subgraph, answers constrained to its nodes.
+
+Per question, the subgraph's triples are verbalized (``(head, relation text, tail)``) and the ``top_triples`` most
+similar to the question (MiniLM cosine) go into the prompt as facts, most similar first. The LLM answers with node
+names of the subgraph, one per line, or ``unknown``: with ``constrained=True`` (the paper's structured generation)
+every line is forced onto a node name by :class:`~kglightning.llm.trie.names.NameListLogitsProcessor`; otherwise
+(a backend that cannot constrain, e.g. an endpoint) the lines are matched to node names exactly, then ignoring case,
+and the others are dropped and counted. ``unknown`` is an abstention: an empty ``prediction``, which the detection
+data leaves out (KG-Guard §3.1) and counts.
+
+Generations go through the backend's response cache, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from tqdm.auto import tqdm
+
+from kglightning.data.embeddings import SentenceEncoder, UsesEmbeddings
+from kglightning.data.proposer import AnswerProposer
+from kglightning.data.records import KGQARecord
+from kglightning.data.text import relation_text
+from kglightning.llm.backends.base import GenerationParams, LLMBackend
+from kglightning.llm.trie.names import UNKNOWN, NameChoice
+
+__all__ = ["KAPINGAnswerer"]
+
+log = logging.getLogger(__name__)
+
+INSTRUCTION = (
+    "Below are facts in the form of (head, relation, tail) that might be relevant to answer the question. Answer "
+    "with the names of the answer entities, exactly as they appear in the facts, one per line. If the facts do not "
+    f"contain the answer, answer {UNKNOWN}."
+)
+
+
+class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
+    """Proposes answers with an LLM reading the question's top triples (see the module docstring).
+
+    Args:
+        backend: the LLM (any :class:`~kglightning.llm.backends.base.LLMBackend`; ``constrained`` needs one that
+            supports ``choices``, such as :class:`~kglightning.llm.LocalHFBackend`).
+        encoder: the sentence encoder that ranks triples (default: the bundled all-MiniLM-L6-v2).
+        cache_dir: where text embeddings are cached (default ``$KGLIGHTNING_CACHE/embeddings``).
+        top_triples: facts in the prompt.
+        max_answers: most names in one answer.
+        constrained: structured generation over the subgraph's node names.
+        generation: decoding settings (the paper: temperature 0.1; greedy by default here).
+        show_progress: a progress bar over questions.
+    """
+
+    def __init__(
+        self,
+        backend: LLMBackend,
+        encoder: SentenceEncoder | None = None,
+        cache_dir: str | None = None,
+        top_triples: int = 10,
+        max_answers: int = 5,
+        constrained: bool = True,
+        generation: GenerationParams = GenerationParams(max_new_tokens=48),
+        instruction: str = INSTRUCTION,
+        show_progress: bool = True,
+    ) -> None:
+        if top_triples < 1 or max_answers < 1:
+            raise ValueError("top_triples and max_answers must be >= 1")
+        self.backend = backend
+        self.encoder = encoder or SentenceEncoder()
+        self.cache_dir = cache_dir
+        self.top_triples = top_triples
+        self.max_answers = max_answers
+        self.constrained = constrained
+        self.generation = generation
+        self.instruction = instruction
+        self.show_progress = show_progress
+        self.counts = {"questions": 0, "unknown": 0, "empty_graph": 0, "dropped_lines": 0}
+
+    @property
+    def cache_key(self) -> str:
+        g = self.generation
+        return (
+            f"kaping-{self.backend.cache_key}-{self.encoder.cache_key}-t{self.top_triples}-a{self.max_answers}"
+            f"-c{int(self.constrained)}-n{g.max_new_tokens}-T{g.temperature:g}-s{g.seed}-i{hashlib.sha1(self.instruction.encode()).hexdigest()[:8]}"
+        )
+
+    @property
+    def encoder_hint(self) -> SentenceEncoder:
+        return self.encoder
+
+    def facts(self, record: KGQARecord) -> list[tuple[str, str, str]]:
+        """The ``top_triples`` triples of the record's graph most similar to its question, best first."""
+        if not record.graph:
+            return []
+        texts = [f"({h}, {relation_text(r)}, {t})" for h, r, t in record.graph]
+        emb = self.embeddings.embed(texts)
+        q = self.embeddings.embed([record.question])[0]
+        order = (emb @ q).argsort(descending=True, stable=True)[: self.top_triples].tolist()
+        return [(record.graph[i][0], relation_text(record.graph[i][1]), record.graph[i][2]) for i in order]
+
+    def messages(self, record: KGQARecord, facts: Sequence[tuple[str, str, str]]) -> list[dict[str, str]]:
+        lines = "\n".join(f"({h}, {r}, {t})" for h, r, t in facts)
+        return [{"role": "user", "content": f"{self.instruction}\n\n{lines}\n\nQuestion: {record.question}"}]
+
+    def choice(self, record: KGQARecord) -> NameChoice:
+        """What the answer may name: every node of the record's graph, or ``unknown``."""
+        return NameChoice(tuple(sorted({n for h, _, t in record.graph for n in (h, t)})), self.max_answers)
+
+    def _ground(self, text: str, choice: NameChoice) -> tuple[list[str], bool, int]:
+        names, unknown, dropped = choice.parse(text)
+        if self.constrained or not dropped:
+            return names, unknown, dropped
+        lower = {n.lower(): n for n in choice.names}
+        lines = [line.strip() for line in text.strip().split("\n") if line.strip()]
+        matched = [lower[line.lower()] for line in lines if line.lower() in lower]
+        return list(dict.fromkeys(matched)), unknown, len(lines) - len(matched)
+
+    def propose(self, records: Iterable[KGQARecord], chunk_size: int = 64) -> list[KGQARecord]:
+        """Copies of ``records`` with ``prediction`` (an empty list for ``unknown``) and ``extra['kaping']``."""
+        records = list(records)
+        out: list[KGQARecord] = []
+        bar = tqdm(total=len(records), desc="KAPING answers", unit="q", disable=not self.show_progress)
+        for start in range(0, len(records), chunk_size):
+            chunk = records[start : start + chunk_size]
+            facts = [self.facts(r) for r in chunk]
+            convs = [self.messages(r, f) for r, f in zip(chunk, facts)]
+            choices = [self.choice(r) for r in chunk]
+            if self.constrained:
+                try:
+                    gens = self.backend.generate_with_params(convs, self.generation, choices)
+                except NotImplementedError as e:
+                    raise NotImplementedError(f"{e}; or set constrained: false") from e
+            else:
+                gens = self.backend.generate_with_params(convs, self.generation)
+            for record, fact, choice, gen in zip(chunk, facts, choices, gens):
+                names, unknown, dropped = self._ground(gen.text, choice)
+                self.counts["questions"] += 1
+                self.counts["empty_graph"] += not record.graph
+                self.counts["unknown"] += unknown or not names
+                self.counts["dropped_lines"] += dropped
+                extra = dict(record.extra, kaping={"raw": gen.text, "unknown": unknown or not names,
+                                                   "dropped_lines": dropped, "facts": [list(f) for f in fact]})  # fmt: skip
+                out.append(replace(record, prediction=names, confidence=None, extra=extra))
+            bar.update(len(chunk))
+        bar.close()
+        c = self.counts
+        log.info("KAPING: %d questions, %d unknown (abstentions), %d empty graphs, %d answer lines dropped",
+                 c["questions"], c["unknown"], c["empty_graph"], c["dropped_lines"])  # fmt: skip
+        return out

@@ -1,0 +1,78 @@
+"""KAPING answerer: top triples in the prompt, answers constrained to the subgraph's nodes, abstentions counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from kglightning.data.embeddings import SentenceEncoder
+from kglightning.data.records import KGQARecord
+from kglightning.llm.backends.base import GenerationParams
+from kglightning.llm.backends.local_hf import LocalHFBackend
+from kglightning.llm.kaping import KAPINGAnswerer
+
+GRAPH = [("France", "location.country.capital", "Paris"), ("France", "location.country.currency_used", "Euro"),
+         ("Paris", "location.location.containedby", "Île-de-France"), ("Germany", "location.country.capital", "Berlin"),
+         ("Germany", "location.country.currency_used", "Euro")]  # fmt: skip
+RECORDS = [
+    KGQARecord("q1", "What is the capital of France?", ["Paris"], ["France"], ["Paris"], GRAPH),
+    KGQARecord("q2", "Which currency does Germany use?", ["Euro"], ["Germany"], ["Euro"], GRAPH[3:]),
+    KGQARecord("q3", "Who wrote Hamlet?", ["William Shakespeare"], ["Hamlet"], [], []),
+]
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return SentenceEncoder(show_progress=False)
+
+
+def test_facts_are_the_most_similar_triples(encoder, tmp_path):
+    answerer = KAPINGAnswerer(backend=None, encoder=encoder, cache_dir=str(tmp_path), top_triples=2)  # type: ignore[arg-type]
+    facts = answerer.facts(RECORDS[0])
+    assert len(facts) == 2 and facts[0] == ("France", "location country capital", "Paris")
+    assert answerer.facts(RECORDS[2]) == []
+    assert answerer.choice(RECORDS[1]).names == ("Berlin", "Euro", "Germany")
+    content = answerer.messages(RECORDS[0], facts)[0]["content"]
+    assert "(France, location country capital, Paris)" in content and content.endswith(RECORDS[0].question)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_constrained_answers_are_subgraph_nodes_or_unknown(encoder, tiny_chat_model_dir, tmp_path, seed):
+    backend = LocalHFBackend(tiny_chat_model_dir, batch_size=2, show_progress=False, cache_dir=str(tmp_path / "llm"))
+    answerer = KAPINGAnswerer(backend, encoder=encoder, cache_dir=str(tmp_path / "emb"), show_progress=False,
+                              generation=GenerationParams(max_new_tokens=40, temperature=1.2, seed=seed))  # fmt: skip
+    out = answerer.propose(RECORDS)
+    for before, after in zip(RECORDS, out):
+        nodes = {n for h, _, t in before.graph for n in (h, t)}
+        assert set(after.prediction) <= nodes and after.extra["kaping"]["dropped_lines"] == 0
+        assert after.extra["kaping"]["unknown"] == (not after.prediction)
+    assert out[2].prediction == []  # an empty graph leaves only "unknown"
+    c = answerer.counts
+    assert c["questions"] == 3 and c["empty_graph"] == 1 and c["unknown"] >= 1
+    again = KAPINGAnswerer(backend, encoder=encoder, cache_dir=str(tmp_path / "emb"), show_progress=False,
+                           generation=GenerationParams(max_new_tokens=40, temperature=1.2, seed=seed))  # fmt: skip
+    assert [r.prediction for r in again.propose(RECORDS)] == [r.prediction for r in out]  # from the response cache
+
+
+class _Echo:
+    """An unconstrained backend that answers with fixed text (what an endpoint might say)."""
+
+    cache_key = "echo"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def generate_with_params(self, batch, params, choices=None):
+        from kglightning.llm.backends.base import Generation, LLMBackend
+
+        if choices is not None:
+            return LLMBackend._generate_choices(self, batch, params, choices, None)  # type: ignore[arg-type]
+        return [Generation(text=self.text) for _ in batch]
+
+
+def test_unconstrained_answers_are_matched_and_the_rest_counted(encoder, tmp_path):
+    answerer = KAPINGAnswerer(_Echo("paris\nLondon\nEuro"), encoder=encoder, cache_dir=str(tmp_path), constrained=False,
+                              show_progress=False)  # type: ignore[arg-type]  # fmt: skip
+    (out,) = answerer.propose(RECORDS[:1])
+    assert out.prediction == ["Paris", "Euro"] and out.extra["kaping"]["dropped_lines"] == 1
+    with pytest.raises(NotImplementedError, match="set constrained: false"):
+        KAPINGAnswerer(_Echo("x"), encoder=encoder, cache_dir=str(tmp_path), show_progress=False).propose(RECORDS[:1])  # type: ignore[arg-type]
