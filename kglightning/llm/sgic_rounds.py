@@ -101,19 +101,24 @@ class SelfCalibration:
     def reset(self, tags: Sequence[str] = ()) -> None:
         """Forget the remembered round-0 answers and the cost (zeroed for ``tags``)."""
         self._round0 = {}
-        self.cost = {t: {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0} for t in tags}
+        self.cost = {t: {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0, "cached": 0} for t in tags}
 
     def generate(
         self, convs: list[list[dict[str, str]]], params: GenerationParams, tags: Sequence[str] = ()
     ) -> list[Generation]:
-        """The backend's generations, their tokens and seconds added to the cost of every tag."""
+        """The backend's generations, their tokens and seconds added to the cost of every tag.
+
+        Generations read from the backend's response cache take no time; they are counted in ``cached``, so a
+        report can say that its seconds cover only the rest.
+        """
         if not convs:
             return []
         start = time.perf_counter()
         gens = self.backend.generate_with_params(convs, params)
         seconds = time.perf_counter() - start
         for tag in tags:
-            cost = self.cost.setdefault(tag, {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0})
+            cost = self.cost.setdefault(tag, {"prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0, "cached": 0})
+            cost["cached"] = cost.get("cached", 0) + sum(g.cached for g in gens)
             cost["prompt_tokens"] += sum(g.prompt_tokens for g in gens)
             cost["completion_tokens"] += sum(g.completion_tokens for g in gens)
             cost["seconds"] += seconds

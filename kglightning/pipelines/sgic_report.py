@@ -76,6 +76,7 @@ def summarize(
             "prompt_tokens": round(c.get("prompt_tokens", 0) / max(n, 1), 1),
             "completion_tokens": round(c.get("completion_tokens", 0) / max(n, 1), 1),
             "seconds": round(c.get("seconds", 0.0) / max(n, 1), 3),
+            "cached_calls": int(c.get("cached", 0)),
         }
     per_round = []
     for k in range(rounds + 1):
@@ -121,6 +122,10 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
     for r in summary["per_round"]:
         cells = [r["round"], r["EM"], r["Hit"], r["F1"], r["uncertainty"], r["AUROC"], r["chosen"]]
         lines.append("| " + " | ".join(_cell(v) for v in cells) + " |")
+    cached = sum(r.get("cached_calls", 0) for r in summary["methods"].values())
+    if cached:
+        lines += ["", f"s/q counts only generated answers: {cached} backend calls were read from the response cache "
+                  "(0 s each); clear the cache for timings"]  # fmt: skip
     trans = ", ".join(f"{k}: {v}" for k, v in summary["transitions"].items())
     counts = ", ".join(f"{k}: {v}" for k, v in summary["counts"].items())
     lines += ["", f"round 0 -> final: {trans}", f"counts: {counts}", ""]
