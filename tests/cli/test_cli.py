@@ -16,6 +16,7 @@ CONFIGS = {
     "detector.yaml": "fit",
     "detector_gat.yaml": "fit",
     "detector_paper.yaml": "fit",
+    "detector_kaping.yaml": "fit",
     "baseline_predict.yaml": "predict",
     "proxy_sft.yaml": "fit",
     "proxy_grpo.yaml": "fit",
