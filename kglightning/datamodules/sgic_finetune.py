@@ -36,6 +36,7 @@ class SGICFinetuneDataModule(SGICDataModule):
         target: ``"answer"`` (the model's own correct answer) or ``"gold"`` (the first accepted answer).
         max_length: longer prompt + target sequences are dropped (counted).
         dataset_dir: where the set is written.
+        batch_size: examples per training batch (the paper: 16).
         **kwargs: :class:`SGICDataModule`'s arguments (``source``, ``documents``, ``data_dir``, ``max_records``...).
     """
 
@@ -56,9 +57,10 @@ class SGICFinetuneDataModule(SGICDataModule):
         target: Literal["answer", "gold"] = "answer",
         max_length: int = 1024,
         dataset_dir: str = "outputs/sgic_finetune/dataset",
+        batch_size: int = 16,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(batch_size=batch_size, **kwargs)
         if target not in ("answer", "gold"):
             raise ValueError(f"target must be 'answer' or 'gold', got {target!r}")
         if answer_mean is not None and not 0 < answer_mean < 1:

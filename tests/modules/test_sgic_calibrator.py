@@ -181,3 +181,7 @@ def test_what_counts_as_correct_is_part_of_the_set_key(scripted_sgic, tiny_chat_
     hit = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path)
     hit.calibration.correct_if = "hit"
     assert em._key("train") != hit._key("train")  # a set built under EM is not read back under Hit
+
+
+def test_paper_defaults():
+    assert SGICFinetuneDataModule().batch_size == 16  # the paper's batch; lr 5e-5 is the module's default
