@@ -231,29 +231,8 @@ def read_records(
     """
     if on_bad_record not in ("raise", "skip"):
         raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
-    source, rows, split = _open(path, split)
-    out = RecordList(source=source, split=split)
-    first_seen: dict[str, int | None] = {}
-    for line, raw in rows:
-        if limit is not None and len(out) >= limit:
-            break
-        try:
-            if isinstance(raw, RecordError):
-                raise raw
-            rec = KGQARecord.from_dict(raw, source=source, line=line)
-            if rec.id in first_seen:
-                where = f"{'line' if source.endswith('.jsonl') else 'row'} {first_seen[rec.id]}"
-                raise RecordError(
-                    f"duplicate id {rec.id!r} (first seen at {where})", source=source, line=line, field="id"
-                )
-        except RecordError as err:
-            if on_bad_record == "raise":
-                raise
-            out.skipped.append(err)
-            logger.warning("skipping record: %s", err)
-            continue
-        first_seen[rec.id] = line
-        out.append(rec)
+    out = _read(path, split, on_bad_record, limit)
+    for rec in out:
         if not rec.graph:
             out.empty_graph.append(rec.id)
         else:
@@ -283,23 +262,39 @@ def read_questions(path: str | os.PathLike, *, split: str | None = None, limit: 
         >>> qs[0].q_entity, qs[0].answer, qs[0].graph
         (['France'], [], [])
     """
+    return _read(path, split, "raise", limit, as_question=True)
+
+
+def _read(
+    path: str | os.PathLike, split: str | None, on_bad_record: str, limit: int | None, as_question: bool = False
+) -> RecordList:
+    """Validated records in file order (``as_question``: no graph, default answers, a topic entity required)."""
     source, rows, split = _open(path, split)
     out = RecordList(source=source, split=split)
     first_seen: dict[str, int | None] = {}
     for line, raw in rows:
         if limit is not None and len(out) >= limit:
             break
-        if isinstance(raw, RecordError):
-            raise raw
-        if isinstance(raw, dict):
-            raw = {"answer": [], "a_entity": [], **raw, "graph": []}
-        rec = KGQARecord.from_dict(raw, source=source, line=line)
-        if rec.id in first_seen:
-            raise RecordError(f"duplicate id {rec.id!r} (first seen at {first_seen[rec.id]})", source=source,
-                              line=line, field="id")  # fmt: skip
-        if not rec.q_entity:
-            raise RecordError("no topic entity: a retriever needs at least one", source=source, line=line,
-                              field="q_entity")  # fmt: skip
+        try:
+            if isinstance(raw, RecordError):
+                raise raw
+            if as_question and isinstance(raw, dict):
+                raw = {"answer": [], "a_entity": [], **raw, "graph": []}
+            rec = KGQARecord.from_dict(raw, source=source, line=line)
+            if rec.id in first_seen:
+                where = f"{'line' if source.endswith('.jsonl') else 'row'} {first_seen[rec.id]}"
+                raise RecordError(
+                    f"duplicate id {rec.id!r} (first seen at {where})", source=source, line=line, field="id"
+                )
+            if as_question and not rec.q_entity:
+                raise RecordError("no topic entity: a retriever needs at least one", source=source, line=line,
+                                  field="q_entity")  # fmt: skip
+        except RecordError as err:
+            if on_bad_record == "raise":
+                raise
+            out.skipped.append(err)
+            logger.warning("skipping record: %s", err)
+            continue
         first_seen[rec.id] = line
         out.append(rec)
     return out
