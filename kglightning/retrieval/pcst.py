@@ -188,9 +188,7 @@ class PCSTRetriever(UsesEmbeddings):
         self, question: str, topics: Sequence[str], kg: KGIndex
     ) -> tuple[list[tuple[str, str, str]], list[str]]:
         """The PCST triples and nodes of one question (an empty list when no topic entity has an edge in reach)."""
-        sub, truncated = self.neighborhood(kg, topics)
-        self._last = (sub.num_edges, truncated)
-        return self.pcst(question, sub)
+        return self.pcst(question, self.neighborhood(kg, topics)[0])
 
     def retrieve_record(self, record: KGQARecord, kg: KGIndex) -> KGQARecord | None:
         """``record`` with its ``graph`` replaced by the PCST subgraph; ``None`` when it is skipped (counted).
@@ -206,8 +204,9 @@ class PCSTRetriever(UsesEmbeddings):
             log.warning("question %r skipped: no topic entity %s is in the KG", record.id, record.q_entity)
             return None
         self.stats.partial_topic += len(present) < len(record.q_entity)
-        triples, nodes = self.retrieve(record.question, present, kg)
-        neighborhood, truncated = self._last
+        sub, truncated = self.neighborhood(kg, present)
+        triples, nodes = self.pcst(record.question, sub)
+        neighborhood = sub.num_edges
         self.stats.truncated += truncated
         self.stats.empty_neighborhood += neighborhood == 0
         golds = [a for a in dict.fromkeys([*record.a_entity, *record.answer]) if a in kg]

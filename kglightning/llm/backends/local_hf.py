@@ -256,24 +256,16 @@ class LocalHFBackend(LLMBackend):
         params: GenerationParams,
         on_result: Callable[[int, Generation], None],
     ) -> None:
-        self._run(batch, params, on_result, None)
+        self._generate_choices(batch, params, None, on_result)
 
     def _generate_choices(
         self,
         batch: Sequence[list[ChatMessage]],
         params: GenerationParams,
-        choices: Sequence[NameChoice],
-        on_result: Callable[[int, Generation], None],
-    ) -> None:
-        self._run(batch, params, on_result, choices)
-
-    def _run(
-        self,
-        batch: Sequence[list[ChatMessage]],
-        params: GenerationParams,
-        on_result: Callable[[int, Generation], None],
         choices: Sequence[NameChoice] | None,
+        on_result: Callable[[int, Generation], None],
     ) -> None:
+        """Generate in length-sorted batches; with ``choices``, under one :class:`NameChoice` per conversation."""
         from tqdm.auto import tqdm
 
         tokenizer = self.tokenizer
