@@ -38,6 +38,26 @@ class AnswerProposer(ABC):
         """Copies of ``records``, in order, with ``prediction`` set (an empty list is an abstention)."""
 
 
+class AnswerNodeScorer(ABC):
+    """Scores every predicted answer of a record: a hallucination score in ``[0, 1]`` per predicted name.
+
+    The LLM-based detectors of :mod:`kglightning.llm.node_judges` implement it; name one by ``class_path`` in
+    ``data.init_args.baselines`` of :class:`~kglightning.datamodules.DetectionDataModule`.
+    """
+
+    #: the column prefix in the detector's test table (``test/<name>/f1``)
+    name: str
+
+    @property
+    @abstractmethod
+    def cache_key(self) -> str:
+        """A string that changes whenever the scores would change."""
+
+    @abstractmethod
+    def score(self, records: Sequence[KGQARecord]) -> list[dict[str, float]]:
+        """Per record, in order: ``{predicted name: hallucination score}``."""
+
+
 def save_proposals(originals: Sequence[KGQARecord], proposed: Sequence[KGQARecord], path: str | Path) -> None:
     """Write what a proposer added to ``originals``: per record its id, ``prediction``, ``confidence`` and the
     ``extra`` keys it added or changed (one jsonl row each, written atomically). The graphs are not repeated, so

@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch_geometric.data import Batch, Data
 
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
-from kglightning.data.proposer import AnswerProposer, load_proposals, save_proposals
+from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
@@ -32,6 +33,10 @@ class DetectionDataModule(KGQADataModule):
             all-MiniLM-L6-v2).
         add_reverse_edges: add an explicit reverse edge ``t → h`` for every triple.
         batch_size: graphs per batch.
+        baselines: LLM-based detectors (:class:`~kglightning.data.proposer.AnswerNodeScorer`, e.g.
+            :class:`~kglightning.llm.node_judges.LLMJudge`, :class:`~kglightning.llm.node_judges.SelfCheck`) that
+            score the test split's answer nodes; each graph then carries ``baseline_scores`` ``(answers,
+            len(baselines))`` and the detector's test table lists them as ``test/<name>/*``.
         **kwargs: the record-reading arguments of :class:`~kglightning.datamodules.KGQADataModule` (``data_dir``,
             ``max_records``, ``on_bad_record``, ``cache_dir``, ...).
     """
@@ -51,10 +56,15 @@ class DetectionDataModule(KGQADataModule):
         encoder: SentenceEncoder | None = None,
         add_reverse_edges: bool = True,
         batch_size: int = 32,
+        baselines: list[AnswerNodeScorer] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
         self.proposer = proposer
+        self.baselines = list(baselines or [])
+        names = [b.name for b in self.baselines]
+        if len(set(names)) < len(names):
+            raise ValueError(f"baseline names must be distinct, got {names}")
         self.encoder = encoder or (proposer.encoder_hint if proposer is not None else None) or SentenceEncoder()
         self.add_reverse_edges = add_reverse_edges
         self.stats: dict[str, DetectionStats] = {}
@@ -112,7 +122,10 @@ class DetectionDataModule(KGQADataModule):
         self.prepare_split(split)
         text_id = self.embeddings._index
         stats = DetectionStats()
-        graphs = [g for r in records if (g := build_detection_graph(r, text_id, stats, self.add_reverse_edges))]
+        pairs = [(r, g) for r in records if (g := build_detection_graph(r, text_id, stats, self.add_reverse_edges))]
+        graphs = [g for _, g in pairs]
+        if split == "test" and self.baselines and pairs:
+            self._attach_baseline_scores(pairs)
         if not graphs:
             raise ValueError(f"split {split!r} has no answer node to classify: {stats.summary(split)}")
         self.stats[split] = stats
@@ -125,6 +138,22 @@ class DetectionDataModule(KGQADataModule):
                 "; ".join(stats.unmatched_examples),
             )
         return graphs
+
+    @property
+    def baseline_names(self) -> list[str]:
+        """The names of :attr:`baselines`, in column order of ``baseline_scores``."""
+        return [b.name for b in self.baselines]
+
+    def _attach_baseline_scores(self, pairs: list[tuple[KGQARecord, Data]]) -> None:
+        records = [r for r, _ in pairs]
+        columns = []
+        for scorer in self.baselines:
+            rank_zero_info(f"scoring {sum(len(g.answer_names) for _, g in pairs)} test answer nodes with {scorer.name}")
+            columns.append(scorer.score(records))
+        for i, (_, g) in enumerate(pairs):
+            g.baseline_scores = torch.tensor(
+                [[col[i].get(name, 0.5) for col in columns] for name in g.answer_names], dtype=torch.float
+            ).view(-1, len(columns))
 
     def collate(self, items: list[Data]) -> Batch:
         """Batch graphs and look their texts up in the embedding table.

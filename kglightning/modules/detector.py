@@ -179,6 +179,9 @@ class HallucinationDetector(L.LightningModule):
 
     def on_test_epoch_start(self) -> None:
         self.test_metrics = detection_metrics(threshold=float(self.threshold)).to(self.device)
+        names = getattr(self.trainer.datamodule, "baseline_names", None) or []
+        # LLM-based detectors give 0/1 verdicts or sample shares: threshold 0.5, like the other baselines
+        self.llm_baseline_metrics = {name: detection_metrics().to(self.device) for name in names}
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         _, probs = self._loss(batch, "test")
@@ -195,13 +198,19 @@ class HallucinationDetector(L.LightningModule):
             device=probs.device,
         )
         self.random_metrics.update(rand, target)
+        scores = getattr(batch, "baseline_scores", None)
+        for k, metrics in enumerate(getattr(self, "llm_baseline_metrics", {}).values()):
+            if scores is not None:
+                metrics.update(scores[:, k].to(probs.device), target)
 
     def on_test_epoch_end(self) -> None:
         values = {}
+        llm = [(f"{name}/", m) for name, m in getattr(self, "llm_baseline_metrics", {}).items()]
         for name, metrics in (
             ("", self.test_metrics),
             ("mostfrequent/", self.mostfrequent_metrics),
             ("random/", self.random_metrics),
+            *llm,
         ):
             values.update({f"test/{name}{k}": v for k, v in metrics.compute().items()})
             metrics.reset()
