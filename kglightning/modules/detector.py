@@ -55,6 +55,28 @@ def best_f1_threshold(probs: Tensor, target: Tensor) -> tuple[float, float]:
     return float(thresholds[best]), float(f1[best])
 
 
+def detection_loss(logits: Tensor, target: Tensor, pos_weight: float | None = None, gamma: float = 0.0) -> Tensor:
+    """Mean (class-weighted, focal) binary cross-entropy of answer-node logits.
+
+    Each term is ``w_y (1 - p_t)^gamma BCE``, with ``p_t`` the probability of the true class and ``w_1 = pos_weight``,
+    ``w_0 = 1``; ``gamma = 0`` and ``pos_weight = None`` give plain BCE.
+
+    Example:
+        >>> logits, y = torch.tensor([2.0, -1.0]), torch.tensor([1.0, 0.0])
+        >>> bool(torch.isclose(detection_loss(logits, y), F.binary_cross_entropy_with_logits(logits, y)))
+        True
+        >>> round(detection_loss(torch.tensor([0.0]), torch.tensor([1.0]), pos_weight=2.0, gamma=1.0).item(), 4)
+        0.6931
+    """
+    bce = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+    if gamma > 0:
+        p_true = torch.exp(-bce)
+        bce = (1 - p_true).pow(gamma) * bce
+    if pos_weight is not None:
+        bce = bce * torch.where(target > 0.5, pos_weight, 1.0)
+    return bce.mean()
+
+
 def item_uniform(seed: int, qid: str, node: str) -> float:
     """A uniform number in ``[0, 1)`` fixed by ``(seed, question id, node)``, whatever process or batch sees it."""
     digest = hashlib.sha1(f"{seed}\x1f{qid}\x1f{node}".encode()).digest()
@@ -89,6 +111,9 @@ class HallucinationDetector(L.LightningModule):
         tune_threshold: re-tune the threshold on validation.
         baseline_seed: seed of the Random baseline, whose score for a node is fixed by (seed, question id,
             node name), so that it is the same on one process or many.
+        pos_weight: weight of the hallucinated (positive) class in the loss (``None``: 1). Below 1 when most
+            answers are hallucinated, as with small LLMs; ``neg / pos`` of the training set balances the classes.
+        focal_gamma: focusing parameter of the focal loss (Lin et al., 2017); ``0`` is plain binary cross-entropy.
     """
 
     def __init__(
@@ -103,14 +128,22 @@ class HallucinationDetector(L.LightningModule):
         threshold: float = 0.5,
         tune_threshold: bool = True,
         baseline_seed: int = 0,
+        pos_weight: float | None = None,
+        focal_gamma: float = 0.0,
     ) -> None:
         super().__init__()
+        if pos_weight is not None and pos_weight <= 0:
+            raise ValueError(f"pos_weight must be > 0, got {pos_weight}")
+        if focal_gamma < 0:
+            raise ValueError(f"focal_gamma must be >= 0, got {focal_gamma}")
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.net = KGGuard(text_dim, encoder, mark_dim=mark_dim, mlp_hidden=mlp_hidden, dropout=dropout)
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.tune_threshold = tune_threshold
         self.baseline_seed = baseline_seed
+        self.pos_weight = pos_weight
+        self.focal_gamma = focal_gamma
         self.register_buffer("threshold", torch.tensor(float(threshold)))
         self.register_buffer("majority", torch.tensor(1.0))
         self.val_scores = ScoreBuffer()
@@ -144,7 +177,7 @@ class HallucinationDetector(L.LightningModule):
 
     def _loss(self, batch: Any, stage: str) -> tuple[Tensor, Tensor]:
         logits = self(batch)
-        loss = F.binary_cross_entropy_with_logits(logits, batch.y)
+        loss = detection_loss(logits, batch.y, self.pos_weight, self.focal_gamma)
         train = stage == "train"
         self.log(
             f"{stage}/loss",
