@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule
@@ -32,12 +33,14 @@ EXTRA_SUBCOMMANDS = {
     "build-subgraphs": "RoG records with G-Retriever PCST subgraphs from your own KG (triples) and questions",
     "conformalize": "split-conformal answer sets for any predictions jsonl with confidences",
     "compare-proxies": "score DoublyCal evidence proxies (e.g. SFT vs GRPO adapters) on the same held-out questions",
+    "seeds": "fit and test a config once per seed and report each test metric's mean and standard deviation",
 }
 
 DESCRIPTION = (
     "kglightning: trustworthy question answering over knowledge graphs with LLMs. fit / validate / test / predict "
     "run a LightningModule and a LightningDataModule named by class_path in a YAML config (--config); evaluate, "
-    "build-benchmark, build-subgraphs and conformalize work on files; compare-proxies scores DoublyCal evidence proxies. Run any "
+    "build-benchmark, build-subgraphs and conformalize work on files; compare-proxies scores DoublyCal evidence proxies; "
+    "seeds repeats a fit over seeds. Run any "
     "subcommand with --help for its options."
 )
 
@@ -179,6 +182,51 @@ def _compare_proxies(argv: list[str]) -> int:
     return 0
 
 
+def _seeds(argv: list[str]) -> int:
+    import argparse
+    import statistics
+
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} seeds",
+        description="Fit a config once per seed, test the best checkpoint of each run, and report every test "
+        "metric's mean and standard deviation over the seeds. Options not listed here go to the config, as for fit.",
+    )
+    p.add_argument("--config", required=True, help="a fit config (e.g. configs/detector.yaml)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--output", default=None, help="a .json file for the per-seed metrics and the summary")
+    args, overrides = p.parse_known_args(argv)
+    runs: dict[int, dict[str, float]] = {}
+    for seed in args.seeds:
+        cli = KGLightningCLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            run=False,
+            save_config_kwargs={"overwrite": True},
+            args=["--config", args.config, *overrides, "--seed_everything", str(seed)],
+            parser_kwargs={"prog": f"{PROG} seeds"},
+        )
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        best = "best" if getattr(cli.trainer.checkpoint_callback, "best_model_path", "") else None
+        (metrics,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
+        runs[seed] = {k: float(v) for k, v in metrics.items()}
+    names = sorted(set.intersection(*(set(m) for m in runs.values())))
+    summary = {
+        k: {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0}
+        for k in names
+        if (v := [runs[s][k] for s in args.seeds])
+    }
+    print(f"| metric | mean | std (over seeds {', '.join(map(str, args.seeds))}) |\n|---|---:|---:|")
+    for k, r in summary.items():
+        print(f"| {k} | {r['mean']:.4f} | {r['std']:.4f} |")
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps({"seeds": runs, "summary": summary}, indent=2) + "\n")
+        print(f"wrote {args.output}")
+    return 0
+
+
 def _dispatch(argv: list[str], from_command_line: bool) -> int:
     if argv and argv[0] == "evaluate":
         from kglightning.evaluate import main as evaluate_main
@@ -188,6 +236,8 @@ def _dispatch(argv: list[str], from_command_line: bool) -> int:
         return _build_benchmark(argv[1:])
     if argv and argv[0] == "compare-proxies":
         return _compare_proxies(argv[1:])
+    if argv and argv[0] == "seeds":
+        return _seeds(argv[1:])
     if argv and argv[0] == "build-subgraphs":
         from kglightning.retrieval.build_subgraphs import main as build_subgraphs_main
 
