@@ -76,6 +76,7 @@ class KGLightningCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.link_arguments("data.text_dim", "model.init_args.text_dim", apply_on="instantiate")
+        parser.link_arguments("data.num_answer_features", "model.init_args.answer_features", apply_on="instantiate")
         # the data is tokenized with the model's tokenizer (e.g. ProxySFT -> ProxySFTDataModule)
         parser.link_arguments("model.init_args.model", "data.init_args.tokenizer")
         # ... and rendered as the model will see them at predict time (ProxySFT.prompt_format -> ProxySFTDataModule)

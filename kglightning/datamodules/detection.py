@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -13,7 +13,7 @@ from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.datamodules.base import KGQADataModule
-from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
+from kglightning.datamodules.detection_graphs import DetectionStats, answer_paths, build_detection_graph, node_texts
 from kglightning.nn.kgguard import edge_types
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,12 @@ class DetectionDataModule(KGQADataModule):
             :class:`~kglightning.llm.node_judges.LLMJudge`, :class:`~kglightning.llm.node_judges.SelfCheck`) that
             score the test split's answer nodes; each graph then carries ``baseline_scores`` ``(answers,
             len(baselines))`` and the detector's test table lists them as ``test/<name>/*``.
+        answer_features: extra inputs of the detector's classifier per answer node, in order: ``"path_score"``
+            (the highest cosine similarity between the question and a shortest relation path from a topic entity to
+            the answer, as text; 0 without a path) and ``"hops"`` (that path's length over ``path_max_hops``;
+            ``1 + 1 / path_max_hops`` when no topic entity reaches the answer). The CLI links their number to
+            ``model.init_args.answer_features``.
+        path_max_hops: longest path searched for ``answer_features``.
         **kwargs: the record-reading arguments of :class:`~kglightning.datamodules.KGQADataModule` (``data_dir``,
             ``max_records``, ``on_bad_record``, ``cache_dir``, ...).
     """
@@ -57,6 +63,8 @@ class DetectionDataModule(KGQADataModule):
         add_reverse_edges: bool = True,
         batch_size: int = 32,
         baselines: list[AnswerNodeScorer] | None = None,
+        answer_features: list[Literal["path_score", "hops"]] | None = None,
+        path_max_hops: int = 3,
         **kwargs: Any,
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
@@ -65,6 +73,16 @@ class DetectionDataModule(KGQADataModule):
         names = [b.name for b in self.baselines]
         if len(set(names)) < len(names):
             raise ValueError(f"baseline names must be distinct, got {names}")
+        self.answer_features = list(answer_features or [])
+        unknown = set(self.answer_features) - {"path_score", "hops"}
+        if unknown or len(set(self.answer_features)) < len(self.answer_features):
+            raise ValueError(
+                f"answer_features must be distinct names of 'path_score', 'hops'; got {self.answer_features}"
+            )
+        if path_max_hops < 1:
+            raise ValueError(f"path_max_hops must be >= 1, got {path_max_hops}")
+        self.path_max_hops = path_max_hops
+        self._paths: dict[str, dict[str, list[tuple[int | None, list[str]]]]] = {}
         self.encoder = encoder or (proposer.encoder_hint if proposer is not None else None) or SentenceEncoder()
         self.add_reverse_edges = add_reverse_edges
         self.stats: dict[str, DetectionStats] = {}
@@ -111,11 +129,43 @@ class DetectionDataModule(KGQADataModule):
         save_proposals(records, out, cache)
         return out
 
+    @property
+    def num_answer_features(self) -> int:
+        """How many extra inputs per answer node the classifier gets (linked to the detector)."""
+        return len(self.answer_features)
+
+    def answer_paths(self, split: str) -> dict[str, list[tuple[int | None, list[str]]]]:
+        """Per record id: for each distinct prediction, its hop count and shortest relation-path texts."""
+        if split not in self._paths:
+            self._paths[split] = {
+                r.id: answer_paths(r, list(dict.fromkeys(r.prediction or [])), self.path_max_hops)
+                for r in self.records(split)
+            }
+        return self._paths[split]
+
     def prepare_split(self, split: str) -> None:
         """Propose answers for ``split`` (or read them from the cache) and encode its texts."""
         if split not in self._embedded:
-            self.embeddings.add({t for r in self.records(split) for t in node_texts(r)})
+            texts = {t for r in self.records(split) for t in node_texts(r)}
+            if "path_score" in self.answer_features:
+                texts.update(t for paths in self.answer_paths(split).values() for _, ts in paths for t in ts)
+            self.embeddings.add(texts)
             self._embedded.add(split)
+
+    def _attach_answer_features(self, split: str, pairs: list[tuple[KGQARecord, Data]]) -> None:
+        paths, table, ids = self.answer_paths(split), self.embeddings.table, self.embeddings._index
+        for record, g in pairs:
+            by_name = dict(zip(dict.fromkeys(record.prediction or []), paths[record.id]))
+            question = table[ids[record.question]]
+            rows = []
+            for name in g.answer_names:
+                hops, texts = by_name.get(name, (None, []))
+                feats = {
+                    "path_score": float((table[[ids[t] for t in texts]] @ question).max()) if texts else 0.0,
+                    "hops": (hops if hops is not None else self.path_max_hops + 1) / self.path_max_hops,
+                }
+                rows.append([feats[f] for f in self.answer_features])
+            g.answer_features = torch.tensor(rows, dtype=torch.float).view(-1, len(self.answer_features))
 
     def build_split(self, split: str) -> list[Data]:
         records = self.records(split)
@@ -124,6 +174,8 @@ class DetectionDataModule(KGQADataModule):
         stats = DetectionStats()
         pairs = [(r, g) for r in records if (g := build_detection_graph(r, text_id, stats, self.add_reverse_edges))]
         graphs = [g for _, g in pairs]
+        if self.answer_features and pairs:
+            self._attach_answer_features(split, pairs)
         if split == "test" and self.baselines and pairs:
             self._attach_baseline_scores(pairs)
         if not graphs:

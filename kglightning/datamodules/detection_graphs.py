@@ -6,13 +6,16 @@ One :class:`torch_geometric.data.Data` per question holds only integer ids into 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch_geometric.data import Data
 
 from kglightning.data.records import KGQARecord
-from kglightning.data.text import relation_text
+from kglightning.data.kg import KGIndex
+from kglightning.data.kg_paths import shortest_relation_paths_many
+from kglightning.data.text import path_text, relation_text
 from kglightning.metrics.functional.qa import normalize
 from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
 
@@ -47,6 +50,30 @@ def node_texts(record: KGQARecord) -> list[str]:
     out = [record.question]
     for h, r, t in record.graph:
         out += [h, relation_text(r), t]
+    return out
+
+
+def answer_paths(
+    record: KGQARecord, answers: Sequence[str], max_hops: int = 3, max_paths: int = 20
+) -> list[tuple[int | None, list[str]]]:
+    """Per answer: the hop count of its nearest topic entity (``None``: unreachable within ``max_hops``) and the texts
+    of the shortest relation paths from there (``"inverse of location country capital -> ..."``).
+
+    Example:
+        >>> r = KGQARecord("q", "capital of France?", [], ["France"], [], [("France", "location.country.capital",
+        ...     "Paris"), ("Paris", "location.location.containedby", "Europe")])
+        >>> answer_paths(r, ["Paris", "Europe", "Mars"], max_hops=2)[:2]
+        [(1, ['location country capital']), (2, ['location country capital -> location location containedby'])]
+    """
+    kg = KGIndex.from_record(record)
+    topics = [q for q in dict.fromkeys(record.q_entity) if q in kg]
+    found = {t: shortest_relation_paths_many(kg, t, answers, max_hops, max_paths) for t in topics}
+    out: list[tuple[int | None, list[str]]] = []
+    for a in answers:
+        per_topic = [found[t].get(a) or [] for t in topics]
+        hops = min((len(p[0]) for p in per_topic if p), default=None)
+        texts = [path_text(p) for paths in per_topic for p in paths if hops is not None and len(p) == hops and p]
+        out.append((hops, list(dict.fromkeys(texts))))
     return out
 
 

@@ -114,6 +114,8 @@ class HallucinationDetector(L.LightningModule):
         pos_weight: weight of the hallucinated (positive) class in the loss (``None``: 1). Below 1 when most
             answers are hallucinated, as with small LLMs; ``neg / pos`` of the training set balances the classes.
         focal_gamma: focusing parameter of the focal loss (Lin et al., 2017); ``0`` is plain binary cross-entropy.
+        answer_features: extra classifier inputs per answer node, read from ``batch.answer_features`` (the CLI
+            links it to the DataModule's ``num_answer_features``).
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class HallucinationDetector(L.LightningModule):
         baseline_seed: int = 0,
         pos_weight: float | None = None,
         focal_gamma: float = 0.0,
+        answer_features: int = 0,
     ) -> None:
         super().__init__()
         if pos_weight is not None and pos_weight <= 0:
@@ -137,7 +140,8 @@ class HallucinationDetector(L.LightningModule):
         if focal_gamma < 0:
             raise ValueError(f"focal_gamma must be >= 0, got {focal_gamma}")
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
-        self.net = KGGuard(text_dim, encoder, mark_dim=mark_dim, mlp_hidden=mlp_hidden, dropout=dropout)
+        self.net = KGGuard(text_dim, encoder, mark_dim=mark_dim, mlp_hidden=mlp_hidden, dropout=dropout,
+                           answer_features=answer_features)  # fmt: skip
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.tune_threshold = tune_threshold
@@ -173,6 +177,7 @@ class HallucinationDetector(L.LightningModule):
             batch.answer_index,
             batch.question,
             edge_type=edges[2],
+            answer_features=getattr(batch, "answer_features", None) if self.net.answer_features else None,
         )
 
     def _loss(self, batch: Any, stage: str) -> tuple[Tensor, Tensor]:

@@ -30,6 +30,8 @@ class KGGuard(nn.Module):
         mark_dim: size of the topic and answer mark embeddings (``d_T = d_A``).
         mlp_hidden: hidden size of the classifier MLP.
         dropout: dropout inside the MLP.
+        answer_features: extra inputs per answer node appended to the MLP's input (e.g. how well the relation path
+            from a topic entity to the answer fits the question; 0: none, the paper's detector).
 
     Shapes:
         - ``x_text (N, text_dim)``; ``topic_mask``, ``answer_mask (N,)`` bool
@@ -60,16 +62,21 @@ class KGGuard(nn.Module):
         mark_dim: int = 20,
         mlp_hidden: int = 256,
         dropout: float = 0.1,
+        answer_features: int = 0,
     ) -> None:
         super().__init__()
         self.text_dim = text_dim
+        self.answer_features = answer_features
         self.topic_mark = nn.Embedding(2, mark_dim)
         self.answer_mark = nn.Embedding(2, mark_dim)
         self.edge_kind = nn.Embedding(NUM_EDGE_KINDS, text_dim)
         self.encoder = encoder(text_dim + 2 * mark_dim, text_dim)
         hidden = self.encoder.out_channels
         self.head = nn.Sequential(
-            nn.Linear(hidden + text_dim, mlp_hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(mlp_hidden, 1)
+            nn.Linear(hidden + text_dim + answer_features, mlp_hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(mlp_hidden, 1),
         )
         self.reset_parameters()
 
@@ -93,12 +100,17 @@ class KGGuard(nn.Module):
         answer_index: Tensor,
         question: Tensor,
         edge_type: Tensor | None = None,
+        answer_features: Tensor | None = None,
     ) -> Tensor:
+        if self.answer_features and (answer_features is None or answer_features.shape[-1] != self.answer_features):
+            raise ValueError(f"this detector reads {self.answer_features} answer features per answer node; the batch "
+                             "has none or another number (set data.init_args.answer_features)")  # fmt: skip
         x = torch.cat([x_text, self.topic_mark(topic_mask.long()), self.answer_mark(answer_mask.long())], dim=-1)
         has_text = (edge_kind != EDGE_VIRTUAL).unsqueeze(-1).to(edge_text.dtype)
         edge_attr = edge_text * has_text + self.edge_kind(edge_kind)
         h = self.encoder.node_states(x, edge_index, edge_attr, edge_type, targets=answer_index)
-        return self.head(torch.cat([h, question], dim=-1)).squeeze(-1)
+        parts = [h, question] + ([answer_features.to(h.dtype)] if self.answer_features else [])
+        return self.head(torch.cat(parts, dim=-1)).squeeze(-1)
 
 
 def edge_types(edge_text: Tensor, edge_kind: Tensor) -> tuple[Tensor, Tensor, Tensor]:

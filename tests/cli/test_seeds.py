@@ -37,3 +37,23 @@ def test_seeds_report_mean_and_spread(detection_dir, tiny_encoder_dir, tmp_path,
     assert summary["std"] == pytest.approx(abs(f1[0] - f1[1]) / 2**0.5)
     assert "| test/f1 |" in capsys.readouterr().out
     assert os.path.isfile(tmp_path / "outputs/detector/graph_transformer/checkpoints/best.ckpt")
+
+
+@pytest.mark.e2e
+def test_answer_features_are_linked_to_the_detector(detection_dir, tiny_encoder_dir, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    args = [
+        "fit", "--config", str(ROOT / "configs/detector.yaml"),
+        "--data.init_args.data_dir", detection_dir, "--data.init_args.proposer", "null",
+        "--data.init_args.encoder", "kglightning.data.SentenceEncoder",
+        "--data.init_args.encoder.init_args.model", tiny_encoder_dir, "--data.init_args.batch_size", "8",
+        "--data.init_args.answer_features", "[path_score, hops]",
+        "--model.init_args.encoder.init_args.hidden_channels", "16", "--model.init_args.encoder.init_args.heads", "4",
+        "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+    assert main(args) == 0
+    ckpt = torch.load(tmp_path / "outputs/detector/graph_transformer/checkpoints/best.ckpt", weights_only=False)
+    assert ckpt["hyper_parameters"]["answer_features"] == 2

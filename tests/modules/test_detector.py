@@ -158,3 +158,27 @@ def test_weighted_focal_fit_lowers_its_loss(detection_dir, tiny_encoder_dir, tmp
     before = loss()
     _trainer(tmp_path, 15).fit(model, dm)
     assert loss() < 0.7 * before
+
+
+def test_answer_path_features(detection_dir, tiny_encoder_dir, tmp_path):
+    dm = DetectionDataModule(data_dir=detection_dir, encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+                             cache_dir=str(tmp_path / "cache"), batch_size=8,
+                             answer_features=["path_score", "hops"])  # fmt: skip
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.num_answer_features == 2
+    batch = dm.collate(dm.datasets["train"])
+    feats = batch.answer_features
+    assert feats.shape == (batch.answer_index.numel(), 2)
+    assert ((feats[:, 0] >= -1) & (feats[:, 0] <= 1 + 1e-5)).all() and (feats[:, 1] > 0).all()
+    # an answer reached by a path has a score; one no topic entity reaches gets 0 and hops 1 + 1/3
+    reached = feats[:, 1] <= 1
+    assert reached.any() and (feats[~reached, 0] == 0).all() and torch.allclose(feats[~reached, 1], torch.tensor(4 / 3))
+    model = HallucinationDetector(text_dim=dm.text_dim, encoder=partial(GraphTransformerEncoder, hidden_channels=16,
+                                  heads=4), mlp_hidden=16, answer_features=2)  # fmt: skip
+    assert model(batch).shape == (batch.answer_index.numel(),)
+    del batch.answer_features
+    with pytest.raises(ValueError, match="reads 2 answer features"):
+        model(batch)
+    with pytest.raises(ValueError, match="answer_features"):
+        DetectionDataModule(data_dir=detection_dir, answer_features=["degree"])
