@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from torch_geometric.data import Data
 
-from kglightning.data.records import KGQARecord
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import shortest_relation_paths_many
+from kglightning.data.records import KGQARecord
 from kglightning.data.text import path_text, relation_text
 from kglightning.metrics.functional.qa import normalize
 from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
