@@ -115,6 +115,19 @@ def _build_benchmark(argv: list[str]) -> int:
     return 0
 
 
+def _configured(command: str, **kwargs: Any) -> KGLightningCLI:
+    """A :class:`KGLightningCLI` that only instantiates (``run=False``), for subcommands that drive the trainer."""
+    return KGLightningCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        parser_kwargs={"prog": f"{PROG} {command}"},
+        **kwargs,
+    )
+
+
 def _compare_proxies(argv: list[str]) -> int:
     import argparse
 
@@ -145,12 +158,8 @@ def _compare_proxies(argv: list[str]) -> int:
     generation = json.dumps({"num_evidence": 1, "decoding": "greedy", "max_new_tokens": args.max_new_tokens})
     results, details = {}, {}
     for name, (adapter, instruction) in proxies.items():
-        cli = KGLightningCLI(
-            LightningModule,
-            LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            run=False,
+        cli = _configured(
+            "compare-proxies",
             save_config_callback=None,  # nothing is trained; the table says what was compared
             args=[
                 "--config",
@@ -169,7 +178,6 @@ def _compare_proxies(argv: list[str]) -> int:
                 "--trainer.callbacks",
                 "[]",
             ],  # fmt: skip
-            parser_kwargs={"prog": f"{PROG} compare-proxies"},
         )
         dm = cli.datamodule
         if not isinstance(dm, ProxyGRPODataModule):
@@ -198,15 +206,10 @@ def _seeds(argv: list[str]) -> int:
     args, overrides = p.parse_known_args(argv)
     runs: dict[int, dict[str, float]] = {}
     for seed in args.seeds:
-        cli = KGLightningCLI(
-            LightningModule,
-            LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            run=False,
+        cli = _configured(
+            "seeds",
             save_config_kwargs={"overwrite": True},
             args=["--config", args.config, *overrides, "--seed_everything", str(seed)],
-            parser_kwargs={"prog": f"{PROG} seeds"},
         )
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         best = "best" if getattr(cli.trainer.checkpoint_callback, "best_model_path", "") else None
