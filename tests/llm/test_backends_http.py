@@ -291,3 +291,29 @@ def test_server_routes_and_bad_requests(server):
     assert post({**ok, "n": 2}) == 400
     assert post({"messages": "hi"}) == 400
     assert post({**ok, "temperature": -1}) == 400
+
+
+def test_structured_outputs_send_the_names_as_a_regex(tiny_backend):
+    from kglightning.llm.backends.base import GenerationParams
+    from kglightning.llm.trie.names import NameChoice
+
+    seen: list[dict] = []
+
+    class Recording(ChatCompletionServer):
+        def handle_chat(self, body, client_gone=None):
+            seen.append(body)
+            return super().handle_chat(body, client_gone)
+
+    choice = NameChoice(("Paris", "St. Louis"), max_answers=2)
+    conv = [[{"role": "user", "content": "capital of France?"}]]
+    with Recording(tiny_backend, port=0, model_name="tiny-llama") as srv:
+        for mode in ("vllm", "vllm-legacy"):
+            gens = client(srv.url, structured_outputs=mode).generate_with_params(conv, GenerationParams(max_new_tokens=4),
+                                                                                [choice])  # fmt: skip
+            assert len(gens) == 1
+        with pytest.raises(NotImplementedError, match="cannot constrain"):
+            client(srv.url).generate_with_params(conv, GenerationParams(max_new_tokens=4), [choice])
+    assert seen[0]["structured_outputs"] == {"regex": choice.regex()} and "guided_regex" not in seen[0]
+    assert seen[1]["guided_regex"] == choice.regex() and "structured_outputs" not in seen[1]
+    with pytest.raises(ValueError, match="structured_outputs"):
+        client("http://127.0.0.1:9/v1", structured_outputs="sglang")

@@ -163,8 +163,9 @@ class LLMBackend(abc.ABC):
     ) -> None:
         """:meth:`_generate_uncached` under one :class:`NameChoice` per conversation (structured generation)."""
         raise NotImplementedError(
-            f"{type(self).__name__} cannot constrain answers to a set of names; use LocalHFBackend, or generate "
-            "without choices and ground the answers (kglightning.llm.grounding, kglightning.retrieval.FaissGrounder)"
+            f"{type(self).__name__} cannot constrain answers to a set of names here; use LocalHFBackend, "
+            "OpenAIChatBackend(structured_outputs='vllm') with a vLLM server, or generate without choices and ground "
+            "the answers (kglightning.llm.grounding, kglightning.retrieval.FaissGrounder)"
         )
 
     def generate(

@@ -26,11 +26,14 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from jsonargparse.typing import SecretStr
 
 from kglightning.llm.backends.base import ChatMessage, Generation, GenerationParams, LLMBackend, LLMBackendError
+
+if TYPE_CHECKING:
+    from kglightning.llm.trie.names import NameChoice
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -137,6 +140,10 @@ class OpenAIChatBackend(LLMBackend):
         cache_dir: folder of a :class:`~kglightning.llm.backends.cache.ResponseCache` (``None``: no cache).
         show_progress: show a tqdm bar over requests.
         retry_seed: seed of the backoff jitter.
+        structured_outputs: how to ask the server for structured generation over a set of names
+            (:meth:`~kglightning.llm.backends.base.LLMBackend.generate_with_params` with ``choices``): ``"vllm"``
+            sends ``{"structured_outputs": {"regex": ...}}`` (vLLM >= 0.12), ``"vllm-legacy"`` sends ``guided_regex``
+            (older vLLM); ``None``: the server cannot, and such requests raise :class:`NotImplementedError`.
         api_key: refused. It exists only so that a key given as a value (Python, YAML or command line) is read as
             a secret, which configs and error messages mask, and refused with a message saying how to pass it.
     """
@@ -155,6 +162,7 @@ class OpenAIChatBackend(LLMBackend):
         cache_dir: str | None = None,
         show_progress: bool = True,
         retry_seed: int = 0,
+        structured_outputs: Literal["vllm", "vllm-legacy"] | None = None,
         api_key: SecretStr | None = None,
     ) -> None:
         if api_key is not None:
@@ -181,6 +189,9 @@ class OpenAIChatBackend(LLMBackend):
         self._concurrency = max_concurrency
         self.show_progress = show_progress
         self.retry_seed = retry_seed
+        if structured_outputs not in (None, "vllm", "vllm-legacy"):
+            raise ValueError(f"structured_outputs must be 'vllm', 'vllm-legacy' or None, got {structured_outputs!r}")
+        self.structured_outputs = structured_outputs
         # never send loopback traffic through an http(s)_proxy from the environment
         handlers = [urllib.request.ProxyHandler({})] if _is_loopback(self.base_url) else []
         self._opener = urllib.request.build_opener(*handlers)
@@ -279,15 +290,36 @@ class OpenAIChatBackend(LLMBackend):
             body["logprobs"] = True
         return body
 
+    def _generate_choices(
+        self,
+        batch: Sequence[list[ChatMessage]],
+        params: GenerationParams,
+        choices: Sequence[NameChoice],
+        on_result: Callable[[int, Generation], None],
+    ) -> None:
+        if self.structured_outputs is None:
+            super()._generate_choices(batch, params, choices, on_result)  # raises, saying how to go on
+        bodies = [self.request_body(messages, params) for messages in batch]
+        for body, choice in zip(bodies, choices):
+            if self.structured_outputs == "vllm":
+                body["structured_outputs"] = {"regex": choice.regex()}
+            else:
+                body["guided_regex"] = choice.regex()
+        self._post_all(bodies, on_result)
+
     def _generate_uncached(
         self,
         batch: Sequence[list[ChatMessage]],
         params: GenerationParams,
         on_result: Callable[[int, Generation], None],
     ) -> None:
+        self._post_all([self.request_body(messages, params) for messages in batch], on_result)
+
+    def _post_all(self, bodies: list[dict[str, Any]], on_result: Callable[[int, Generation], None]) -> None:
+        """POST every body to ``/chat/completions`` with bounded concurrency, calling ``on_result`` as each ends."""
         from tqdm.auto import tqdm
 
-        bodies = [self.request_body(messages, params) for messages in batch]
+        batch = bodies
         cancelled = threading.Event()
 
         def task(i: int) -> Generation | None:

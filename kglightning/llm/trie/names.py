@@ -16,6 +16,7 @@ cannot stop in the middle of a name.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,19 @@ class NameChoice:
         """A short hash of the choice (part of a response-cache key)."""
         text = "\n".join((*sorted(self.names), f"max={self.max_answers}", f"unknown={self.allow_unknown}"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    def regex(self) -> str:
+        """The same structure as a regular expression (for servers that constrain decoding by regex, e.g. vLLM).
+
+        Example:
+            >>> import re
+            >>> pattern = NameChoice(("Paris", "St. Louis"), max_answers=2).regex()
+            >>> [bool(re.fullmatch(pattern, t)) for t in ("Paris\\nSt. Louis", "St. Louis", "unknown", "Lyon", "St- Louis")]
+            [True, True, True, False, False]
+        """
+        names = "|".join(re.escape(n) for n in sorted(self.names, key=lambda n: (-len(n), n)))
+        lines = f"(?:{names})(?:\n(?:{names})){{0,{self.max_answers - 1}}}" if names else ""
+        return "|".join(x for x in (lines, UNKNOWN if self.allow_unknown else "") if x)
 
     def parse(self, text: str) -> tuple[list[str], bool, int]:
         """``(answers, abstained, dropped)``: the distinct names of ``text`` in order, whether it is ``unknown``,
