@@ -215,6 +215,8 @@ class PCSTRetriever(UsesEmbeddings):
         self.stats.add(len(node_set), len(triples), neighborhood, time.perf_counter() - start, recall)
         extra = dict(record.extra)
         extra["retrieval"] = {"method": "pcst", "neighborhood_triples": neighborhood, "nodes": len(node_set)}
+        if recall is not None:  # about this subgraph now, not the one the record came with
+            extra["answer_in_graph"] = recall
         return KGQARecord(record.id, record.question, record.answer, present, golds, triples, record.prediction,
                           record.confidence, extra)  # fmt: skip
 

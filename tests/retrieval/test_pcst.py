@@ -116,6 +116,8 @@ def test_records_stats_and_bad_input(retriever, caplog):
     assert [r.id for r in out] == ["q1", "q2", "q4", "q5"]  # q3: no topic entity in the KG, skipped
     assert out[0].a_entity == ["G"] and out[1].q_entity == ["T"] and out[3].a_entity == []
     assert out[2].graph == [] and out[0].extra["retrieval"]["method"] == "pcst"
+    assert out[0].extra["answer_in_graph"] is True and out[1].extra["answer_in_graph"] is False
+    assert "answer_in_graph" not in out[2].extra  # no gold answer given
     s = retriever.stats.summary()
     assert (s["questions"], s["missing_topic"], s["partial_topic"], s["empty_neighborhood"]) == (4, 1, 1, 1)
     assert s["with_answers"] == 3 and s["answer_in_graph_pct"] == pytest.approx(100 / 3)  # G yes; K, unknown no
