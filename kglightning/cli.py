@@ -146,6 +146,9 @@ def _compare_proxies(argv: list[str]) -> int:
                    help="a PEFT adapter folder and the instruction it was trained with (default sft); repeat")  # fmt: skip
     p.add_argument("--split", default="test", choices=["train", "validation", "test"])
     p.add_argument("--max_new_tokens", type=int, default=64)
+    p.add_argument("--confidence", default="stated", choices=["stated", "expected", "both"],
+                   help="score the confidence digits the proxy wrote, their expected value under the proxy's "
+                   "distribution (ConfidenceReadout), or both (one row each)")  # fmt: skip
     p.add_argument("--output_dir", default="outputs/proxy_comparison")
     args, overrides = p.parse_known_args(argv)
     proxies: dict[str, tuple[str, str]] = {}
@@ -155,9 +158,14 @@ def _compare_proxies(argv: list[str]) -> int:
         if not sep or not name or not adapter or instruction not in ("", "sft", "rl"):
             p.error(f"--proxy {spec!r}: expected NAME=ADAPTER, NAME=ADAPTER@sft or NAME=ADAPTER@rl")
         proxies[name] = (adapter, instruction or "sft")
-    generation = json.dumps({"num_evidence": 1, "decoding": "greedy", "max_new_tokens": args.max_new_tokens})
+    readouts = ["stated", "expected"] if args.confidence == "both" else [args.confidence]
+    runs = [(f"{name}-expected" if r == "expected" and len(readouts) > 1 else name, spec, r)
+            for name, spec in proxies.items() for r in readouts]  # fmt: skip
     results, details = {}, {}
-    for name, (adapter, instruction) in proxies.items():
+    for name, (adapter, instruction), readout in runs:
+        generation = json.dumps(
+            {"num_evidence": 1, "decoding": "greedy", "max_new_tokens": args.max_new_tokens, "confidence": readout}
+        )
         cli = _configured(
             "compare-proxies",
             save_config_callback=None,  # nothing is trained; the table says what was compared

@@ -1,10 +1,15 @@
 """Conformal prediction for KGQA: exact split-conformal thresholds, LTT p-values, FWER control (UAG).
 
-The math lives in :mod:`kglightning.conformal.functional`; its public names are re-exported here (``__all__`` is
-the same list).
+The math lives in :mod:`kglightning.conformal.functional`; its public names are re-exported here. The
+sampling-based baselines over an LLM's sampled answers live in :mod:`.sampling` (the data), :mod:`.clm` (CLM) and
+:mod:`.lofree` (LoFreeCP).
 """
 
 from kglightning.conformal import functional as _functional
 from kglightning.conformal.functional import *  # noqa: F403  (the names of ``_functional.__all__``)
 
-__all__ = list(_functional.__all__)
+from kglightning.conformal.clm import CLM, CLMConfig
+from kglightning.conformal.lofree import LoFreeCP
+from kglightning.conformal.sampling import SampledAnswers
+
+__all__ = [*_functional.__all__, "CLM", "CLMConfig", "LoFreeCP", "SampledAnswers"]

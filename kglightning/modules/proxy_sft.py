@@ -27,6 +27,7 @@ from torchmetrics import MeanMetric, SumMetric
 from kglightning.datamodules.sft import ProxyPrompt, sft_tokenizer
 from kglightning.evidence.format import ParseResult, parse_evidence
 from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2, load_causal_lm
+from kglightning.llm.confidence_readout import ConfidenceReadout
 from kglightning.llm.lora import DEFAULT_TARGET_MODULES, LoRASettings
 from kglightning.llm.parsing import ParseStats
 from kglightning.llm.trie import KGTrie, KGTrieLogitsProcessor
@@ -46,11 +47,18 @@ class EvidenceGeneration:
         num_evidence: evidence sequences per question (top-K beams; RoG and the paper use 3).
         decoding: ``"beam"`` (``num_evidence`` beams, all returned) or ``"greedy"`` (one sequence per question).
         max_new_tokens: longest generated evidence.
+        confidence: ``"stated"`` keeps the confidence digits the model wrote; ``"expected"`` replaces them by the
+            mean of the model's distribution over the values the format can write, given the text before them
+            (:class:`~kglightning.llm.confidence_readout.ConfidenceReadout`), which varies even when the greedy
+            digits are always the training set's most frequent value.
+        confidence_digits: decimals of the expected confidence and of its candidate values (the SFT data writes 2).
     """
 
     num_evidence: int = 3
     decoding: Decoding = "beam"
     max_new_tokens: int = 64
+    confidence: Literal["stated", "expected"] = "stated"
+    confidence_digits: int = 2
 
     def __post_init__(self) -> None:
         if self.num_evidence < 1 or self.max_new_tokens < 1:
@@ -59,6 +67,10 @@ class EvidenceGeneration:
             )
         if self.decoding not in ("beam", "greedy"):
             raise ValueError(f"decoding must be 'beam' or 'greedy', got {self.decoding!r}")
+        if self.confidence not in ("stated", "expected"):
+            raise ValueError(f"confidence must be 'stated' or 'expected', got {self.confidence!r}")
+        if not 0 <= self.confidence_digits <= 3:
+            raise ValueError(f"confidence_digits must be in 0..3, got {self.confidence_digits}")
 
 
 # the typed components are hyperparameters, so checkpoints hold them: let torch.load(weights_only=True) rebuild them
@@ -134,6 +146,9 @@ class ProxySFT(L.LightningModule):
         self.valid_rate = torch.nn.ModuleDict({s: MeanMetric() for s in ("val", "test")})
         self.malformed = torch.nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
         self.predict_stats = ParseStats()
+        self.readout: ConfidenceReadout | None = None
+        if generation.confidence == "expected":
+            self.readout = ConfidenceReadout(self.tokenizer, generation.confidence_digits)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor | None = None) -> Any:
         """The causal LM's output (with ``loss`` over the tokens whose label is not ``-100`` when ``labels``)."""
@@ -207,9 +222,26 @@ class ProxySFT(L.LightningModule):
         )
         out = self.run_generate(input_ids, attention_mask, config, tries)
         new = out.sequences[:, input_ids.shape[1] :].tolist()
-        texts = [self.tokenizer.decode(row, skip_special_tokens=True) for row in new]
+        if self.readout is not None:
+            prompts = [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
+            texts = self.rewrite_confidences(prompts, new)
+        else:
+            texts = [self.tokenizer.decode(row, skip_special_tokens=True) for row in new]
         scores = getattr(out, "sequences_scores", None)
         return texts, None if scores is None else [float(s) for s in scores.float().cpu()]
+
+    @torch.no_grad()
+    def rewrite_confidences(self, prompts: Sequence[Sequence[int]], generated: Sequence[Sequence[int]]) -> list[str]:
+        """Decode ``generated`` (``len(generated) / len(prompts)`` sequences per prompt, in order) with each block's
+        confidence read out as its expected value (``generation.confidence="expected"``)."""
+        readout = self.readout or ConfidenceReadout(self.tokenizer, self.generation.confidence_digits)
+        n = len(generated) // max(len(prompts), 1)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return [readout.rewrite(self.model, prompts[i // n], row) for i, row in enumerate(generated)]
+        finally:
+            self.model.train(was_training)
 
     @torch.no_grad()
     def run_generate(
@@ -279,9 +311,14 @@ class ProxySFT(L.LightningModule):
 
     def on_predict_start(self) -> None:
         self.predict_stats = ParseStats()
+        if self.readout is not None:
+            self.readout.reset()
 
     def on_predict_end(self) -> None:
         rank_zero_info(f"proxy evidence: {self.predict_stats}")
+        if self.readout is not None:
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(self.readout.counts.items())) or "no blocks"
+            rank_zero_info(f"expected-confidence readout: {counts}")
 
     # adapter and checkpoints
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from functools import partial
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 import torch
 
 from kglightning.datamodules.sft import ProxySFTDataModule
+from kglightning.evidence.format import parse_evidence
+from kglightning.llm.confidence_readout import ConfidenceReadout
 from kglightning.llm.lora import LoRASettings
 from kglightning.modules import ProxySFT
 from kglightning.modules.proxy_sft import EvidenceGeneration
@@ -122,6 +125,36 @@ def test_predict_parses_evidence_from_generations(trained, monkeypatch):
     assert row["issues"] == [[], ["unclosed_tag"]]
     assert row["parse"] == {"total": 2, "clean": 1, "unclosed_tag": 1}
     assert row["answer"] == ["Lima"]  # test-0 asks about Peru, the 5th country in sorted order
+
+
+def test_expected_confidence_readout_rewrites_only_the_digits(trained):
+    """generate_texts decodes through the readout when it is on; each beam is read against its own prompt."""
+    module, dm = trained["module"], trained["dm"]
+    dm.setup("predict")
+    batch = next(iter(dm.predict_dataloader()))
+    prompts = [row[m.bool()].tolist() for row, m in zip(batch["input_ids"][:2], batch["attention_mask"][:2])]
+    texts = ["<PATH confidence=0.75>capital</PATH>", "<PATH confidence=0.75>borders<SEP>capital</PATH>"] * 2
+    generated = [module.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    out = module.rewrite_confidences(prompts, generated)  # 2 beams per prompt
+    values = [parse_evidence(t, require_confidence=True).evidence[0].confidence for t in out]
+    assert [re.sub(r"confidence=[0-9.]+", "confidence=0.75", t) for t in out] == texts
+    readout = ConfidenceReadout(module.tokenizer)
+    assert out[1] == readout.rewrite(module.model, prompts[0], generated[1])
+    assert out[2] == readout.rewrite(module.model, prompts[1], generated[2])
+    assert readout.counts == {"rewritten": 2}
+    assert len(set(values)) > 1 and values != [0.75] * 4  # the expectation, not the written mode
+    module.readout = ConfidenceReadout(module.tokenizer)
+    try:
+        module.generate_texts(batch["input_ids"][:2], batch["attention_mask"][:2], "greedy")  # runs end to end
+    finally:
+        module.readout = None
+
+
+def test_generation_settings_are_checked():
+    with pytest.raises(ValueError, match="confidence must be"):
+        EvidenceGeneration(confidence="mean")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="confidence_digits"):
+        EvidenceGeneration(confidence_digits=5)
 
 
 def test_validation_logs_loss_and_evidence_validity(trained, tmp_path):

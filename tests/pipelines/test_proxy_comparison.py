@@ -74,6 +74,8 @@ def test_compare_proxies_command(tiny_chat_model_dir, tiny_sft_adapter, capitals
             f"rl={tiny_sft_adapter}@rl",
             "--max_new_tokens",
             "8",
+            "--confidence",
+            "both",
             "--model.init_args.model",
             tiny_chat_model_dir,
             "--data.init_args.data_dir",
@@ -85,7 +87,11 @@ def test_compare_proxies_command(tiny_chat_model_dir, tiny_sft_adapter, capitals
     assert status == 0
     out = tmp_path / "outputs/proxy_comparison"
     results = json.loads((out / "proxy_comparison.json").read_text())
-    assert list(results) == ["sft", "rl"] and all(r["n_questions"] == 6 for r in results.values())
+    assert list(results) == ["sft", "sft-expected", "rl", "rl-expected"]
+    assert all(r["n_questions"] == 6 for r in results.values())
+    for name in ("sft", "rl"):  # the same greedy outputs; only the confidences are read differently
+        stated, expected = ((out / f"{n}.jsonl").read_text().splitlines() for n in (name, f"{name}-expected"))
+        assert [json.loads(r)["valid"] for r in stated] == [json.loads(r)["valid"] for r in expected]
     assert (out / "proxy_confidence.png").stat().st_size > 0
     assert len((out / "rl.jsonl").read_text().splitlines()) == 6
     assert "| sft | 6 |" in capsys.readouterr().out

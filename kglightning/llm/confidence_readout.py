@@ -1,0 +1,135 @@
+"""Reading a verbalized confidence from the model's distribution instead of its greedy digits.
+
+A proxy fine-tuned on few examples writes the most frequent confidence of its training set for almost every
+evidence (greedy decoding picks the mode), so its *stated* confidence carries no information even when its
+distribution over the digits does. The *expected* readout replaces the written digits of each
+``<PATH confidence=...>`` block by the mean of the model's distribution over the confidence values the training
+format can write (``0.00``, ``0.01``, ..., ``1.00`` for two decimals), given everything generated before the digits:
+
+    ``ĉ = Σ_v v · p(v | prompt, text up to "confidence=") / Σ_v p(v | ...)``
+
+The probability of a value is the product of its token probabilities, computed exactly for every value on a token
+trie of the candidates (one batched forward per block over the trie's inner nodes, about 16 short sequences for a
+digit-level tokenizer such as SmolLM2's), so the readout works whatever the tokenizer does with digits. Only the
+digits change; the path written after them is the model's greedy one. A block whose opening tag does not end on a
+token boundary (a tokenizer that merges ``=`` with the digits) keeps its stated digits and is counted as
+``unaligned``; a stated value outside ``[0, 1]`` is left for the parser to report (``out_of_range``); nothing is
+dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["ConfidenceReadout", "confidence_grid"]
+
+_OPEN = re.compile(r"<\s*PATH\s+confidence\s*=\s*", re.I)
+_DIGITS = re.compile(r"[\"']?[-+]?(?:\d+(?:\.\d*)?|\.\d+)[\"']?")
+
+
+def confidence_grid(digits: int = 2) -> list[str]:
+    """The confidence texts the format writes with ``digits`` decimals, from 0 to 1.
+
+    Example:
+        >>> confidence_grid(1)
+        ['0.0', '0.1', '0.2', '0.3', '0.4', '0.5', '0.6', '0.7', '0.8', '0.9', '1.0']
+        >>> len(confidence_grid(2))
+        101
+    """
+    if digits < 0:
+        raise ValueError(f"digits must be >= 0, got {digits}")
+    steps = 10**digits
+    return [f"{k / steps:.{digits}f}" for k in range(steps + 1)]
+
+
+class ConfidenceReadout:
+    """Rewrites the confidence of every ``<PATH confidence=...>`` block of generated texts by its expected value.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        digits: decimals of the candidate values and of the rewritten confidence (the SFT data writes 2).
+
+    Attributes:
+        counts: ``rewritten`` blocks, and ``unaligned`` and ``out_of_range`` ones (left as written), since the last
+            :meth:`reset`.
+    """
+
+    def __init__(self, tokenizer: Any, digits: int = 2) -> None:
+        self.tokenizer = tokenizer
+        self.digits = digits
+        self.values = [float(v) for v in confidence_grid(digits)]
+        self.candidates = [tuple(tokenizer.encode(v, add_special_tokens=False)) for v in confidence_grid(digits)]
+        if len(set(self.candidates)) != len(self.candidates):
+            raise ValueError("the tokenizer maps two confidence values to the same tokens")
+        # the inner nodes of the candidates' token trie: every proper prefix
+        self.nodes = sorted({c[:k] for c in self.candidates for k in range(len(c))}, key=lambda p: (len(p), p))
+        self.counts: Counter[str] = Counter()
+
+    def reset(self) -> None:
+        self.counts = Counter()
+
+    @torch.no_grad()
+    def distribution(self, model: Any, prefix: Sequence[int]) -> Tensor:
+        """``p(v | prefix)`` over the candidate values (renormalised over them), a ``(len(values),)`` tensor.
+
+        Args:
+            model: the causal LM (called with ``input_ids`` and ``attention_mask``; returns ``.logits``).
+            prefix: token ids up to the first digit of the confidence (the prompt included).
+        """
+        rows = [list(prefix) + list(node) for node in self.nodes]
+        width = max(map(len, rows))
+        pad = self.tokenizer.pad_token_id or 0
+        device = next(model.parameters()).device
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)
+        logits = model(input_ids=ids, attention_mask=mask).logits  # right padding: positions stay those of the text
+        last = torch.tensor([len(r) - 1 for r in rows], device=device)
+        logp = torch.log_softmax(logits[torch.arange(len(rows), device=device), last].float(), dim=-1)
+        at = {node: i for i, node in enumerate(self.nodes)}
+        scores = torch.stack(
+            [
+                sum((logp[at[c[:k]], c[k]] for k in range(len(c))), torch.zeros((), device=device))
+                for c in self.candidates
+            ]
+        )
+        return torch.softmax(scores, dim=0).cpu()
+
+    def expected(self, model: Any, prefix: Sequence[int]) -> float:
+        """The expected confidence given ``prefix`` (see :meth:`distribution`)."""
+        p = self.distribution(model, prefix)
+        return float((p.double() * torch.tensor(self.values, dtype=torch.float64)).sum())
+
+    def rewrite(self, model: Any, prompt: Sequence[int], generated: Sequence[int]) -> str:
+        """The decoded ``generated`` text with each block's confidence replaced by its expected value.
+
+        Args:
+            model: the causal LM that generated the text.
+            prompt: the prompt's token ids, without padding.
+            generated: the generated token ids (padding and end tokens are skipped when decoding).
+        """
+        decode = self.tokenizer.decode
+        text = decode(list(generated), skip_special_tokens=True)
+        # decoded prefix lengths, to find the token at which each opening tag ends
+        prefixes = {decode(list(generated[:k]), skip_special_tokens=True): k for k in range(len(generated) + 1)}
+        out, pos = [], 0
+        for m in _OPEN.finditer(text):
+            digits = _DIGITS.match(text, m.end())
+            k = prefixes.get(text[: m.end()])
+            if digits is None or k is None:
+                self.counts["unaligned"] += 1
+                continue
+            stated = float(digits.group(0).strip("\"'"))
+            if not 0.0 <= stated <= 1.0:  # a malformed block stays malformed (the parser counts it)
+                self.counts["out_of_range"] += 1
+                continue
+            value = self.expected(model, [*prompt, *generated[:k]])
+            out.append(text[pos : digits.start()] + f"{value:.{self.digits}f}")
+            pos = digits.end()
+            self.counts["rewritten"] += 1
+        return "".join(out) + text[pos:]
