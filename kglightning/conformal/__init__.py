@@ -6,9 +6,8 @@ sampling-based baselines over an LLM's sampled answers live in :mod:`.sampling` 
 """
 
 from kglightning.conformal import functional as _functional
-from kglightning.conformal.functional import *  # noqa: F403  (the names of ``_functional.__all__``)
-
 from kglightning.conformal.clm import CLM, CLMConfig
+from kglightning.conformal.functional import *  # noqa: F403  (the names of ``_functional.__all__``)
 from kglightning.conformal.lofree import LoFreeCP
 from kglightning.conformal.sampling import SampledAnswers
 

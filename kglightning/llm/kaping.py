@@ -140,8 +140,11 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
                 self.counts["empty_graph"] += not record.graph
                 self.counts["unknown"] += unknown or not names
                 self.counts["dropped_lines"] += dropped
-                extra = dict(record.extra, kaping={"raw": gen.text, "unknown": unknown or not names,
-                                                   "dropped_lines": dropped, "facts": [list(f) for f in fact]})  # fmt: skip
+                info = {"raw": gen.text, "unknown": unknown or not names, "dropped_lines": dropped,
+                        "facts": [list(f) for f in fact]}  # fmt: skip
+                if gen.token_logprobs is not None:  # generation.logprobs: the answer's log-probability
+                    info |= {"logprob": sum(gen.token_logprobs), "tokens": len(gen.token_logprobs)}
+                extra = dict(record.extra, kaping=info)
                 out.append(replace(record, prediction=names, confidence=None, extra=extra))
             bar.update(len(chunk))
         bar.close()

@@ -31,6 +31,10 @@ from typing import Any, Literal
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from kglightning.conformal.answer_sampling import AnswerSampler
+from kglightning.conformal.clm import CLM
+from kglightning.conformal.lofree import LoFreeCP
+from kglightning.conformal.sampling import SampledAnswers, set_covers
 from kglightning.conformal.uag import (
     QuestionScores,
     SplitCP,
@@ -42,7 +46,7 @@ from kglightning.conformal.uag import (
     members_at,
     score_questions,
 )
-from kglightning.conformal.uag.controller import COMPONENTS
+from kglightning.conformal.uag.controller import COMPONENTS, split_indices
 from kglightning.conformal.uag.evaluator import LLMEvaluator
 from kglightning.data.embeddings import BUNDLED_MINILM, EmbeddingCache, SentenceEncoder, default_cache_root
 from kglightning.data.kg import KGIndex
@@ -85,6 +89,13 @@ class UAGReasoner(L.LightningModule):
         llm: optional reasoner LLM for the evaluator (Eq. 6).
         sweep_alphas: levels for the ECR/APSS table and plot (``[]`` for none).
         baselines: also fit and apply Top-K and split CP.
+        sampler: also fit and apply the sampling baselines CLM and LoFreeCP on the LLM answers it samples (e.g.
+            ``AnswerSampler(KAPINGAnswerer(...), samples=10)``), on the same three splits as the controller:
+            LoFreeCP's weights are tuned on the quantile split and its threshold set on the calibration split; CLM is
+            certified on the calibration split and selected on the selection split. With a sampler, ``predict``
+            always calibrates (the loaded state keeps UAG's and the distance baselines' fits only).
+        clm: CLM's settings (default ``CLM(delta=controller.delta)``; ``set_confidence``, grids); used with
+            ``sampler``.
         output_dir: where the outputs go.
         cache_dir: text-embedding cache root (default ``$KGLIGHTNING_CACHE/embeddings``).
         progress: show progress bars.
@@ -107,6 +118,8 @@ class UAGReasoner(L.LightningModule):
         llm: LLMEvaluator | None = None,
         sweep_alphas: list[float] | None = None,
         baselines: bool = True,
+        sampler: AnswerSampler | None = None,
+        clm: CLM | None = None,
         output_dir: str = "outputs/uag",
         cache_dir: str | None = None,
         progress: bool = True,
@@ -126,6 +139,9 @@ class UAGReasoner(L.LightningModule):
         self.llm = llm
         self.sweep_alphas = [float(a) for a in sweep_alphas or []]
         self.baselines = baselines
+        self.sampler = sampler
+        self.clm_settings = clm or CLM(delta=self.controller.delta, coverage=self.coverage)
+        self.fitted_sampling: dict[float, dict[str, CLM | LoFreeCP]] = {}
         self.output_dir = Path(output_dir)
         self.cache_dir = cache_dir
         self.progress = progress
@@ -179,6 +195,7 @@ class UAGReasoner(L.LightningModule):
             "max_paths": self.max_paths,
             "llm": self.llm is not None,
             "baselines": self.baselines,
+            "sampler": self.sampler is not None,
             "alphas": self.alphas,
         }
 
@@ -225,9 +242,30 @@ class UAGReasoner(L.LightningModule):
                     "split_cp": SplitCP(self.coverage).fit(pool_scores, a),
                     "top_k": TopK(self.coverage).fit(pool_scores, a),
                 }
+        if self.sampler is not None:
+            self.fit_sampling(pool)
         self.calibration_seconds = time.perf_counter() - start
         self._fitted_for = self.fit_settings()
         return self.selections
+
+    def fit_sampling(self, pool: Sequence[KGQARecord]) -> dict[float, dict[str, CLM | LoFreeCP]]:
+        """Sample the pool's answers and fit LoFreeCP and CLM at every level, on the controller's three splits."""
+        if self.sampler is None:
+            raise RuntimeError("no sampler configured")
+        sampled = self.sampler.sample(pool)
+        quant, cal, sel = ([sampled[i] for i in idx.tolist()] for idx in
+                           split_indices(len(pool), self.controller.split_fractions, self.controller.seed))  # fmt: skip
+        c = self.clm_settings
+        self.fitted_sampling = {
+            a: {
+                "clm": CLM(c.delta, c.set_confidence, c.similarity, c.similarity_grid, c.grid_size, self.coverage).fit(
+                    cal, sel, a
+                ),
+                "lofree_cp": LoFreeCP.tune(quant, a, coverage=self.coverage).fit(cal, a),
+            }
+            for a in self.alphas
+        }
+        return self.fitted_sampling
 
     def on_predict_start(self) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
@@ -240,7 +278,7 @@ class UAGReasoner(L.LightningModule):
                 "or model.calibration_split to another split)"
             )
         self.rows = []
-        reuse = bool(self.selections) and self._fitted_for == self.fit_settings()
+        reuse = bool(self.selections) and self._fitted_for == self.fit_settings() and self.sampler is None
         if reuse:
             rank_zero_info("UAG: using the LTT selections of the loaded state (no calibration)")
         else:
@@ -256,6 +294,9 @@ class UAGReasoner(L.LightningModule):
                 "levels": {alpha_key(a): c.summary() for a, c in self.selections.items()},
                 "baselines": {
                     alpha_key(a): {m: b.summary() for m, b in v.items()} for a, v in self.fitted_baselines.items()
+                },
+                "sampling_baselines": {
+                    alpha_key(a): {m: b.summary() for m, b in v.items()} for a, v in self.fitted_sampling.items()
                 },
                 "calibration_split": self.calibration_split,
                 "calibration_questions_without_candidates": self.empty_pools,
@@ -274,10 +315,13 @@ class UAGReasoner(L.LightningModule):
 
     def predict_step(self, batch: list[KGQARecord], batch_idx: int) -> list[dict[str, Any]]:
         scores = self.score(batch, desc="UAG test scores")
+        sampled: list[SampledAnswers | None] = [None] * len(batch)
+        if self.sampler is not None:
+            sampled = list(self.sampler.sample(batch))
         main = self.selections[self.alpha]
         traversal = UAGTraversal(self.cache, self.max_hops)
         rows = []
-        for record, s in zip(batch, scores):
+        for record, s, sq in zip(batch, scores, sampled):
             kg = KGIndex.from_record(record)
             res = traversal.run(record, *main.selected_thresholds, kg=kg, llm_answer=s.llm_answer)
             row: dict[str, Any] = {
@@ -295,12 +339,22 @@ class UAGReasoner(L.LightningModule):
                 "baselines": {},
                 "sweep": {},
             }
+            if sq is not None:
+                row["sampled_answers"] = list(sq.samples)
             for a in self.alphas:
                 methods = self._methods(a, s)
                 key = alpha_key(a)
                 row["sweep"][key] = {
                     m: [covers(s, member, self.coverage), int(member.sum())] for m, (member, _) in methods.items()
                 }
+                for m, b in self.fitted_sampling.get(a, {}).items() if sq is not None else ():
+                    names = b.member(sq)
+                    row["sweep"][key][m] = [set_covers(names, sq.gold, self.coverage), len(names)]
+                    if a == self.alpha:
+                        row.setdefault("sampling_baselines", {})[m] = {
+                            "prediction": sorted(names),
+                            "abstained": b.abstained,
+                        }
                 if a == self.alpha:
                     row["covered"] = row["sweep"][key]["uag"][0]
                     row["baselines"] = {
@@ -326,7 +380,9 @@ class UAGReasoner(L.LightningModule):
             for row in rows:
                 f.write(json.dumps({k: v for k, v in row.items() if k != "sweep"}) + "\n")
         abstained = {
-            alpha_key(a): {"uag": cal.abstained} | {m: b.abstained for m, b in self.fitted_baselines.get(a, {}).items()}
+            alpha_key(a): {"uag": cal.abstained}
+            | {m: b.abstained for m, b in self.fitted_baselines.get(a, {}).items()}
+            | {m: b.abstained for m, b in self.fitted_sampling.get(a, {}).items()}
             for a, cal in self.selections.items()
         }
         main = sweep_results(rows, [self.alpha], abstained)[0]
@@ -336,6 +392,8 @@ class UAGReasoner(L.LightningModule):
         if self.llm is not None:  # over calibration and test questions, this process
             metrics["llm_no_answer"] = self.llm.num_no_answer
             rank_zero_info(f"UAG: the LLM gave no readable answer for {self.llm.num_no_answer} questions")
+        if self.sampler is not None:  # over calibration and test questions, this process
+            metrics["sampler"] = dict(self.sampler.counts)
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         rank_zero_info(f"UAG on {len(rows)} questions:\n{sweep_markdown([main])}")
         if self.sweep_alphas:

@@ -192,3 +192,48 @@ def test_fitted_selections_live_in_the_state_dict(tmp_path, bench_dir, tiny_enco
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     trainer.predict(other, datamodule=data, return_predictions=False)
     assert json.loads((tmp_path / "out3/ltt.json").read_text())["from_loaded_state"] is False
+
+
+@pytest.mark.e2e
+def test_clm_and_lofree_on_sampled_llm_answers(tmp_path, bench_dir, tiny_encoder_dir, tiny_chat_model_dir):
+    """A KAPING sampler over the tiny local model: CLM and LoFreeCP fitted on UAG's splits, in the rows and sweep."""
+    from kglightning.conformal.answer_sampling import AnswerSampler
+    from kglightning.conformal.clm import CLM
+    from kglightning.llm.backends import LocalHFBackend
+    from kglightning.llm.backends.base import GenerationParams
+    from kglightning.llm.kaping import KAPINGAnswerer
+
+    backend = LocalHFBackend(tiny_chat_model_dir, batch_size=16, show_progress=False, cache_dir=str(tmp_path / "llm"))
+    answerer = KAPINGAnswerer(
+        backend,
+        encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+        cache_dir=str(tmp_path / "cache"),
+        top_triples=3,
+        max_answers=1,
+        generation=GenerationParams(max_new_tokens=12),
+        show_progress=False,
+    )
+    sampler = AnswerSampler(answerer, samples=2)
+    model, data = _run(
+        tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, sweep_alphas=[0.3, 0.5], sampler=sampler,
+        clm=CLM(grid_size=3),
+    )  # fmt: skip
+    out = tmp_path / "out"
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").open()]
+    assert len(rows) == len(data.split_records("test"))
+    assert sampler.counts["questions"] == 60 + len(rows) and sampler.counts["samples"] == 2 * (60 + len(rows))
+    for row, full in zip(rows, model.rows):
+        assert len(row["sampled_answers"]) == 2
+        for m in ("clm", "lofree_cp"):
+            pred = row["sampling_baselines"][m]["prediction"]
+            assert set(pred) <= set(row["sampled_answers"]) - {""}
+            assert full["sweep"]["0.4"][m] == [bool(set(pred) & set(row["a_entity"])), len(pred)]
+    ltt = json.loads((out / "ltt.json").read_text())
+    assert set(ltt["sampling_baselines"]["0.3"]) == {"clm", "lofree_cp"}
+    sweep = json.loads((out / "sweep.json").read_text())
+    for entry in sweep["results"]:
+        for m in ("clm", "lofree_cp"):
+            pairs = [r["sweep"][str(entry["alpha"])][m] for r in model.rows]
+            assert entry[m]["ecr"] == pytest.approx(sum(c for c, _ in pairs) / len(rows))
+    assert "CLM ECR" in (out / "sweep.md").read_text() and "LoFreeCP APSS" in (out / "sweep.md").read_text()
+    assert json.loads((out / "metrics.json").read_text())["sampler"]["samples"] == sampler.counts["samples"]
