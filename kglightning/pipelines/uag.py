@@ -34,6 +34,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from kglightning.conformal.answer_sampling import AnswerSampler
 from kglightning.conformal.clm import CLM
 from kglightning.conformal.lofree import LoFreeCP
+from kglightning.conformal.sample_cp import SampleSplitCP, SampleTopK
 from kglightning.conformal.sampling import SampledAnswers, set_covers
 from kglightning.conformal.uag import (
     QuestionScores,
@@ -89,10 +90,11 @@ class UAGReasoner(L.LightningModule):
         llm: optional reasoner LLM for the evaluator (Eq. 6).
         sweep_alphas: levels for the ECR/APSS table and plot (``[]`` for none).
         baselines: also fit and apply Top-K and split CP.
-        sampler: also fit and apply the sampling baselines CLM and LoFreeCP on the LLM answers it samples (e.g.
-            ``AnswerSampler(KAPINGAnswerer(...), samples=10)``), on the same three splits as the controller:
-            LoFreeCP's weights are tuned on the quantile split and its threshold set on the calibration split; CLM is
-            certified on the calibration split and selected on the selection split. With a sampler, ``predict``
+        sampler: also fit and apply the sampling baselines on the LLM answers it samples (e.g.
+            ``AnswerSampler(KAPINGAnswerer(...), samples=10)``): Top-K and split CP ranked by the LLM's likelihood
+            (or sample frequency with ``quality: frequency``), fitted on the whole pool like the distance
+            baselines; LoFreeCP, its weights tuned on the controller's quantile split and its threshold set on the
+            calibration split; CLM, certified on the calibration split and selected on the selection split. With a sampler, ``predict``
             always calibrates (the loaded state keeps UAG's and the distance baselines' fits only).
         clm: CLM's settings (default ``CLM(delta=controller.delta)``; ``set_confidence``, grids); used with
             ``sampler``.
@@ -141,7 +143,7 @@ class UAGReasoner(L.LightningModule):
         self.baselines = baselines
         self.sampler = sampler
         self.clm_settings = clm or CLM(delta=self.controller.delta, coverage=self.coverage)
-        self.fitted_sampling: dict[float, dict[str, CLM | LoFreeCP]] = {}
+        self.fitted_sampling: dict[float, dict[str, Any]] = {}
         self.output_dir = Path(output_dir)
         self.cache_dir = cache_dir
         self.progress = progress
@@ -248,16 +250,20 @@ class UAGReasoner(L.LightningModule):
         self._fitted_for = self.fit_settings()
         return self.selections
 
-    def fit_sampling(self, pool: Sequence[KGQARecord]) -> dict[float, dict[str, CLM | LoFreeCP]]:
-        """Sample the pool's answers and fit LoFreeCP and CLM at every level, on the controller's three splits."""
+    def fit_sampling(self, pool: Sequence[KGQARecord]) -> dict[float, dict[str, Any]]:
+        """Sample the pool's answers and fit, at every level, Top-K and split CP on the LLM's scores (the whole
+        pool, like the distance baselines), LoFreeCP and CLM (on the controller's three splits)."""
         if self.sampler is None:
             raise RuntimeError("no sampler configured")
         sampled = self.sampler.sample(pool)
         quant, cal, sel = ([sampled[i] for i in idx.tolist()] for idx in
                            split_indices(len(pool), self.controller.split_fractions, self.controller.seed))  # fmt: skip
         c = self.clm_settings
+        rank_by = "likelihood" if self.sampler.quality == "logprob" else "frequency"
         self.fitted_sampling = {
             a: {
+                "split_cp_llm": SampleSplitCP(rank_by, self.coverage).fit(sampled, a),
+                "top_k_llm": SampleTopK(rank_by, self.coverage).fit(sampled, a),
                 "clm": CLM(c.delta, c.set_confidence, c.similarity, c.similarity_grid, c.grid_size, self.coverage).fit(
                     cal, sel, a
                 ),

@@ -1,5 +1,5 @@
-"""UAG's reports: the ECR/APSS table over alpha (UAG beside Top-K, split CP, and with a sampler CLM and LoFreeCP)
-and the coverage-vs-alpha plot.
+"""UAG's reports: the ECR/APSS table over alpha (UAG beside Top-K and split CP on retrieval distance, and with a
+sampler Top-K and split CP on the LLM's scores, CLM and LoFreeCP) and the coverage-vs-alpha plot.
 
 Rows are the per-question outputs of :class:`~kglightning.pipelines.uag.UAGReasoner`: each carries, for every swept
 ``alpha`` and every method, ``[covered, set size]``. A method that abstains at some ``alpha`` (no certified
@@ -21,8 +21,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from kglightning.metrics.plots import save_figure  # noqa: E402
 
-METHODS = ("uag", "split_cp", "top_k", "clm", "lofree_cp")
-LABELS = {"uag": "UAG", "split_cp": "Split CP", "top_k": "Top-K", "clm": "CLM", "lofree_cp": "LoFreeCP"}
+METHODS = ("uag", "split_cp", "top_k", "split_cp_llm", "top_k_llm", "clm", "lofree_cp")
+LABELS = {"uag": "UAG", "split_cp": "Split CP", "top_k": "Top-K", "split_cp_llm": "Split CP (LLM)",
+          "top_k_llm": "Top-K (LLM)", "clm": "CLM", "lofree_cp": "LoFreeCP"}  # fmt: skip
 
 
 def alpha_key(alpha: float) -> str:
@@ -76,7 +77,7 @@ def plot_sweep(results: Sequence[dict[str, Any]], path: str | Path, title: str |
     fig, (ax_c, ax_s) = plt.subplots(1, 2, figsize=(10, 4))
     alphas = [r["alpha"] for r in results]
     ax_c.plot(alphas, [1 - a for a in alphas], "k--", lw=1, label="1 − α (target)")
-    for m, marker in zip(_methods(results), "osD^v"):
+    for m, marker in zip(_methods(results), "osD^v<>"):
         for ax, field in ((ax_c, "ecr"), (ax_s, "apss")):
             ys = [r[m][field] for r in results]
             line = ax.plot(alphas, ys, marker=marker, label=LABELS[m])[0]

@@ -99,3 +99,36 @@ def test_clm_coverage_over_seeded_splits(alpha):
     assert abstained == 0
     assert covered / total >= 1 - alpha - 0.01
     assert sum(sizes) / len(sizes) < 4  # smaller than every sampled answer: the rules do something
+
+
+def test_llm_score_split_cp_and_top_k():
+    from kglightning.conformal.sample_cp import SampleSplitCP, SampleTopK
+
+    # gold frequency k/10 for k = 1..9 (n = 9); split CP's rank ceil(10 * 0.8) = 8 of 1 - k/10 -> qhat 0.8
+    cal = [SampledAnswers(("g",) * k + ("x",) * (10 - k), frozenset({"g"})) for k in range(1, 10)]
+    cp = SampleSplitCP().fit(cal, alpha=0.2)
+    assert cp.qhat == pytest.approx(0.8) and not cp.abstained
+    assert cp.member(SampledAnswers(("g",) * 3 + ("x",) * 7, frozenset({"g"}))) == {"g", "x"}
+    assert cp.member(SampledAnswers(("g",) * 1 + ("x",) * 9, frozenset({"g"}))) == {"x"}  # 1 - 0.1 > 0.8
+    assert SampleSplitCP().fit(cal, alpha=0.05).abstained
+    # the gold is ranked first for k >= 6 (5 of 9 questions), second otherwise (k = 5 ties: sampled first wins)
+    top = SampleTopK().fit(cal, alpha=0.5)  # ceil(0.5 * 9) = 5 questions must be covered: K = 1
+    assert top.k == 1 and top.member(cal[0]) == {"x"}
+    assert SampleTopK().fit(cal, alpha=0.2).k == 2
+    assert SampleTopK().fit([SampledAnswers(("x",), frozenset({"g"}))] * 3, alpha=0.2).abstained
+    q = SampledAnswers(("a", "b", "a"), frozenset({"b"}), quality=(0.2, 0.9, 0.3))
+    assert SampleTopK("likelihood").fit([q] * 4, alpha=0.2).k == 1  # b is the likeliest
+
+
+@pytest.mark.parametrize("rank_by", ["frequency", "likelihood"])
+def test_llm_score_split_cp_coverage_over_seeded_splits(rank_by):
+    from kglightning.conformal.sample_cp import SampleSplitCP
+
+    covered = total = 0
+    for seed in range(60):
+        questions = _task(200, 500 + seed)
+        cp = SampleSplitCP(rank_by).fit(questions[:100], 0.2)
+        assert not cp.abstained
+        covered += sum(set_covers(cp.member(q), q.gold) for q in questions[100:])
+        total += 100
+    assert covered / total >= 0.8 - 0.01

@@ -224,15 +224,15 @@ def test_clm_and_lofree_on_sampled_llm_answers(tmp_path, bench_dir, tiny_encoder
     assert sampler.counts["questions"] == 60 + len(rows) and sampler.counts["samples"] == 2 * (60 + len(rows))
     for row, full in zip(rows, model.rows):
         assert len(row["sampled_answers"]) == 2
-        for m in ("clm", "lofree_cp"):
+        for m in ("split_cp_llm", "top_k_llm", "clm", "lofree_cp"):
             pred = row["sampling_baselines"][m]["prediction"]
             assert set(pred) <= set(row["sampled_answers"]) - {""}
             assert full["sweep"]["0.4"][m] == [bool(set(pred) & set(row["a_entity"])), len(pred)]
     ltt = json.loads((out / "ltt.json").read_text())
-    assert set(ltt["sampling_baselines"]["0.3"]) == {"clm", "lofree_cp"}
+    assert set(ltt["sampling_baselines"]["0.3"]) == {"split_cp_llm", "top_k_llm", "clm", "lofree_cp"}
     sweep = json.loads((out / "sweep.json").read_text())
     for entry in sweep["results"]:
-        for m in ("clm", "lofree_cp"):
+        for m in ("split_cp_llm", "top_k_llm", "clm", "lofree_cp"):
             pairs = [r["sweep"][str(entry["alpha"])][m] for r in model.rows]
             assert entry[m]["ecr"] == pytest.approx(sum(c for c, _ in pairs) / len(rows))
     assert "CLM ECR" in (out / "sweep.md").read_text() and "LoFreeCP APSS" in (out / "sweep.md").read_text()
