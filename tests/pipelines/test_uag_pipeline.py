@@ -152,6 +152,24 @@ def test_llm_evaluator_with_a_local_model(tmp_path, bench_dir, tiny_encoder_dir,
     assert metrics["llm_no_answer"] == again.num_no_answer == llm.num_no_answer
 
 
+def test_constrained_llm_evaluator_answers_with_a_candidate(tmp_path, bench_dir, tiny_encoder_dir, tiny_chat_model_dir):
+    """With constrained=True, Phi is one of the question's candidate entities (or no answer)."""
+    from kglightning.conformal.uag.evaluator import LLMEvaluator
+    from kglightning.llm.backends import LocalHFBackend
+
+    backend = LocalHFBackend(tiny_chat_model_dir, batch_size=8, show_progress=False, cache_dir=str(tmp_path / "llm"))
+    llm = LLMEvaluator(backend, max_paths=3, max_new_tokens=16, constrained=True)
+    data = KGQADataModule(data_dir=bench_dir, max_records=12)
+    records = data.split_records("test")
+    cache = _unfitted(tmp_path, tiny_encoder_dir, 0.25, "out").cache
+    scores = score_questions(records, cache, max_hops=2, progress=False)
+    answers = llm.answers(records, scores)
+    assert sum(a is not None for a in answers) + llm.num_no_answer == len(records)
+    assert sum(a is not None for a in answers) > 0
+    for a, s in zip(answers, scores):
+        assert a is None or a in s.entities
+
+
 def _unfitted(tmp_path, tiny_encoder_dir, grid_step: float, out: str) -> UAGReasoner:
     return UAGReasoner(
         encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),

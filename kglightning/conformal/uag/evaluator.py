@@ -8,7 +8,10 @@ so one LLM call per question serves the whole calibration.
 
 ``Phi`` is the answer's first non-blank line, without a leading ``Answer:`` (UAG compares the raw generation). A
 blank answer is counted in :attr:`LLMEvaluator.num_no_answer`, and the evaluator then falls back to the question
-(see :mod:`.scores`).
+(see :mod:`.scores`). With ``constrained=True`` the answer is forced onto one of the question's candidate entity
+names, or ``unknown`` (structured generation, :class:`~kglightning.llm.trie.names.NameChoice`; the backend must
+support ``choices``, as :class:`~kglightning.llm.LocalHFBackend` does), so a small model's ``Phi`` is an entity and
+not the start of a sentence; ``unknown`` counts as no answer.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.evidence.schema import Evidence
 from kglightning.evidence.verbalize import path_instances, verbalize_instance
-from kglightning.llm.backends.base import LLMBackend
+from kglightning.llm.backends.base import GenerationParams, LLMBackend
+from kglightning.llm.trie.names import NameChoice
 
 PROMPT = "Based on the following reasoning paths: {paths}, {question}?"
 _ANSWER_PREFIX = re.compile(r"^\s*(?:the\s+)?answer\s*(?:is)?\s*[:\-]\s*", re.IGNORECASE)
@@ -53,6 +57,7 @@ class LLMEvaluator:
         instances_per_path: grounded instances written per relation path.
         max_new_tokens: answer length bound (UAG used 10).
         temperature: ``0`` decodes greedily.
+        constrained: force ``Phi`` onto a candidate entity name (or ``unknown``), see the module docstring.
     """
 
     def __init__(
@@ -62,8 +67,10 @@ class LLMEvaluator:
         instances_per_path: int = 2,
         max_new_tokens: int = 32,
         temperature: float = 0.0,
+        constrained: bool = False,
     ) -> None:
         self.backend = backend
+        self.constrained = constrained
         self.max_paths = max_paths
         self.instances_per_path = instances_per_path
         self.max_new_tokens = max_new_tokens
@@ -85,8 +92,14 @@ class LLMEvaluator:
     def answers(self, records: Sequence[KGQARecord], scores: Sequence[QuestionScores]) -> list[str | None]:
         """One ``Phi`` per question (``None`` when the answer could not be read)."""
         batch = [[{"role": "user", "content": self.prompt(r, s)}] for r, s in zip(records, scores)]
-        gens = self.backend.generate(batch, max_new_tokens=self.max_new_tokens, temperature=self.temperature)
-        out = [answer_text(gen.text) for gen in gens]
+        if self.constrained:
+            choices = [NameChoice(tuple(s.entities), max_answers=1) for s in scores]
+            params = GenerationParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+            gens = self.backend.generate_with_params(batch, params, choices)
+            out = [next(iter(c.parse(gen.text)[0]), None) for c, gen in zip(choices, gens)]
+        else:
+            gens = self.backend.generate(batch, max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+            out = [answer_text(gen.text) for gen in gens]
         self.num_no_answer += sum(a is None for a in out)
         return out
 
