@@ -27,10 +27,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
-from kglightning.conformal.functional import conformal_quantile
-from kglightning.conformal.sampling import Coverage, SampledAnswers, Similarity, evaluate_sets, exact_similarity
+from kglightning.conformal.sampling import (
+    Coverage,
+    SampledAnswers,
+    Similarity,
+    SplitConformalSets,
+    evaluate_sets,
+    exact_similarity,
+    gold_value,
+)
 
 __all__ = ["LoFreeCP", "normalized_entropy"]
 
@@ -52,7 +57,7 @@ def normalized_entropy(q: SampledAnswers) -> float:
     return max(0.0, -sum(p * math.log(p) for p in probs) / math.log(q.m))
 
 
-class LoFreeCP:
+class LoFreeCP(SplitConformalSets):
     """Split conformal prediction on LoFreeCP's non-conformity (see the module docstring).
 
     Args:
@@ -99,38 +104,15 @@ class LoFreeCP:
             out[y] = -f + ne - ss
         return out
 
+    def nonconformity(self, q: SampledAnswers) -> dict[str, float]:
+        return self.scores(q)
+
     def calibration_score(self, q: SampledAnswers) -> float:
         """The question's score: ``N`` of its best (``any``) or worst (``all``) gold answer; ``+inf`` if unsampled."""
-        scores = self.scores(q)
-        gold = [scores.get(g, math.inf) for g in q.gold]
-        if not gold:
-            return math.inf
-        return min(gold) if self.coverage == "any" else max(gold)
-
-    def fit(self, calibration: Sequence[SampledAnswers], alpha: float) -> LoFreeCP:
-        """Set ``q̂`` from a calibration split."""
-        cal = torch.tensor([self.calibration_score(q) for q in calibration], dtype=torch.float64)
-        self.qhat, self.alpha = float(conformal_quantile(cal, alpha)), alpha
-        return self
-
-    @property
-    def abstained(self) -> bool:
-        return self.qhat == math.inf
-
-    def member(self, q: SampledAnswers) -> set[str]:
-        """The prediction set of a question: its sampled answers with ``N ≤ q̂``."""
-        if self.qhat is None:
-            raise RuntimeError("call fit() first")
-        return {y for y, s in self.scores(q).items() if s <= self.qhat}
+        return gold_value(self.scores(q), q, self.coverage)
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "alpha": self.alpha,
-            "qhat": None if self.abstained else self.qhat,  # null when +inf: strict JSON has no Infinity
-            "abstained": self.abstained,
-            "lambda_entropy": self.lambda_entropy,
-            "lambda_similarity": self.lambda_similarity,
-        }
+        return super().summary() | {"lambda_entropy": self.lambda_entropy, "lambda_similarity": self.lambda_similarity}
 
     @classmethod
     def tune(

@@ -18,10 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-import torch
-
-from kglightning.conformal.functional import conformal_quantile
-from kglightning.conformal.sampling import Coverage, SampledAnswers
+from kglightning.conformal.sampling import Coverage, SampledAnswers, SplitConformalSets, gold_value
 
 __all__ = ["SampleSplitCP", "SampleTopK", "answer_scores"]
 
@@ -49,15 +46,7 @@ def answer_scores(q: SampledAnswers, rank_by: RankBy = "frequency") -> dict[str,
     return dict(sorted(best.items(), key=lambda kv: -kv[1]))
 
 
-def _gold(values: dict[str, float], q: SampledAnswers, coverage: Coverage) -> float:
-    """The gold answers' best (``any``) or worst (``all``) value, ``+inf`` if one needed is missing."""
-    gold = [values.get(g, math.inf) for g in q.gold]
-    if not gold:
-        return math.inf
-    return min(gold) if coverage == "any" else max(gold)
-
-
-class SampleSplitCP:
+class SampleSplitCP(SplitConformalSets):
     """Split CP on ``1 -`` the LLM score of each sampled answer (see the module docstring)."""
 
     def __init__(self, rank_by: RankBy = "frequency", coverage: Coverage = "any") -> None:
@@ -72,23 +61,6 @@ class SampleSplitCP:
 
     def nonconformity(self, q: SampledAnswers) -> dict[str, float]:
         return {y: 1.0 - s for y, s in answer_scores(q, self.rank_by).items()}
-
-    def fit(self, calibration: Sequence[SampledAnswers], alpha: float) -> SampleSplitCP:
-        cal = [_gold(self.nonconformity(q), q, self.coverage) for q in calibration]
-        self.qhat, self.alpha = float(conformal_quantile(torch.tensor(cal, dtype=torch.float64), alpha)), alpha
-        return self
-
-    @property
-    def abstained(self) -> bool:
-        return self.qhat == math.inf
-
-    def member(self, q: SampledAnswers) -> set[str]:
-        if self.qhat is None:
-            raise RuntimeError("call fit() first")
-        return {y for y, s in self.nonconformity(q).items() if s <= self.qhat}
-
-    def summary(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "qhat": None if self.abstained else self.qhat, "abstained": self.abstained}
 
 
 class SampleTopK:
@@ -109,7 +81,7 @@ class SampleTopK:
         need = []  # the rank K a question needs to be covered (+inf: never)
         for q in calibration:
             ranks = {y: float(i + 1) for i, y in enumerate(answer_scores(q, self.rank_by))}
-            need.append(_gold(ranks, q, self.coverage))
+            need.append(gold_value(ranks, q, self.coverage))
         finite = sorted(k for k in need if k != math.inf)
         m = math.ceil((1 - alpha) * len(calibration) - 1e-9)  # questions that must be covered
         self.alpha, self._abstained = alpha, m > len(finite)

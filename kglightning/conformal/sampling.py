@@ -8,10 +8,15 @@ case a method falls back to the answer's sample frequency.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+import torch
+
+from kglightning.conformal.functional import conformal_quantile
 
 Coverage = Literal["any", "all"]
 Similarity = Callable[[str, str], float]
@@ -113,4 +118,54 @@ def evaluate_sets(
     }
 
 
-__all__ += ["evaluate_sets"]
+def gold_value(values: dict[str, float], q: SampledAnswers, coverage: Coverage = "any") -> float:
+    """The gold answers' smallest value (``"any"``) or largest (``"all"``); ``+inf`` when one needed is missing.
+
+    Example:
+        >>> q = SampledAnswers(("a",), frozenset({"a", "b"}))
+        >>> gold_value({"a": 0.2, "b": 0.5}, q), gold_value({"a": 0.2}, q, "all")
+        (0.2, inf)
+    """
+    gold = [values.get(g, math.inf) for g in q.gold]
+    if not gold:
+        return math.inf
+    return min(gold) if coverage == "any" else max(gold)
+
+
+class SplitConformalSets:
+    """Split conformal prediction over sampled answers, for any non-conformity of the distinct sampled answers.
+
+    A subclass defines :meth:`nonconformity` (lower = more conforming; answers never sampled have none). A calibration
+    question's score is its gold answers' (:func:`gold_value`: ``+inf`` when unsampled); ``q̂`` is the exact
+    ``⌈(n+1)(1-α)⌉``-th smallest, ``+inf`` when that rank is beyond the finite scores: the set is then every sampled
+    answer and :attr:`abstained` is true.
+    """
+
+    coverage: Coverage = "any"
+    qhat: float | None = None
+    alpha: float | None = None
+
+    def nonconformity(self, q: SampledAnswers) -> dict[str, float]:
+        raise NotImplementedError
+
+    def fit(self, calibration: Sequence[SampledAnswers], alpha: float) -> SplitConformalSets:
+        """Set ``q̂`` from a calibration split."""
+        cal = [gold_value(self.nonconformity(q), q, self.coverage) for q in calibration]
+        self.qhat, self.alpha = float(conformal_quantile(torch.tensor(cal, dtype=torch.float64), alpha)), alpha
+        return self
+
+    @property
+    def abstained(self) -> bool:
+        return self.qhat == math.inf
+
+    def member(self, q: SampledAnswers) -> set[str]:
+        """The question's set: its sampled answers whose non-conformity is at most ``q̂``."""
+        if self.qhat is None:
+            raise RuntimeError("call fit() first")
+        return {y for y, s in self.nonconformity(q).items() if s <= self.qhat}
+
+    def summary(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "qhat": None if self.abstained else self.qhat, "abstained": self.abstained}
+
+
+__all__ += ["SplitConformalSets", "evaluate_sets", "gold_value"]
