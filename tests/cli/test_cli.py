@@ -60,6 +60,16 @@ def test_class_path_swaps_the_encoder():
     assert yaml.safe_load(printed)["model"]["init_args"]["encoder"]["class_path"] == "kglightning.nn.GATEncoder"
 
 
+def test_uag_sampling_fragment_parses_on_top_of_uag():
+    printed = _print_config(
+        "predict", "--config", str(ROOT / "configs/uag.yaml"), "--config", str(ROOT / "configs/uag/sampling.yaml")
+    )
+    model = yaml.safe_load(printed)["model"]["init_args"]
+    assert model["sampler"]["class_path"] == "kglightning.conformal.answer_sampling.AnswerSampler"
+    assert model["sampler"]["init_args"]["answerer"]["class_path"] == "kglightning.llm.kaping.KAPINGAnswerer"
+    assert model["clm"]["init_args"]["delta"] == model["controller"]["init_args"]["delta"]
+
+
 def test_wandb_fragment_and_sweep_parameters_parse():
     base = ["fit", "--config", str(ROOT / "configs/detector.yaml")]
     printed = _print_config(*base, "--config", str(ROOT / "configs/logger/wandb.yaml"))
