@@ -9,6 +9,7 @@ case a method falls back to the answer's sample frequency.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -132,7 +133,7 @@ def gold_value(values: dict[str, float], q: SampledAnswers, coverage: Coverage =
     return min(gold) if coverage == "any" else max(gold)
 
 
-class SplitConformalSets:
+class SplitConformalSets(ABC):
     """Split conformal prediction over sampled answers, for any non-conformity of the distinct sampled answers.
 
     A subclass defines :meth:`nonconformity` (lower = more conforming; answers never sampled have none). A calibration
@@ -145,8 +146,9 @@ class SplitConformalSets:
     qhat: float | None = None
     alpha: float | None = None
 
+    @abstractmethod
     def nonconformity(self, q: SampledAnswers) -> dict[str, float]:
-        raise NotImplementedError
+        """The non-conformity of each distinct sampled answer."""
 
     def fit(self, calibration: Sequence[SampledAnswers], alpha: float) -> SplitConformalSets:
         """Set ``q̂`` from a calibration split."""

@@ -21,6 +21,7 @@ see :mod:`kglightning.conformal.uag.scores`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -142,7 +143,8 @@ class UAGReasoner(L.LightningModule):
         self.sweep_alphas = [float(a) for a in sweep_alphas or []]
         self.baselines = baselines
         self.sampler = sampler
-        self.clm_settings = clm or CLM(delta=self.controller.delta, coverage=self.coverage)
+        self.clm_settings = clm or CLM(delta=self.controller.delta)
+        self.clm_settings.coverage = self.coverage  # one coverage for every method of the table
         self.fitted_sampling: dict[float, dict[str, Any]] = {}
         self.output_dir = Path(output_dir)
         self.cache_dir = cache_dir
@@ -258,15 +260,12 @@ class UAGReasoner(L.LightningModule):
         sampled = self.sampler.sample(pool)
         quant, cal, sel = ([sampled[i] for i in idx.tolist()] for idx in
                            split_indices(len(pool), self.controller.split_fractions, self.controller.seed))  # fmt: skip
-        c = self.clm_settings
         rank_by = "likelihood" if self.sampler.quality == "logprob" else "frequency"
         self.fitted_sampling = {
             a: {
                 "split_cp_llm": SampleSplitCP(rank_by, self.coverage).fit(sampled, a),
                 "top_k_llm": SampleTopK(rank_by, self.coverage).fit(sampled, a),
-                "clm": CLM(c.delta, c.set_confidence, c.similarity, c.similarity_grid, c.grid_size, self.coverage).fit(
-                    cal, sel, a
-                ),
+                "clm": copy.copy(self.clm_settings).fit(cal, sel, a),
                 "lofree_cp": LoFreeCP.tune(quant, a, coverage=self.coverage).fit(cal, a),
             }
             for a in self.alphas
