@@ -115,10 +115,15 @@ class ConfidenceReadout:
         """
         decode = self.tokenizer.decode
         text = decode(list(generated), skip_special_tokens=True)
-        # decoded prefix lengths, to find the token at which each opening tag ends
-        prefixes = {decode(list(generated[:k]), skip_special_tokens=True): k for k in range(len(generated) + 1)}
+        opens = list(_OPEN.finditer(text))
+        if not opens:
+            return text
+        # the first token count whose decoded prefix is a given text: where each opening tag ends
+        prefixes: dict[str, int] = {}
+        for k in range(len(generated) + 1):
+            prefixes.setdefault(decode(list(generated[:k]), skip_special_tokens=True), k)
         out, pos = [], 0
-        for m in _OPEN.finditer(text):
+        for m in opens:
             digits = _DIGITS.match(text, m.end())
             k = prefixes.get(text[: m.end()])
             if digits is None or k is None:
