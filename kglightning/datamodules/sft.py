@@ -41,6 +41,7 @@ from kglightning.datamodules.sft_examples import (
     sft_tokenizer,
 )
 from kglightning.evidence.builder import EvidenceBuilder
+from kglightning.evidence.format import ConfidencePosition
 from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2
 
 __all__ = [  # the example-level helpers live in kglightning.datamodules.sft_examples and are re-exported here
@@ -68,6 +69,9 @@ class ProxySFTDataModule(KGQADataModule):
         qa_task: add RoG's auxiliary QA example per question.
         qa_max_paths: grounded paths in a QA input.
         digits: decimals of the confidence in targets.
+        confidence_position: where targets write the confidence: ``"open"``, in the opening tag as in the paper, or
+            ``"after"`` the path, in a trailing ``<CONFIDENCE>`` element, so that the model states it conditioned on
+            the evidence it has written (:mod:`kglightning.evidence.format`).
         prompt_format: how prompts are rendered (:class:`ProxyPrompt`: chat template or plain text, system turn);
             the CLI links it from ``model.init_args.prompt_format``, so that the proxy generates from the prompts
             it was trained on.
@@ -87,6 +91,7 @@ class ProxySFTDataModule(KGQADataModule):
         qa_task: bool = True,
         qa_max_paths: int = 5,
         digits: int = 2,
+        confidence_position: ConfidencePosition = "open",
         prompt_format: ProxyPrompt = ProxyPrompt(),
         max_length: int = 256,
         batch_size: int = 8,
@@ -102,6 +107,9 @@ class ProxySFTDataModule(KGQADataModule):
         self.qa_task = qa_task
         self.qa_max_paths = qa_max_paths
         self.digits = digits
+        if confidence_position not in ("open", "after"):
+            raise ValueError(f"confidence_position must be 'open' or 'after', got {confidence_position!r}")
+        self.confidence_position = confidence_position
         self.prompt_format = prompt_format
         self.max_length = max_length
         self.stats: dict[str, SFTStats] = {}
@@ -168,7 +176,7 @@ class ProxySFTDataModule(KGQADataModule):
                 stats.without_evidence.append(row["id"])
                 continue
             evidence_prompt = self._prompt_ids(self.prompt_format.evidence_instruction(row["question"]))
-            for example in row_examples(row, self.max_evidence, self.qa_task, self.digits):
+            for example in row_examples(row, self.max_evidence, self.qa_task, self.digits, self.confidence_position):
                 item = self.encode(example, evidence_prompt if example.task == "evidence" else None)
                 if len(item["input_ids"]) > self.max_length:
                     stats.too_long += 1

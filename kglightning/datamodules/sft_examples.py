@@ -20,7 +20,7 @@ import torch
 
 from kglightning.data.records import KGQARecord
 from kglightning.evidence.builder import EvidenceBuilder
-from kglightning.evidence.format import format_evidence, qa_input, qa_target, rl_input, sft_input
+from kglightning.evidence.format import ConfidencePosition, format_evidence, qa_input, qa_target, rl_input, sft_input
 from kglightning.evidence.schema import Evidence
 from kglightning.llm.backends.local_hf import load_tokenizer
 from kglightning.llm.prompts import verbalize_path
@@ -174,7 +174,11 @@ class SFTExample:
 
 
 def row_examples(
-    row: dict[str, Any], max_evidence: int | None = 3, qa_task: bool = True, digits: int = 2
+    row: dict[str, Any],
+    max_evidence: int | None = 3,
+    qa_task: bool = True,
+    digits: int = 2,
+    confidence_position: ConfidencePosition = "open",
 ) -> list[SFTExample]:
     """The SFT examples of one mined row: evidence examples (best confidence first), then the QA example.
 
@@ -183,6 +187,7 @@ def row_examples(
         max_evidence: evidence examples per question (``None``: all mined evidence).
         qa_task: add the auxiliary QA example (when the row has grounded paths).
         digits: decimals of the confidence in the target.
+        confidence_position: ``"open"`` (the paper's format) or ``"after"`` the path (:func:`format_evidence`).
 
     Example:
         >>> row = {"id": "q1", "question": "who is snoopy's brother?", "answer": ["Spike"], "qa_paths": [],
@@ -191,16 +196,16 @@ def row_examples(
         ...                      "confidence": 0.75}]}
         >>> [x.target for x in row_examples(row, max_evidence=1)]
         ['<PATH confidence=0.75>sibling_of<CONSTRAINT>gender<SEP>Male</CONSTRAINT></PATH>']
+        >>> row_examples(row, max_evidence=1, qa_task=False, confidence_position="after")[0].target
+        '<PATH>sibling_of<CONSTRAINT>gender<SEP>Male</CONSTRAINT></PATH><CONFIDENCE>0.75</CONFIDENCE>'
     """
     evidence = sorted((Evidence.from_dict(d) for d in row["evidence"]), key=lambda z: -(z.confidence or 0.0))
     if max_evidence is not None:
         evidence = evidence[:max_evidence]
     instruction = sft_input(row["question"])
+    write = functools.partial(format_evidence, digits=digits, confidence_position=confidence_position)
     out = [
-        SFTExample(
-            row["id"], "evidence", instruction, format_evidence(z.relations, z.constraint, z.confidence, digits=digits)
-        )
-        for z in evidence
+        SFTExample(row["id"], "evidence", instruction, write(z.relations, z.constraint, z.confidence)) for z in evidence
     ]
     if qa_task and row["qa_paths"] and row["answer"]:
         out.append(SFTExample(row["id"], "qa", qa_input(row["question"], row["qa_paths"]), qa_target(row["answer"])))

@@ -9,6 +9,14 @@ Target: a constrained relational path, its relations joined by ``<SEP>``, with a
 
 Relations are kept verbatim, including a leading ``~`` that marks a reverse hop (:mod:`kglightning.data.kg`).
 
+The paper's format states the confidence *before* the path, so a left-to-right model must commit to it before it
+has written the evidence it qualifies. ``confidence_position="after"`` writes it in a trailing element instead, so
+the confidence is generated conditioned on the path::
+
+    <PATH>r1<SEP>r2<CONSTRAINT>r_c<SEP>c</CONSTRAINT></PATH><CONFIDENCE>0.75</CONFIDENCE>
+
+The parser reads both forms (a block with both is malformed: ``invalid_attribute``).
+
 :func:`parse_evidence` extracts every ``<PATH ...>...</PATH>`` block of a generated text. It is lenient on
 whitespace (around tags and separators, ``confidence = "0.75"``) and on tag case, strict on structure: a block with
 unbalanced or nested tags, an empty relation, a constraint without exactly a relation and an entity, or a confidence
@@ -38,6 +46,7 @@ __all__ = [
     "MalformedBlock",
     "MalformedReason",
     "ParseResult",
+    "ConfidencePosition",
     "ParseStats",
     "PathEvidence",
     "format_evidence",
@@ -60,6 +69,8 @@ QA_INSTRUCTION = (
     "and return all the possible answers as a list."
 )
 SEP = "<SEP>"
+#: where a block's confidence is written: in the opening tag (the paper's format) or in a trailing element
+ConfidencePosition = Literal["open", "after"]
 
 #: why a block (or a whole text, for ``no_path``) is malformed
 MalformedReason = Literal[
@@ -79,6 +90,8 @@ MalformedReason = Literal[
 
 _TAG = re.compile(r"<\s*(?P<close>/)?\s*(?P<name>PATH|CONSTRAINT|SEP)\b(?P<attrs>[^<>]*)>", re.I)
 _CONF_ATTR = re.compile(r"\s*confidence\s*=\s*(?P<raw>.*?)\s*", re.I | re.S)
+_TRAILING = re.compile(r"\s*<\s*CONFIDENCE\s*>(?P<raw>[^<>]*)<\s*/\s*CONFIDENCE\s*>", re.I)
+_TRAILING_START = re.compile(r"\s*<\s*CONFIDENCE\b", re.I)
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:inf|nan)", re.I)
 
 
@@ -158,9 +171,11 @@ class PathEvidence:
     confidence: float | None = None
     span: tuple[int, int] | None = field(default=None, compare=False)
 
-    def format(self, digits: int = 2) -> str:
+    def format(self, digits: int = 2, confidence_position: ConfidencePosition = "open") -> str:
         """Write this block back in the canonical format (see :func:`format_evidence`)."""
-        return format_evidence(self.relations, self.constraint, self.confidence, digits=digits)
+        return format_evidence(
+            self.relations, self.constraint, self.confidence, digits=digits, confidence_position=confidence_position
+        )
 
     def to_evidence(self, topic: str | None = None) -> Evidence:
         """The :class:`~kglightning.evidence.schema.Evidence` record (``topic=None``: ground from every topic).
@@ -225,6 +240,7 @@ def format_evidence(
     confidence: float | None = None,
     *,
     digits: int = 2,
+    confidence_position: ConfidencePosition = "open",
 ) -> str:
     """Write evidence in the proxy's target format.
 
@@ -236,6 +252,8 @@ def format_evidence(
         constraint: optional ``(relation, entity)``.
         confidence: the evidence confidence in ``[0, 1]``.
         digits: decimals of the confidence.
+        confidence_position: ``"open"`` (in the opening tag, the paper's format) or ``"after"`` (a trailing
+            ``<CONFIDENCE>`` element, written after the path).
 
     Raises:
         ValueError: on an empty path or field, a field containing ``<``/``>``, or a confidence outside ``[0, 1]``.
@@ -245,6 +263,8 @@ def format_evidence(
         '<PATH confidence=0.75>sibling_of<CONSTRAINT>gender<SEP>male</CONSTRAINT></PATH>'
         >>> format_evidence(["~people.person.children", "location.location.containedby"], confidence=0.5, digits=3)
         '<PATH confidence=0.500>~people.person.children<SEP>location.location.containedby</PATH>'
+        >>> format_evidence(["sibling_of"], confidence=0.75, confidence_position="after")
+        '<PATH>sibling_of</PATH><CONFIDENCE>0.75</CONFIDENCE>'
     """
     if isinstance(relations, str):
         raise TypeError("relations must be a sequence of relation names, not one string")
@@ -262,6 +282,10 @@ def format_evidence(
         raise ValueError(f"confidence must be in [0, 1], got {confidence!r}")
     if digits < 0:
         raise ValueError(f"digits must be >= 0, got {digits}")
+    if confidence_position == "after":
+        return f"<PATH>{body}</PATH><CONFIDENCE>{confidence:.{digits}f}</CONFIDENCE>"
+    if confidence_position != "open":
+        raise ValueError(f"confidence_position must be 'open' or 'after', got {confidence_position!r}")
     return f"<PATH confidence={confidence:.{digits}f}>{body}</PATH>"
 
 
@@ -271,7 +295,11 @@ def _confidence(attrs: str) -> tuple[float | None, MalformedReason | None]:
     m = _CONF_ATTR.fullmatch(attrs)
     if m is None:
         return None, "invalid_attribute"
-    raw = m["raw"]
+    return _confidence_value(m["raw"])
+
+
+def _confidence_value(raw: str) -> tuple[float | None, MalformedReason | None]:
+    raw = raw.strip()
     if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'":
         raw = raw[1:-1].strip()
     if not _NUMBER.fullmatch(raw):
@@ -394,6 +422,15 @@ def parse_evidence(text: str, *, require_confidence: bool = False, stats: ParseS
             parsed = "invalid_structure"
         else:
             confidence, bad = _confidence(tags[k]["attrs"])
+            trailing = _TRAILING.match(text, end)
+            if trailing is not None:  # <PATH>...</PATH><CONFIDENCE>c</CONFIDENCE>
+                end = trailing.end()
+                block = text[start:end]
+                if bad is None:
+                    bad = "invalid_attribute" if confidence is not None else None
+                    confidence, bad = (None, bad) if bad else _confidence_value(trailing["raw"])
+            elif bad is None and confidence is None and _TRAILING_START.match(text, end):
+                bad = "invalid_confidence"  # an opened <CONFIDENCE> element that does not close as one
             if bad is None and confidence is None and require_confidence:
                 bad = "missing_confidence"
             parsed = bad or _parse_body(text, tags[k].end(), tags[j].start(), tags[k + 1 : j])

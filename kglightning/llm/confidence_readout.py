@@ -3,7 +3,7 @@
 A proxy fine-tuned on few examples writes the most frequent confidence of its training set for almost every
 evidence (greedy decoding picks the mode), so its *stated* confidence carries no information even when its
 distribution over the digits does. The *expected* readout replaces the written digits of each
-``<PATH confidence=...>`` block by the mean of the model's distribution over the confidence values the training
+``<PATH confidence=...>`` block (or trailing ``<CONFIDENCE>`` element, :mod:`kglightning.evidence.format`) by the mean of the model's distribution over the confidence values the training
 format can write (``0.00``, ``0.01``, ..., ``1.00`` for two decimals), given everything generated before the digits:
 
     ``ĉ = Σ_v v · p(v | prompt, text up to "confidence=") / Σ_v p(v | ...)``
@@ -29,7 +29,8 @@ from torch import Tensor
 
 __all__ = ["ConfidenceReadout", "confidence_grid"]
 
-_OPEN = re.compile(r"<\s*PATH\s+confidence\s*=\s*", re.I)
+#: where a block's confidence digits start: in its opening tag, or in the trailing element after ``</PATH>``
+_OPEN = re.compile(r"<\s*PATH\s+confidence\s*=\s*|<\s*/\s*PATH\s*>\s*<\s*CONFIDENCE\s*>\s*", re.I)
 _DIGITS = re.compile(r"[\"']?[-+]?(?:\d+(?:\.\d*)?|\.\d+)[\"']?")
 
 
@@ -49,7 +50,7 @@ def confidence_grid(digits: int = 2) -> list[str]:
 
 
 class ConfidenceReadout:
-    """Rewrites the confidence of every ``<PATH confidence=...>`` block of generated texts by its expected value.
+    """Rewrites the confidence of every ``<PATH>`` block of generated texts (in either position) by its expected value.
 
     Args:
         tokenizer: the model's tokenizer.

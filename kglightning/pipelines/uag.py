@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,6 +74,24 @@ def describe(cal: UAGCalibration) -> str:
         f"{head}: LTT selected " + ", ".join(parts) + f"; calibration error rate {s['calibration_error_rate']:.3f} "
         f"(p={s['pvalue']:.2g}, n={cal.n_cal}), selection mean set size {s['selection_mean_set_size']:.1f}"
     )
+
+
+def evaluator_usage(selections: dict[float, UAGCalibration]) -> dict[str, Any]:
+    """How often Learn-Then-Test keeps the candidate evaluator (Eq. 6) over the swept levels.
+
+    ``alpha3_positive``: certified levels whose selected ``alpha3 > 0``; ``filtering``: those whose evaluator
+    threshold is also finite, i.e. the evaluator removes candidates (``alpha3 > 0`` with a calibration split too small
+    for it gives ``+inf``, the component off in effect); ``selected_alpha3``: per level, ``None`` when abstaining.
+    """
+    chosen = {alpha_key(a): c.selected_alphas for a, c in sorted(selections.items())}
+    q3 = {alpha_key(a): c.selected_thresholds[2] for a, c in sorted(selections.items()) if not c.abstained}
+    return {
+        "levels": len(chosen),
+        "certified": sum(v is not None for v in chosen.values()),
+        "alpha3_positive": sum(v is not None and v[2] > 0 for v in chosen.values()),
+        "filtering": sum(v is not None and v[2] > 0 and math.isfinite(q3[k]) for k, v in chosen.items()),
+        "selected_alpha3": {k: None if v is None else v[2] for k, v in chosen.items()},
+    }
 
 
 class UAGReasoner(L.LightningModule):
@@ -188,6 +207,7 @@ class UAGReasoner(L.LightningModule):
         c = self.controller
         return {
             "grid": [a.tolist() for a in c.alphas],
+            "grid_kind": c.grid,
             "delta": c.delta,
             "procedure": c.procedure,
             "pvalue": c.pvalue,
@@ -292,6 +312,11 @@ class UAGReasoner(L.LightningModule):
             self.calibrate(datamodule.split_records(self.calibration_split))
         main = self.selections[self.alpha]
         rank_zero_info(describe(main))
+        use = evaluator_usage(self.selections)
+        rank_zero_info(
+            f"UAG: over {use['levels']} levels, LTT certified {use['certified']}, kept the evaluator (alpha3 > 0) at "
+            f"{use['alpha3_positive']}, and it filtered candidates (finite threshold) at {use['filtering']}"
+        )
         if self.trainer.is_global_zero:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             payload = {
@@ -303,6 +328,7 @@ class UAGReasoner(L.LightningModule):
                 "sampling_baselines": {
                     alpha_key(a): {m: b.summary() for m, b in v.items()} for a, v in self.fitted_sampling.items()
                 },
+                "evaluator": evaluator_usage(self.selections),
                 "calibration_split": self.calibration_split,
                 "calibration_questions_without_candidates": self.empty_pools,
                 "calibration_seconds": 0.0 if reuse else round(self.calibration_seconds, 2),

@@ -60,14 +60,28 @@ def test_class_path_swaps_the_encoder():
     assert yaml.safe_load(printed)["model"]["init_args"]["encoder"]["class_path"] == "kglightning.nn.GATEncoder"
 
 
-def test_uag_sampling_fragment_parses_on_top_of_uag():
-    printed = _print_config(
-        "predict", "--config", str(ROOT / "configs/uag.yaml"), "--config", str(ROOT / "configs/uag/sampling.yaml")
-    )
-    model = yaml.safe_load(printed)["model"]["init_args"]
+def _uag_with(*fragments: str) -> dict:
+    args = ["predict", "--config", str(ROOT / "configs/uag.yaml")]
+    for f in fragments:
+        args += ["--config", str(ROOT / "configs/uag" / f)]
+    return yaml.safe_load(_print_config(*args))["model"]["init_args"]
+
+
+def test_uag_fragments_parse_on_top_of_uag():
+    assert {p.name for p in (ROOT / "configs/uag").glob("*.yaml")} == {
+        "sampling.yaml",
+        "llm_evaluator.yaml",
+        "paper_grid.yaml",
+    }, "test new configs/uag fragments here"
+    model = _uag_with("sampling.yaml")
     assert model["sampler"]["class_path"] == "kglightning.conformal.answer_sampling.AnswerSampler"
     assert model["sampler"]["init_args"]["answerer"]["class_path"] == "kglightning.llm.kaping.KAPINGAnswerer"
     assert model["clm"]["init_args"]["delta"] == model["controller"]["init_args"]["delta"]
+    model = _uag_with("llm_evaluator.yaml", "paper_grid.yaml")
+    assert model["llm"]["class_path"] == "kglightning.conformal.uag.evaluator.LLMEvaluator"
+    assert model["llm"]["init_args"]["constrained"] is True
+    ctl = model["controller"]["init_args"]
+    assert ctl["grid"] == "paper" and ctl["grid_step"] == [0.3, 0.3, 0.1] and ctl["delta"] == 0.05
 
 
 def test_wandb_fragment_and_sweep_parameters_parse():

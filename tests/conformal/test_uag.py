@@ -21,6 +21,7 @@ from kglightning.conformal.uag import (
     grid_membership,
     grid_outcomes,
     members_at,
+    paper_alpha_grid,
     score_question,
     score_questions,
 )
@@ -230,6 +231,39 @@ def test_uag_coverage_holds_over_random_splits():
         ecr = sum(covers(s, members_at(s, *cal.selected_thresholds)) for s in test) / len(test)
         low += ecr < 1 - alpha - 0.03  # 0.03 = 2 s.d. of a 900-question ECR
     assert low <= 0.1 * trials + 2  # LTT: P(risk > alpha) <= delta
+
+
+def test_paper_grid_keeps_every_component_on_and_still_covers():
+    assert paper_alpha_grid(0.3).tolist() == [0.3, 0.6, 0.9] and paper_alpha_grid(0.1).tolist()[-1] == 1.0
+    th = component_thresholds(torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 1.0]))
+    assert th[1] == -INF  # alpha 1 admits nothing
+    with pytest.raises(ValueError, match="grid must be"):
+        UAGController(grid="none")
+    data = _synthetic(1500, seed=4)
+    alpha, trials, low = 0.3, 15, 0
+    for t in range(trials):
+        perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(200 + t)).tolist()
+        pool, test = [data[i] for i in perm[:600]], [data[i] for i in perm[600:]]
+        ctl = UAGController(grid_step=(0.3, 0.3, 0.1), grid="paper", delta=0.1, seed=t).fit(pool)
+        assert [len(a) for a in ctl.alphas] == [3, 3, 10] and all(float(a.min()) > 0 for a in ctl.alphas)
+        cal = ctl.select(alpha)
+        if cal.abstained:
+            continue
+        assert min(cal.selected_alphas) > 0 and all(q < INF for q in cal.selected_thresholds[:2])
+        ecr = sum(covers(s, members_at(s, *cal.selected_thresholds)) for s in test) / len(test)
+        low += ecr < 1 - alpha - 0.03
+    assert low <= 0.1 * trials + 2
+
+
+def test_evaluator_usage_counts_levels_that_keep_alpha3():
+    from kglightning.pipelines.uag import evaluator_usage
+
+    ctl = UAGController(grid_step=0.25, delta=0.1, seed=0).fit(_synthetic(600, seed=0))
+    sel = {a: ctl.select(a) for a in (0.02, 0.3, 0.5)}
+    use = evaluator_usage(sel)
+    assert use["levels"] == 3 and use["certified"] == 2 and use["selected_alpha3"]["0.02"] is None
+    kept = [a for a in (0.3, 0.5) if sel[a].selected_alphas[2] > 0]
+    assert use["alpha3_positive"] == len(kept) == use["filtering"]
 
 
 def test_split_cp_and_top_k():

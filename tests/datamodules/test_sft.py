@@ -113,6 +113,14 @@ def test_options_change_the_examples(tiny_chat_model_dir, sft_dir, tmp_path):
     short.setup("validate")
     assert short.stats["validation"].too_long == sum(n > limit for n in lengths) > 0
     assert len(short.datasets["validation"]) == sum(n <= limit for n in lengths)
+    after = _dm(tiny_chat_model_dir, sft_dir, tmp_path, max_evidence=1, qa_task=False, confidence_position="after")
+    after.setup("fit")
+    item = after.datasets["train"][0]
+    target = after.tokenizer.decode(item["input_ids"][item["prompt_len"] :], skip_special_tokens=True)
+    (z,) = parse_evidence(target, require_confidence=True).evidence
+    assert target.startswith("<PATH>") and "</PATH><CONFIDENCE>" in target and 0 <= z.confidence <= 1
+    with pytest.raises(ValueError, match="confidence_position"):
+        _dm(tiny_chat_model_dir, sft_dir, tmp_path, confidence_position="before")
 
 
 def test_render_prompt_system_turn(tiny_chat_model_dir):

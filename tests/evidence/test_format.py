@@ -63,16 +63,39 @@ def test_format_exact_target():
         (["r"], None, None),
     ],
 )
-def test_round_trip(relations, constraint, confidence):
-    text = format_evidence(relations, constraint, confidence)
+@pytest.mark.parametrize("position", ["open", "after"])
+def test_round_trip(relations, constraint, confidence, position):
+    text = format_evidence(relations, constraint, confidence, confidence_position=position)
     result = parse_evidence(f"some prefix {text} and suffix")
     assert result.ok and result.issues == []
     (ev,) = result.evidence
     assert ev.relations == tuple(relations)
     assert ev.constraint == (None if constraint is None else Constraint(*constraint))
     assert ev.confidence == confidence
-    assert ev.format() == text
+    assert ev.format(confidence_position=position) == text
     assert ev.span is not None and text == f"some prefix {text} and suffix"[ev.span[0] : ev.span[1]]
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("<PATH confidence=0.5>r</PATH><CONFIDENCE>0.7</CONFIDENCE>", "invalid_attribute"),  # two confidences
+        ("<PATH>r</PATH><CONFIDENCE>high</CONFIDENCE>", "invalid_confidence"),
+        ("<PATH>r</PATH> <CONFIDENCE>1.5</CONFIDENCE>", "confidence_out_of_range"),
+        ("<PATH>r</PATH><CONFIDENCE>0.5", "invalid_confidence"),  # the element never closes
+        ("<PATH>r</PATH>", "missing_confidence"),
+    ],
+)
+def test_trailing_confidence_errors(text, reason):
+    result = parse_evidence(text, require_confidence=True)
+    assert not result.evidence and result.issues == [reason]
+
+
+def test_trailing_confidence_is_lenient_and_belongs_to_its_block():
+    r = parse_evidence("<path> a <SEP> b </path>\n < confidence > '0.25' </ CONFIDENCE>  <PATH>c</PATH> x")
+    assert [(z.relations, z.confidence) for z in r.evidence] == [(("a", "b"), 0.25), (("c",), None)]
+    with pytest.raises(ValueError, match="confidence_position"):
+        format_evidence(["r"], confidence=0.5, confidence_position="before")
 
 
 def test_round_trip_rounds_confidence_to_digits():

@@ -70,6 +70,20 @@ def test_rewrite_replaces_only_the_digits(lm, single_torch_thread):
     assert not readout.counts
 
 
+def test_rewrite_reads_the_trailing_confidence_after_the_path(lm, single_torch_thread):
+    model, tokenizer = lm
+    readout = ConfidenceReadout(tokenizer, digits=2)
+    prompt = tokenizer.encode("what is the capital of France?", add_special_tokens=False)
+    text = "<PATH>capital</PATH><CONFIDENCE>0.75</CONFIDENCE>"
+    generated = tokenizer.encode(text, add_special_tokens=False)
+    out = readout.rewrite(model, prompt, generated)
+    cut = text.index("0.75")
+    k = next(k for k in range(len(generated) + 1) if tokenizer.decode(generated[:k]) == text[:cut])
+    value = readout.expected(model, prompt + generated[:k])  # conditioned on the path written before it
+    assert out == text.replace("0.75", f"{value:.2f}") and readout.counts == {"rewritten": 1}
+    assert parse_evidence(out, require_confidence=True).evidence[0].confidence == pytest.approx(value, abs=0.005)
+
+
 def test_the_readout_depends_on_the_prompt(lm, single_torch_thread):
     """Greedy digits are one value per prompt; the expected value moves with the model's distribution."""
     model, tokenizer = lm

@@ -316,6 +316,23 @@ def test_merging_tokenizer_still_never_invalid(merge_tok, kgs):
     assert total.invalid == 0 and total.blocks + total.malformed >= 20
 
 
+@pytest.mark.parametrize("which", ["tok", "merge_tok"])
+def test_trie_for_the_confidence_after_the_path(which, request, kgs, tries):
+    """A bare <PATH> tag: the same bodies, other boundary tokens; the trailing <CONFIDENCE> stays free text."""
+    t = request.getfixturevalue(which)
+    after = KGTrie.from_kg(t, kgs[0], "Snoopy", 2, constraints=True, confidence_position="after")
+    assert sorted(after.bodies()) == sorted(tries[0].bodies()) and after.skipped == 0
+    model = _model(t)
+    total = PathValidity()
+    for seed in range(3):
+        proc = KGTrieLogitsProcessor(after, max_tag_tokens=0)
+        gens = _generate(model, t, ["Q: x\n<PATH"] * 8, proc, seed=seed, max_new_tokens=48)
+        total += path_validity(["<PATH" + g for g in gens], kgs[0], "Snoopy")
+    assert total.invalid == 0 and total.blocks >= 20
+    with pytest.raises(ValueError, match="confidence_position"):
+        KGTrie.from_kg(t, kgs[0], "Snoopy", 1, confidence_position="before")
+
+
 def test_path_validity_counts(kgs):
     kg = kgs[0]
     texts = [

@@ -8,7 +8,13 @@
 """
 
 from kglightning.conformal.uag.baselines import SplitCP, TopK, candidate_scores, covers, evaluate_members
-from kglightning.conformal.uag.controller import UAGCalibration, UAGController, alpha_grid, component_thresholds
+from kglightning.conformal.uag.controller import (
+    UAGCalibration,
+    UAGController,
+    alpha_grid,
+    component_thresholds,
+    paper_alpha_grid,
+)
 from kglightning.conformal.uag.grid import grid_membership, grid_outcomes, members_at
 from kglightning.conformal.uag.scores import QuestionScores, score_question, score_questions
 from kglightning.conformal.uag.traversal import TraversalResult, UAGTraversal
@@ -29,6 +35,7 @@ __all__ = [
     "grid_membership",
     "grid_outcomes",
     "members_at",
+    "paper_alpha_grid",
     "score_question",
     "score_questions",
 ]

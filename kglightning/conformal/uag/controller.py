@@ -1,8 +1,10 @@
 """UAG's global error-rate controller: per-component conformal thresholds, chosen jointly by Learn-Then-Test.
 
 A configuration is ``lambda = (alpha1, alpha2, alpha3)``, one miscoverage level per component (Eq. 4, 5, 6). The
-grid takes each ``alpha_c`` in ``{0, h_c, 2 h_c, ...} < 1`` (``alpha_c = 0`` switches the component off: threshold
-``+inf``). The calibration pool is split three ways, disjoint and seeded:
+default grid (``grid="with_off"``) takes each ``alpha_c`` in ``{0, h_c, 2 h_c, ...} < 1``: ``alpha_c = 0`` switches
+the component off (threshold ``+inf``), which is how Learn-Then-Test can drop a component that does not help.
+``grid="paper"`` is the paper's ``{h_c, 2 h_c, ..., 1}`` (§4.3): every component stays on, and ``alpha_c = 1``
+admits nothing (threshold ``-inf``); UAG's reference runs used ``h = (0.3, 0.3, 0.1)``. The calibration pool is split three ways, disjoint and seeded:
 
 1. **quantile split**: maps each ``alpha_c`` to the exact split-conformal threshold ``q_c(alpha_c)`` of component
    ``c``'s calibration scores (:meth:`QuestionScores.component_scores`), so the grid is fixed before the next step;
@@ -51,10 +53,25 @@ def alpha_grid(step: float) -> Tensor:
     return torch.round(torch.arange(n + 1, dtype=torch.float64) * step, decimals=10)
 
 
+def paper_alpha_grid(step: float) -> Tensor:
+    """The paper's levels ``{h, 2h, ...}`` up to 1 (float64; 1 itself when ``h`` divides it).
+
+    Example:
+        >>> paper_alpha_grid(0.3).tolist(), paper_alpha_grid(0.25).tolist()
+        ([0.3, 0.6, 0.9], [0.25, 0.5, 0.75, 1.0])
+    """
+    if not 0 < step <= 1:
+        raise ValueError(f"grid step must be in (0, 1], got {step}")
+    n = int(1.0 / step + 1e-9)
+    return torch.round(torch.arange(1, n + 1, dtype=torch.float64) * step, decimals=10)
+
+
 def component_thresholds(cal_scores: Tensor, alphas: Tensor) -> Tensor:
-    """``q_c(alpha)`` for one component: ``+inf`` at ``alpha = 0``, else the exact split-conformal quantile."""
+    """``q_c(alpha)`` for one component: ``+inf`` at ``alpha = 0`` (off), ``-inf`` at ``alpha = 1`` (admits
+    nothing), else the exact split-conformal quantile."""
     out = torch.full(alphas.shape, float("inf"), dtype=torch.float64)
-    on = alphas > 0
+    out[alphas >= 1] = -float("inf")
+    on = (alphas > 0) & (alphas < 1)
     if bool(on.any()):
         out[on] = conformal_quantile(cal_scores.double(), alphas[on])
     return out
@@ -146,6 +163,7 @@ class UAGController:
 
     Args:
         grid_step: ``h`` of the grid, one value for all components or one per component.
+        grid: ``"with_off"`` (``{0, h, 2h, ...} < 1``, 0 = component off) or ``"paper"`` (``{h, 2h, ..., 1}``).
         delta: FWER level of Learn-Then-Test.
         procedure: ``"fixed_sequence"`` (order: nominal miscoverage, see the module docstring) or ``"bonferroni"``.
         pvalue: ``"binomial"`` (UAG's binomial tail bound) or ``"hoeffding_bentkus"``.
@@ -157,6 +175,7 @@ class UAGController:
     def __init__(
         self,
         grid_step: float | Sequence[float] = 0.1,
+        grid: Literal["with_off", "paper"] = "with_off",
         delta: float = 0.05,
         procedure: Literal["fixed_sequence", "bonferroni"] = "fixed_sequence",
         pvalue: Literal["binomial", "hoeffding_bentkus"] = "binomial",
@@ -167,7 +186,11 @@ class UAGController:
         steps = [grid_step] * 3 if isinstance(grid_step, int | float) else list(grid_step)
         if len(steps) != 3:
             raise ValueError(f"grid_step must be one number or three, got {grid_step!r}")
-        self.alphas = tuple(alpha_grid(float(h)) for h in steps)
+        if grid not in ("with_off", "paper"):
+            raise ValueError(f"grid must be 'with_off' or 'paper', got {grid!r}")
+        self.grid = grid
+        make = alpha_grid if grid == "with_off" else paper_alpha_grid
+        self.alphas = tuple(make(float(h)) for h in steps)
         self.delta = delta
         self.procedure = procedure
         self.pvalue = pvalue

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kglightning.data.kg import KGIndex
+from kglightning.evidence.format import ConfidencePosition
 from kglightning.llm.trie.kg_trie import KGTrie
 
 __all__ = ["TrieConfig"]
@@ -24,16 +25,19 @@ class TrieConfig:
         constraints: also admit the one-hop constraints of each path.
         max_paths: cap on the relation paths per question (``None``: all).
         max_constraints_per_path: cap on the constraints per path (``None``: all).
+        confidence_position: where the proxy writes the confidence (:mod:`kglightning.evidence.format`); ``"after"``
+            builds the trie for blocks that open with a bare ``<PATH>``.
 
     Example:
         >>> TrieConfig(max_hops=2)
-        TrieConfig(max_hops=2, constraints=True, max_paths=2000, max_constraints_per_path=50)
+        TrieConfig(max_hops=2, constraints=True, max_paths=2000, max_constraints_per_path=50, confidence_position='open')
     """
 
     max_hops: int = 4
     constraints: bool = True
     max_paths: int | None = 2000
     max_constraints_per_path: int | None = 50
+    confidence_position: ConfidencePosition = "open"
 
     def __post_init__(self) -> None:
         if self.max_hops < 1:
@@ -53,4 +57,5 @@ class TrieConfig:
             constraints=self.constraints,
             max_paths=self.max_paths,
             max_constraints_per_path=self.max_constraints_per_path,
+            confidence_position=self.confidence_position,
         )

@@ -18,6 +18,10 @@ children are therefore the tokens that close the opening tag. Every stored seque
 whole string back (``verify=True``); strings that do not round-trip are skipped and counted. The body is assumed
 to tokenize the same whatever the confidence digits; tokenizers with digit-level pre-tokenization (GPT-2, Llama 3,
 Qwen, SmolLM2) satisfy this. For others, pass several ``confidence_texts``: their sequences are all stored.
+
+With ``confidence_position="after"`` (:mod:`kglightning.evidence.format`) the opening tag is a bare ``<PATH>`` and the
+stored sequences are those of ``<PATH>body</PATH>``; the trailing ``<CONFIDENCE>`` element is free text after the
+block, written outside the trie like any text between blocks.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_csr import csr_positions
 from kglightning.evidence.builder import CVT_PATTERN
-from kglightning.evidence.format import format_evidence
+from kglightning.evidence.format import ConfidencePosition, format_evidence
 from kglightning.llm.trie.token_trie import TokenTrie, TrieNode
 from kglightning.llm.trie.vocab import TagVocab, decode_batch, encode_batch
 
@@ -177,6 +181,7 @@ class KGTrie:
         evidence: Iterable[EvidenceKey],
         *,
         confidence_texts: Sequence[str] = ("0.5",),
+        confidence_position: ConfidencePosition = "open",
         verify: bool = True,
     ) -> KGTrie:
         """Tokenize ``(relations, constraint)`` pairs in the proxy format and store them.
@@ -186,6 +191,7 @@ class KGTrie:
             evidence: the valid evidence (see :func:`valid_evidence`).
             confidence_texts: confidence values written into the opening tag while tokenizing (see the module
                 docstring); the sequences of all of them are stored.
+            confidence_position: ``"after"``: the blocks open with a bare ``<PATH>`` (``confidence_texts`` unused).
             verify: skip (and count) strings whose token ids do not decode back to the exact string.
         """
         vocab = TagVocab.of(tokenizer)
@@ -198,8 +204,10 @@ class KGTrie:
                 skipped += 1
         trie, bad = TokenTrie(), 0
         tag_close: list[int] | None = None
-        for conf in confidence_texts:
-            head_text = OPEN_PREFIX + conf
+        if confidence_position not in ("open", "after"):
+            raise ValueError(f"confidence_position must be 'open' or 'after', got {confidence_position!r}")
+        heads = ["<PATH"] if confidence_position == "after" else [OPEN_PREFIX + c for c in confidence_texts]
+        for head_text in heads:
             head = encode_batch(tokenizer, [head_text])[0]
             strings = [f"{head_text}>{b}{CLOSE_TAG}" for b in bodies] + [f"{head_text}>{CLOSE_TAG}"]
             full = encode_batch(tokenizer, strings)
@@ -233,6 +241,7 @@ class KGTrie:
         max_paths: int | None = None,
         skip_cvt_constraints: bool = True,
         confidence_texts: Sequence[str] = ("0.5",),
+        confidence_position: ConfidencePosition = "open",
         verify: bool = True,
     ) -> KGTrie:
         """The trie of every valid evidence of one question (arguments as in :func:`valid_evidence`)."""
@@ -245,7 +254,13 @@ class KGTrie:
             max_paths=max_paths,
             skip_cvt_constraints=skip_cvt_constraints,
         )
-        return cls.from_evidence(tokenizer, evidence, confidence_texts=confidence_texts, verify=verify)
+        return cls.from_evidence(
+            tokenizer,
+            evidence,
+            confidence_texts=confidence_texts,
+            confidence_position=confidence_position,
+            verify=verify,
+        )
 
     @classmethod
     def from_record(cls, tokenizer: Any, record: Any, max_hops: int = 2, **kwargs: Any) -> KGTrie:
