@@ -148,3 +148,19 @@ class ProxyGRPODataModule(ProxySFTDataModule):
         batch["gold_evidence"] = [it["gold_evidence"] for it in items]
         batch["tries"] = [it["trie"] for it in items] if items and "trie" in items[0] else None
         return batch
+
+    def build_predict(self, split: str) -> list[dict[str, Any]]:
+        """One prompt per question (as for SFT), with its KG-Trie when ``trie`` is set: ``predict`` and
+        ``compare-proxies`` then decode through it, like the rollouts."""
+        items = super().build_predict(split)
+        if self.trie is not None:
+            records = {r.id: r for r in self.read_split(split)}
+            for item in items:
+                record = records[item["id"]]
+                item["trie"] = self.trie.build(self.tokenizer, self.builder.index(record), record.q_entity)
+        return items
+
+    def collate_predict(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = super().collate_predict(items)
+        batch["tries"] = [it["trie"] for it in items] if items and "trie" in items[0] else None
+        return batch

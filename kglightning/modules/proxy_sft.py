@@ -276,8 +276,10 @@ class ProxySFT(L.LightningModule):
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         """Per question: ``evidence`` (well-formed blocks, each with its sequence ``rank`` and beam ``score``), the
-        ``raw`` texts, their ``issues`` and ``parse`` counts; ``id``, ``question`` and ``answer`` pass through."""
-        texts, scores = self.generate_texts(batch["input_ids"], batch["attention_mask"])
+        ``raw`` texts, their ``issues`` and ``parse`` counts; ``id``, ``question`` and ``answer`` pass through.
+        A batch with ``tries`` (:class:`~kglightning.datamodules.ProxyGRPODataModule` with ``trie`` set) is decoded
+        through them."""
+        texts, scores = self.generate_texts(batch["input_ids"], batch["attention_mask"], tries=batch.get("tries"))
         n = len(texts) // max(len(batch["id"]), 1)
         out = []
         for q, qid in enumerate(batch["id"]):

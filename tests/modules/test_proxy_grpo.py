@@ -131,6 +131,8 @@ def test_datamodule_items_carry_gold_evidence_and_tries(tiny_chat_model_dir, cap
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert batch["input_ids"].shape[0] == 4 and len(batch["tries"]) == 4
+    dm.setup("predict")  # predict (and compare-proxies) decode through the tries too
+    assert len(next(iter(dm.predict_dataloader()))["tries"]) == 4
     gold = batch["gold_evidence"][0]
     assert {"items": ["capital"], "confidence": 0.75, "f1": 1.0} in gold
     text = dm.tokenizer.decode(batch["input_ids"][0], skip_special_tokens=True)

@@ -125,6 +125,11 @@ def test_predict_parses_evidence_from_generations(trained, monkeypatch):
     assert row["issues"] == [[], ["unclosed_tag"]]
     assert row["parse"] == {"total": 2, "clean": 1, "unclosed_tag": 1}
     assert row["answer"] == ["Lima"]  # test-0 asks about Peru, the 5th country in sorted order
+    seen = []  # a batch that carries KG-Tries (ProxyGRPODataModule with trie set) is decoded through them
+    monkeypatch.setattr(module, "generate_texts", lambda *a, **k: seen.append(k.get("tries")) or (texts[:4], None))
+    batch = next(iter(dm.predict_dataloader()))
+    module.predict_step({**batch, "id": batch["id"][:2], "tries": ["trie-a", "trie-b"]}, 0)
+    assert seen == [["trie-a", "trie-b"]]
 
 
 def test_expected_confidence_readout_rewrites_only_the_digits(trained):
