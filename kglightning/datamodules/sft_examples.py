@@ -197,7 +197,7 @@ def row_examples(
         >>> [x.target for x in row_examples(row, max_evidence=1)]
         ['<PATH confidence=0.75>sibling_of<CONSTRAINT>gender<SEP>Male</CONSTRAINT></PATH>']
         >>> row_examples(row, max_evidence=1, qa_task=False, confidence_position="after")[0].target
-        '<PATH>sibling_of<CONSTRAINT>gender<SEP>Male</CONSTRAINT></PATH><CONFIDENCE>0.75</CONFIDENCE>'
+        '<PATH>sibling_of<CONSTRAINT>gender<SEP>Male</CONSTRAINT></PATH> <CONFIDENCE>0.75</CONFIDENCE>'
     """
     evidence = sorted((Evidence.from_dict(d) for d in row["evidence"]), key=lambda z: -(z.confidence or 0.0))
     if max_evidence is not None:

@@ -13,9 +13,12 @@ The paper's format states the confidence *before* the path, so a left-to-right m
 has written the evidence it qualifies. ``confidence_position="after"`` writes it in a trailing element instead, so
 the confidence is generated conditioned on the path::
 
-    <PATH>r1<SEP>r2<CONSTRAINT>r_c<SEP>c</CONSTRAINT></PATH><CONFIDENCE>0.75</CONFIDENCE>
+    <PATH>r1<SEP>r2<CONSTRAINT>r_c<SEP>c</CONSTRAINT></PATH> <CONFIDENCE>0.75</CONFIDENCE>
 
-The parser reads both forms (a block with both is malformed: ``invalid_attribute``).
+The space before ``<CONFIDENCE>`` keeps ``</PATH>`` whole for BPE tokenizers, which would otherwise merge ``><``
+into one token, so that a model decoding through the KG-Trie (whose sequences end with ``</PATH>``) sees the tokens
+it was trained on. The parser reads both forms, with any whitespace (a block with both is malformed:
+``invalid_attribute``).
 
 :func:`parse_evidence` extracts every ``<PATH ...>...</PATH>`` block of a generated text. It is lenient on
 whitespace (around tags and separators, ``confidence = "0.75"``) and on tag case, strict on structure: a block with
@@ -264,7 +267,7 @@ def format_evidence(
         >>> format_evidence(["~people.person.children", "location.location.containedby"], confidence=0.5, digits=3)
         '<PATH confidence=0.500>~people.person.children<SEP>location.location.containedby</PATH>'
         >>> format_evidence(["sibling_of"], confidence=0.75, confidence_position="after")
-        '<PATH>sibling_of</PATH><CONFIDENCE>0.75</CONFIDENCE>'
+        '<PATH>sibling_of</PATH> <CONFIDENCE>0.75</CONFIDENCE>'
     """
     if isinstance(relations, str):
         raise TypeError("relations must be a sequence of relation names, not one string")
@@ -283,7 +286,7 @@ def format_evidence(
     if digits < 0:
         raise ValueError(f"digits must be >= 0, got {digits}")
     if confidence_position == "after":
-        return f"<PATH>{body}</PATH><CONFIDENCE>{confidence:.{digits}f}</CONFIDENCE>"
+        return f"<PATH>{body}</PATH> <CONFIDENCE>{confidence:.{digits}f}</CONFIDENCE>"
     if confidence_position != "open":
         raise ValueError(f"confidence_position must be 'open' or 'after', got {confidence_position!r}")
     return f"<PATH confidence={confidence:.{digits}f}>{body}</PATH>"
@@ -423,7 +426,7 @@ def parse_evidence(text: str, *, require_confidence: bool = False, stats: ParseS
         else:
             confidence, bad = _confidence(tags[k]["attrs"])
             trailing = _TRAILING.match(text, end)
-            if trailing is not None:  # <PATH>...</PATH><CONFIDENCE>c</CONFIDENCE>
+            if trailing is not None:  # <PATH>...</PATH> <CONFIDENCE>c</CONFIDENCE>
                 end = trailing.end()
                 block = text[start:end]
                 if bad is None:

