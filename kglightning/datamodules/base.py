@@ -22,6 +22,7 @@ from kglightning.data.cache import default_cache_root
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.loaders import RecordList, read_records
 from kglightning.data.splits import SPLITS, locate_splits
+from kglightning.retrieval.subgraphs import PCSTSubgraphs
 
 Split = Literal["train", "validation", "test"]
 OnBadRecord = Literal["raise", "skip"]
@@ -50,6 +51,9 @@ class KGQADataModule(L.LightningDataModule):
         benchmark_seed: seed of the embedded benchmark.
         cache_dir: cache root of the embedded benchmark and of what subclasses cache (default
             ``$KGLIGHTNING_CACHE``).
+        subgraphs: re-cut every record's graph with G-Retriever's PCST (:class:`~kglightning.retrieval.PCSTSubgraphs`:
+            from the record's own graph, the embedded KG or a triples file; cached under the cache root), for every
+            method that reads this data module; ``None`` keeps the graphs as read.
 
     Example:
         >>> import json, os, tempfile
@@ -88,6 +92,7 @@ class KGQADataModule(L.LightningDataModule):
         predict_split: Split = "test",
         benchmark_seed: int = 0,
         cache_dir: str | None = None,
+        subgraphs: PCSTSubgraphs | None = None,
     ) -> None:
         super().__init__()
         if on_bad_record not in ("raise", "skip"):
@@ -100,6 +105,7 @@ class KGQADataModule(L.LightningDataModule):
         self.predict_split = predict_split
         self.benchmark_seed = benchmark_seed
         self.cache_dir = cache_dir
+        self.subgraphs = subgraphs
         self.datasets: dict[str, Sequence[Any]] = {}
         self._read: dict[str, RecordList] = {}
 
@@ -141,8 +147,20 @@ class KGQADataModule(L.LightningDataModule):
             if not records:
                 why = f"all {len(records.skipped)} records were skipped" if records.skipped else "it holds no record"
                 raise RecordError(f"split {split!r} is empty: {why}", source=records.source)
+            if self.subgraphs is not None:
+                records = self._cut(split, records)
             self._read[split] = records
         return self._read[split]
+
+    def _cut(self, split: str, records: RecordList) -> RecordList:
+        assert self.subgraphs is not None
+        cache = (
+            self.cache_root / "pcst_subgraphs" / f"{split}-{self._source_key(split)}-{self.subgraphs.cache_key}.jsonl"
+        )
+        cut = RecordList(self.subgraphs.apply(records, cache), source=f"{records.source} (PCST)", split=records.split)
+        cut.skipped = records.skipped
+        cut.empty_graph = [r.id for r in cut if not r.graph]
+        return cut
 
     def split_records(self, split: str) -> list[KGQARecord]:
         """The records of ``split`` (a list; see :meth:`read_split`)."""
@@ -150,7 +168,14 @@ class KGQADataModule(L.LightningDataModule):
 
     def dataset_key(self, split: str) -> str:
         """A short hash of what ``split``'s records are: the dataset (for a local file, its path, size and mtime),
-        the split, ``max_records`` and ``on_bad_record``. Caches of work derived from the records use it."""
+        the split, ``max_records``, ``on_bad_record`` and the ``subgraphs`` settings. Caches of work derived from the
+        records use it."""
+        key = self._source_key(split)
+        if self.subgraphs is None:
+            return key
+        return hashlib.sha1(f"{key}:{self.subgraphs.cache_key}".encode()).hexdigest()[:12]
+
+    def _source_key(self, split: str) -> str:
         path, name = self.files()[split]
         if self.data_dir is None:
             ident = f"embedded-seed{self.benchmark_seed}:{Path(path).parent.name}:{Path(path).name}"

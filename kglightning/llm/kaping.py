@@ -8,6 +8,12 @@ every line is forced onto a node name by :class:`~kglightning.llm.trie.names.Nam
 and the others are dropped and counted. ``unknown`` is an abstention: an empty ``prediction``, which the detection
 data leaves out (KG-Guard §3.1) and counts.
 
+With ``reasoning=True`` the answerer is KAPING as KG-Guard extends it (§4.1): after an answer (not after ``unknown``)
+it is asked, in the same conversation, for a short reasoning summary (free text) and for the facts it relied on, as
+lines copied from its facts (forced onto the fact lines when ``constrained``; matched exactly otherwise, the other
+lines dropped and counted). They are written to ``extra["reasoning_summary"]`` and ``extra["reasoning_triples"]``,
+which the ``G+RS`` and ``G+RS+RT`` judges of :mod:`kglightning.llm.node_judges` read; the detector does not use them.
+
 Generations go through the backend's response cache, so an interrupted run resumes where it stopped.
 """
 
@@ -17,6 +23,7 @@ import hashlib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -37,6 +44,14 @@ INSTRUCTION = (
     f"contain the answer, answer {UNKNOWN}."
 )
 
+SUMMARY_REQUEST = "In one or two sentences, summarize the reasoning that led to your answer."
+TRIPLES_REQUEST = "Copy the facts above that support your answer, one per line, exactly as they are written."
+
+
+def fact_line(fact: Sequence[str]) -> str:
+    """How a fact is written in the prompt (and cited back): ``(head, relation text, tail)``."""
+    return f"({', '.join(fact)})"
+
 
 class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
     """Proposes answers with an LLM reading the question's top triples (see the module docstring).
@@ -50,6 +65,9 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         max_answers: most names in one answer.
         constrained: structured generation over the subgraph's node names.
         generation: decoding settings (the paper: temperature 0.1; greedy by default here).
+        reasoning: also ask for a reasoning summary and the supporting facts (see the module docstring).
+        reasoning_tokens: most new tokens of the summary.
+        max_cited: most facts cited.
         show_progress: a progress bar over questions.
     """
 
@@ -63,10 +81,13 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         constrained: bool = True,
         generation: GenerationParams = GenerationParams(max_new_tokens=48),
         instruction: str = INSTRUCTION,
+        reasoning: bool = False,
+        reasoning_tokens: int = 64,
+        max_cited: int = 3,
         show_progress: bool = True,
     ) -> None:
-        if top_triples < 1 or max_answers < 1:
-            raise ValueError("top_triples and max_answers must be >= 1")
+        if top_triples < 1 or max_answers < 1 or reasoning_tokens < 1 or max_cited < 1:
+            raise ValueError("top_triples, max_answers, reasoning_tokens and max_cited must be >= 1")
         self.backend = backend
         self.encoder = encoder or SentenceEncoder()
         self.cache_dir = cache_dir
@@ -75,8 +96,12 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         self.constrained = constrained
         self.generation = generation
         self.instruction = instruction
+        self.reasoning = reasoning
+        self.reasoning_tokens = reasoning_tokens
+        self.max_cited = max_cited
         self.show_progress = show_progress
-        self.counts = {"questions": 0, "unknown": 0, "empty_graph": 0, "dropped_lines": 0}
+        self.counts = {"questions": 0, "unknown": 0, "empty_graph": 0, "dropped_lines": 0, "explained": 0,
+                       "uncited": 0, "dropped_citations": 0}  # fmt: skip
 
     @property
     def cache_key(self) -> str:
@@ -84,6 +109,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         return (
             f"kaping-{self.backend.cache_key}-{self.encoder.cache_key}-t{self.top_triples}-a{self.max_answers}"
             f"-c{int(self.constrained)}-n{g.max_new_tokens}-T{g.temperature:g}-s{g.seed}-i{hashlib.sha1(self.instruction.encode()).hexdigest()[:8]}"
+            + (f"-r{self.reasoning_tokens}-m{self.max_cited}" if self.reasoning else "")
         )
 
     @property
@@ -101,7 +127,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         return [(record.graph[i][0], relation_text(record.graph[i][1]), record.graph[i][2]) for i in order]
 
     def messages(self, record: KGQARecord, facts: Sequence[tuple[str, str, str]]) -> list[dict[str, str]]:
-        lines = "\n".join(f"({h}, {r}, {t})" for h, r, t in facts)
+        lines = "\n".join(fact_line(f) for f in facts)
         return [{"role": "user", "content": f"{self.instruction}\n\n{lines}\n\nQuestion: {record.question}"}]
 
     def choice(self, record: KGQARecord) -> NameChoice:
@@ -116,6 +142,33 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         lines = [line.strip() for line in text.strip().split("\n") if line.strip()]
         matched = [lower[line.lower()] for line in lines if line.lower() in lower]
         return list(dict.fromkeys(matched)), unknown, len(lines) - len(matched)
+
+    def explain(self, convs: list[list[dict[str, str]]], answers: list[list[str]],
+                facts: list[list[tuple[str, str, str]]]) -> list[dict[str, Any]]:  # fmt: skip
+        """The reasoning summary and the cited facts of each answered conversation (two batched generations)."""
+        follow = [[*c, {"role": "assistant", "content": "\n".join(a)}] for c, a in zip(convs, answers)]
+        summary_params = replace(self.generation, max_new_tokens=self.reasoning_tokens, logprobs=False)
+        summaries = self.backend.generate_with_params(
+            [[*c, {"role": "user", "content": SUMMARY_REQUEST}] for c in follow], summary_params
+        )
+        lines = [[fact_line(f) for f in fs] for fs in facts]
+        choices = [NameChoice(tuple(ls), self.max_cited) for ls in lines]
+        cite_params = replace(self.generation, max_new_tokens=self.generation.max_new_tokens * 2, logprobs=False)
+        cite_convs = [[*c, {"role": "user", "content": TRIPLES_REQUEST}] for c in follow]
+        if self.constrained:
+            cited = self.backend.generate_with_params(cite_convs, cite_params, choices)
+        else:
+            cited = self.backend.generate_with_params(cite_convs, cite_params)
+        out = []
+        for fs, ls, choice, summary, gen in zip(facts, lines, choices, summaries, cited):
+            names, _, dropped = choice.parse(gen.text)
+            by_line = dict(zip(ls, fs))
+            triples = [list(by_line[n]) for n in names]
+            self.counts["explained"] += 1
+            self.counts["uncited"] += not triples
+            self.counts["dropped_citations"] += dropped
+            out.append({"reasoning_summary": summary.text.strip(), "reasoning_triples": triples})
+        return out
 
     def propose(self, records: Iterable[KGQARecord], chunk_size: int = 64) -> list[KGQARecord]:
         """Copies of ``records`` with ``prediction`` (an empty list for ``unknown``) and ``extra['kaping']``."""
@@ -134,8 +187,15 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
                     raise NotImplementedError(f"{e}; or set constrained: false") from e
             else:
                 gens = self.backend.generate_with_params(convs, self.generation)
-            for record, fact, choice, gen in zip(chunk, facts, choices, gens):
-                names, unknown, dropped = self._ground(gen.text, choice)
+            grounded = [self._ground(gen.text, choice) for gen, choice in zip(gens, choices)]
+            answered = [i for i, (names, unknown, _) in enumerate(grounded) if names and not unknown]
+            reasons: dict[int, dict[str, Any]] = {}
+            if self.reasoning and answered:
+                why = self.explain([convs[i] for i in answered], [grounded[i][0] for i in answered],
+                                   [facts[i] for i in answered])  # fmt: skip
+                reasons = dict(zip(answered, why))
+            for k, (record, fact, gen) in enumerate(zip(chunk, facts, gens)):
+                names, unknown, dropped = grounded[k]
                 self.counts["questions"] += 1
                 self.counts["empty_graph"] += not record.graph
                 self.counts["unknown"] += unknown or not names
@@ -144,11 +204,14 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
                         "facts": [list(f) for f in fact]}  # fmt: skip
                 if gen.token_logprobs is not None:  # generation.logprobs: the answer's log-probability
                     info |= {"logprob": sum(gen.token_logprobs), "tokens": len(gen.token_logprobs)}
-                extra = dict(record.extra, kaping=info)
+                extra = dict(record.extra, kaping=info, **reasons.get(k, {}))
                 out.append(replace(record, prediction=names, confidence=None, extra=extra))
             bar.update(len(chunk))
         bar.close()
         c = self.counts
         log.info("KAPING: %d questions, %d unknown (abstentions), %d empty graphs, %d answer lines dropped",
                  c["questions"], c["unknown"], c["empty_graph"], c["dropped_lines"])  # fmt: skip
+        if self.reasoning:
+            log.info("KAPING reasoning: %d answers explained, %d without a cited fact, %d citation lines dropped",
+                     c["explained"], c["uncited"], c["dropped_citations"])  # fmt: skip
         return out

@@ -84,6 +84,16 @@ def test_uag_fragments_parse_on_top_of_uag():
     assert ctl["grid"] == "paper" and ctl["grid_step"] == [0.3, 0.3, 0.1] and ctl["delta"] == 0.05
 
 
+@pytest.mark.parametrize("name", ["doublycal.yaml", "uag.yaml", "refinement.yaml", "detector.yaml", "proxy_sft.yaml"])
+def test_pcst_fragment_parses_on_top_of_every_method(name):
+    assert {p.name for p in (ROOT / "configs/data").glob("*.yaml")} == {"pcst.yaml"}, "test new fragments here"
+    printed = _print_config(CONFIGS[name], "--config", str(ROOT / "configs" / name), "--config",
+                            str(ROOT / "configs/data/pcst.yaml"))  # fmt: skip
+    sub = yaml.safe_load(printed)["data"]["init_args"]["subgraphs"]
+    assert sub["class_path"] == "kglightning.retrieval.PCSTSubgraphs" and sub["init_args"]["kg"] == "embedded"
+    assert sub["init_args"]["retriever"]["init_args"]["topk_e"] == 5
+
+
 def test_wandb_fragment_and_sweep_parameters_parse():
     base = ["fit", "--config", str(ROOT / "configs/detector.yaml")]
     printed = _print_config(*base, "--config", str(ROOT / "configs/logger/wandb.yaml"))

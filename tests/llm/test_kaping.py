@@ -76,3 +76,58 @@ def test_unconstrained_answers_are_matched_and_the_rest_counted(encoder, tmp_pat
     assert out.prediction == ["Paris", "Euro"] and out.extra["kaping"]["dropped_lines"] == 1
     with pytest.raises(NotImplementedError, match="set constrained: false"):
         KAPINGAnswerer(_Echo("x"), encoder=encoder, cache_dir=str(tmp_path), show_progress=False).propose(RECORDS[:1])  # type: ignore[arg-type]
+
+
+class _Scripted(_Echo):
+    """An unconstrained endpoint that answers, explains and cites according to the last request."""
+
+    def __init__(self, answer: str, summary: str, cited: str) -> None:
+        self.replies = {"answer": answer, "summary": summary, "cited": cited}
+
+    def generate_with_params(self, batch, params, choices=None):
+        from kglightning.llm.backends.base import Generation
+        from kglightning.llm.kaping import SUMMARY_REQUEST, TRIPLES_REQUEST
+
+        last = {SUMMARY_REQUEST: "summary", TRIPLES_REQUEST: "cited"}
+        return [Generation(text=self.replies[last.get(c[-1]["content"], "answer")]) for c in batch]
+
+
+def test_reasoning_summary_and_cited_facts_for_the_judges(encoder, tmp_path):
+    from kglightning.llm.node_judges import LLMJudge
+
+    backend = _Scripted("Paris", "Paris is the capital of France.",
+                        "(France, location country capital, Paris)\n(Paris, is, made up)")  # fmt: skip
+    answerer = KAPINGAnswerer(backend, encoder=encoder, cache_dir=str(tmp_path), constrained=False, reasoning=True,
+                              show_progress=False)  # type: ignore[arg-type]  # fmt: skip
+    q1, q2, q3 = answerer.propose(RECORDS)
+    assert q1.extra["reasoning_summary"] == "Paris is the capital of France."
+    assert q1.extra["reasoning_triples"] == [["France", "location country capital", "Paris"]]
+    assert (
+        q2.prediction == [] and "reasoning_summary" not in q2.extra
+    )  # "Paris" is not a node of q2: nothing to explain
+    assert "reasoning_triples" not in q3.extra
+    c = answerer.counts
+    assert (c["explained"], c["uncited"], c["dropped_citations"]) == (1, 0, 1)
+    prompt = LLMJudge(backend, context="G+RS+RT").messages(q1, "Paris")[0]["content"]  # type: ignore[arg-type]
+    assert "Paris is the capital of France." in prompt and "(France, location country capital, Paris)" in prompt
+    assert "reasoning" not in KAPINGAnswerer(backend, encoder=encoder, cache_dir=str(tmp_path)).cache_key  # type: ignore[arg-type]
+    assert answerer.cache_key != KAPINGAnswerer(backend, encoder=encoder, cache_dir=str(tmp_path)).cache_key  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_constrained_citations_are_facts_of_the_prompt(encoder, tiny_chat_model_dir, tmp_path, seed):
+    backend = LocalHFBackend(tiny_chat_model_dir, batch_size=2, show_progress=False, cache_dir=str(tmp_path / "llm"))
+    answerer = KAPINGAnswerer(backend, encoder=encoder, cache_dir=str(tmp_path / "emb"), show_progress=False,
+                              reasoning=True, reasoning_tokens=8, max_cited=2,
+                              generation=GenerationParams(max_new_tokens=40, temperature=1.2, seed=seed))  # fmt: skip
+    out = answerer.propose(RECORDS[:2] * 3)
+    explained = [r for r in out if r.prediction]
+    assert explained, "no answer to explain: pick other seeds"
+    assert answerer.counts["explained"] == len(explained) and answerer.counts["dropped_citations"] == 0
+    for r in out:
+        if not r.prediction:
+            assert "reasoning_triples" not in r.extra
+            continue
+        facts = [tuple(f) for f in r.extra["kaping"]["facts"]]
+        assert isinstance(r.extra["reasoning_summary"], str) and len(r.extra["reasoning_triples"]) <= 2
+        assert all(tuple(t) in facts for t in r.extra["reasoning_triples"])

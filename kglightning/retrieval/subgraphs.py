@@ -1,0 +1,127 @@
+"""PCST subgraphs as a data module option: every method reads the records with their graphs re-cut by G-Retriever's PCST.
+
+:class:`PCSTSubgraphs` is what :class:`~kglightning.datamodules.KGQADataModule` takes as ``subgraphs``: each split's
+records are read as usual, then each record's ``graph`` is replaced by the PCST subgraph of its question
+(:class:`~kglightning.retrieval.pcst.PCSTRetriever`), cut from
+
+* ``kg: record``: the record's own graph (G-Retriever's setting on RoG's pre-cut WebQSP/CWQ subgraphs);
+* ``kg: embedded``: the embedded benchmark's whole KG (the KG-Guard setting of ``configs/detector_kaping.yaml``);
+* ``kg: <file>``: a triples file (``.tsv`` / ``.parquet``, :func:`~kglightning.data.sources.triples.load_kg`, index
+  cached), for the records of a user's own KG.
+
+The cut records are cached as RoG ``.jsonl`` (with the subgraph statistics beside them), keyed by the dataset and the
+retriever's settings, so the cut happens once and can be inspected. A question none of whose topic entities is in the
+KG is kept with an empty graph (the methods abstain on it), counted and logged, so the evaluated questions stay the
+same with and without PCST.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from kglightning.data.kg import KGIndex
+from kglightning.data.records import KGQARecord
+from kglightning.data.sources.loaders import read_records, write_records
+from kglightning.retrieval.pcst import PCSTRetriever
+
+__all__ = ["PCSTSubgraphs"]
+
+log = logging.getLogger(__name__)
+
+
+class PCSTSubgraphs:
+    """Replaces every record's graph by its PCST subgraph (see the module docstring).
+
+    Args:
+        retriever: the PCST settings (default: G-Retriever's, with the bundled MiniLM encoder).
+        kg: where subgraphs are cut from: ``"record"``, ``"embedded"`` or the path of a triples file.
+        use_cache: read and write the cut records under the data module's cache root (``pcst_subgraphs/``).
+
+    Example:
+        >>> import tempfile
+        >>> from kglightning.data.embeddings import SentenceEncoder
+        >>> record = KGQARecord("q1", "Which river flows through the capital of France?", ["Seine"], ["France"],
+        ...     ["Seine"], [("France", "capital", "Paris"), ("Paris", "river", "Seine"), ("France", "currency", "Euro"),
+        ...             ("France", "language", "French")])
+        >>> retriever = PCSTRetriever(SentenceEncoder(show_progress=False), cache_dir=tempfile.mkdtemp(), topk=2,
+        ...                           topk_e=2, show_progress=False)
+        >>> [cut] = PCSTSubgraphs(retriever).apply([record])
+        >>> cut.graph, cut.extra["answer_in_graph"]
+        ([('France', 'capital', 'Paris'), ('Paris', 'river', 'Seine')], True)
+    """
+
+    def __init__(self, retriever: PCSTRetriever | None = None, kg: str = "record", use_cache: bool = True) -> None:
+        if not kg:
+            raise ValueError("kg must be 'record', 'embedded' or the path of a triples file")
+        if kg not in ("record", "embedded") and not Path(kg).is_file():
+            raise FileNotFoundError(f"PCSTSubgraphs: kg {kg!r} is neither 'record', 'embedded' nor a triples file")
+        self.retriever = retriever or PCSTRetriever()
+        self.kg = kg
+        self.use_cache = use_cache
+        self._index: KGIndex | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kg={self.kg!r}, retriever={self.retriever!r})"
+
+    @property
+    def cache_key(self) -> str:
+        """A short hash of the KG source and the retriever's settings (a file's size and mtime included)."""
+        source = self.kg
+        if self.kg not in ("record", "embedded"):
+            p = Path(self.kg)
+            source = f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
+        ident = f"{source}|{self.retriever!r}|{self.retriever.num_clusters}|{self.retriever.encoder.cache_key}"
+        return hashlib.sha1(ident.encode()).hexdigest()[:12]
+
+    def index(self) -> KGIndex | None:
+        """The whole KG the subgraphs are cut from (``None`` for ``kg: record``), built or loaded once."""
+        if self.kg == "record":
+            return None
+        if self._index is None:
+            if self.kg == "embedded":
+                from kglightning.retrieval.build_subgraphs import embedded_kg
+
+                self._index = embedded_kg()
+            else:
+                from kglightning.data.sources.triples import load_kg
+
+                self._index = load_kg(self.kg)
+        return self._index
+
+    def apply(self, records: Sequence[KGQARecord], cache_file: str | Path | None = None) -> list[KGQARecord]:
+        """The records with PCST graphs, read from ``cache_file`` when it exists and written there otherwise."""
+        path = Path(cache_file) if cache_file is not None and self.use_cache else None
+        if path is not None and path.is_file():
+            cached = list(read_records(path))
+            if [r.id for r in cached] == [r.id for r in records]:
+                log.info("PCST subgraphs read from %s", path)
+                return cached
+            log.warning("%s does not hold the same questions; cutting the subgraphs again", path)
+        retriever = self.retriever
+        retriever.stats = type(retriever.stats)()
+        whole = self.index()
+        out: list[KGQARecord] = []
+        from tqdm.auto import tqdm
+
+        for record in tqdm(records, desc=f"PCST subgraphs ({self.kg})", unit="q", disable=not retriever.show_progress):
+            kg = whole if whole is not None else KGIndex.from_triples(record.graph)
+            cut = retriever.retrieve_record(record, kg)
+            if cut is None:  # no topic entity in the KG: counted by the retriever; kept with nothing to reason over
+                extra = dict(record.extra, retrieval={"method": "pcst", "skipped": "no topic entity in the KG"})
+                cut = replace(record, graph=[], extra=extra)
+            out.append(cut)
+        summary = retriever.stats.summary()
+        log.info("PCST subgraphs: %s", summary)
+        if summary["missing_topic"]:
+            log.warning("PCST: %d of %d question(s) have no topic entity in the KG; kept with an empty graph",
+                        summary["missing_topic"], len(records))  # fmt: skip
+        if path is not None:
+            write_records(out, path)
+            stats = {"kg": self.kg, "retriever": repr(retriever), **summary}
+            path.with_suffix(".stats.json").write_text(json.dumps(stats, indent=2))
+        return out

@@ -1,0 +1,80 @@
+"""PCSTSubgraphs: every data module can re-cut its records' graphs with PCST (record graph, whole KG, triples file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kglightning.data.embeddings import SentenceEncoder
+from kglightning.datamodules.base import KGQADataModule
+from kglightning.retrieval import PCSTRetriever, PCSTSubgraphs
+
+GRAPH = [["France", "capital", "Paris"], ["Paris", "river", "Seine"], ["France", "currency", "Euro"],
+         ["France", "language", "French"], ["Euro", "symbol", "€"], ["French", "script", "Latin"]]  # fmt: skip
+
+
+def _record(qid: str, topic: str = "France", graph=GRAPH) -> dict:
+    return {"id": qid, "question": "Which river flows through the capital of France?", "answer": ["Seine"],
+            "q_entity": [topic], "a_entity": ["Seine"], "graph": graph}  # fmt: skip
+
+
+def _write(folder: Path, rows: dict[str, list[dict]]) -> str:
+    for split, records in rows.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return SentenceEncoder(show_progress=False)
+
+
+def _source(encoder, tmp_path, **kwargs) -> PCSTSubgraphs:
+    retriever = PCSTRetriever(encoder, cache_dir=str(tmp_path / "emb"), topk=2, topk_e=2, show_progress=False)
+    return PCSTSubgraphs(retriever, **kwargs)
+
+
+def test_record_mode_cuts_each_graph_caches_it_and_keys_the_data(tmp_path, encoder, monkeypatch):
+    rows = {s: [_record(f"{s}-0"), _record(f"{s}-1", topic="Atlantis")] for s in ("train", "validation", "test")}
+    folder = _write(tmp_path, rows)
+    dm = KGQADataModule(data_dir=folder, cache_dir=str(tmp_path / "cache"), subgraphs=_source(encoder, tmp_path))
+    cut, missing = dm.split_records("test")
+    assert cut.graph == [("France", "capital", "Paris"), ("Paris", "river", "Seine")]
+    assert set(cut.graph) < {tuple(t) for t in GRAPH} and cut.extra["answer_in_graph"] is True
+    assert cut.extra["retrieval"]["method"] == "pcst"
+    # a question whose topic entity is not in its graph stays (the methods abstain on it), counted
+    assert missing.id == "test-1" and missing.graph == [] and "skipped" in missing.extra["retrieval"]
+    assert dm.read_split("test").empty_graph == ["test-1"]
+    assert dm.subgraphs.retriever.stats.missing_topic == 1
+    files = sorted(p.name for p in (tmp_path / "cache" / "pcst_subgraphs").iterdir())
+    assert len(files) == 2 and files[0].endswith(".jsonl") and files[1].endswith(".stats.json")
+    assert json.loads((tmp_path / "cache" / "pcst_subgraphs" / files[1]).read_text())["missing_topic"] == 1
+    # the cached cut is read back, without cutting again
+    again = KGQADataModule(data_dir=folder, cache_dir=str(tmp_path / "cache"), subgraphs=_source(encoder, tmp_path))
+    monkeypatch.setattr(PCSTRetriever, "retrieve_record", lambda *a: pytest.fail("cut again"))
+    assert again.split_records("test") == dm.split_records("test")
+    monkeypatch.undo()
+    plain = KGQADataModule(data_dir=folder)
+    assert plain.dataset_key("test") != dm.dataset_key("test")  # caches derived from records see the cut
+    wider = _source(encoder, tmp_path)
+    wider.retriever.topk_e = 5
+    assert wider.cache_key != dm.subgraphs.cache_key
+
+
+def test_cut_from_a_triples_file(tmp_path, encoder):
+    kg = tmp_path / "kg.tsv"
+    kg.write_text("".join("\t".join(t) + "\n" for t in GRAPH))
+    rows = {s: [_record(f"{s}-0", graph=[["France", "capital", "Paris"]])] for s in ("train", "validation", "test")}
+    dm = KGQADataModule(data_dir=_write(tmp_path, rows), cache_dir=str(tmp_path / "cache"),
+                        subgraphs=_source(encoder, tmp_path, kg=str(kg)))  # fmt: skip
+    [record] = dm.split_records("test")
+    assert ("Paris", "river", "Seine") in record.graph  # from the whole KG, not the record's one-triple graph
+
+
+def test_bad_kg_source(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.tsv"):
+        PCSTSubgraphs(PCSTRetriever(show_progress=False), kg=str(tmp_path / "missing.tsv"))
+    with pytest.raises(ValueError, match="kg must be"):
+        PCSTSubgraphs(PCSTRetriever(show_progress=False), kg="")
