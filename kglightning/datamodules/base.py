@@ -154,9 +154,7 @@ class KGQADataModule(L.LightningDataModule):
 
     def _cut(self, split: str, records: RecordList) -> RecordList:
         assert self.subgraphs is not None
-        cache = (
-            self.cache_root / "pcst_subgraphs" / f"{split}-{self._source_key(split)}-{self.subgraphs.cache_key}.jsonl"
-        )
+        cache = self.cache_root / "pcst_subgraphs" / f"{split}-{self.dataset_key(split)}.jsonl"
         cut = RecordList(self.subgraphs.apply(records, cache), source=f"{records.source} (PCST)", split=records.split)
         cut.skipped = records.skipped
         cut.empty_graph = [r.id for r in cut if not r.graph]

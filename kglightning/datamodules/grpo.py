@@ -19,11 +19,12 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from kglightning.data.records import KGQARecord
 from kglightning.datamodules.sft import ProxySFTDataModule
 from kglightning.datamodules.sft_examples import ProxyPrompt, collate_prompts
 from kglightning.evidence.rewards import gold_target
 from kglightning.evidence.schema import Evidence
-from kglightning.llm.trie import TrieConfig
+from kglightning.llm.trie import KGTrie, TrieConfig
 
 __all__ = ["GRPOStats", "ProxyGRPODataModule"]
 
@@ -127,7 +128,7 @@ class ProxyGRPODataModule(ProxySFTDataModule):
                 "gold_evidence": gold[row["id"]],
             }
             if self.trie is not None:
-                item["trie"] = self.trie.build(self.tokenizer, self.builder.index(record), record.q_entity)
+                item["trie"] = self._trie(record)
             items.append(item)
         self.grpo_stats[split] = stats
         rank_zero_info(stats.summary(split))
@@ -146,7 +147,7 @@ class ProxyGRPODataModule(ProxySFTDataModule):
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         batch = collate_prompts(items, pad_id=self.tokenizer.pad_token_id)
         batch["gold_evidence"] = [it["gold_evidence"] for it in items]
-        batch["tries"] = [it["trie"] for it in items] if items and "trie" in items[0] else None
+        batch["tries"] = _tries(items)
         return batch
 
     def build_predict(self, split: str) -> list[dict[str, Any]]:
@@ -156,11 +157,19 @@ class ProxyGRPODataModule(ProxySFTDataModule):
         if self.trie is not None:
             records = {r.id: r for r in self.read_split(split)}
             for item in items:
-                record = records[item["id"]]
-                item["trie"] = self.trie.build(self.tokenizer, self.builder.index(record), record.q_entity)
+                item["trie"] = self._trie(records[item["id"]])
         return items
 
     def collate_predict(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         batch = super().collate_predict(items)
-        batch["tries"] = [it["trie"] for it in items] if items and "trie" in items[0] else None
+        batch["tries"] = _tries(items)
         return batch
+
+    def _trie(self, record: KGQARecord) -> KGTrie:
+        assert self.trie is not None
+        return self.trie.build(self.tokenizer, self.builder.index(record), record.q_entity)
+
+
+def _tries(items: list[dict[str, Any]]) -> list[KGTrie] | None:
+    """The batch's KG-Tries (``None`` when its items carry none)."""
+    return [it["trie"] for it in items] if items and "trie" in items[0] else None

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -221,15 +221,31 @@ class PCSTRetriever(UsesEmbeddings):
                           record.confidence, extra)  # fmt: skip
 
     def retrieve_records(
-        self, records: Iterable[KGQARecord], kg: KGIndex, desc: str = "PCST subgraphs"
+        self,
+        records: Iterable[KGQARecord],
+        kg: KGIndex | None,
+        desc: str = "PCST subgraphs",
+        keep_skipped: bool = False,
     ) -> Iterator[KGQARecord]:
-        """:meth:`retrieve_record` over ``records`` with a progress bar; skipped questions are left out."""
+        """:meth:`retrieve_record` over ``records`` with a progress bar.
+
+        Args:
+            records: the questions.
+            kg: the KG to cut from; ``None`` cuts each record from its own graph.
+            desc: the progress bar's label.
+            keep_skipped: keep a question without a topic entity in the KG, with an empty graph (marked in
+                ``extra["retrieval"]``), instead of leaving it out; counted either way.
+        """
         from tqdm.auto import tqdm
 
         records = list(records)
         for record in tqdm(records, desc=desc, unit="q", disable=not self.show_progress):
-            out = self.retrieve_record(record, kg)
+            out = self.retrieve_record(record, kg if kg is not None else KGIndex.from_triples(record.graph))
+            if out is None and keep_skipped:
+                extra = dict(record.extra, retrieval={"method": "pcst", "skipped": "no topic entity in the KG"})
+                out = replace(record, graph=[], extra=extra)
             if out is not None:
                 yield out
         if self.stats.missing_topic:
-            log.warning("%d question(s) skipped: no topic entity in the KG", self.stats.missing_topic)
+            log.warning("%d of %d question(s) %s: no topic entity in the KG", self.stats.missing_topic, len(records),
+                        "kept with an empty graph" if keep_skipped else "skipped")  # fmt: skip

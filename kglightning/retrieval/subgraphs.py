@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from kglightning.data.kg import KGIndex
@@ -104,22 +103,9 @@ class PCSTSubgraphs:
             log.warning("%s does not hold the same questions; cutting the subgraphs again", path)
         retriever = self.retriever
         retriever.stats = type(retriever.stats)()
-        whole = self.index()
-        out: list[KGQARecord] = []
-        from tqdm.auto import tqdm
-
-        for record in tqdm(records, desc=f"PCST subgraphs ({self.kg})", unit="q", disable=not retriever.show_progress):
-            kg = whole if whole is not None else KGIndex.from_triples(record.graph)
-            cut = retriever.retrieve_record(record, kg)
-            if cut is None:  # no topic entity in the KG: counted by the retriever; kept with nothing to reason over
-                extra = dict(record.extra, retrieval={"method": "pcst", "skipped": "no topic entity in the KG"})
-                cut = replace(record, graph=[], extra=extra)
-            out.append(cut)
+        out = list(retriever.retrieve_records(records, self.index(), f"PCST subgraphs ({self.kg})", keep_skipped=True))
         summary = retriever.stats.summary()
         log.info("PCST subgraphs: %s", summary)
-        if summary["missing_topic"]:
-            log.warning("PCST: %d of %d question(s) have no topic entity in the KG; kept with an empty graph",
-                        summary["missing_topic"], len(records))  # fmt: skip
         if path is not None:
             write_records(out, path)
             stats = {"kg": self.kg, "retriever": repr(retriever), **summary}
