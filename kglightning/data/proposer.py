@@ -37,6 +37,10 @@ class AnswerProposer(ABC):
     def propose(self, records: Iterable[KGQARecord]) -> list[KGQARecord]:
         """Copies of ``records``, in order, with ``prediction`` set (an empty list is an abstention)."""
 
+    def for_split(self, split: str) -> AnswerProposer:
+        """The proposer that answers ``split`` (default: this one); one may skip work that only some splits need."""
+        return self
+
 
 class AnswerNodeScorer(ABC):
     """Scores every predicted answer of a record: a hallucination score in ``[0, 1]`` per predicted name.

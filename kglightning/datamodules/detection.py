@@ -119,12 +119,13 @@ class DetectionDataModule(KGQADataModule):
                 source=records.source,
                 field="prediction",
             )
-        cache = self.cache_root / "proposals-v2" / self.dataset_key(split) / self.proposer.cache_key / f"{split}.jsonl"
+        proposer = self.proposer.for_split(split)
+        cache = self.cache_root / "proposals-v2" / self.dataset_key(split) / proposer.cache_key / f"{split}.jsonl"
         cached = load_proposals(records, cache)
         if cached is not None:
             return cached
-        rank_zero_info(f"proposing answers for {len(lacking)} {split} questions with {type(self.proposer).__name__}")
-        proposed = iter(self.proposer.propose(lacking))
+        rank_zero_info(f"proposing answers for {len(lacking)} {split} questions with {type(proposer).__name__}")
+        proposed = iter(proposer.propose(lacking))
         out = [r if r.prediction is not None else next(proposed) for r in records]
         save_proposals(records, out, cache)
         return out

@@ -19,6 +19,7 @@ Generations go through the backend's response cache, so an interrupted run resum
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 from collections.abc import Iterable, Sequence
@@ -66,6 +67,9 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         constrained: structured generation over the subgraph's node names.
         generation: decoding settings (the paper: temperature 0.1; greedy by default here).
         reasoning: also ask for a reasoning summary and the supporting facts (see the module docstring).
+        reasoning_splits: the splits whose answers get the reasoning when a DataModule asks per split
+            (:meth:`for_split`): the LLM judges read it on the test split only, and it costs two more generations
+            per answer. ``None``: every split. The answers themselves do not change.
         reasoning_tokens: most new tokens of the summary.
         max_cited: most facts cited.
         show_progress: a progress bar over questions.
@@ -82,6 +86,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         generation: GenerationParams = GenerationParams(max_new_tokens=48),
         instruction: str = INSTRUCTION,
         reasoning: bool = False,
+        reasoning_splits: list[str] | None = ["test"],  # noqa: B006 (never mutated; shown as the default by the CLI)
         reasoning_tokens: int = 64,
         max_cited: int = 3,
         show_progress: bool = True,
@@ -97,6 +102,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         self.generation = generation
         self.instruction = instruction
         self.reasoning = reasoning
+        self.reasoning_splits = None if reasoning_splits is None else list(reasoning_splits)
         self.reasoning_tokens = reasoning_tokens
         self.max_cited = max_cited
         self.show_progress = show_progress
@@ -111,6 +117,14 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
             f"-c{int(self.constrained)}-n{g.max_new_tokens}-T{g.temperature:g}-s{g.seed}-i{hashlib.sha1(self.instruction.encode()).hexdigest()[:8]}"
             + (f"-r{self.reasoning_tokens}-m{self.max_cited}" if self.reasoning else "")
         )
+
+    def for_split(self, split: str) -> KAPINGAnswerer:
+        """This answerer, without the reasoning for a split outside ``reasoning_splits`` (counts are shared)."""
+        if not self.reasoning or self.reasoning_splits is None or split in self.reasoning_splits:
+            return self
+        plain = copy.copy(self)
+        plain.reasoning = False
+        return plain
 
     @property
     def encoder_hint(self) -> SentenceEncoder:

@@ -55,6 +55,29 @@ def best_f1_threshold(probs: Tensor, target: Tensor) -> tuple[float, float]:
     return float(thresholds[best]), float(f1[best])
 
 
+def bootstrap_f1_threshold(probs: Tensor, target: Tensor, resamples: int, seed: int = 0) -> float:
+    """The median of the best-F1 thresholds of ``resamples`` bootstrap resamples of ``(probs, target)``.
+
+    On a small validation set the best-F1 threshold jumps with every answer node that moves; the median over seeded
+    bootstrap resamples (drawn with replacement, same size; resamples without a positive are skipped) moves much
+    less. Falls back to :func:`best_f1_threshold` when no resample has a positive.
+
+    Example:
+        >>> probs, target = torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])
+        >>> bootstrap_f1_threshold(probs, target, 50) == bootstrap_f1_threshold(probs, target, 50)  # seeded
+        True
+    """
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    gen = torch.Generator().manual_seed(seed)
+    probs, target = probs.detach().float().cpu(), target.detach().long().cpu()
+    picks = torch.randint(len(probs), (resamples, len(probs)), generator=gen)
+    found = [best_f1_threshold(probs[idx], target[idx])[0] for idx in picks if bool(target[idx].any())]
+    if not found:
+        return best_f1_threshold(probs, target)[0]
+    return float(torch.tensor(found).median())
+
+
 def detection_loss(logits: Tensor, target: Tensor, pos_weight: float | None = None, gamma: float = 0.0) -> Tensor:
     """Mean (class-weighted, focal) binary cross-entropy of answer-node logits.
 
@@ -111,6 +134,10 @@ class HallucinationDetector(L.LightningModule):
             constant rate.
         threshold: initial decision threshold.
         tune_threshold: re-tune the threshold on validation.
+        threshold_resamples: ``0``: the threshold is the best-F1 one on the validation set; ``B > 0``: the median
+            of the best-F1 thresholds of ``B`` bootstrap resamples of the validation answer nodes (seeded by
+            ``baseline_seed``), which stays stable when the validation set is small
+            (:func:`bootstrap_f1_threshold`).
         baseline_seed: seed of the Random baseline, whose score for a node is fixed by (seed, question id,
             node name), so that it is the same on one process or many.
         pos_weight: weight of the hallucinated (positive) class in the loss (``None``: 1). Below 1 when most
@@ -131,6 +158,7 @@ class HallucinationDetector(L.LightningModule):
         scheduler: LRSchedulerCallable | None = None,
         threshold: float = 0.5,
         tune_threshold: bool = True,
+        threshold_resamples: int = 0,
         baseline_seed: int = 0,
         pos_weight: float | None = None,
         focal_gamma: float = 0.0,
@@ -139,6 +167,8 @@ class HallucinationDetector(L.LightningModule):
         super().__init__()
         if pos_weight is not None and pos_weight <= 0:
             raise ValueError(f"pos_weight must be > 0, got {pos_weight}")
+        if threshold_resamples < 0:
+            raise ValueError(f"threshold_resamples must be >= 0, got {threshold_resamples}")
         if focal_gamma < 0:
             raise ValueError(f"focal_gamma must be >= 0, got {focal_gamma}")
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
@@ -147,6 +177,7 @@ class HallucinationDetector(L.LightningModule):
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.tune_threshold = tune_threshold
+        self.threshold_resamples = threshold_resamples
         self.baseline_seed = baseline_seed
         self.pos_weight = pos_weight
         self.focal_gamma = focal_gamma
@@ -210,7 +241,11 @@ class HallucinationDetector(L.LightningModule):
         if probs.numel() == 0:
             return
         if self.tune_threshold and not self.trainer.sanity_checking:
-            self.threshold.fill_(best_f1_threshold(probs, target)[0])
+            if self.threshold_resamples:
+                thr = bootstrap_f1_threshold(probs, target, self.threshold_resamples, self.baseline_seed)
+            else:
+                thr = best_f1_threshold(probs, target)[0]
+            self.threshold.fill_(thr)
             self.majority.fill_(float(target.float().mean() >= 0.5))
         values = {f"val/{k}": v for k, v in detection_metrics(float(self.threshold))(probs, target).items()}
         values["val/threshold"] = self.threshold.clone()

@@ -129,6 +129,30 @@ def test_proposals_are_made_once_and_cached(splits, tmp_path, tiny_encoder_dir):
     assert all(g.y.sum() == 0 for g in dm2.datasets["test"])  # gold answers: nothing hallucinated
 
 
+def test_each_split_is_answered_by_the_proposer_for_that_split(splits, tmp_path, tiny_encoder_dir):
+    class PerSplit(EchoGoldProposer):
+        def __init__(self, split: str = "") -> None:
+            super().__init__()
+            self.split = split
+
+        @property
+        def cache_key(self) -> str:
+            return f"echo-{self.split}"
+
+        def for_split(self, split: str) -> PerSplit:
+            return PerSplit(split)
+
+    for records in splits.values():
+        for r in records:
+            del r["prediction"], r["confidence"]
+    dm = _dm(_write(tmp_path / "d", splits), tmp_path, tiny_encoder_dir, proposer=PerSplit())
+    dm.prepare_data()
+    dm.setup("fit")
+    dm.setup("test")
+    keys = {p.parent.name: p.name for p in (tmp_path / "cache" / "proposals-v2").rglob("*.jsonl")}
+    assert keys == {f"echo-{s}": f"{s}.jsonl" for s in ("train", "validation", "test")}
+
+
 def test_proposal_cache_holds_predictions_only_and_a_stale_one_is_redone(splits, tmp_path, tiny_encoder_dir):
     for records in splits.values():
         for r in records:

@@ -114,6 +114,29 @@ def test_reasoning_summary_and_cited_facts_for_the_judges(encoder, tmp_path):
     assert answerer.cache_key != KAPINGAnswerer(backend, encoder=encoder, cache_dir=str(tmp_path)).cache_key  # type: ignore[arg-type]
 
 
+def test_reasoning_only_for_the_splits_the_judges_read(encoder, tmp_path):
+    class Counting(_Scripted):
+        requests = 0
+
+        def generate_with_params(self, batch, params, choices=None):
+            Counting.requests += len(batch)
+            return super().generate_with_params(batch, params, choices)
+
+    backend = Counting("Paris", "Paris is the capital of France.", "(France, location country capital, Paris)")
+    answerer = KAPINGAnswerer(backend, encoder=encoder, cache_dir=str(tmp_path), constrained=False, reasoning=True,
+                              show_progress=False)  # type: ignore[arg-type]  # fmt: skip
+    plain = KAPINGAnswerer(backend, encoder=encoder, cache_dir=str(tmp_path), constrained=False, show_progress=False)  # type: ignore[arg-type]
+    assert answerer.for_split("test") is answerer
+    train = answerer.for_split("train")
+    assert train.cache_key == plain.cache_key and answerer.reasoning  # the answerer itself is unchanged
+    (q1, *_) = train.propose(RECORDS)
+    assert Counting.requests == 3 and "reasoning_summary" not in q1.extra  # one answer per question, no more
+    (r1, *_) = answerer.propose(RECORDS)
+    assert r1.prediction == q1.prediction and r1.extra["reasoning_summary"] == "Paris is the capital of France."
+    everywhere = KAPINGAnswerer(backend, encoder=encoder, reasoning=True, reasoning_splits=None)  # type: ignore[arg-type]
+    assert everywhere.for_split("train") is everywhere
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_constrained_citations_are_facts_of_the_prompt(encoder, tiny_chat_model_dir, tmp_path, seed):
     backend = LocalHFBackend(tiny_chat_model_dir, batch_size=2, show_progress=False, cache_dir=str(tmp_path / "llm"))
