@@ -201,6 +201,7 @@ def _compare_proxies(argv: list[str]) -> int:
 
 def _seeds(argv: list[str]) -> int:
     import argparse
+    import shutil
     import statistics
 
     p = argparse.ArgumentParser(
@@ -210,7 +211,12 @@ def _seeds(argv: list[str]) -> int:
     )
     p.add_argument("--config", required=True, help="a fit config (e.g. configs/detector.yaml)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--output", default=None, help="a .json file for the per-seed metrics and the summary")
+    p.add_argument(
+        "--output",
+        default=None,
+        help="a .json file for the per-seed metrics and the summary, and a .png "
+        "beside it with F1 and AUC-PR per method (mean, std), when the test metrics have them",
+    )
     args, overrides = p.parse_known_args(argv)
     runs: dict[int, dict[str, float]] = {}
     for seed in args.seeds:
@@ -220,8 +226,11 @@ def _seeds(argv: list[str]) -> int:
             args=["--config", args.config, *overrides, "--seed_everything", str(seed)],
         )
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-        best = "best" if getattr(cli.trainer.checkpoint_callback, "best_model_path", "") else None
+        best_path = getattr(cli.trainer.checkpoint_callback, "best_model_path", "")
+        best = "best" if best_path else None
         (metrics,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
+        if best_path and cli.trainer.is_global_zero:  # the next seed overwrites best.ckpt: keep this one beside it
+            shutil.copyfile(best_path, Path(best_path).with_name(f"{Path(best_path).stem}-seed{seed}.ckpt"))
         runs[seed] = {k: float(v) for k, v in metrics.items()}
     names = sorted(set.intersection(*(set(m) for m in runs.values())))
     summary = {
@@ -235,7 +244,11 @@ def _seeds(argv: list[str]) -> int:
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps({"seeds": runs, "summary": summary}, indent=2) + "\n")
-        print(f"wrote {args.output}")
+        from kglightning.metrics.plots import plot_seed_summary
+
+        title = f"{Path(args.config).stem}, seeds {', '.join(map(str, args.seeds))}"
+        plot = plot_seed_summary(summary, Path(args.output).with_suffix(".png"), title=title)
+        print(f"wrote {args.output}" + (f" and {plot}" if plot else ""))
     return 0
 
 

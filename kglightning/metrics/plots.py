@@ -97,3 +97,52 @@ def plot_reliability_diagram(
     bottom.set_xlabel("confidence")
     bottom.set_ylabel("count")
     return save_figure(fig, path)
+
+
+def plot_seed_summary(
+    summary: dict[str, dict[str, float]],
+    path: str | Path,
+    metrics: Sequence[str] = ("f1", "auc_pr"),
+    title: str | None = None,
+) -> Path | None:
+    """Write a grouped bar chart of test metrics over seeds: one group per method, mean with a ±1 std error bar.
+
+    ``summary`` maps metric names to ``{"mean", "std"}``, as ``python -m kglightning seeds`` writes them:
+    ``test/<metric>`` is the trained model, ``test/<method>/<metric>`` a baseline scored beside it. Methods without
+    any of ``metrics`` are left out; when no method has one, nothing is written and ``None`` is returned.
+
+    Example:
+        >>> import tempfile, os
+        >>> s = {"test/f1": {"mean": 0.9, "std": 0.01}, "test/random/f1": {"mean": 0.6, "std": 0.0}}
+        >>> out = plot_seed_summary(s, os.path.join(tempfile.mkdtemp(), "s.png"))
+        >>> out.read_bytes()[:8] == b"\\x89PNG\\r\\n\\x1a\\n"
+        True
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    methods: dict[str, dict[str, dict[str, float]]] = {}
+    for key, value in summary.items():
+        parts = key.split("/")
+        if parts[0] != "test" or parts[-1] not in metrics or len(parts) not in (2, 3):
+            continue
+        methods.setdefault("model" if len(parts) == 2 else parts[1], {})[parts[-1]] = value
+    if not methods:
+        return None
+    names = ["model", *sorted(m for m in methods if m != "model")] if "model" in methods else sorted(methods)
+    width = 0.8 / len(metrics)
+    fig = Figure(figsize=(max(5.0, 1.1 * len(names) + 1), 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for k, metric in enumerate(metrics):
+        xs = [i + (k - (len(metrics) - 1) / 2) * width for i in range(len(names))]
+        means = [methods[n].get(metric, {}).get("mean", float("nan")) for n in names]
+        stds = [methods[n].get(metric, {}).get("std", 0.0) for n in names]
+        ax.bar(xs, means, width=width, yerr=stds, capsize=3, label=metric, edgecolor="black")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("test score (mean ± std over seeds)")
+    ax.legend(loc="lower right", fontsize="small")
+    ax.set_title(title or "Test metrics over seeds")
+    ax.grid(axis="y", alpha=0.3)
+    return save_figure(fig, path)

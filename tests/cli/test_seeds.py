@@ -36,7 +36,9 @@ def test_seeds_report_mean_and_spread(detection_dir, tiny_encoder_dir, tmp_path,
     assert summary["mean"] == pytest.approx(sum(f1) / 2)
     assert summary["std"] == pytest.approx(abs(f1[0] - f1[1]) / 2**0.5)
     assert "| test/f1 |" in capsys.readouterr().out
-    assert os.path.isfile(tmp_path / "outputs/detector/graph_transformer/checkpoints/best.ckpt")
+    ckpts = tmp_path / "outputs/detector/graph_transformer/checkpoints"
+    assert {"best.ckpt", "best-seed0.ckpt", "best-seed1.ckpt"} <= set(os.listdir(ckpts))
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.e2e
