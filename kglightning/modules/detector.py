@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -145,6 +145,8 @@ class HallucinationDetector(L.LightningModule):
         focal_gamma: focusing parameter of the focal loss (Lin et al., 2017); ``0`` is plain binary cross-entropy.
         answer_features: extra classifier inputs per answer node, read from ``batch.answer_features`` (the CLI
             links it to the DataModule's ``num_answer_features``).
+        marks, question_node, edge_text, inputs: the paper's ablations (Tables 4-5), all on by default; see
+            :class:`~kglightning.nn.KGGuard`.
     """
 
     def __init__(
@@ -163,6 +165,10 @@ class HallucinationDetector(L.LightningModule):
         pos_weight: float | None = None,
         focal_gamma: float = 0.0,
         answer_features: int = 0,
+        marks: bool = True,
+        question_node: bool = True,
+        edge_text: bool = True,
+        inputs: Literal["graph+question", "graph", "question"] = "graph+question",
     ) -> None:
         super().__init__()
         if pos_weight is not None and pos_weight <= 0:
@@ -173,7 +179,8 @@ class HallucinationDetector(L.LightningModule):
             raise ValueError(f"focal_gamma must be >= 0, got {focal_gamma}")
         self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
         self.net = KGGuard(text_dim, encoder, mark_dim=mark_dim, mlp_hidden=mlp_hidden, dropout=dropout,
-                           answer_features=answer_features)  # fmt: skip
+                           answer_features=answer_features, marks=marks, question_node=question_node,
+                           edge_text=edge_text, inputs=inputs)  # fmt: skip
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.tune_threshold = tune_threshold

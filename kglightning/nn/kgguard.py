@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +33,12 @@ class KGGuard(nn.Module):
         dropout: dropout inside the MLP.
         answer_features: extra inputs per answer node appended to the MLP's input (e.g. how well the relation path
             from a topic entity to the answer fits the question; 0: none, the paper's detector).
+        marks: the topic and answer marks in the node features (``False``: Table 4's "w/o marking").
+        question_node: keep the virtual question node's edges (``False``: Table 4's "w/o virtual q. node"; the
+            edges of kind ``EDGE_VIRTUAL`` are dropped before message passing).
+        edge_text: relation-text embeddings in the edge features (``False``: the learned edge-kind embedding alone).
+        inputs: what the MLP reads (Table 5): ``"graph+question"`` ``[h_answer ‖ z_q]`` (the paper's detector);
+            ``"graph"`` ``h_answer`` alone; ``"question"`` no graph encoder at all, ``[φ(answer text) ‖ z_q]``.
 
     Shapes:
         - ``x_text (N, text_dim)``; ``topic_mask``, ``answer_mask (N,)`` bool
@@ -63,17 +70,26 @@ class KGGuard(nn.Module):
         mlp_hidden: int = 256,
         dropout: float = 0.1,
         answer_features: int = 0,
+        marks: bool = True,
+        question_node: bool = True,
+        edge_text: bool = True,
+        inputs: Literal["graph+question", "graph", "question"] = "graph+question",
     ) -> None:
         super().__init__()
+        if inputs not in ("graph+question", "graph", "question"):
+            raise ValueError(f"inputs must be 'graph+question', 'graph' or 'question', got {inputs!r}")
         self.text_dim = text_dim
         self.answer_features = answer_features
-        self.topic_mark = nn.Embedding(2, mark_dim)
-        self.answer_mark = nn.Embedding(2, mark_dim)
-        self.edge_kind = nn.Embedding(NUM_EDGE_KINDS, text_dim)
-        self.encoder = encoder(text_dim + 2 * mark_dim, text_dim)
-        hidden = self.encoder.out_channels
+        self.marks, self.question_node, self.edge_text, self.inputs = marks, question_node, edge_text, inputs
+        graph = inputs != "question"  # without a graph encoder, marks and edge features have no reader
+        self.topic_mark = nn.Embedding(2, mark_dim) if marks and graph else None
+        self.answer_mark = nn.Embedding(2, mark_dim) if marks and graph else None
+        self.edge_kind = nn.Embedding(NUM_EDGE_KINDS, text_dim) if graph else None
+        self.encoder = encoder(text_dim + 2 * mark_dim * marks, text_dim) if graph else None
+        # the answer node's state (or, without a graph encoder, its text) and the question embedding
+        reads = (self.encoder.out_channels if self.encoder is not None else text_dim) + text_dim * (inputs != "graph")
         self.head = nn.Sequential(
-            nn.Linear(hidden + text_dim + answer_features, mlp_hidden),
+            nn.Linear(reads + answer_features, mlp_hidden),
             nn.ReLU(),
             nn.Dropout(dropout),
             nn.Linear(mlp_hidden, 1),
@@ -81,10 +97,11 @@ class KGGuard(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.topic_mark.weight, std=0.1)
-        nn.init.normal_(self.answer_mark.weight, std=0.1)
-        nn.init.normal_(self.edge_kind.weight, std=0.1)
-        self.encoder.reset_parameters()
+        for table in (self.topic_mark, self.answer_mark, self.edge_kind):
+            if table is not None:
+                nn.init.normal_(table.weight, std=0.1)
+        if self.encoder is not None:
+            self.encoder.reset_parameters()
         for layer in self.head:
             if isinstance(layer, nn.Linear):
                 layer.reset_parameters()
@@ -105,12 +122,33 @@ class KGGuard(nn.Module):
         if self.answer_features and (answer_features is None or answer_features.shape[-1] != self.answer_features):
             raise ValueError(f"this detector reads {self.answer_features} answer features per answer node; the batch "
                              "has none or another number (set data.init_args.answer_features)")  # fmt: skip
-        x = torch.cat([x_text, self.topic_mark(topic_mask.long()), self.answer_mark(answer_mask.long())], dim=-1)
-        has_text = (edge_kind != EDGE_VIRTUAL).unsqueeze(-1).to(edge_text.dtype)
-        edge_attr = edge_text * has_text + self.edge_kind(edge_kind)
-        h = self.encoder.node_states(x, edge_index, edge_attr, edge_type, targets=answer_index)
-        parts = [h, question] + ([answer_features.to(h.dtype)] if self.answer_features else [])
+        if self.encoder is None:  # inputs="question": no message passing
+            h = x_text.index_select(0, answer_index)
+        else:
+            h = self._answer_states(x_text, topic_mask, answer_mask, edge_index, edge_text, edge_kind, edge_type,
+                                    answer_index)  # fmt: skip
+        parts = [h] + ([question] if self.inputs != "graph" else [])
+        parts += [answer_features.to(h.dtype)] if self.answer_features else []
         return self.head(torch.cat(parts, dim=-1)).squeeze(-1)
+
+    def _answer_states(self, x_text: Tensor, topic_mask: Tensor, answer_mask: Tensor, edge_index: Tensor,
+                       edge_text: Tensor, edge_kind: Tensor, edge_type: Tensor | None, answer_index: Tensor) -> Tensor:  # fmt: skip
+        """The graph encoder's states of the answer nodes."""
+        assert self.encoder is not None and self.edge_kind is not None
+        x = x_text
+        if self.topic_mark is not None and self.answer_mark is not None:
+            x = torch.cat([x_text, self.topic_mark(topic_mask.long()), self.answer_mark(answer_mask.long())], dim=-1)
+        if not self.question_node:
+            keep = (edge_kind if edge_type is None else edge_kind[edge_type]) != EDGE_VIRTUAL
+            edge_index = edge_index[:, keep]
+            if edge_type is None:
+                edge_text, edge_kind = edge_text[keep], edge_kind[keep]
+            else:
+                edge_type = edge_type[keep]
+        edge_attr = self.edge_kind(edge_kind)
+        if self.edge_text:
+            edge_attr = edge_attr + edge_text * (edge_kind != EDGE_VIRTUAL).unsqueeze(-1).to(edge_text.dtype)
+        return self.encoder.node_states(x, edge_index, edge_attr, edge_type, targets=answer_index)
 
 
 def edge_types(edge_text: Tensor, edge_kind: Tensor) -> tuple[Tensor, Tensor, Tensor]:
