@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import re
+
 import pytest
 import torch
 from transformers import LogitsProcessorList
@@ -98,3 +101,17 @@ def test_backends_without_structured_generation_say_so():
     backend = OpenAIChatBackend(base_url="http://127.0.0.1:9/v1", model="m")
     with pytest.raises(NotImplementedError, match="OpenAIChatBackend cannot constrain answers"):
         backend.generate_with_params([[{"role": "user", "content": "q"}]], GenerationParams(), [NameChoice(("a",))])
+
+
+def test_regex_escapes_only_metacharacters():
+    rng = random.Random(0)
+    alphabet = "ab .-#&~/'\\^$*+?()[]{}|,:"
+    drawn = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8))).strip() for _ in range(300)}
+    names = tuple(sorted(n for n in drawn if n))
+    pattern = NameChoice(names, max_answers=2).regex()
+    plain = NameChoice(tuple(n for n in names if "\\" not in n)).regex()
+    assert "\\ " not in plain and "\\-" not in plain and "\\#" not in plain and "\\&" not in plain
+    for name in names:
+        assert re.fullmatch(pattern, name), name
+        assert not re.fullmatch(pattern, name + "\u00e9")
+    assert re.fullmatch(pattern, f"{names[0]}\n{names[1]}")

@@ -70,7 +70,7 @@ class NameChoice:
             >>> [bool(re.fullmatch(pattern, t)) for t in ("Paris\\nSt. Louis", "St. Louis", "unknown", "Lyon", "St- Louis")]
             [True, True, True, False, False]
         """
-        names = "|".join(re.escape(n) for n in sorted(self.names, key=lambda n: (-len(n), n)))
+        names = "|".join(_escape(n) for n in sorted(self.names, key=lambda n: (-len(n), n)))
         lines = f"(?:{names})(?:\n(?:{names})){{0,{self.max_answers - 1}}}" if names else ""
         return "|".join(x for x in (lines, UNKNOWN if self.allow_unknown else "") if x)
 
@@ -89,6 +89,21 @@ class NameChoice:
             return [], True, 0
         names = [line for line in lines if line in self._set]
         return list(dict.fromkeys(names)), False, len(lines) - len(names)
+
+
+def _escape(text: str) -> str:
+    """``text`` as a regex literal, escaping only the metacharacters (``re.escape`` also escapes spaces, ``-``, ``#``,
+    ``&`` and ``~``, and xgrammar, one of vLLM's grammar engines, warns on each such escape it does not know).
+
+    Example:
+        >>> import re
+        >>> _escape("St. Louis (Missouri) - A&M"), bool(re.fullmatch(_escape("a+b [c]"), "a+b [c]"))
+        ('St\\\\. Louis \\\\(Missouri\\\\) - A&M', True)
+    """
+    return _META.sub(r"\\\g<0>", text)
+
+
+_META = re.compile(r"[\\.^$*+?()\[\]{}|]")
 
 
 class _ChoiceTrie:
