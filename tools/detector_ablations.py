@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from pathlib import Path
 
 VARIANTS: dict[str, list[str]] = {
@@ -81,7 +82,7 @@ def main() -> None:
     results: dict[str, dict[str, dict[str, float]]] = {}
     home = Path.cwd()
     for name in args.variants:
-        workdir = out / name.replace("/", "").replace("&", "and").replace(".", "").replace("+", "plus").replace(" ", "_")
+        workdir = out / re.sub(r"[^a-z0-9]+", "_", name.replace("+", "plus").lower()).strip("_")
         workdir.mkdir(parents=True, exist_ok=True)
         print(f"=== {name}: {' '.join(VARIANTS[name]) or '(the config)'} in {workdir}", flush=True)
         os.chdir(workdir)
