@@ -207,7 +207,8 @@ def _seeds(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog=f"{PROG} seeds",
         description="Fit a config once per seed, test the best checkpoint of each run, and report every test "
-        "metric's mean and standard deviation over the seeds. Options not listed here go to the config, as for fit.",
+        "metric's mean and standard deviation over the seeds, with the validation score the checkpoint was chosen by "
+        "(best/<monitor>). Options not listed here go to the config, as for fit.",
     )
     p.add_argument("--config", required=True, help="a fit config (e.g. configs/detector.yaml)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -232,6 +233,10 @@ def _seeds(argv: list[str]) -> int:
         if best_path and cli.trainer.is_global_zero:  # the next seed overwrites best.ckpt: keep this one beside it
             shutil.copyfile(best_path, Path(best_path).with_name(f"{Path(best_path).stem}-seed{seed}.ckpt"))
         runs[seed] = {k: float(v) for k, v in metrics.items()}
+        monitor = getattr(cli.trainer.checkpoint_callback, "monitor", None)
+        if best_path and monitor and cli.trainer.checkpoint_callback.best_model_score is not None:
+            # what the checkpoint was chosen by: compare configs on it, not on the test metrics
+            runs[seed][f"best/{monitor}"] = float(cli.trainer.checkpoint_callback.best_model_score)
     names = sorted(set.intersection(*(set(m) for m in runs.values())))
     summary = {
         k: {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0}

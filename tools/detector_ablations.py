@@ -43,16 +43,19 @@ METRICS = ("f1", "auc_pr")
 
 
 def table(results: dict[str, dict[str, dict[str, float]]], seeds: list[int]) -> str:
-    """A markdown table: per variant, mean ± std of F1 and AUC-PR (in points) and the change against ``full``.
+    """A markdown table: per variant, mean ± std of test F1 and AUC-PR (in points), their change against ``full``,
+    and the validation score the checkpoints were chosen by (``best/<monitor>``, when the runs have one).
 
     Example:
         >>> r = {"full": {"test/f1": {"mean": 0.9, "std": 0.01}, "test/auc_pr": {"mean": 0.95, "std": 0.0}},
         ...      "graph only": {"test/f1": {"mean": 0.88, "std": 0.02}, "test/auc_pr": {"mean": 0.96, "std": 0.0}}}
         >>> print(table(r, [0, 1]).splitlines()[-1])
-        | graph only | 88.0 ± 2.0 | -2.0 | 96.0 ± 0.0 | +1.0 |
+        | graph only | 88.0 ± 2.0 | -2.0 | 96.0 ± 0.0 | +1.0 | n/a |
     """
+    monitor = next((k for summary in results.values() for k in summary if k.startswith("best/")), None)
     head = " | ".join(f"{m} | Δ" for m in ("F1", "AUC-PR"))
-    lines = [f"| variant (seeds {', '.join(map(str, seeds))}) | {head} |", "|---" + "|---:" * 4 + "|"]
+    lines = [f"| variant (seeds {', '.join(map(str, seeds))}) | {head} | {monitor or 'best/<monitor>'} |",
+             "|---" + "|---:" * 5 + "|"]  # fmt: skip
     base = results.get("full")
     for name, summary in results.items():
         cells = []
@@ -64,6 +67,8 @@ def table(results: dict[str, dict[str, dict[str, float]]], seeds: list[int]) -> 
             ref = base.get(f"test/{metric}") if base else None
             delta = f"{100 * (s['mean'] - ref['mean']):+.1f}" if ref and name != "full" else ""
             cells += [f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f}", delta]
+        chosen = summary.get(monitor) if monitor else None
+        cells.append(f"{100 * chosen['mean']:.1f} ± {100 * chosen['std']:.1f}" if chosen else "n/a")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -36,6 +36,9 @@ def test_seeds_report_mean_and_spread(detection_dir, tiny_encoder_dir, tmp_path,
     assert summary["mean"] == pytest.approx(sum(f1) / 2)
     assert summary["std"] == pytest.approx(abs(f1[0] - f1[1]) / 2**0.5)
     assert "| test/f1 |" in capsys.readouterr().out
+    best = [result["seeds"][s]["best/val/auc_pr"] for s in ("0", "1")]  # the score the checkpoint was chosen by
+    assert all(0 < b <= 1 for b in best)
+    assert result["summary"]["best/val/auc_pr"]["mean"] == pytest.approx(sum(best) / 2)
     ckpts = tmp_path / "outputs/detector/graph_transformer/checkpoints"
     assert {"best.ckpt", "best-seed0.ckpt", "best-seed1.ckpt"} <= set(os.listdir(ckpts))
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
