@@ -210,7 +210,8 @@ def _seeds(argv: list[str]) -> int:
         "metric's mean and standard deviation over the seeds, with the validation score the checkpoint was chosen by "
         "(best/<monitor>). Options not listed here go to the config, as for fit.",
     )
-    p.add_argument("--config", required=True, help="a fit config (e.g. configs/detector.yaml)")
+    p.add_argument("--config", required=True, action="append",
+                   help="a fit config (e.g. configs/detector.yaml); repeat it to add fragments on top, as for fit")  # fmt: skip
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument(
         "--output",
@@ -224,7 +225,7 @@ def _seeds(argv: list[str]) -> int:
         cli = _configured(
             "seeds",
             save_config_kwargs={"overwrite": True},
-            args=["--config", args.config, *overrides, "--seed_everything", str(seed)],
+            args=[*(x for c in args.config for x in ("--config", c)), *overrides, "--seed_everything", str(seed)],
         )
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         best_path = getattr(cli.trainer.checkpoint_callback, "best_model_path", "")
@@ -251,7 +252,7 @@ def _seeds(argv: list[str]) -> int:
         Path(args.output).write_text(json.dumps({"seeds": runs, "summary": summary}, indent=2) + "\n")
         from kglightning.metrics.plots import plot_seed_summary
 
-        title = f"{Path(args.config).stem}, seeds {', '.join(map(str, args.seeds))}"
+        title = f"{' + '.join(Path(c).stem for c in args.config)}, seeds {', '.join(map(str, args.seeds))}"
         plot = plot_seed_summary(summary, Path(args.output).with_suffix(".png"), title=title)
         print(f"wrote {args.output}" + (f" and {plot}" if plot else ""))
     return 0

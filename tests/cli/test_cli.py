@@ -94,6 +94,17 @@ def test_pcst_fragment_parses_on_top_of_every_method(name):
     assert sub["init_args"]["retriever"]["init_args"]["topk_e"] == 5
 
 
+@pytest.mark.parametrize("name", ["detector.yaml", "detector_kaping.yaml"])
+def test_paper_budget_fragment_parses_on_top_of_detectors(name):
+    assert {p.name for p in (ROOT / "configs/detector").glob("*.yaml")} == {"paper_budget.yaml"}, "test new fragments"
+    printed = _print_config("fit", "--config", str(ROOT / "configs" / name), "--config",
+                            str(ROOT / "configs/detector/paper_budget.yaml"))  # fmt: skip
+    cfg = yaml.safe_load(printed)
+    assert cfg["trainer"]["max_epochs"] == 300
+    (stop,) = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("EarlyStopping")]
+    assert stop["init_args"]["patience"] == 50
+
+
 def test_wandb_fragment_and_sweep_parameters_parse():
     base = ["fit", "--config", str(ROOT / "configs/detector.yaml")]
     printed = _print_config(*base, "--config", str(ROOT / "configs/logger/wandb.yaml"))
