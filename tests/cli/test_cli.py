@@ -96,13 +96,30 @@ def test_pcst_fragment_parses_on_top_of_every_method(name):
 
 @pytest.mark.parametrize("name", ["detector.yaml", "detector_kaping.yaml"])
 def test_paper_budget_fragment_parses_on_top_of_detectors(name):
-    assert {p.name for p in (ROOT / "configs/detector").glob("*.yaml")} == {"paper_budget.yaml"}, "test new fragments"
+    assert {p.name for p in (ROOT / "configs/detector").glob("*.yaml")} == {"paper_budget.yaml", "endpoint.yaml"}, (
+        "test new fragments here"
+    )
     printed = _print_config("fit", "--config", str(ROOT / "configs" / name), "--config",
                             str(ROOT / "configs/detector/paper_budget.yaml"))  # fmt: skip
     cfg = yaml.safe_load(printed)
     assert cfg["trainer"]["max_epochs"] == 300
     (stop,) = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("EarlyStopping")]
     assert stop["init_args"]["patience"] == 50
+
+
+def test_endpoint_fragment_sends_every_llm_to_the_endpoint():
+    printed = _print_config("fit", "--config", str(ROOT / "configs/detector_kaping.yaml"), "--config",
+                            str(ROOT / "configs/detector/endpoint.yaml"))  # fmt: skip
+    data = yaml.safe_load(printed)["data"]["init_args"]
+    answerer = data["proposer"]["init_args"]
+    backends = [answerer["backend"]] + [
+        b["init_args"].get("backend") or b["init_args"]["answerer"]["init_args"]["backend"] for b in data["baselines"]
+    ]
+    assert len(backends) == 5 and {b["class_path"] for b in backends} == {"kglightning.llm.OpenAIChatBackend"}
+    assert all(b["init_args"]["model"] is None for b in backends)  # $OPENAI_MODEL or the server's first model
+    assert answerer["backend"]["init_args"]["structured_outputs"] == "vllm"
+    assert answerer["reasoning"] is True and answerer["constrained"] is True  # kept from detector_kaping.yaml
+    assert [b["init_args"].get("context") for b in data["baselines"]] == ["G", "G+RS", "G+RS+RT", None]
 
 
 def test_wandb_fragment_and_sweep_parameters_parse():
