@@ -24,6 +24,21 @@ def _datamodule(detection_dir, tiny_encoder_dir, tmp_path):
     )
 
 
+def _fit_ready(detection_dir, tiny_encoder_dir, tmp_path):
+    L.seed_everything(0)
+    dm = _datamodule(detection_dir, tiny_encoder_dir, tmp_path)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def _eval_loss(model, batch, loss=torch.nn.functional.binary_cross_entropy_with_logits) -> float:
+    """The model's loss on a batch in eval mode (no dropout, no gradients)."""
+    model.eval()
+    with torch.no_grad():
+        return loss(model(batch), batch.y).item()
+
+
 def _trainer(tmp_path, epochs):
     return L.Trainer(
         max_epochs=epochs,
@@ -38,19 +53,14 @@ def _trainer(tmp_path, epochs):
 
 @pytest.mark.parametrize("encoder", [GraphTransformerEncoder, GATEncoder])
 def test_fit_lowers_loss_and_changes_parameters(encoder, detection_dir, tiny_encoder_dir, tmp_path):
-    L.seed_everything(0)
-    dm = _datamodule(detection_dir, tiny_encoder_dir, tmp_path)
-    dm.prepare_data()
-    dm.setup("fit")
+    dm = _fit_ready(detection_dir, tiny_encoder_dir, tmp_path)
     model = HallucinationDetector(
         text_dim=dm.text_dim, encoder=partial(encoder, hidden_channels=32, heads=4), mlp_hidden=32, dropout=0.0
     )
     batch = dm.collate(dm.datasets["train"])
 
     def loss():
-        model.eval()
-        with torch.no_grad():
-            return torch.nn.functional.binary_cross_entropy_with_logits(model(batch), batch.y).item()
+        return _eval_loss(model, batch)
 
     before_loss, before = loss(), [p.detach().clone() for p in model.parameters()]
     _trainer(tmp_path, 15).fit(model, dm)
@@ -172,18 +182,13 @@ def test_detection_loss_hand_computed():
 def test_weighted_focal_fit_lowers_its_loss(detection_dir, tiny_encoder_dir, tmp_path):
     from kglightning.modules.detector import detection_loss
 
-    L.seed_everything(0)
-    dm = _datamodule(detection_dir, tiny_encoder_dir, tmp_path)
-    dm.prepare_data()
-    dm.setup("fit")
+    dm = _fit_ready(detection_dir, tiny_encoder_dir, tmp_path)
     model = HallucinationDetector(text_dim=dm.text_dim, encoder=partial(GraphTransformerEncoder, hidden_channels=32,
                                   heads=4), mlp_hidden=32, dropout=0.0, pos_weight=0.5, focal_gamma=2.0)  # fmt: skip
     batch = dm.collate(dm.datasets["train"])
 
     def loss():
-        model.eval()
-        with torch.no_grad():
-            return detection_loss(model(batch), batch.y, 0.5, 2.0).item()
+        return _eval_loss(model, batch, lambda logits, y: detection_loss(logits, y, 0.5, 2.0))
 
     before = loss()
     _trainer(tmp_path, 15).fit(model, dm)
@@ -219,18 +224,13 @@ def test_answer_path_features(detection_dir, tiny_encoder_dir, tmp_path):
     [{"marks": False}, {"question_node": False}, {"edge_text": False}, {"inputs": "graph"}, {"inputs": "question"}],
 )
 def test_ablations_train_and_reload(ablation, detection_dir, tiny_encoder_dir, tmp_path):
-    L.seed_everything(0)
-    dm = _datamodule(detection_dir, tiny_encoder_dir, tmp_path)
-    dm.prepare_data()
-    dm.setup("fit")
+    dm = _fit_ready(detection_dir, tiny_encoder_dir, tmp_path)
     model = HallucinationDetector(text_dim=dm.text_dim, encoder=partial(GraphTransformerEncoder, hidden_channels=32,
                                   heads=4), mlp_hidden=32, dropout=0.0, **ablation)  # fmt: skip
     batch = dm.collate(dm.datasets["train"])
 
     def loss():
-        model.eval()
-        with torch.no_grad():
-            return torch.nn.functional.binary_cross_entropy_with_logits(model(batch), batch.y).item()
+        return _eval_loss(model, batch)
 
     before_loss, before = loss(), [p.detach().clone() for p in model.parameters()]
     trainer = _trainer(tmp_path, 10)
