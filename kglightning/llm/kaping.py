@@ -4,8 +4,10 @@ Per question, the subgraph's triples are verbalized (``(head, relation text, tai
 similar to the question (MiniLM cosine) go into the prompt as facts, most similar first. The LLM answers with node
 names of the subgraph, one per line, or ``unknown``: with ``constrained=True`` (the paper's structured generation)
 every line is forced onto a node name by :class:`~kglightning.llm.trie.names.NameListLogitsProcessor`; otherwise
-(a backend that cannot constrain, e.g. an endpoint) the lines are matched to node names exactly, then ignoring case,
-and the others are dropped and counted. ``unknown`` is an abstention: an empty ``prediction``, which the detection
+(a backend that cannot constrain, e.g. an endpoint) the lines are grounded to node names like every other answer of
+the toolkit: equal after RoG normalization (:func:`~kglightning.llm.grounding.ground_answers`: case, punctuation and
+articles ignored), then, with a ``grounder`` (:class:`~kglightning.retrieval.FaissGrounder`), to the most similar
+name above its similarity floor; the other lines are dropped and counted. ``unknown`` is an abstention: an empty ``prediction``, which the detection
 data leaves out (KG-Guard §3.1) and counts.
 
 With ``reasoning=True`` the answerer is KAPING as KG-Guard extends it (§4.1): after an answer (not after ``unknown``)
@@ -24,7 +26,7 @@ import hashlib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -33,7 +35,11 @@ from kglightning.data.proposer import AnswerProposer
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import relation_text
 from kglightning.llm.backends.base import GenerationParams, LLMBackend
+from kglightning.llm.grounding import ground_answers
 from kglightning.llm.trie.names import UNKNOWN, NameChoice
+
+if TYPE_CHECKING:  # retrieval shares llm's floor: the grounder is passed in (by class_path), never imported here
+    from kglightning.retrieval.faiss_grounding import FaissGrounder
 
 __all__ = ["KAPINGAnswerer"]
 
@@ -65,6 +71,9 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         top_triples: facts in the prompt.
         max_answers: most names in one answer.
         constrained: structured generation over the subgraph's node names.
+        grounder: with ``constrained=False``, grounds answer lines that match no node name after normalization to
+            the most similar one (near-miss spellings; :class:`~kglightning.retrieval.FaissGrounder`, with its
+            similarity floor). ``None``: normalized exact names only.
         generation: decoding settings (the paper: temperature 0.1; greedy by default here).
         reasoning: also ask for a reasoning summary and the supporting facts (see the module docstring).
         reasoning_splits: the splits whose answers get the reasoning when a DataModule asks per split
@@ -83,6 +92,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         top_triples: int = 10,
         max_answers: int = 5,
         constrained: bool = True,
+        grounder: FaissGrounder | None = None,
         generation: GenerationParams = GenerationParams(max_new_tokens=48),
         instruction: str = INSTRUCTION,
         reasoning: bool = False,
@@ -99,6 +109,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         self.top_triples = top_triples
         self.max_answers = max_answers
         self.constrained = constrained
+        self.grounder = grounder
         self.generation = generation
         self.instruction = instruction
         self.reasoning = reasoning
@@ -107,7 +118,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         self.max_cited = max_cited
         self.show_progress = show_progress
         self.counts = {"questions": 0, "unknown": 0, "empty_graph": 0, "dropped_lines": 0, "explained": 0,
-                       "uncited": 0, "dropped_citations": 0}  # fmt: skip
+                       "uncited": 0, "dropped_citations": 0, "fuzzy_grounded": 0}  # fmt: skip
 
     @property
     def cache_key(self) -> str:
@@ -116,6 +127,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
             f"kaping-{self.backend.cache_key}-{self.encoder.cache_key}-t{self.top_triples}-a{self.max_answers}"
             f"-c{int(self.constrained)}-n{g.max_new_tokens}-T{g.temperature:g}-s{g.seed}-i{hashlib.sha1(self.instruction.encode()).hexdigest()[:8]}"
             + (f"-r{self.reasoning_tokens}-m{self.max_cited}" if self.reasoning else "")
+            + (f"-g{self.grounder.cache_key}" if self.grounder is not None and not self.constrained else "")
         )
 
     def for_split(self, split: str) -> KAPINGAnswerer:
@@ -149,13 +161,17 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         return NameChoice(tuple(sorted({n for h, _, t in record.graph for n in (h, t)})), self.max_answers)
 
     def _ground(self, text: str, choice: NameChoice) -> tuple[list[str], bool, int]:
+        """``(names, abstained, dropped lines)`` of one answer (see the module docstring)."""
         names, unknown, dropped = choice.parse(text)
         if self.constrained or not dropped:
             return names, unknown, dropped
-        lower = {n.lower(): n for n in choice.names}
         lines = [line.strip() for line in text.strip().split("\n") if line.strip()]
-        matched = [lower[line.lower()] for line in lines if line.lower() in lower]
-        return list(dict.fromkeys(matched)), unknown, len(lines) - len(matched)
+        grounded = ground_answers(dict.fromkeys(lines), choice.names)
+        if self.grounder is not None and grounded.unmatched:
+            left = len(grounded.unmatched)
+            grounded = self.grounder.ground(grounded, choice.names)
+            self.counts["fuzzy_grounded"] += left - len(grounded.unmatched)
+        return list(grounded.entities), unknown, len(grounded.unmatched)
 
     def explain(self, convs: list[list[dict[str, str]]], answers: list[list[str]],
                 facts: list[list[tuple[str, str, str]]]) -> list[dict[str, Any]]:  # fmt: skip
@@ -223,8 +239,9 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
             bar.update(len(chunk))
         bar.close()
         c = self.counts
-        log.info("KAPING: %d questions, %d unknown (abstentions), %d empty graphs, %d answer lines dropped",
-                 c["questions"], c["unknown"], c["empty_graph"], c["dropped_lines"])  # fmt: skip
+        log.info("KAPING: %d questions, %d unknown (abstentions), %d empty graphs, %d answer lines dropped%s",
+                 c["questions"], c["unknown"], c["empty_graph"], c["dropped_lines"],
+                 f", {c['fuzzy_grounded']} lines grounded by similarity" if self.grounder is not None else "")  # fmt: skip
         if self.reasoning:
             log.info("KAPING reasoning: %d answers explained, %d without a cited fact, %d citation lines dropped",
                      c["explained"], c["uncited"], c["dropped_citations"])  # fmt: skip

@@ -81,6 +81,11 @@ class FaissGrounder(UsesEmbeddings):
         self._indexes: OrderedDict[tuple[str, ...], Any] = OrderedDict()
 
     @property
+    def cache_key(self) -> str:
+        """What decides the grounding (the encoder and the floor, not the device): part of derived caches' keys."""
+        return f"faiss{self.min_similarity:g}-{self.encoder.cache_key}"
+
+    @property
     def on_gpu(self) -> bool:
         return self.device == "cuda" or (self.device == "auto" and faiss_gpu_available())
 

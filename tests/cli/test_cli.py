@@ -120,6 +120,12 @@ def test_endpoint_fragment_sends_every_llm_to_the_endpoint():
     assert answerer["backend"]["init_args"]["structured_outputs"] == "vllm"
     assert answerer["reasoning"] is True and answerer["constrained"] is True  # kept from detector_kaping.yaml
     assert [b["init_args"].get("context") for b in data["baselines"]] == ["G", "G+RS", "G+RS+RT", None]
+    # an endpoint without structured outputs: its lines grounded to node names, near misses through faiss
+    printed = _print_config("fit", "--config", str(ROOT / "configs/detector_kaping.yaml"), "--config",
+                            str(ROOT / "configs/detector/endpoint.yaml"), "--data.init_args.proposer.init_args.constrained",
+                            "false", "--data.init_args.proposer.init_args.grounder", "kglightning.retrieval.FaissGrounder")  # fmt: skip
+    answerer = yaml.safe_load(printed)["data"]["init_args"]["proposer"]["init_args"]
+    assert answerer["constrained"] is False and answerer["grounder"]["init_args"]["min_similarity"] == 0.85
 
 
 def test_wandb_fragment_and_sweep_parameters_parse():

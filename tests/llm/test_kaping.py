@@ -78,6 +78,24 @@ def test_unconstrained_answers_are_matched_and_the_rest_counted(encoder, tmp_pat
         KAPINGAnswerer(_Echo("x"), encoder=encoder, cache_dir=str(tmp_path), show_progress=False).propose(RECORDS[:1])  # type: ignore[arg-type]
 
 
+def test_unconstrained_near_misses_are_grounded_by_faiss(encoder, tmp_path):
+    from kglightning.retrieval import FaissGrounder
+
+    text = "the Euro\nPariss\nLondon"  # normalized exact, a near miss, a name far from every node of the graph
+    exact = KAPINGAnswerer(_Echo(text), encoder=encoder, cache_dir=str(tmp_path), constrained=False,
+                           show_progress=False)  # type: ignore[arg-type]  # fmt: skip
+    grounder = FaissGrounder(encoder, cache_dir=str(tmp_path), min_similarity=0.8, device="cpu")
+    fuzzy = KAPINGAnswerer(_Echo(text), encoder=encoder, cache_dir=str(tmp_path), constrained=False,
+                           grounder=grounder, show_progress=False)  # type: ignore[arg-type]  # fmt: skip
+    (a,), (b,) = exact.propose(RECORDS[:1]), fuzzy.propose(RECORDS[:1])
+    assert a.prediction == ["Euro"] and a.extra["kaping"]["dropped_lines"] == 2
+    assert b.prediction == ["Euro", "Paris"] and b.extra["kaping"]["dropped_lines"] == 1
+    assert fuzzy.counts["fuzzy_grounded"] == 1 and (grounder.matched, grounder.unmatched) == (1, 1)
+    assert exact.cache_key != fuzzy.cache_key  # the proposals are cached apart
+    constrained = KAPINGAnswerer(_Echo(text), encoder=encoder, cache_dir=str(tmp_path), grounder=grounder)  # type: ignore[arg-type]
+    assert constrained.cache_key == KAPINGAnswerer(_Echo(text), encoder=encoder, cache_dir=str(tmp_path)).cache_key  # type: ignore[arg-type]
+
+
 class _Scripted(_Echo):
     """An unconstrained endpoint that answers, explains and cites according to the last request."""
 
