@@ -21,7 +21,11 @@ the seeds, and the change against ``full``. Options after the known ones go to e
 loading their models, and a relative LLM ``cache_dir`` would not be found from the variant's directory anyway).
 
     PYTHONPATH=. python tools/detector_ablations.py --config configs/detector_kaping.yaml --seeds 0 1 2 \\
-        --output outputs/detector_kaping/ablations --data.init_args.baselines null
+        --output outputs/detector_kaping/ablations --data.init_args.baselines null \\
+        --data.init_args.max_records '{train: 600, validation: 200, test: 300}'
+
+(with the same ``max_records`` as the ``seeds`` run whose answers are cached; without it every question of the
+embedded benchmark is answered by the LLM first).
 """
 
 from __future__ import annotations
