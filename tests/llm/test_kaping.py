@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kglightning.data.embeddings import SentenceEncoder
@@ -172,3 +174,14 @@ def test_constrained_citations_are_facts_of_the_prompt(encoder, tiny_chat_model_
         facts = [tuple(f) for f in r.extra["kaping"]["facts"]]
         assert isinstance(r.extra["reasoning_summary"], str) and len(r.extra["reasoning_triples"]) <= 2
         assert all(tuple(t) in facts for t in r.extra["reasoning_triples"])
+
+
+def test_selfcheck_over_malformed_samples_counts_them_and_flags_every_node(encoder, tmp_path):
+    from kglightning.llm.node_judges import SelfCheck
+
+    answerer = KAPINGAnswerer(_Echo("** I think:\n- ???"), encoder=encoder, cache_dir=str(tmp_path), constrained=False,
+                              show_progress=False)  # type: ignore[arg-type]  # fmt: skip
+    record = replace(RECORDS[0], prediction=["Paris", "Euro"])
+    assert SelfCheck(answerer, samples=3).score([record]) == [{"Paris": 1.0, "Euro": 1.0}]  # no sample names them
+    assert answerer.counts["questions"] == 3 and answerer.counts["unknown"] == 3  # each malformed sample: an abstention
+    assert answerer.counts["dropped_lines"] == 6  # two unparsable lines per sample, counted
