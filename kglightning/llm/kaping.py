@@ -7,8 +7,8 @@ every line is forced onto a node name by :class:`~kglightning.llm.trie.names.Nam
 (a backend that cannot constrain, e.g. an endpoint) the lines are grounded to node names like every other answer of
 the toolkit: equal after RoG normalization (:func:`~kglightning.llm.grounding.ground_answers`: case, punctuation and
 articles ignored), then, with a ``grounder`` (:class:`~kglightning.retrieval.FaissGrounder`), to the most similar
-name above its similarity floor; the other lines are dropped and counted. ``unknown`` is an abstention: an empty ``prediction``, which the detection
-data leaves out (KG-Guard §3.1) and counts.
+name above its similarity floor; the other lines are dropped and counted. ``unknown`` is an abstention: an empty
+``prediction``, which the detection data leaves out (KG-Guard §3.1) and counts.
 
 With ``reasoning=True`` the answerer is KAPING as KG-Guard extends it (§4.1): after an answer (not after ``unknown``)
 it is asked, in the same conversation, for a short reasoning summary (free text) and for the facts it relied on, as
@@ -127,7 +127,8 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
             f"kaping-{self.backend.cache_key}-{self.encoder.cache_key}-t{self.top_triples}-a{self.max_answers}"
             f"-c{int(self.constrained)}-n{g.max_new_tokens}-T{g.temperature:g}-s{g.seed}-i{hashlib.sha1(self.instruction.encode()).hexdigest()[:8]}"
             + (f"-r{self.reasoning_tokens}-m{self.max_cited}" if self.reasoning else "")
-            + (f"-g{self.grounder.cache_key}" if self.grounder is not None and not self.constrained else "")
+            # unconstrained answers are grounded after generation: how is part of the proposals' key
+            + ("" if self.constrained else f"-g{'norm' if self.grounder is None else self.grounder.cache_key}")
         )
 
     def for_split(self, split: str) -> KAPINGAnswerer:
