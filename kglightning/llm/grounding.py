@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kglightning.llm.parsing import ParsedAnswers, ParseStats
 
@@ -26,10 +27,18 @@ class GroundedAnswers:
     issues: list[str] = field(default_factory=list)
 
 
+class NearMissGrounder(Protocol):
+    """Grounds the answers exact matching left unmatched (e.g. :class:`~kglightning.retrieval.FaissGrounder`)."""
+
+    def ground(self, grounded: GroundedAnswers, entity_names: Iterable[str] | Mapping[str, str]) -> GroundedAnswers:
+        """``grounded`` with what it can ground of ``grounded.unmatched`` moved to ``grounded.entities``."""
+
+
 def ground_answers(
     answers: Mapping[str, float | None] | ParsedAnswers,
     entity_names: Iterable[str] | Mapping[str, str],
     stats: ParseStats | None = None,
+    near_miss: NearMissGrounder | None = None,
 ) -> GroundedAnswers:
     """Map answer strings to KG entities whose name is equal after RoG normalization.
 
@@ -42,6 +51,8 @@ def ground_answers(
         answers: answer -> confidence (or a :class:`ParsedAnswers`).
         entity_names: entity names, or a mapping entity id -> name (e.g. for ``m.xxx`` CVT ids).
         stats: if given, the result is recorded into it.
+        near_miss: if given, grounds the answers left unmatched (their nearest name above its floor), before the
+            result is recorded.
 
     Example:
         >>> g = ground_answers({"the Beatles": 0.9, "U.S.": 0.4, "Mars": 0.1}, ["Beatles", "US", "Paris"])
@@ -54,6 +65,8 @@ def ground_answers(
 
     if isinstance(answers, ParsedAnswers):
         answers = answers.answers
+    if not isinstance(entity_names, Mapping):
+        entity_names = list(entity_names)  # read twice with ``near_miss``
     items = entity_names.items() if isinstance(entity_names, Mapping) else ((n, n) for n in entity_names)
     by_name: dict[str, list[str]] = {}
     for entity, name in items:
@@ -72,6 +85,8 @@ def ground_answers(
         for entity in matches:
             old = out.entities.get(entity)
             out.entities[entity] = conf if old is None else old if conf is None else max(old, conf)
+    if near_miss is not None and out.unmatched:
+        out = near_miss.ground(out, entity_names)
     if stats is not None:
         stats.record(out)
     return out

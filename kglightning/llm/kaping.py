@@ -131,6 +131,11 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
             + ("" if self.constrained else f"-g{'norm' if self.grounder is None else self.grounder.cache_key}")
         )
 
+    @property
+    def grounds_near_misses(self) -> bool:
+        """Whether :attr:`grounder` is used: only unconstrained answers can miss a node name."""
+        return self.grounder is not None and not self.constrained
+
     def for_split(self, split: str) -> KAPINGAnswerer:
         """This answerer, without the reasoning for a split outside ``reasoning_splits`` (counts are shared)."""
         if not self.reasoning or self.reasoning_splits is None or split in self.reasoning_splits:
@@ -167,11 +172,10 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         if self.constrained or not dropped:
             return names, unknown, dropped
         lines = [line.strip() for line in text.strip().split("\n") if line.strip()]
-        grounded = ground_answers(dict.fromkeys(lines), choice.names)
-        if self.grounder is not None and grounded.unmatched:
-            left = len(grounded.unmatched)
-            grounded = self.grounder.ground(grounded, choice.names)
-            self.counts["fuzzy_grounded"] += left - len(grounded.unmatched)
+        matched = self.grounder.matched if self.grounder is not None else 0
+        grounded = ground_answers(dict.fromkeys(lines), choice.names, near_miss=self.grounder)
+        if self.grounder is not None:
+            self.counts["fuzzy_grounded"] += self.grounder.matched - matched
         return list(grounded.entities), unknown, len(grounded.unmatched)
 
     def explain(self, convs: list[list[dict[str, str]]], answers: list[list[str]],
@@ -242,7 +246,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         c = self.counts
         log.info("KAPING: %d questions, %d unknown (abstentions), %d empty graphs, %d answer lines dropped%s",
                  c["questions"], c["unknown"], c["empty_graph"], c["dropped_lines"],
-                 f", {c['fuzzy_grounded']} lines grounded by similarity" if self.grounder is not None else "")  # fmt: skip
+                 f", {c['fuzzy_grounded']} lines grounded by similarity" if self.grounds_near_misses else "")  # fmt: skip
         if self.reasoning:
             log.info("KAPING reasoning: %d answers explained, %d without a cited fact, %d citation lines dropped",
                      c["explained"], c["uncited"], c["dropped_citations"])  # fmt: skip

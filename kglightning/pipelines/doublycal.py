@@ -194,10 +194,7 @@ class DoublyCalPipeline(L.LightningModule):
         parsed = parse_answers(text, self.answer_stats[variant])
         ranked = parsed.ranked()
         conf = [self.missing_confidence if parsed.answers[a] is None else parsed.answers[a] for a in ranked]
-        grounded = ground_answers(parsed, entities)
-        if self.grounder is not None:
-            grounded = self.grounder.ground(grounded, entities)
-        entities = grounded.entities
+        entities = ground_answers(parsed, entities, near_miss=self.grounder).entities
         return {"prediction": ranked, "confidence": conf, "entities": sorted(entities), "issues": parsed.issues}
 
     @staticmethod

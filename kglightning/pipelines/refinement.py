@@ -229,9 +229,7 @@ class KGGuardRefinement(L.LightningModule):
             a: c for a, c in parsed.answers.items() if normalize(a) not in ABSTENTIONS and a.lower() not in ABSTENTIONS
         }
         entities = {n for triple in record.graph for n in (triple[0], triple[2])}
-        grounded = ground_answers(answers, sorted(entities))
-        if self.grounder is not None:
-            grounded = self.grounder.ground(grounded, sorted(entities))
+        grounded = ground_answers(answers, sorted(entities), near_miss=self.grounder)
         unmatched = list(grounded.unmatched)
         names = list(grounded.entities) + (unmatched if self.unmatched == "flag" else [])
         conf = {**grounded.entities, **grounded.unmatched}
