@@ -23,6 +23,7 @@ from torch import Tensor
 from kglightning.conformal.functional import conformal_quantile
 from kglightning.conformal.scorer import ConformalScorer, ConformalScores
 from kglightning.metrics.coverage import AverageSetSize, EmpiricalCoverage
+from kglightning.metrics.functional import unique_by_key
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,9 @@ class ConformalCallback(Callback):
     (:class:`AverageSetSize`). The module must implement :class:`ConformalScorer`; ``predict`` and ``test`` run a
     second forward pass through ``conformal_scores``.
 
-    DDP: with ``"validation"`` the per-rank calibration scores are gathered before the quantile. With
+    DDP: with ``"validation"`` the per-rank calibration scores are gathered before the quantile, keeping one score per
+    item key (``ConformalScores.keys``), so that the repeats a distributed sampler pads the last shard with are not
+    counted and ``qhat`` does not depend on the number of processes. With
     ``"fit_end"``/``"manual"`` every rank scores the whole loader it is given (a datamodule's loader is not sharded)
     and gets the same ``qhat``.
 
@@ -89,6 +92,7 @@ class ConformalCallback(Callback):
         self.qhat: float | None = None
         self.n_cal: int = 0
         self._val_scores: list[Tensor] = []
+        self._val_keys: list[Tensor | None] = []
         self.test_coverage = EmpiricalCoverage(mode=coverage)
         self.test_set_size = AverageSetSize()
 
@@ -140,25 +144,37 @@ class ConformalCallback(Callback):
             self.fit(trainer, pl_module)
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_scores = []
+        self._val_scores, self._val_keys = [], []
 
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
         if self.fit_on == "validation" and trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._val_scores.append(pl_module.conformal_scores(batch).calibration_scores(self.coverage).detach())
+            cs = pl_module.conformal_scores(batch)
+            self._val_scores.append(cs.calibration_scores(self.coverage).detach().cpu())
+            self._val_keys.append(None if cs.keys is None else cs.keys.detach().long().cpu())
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._val_scores:
             return
-        local = torch.cat(self._val_scores).cpu()
-        self._val_scores = []
+        keyed = all(k is not None for k in self._val_keys)
+        local = (torch.cat(self._val_scores), torch.cat(self._val_keys) if keyed else None)
+        self._val_scores, self._val_keys = [], []
+        parts: list[Any] = [local]
         if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            parts: list[Any] = [None] * trainer.world_size
+            # objects, not tensors: the shards differ in length, and no tensor of this callback is on the device
+            parts = [None] * trainer.world_size
             torch.distributed.all_gather_object(parts, local)
-            local = torch.cat(parts)
-        self.fit_scores(local)
+        scores = torch.cat([p[0] for p in parts])
+        if all(p[1] is not None for p in parts):
+            scores = scores[unique_by_key(torch.cat([p[1] for p in parts]))]
+        elif trainer.world_size > 1:
+            log.warning(
+                "ConformalCallback: conformal_scores(batch) gives no keys, so the items a distributed sampler repeats "
+                "to pad the last shard are calibrated on twice; set ConformalScores.keys to drop them"
+            )
+        self.fit_scores(scores)
 
     # ---------------------------------------------------------------- checks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

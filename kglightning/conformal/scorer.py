@@ -29,6 +29,9 @@ class ConformalScores:
         mask: ``(N, C)`` bool, ``True`` for real candidates (``False`` = padding); ``None`` = all real.
         candidates: names of the ``C`` candidates when every item shares them (e.g. class names); sets are then
             reported by name, otherwise by candidate index.
+        keys: ``(N,)`` integer keys that name the items across processes (e.g. the item's index in its split);
+            under DDP the calibration keeps one score per key, so the repeats a distributed sampler pads the last
+            shard with do not enter the quantile. ``None``: no keys (the repeats then count).
 
     Example:
         >>> cs = ConformalScores(torch.tensor([[0.2, 0.8], [0.6, 0.4]]), labels=torch.tensor([[1, 0], [0, 1]]).bool())
@@ -40,6 +43,7 @@ class ConformalScores:
     labels: Tensor | None = None
     mask: Tensor | None = None
     candidates: Sequence[str] | None = None
+    keys: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.scores.dim() != 2:
@@ -48,6 +52,8 @@ class ConformalScores:
             value = getattr(self, name)
             if value is not None and value.shape != self.scores.shape:
                 raise ValueError(f"{name} must have the shape of scores {tuple(self.scores.shape)}")
+        if self.keys is not None and self.keys.shape != self.scores.shape[:1]:
+            raise ValueError(f"keys must have shape ({self.scores.shape[0]},), got {tuple(self.keys.shape)}")
         if self.candidates is not None and len(self.candidates) != self.scores.shape[1]:
             raise ValueError(f"got {len(self.candidates)} candidate names for {self.scores.shape[1]} candidates")
 

@@ -175,6 +175,8 @@ class DetectionDataModule(KGQADataModule):
         stats = DetectionStats()
         pairs = [(r, g) for r in records if (g := build_detection_graph(r, text_id, stats, self.add_reverse_edges))]
         graphs = [g for _, g in pairs]
+        for i, g in enumerate(graphs):  # names the graph across DDP processes (padded repeats are dropped by it)
+            g.item_id = i
         if self.answer_features and pairs:
             self._attach_answer_features(split, pairs)
         if split == "test" and self.baselines and pairs:

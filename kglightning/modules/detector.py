@@ -13,18 +13,25 @@ from torch import Tensor
 from torch.nn import functional as F
 from torchmetrics import Metric
 from torchmetrics.functional.classification import binary_precision_recall_curve
+from torchmetrics.utilities import dim_zero_cat
 
 from kglightning.conformal.scorer import ConformalScores
-from kglightning.metrics.classification import detection_metrics
+from kglightning.metrics.classification import detection_metrics, detection_scores, set_threshold
+from kglightning.metrics.functional import unique_by_key
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard
 
 
 class ScoreBuffer(Metric):
-    """Keeps every (probability, label) pair of an epoch; DDP gathers them with ``cat``.
+    """Keeps every (probability, label, item key) triple of an epoch; DDP gathers them with ``cat``.
+
+    ``compute`` keeps one entry per item key, in key order (:func:`~kglightning.metrics.functional.unique_by_key`):
+    the repeats a distributed sampler pads the last shard with are dropped, so a threshold tuned on the result is
+    the same on one process or many. Without keys every entry is kept.
 
     Example:
         >>> buf = ScoreBuffer()
-        >>> buf.update(torch.tensor([0.2, 0.9]), torch.tensor([0, 1]))
+        >>> buf.update(torch.tensor([0.9, 0.2]), torch.tensor([1, 0]), keys=torch.tensor([5, 2]))
+        >>> buf.update(torch.tensor([0.9]), torch.tensor([1]), keys=torch.tensor([5]))  # a padded repeat
         >>> probs, target = buf.compute()
         >>> probs.dtype, [round(p, 6) for p in probs.tolist()], target.tolist()
         (torch.float32, [0.2, 0.9], [0, 1])
@@ -36,15 +43,35 @@ class ScoreBuffer(Metric):
         super().__init__(**kwargs)
         self.add_state("probs", default=[], dist_reduce_fx="cat")
         self.add_state("target", default=[], dist_reduce_fx="cat")
+        self.add_state("keys", default=[], dist_reduce_fx="cat")
 
-    def update(self, probs: Tensor, target: Tensor) -> None:
+    def update(self, probs: Tensor, target: Tensor, keys: Tensor | None = None) -> None:
         self.probs.append(probs.detach().float())
         self.target.append(target.detach().long())
+        if keys is not None:
+            self.keys.append(keys.detach().long())
 
     def compute(self) -> tuple[Tensor, Tensor]:
-        probs = torch.cat(self.probs) if isinstance(self.probs, list) else self.probs
-        target = torch.cat(self.target) if isinstance(self.target, list) else self.target
-        return probs, target
+        probs = dim_zero_cat(self.probs)
+        target = dim_zero_cat(self.target)
+        keys = dim_zero_cat(self.keys) if len(self.keys) else None
+        if keys is None or keys.numel() != probs.numel():
+            return probs, target
+        keep = unique_by_key(keys)
+        return probs[keep], target[keep]
+
+
+def answer_keys(batch: Any) -> Tensor | None:
+    """``(A,)`` a key per answer node that names it across processes: ``item_id`` of its graph (the graph's index in
+    its split) times ``2**20`` plus its position among the graph's answer nodes; ``None`` without ``item_id``."""
+    item = getattr(batch, "item_id", None)
+    if item is None:
+        return None
+    owner = batch.batch[batch.answer_index]
+    counts = torch.bincount(owner, minlength=int(item.numel()))
+    start = counts.cumsum(0) - counts
+    position = torch.arange(owner.numel(), device=owner.device) - start[owner]
+    return item.to(owner.device).long()[owner] * 2**20 + position
 
 
 def best_f1_threshold(probs: Tensor, target: Tensor) -> tuple[float, float]:
@@ -71,11 +98,11 @@ def bootstrap_f1_threshold(probs: Tensor, target: Tensor, resamples: int, seed: 
         raise ValueError(f"resamples must be >= 1, got {resamples}")
     gen = torch.Generator().manual_seed(seed)
     probs, target = probs.detach().float().cpu(), target.detach().long().cpu()
-    picks = torch.randint(len(probs), (resamples, len(probs)), generator=gen)
+    picks = torch.randint(len(probs), (resamples, len(probs)), generator=gen, device="cpu")
     found = [best_f1_threshold(probs[idx], target[idx])[0] for idx in picks if bool(target[idx].any())]
     if not found:
         return best_f1_threshold(probs, target)[0]
-    return float(torch.tensor(found).median())
+    return float(torch.tensor(found, device="cpu").median())
 
 
 def detection_loss(logits: Tensor, target: Tensor, pos_weight: float | None = None, gamma: float = 0.0) -> Tensor:
@@ -195,6 +222,8 @@ class HallucinationDetector(L.LightningModule):
         self.test_metrics = detection_metrics(threshold=float(threshold))
         self.mostfrequent_metrics = detection_metrics()
         self.random_metrics = detection_metrics()
+        self.llm_baseline_names: list[str] = []  # the datamodule's baselines, set in setup("test")
+        self.llm_baseline_metrics = torch.nn.ModuleDict()
 
     def forward(self, batch: Any) -> Tensor:
         """Logits ``(A,)`` for every proposed answer node of the batch.
@@ -240,7 +269,7 @@ class HallucinationDetector(L.LightningModule):
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         _, probs = self._loss(batch, "val")
-        self.val_scores.update(probs, batch.y)
+        self.val_scores.update(probs, batch.y, answer_keys(batch))
 
     def on_validation_epoch_end(self) -> None:
         probs, target = self.val_scores.compute()
@@ -254,16 +283,22 @@ class HallucinationDetector(L.LightningModule):
                 thr = best_f1_threshold(probs, target)[0]
             self.threshold.fill_(thr)
             self.majority.fill_(float(target.float().mean() >= 0.5))
-        values = {f"val/{k}": v for k, v in detection_metrics(float(self.threshold))(probs, target).items()}
+        values = {f"val/{k}": v for k, v in detection_scores(probs, target, float(self.threshold)).items()}
         values["val/threshold"] = self.threshold.clone()
         self.log("val/f1", values.pop("val/f1"), prog_bar=True)
         self.log_dict(values)
 
+    def setup(self, stage: str) -> None:
+        # built here, before Lightning moves the module to its device (a metric built in a later hook would keep its
+        # states on the default device); LLM-based detectors give 0/1 verdicts or sample shares: threshold 0.5
+        if stage == "test":
+            names = getattr(getattr(self.trainer, "datamodule", None), "baseline_names", None) or []
+            self.llm_baseline_names = list(names)
+            # ModuleDict keys may not hold dots: index by column
+            self.llm_baseline_metrics = torch.nn.ModuleDict({str(k): detection_metrics() for k in range(len(names))})
+
     def on_test_epoch_start(self) -> None:
-        self.test_metrics = detection_metrics(threshold=float(self.threshold)).to(self.device)
-        names = getattr(self.trainer.datamodule, "baseline_names", None) or []
-        # LLM-based detectors give 0/1 verdicts or sample shares: threshold 0.5, like the other baselines
-        self.llm_baseline_metrics = {name: detection_metrics().to(self.device) for name in names}
+        set_threshold(self.test_metrics, float(self.threshold))
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         _, probs = self._loss(batch, "test")
@@ -281,13 +316,13 @@ class HallucinationDetector(L.LightningModule):
         )
         self.random_metrics.update(rand, target)
         scores = getattr(batch, "baseline_scores", None)
-        for k, metrics in enumerate(getattr(self, "llm_baseline_metrics", {}).values()):
+        for k, metrics in enumerate(self.llm_baseline_metrics.values()):
             if scores is not None:
                 metrics.update(scores[:, k].to(probs.device), target)
 
     def on_test_epoch_end(self) -> None:
         values = {}
-        llm = [(f"{name}/", m) for name, m in getattr(self, "llm_baseline_metrics", {}).items()]
+        llm = [(f"{name}/", m) for name, m in zip(self.llm_baseline_names, self.llm_baseline_metrics.values())]
         for name, metrics in (
             ("", self.test_metrics),
             ("mostfrequent/", self.mostfrequent_metrics),
@@ -324,7 +359,12 @@ class HallucinationDetector(L.LightningModule):
         p = torch.sigmoid(self(batch)).double()
         y = getattr(batch, "y", None)
         labels = F.one_hot(y.long(), 2).bool() if y is not None else None
-        return ConformalScores(torch.stack([p, 1 - p], dim=1), labels=labels, candidates=("faithful", "hallucinated"))
+        return ConformalScores(
+            torch.stack([p, 1 - p], dim=1),
+            labels=labels,
+            candidates=("faithful", "hallucinated"),
+            keys=answer_keys(batch),
+        )
 
     def attach_conformal_sets(
         self, outputs: list[dict[str, Any]], batch: Any, sets: list[list[str]], qhat: float

@@ -203,3 +203,28 @@ def test_conformal_callback_through_the_cli_and_ddp(detection_dir, tiny_encoder_
         assert results["c2"][metric] == pytest.approx(results["c1"][metric], abs=1e-6), metric
     assert 0.0 <= results["c1"]["test/conformal_coverage"] <= 1.0
     assert 0.0 <= results["c1"]["test/conformal_set_size"] <= 2.0
+
+
+def test_threshold_and_qhat_do_not_depend_on_the_number_of_processes(detection_dir, tiny_encoder_dir, tmp_path):
+    """15 validation questions on 2 processes: the distributed sampler repeats one to pad the second shard. The
+    repeat must not enter the tuned threshold nor the conformal calibration, so with frozen weights (lr 0) one and
+    two processes save the same threshold, qhat and calibration size."""
+    import torch
+
+    fixed = [
+        "--data.init_args.max_records", "{validation: 15}", "--model.init_args.optimizer.init_args.lr", "0",
+        "--trainer.max_epochs", "1", "--trainer.num_sanity_val_steps", "0",
+        "--trainer.callbacks+=kglightning.callbacks.ConformalCallback", "--trainer.callbacks.alpha=0.2",
+        "--trainer.callbacks.fit_on=validation",
+    ]  # fmt: skip
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    saved = {}
+    for name, extra in (("one", []), ("two", ddp)):
+        run = tmp_path / name
+        run.mkdir()
+        _cli(run, "fit", *_fixture_args(detection_dir, tiny_encoder_dir, name), *fixed, *extra)
+        ckpt = torch.load(run / "outputs/detector/graph_transformer/checkpoints/last.ckpt", weights_only=False)
+        (conformal,) = [v for k, v in ckpt["callbacks"].items() if "ConformalCallback" in k]
+        saved[name] = (float(ckpt["state_dict"]["threshold"]), conformal["qhat"], conformal["n_cal"])
+    assert saved["two"] == saved["one"]
+    assert saved["one"][2] > 15  # every answer node of the 15 questions, each once

@@ -245,3 +245,24 @@ def test_ablations_train_and_reload(ablation, detection_dir, tiny_encoder_dir, t
     assert {k: again.hparams[k] for k in ablation} == ablation
     with torch.no_grad():
         assert torch.allclose(again(batch), model(batch))
+
+
+def test_no_hook_makes_a_tensor_on_the_default_device(detection_dir, tiny_encoder_dir, tmp_path):
+    """fit (sanity check, threshold tuning, conformal calibration), test (with the baselines) and predict under the
+    device trap: a metric or tensor built on the default device inside a hook would be refused on a GPU."""
+    from kglightning.callbacks import ConformalCallback
+    from kglightning.testing import DeviceTrapCallback
+
+    dm = _fit_ready(detection_dir, tiny_encoder_dir, tmp_path)
+    model = HallucinationDetector(text_dim=32, encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=4))
+    trap = DeviceTrapCallback()
+    conformal = ConformalCallback(alpha=0.2, fit_on="validation")
+    trainer = L.Trainer(
+        max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        accelerator="cpu", callbacks=[trap, conformal], num_sanity_val_steps=1,
+    )  # fmt: skip
+    trainer.fit(model, dm)
+    (results,) = trainer.test(model, dm)
+    rows = [row for batch in trainer.predict(model, dm) for row in batch]
+    assert trap.trap.sites == []
+    assert 0 <= results["test/f1"] <= 1 and conformal.n_cal > 0 and all("conformal_set" in r for r in rows)

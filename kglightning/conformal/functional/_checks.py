@@ -10,7 +10,7 @@ from torch import Tensor
 
 def as_float_tensor(x: Tensor | Sequence | float, name: str, dtype: torch.dtype | None = None) -> Tensor:
     """Convert ``x`` to a floating tensor (float64 unless it already is floating or ``dtype`` is given)."""
-    t = torch.as_tensor(x)
+    t = x if isinstance(x, Tensor) else torch.as_tensor(x, device="cpu")  # a tensor keeps its device
     if dtype is not None:
         t = t.to(dtype)
     elif not torch.is_floating_point(t):
@@ -22,6 +22,6 @@ def as_float_tensor(x: Tensor | Sequence | float, name: str, dtype: torch.dtype 
 
 def check_level(value: float | Tensor, name: str) -> None:
     """Raise unless every entry of ``value`` lies in the open interval (0, 1)."""
-    v = torch.as_tensor(value, dtype=torch.float64)
+    v = value.double() if isinstance(value, Tensor) else torch.tensor(value, dtype=torch.float64, device="cpu")
     if torch.isnan(v).any() or not bool(((v > 0) & (v < 1)).all()):
         raise ValueError(f"{name} must lie in the open interval (0, 1), got {value}")

@@ -44,7 +44,8 @@ def conformal_rank(n: int, alpha: float | Tensor) -> Tensor:
     if n < 1:
         raise ValueError(f"calibration set is empty (n={n})")
     check_level(alpha, "alpha")
-    x = (n + 1) * (1.0 - torch.as_tensor(alpha, dtype=torch.float64))
+    a = alpha.double() if isinstance(alpha, Tensor) else torch.tensor(alpha, dtype=torch.float64, device="cpu")
+    x = (n + 1) * (1.0 - a)
     return torch.ceil(x - _RANK_TOL * torch.clamp(x, min=1.0)).long()
 
 
@@ -80,11 +81,11 @@ def conformal_quantile(scores: Tensor | Sequence, alpha: float | Tensor) -> Tens
     k = conformal_rank(n, alpha)
     if k.dim() == 0:  # one rank for every row: an O(n) selection instead of a sort
         if int(k) > n:
-            return torch.full(s.shape[:-1], math.inf, dtype=s.dtype)
+            return torch.full(s.shape[:-1], math.inf, dtype=s.dtype, device=s.device)
         return torch.kthvalue(s, int(k), dim=-1).values
     batch = torch.broadcast_shapes(s.shape[:-1], k.shape)
     sorted_s = torch.sort(s, dim=-1).values.expand(*batch, n)
-    k = k.expand(batch)
+    k = k.to(s.device).expand(batch)
     picked = torch.gather(sorted_s, -1, (k.clamp(1, n) - 1).unsqueeze(-1)).squeeze(-1)
     return torch.where(k > n, torch.full_like(picked, math.inf), picked)
 

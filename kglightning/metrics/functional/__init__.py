@@ -10,6 +10,7 @@ from kglightning.metrics.functional.calibration import (
     target_calibration_error,
 )
 from kglightning.metrics.functional.coverage import average_set_size, covered, set_coverage, set_sizes
+from kglightning.metrics.functional.distributed import unique_by_key
 from kglightning.metrics.functional.qa import (
     ALL_KEYS,
     ROG_KEYS,
@@ -55,4 +56,5 @@ __all__ = [
     "set_sizes",
     "strict_answer_scores",
     "target_calibration_error",
+    "unique_by_key",
 ]
