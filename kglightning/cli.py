@@ -132,6 +132,7 @@ def _compare_proxies(argv: list[str]) -> int:
     import argparse
 
     from kglightning.datamodules import ProxyGRPODataModule
+    from kglightning.pipelines._ddp import gather_unique_rows
     from kglightning.pipelines.proxy_comparison import comparison_table, score_proxy, write_proxy_comparison
 
     p = argparse.ArgumentParser(
@@ -161,7 +162,7 @@ def _compare_proxies(argv: list[str]) -> int:
     readouts = ["stated", "expected"] if args.confidence == "both" else [args.confidence]
     runs = [(f"{name}-expected" if r == "expected" and len(readouts) > 1 else name, spec, r)
             for name, spec in proxies.items() for r in readouts]  # fmt: skip
-    results, details = {}, {}
+    results, details, main_process = {}, {}, True
     for name, (adapter, instruction), readout in runs:
         generation = json.dumps(
             {"num_evidence": 1, "decoding": "greedy", "max_new_tokens": args.max_new_tokens, "confidence": readout}
@@ -190,12 +191,17 @@ def _compare_proxies(argv: list[str]) -> int:
         dm = cli.datamodule
         if not isinstance(dm, ProxyGRPODataModule):
             raise TypeError(f"compare-proxies needs a ProxyGRPODataModule in {args.config}, got {type(dm).__name__}")
-        rows = [row for batch in cli.trainer.predict(cli.model, datamodule=dm) or [] for row in batch]
+        local = [row for batch in cli.trainer.predict(cli.model, datamodule=dm) or [] for row in batch]
         records = {r.id: r for r in dm.read_split(args.split)}
+        order = {qid: i for i, qid in enumerate(records)}
+        # under DDP each process predicts its shard: every question once, in the split's order
+        rows = sorted(gather_unique_rows(local), key=lambda row: order.get(row["id"], len(order)))
         results[name], details[name] = score_proxy(rows, records, dm.gold_evidence(args.split), dm.builder)
-    files = write_proxy_comparison(results, details, args.output_dir)
-    print(comparison_table(results))
-    print(f"wrote {files['table']}, {files['json']} and {files['plot']}")
+        main_process = cli.trainer.is_global_zero
+    if main_process:
+        files = write_proxy_comparison(results, details, args.output_dir)
+        print(comparison_table(results))
+        print(f"wrote {files['table']}, {files['json']} and {files['plot']}")
     return 0
 
 

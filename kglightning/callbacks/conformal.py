@@ -137,7 +137,7 @@ class ConformalCallback(Callback):
             ]
         finally:
             pl_module.train(was_training)
-        return self.fit_scores(torch.cat(scores) if scores else torch.empty(0))
+        return self.fit_scores(torch.cat(scores) if scores else torch.empty(0, device="cpu"))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.fit_on == "fit_end":

@@ -87,8 +87,8 @@ def clm_set(
 def _quantile_grid(values: Sequence[float], k: int) -> list[float]:
     if not values:
         return [0.0]
-    t = torch.tensor(values, dtype=torch.float64)
-    return sorted({float(v) for v in torch.quantile(t, torch.linspace(0, 1, k, dtype=torch.float64))})
+    t = torch.tensor(values, dtype=torch.float64, device="cpu")  # answers' scores, not model tensors
+    return sorted({float(v) for v in torch.quantile(t, torch.linspace(0, 1, k, dtype=torch.float64, device="cpu"))})
 
 
 class CLM:
@@ -133,7 +133,9 @@ class CLM:
         qualities = [0.0, *_quantile_grid(pooled, self.grid_size)]
         if self.set_confidence == "count":
             m = max((q.m for q in questions), default=1)
-            stops = sorted({float(k) for k in torch.linspace(1, m, min(m, self.grid_size)).round().tolist()})
+            stops = sorted(
+                {float(k) for k in torch.linspace(1, m, min(m, self.grid_size), device="cpu").round().tolist()}
+            )
         elif self.set_confidence == "sum":
             stops = [s * k for s in _quantile_grid(pooled, self.grid_size) for k in (1, 2)]
         else:
@@ -147,8 +149,8 @@ class CLM:
         self, questions: Sequence[SampledAnswers], grid: Sequence[CLMConfig]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         sim = self.similarity or exact_similarity
-        losses = torch.zeros(len(grid), len(questions), dtype=torch.float64)
-        sizes = torch.zeros(len(grid), len(questions), dtype=torch.float64)
+        losses = torch.zeros(len(grid), len(questions), dtype=torch.float64, device="cpu")
+        sizes = torch.zeros(len(grid), len(questions), dtype=torch.float64, device="cpu")
         qualities = [q.sample_quality() for q in questions]
         for j, config in enumerate(grid):
             for i, q in enumerate(questions):

@@ -92,7 +92,7 @@ def conformalize(
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     cal = read_predictions(calibration, on_bad_record=on_bad_record, require_confidence=True)
     test = read_predictions(predictions, on_bad_record=on_bad_record, require_confidence=True)
-    scores = torch.tensor([calibration_score(r, str(calibration)) for r in cal], dtype=torch.float64)
+    scores = torch.tensor([calibration_score(r, str(calibration)) for r in cal], dtype=torch.float64, device="cpu")
     qhat = float(conformal_quantile(scores, alpha))
     covered, sizes, n_gold = 0, 0, 0
     rows = []

@@ -153,7 +153,10 @@ class SplitConformalSets(ABC):
     def fit(self, calibration: Sequence[SampledAnswers], alpha: float) -> SplitConformalSets:
         """Set ``q̂`` from a calibration split."""
         cal = [gold_value(self.nonconformity(q), q, self.coverage) for q in calibration]
-        self.qhat, self.alpha = float(conformal_quantile(torch.tensor(cal, dtype=torch.float64), alpha)), alpha
+        self.qhat, self.alpha = (
+            float(conformal_quantile(torch.tensor(cal, dtype=torch.float64, device="cpu"), alpha)),
+            alpha,
+        )
         return self
 
     @property

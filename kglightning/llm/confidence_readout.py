@@ -104,7 +104,7 @@ class ConfidenceReadout:
     def expected(self, model: Any, prefix: Sequence[int]) -> float:
         """The expected confidence given ``prefix`` (see :meth:`distribution`)."""
         p = self.distribution(model, prefix)
-        return float((p.double() * torch.tensor(self.values, dtype=torch.float64)).sum())
+        return float((p.double() * torch.tensor(self.values, dtype=torch.float64, device=p.device)).sum())
 
     def rewrite(self, model: Any, prompt: Sequence[int], generated: Sequence[int]) -> str:
         """The decoded ``generated`` text with each block's confidence replaced by its expected value.

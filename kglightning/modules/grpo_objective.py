@@ -27,8 +27,10 @@ __all__ = [
     "ScaleRewards",
     "completion_mask",
     "group_advantages",
+    "group_reward_std",
     "grpo_loss",
     "per_token_kl",
+    "std_from_sums",
     "token_log_probs",
 ]
 
@@ -50,10 +52,14 @@ def completion_mask(completion_ids: Tensor, eos_token_id: int) -> Tensor:
 
 
 def token_log_probs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Tensor:
-    """``log p(ids)`` under ``softmax(logits / temperature)``, computed without a full log-softmax tensor.
+    """``log p(ids)`` under ``softmax(logits / temperature)``, without a full log-softmax tensor.
+
+    The log-normaliser is computed one sequence at a time (TRL's ``selective_log_softmax`` does the same), so that at
+    most one ``(T, V)`` float32 copy of the logits is alive at once outside autograd, instead of two or three copies
+    of the whole ``(B, T, V)`` batch (about 1.3 GB each at ``B = 32``, ``T = 64`` and a 152k vocabulary).
 
     Args:
-        logits: ``(B, T, V)`` next-token logits aligned with ``ids``.
+        logits: ``(B, T, V)`` next-token logits aligned with ``ids`` (any floating dtype; the result is float32).
         ids: ``(B, T)`` the tokens whose log-probabilities are wanted.
         temperature: the sampling temperature (the log-probabilities are those of the sampling distribution).
 
@@ -62,13 +68,34 @@ def token_log_probs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Te
         >>> token_log_probs(logits, torch.tensor([[1]])).exp()
         tensor([[0.7500]])
     """
-    logits = logits.float() / temperature
-    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1).float() / temperature
+    if logits.shape[0] == 0:
+        return picked
+    normalisers = torch.stack([torch.logsumexp(row.float() / temperature, dim=-1) for row in logits])
+    return picked - normalisers
+
+
+def group_reward_std(rewards: Tensor, num_generations: int) -> Tensor:
+    """Per completion, the (unbiased) standard deviation of its group's scorable rewards (0 for fewer than two).
+
+    Example:
+        >>> group_reward_std(torch.tensor([1.0, 3.0, 2.0, float("nan")]), 2)
+        tensor([1.4142, 1.4142, 0.0000, 0.0000])
+    """
+    if num_generations < 1 or rewards.numel() % num_generations:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {num_generations}")
+    grouped = rewards.float().view(-1, num_generations)
+    valid = ~torch.isnan(grouped)
+    count = valid.sum(dim=1, keepdim=True)
+    filled = torch.where(valid, grouped, torch.zeros_like(grouped))
+    mean = filled.sum(dim=1, keepdim=True) / count.clamp(min=1)
+    # unbiased std as torch.std (and TRL's nanstd); a single valid reward has std 0
+    sq = torch.where(valid, (grouped - mean) ** 2, torch.zeros_like(grouped)).sum(dim=1, keepdim=True)
+    return torch.sqrt(sq / (count - 1).clamp(min=1)).expand_as(grouped).reshape(-1)
 
 
 def group_advantages(
-    rewards: Tensor, num_generations: int, scale_rewards: ScaleRewards = "group"
+    rewards: Tensor, num_generations: int, scale_rewards: ScaleRewards = "group", batch_std: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """Group-relative advantages of ``rewards`` laid out group by group (``num_generations`` per prompt).
 
@@ -76,6 +103,8 @@ def group_advantages(
         rewards: ``(N,)`` with ``N`` a multiple of ``num_generations``; NaN marks an unscorable completion.
         num_generations: completions per prompt (``G``).
         scale_rewards: divide by the group's std (``"group"``), the batch's std (``"batch"``), or not (``"none"``).
+        batch_std: the std that ``"batch"`` divides by; default the std of this batch's scorable rewards. Under DDP
+            pass the std of the global batch (TRL's semantics), e.g. from :func:`std_from_sums`.
 
     Returns:
         ``(advantages, std_is_zero)``: advantages (0 for NaN rewards) and, per completion, whether its group's
@@ -88,27 +117,39 @@ def group_advantages(
         >>> group_advantages(torch.tensor([1.0, float("nan"), 3.0]), 3, "none")[0]
         tensor([-1.,  0.,  1.])
     """
-    if num_generations < 1 or rewards.numel() % num_generations:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {num_generations}")
     if scale_rewards not in ("group", "batch", "none"):
         raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}")
+    std = group_reward_std(rewards, num_generations)
     grouped = rewards.float().view(-1, num_generations)
     valid = ~torch.isnan(grouped)
-    count = valid.sum(dim=1, keepdim=True)
     filled = torch.where(valid, grouped, torch.zeros_like(grouped))
-    mean = filled.sum(dim=1, keepdim=True) / count.clamp(min=1)
-    # unbiased std as torch.std (and TRL's nanstd); a single valid reward has std 0
-    sq = torch.where(valid, (grouped - mean) ** 2, torch.zeros_like(grouped)).sum(dim=1, keepdim=True)
-    std = torch.sqrt(sq / (count - 1).clamp(min=1))
-    advantages = torch.where(valid, grouped - mean, torch.zeros_like(grouped))
-    std_is_zero = torch.isclose(std, torch.zeros_like(std)).expand_as(grouped)
+    mean = filled.sum(dim=1, keepdim=True) / valid.sum(dim=1, keepdim=True).clamp(min=1)
+    advantages = torch.where(valid, grouped - mean, torch.zeros_like(grouped)).reshape(-1)
+    std_is_zero = torch.isclose(std, torch.zeros_like(std))
     if scale_rewards == "group":
         advantages = advantages / (std + 1e-4)
     elif scale_rewards == "batch":
-        flat = rewards.float()[~torch.isnan(rewards)]
-        batch_std = flat.std() if flat.numel() > 1 else torch.zeros((), device=rewards.device)
-        advantages = advantages / (batch_std + 1e-4)
-    return advantages.reshape(-1), std_is_zero.reshape(-1)
+        if batch_std is None:
+            flat = rewards.float()[~torch.isnan(rewards)]
+            batch_std = flat.std() if flat.numel() > 1 else torch.zeros((), device=rewards.device)
+        advantages = advantages / (batch_std.to(advantages) + 1e-4)
+    return advantages, std_is_zero
+
+
+def std_from_sums(count: Tensor, total: Tensor, squares: Tensor) -> Tensor:
+    """The unbiased standard deviation of values given their count, sum and sum of squares (0 for ``count < 2``);
+    sums of this kind add up across processes, so one ``all_reduce`` gives the global std.
+
+    Example:
+        >>> values = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
+        >>> round(std_from_sums(torch.tensor(3.0), values.sum(), (values**2).sum()).item(), 6), round(values.std().item(), 6)
+        (1.527525, 1.527525)
+    """
+    count = count.double()
+    if float(count) < 2:
+        return torch.zeros((), dtype=torch.float64, device=count.device)
+    var = (squares.double() - total.double() ** 2 / count) / (count - 1)
+    return var.clamp(min=0).sqrt()
 
 
 def per_token_kl(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
@@ -147,6 +188,8 @@ def grpo_loss(
     loss_type: LossType = "grpo",
     max_completion_length: int | None = None,
     num_items_in_batch: Tensor | float | None = None,
+    num_sequences: int | None = None,
+    num_tokens: Tensor | float | None = None,
 ) -> PolicyLoss:
     """The clipped GRPO surrogate with a KL penalty, aggregated as ``loss_type`` says (see the module docstring).
 
@@ -163,6 +206,9 @@ def grpo_loss(
         max_completion_length: the constant of ``"dr_grpo"`` (default: ``T``).
         num_items_in_batch: the number of completion tokens in the global batch for ``"dapo"``, divided by the
             number of processes (default: this batch's ``mask.sum()``).
+        num_sequences, num_tokens: the sequences and completion tokens of the whole (local) batch when these rows are
+            one micro-batch of it (default: these rows'); with them, the losses of the micro-batches add up to the
+            loss of the whole batch, for every ``loss_type``.
 
     Example:
         >>> lp = torch.log(torch.tensor([[0.5, 0.5], [0.25, 1.0]]))
@@ -182,14 +228,16 @@ def grpo_loss(
     if beta != 0.0 and ref_log_probs is not None:
         kl = per_token_kl(log_probs, ref_log_probs)
         per_token = per_token + beta * kl
+    sequences = per_token.shape[0] if num_sequences is None else num_sequences
     if loss_type == "grpo":
-        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / max(sequences, 1)
     elif loss_type == "bnpo":
-        loss = _masked_mean(per_token, mask)
+        tokens = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, device=mask.device)
+        loss = (per_token * mask).sum() / tokens.clamp(min=1)
     elif loss_type == "dr_grpo":
-        loss = (per_token * mask).sum() / (per_token.shape[0] * (max_completion_length or per_token.shape[1]))
+        loss = (per_token * mask).sum() / (max(sequences, 1) * (max_completion_length or per_token.shape[1]))
     elif loss_type == "dapo":
-        items = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch)
+        items = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, device=mask.device)
         loss = (per_token * mask).sum() / items.clamp(min=1)
     else:
         raise ValueError(f"loss_type must be 'grpo', 'bnpo', 'dr_grpo' or 'dapo', got {loss_type!r}")

@@ -44,23 +44,18 @@ from kglightning.modules.grpo_objective import (
     ScaleRewards,
     completion_mask,
     group_advantages,
+    group_reward_std,
     grpo_loss,
+    std_from_sums,
     token_log_probs,
 )
+from kglightning.modules.grpo_rollouts import RewardFunc, Rollouts, reward_name, score_completions
+from kglightning.modules.grpo_stats import StepStats
 from kglightning.modules.proxy_sft import ProxySFT
 
-__all__ = ["ProxyGRPO", "RewardFunc"]
+__all__ = ["ProxyGRPO", "RewardFunc", "Rollouts"]
 
-RewardFunc = Callable[..., Sequence[float | None]]
-"""A reward function with TRL's signature: ``f(prompts=, completions=, completion_ids=, **columns)``."""
-
-_TENSOR_KEYS = ("input_ids", "attention_mask", "tries")
 REFERENCE = "reference"
-
-
-def reward_name(func: Any) -> str:
-    """The name a reward function's mean is logged under (``__name__``, else its class name)."""
-    return str(getattr(func, "__name__", type(func).__name__))
 
 
 class ProxyGRPO(ProxySFT):
@@ -68,8 +63,10 @@ class ProxyGRPO(ProxySFT):
 
     Logs, per step (``train/``) and per validation epoch (``val/``, one greedy completion per prompt):
     ``reward`` and ``rewards/<name>`` per reward function, ``invalid_rate`` (completions without a well-formed
-    ``<PATH confidence=...>``), ``completion_length``; in training also ``reward_std``, ``kl``, ``clip_ratio``,
-    ``frac_reward_zero_std`` (groups that teach nothing) and ``unscorable`` (completions no reward function scored).
+    ``<PATH confidence=...>``), ``completion_length``; in training also ``reward_std`` (the mean std within groups,
+    as TRL), ``kl`` and ``clip_ratio`` (per completion token), ``loss``, ``frac_reward_zero_std`` (groups that teach
+    nothing) and ``unscorable`` (completions no reward function scored). Every value is a mean over all processes
+    (:mod:`kglightning.modules.grpo_stats`), so one GPU and several log the same numbers for the same completions.
 
     Args:
         rewards: reward functions (class_path or dotted path in a config); default
@@ -83,7 +80,14 @@ class ProxyGRPO(ProxySFT):
         epsilon: lower clipping bound (and upper, unless ``epsilon_high``).
         epsilon_high: upper clipping bound.
         loss_type: ``"grpo"`` (the paper's), ``"bnpo"``, ``"dr_grpo"`` or ``"dapo"`` (TRL's default).
-        scale_rewards: ``"group"``, ``"batch"`` or ``"none"``.
+        scale_rewards: ``"group"``, ``"batch"`` or ``"none"``; ``"batch"`` divides by the std of the rewards of
+            every process (TRL's global batch).
+        steps_per_generation: micro-batches per rollout batch (TRL's name): the ``B * G`` completions of a step are
+            scored by the policy (and the reference) in this many forward/backward passes, with gradients
+            accumulated into one optimizer step, so peak memory falls with it and the update does not change.
+        max_grad_norm: clip the gradient norm to this before each step (TRL's name; ``None``: no clipping). The
+            module optimises by hand (one step per rollout batch), so the Trainer's ``gradient_clip_val`` and
+            ``accumulate_grad_batches`` do not apply: use these and a larger data ``batch_size``.
         **kwargs: :class:`~kglightning.modules.ProxySFT`'s arguments: ``model``, ``adapter_path`` (the SFT adapter:
             the start and the reference), ``lora`` (a fresh adapter's shape, without ``adapter_path``),
             ``save_adapter_dir``, ``optimizer`` (default AdamW with the paper's lr 1.41e-5), ``generation``
@@ -105,6 +109,8 @@ class ProxyGRPO(ProxySFT):
         epsilon_high: float | None = None,
         loss_type: LossType = "grpo",
         scale_rewards: ScaleRewards = "group",
+        steps_per_generation: int = 1,
+        max_grad_norm: float | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("prompt_format", ProxyPrompt(instruction="rl"))
@@ -128,7 +134,15 @@ class ProxyGRPO(ProxySFT):
             raise ValueError(f"loss_type must be 'grpo', 'bnpo', 'dr_grpo' or 'dapo', got {loss_type!r}")
         if scale_rewards not in ("group", "batch", "none"):
             raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}")
-        self.reward_weights = torch.tensor(weights)
+        if steps_per_generation < 1 or (max_grad_norm is not None and max_grad_norm <= 0):
+            raise ValueError(
+                f"need steps_per_generation >= 1 and max_grad_norm > 0 (or None), got {steps_per_generation}, "
+                f"{max_grad_norm}"
+            )
+        self.automatic_optimization = False  # micro-batches: several backward passes per optimizer step
+        self.steps_per_generation = steps_per_generation
+        self.max_grad_norm = max_grad_norm
+        self.reward_weights = torch.tensor(weights, device="cpu")
         self.reward_names = [reward_name(f) for f in self.reward_funcs]
         self.num_generations = num_generations
         self.max_completion_length = max_completion_length
@@ -145,55 +159,40 @@ class ProxyGRPO(ProxySFT):
         self.skipped_batches = 0
 
     # ------------------------------------------------------------------ rollouts and rewards
-    @torch.no_grad()
-    def rollout(
-        self, input_ids: Tensor, attention_mask: Tensor, tries: Sequence[KGTrie] | None = None, greedy: bool = False
-    ) -> Tensor:
-        """Completions of left-padded prompts, group by group: ``num_generations`` samples per prompt (``(B * G, T)``
-        ids), or one greedy completion per prompt (``greedy=True``, how validation and test score the policy)."""
+    def rollout_config(self, greedy: bool = False) -> Any:
+        """The ``GenerationConfig`` of rollouts: every setting the sampling distribution depends on is set here
+        (``generate`` takes nothing from the checkpoint's own config, see :mod:`kglightning.llm.generation`)."""
         from transformers import GenerationConfig
 
-        sampling = {"temperature": self.temperature, "top_p": self.top_p, "top_k": 0}
-        config = GenerationConfig(
+        sampling = {"temperature": self.temperature, "top_p": self.top_p, "top_k": 0, "repetition_penalty": 1.0}
+        return GenerationConfig(
             max_new_tokens=self.max_completion_length,
             do_sample=not greedy,
             num_return_sequences=1 if greedy else self.num_generations,
             eos_token_id=self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id,
             bos_token_id=self.model.generation_config.bos_token_id,
-            **({} if greedy else sampling),
+            **({"repetition_penalty": 1.0} if greedy else sampling),
         )
-        out = self.run_generate(input_ids, attention_mask, config, tries)
+
+    @torch.no_grad()
+    def rollout(
+        self, input_ids: Tensor, attention_mask: Tensor, tries: Sequence[KGTrie] | None = None, greedy: bool = False
+    ) -> Tensor:
+        """Completions of left-padded prompts, group by group: ``num_generations`` samples per prompt (``(B * G, T)``
+        ids), or one greedy completion per prompt (``greedy=True``, how validation and test score the policy)."""
+        if input_ids.shape[0] == 0:  # an empty batch: no completion (the step still takes part in every collective)
+            return input_ids.new_zeros((0, 0))
+        out = self.run_generate(input_ids, attention_mask, self.rollout_config(greedy), tries)
         return out[:, input_ids.shape[1] :]
 
     def score(
         self, prompts: Sequence[str], completions: Sequence[str], completion_ids: Sequence[Sequence[int]], batch: dict
     ) -> Tensor:
-        """``(N, F)`` rewards of ``N`` completions under the ``F`` reward functions (NaN where a function gave None
-        or a non-finite value); ``batch``'s columns are repeated to one value per completion."""
-        n = len(completions)
-        per = n // max(len(prompts), 1)
-        columns = {
-            k: [v for v in values for _ in range(per)]
-            for k, values in batch.items()
-            if k not in _TENSOR_KEYS and isinstance(values, list)
-        }
-        out = torch.full((n, len(self.reward_funcs)), math.nan)
-        for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_names)):
-            values = list(
-                func(
-                    prompts=[p for p in prompts for _ in range(per)],
-                    completions=list(completions),
-                    completion_ids=[list(c) for c in completion_ids],
-                    **columns,
-                )
-            )
-            if len(values) != n:
-                raise ValueError(f"reward function {name!r} returned {len(values)} rewards for {n} completions")
-            for i, v in enumerate(values):
-                if v is not None and math.isfinite(float(v)):
-                    out[i, j] = float(v)
-        return out
+        """``(N, F)`` rewards of ``N`` completions under the ``F`` reward functions, on the module's device (see
+        :func:`~kglightning.modules.grpo_rollouts.score_completions`)."""
+        rows = score_completions(self.reward_funcs, self.reward_names, prompts, completions, completion_ids, batch)
+        return torch.tensor(rows, dtype=torch.float32, device=self.device).view(len(rows), len(self.reward_funcs))
 
     def _decode(self, ids: Tensor, mask: Tensor) -> tuple[list[list[int]], list[str]]:
         rows = [row[: int(m.sum())] for row, m in zip(ids.tolist(), mask)]
@@ -227,90 +226,157 @@ class ProxyGRPO(ProxySFT):
                 self.model.train(was_training)
         return token_log_probs(logits[:, :-1], input_ids[:, -width:], self.temperature)
 
-    def _rollout_rewards(self, batch: dict[str, Any], completions: Tensor, mask: Tensor) -> tuple[Tensor, list[str]]:
-        prompts = self.tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True)
+    def rollouts(self, batch: dict[str, Any], greedy: bool = False) -> Rollouts:
+        """Sample (or greedily decode) the batch's completions and score them (see :class:`Rollouts`)."""
+        prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
+        completions = self.rollout(prompt_ids, prompt_mask, batch.get("tries"), greedy=greedy)
+        mask = completion_mask(completions, self.tokenizer.eos_token_id)
+        prompts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=True)
         ids, texts = self._decode(completions, mask)
-        return self.score(prompts, texts, ids, batch), texts
-
-    def _log_rewards(
-        self, stage: str, per_func: Tensor, rewards: Tensor, texts: Sequence[str], lengths: Tensor
-    ) -> None:
-        size = len(texts)
-        prog = stage == "train"
-        on_step = stage == "train"
-        mean = torch.nanmean(rewards) if (~torch.isnan(rewards)).any() else torch.tensor(0.0)
-        self.log(
-            f"{stage}/reward", mean, batch_size=size, prog_bar=True, on_step=on_step, on_epoch=True, sync_dist=True
+        per_func = self.score(prompts, texts, ids, batch)
+        g = 1 if greedy else self.num_generations
+        return Rollouts(
+            input_ids=torch.cat([prompt_ids.repeat_interleave(g, 0), completions], dim=1),
+            attention_mask=torch.cat([prompt_mask.repeat_interleave(g, 0), mask], dim=1),
+            mask=mask,
+            per_func=per_func,
+            rewards=self._weighted(per_func),
+            texts=texts,
         )
-        for j, name in enumerate(self.reward_names):
-            col = per_func[:, j]
-            value = torch.nanmean(col) if (~torch.isnan(col)).any() else torch.tensor(0.0)
-            self.log(f"{stage}/rewards/{name}", value, batch_size=size, on_step=on_step, on_epoch=True, sync_dist=True)
-        invalid = sum(not parse_evidence(t, require_confidence=True).evidence for t in texts) / max(size, 1)
-        self.log(
-            f"{stage}/invalid_rate", float(invalid), batch_size=size, prog_bar=prog, on_step=on_step, on_epoch=True
-        )
-        self.log(f"{stage}/completion_length", lengths.float().mean(), batch_size=size, on_step=on_step, on_epoch=True)
 
     def _weighted(self, per_func: Tensor) -> Tensor:
         weights = self.reward_weights.to(per_func)
         rewards = (per_func * weights).nansum(dim=1)
         return torch.where(torch.isnan(per_func).all(dim=1), torch.full_like(rewards, math.nan), rewards)
 
+    # ------------------------------------------------------------------ statistics
+    def _reward_stats(self, roll: Rollouts) -> StepStats:
+        stats = StepStats(self.device)
+        scored = ~torch.isnan(roll.rewards)
+        stats.add("reward", roll.rewards[scored].sum(), scored.sum())
+        for j, name in enumerate(self.reward_names):
+            col = roll.per_func[:, j]
+            stats.add(f"rewards/{name}", col.nansum(), (~torch.isnan(col)).sum())
+        invalid = sum(not parse_evidence(t, require_confidence=True).evidence for t in roll.texts)
+        stats.add("invalid_rate", invalid, len(roll.texts))
+        stats.add("completion_length", roll.mask.sum(), len(roll.texts))
+        return stats
+
+    def _log_stats(self, stage: str, stats: StepStats, on_step: bool, sums: tuple[str, ...] = ()) -> None:
+        """Log global means (``sums``: global sums, added over the epoch) with their global counts as weights."""
+        for name, value in stats.reduce().items():
+            if name in sums:
+                self.log(f"{stage}/{name}", value.total, on_step=on_step, on_epoch=True, reduce_fx="sum")
+            elif value.count > 0:  # the same on every process: all of them log it, or none
+                self.log(
+                    f"{stage}/{name}",
+                    value.mean,
+                    batch_size=max(int(round(value.count)), 1),
+                    prog_bar=name in ("reward", "kl", "invalid_rate"),
+                    on_step=on_step,
+                    on_epoch=True,
+                )
+
     # ------------------------------------------------------------------ steps
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor | None:
-        prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
-        if prompt_ids.shape[0] == 0:  # an empty group of prompts: nothing to sample or learn from
+    def on_fit_start(self) -> None:
+        if self.trainer.accumulate_grad_batches != 1:  # Lightning refuses it first; this says what to do instead
+            raise ValueError(
+                "ProxyGRPO optimises once per rollout batch: raise the data's batch_size (and steps_per_generation "
+                "to bound memory) instead of accumulate_grad_batches"
+            )
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        """One GRPO update: rollouts, rewards and advantages, then the loss in ``steps_per_generation`` micro-batches
+        (each a policy forward and backward, gradients accumulated), then one optimizer step. Every process takes
+        part in the same collectives, also with an empty batch."""
+        if batch["input_ids"].shape[0] == 0:
             self.skipped_batches += 1
-            rank_zero_info(f"skipped empty GRPO batch {batch_idx} ({self.skipped_batches} so far)")
-            return None
-        g = self.num_generations
-        completions = self.rollout(prompt_ids, prompt_mask, batch.get("tries"))
-        mask = completion_mask(completions, self.tokenizer.eos_token_id)
-        per_func, texts = self._rollout_rewards(batch, completions, mask)
-        rewards = self._weighted(per_func)
-        advantages, std_zero = group_advantages(rewards.to(self.device), g, self.scale_rewards)
-        input_ids = torch.cat([prompt_ids.repeat_interleave(g, 0), completions], dim=1)
-        attention = torch.cat([prompt_mask.repeat_interleave(g, 0), mask], dim=1)
-        width = completions.shape[1]
-        log_probs = self.completion_log_probs(input_ids, attention, width)
-        ref = self.completion_log_probs(input_ids, attention, width, reference=True) if self.beta != 0 else None
-        items = mask.sum().float()
-        if self.loss_type == "dapo" and self._trainer is not None:
-            items = self.trainer.strategy.reduce(items, reduce_op="mean")  # global tokens / number of processes
-        out = grpo_loss(
-            log_probs,
-            log_probs.detach(),
-            advantages,
-            mask,
-            ref,
-            beta=self.beta,
-            epsilon=self.epsilon,
-            epsilon_high=self.epsilon_high,
-            loss_type=self.loss_type,
-            max_completion_length=self.max_completion_length,
-            num_items_in_batch=items,
-        )
-        size = len(texts)
-        self._log_rewards("train", per_func, rewards, texts, mask.sum(1))
-        finite = rewards[~torch.isnan(rewards)]
-        self.log("train/reward_std", finite.std() if finite.numel() > 1 else torch.tensor(0.0), batch_size=size)
-        self.log("train/loss", out.loss.detach(), batch_size=size, on_step=True, on_epoch=True)
-        self.log("train/kl", out.kl, batch_size=size, prog_bar=self.beta != 0, on_step=True, on_epoch=True)
-        self.log("train/clip_ratio", out.clip_ratio, batch_size=size)
-        self.log("train/frac_reward_zero_std", std_zero.float().mean(), batch_size=size)
-        self.log("train/unscorable", torch.isnan(rewards).float().sum(), batch_size=size, reduce_fx="sum")
-        return out.loss
+            rank_zero_info(f"empty GRPO batch {batch_idx} ({self.skipped_batches} so far): a zero update")
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        loss, stats = self.grpo_step(batch, self.manual_backward)
+        if self.max_grad_norm is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
+        optimizer.step()
+        for config in self.trainer.lr_scheduler_configs:
+            if config.interval == "step" and (self.trainer.global_step % config.frequency == 0):
+                config.scheduler.step()
+        self._log_stats("train", stats, on_step=True, sums=("unscorable",))
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        for config in self.trainer.lr_scheduler_configs:
+            if config.interval == "epoch" and (self.current_epoch + 1) % config.frequency == 0:
+                config.scheduler.step()
+
+    def grpo_step(self, batch: dict[str, Any], backward: Callable[[Tensor], None]) -> tuple[Tensor, StepStats]:
+        """Rollouts, advantages and the loss, ``backward`` called once per micro-batch; returns the batch's loss
+        (detached: the sum of the micro-batch losses) and its statistics (not yet reduced over processes)."""
+        roll = self.rollouts(batch)
+        n, width = roll.mask.shape
+        tokens = roll.mask.sum()
+        scored = ~torch.isnan(roll.rewards)
+        # what the loss needs from every process, in one collective (the same on every process: the config decides)
+        batch_std, items = None, tokens.float()
+        if self.scale_rewards == "batch" or self.loss_type == "dapo":
+            pre = StepStats(self.device)
+            values = roll.rewards[scored].double()
+            pre.add("rewards", values.sum(), scored.sum())
+            pre.add("squares", (values**2).sum(), 0)
+            pre.add("tokens", tokens, 0)
+            total = pre.reduce()
+            count, sums, squares = (
+                torch.tensor(v, dtype=torch.float64, device=self.device)
+                for v in (total["rewards"].count, total["rewards"].total, total["squares"].total)
+            )
+            batch_std = std_from_sums(count, sums, squares)
+            items = torch.tensor(total["tokens"].total / self._world_size(), device=self.device)  # TRL's dapo
+        advantages, std_zero = group_advantages(roll.rewards, self.num_generations, self.scale_rewards, batch_std)
+        loss_sum = torch.zeros((), device=self.device)
+        kl_sum, clip_sum = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
+        for rows in torch.arange(n, device=self.device).tensor_split(self.steps_per_generation):
+            if rows.numel() == 0:  # a backward all the same: under DDP every process reduces the same buckets
+                backward(sum((p * 0).sum() for p in self.parameters() if p.requires_grad))
+                continue
+            ids, attention, mask = roll.input_ids[rows], roll.attention_mask[rows], roll.mask[rows]
+            ref = self.completion_log_probs(ids, attention, width, reference=True) if self.beta != 0 else None
+            log_probs = self.completion_log_probs(ids, attention, width)
+            out = grpo_loss(
+                log_probs,
+                log_probs.detach(),
+                advantages[rows],
+                mask,
+                ref,
+                beta=self.beta,
+                epsilon=self.epsilon,
+                epsilon_high=self.epsilon_high,
+                loss_type=self.loss_type,
+                max_completion_length=self.max_completion_length,
+                num_items_in_batch=items,
+                num_sequences=n,
+                num_tokens=tokens,
+            )
+            backward(out.loss)
+            loss_sum = loss_sum + out.loss.detach()
+            kl_sum = kl_sum + out.kl * mask.sum()
+            clip_sum = clip_sum + out.clip_ratio * mask.sum()
+        stats = self._reward_stats(roll)
+        stats.add("reward_std", group_reward_std(roll.rewards, self.num_generations).sum(), n)  # TRL: mean group std
+        stats.add("loss", loss_sum, 1)  # the mean over processes of each process's loss
+        stats.add("kl", kl_sum, tokens)
+        stats.add("clip_ratio", clip_sum, tokens)
+        stats.add("frac_reward_zero_std", std_zero.float().sum(), n)
+        stats.add("unscorable", (~scored).sum(), 0)
+        return loss_sum, stats
+
+    @staticmethod
+    def _world_size() -> int:
+        initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
+        return torch.distributed.get_world_size() if initialised else 1
 
     def _eval_step(self, batch: dict[str, Any], batch_idx: int, stage: str) -> None:  # type: ignore[override]
         """One greedy completion per prompt (through the tries, if any), scored and logged under ``stage/``."""
-        prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
-        if prompt_ids.shape[0] == 0:
-            return
-        completions = self.rollout(prompt_ids, prompt_mask, batch.get("tries"), greedy=True)
-        mask = completion_mask(completions, self.tokenizer.eos_token_id)
-        per_func, texts = self._rollout_rewards(batch, completions, mask)
-        self._log_rewards(stage, per_func, self._weighted(per_func), texts, mask.sum(1))
+        self._log_stats(stage, self._reward_stats(self.rollouts(batch, greedy=True)), on_step=False)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]

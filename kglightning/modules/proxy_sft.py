@@ -28,6 +28,7 @@ from kglightning.datamodules.sft import ProxyPrompt, sft_tokenizer
 from kglightning.evidence.format import ParseResult, parse_evidence
 from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2, load_causal_lm
 from kglightning.llm.confidence_readout import ConfidenceReadout
+from kglightning.llm.generation import generate_exactly
 from kglightning.llm.lora import DEFAULT_TARGET_MODULES, LoRASettings
 from kglightning.llm.parsing import ParseStats
 from kglightning.llm.trie import KGTrie, KGTrieLogitsProcessor
@@ -166,15 +167,18 @@ class ProxySFT(L.LightningModule):
         size = batch["input_ids"].shape[0]
         self.log(f"{stage}/loss", self._loss(batch), batch_size=size, prog_bar=True, sync_dist=True)
         prompt = batch["prompt"]
-        if batch_idx >= self.val_generate_batches or prompt["input_ids"].shape[0] == 0:
+        if batch_idx >= self.val_generate_batches:
             return
-        texts, _ = self.generate_texts(prompt["input_ids"], prompt["attention_mask"], "greedy")
-        results = [parse_evidence(t, require_confidence=True) for t in texts]
-        valid = torch.tensor([float(r.ok) for r in results], device=self.device)
-        self.valid_rate[stage].update(valid)
-        self.malformed[stage].update(torch.tensor(float(sum(len(r.issues) for r in results)), device=self.device))
-        self.log(f"{stage}/evidence_valid_rate", self.valid_rate[stage], batch_size=len(texts), prog_bar=True)
-        self.log(f"{stage}/evidence_malformed", self.malformed[stage], batch_size=len(texts))
+        if prompt["input_ids"].shape[0]:  # a batch of QA examples only has no evidence prompt
+            texts, _ = self.generate_texts(prompt["input_ids"], prompt["attention_mask"], "greedy")
+            results = [parse_evidence(t, require_confidence=True) for t in texts]
+            valid = torch.tensor([float(r.ok) for r in results], device=self.device)
+            self.valid_rate[stage].update(valid)
+            issues = float(sum(len(r.issues) for r in results))
+            self.malformed[stage].update(torch.tensor(issues, device=self.device))
+        # logged by every process, also one without prompts here: under DDP the metrics' epoch-end sync is collective
+        self.log(f"{stage}/evidence_valid_rate", self.valid_rate[stage], prog_bar=True)
+        self.log(f"{stage}/evidence_malformed", self.malformed[stage])
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._eval_step(batch, batch_idx, "val")
@@ -265,7 +269,8 @@ class ProxySFT(L.LightningModule):
         was_training = self.model.training
         self.model.eval()
         try:
-            return self.model.generate(
+            return generate_exactly(
+                self.model,
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=config,

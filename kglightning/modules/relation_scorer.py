@@ -13,6 +13,7 @@ that :class:`~kglightning.data.embeddings.SentenceEncoder` (and so the UAG trave
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +28,9 @@ from torchmetrics.classification import BinaryAUROC
 
 from kglightning.data.embeddings import BUNDLED_MINILM, bundled_minilm_path
 
-__all__ = ["RelationScorer", "cosine_similarity_loss"]
+__all__ = ["RelationScorer", "cosine_similarity_loss", "freeze_unused_parameters"]
+
+log = logging.getLogger(__name__)
 
 Batch = dict[str, Any]
 
@@ -57,6 +60,29 @@ def _load_sentence_transformer(model: str, max_seq_length: int | None):
     return encoder
 
 
+def freeze_unused_parameters(encoder: Any) -> list[str]:
+    """Freeze the encoder's parameters that its sentence embedding does not use, and return their names.
+
+    BERT checkpoints carry a pooler layer that sentence-transformers' mean pooling never calls. DDP requires every
+    trainable parameter to receive a gradient ("parameters that were not used in producing the loss"), so a fine-tune
+    on several GPUs would stop at the first step. A probe forward in eval mode (no randomness) finds them.
+    """
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        named = [(n, p) for n, p in encoder.named_parameters() if p.requires_grad]
+        with torch.enable_grad():
+            emb = encoder(encoder.preprocess(["a probe", "of the encoder"]))["sentence_embedding"]
+            grads = torch.autograd.grad(emb.sum(), [p for _, p in named], allow_unused=True)
+    finally:
+        encoder.train(was_training)
+    unused = [n for (n, p), g in zip(named, grads) if g is None]
+    for name, param in named:
+        if name in unused:
+            param.requires_grad_(False)
+    return unused
+
+
 class RelationScorer(L.LightningModule):
     """A sentence-transformers encoder fine-tuned to score ``(Q || r_0..r_{j-1}, r_j)`` pairs.
 
@@ -72,6 +98,9 @@ class RelationScorer(L.LightningModule):
         warmup_ratio: share of the total steps with linear warmup; then linear decay to 0 (UAG's WarmupLinear).
         max_seq_length: truncate texts to this many tokens (``None``: the model's own limit).
         export_dir: where :meth:`on_fit_end` writes the fine-tuned encoder (``None``: not written).
+
+    Parameters the sentence embedding does not use (BERT's pooler) are frozen at construction (:attr:`frozen` lists
+    them), so that DDP, which needs a gradient for every trainable parameter, runs.
 
     Raises:
         FileNotFoundError: the model folder does not exist.
@@ -90,6 +119,11 @@ class RelationScorer(L.LightningModule):
         self.optimizer = optimizer
         self.encoder = _load_sentence_transformer(model, max_seq_length)
         self.encoder.train()  # SentenceTransformer loads in eval mode; Lightning keeps the modes it finds (dropout)
+        self.frozen = freeze_unused_parameters(self.encoder)
+        if self.frozen:
+            log.info(
+                "RelationScorer: froze %d parameters the embedding does not use: %s", len(self.frozen), self.frozen
+            )
         self.val_auc = BinaryAUROC()
         self.test_auc = BinaryAUROC()
 
@@ -124,7 +158,7 @@ class RelationScorer(L.LightningModule):
     def _eval_step(self, batch: Batch, stage: str, auc: BinaryAUROC) -> Tensor:
         loss, scores, labels = self._step(batch)
         auc.update(scores.detach(), labels.long())
-        self.log(f"{stage}/loss", loss, prog_bar=True, batch_size=labels.numel())
+        self.log(f"{stage}/loss", loss, prog_bar=True, batch_size=labels.numel(), sync_dist=True)
         self.log(f"{stage}/pair_auc", auc, prog_bar=True, on_step=False, on_epoch=True)
         return loss
 

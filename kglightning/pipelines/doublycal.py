@@ -53,10 +53,10 @@ VARIANTS: tuple[str, ...] = ("doublycal", "singlecal", "evidence_only", "llm_onl
 _MODE: dict[str, EvidenceMode] = {"doublycal": "with_confidence", "singlecal": "without_confidence", "llm_only": "none"}
 
 
-def _left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
     return ids, mask
 
 
@@ -144,12 +144,12 @@ class DoublyCalPipeline(L.LightningModule):
         for rec in records:
             text = self.proxy.prompt_format.evidence_prompt(tok, rec.question)
             rows.append(tok(text, add_special_tokens=False)["input_ids"])
-        ids, mask = _left_pad(rows, tok.pad_token_id)
+        ids, mask = _left_pad(rows, tok.pad_token_id, self.proxy.device)
         tries = None
         if self.trie is not None:
             kgs = kgs or [KGIndex.from_record(r) for r in records]
             tries = [self.trie.build(tok, kg, rec.q_entity) for rec, kg in zip(records, kgs)]
-        texts, _ = self.proxy.generate_texts(ids.to(self.proxy.device), mask.to(self.proxy.device), tries=tries)
+        texts, _ = self.proxy.generate_texts(ids, mask, tries=tries)
         k = len(texts) // len(records)
         return [texts[i * k : (i + 1) * k] for i in range(len(records))]
 

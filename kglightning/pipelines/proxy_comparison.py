@@ -62,7 +62,8 @@ def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
 
     if len(a) < 2 or len(set(a)) < 2 or len(set(b)) < 2:
         return math.nan
-    return float(spearman_corrcoef(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)))
+    x, y = (torch.tensor(v, dtype=torch.float64, device="cpu") for v in (a, b))
+    return float(spearman_corrcoef(x, y))
 
 
 def score_proxy(
@@ -173,7 +174,7 @@ def plot_confidence_targets(details: Mapping[str, Sequence[Mapping[str, Any]]], 
         pts = [(d["target"], d["stated"]) for d in rows if d["valid"]]
         if not pts:
             continue
-        jitter = torch.linspace(-0.008, 0.008, len(pts)).tolist()  # separates equal points; deterministic
+        jitter = torch.linspace(-0.008, 0.008, len(pts), device="cpu").tolist()  # separates equal points; deterministic
         xs = [x + j for (x, _), j in zip(pts, jitter)]
         ys = [y + (k - 0.5) * 0.01 for _, y in pts]
         rho = _spearman([y for _, y in pts], [x for x, _ in pts])

@@ -136,7 +136,7 @@ class SGICPipeline(L.LightningModule):
         dm = getattr(self.trainer, "datamodule", None)
         size = max(int(getattr(dm, "batch_size", 8) or 8), 1)
         total, count = self.engine.mean_confidence(self._predict_examples(), size, ("baseline", "sgic"))
-        stats = torch.tensor([total, float(count)], dtype=torch.float64)
+        stats = torch.tensor([total, float(count)], dtype=torch.float64, device=self.device)  # NCCL: on the device
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(stats)
         total, count = stats.tolist()

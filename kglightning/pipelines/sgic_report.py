@@ -31,10 +31,10 @@ def uncertainty_auroc(uncertainty: Sequence[float], correct: Sequence[float]) ->
     >>> uncertainty_auroc([10, 20, 80, 90], [1, 1, 0, 0]), uncertainty_auroc([10, 20], [1, 1])
     (1.0, None)
     """
-    labels = torch.tensor([c > 0 for c in correct], dtype=torch.long)
+    labels = torch.tensor([c > 0 for c in correct], dtype=torch.long, device="cpu")
     if labels.numel() == 0 or labels.min() == labels.max():
         return None
-    scores = 100.0 - torch.tensor(list(uncertainty), dtype=torch.float64)
+    scores = 100.0 - torch.tensor(list(uncertainty), dtype=torch.float64, device="cpu")
     return round(float(binary_auroc(scores, labels)), 4)
 
 

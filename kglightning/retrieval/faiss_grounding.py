@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from kglightning.data.devices import local_gpu
 from kglightning.data.embeddings import SentenceEncoder, UsesEmbeddings
 
 if TYPE_CHECKING:  # the grounder fills what llm.grounding returns; retrieval and llm share a floor
@@ -49,7 +50,8 @@ class FaissGrounder(UsesEmbeddings):
         encoder: the sentence encoder (default: the bundled all-MiniLM-L6-v2).
         cache_dir: where text embeddings are cached (default ``$KGLIGHTNING_CACHE/embeddings``).
         min_similarity: cosine similarity an answer needs with its nearest name to be grounded to it.
-        device: ``"auto"`` (GPU when faiss-gpu sees one), ``"cpu"`` or ``"cuda"``.
+        device: ``"auto"`` (GPU when faiss-gpu sees one), ``"cpu"`` or ``"cuda"``; on a GPU the index goes to this
+            process's GPU (:func:`~kglightning.data.devices.local_gpu`: the rank's under DDP).
         cache_size: how many indexes (distinct name lists) are kept.
         show_progress: progress bars while embedding.
 
@@ -106,7 +108,7 @@ class FaissGrounder(UsesEmbeddings):
         index = faiss.IndexFlatIP(vectors.shape[1])
         if self.on_gpu:
             self._gpu = getattr(self, "_gpu", None) or faiss.StandardGpuResources()
-            index = faiss.index_cpu_to_gpu(self._gpu, 0, index)
+            index = faiss.index_cpu_to_gpu(self._gpu, local_gpu(), index)  # this DDP process's GPU, not GPU 0
         index.add(vectors)
         self._indexes[key] = index
         while len(self._indexes) > self.cache_size:

@@ -10,8 +10,8 @@ first ``.item()``) raises, as the GPU run would.
 
 What counts as package code: the nearest caller frame that lies in ``kglightning`` (frames inside torch, torchmetrics
 and torch_geometric are looked through, so a torchmetrics ``Metric`` built by package code inside a hook is caught).
-Data preparation (``kglightning.data``, ``kglightning.datamodules``) builds CPU batches by design, before Lightning
-moves them, and is not trapped; neither is Lightning's own bookkeeping, nor test code.
+Data preparation (``kglightning.data``, ``kglightning.datamodules``, torch's ``default_collate``) builds CPU batches by
+design, before Lightning moves them, and is not trapped; neither is Lightning's own bookkeeping, nor test code.
 
 The trap is stricter than CUDA in one way: a 0-dim CPU tensor mixes with CUDA tensors, but not with a real one here.
 Package code follows the stricter rule (``DESIGN.md``, "Device discipline"): tensors take ``device=`` from their
@@ -80,6 +80,8 @@ class DeviceTrap(TorchFunctionMode):
         self.watch = None if watch is None else frozenset(watch)
         self.package = package + os.sep
         self.libraries = _library_folders()
+        # torch's data loading (default_collate) builds CPU batches by design, like the package's own data code
+        self.data_loading = os.path.join(_folder(torch), "utils", "data") + os.sep
         self.constructors = _device_constructors()
         self.sites: list[str] = []
 
@@ -91,7 +93,7 @@ class DeviceTrap(TorchFunctionMode):
                 part = name[len(self.package) :].split(os.sep)[0].removesuffix(".py")
                 watched = part in self.watch if self.watch is not None else part not in self.EXEMPT
                 return f"{name[len(self.package) :]}:{frame.f_lineno}" if watched else None
-            if not name.startswith(self.libraries):
+            if name.startswith(self.data_loading) or not name.startswith(self.libraries):
                 return None
             frame = frame.f_back
         return None

@@ -163,3 +163,19 @@ def test_response_prefix_and_repetition_penalty(tiny_backend, tiny_chat_model_di
     assert [g.text for g in many] != [g.text for g in base]
     with pytest.raises(ValueError, match="repetition_penalty"):
         LocalHFBackend(tiny_chat_model_dir, repetition_penalty=0.0)
+
+
+def test_device_and_dtype_default_to_the_process_accelerator(tiny_chat_model_dir, monkeypatch):
+    """``device="auto"``: the CPU here; on a machine with GPUs, this DDP process's GPU in bfloat16 (resolved, not
+    loaded: nothing runs on a GPU here), and the cache key names the dtype that really runs."""
+    cpu = LocalHFBackend(tiny_chat_model_dir, show_progress=False)
+    assert (cpu.resolved_device, cpu.resolved_dtype) == ("cpu", "float32") and cpu.cache_key.endswith(":float32")
+    named = LocalHFBackend(tiny_chat_model_dir, device="cpu", dtype="bfloat16", show_progress=False)
+    assert (named.resolved_device, named.resolved_dtype) == ("cpu", "bfloat16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    gpu = LocalHFBackend(tiny_chat_model_dir, show_progress=False)
+    assert (gpu.resolved_device, gpu.resolved_dtype) == ("cuda:1", "bfloat16") and gpu.cache_key.endswith(":bfloat16")

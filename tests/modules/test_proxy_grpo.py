@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 from functools import partial
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from kglightning.datamodules import ProxyGRPODataModule
@@ -158,17 +161,100 @@ def test_bad_rewards_and_empty_batches_never_crash_or_give_nan(tiny_chat_model_d
     )
     prompt = torch.tensor([module.tokenizer("capital of Peru?")["input_ids"]] * 2)
     batch = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt), "id": ["a", "b"]}
-    loss = module.training_step(batch, 0)
-    assert loss is not None and torch.isfinite(loss)
+    losses = []
+    loss, stats = module.grpo_step(batch, backward=lambda x: losses.append(x) or x.backward())
+    assert torch.isfinite(loss) and len(losses) == 1
+    assert stats.reduce()["unscorable"].total == 6  # 8 completions, 2 of them scored
     empty = {"input_ids": torch.zeros(0, 3, dtype=torch.long), "attention_mask": torch.zeros(0, 3), "id": []}
-    assert module.training_step(empty, 1) is None and module.skipped_batches == 1
+    losses.clear()
+    loss, stats = module.grpo_step(empty, backward=lambda x: losses.append(x) or x.backward())
+    # an empty batch still takes one backward per micro-batch (DDP reduces the same buckets on every process)
+    assert loss.item() == 0 and len(losses) == 1 and losses[0].item() == 0
+    assert stats.reduce()["reward"].count == 0
 
     def short(completions, **kwargs):
         return [1.0]
 
     module.reward_funcs, module.reward_names = [short], ["short"]
     with pytest.raises(ValueError, match="'short' returned 1 rewards for 8 completions"):
-        module.training_step(batch, 2)
+        module.grpo_step(batch, backward=lambda x: x.backward())
+
+
+def test_rollouts_sample_from_the_distribution_grpo_optimises(tiny_chat_model_dir):
+    """Under a checkpoint whose generation config samples otherwise (top_k 2, repetition penalty, temperature 0.3),
+    the rollouts' sampling log-probabilities equal the policy's forward-pass log-probabilities at the module's
+    temperature, which the GRPO loss uses."""
+    from transformers import GenerationConfig
+
+    from kglightning.modules.grpo_objective import completion_mask
+
+    module = ProxyGRPO(
+        model=tiny_chat_model_dir, lora=LORA, num_generations=4, max_completion_length=6, temperature=0.7
+    )
+    tok = module.tokenizer
+    base = module.model.get_base_model()
+    base.generation_config = GenerationConfig(
+        repetition_penalty=3.0, top_k=2, temperature=0.3, do_sample=True, no_repeat_ngram_size=1,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    prompt = torch.tensor([tok("capital of Peru?")["input_ids"]])
+    config = module.rollout_config()
+    config.update(output_scores=True, return_dict_in_generate=True)
+    torch.manual_seed(0)
+    out = module.run_generate(prompt, torch.ones_like(prompt), config)
+    completions = out.sequences[:, prompt.shape[1] :]
+    sampled = torch.log_softmax(torch.stack(out.scores, dim=1).float(), -1).gather(-1, completions[..., None])[..., 0]
+    mask = completion_mask(completions, tok.eos_token_id).bool()
+    ids = torch.cat([prompt.repeat(4, 1), completions], dim=1)
+    attention = torch.cat([torch.ones_like(prompt).repeat(4, 1), mask.long()], dim=1)
+    module.model.eval()
+    with torch.no_grad():
+        forward = module.completion_log_probs(ids, attention, completions.shape[1])
+    torch.testing.assert_close(sampled[mask], forward[mask], rtol=1e-4, atol=1e-4)
+
+
+def _ddp_worker():
+    here = str(Path(__file__).parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)  # spawned children inherit sys.path, so they can import it too
+    return importlib.import_module("_grpo_ddp_worker")
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_micro_batches_give_the_gradient_of_the_whole_batch(loss_type, tiny_chat_model_dir):
+    w = _ddp_worker()
+    whole = w.step(tiny_chat_model_dir, [0, 1], loss_type, "batch", micro=1)
+    split = w.step(tiny_chat_model_dir, [0, 1], loss_type, "batch", micro=3)  # 8 completions: 3 + 3 + 2
+    assert any(g.abs().max() > 0 for g in whole["grads"].values())
+    for name, g in whole["grads"].items():
+        torch.testing.assert_close(split["grads"][name], g, rtol=1e-4, atol=1e-7)
+    for name, value in whole["stats"].items():
+        assert split["stats"][name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
+
+
+@pytest.mark.timeout(600)
+def test_two_processes_give_the_global_statistics_and_gradients_of_one(tiny_chat_model_dir, tmp_path):
+    """TRL's semantics under DDP: ``scale_rewards="batch"`` divides by the std of every process's rewards, ``dapo``
+    by the global token count, and the logged statistics are global means."""
+    w = _ddp_worker()
+    expected = {config: w.step(tiny_chat_model_dir, [0, 1], *config) for config in w.CONFIGS}
+    assert expected[("dapo", "batch")]["stats"]["unscorable"] == 1
+    mp.spawn(w.stats_worker, args=(2, str(tmp_path / "init"), tiny_chat_model_dir, expected), nprocs=2, join=True)
+
+
+@pytest.mark.timeout(600)
+def test_an_empty_batch_on_one_process_neither_hangs_nor_splits_ddp(tiny_chat_model_dir, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    w = _ddp_worker()
+    mp.spawn(w.trainer_worker, args=(2, port, tiny_chat_model_dir, str(tmp_path)), nprocs=2, join=True)
+    first, second = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert first["step"] == second["step"] == 2 and (first["skipped"], second["skipped"]) == (0, 1)
+    for name, weight in first["weights"].items():
+        torch.testing.assert_close(second["weights"][name], weight, rtol=0, atol=0)
 
 
 def test_argument_checks(tiny_chat_model_dir):

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 from kglightning.data.embeddings import SentenceEncoder
 from kglightning.data.relation_pairs import RelationPair, collate_pairs
 from kglightning.modules import RelationScorer
+from kglightning.modules.relation_scorer import cosine_similarity_loss
 
 QUESTIONS = {
     "what is the capital of France?": "location country capital",
@@ -118,3 +119,13 @@ def test_forward_dedupes_repeated_texts(fitted):
 def test_missing_model_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="model folder not found"):
         RelationScorer(model=str(tmp_path / "nope"))
+
+
+def test_the_unused_pooler_is_frozen_so_ddp_can_run(tiny_encoder_dir):
+    """BERT's pooler is not part of a mean-pooled sentence embedding: left trainable it gets no gradient, and DDP stops
+    at the first step ("parameters that were not used in producing the loss")."""
+    module = RelationScorer(model=tiny_encoder_dir)
+    assert module.frozen and all(".pooler." in name for name in module.frozen)
+    loss = cosine_similarity_loss(module(["capital of France?"], ["location country capital"]), torch.tensor([1.0]))
+    loss.backward()
+    assert all(p.grad is not None for p in module.parameters() if p.requires_grad)

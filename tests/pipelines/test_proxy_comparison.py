@@ -97,3 +97,34 @@ def test_compare_proxies_command(tiny_chat_model_dir, tiny_sft_adapter, capitals
     assert "| sft | 6 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["compare-proxies", "--proxy", "no-equals-sign"])
+
+
+@pytest.mark.e2e
+def test_compare_proxies_under_ddp_scores_every_question_once(
+    tiny_chat_model_dir, tiny_sft_adapter, capitals_dir, tmp_path
+):
+    """On 2 DDP processes each predicts its shard; the table covers every question once and equals one process's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    args = [
+        sys.executable, "-m", "kglightning", "compare-proxies", "--config", str(root / "configs/proxy_grpo.yaml"),
+        "--proxy", f"sft={tiny_sft_adapter}", "--max_new_tokens", "8", "--model.init_args.model", tiny_chat_model_dir,
+        "--data.init_args.data_dir", capitals_dir, "--trainer.enable_progress_bar", "false",
+        "--trainer.accelerator", "cpu",
+    ]  # fmt: skip
+    env = dict(os.environ, KGLIGHTNING_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", PYTHONPATH=str(root))
+    results = {}
+    for name, extra in (("one", []), ("two", ["--trainer.strategy", "ddp", "--trainer.devices", "2"])):
+        out = tmp_path / name
+        cmd = [*args, *extra, "--output_dir", str(out)]
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        results[name] = json.loads((out / "proxy_comparison.json").read_text())
+        ids = [json.loads(line)["id"] for line in (out / "sft.jsonl").read_text().splitlines()]
+        assert len(ids) == len(set(ids)) == 6
+    assert results["two"]["sft"]["n_questions"] == 6
+    assert results["two"]["sft"] == pytest.approx(results["one"]["sft"], nan_ok=True)

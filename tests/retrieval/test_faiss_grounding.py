@@ -47,3 +47,27 @@ def test_entity_ids_empty_inputs_and_arguments(grounder):
         FaissGrounder(min_similarity=2.0)
     with pytest.raises(ValueError, match="device"):
         FaissGrounder(device="tpu")
+
+
+def test_on_a_gpu_the_index_goes_to_this_process_gpu(grounder, monkeypatch):
+    """Under DDP each process moves its index to its own GPU (LOCAL_RANK), not GPU 0. faiss-cpu has no GPU calls, so
+    the two faiss-gpu entry points are stood in for by recorders that keep the CPU index."""
+    import faiss
+
+    from kglightning.retrieval import faiss_grounding
+
+    moved_to = []
+
+    def to_gpu(resources, device, index):
+        moved_to.append(device)
+        return index
+
+    monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)
+    monkeypatch.setattr(faiss, "index_cpu_to_gpu", to_gpu, raising=False)
+    monkeypatch.setattr(faiss_grounding, "faiss_gpu_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    gpu = FaissGrounder(grounder.encoder, cache_dir=grounder.cache_dir, min_similarity=0.8, device="auto")
+    assert gpu.nearest(["Barak Obama"], NAMES)[0][0] == "Barack Obama"
+    assert moved_to == [1]

@@ -45,6 +45,7 @@ def test_data_preparation_is_exempt_and_watch_narrows_the_trap():
     assert trap.sites == []
 
 
+@pytest.mark.no_device_trap  # this test puts its own trap on the Trainer
 @pytest.mark.parametrize("leaky", [False, True])
 def test_the_callback_traps_every_hook_after_the_module_is_placed(leaky, tmp_path):
     import lightning as L

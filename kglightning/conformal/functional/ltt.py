@@ -76,10 +76,10 @@ def fixed_sequence(pvalues: Tensor | Sequence, delta: float, order: Tensor | Seq
     p = _pvalues(pvalues)
     K = p.shape[-1]
     if order is None:
-        perm = torch.arange(K)
+        perm = torch.arange(K, device=p.device)
     else:
-        perm = torch.as_tensor(order, dtype=torch.long)
-        if perm.shape != (K,) or not torch.equal(torch.sort(perm).values, torch.arange(K)):
+        perm = torch.as_tensor(order, dtype=torch.long, device=p.device)
+        if perm.shape != (K,) or not torch.equal(torch.sort(perm).values, torch.arange(K, device=p.device)):
             raise ValueError(f"order must be a permutation of range({K})")
     rejected_in_order = torch.cumprod((p[..., perm] <= delta).to(torch.int64), dim=-1).bool()
     out = torch.zeros_like(rejected_in_order)

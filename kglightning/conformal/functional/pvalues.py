@@ -60,8 +60,9 @@ def binomial_cdf(k: Tensor | Sequence | float, n: int, p: float) -> Tensor:
     check_level(p, "p")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    kf = torch.floor(torch.as_tensor(k, dtype=torch.float64))
-    j = torch.arange(n + 1, dtype=torch.float64)
+    kt = k.double() if isinstance(k, Tensor) else torch.as_tensor(k, dtype=torch.float64, device="cpu")
+    kf = torch.floor(kt)
+    j = torch.arange(n + 1, dtype=torch.float64, device=kf.device)
     logpmf = (
         math.lgamma(n + 1) - torch.lgamma(j + 1) - torch.lgamma(n - j + 1) + j * math.log(p) + (n - j) * math.log1p(-p)
     )

@@ -49,7 +49,7 @@ def ranks(s: QuestionScores) -> Tensor:
     """1-based rank of each candidate by score (ties: name order)."""
     order = torch.argsort(candidate_scores(s), stable=True)
     out = torch.empty_like(order)
-    out[order] = torch.arange(1, len(order) + 1)
+    out[order] = torch.arange(1, len(order) + 1, device=order.device)
     return out
 
 
@@ -64,7 +64,8 @@ class SplitCP:
         self.alpha: float | None = None
 
     def fit(self, pool: Sequence[QuestionScores], alpha: float) -> SplitCP:
-        cal = torch.tensor([_gold_stat(candidate_scores(s), s, self.coverage) for s in pool], dtype=torch.float64)
+        stats = [_gold_stat(candidate_scores(s), s, self.coverage) for s in pool]
+        cal = torch.tensor(stats, dtype=torch.float64, device="cpu")
         self.qhat, self.alpha = float(conformal_quantile(cal, alpha)), alpha
         return self
 
@@ -94,10 +95,10 @@ class TopK:
         self._abstained = False
 
     def fit(self, pool: Sequence[QuestionScores], alpha: float) -> TopK:
-        need = torch.tensor([_gold_stat(ranks(s).double(), s, self.coverage) for s in pool])
+        need = torch.tensor([_gold_stat(ranks(s).double(), s, self.coverage) for s in pool], device="cpu")
         finite = need[torch.isfinite(need)].sort().values
         target = (1 - alpha) * len(pool)
-        m = int(torch.ceil(torch.tensor(target - 1e-9)))  # questions that must be covered
+        m = int(torch.ceil(torch.tensor(target - 1e-9, device="cpu")))  # questions that must be covered
         self.alpha = alpha
         self._abstained = m > len(finite)
         self.k = None if self._abstained else max(1, int(finite[m - 1]) if m > 0 else 1)
@@ -111,7 +112,7 @@ class TopK:
         if self.alpha is None:
             raise RuntimeError("call fit() first")
         if self.k is None:
-            return torch.ones(s.num_entities, dtype=torch.bool)
+            return torch.ones(s.num_entities, dtype=torch.bool, device=s.expand.device)
         return ranks(s) <= self.k
 
     def summary(self) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def alpha_grid(step: float) -> Tensor:
         raise ValueError(f"grid step must be in (0, 1), got {step}")
     n = int(round(1.0 / step, 9) + 1e-9)
     n = n if n * step < 1 - 1e-9 else n - 1
-    return torch.round(torch.arange(n + 1, dtype=torch.float64) * step, decimals=10)
+    return torch.round(torch.arange(n + 1, dtype=torch.float64, device="cpu") * step, decimals=10)
 
 
 def paper_alpha_grid(step: float) -> Tensor:
@@ -63,13 +63,13 @@ def paper_alpha_grid(step: float) -> Tensor:
     if not 0 < step <= 1:
         raise ValueError(f"grid step must be in (0, 1], got {step}")
     n = int(1.0 / step + 1e-9)
-    return torch.round(torch.arange(1, n + 1, dtype=torch.float64) * step, decimals=10)
+    return torch.round(torch.arange(1, n + 1, dtype=torch.float64, device="cpu") * step, decimals=10)
 
 
 def component_thresholds(cal_scores: Tensor, alphas: Tensor) -> Tensor:
     """``q_c(alpha)`` for one component: ``+inf`` at ``alpha = 0`` (off), ``-inf`` at ``alpha = 1`` (admits
     nothing), else the exact split-conformal quantile."""
-    out = torch.full(alphas.shape, float("inf"), dtype=torch.float64)
+    out = torch.full(alphas.shape, float("inf"), dtype=torch.float64, device=alphas.device)
     out[alphas >= 1] = -float("inf")
     on = (alphas > 0) & (alphas < 1)
     if bool(on.any()):
@@ -81,7 +81,7 @@ def split_indices(n: int, fractions: Sequence[float], seed: int) -> list[Tensor]
     """A seeded partition of ``range(n)`` into parts of the given fractions (which must sum to 1)."""
     if len(fractions) != 3 or abs(sum(fractions) - 1) > 1e-6 or min(fractions) <= 0:
         raise ValueError(f"split_fractions must be 3 positive numbers summing to 1, got {list(fractions)}")
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed), device="cpu")
     a = int(round(fractions[0] * n))
     b = a + int(round(fractions[1] * n))
     parts = [perm[:a], perm[a:b], perm[b:]]

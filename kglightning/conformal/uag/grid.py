@@ -29,22 +29,23 @@ def grid_membership(scores: QuestionScores, q1: Tensor, q2: Tensor, q3: Tensor) 
         >>> m[:, :, :, 0].int().tolist()  # y needs q1 >= 0.5 (2nd hop) and q2 >= 0.1; x needs q2 >= 0.2
         [[[0, 1], [0, 1]], [[0, 0], [1, 1]]]
     """
-    A = scores.num_entities
+    A, device = scores.num_entities, scores.expand.device
     if A == 0:
-        return torch.zeros(0, len(q1), len(q2), len(q3), dtype=torch.bool)
+        return torch.zeros(0, len(q1), len(q2), len(q3), dtype=torch.bool, device=device)
     path_ok = (scores.expand[:, None, None] <= q1[None, :, None]) & (
         scores.path_score[:, None, None] <= q2[None, None, :]
     )
     p_idx, e_idx = scores.incidence
-    hits = torch.zeros(A, len(q1), len(q2), dtype=torch.int32)
+    hits = torch.zeros(A, len(q1), len(q2), dtype=torch.int32, device=device)
     hits.index_add_(0, e_idx, path_ok[p_idx].to(torch.int32))
     return (hits > 0)[..., None] & (scores.evaluator[:, None, None, None] <= q3[None, None, None, :])
 
 
 def _concat(scores: Sequence[QuestionScores]) -> tuple[Tensor, ...]:
     """The questions' scores as one graph: global entity ids, and each entity's question."""
-    ent_off = torch.tensor([0] + [s.num_entities for s in scores]).cumsum(0)
-    path_off = torch.tensor([0] + [len(s.paths) for s in scores]).cumsum(0)
+    device = scores[0].expand.device
+    ent_off = torch.tensor([0] + [s.num_entities for s in scores], device=device).cumsum(0)
+    path_off = torch.tensor([0] + [len(s.paths) for s in scores], device=device).cumsum(0)
     expand = torch.cat([s.expand for s in scores])
     path_score = torch.cat([s.path_score for s in scores])
     incidence = torch.cat(
@@ -52,7 +53,7 @@ def _concat(scores: Sequence[QuestionScores]) -> tuple[Tensor, ...]:
     )
     evaluator = torch.cat([s.evaluator for s in scores])
     gold = torch.cat([s.gold for s in scores])
-    owner = torch.repeat_interleave(torch.arange(len(scores)), ent_off[1:] - ent_off[:-1])
+    owner = torch.repeat_interleave(torch.arange(len(scores), device=device), ent_off[1:] - ent_off[:-1])
     return expand, path_score, incidence, evaluator, gold, owner
 
 
@@ -71,19 +72,20 @@ def grid_outcomes(
     is never covered. Questions are processed ``chunk_size`` at a time, each chunk in one vectorised pass.
     """
     n1, n2, n3 = len(q1), len(q2), len(q3)
-    covered = torch.zeros(n1 * n2 * n3, len(scores), dtype=torch.bool)
-    sizes = torch.zeros(n1 * n2 * n3, len(scores), dtype=torch.long)
+    covered = torch.zeros(n1 * n2 * n3, len(scores), dtype=torch.bool, device=q1.device)
+    sizes = torch.zeros(n1 * n2 * n3, len(scores), dtype=torch.long, device=q1.device)
     for lo in range(0, len(scores), chunk_size):
         chunk = scores[lo : lo + chunk_size]
         expand, path_score, incidence, evaluator, gold, owner = _concat(chunk)
         path_ok = (expand[:, None, None] <= q1[None, :, None]) & (path_score[:, None, None] <= q2[None, None, :])
-        hits = torch.zeros(len(evaluator), n1, n2, dtype=torch.int32)
+        hits = torch.zeros(len(evaluator), n1, n2, dtype=torch.int32, device=evaluator.device)
         hits.index_add_(0, incidence[1], path_ok[incidence[0]].to(torch.int32))
         member = ((hits > 0)[..., None] & (evaluator[:, None, None, None] <= q3)).reshape(len(evaluator), -1)
-        size = torch.zeros(len(chunk), member.shape[1], dtype=torch.long).index_add_(0, owner, member.long())
+        size = torch.zeros(len(chunk), member.shape[1], dtype=torch.long, device=member.device)
+        size.index_add_(0, owner, member.long())
         gold_in = torch.zeros_like(size).index_add_(0, owner[gold], member[gold].long())
-        n_gold = torch.tensor([s.n_gold for s in chunk])
-        pooled = torch.tensor([int(s.gold.sum()) for s in chunk])
+        n_gold = torch.tensor([s.n_gold for s in chunk], device=member.device)
+        pooled = torch.tensor([int(s.gold.sum()) for s in chunk], device=member.device)
         if coverage == "any":
             cov = gold_in > 0
         else:
@@ -96,5 +98,5 @@ def grid_outcomes(
 
 def members_at(scores: QuestionScores, q1: float, q2: float, q3: float) -> Tensor:
     """``(A,)`` bool: the set at one configuration of thresholds."""
-    t = [torch.tensor([q], dtype=torch.float32) for q in (q1, q2, q3)]
+    t = [torch.tensor([q], dtype=torch.float32, device=scores.expand.device) for q in (q1, q2, q3)]
     return grid_membership(scores, *t)[:, 0, 0, 0]

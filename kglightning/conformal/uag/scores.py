@@ -73,7 +73,7 @@ class QuestionScores:
 
     def entity_path_min(self, values: Tensor) -> Tensor:
         """Per entity, the minimum of a per-path ``values`` over the paths reaching it (``+inf`` if none)."""
-        out = torch.full((self.num_entities,), float("inf"), dtype=values.dtype)
+        out = torch.full((self.num_entities,), float("inf"), dtype=values.dtype, device=values.device)
         if self.incidence.numel():
             out = out.scatter_reduce(0, self.incidence[1], values[self.incidence[0]], reduce="amin")
         return out
@@ -90,7 +90,7 @@ class QuestionScores:
         )
         gold = per_entity[:, self.gold]
         if gold.shape[1] == 0 or (coverage == "all" and int(self.gold.sum()) < self.n_gold):
-            return torch.full((3,), float("inf"), dtype=per_entity.dtype)
+            return torch.full((3,), float("inf"), dtype=per_entity.dtype, device=per_entity.device)
         return gold.min(dim=1).values if coverage == "any" else gold.max(dim=1).values
 
 
@@ -110,20 +110,20 @@ def step_scores(
 ) -> Tensor:
     """Eq. 4 scores ``1 - cos(Q || prefix_i, relation_i)`` for aligned lists of prefixes and next relations."""
     if not prefixes:
-        return torch.zeros(0)
+        return torch.zeros(0, device="cpu")
     left = cache.embed([step_query_text(question, p) for p in prefixes])
     return cosine_distance(left, cache.embed([relation_text(r) for r in relations]))
 
 
 def path_scores(cache: EmbeddingCache, q_emb: Tensor, paths: Sequence[tuple[str, ...]]) -> Tensor:
     """Eq. 5 scores ``1 - cos(Q, path)`` of relation paths."""
-    return cosine_distance(cache.embed([path_text(p) for p in paths]), q_emb) if paths else torch.zeros(0)
+    return cosine_distance(cache.embed([path_text(p) for p in paths]), q_emb) if paths else torch.zeros(0, device="cpu")
 
 
 def evaluator_scores(cache: EmbeddingCache, entities: Sequence[str], question: str, llm_answer: str | None) -> Tensor:
     """Eq. 6 scores ``1 - cos(a, Phi)`` of candidate names; ``Phi`` is the LLM answer, or the question without one."""
     if not entities:
-        return torch.zeros(0)
+        return torch.zeros(0, device="cpu")
     anchor = llm_answer.strip() if llm_answer is not None and llm_answer.strip() else question
     return cosine_distance(cache.embed(entities), cache.embed([anchor])[0])
 
@@ -179,12 +179,18 @@ def score_question(
     steps = sorted({(p[:j], p[j]) for p in paths for j in range(len(p) - 1)})
     step_values = step_scores(cache, record.question, [s[0] for s in steps], [s[1] for s in steps]).tolist()
     step_of = dict(zip(steps, step_values))
+    # the traversal's scores live on the CPU, beside the embedding cache's vectors
     expand = torch.tensor(
         [max((step_of[(p[:j], p[j])] for j in range(len(p) - 1)), default=float("-inf")) for p in paths],
         dtype=torch.float32,
+        device="cpu",
     )
     pairs = [(i, eid[e]) for i, p in enumerate(paths) for e in sorted(walks[p])]
-    incidence = torch.tensor(pairs, dtype=torch.long).T if pairs else torch.zeros(2, 0, dtype=torch.long)
+    incidence = (
+        torch.tensor(pairs, dtype=torch.long, device="cpu").T
+        if pairs
+        else torch.zeros(2, 0, dtype=torch.long, device="cpu")
+    )
     gold_names = set(record.a_entity)
     return QuestionScores(
         qid=record.id,
@@ -194,7 +200,7 @@ def score_question(
         path_score=path_scores(cache, q_emb, paths),
         incidence=incidence.reshape(2, -1),
         evaluator=evaluator_scores(cache, entities, record.question, llm_answer),
-        gold=torch.tensor([e in gold_names for e in entities], dtype=torch.bool),
+        gold=torch.tensor([e in gold_names for e in entities], dtype=torch.bool, device="cpu"),
         n_gold=len(gold_names),
         llm_answer=llm_answer,
     )

@@ -17,7 +17,9 @@ from typing import Any, Literal
 
 import torch
 
+from kglightning.data.devices import resolve_device, resolve_dtype
 from kglightning.llm.backends.base import ChatMessage, Generation, GenerationParams, LLMBackend
+from kglightning.llm.generation import generate_exactly, plain_generation_config
 from kglightning.llm.trie.names import NameChoice, NameListLogitsProcessor
 
 __all__ = [
@@ -105,7 +107,7 @@ def load_causal_lm(
         dtype: weight dtype after loading.
         pad_token_id: pad id of the generation config (the tokenizer's); ``None`` keeps the checkpoint's.
     """
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
     folder, gguf = resolve_model(model, gguf_file)
     log.info("loading %s%s", folder, f" ({gguf})" if gguf else "")
@@ -113,10 +115,8 @@ def load_causal_lm(
         folder, dtype=getattr(torch, dtype), **({"gguf_file": gguf} if gguf else {})
     )
     gc = lm.generation_config
-    lm.generation_config = GenerationConfig(
-        bos_token_id=gc.bos_token_id,
-        eos_token_id=gc.eos_token_id,
-        pad_token_id=gc.pad_token_id if pad_token_id is None else pad_token_id,
+    lm.generation_config = plain_generation_config(
+        gc, pad_token_id=gc.pad_token_id if pad_token_id is None else pad_token_id
     )
     return lm
 
@@ -132,8 +132,10 @@ class LocalHFBackend(LLMBackend):
     Args:
         model: a local model folder, a ``.gguf`` file, or ``"bundled:smollm2"`` (the packaged SmolLM2-135M-Instruct).
         gguf_file: GGUF file name inside the ``model`` folder, if the weights are a GGUF file.
-        device: torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``...).
-        dtype: weight dtype after loading (GGUF weights are dequantised to it).
+        device: ``"auto"`` (this process's GPU when CUDA is available, else the CPU; under DDP each process its own,
+            see :func:`~kglightning.data.devices.resolve_device`), or a torch device (``"cpu"``, ``"cuda:1"``...).
+        dtype: weight dtype after loading (GGUF weights are dequantised to it); ``"auto"``: bfloat16 on a GPU that
+            supports it, float16 on an older one, float32 on the CPU.
         batch_size: conversations per ``generate`` call.
         show_progress: show a tqdm bar over conversations.
         cache_dir: optional folder of a :class:`~kglightning.llm.backends.cache.ResponseCache`.
@@ -149,8 +151,8 @@ class LocalHFBackend(LLMBackend):
         self,
         model: str = BUNDLED_SMOLLM2,
         gguf_file: str | None = None,
-        device: str = "cpu",
-        dtype: Literal["float32", "float16", "bfloat16"] = "float32",
+        device: str = "auto",
+        dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto",
         batch_size: int = 8,
         show_progress: bool = True,
         cache_dir: str | None = None,
@@ -200,7 +202,7 @@ class LocalHFBackend(LLMBackend):
     def cache_key(self) -> str:
         folder, gguf = resolve_model(self.model_name_or_path, self.gguf_file)
         where = self.model_name_or_path if self.model_name_or_path == BUNDLED_SMOLLM2 else os.path.abspath(folder)
-        key = f"local-hf:{where}:{gguf or ''}:{self.dtype}"
+        key = f"local-hf:{where}:{gguf or ''}:{self.resolved_dtype}"
         if self.chat_template is not None:  # another template, other prompts
             key += ":template-" + hashlib.sha256(self.chat_template.encode("utf-8")).hexdigest()[:12]
         if self.response_prefix:  # other prompts, other outputs
@@ -209,6 +211,16 @@ class LocalHFBackend(LLMBackend):
             key += f":rep-{self.repetition_penalty:g}"
         key += self._adapter_key
         return key
+
+    @property
+    def resolved_device(self) -> str:
+        """The device the model runs on (``device`` with ``"auto"`` resolved for this process)."""
+        return resolve_device(self.device)
+
+    @property
+    def resolved_dtype(self) -> str:
+        """The weight dtype (``dtype`` with ``"auto"`` resolved for :attr:`resolved_device`)."""
+        return resolve_dtype(self.dtype, self.resolved_device)
 
     # loading
 
@@ -223,12 +235,14 @@ class LocalHFBackend(LLMBackend):
         elif not getattr(tokenizer, "chat_template", None):
             log.warning("%s has no chat template; using plain 'role: content' lines", self.model_name_or_path)
             tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
-        model = load_causal_lm(self.model_name_or_path, self.gguf_file, self.dtype, tokenizer.pad_token_id)
+        device, dtype = self.resolved_device, self.resolved_dtype
+        log.info("%s runs on %s in %s", self.name, device, dtype)
+        model = load_causal_lm(self.model_name_or_path, self.gguf_file, dtype, tokenizer.pad_token_id)
         if self.adapter_path is not None:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, self.adapter_path).merge_and_unload()
-        model.to(self.device).eval()
+        model.to(device).eval()
         self._tokenizer, self._model = tokenizer, model
 
     @property
@@ -297,7 +311,8 @@ class LocalHFBackend(LLMBackend):
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         tokenizer, model = self.tokenizer, self.model
-        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        device = model.device
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         prompt_len = enc["input_ids"].shape[1]
         sample = params.temperature > 0
         config = GenerationConfig(
@@ -313,14 +328,14 @@ class LocalHFBackend(LLMBackend):
             output_logits=params.logprobs,
         )
         criteria = StoppingCriteriaList([_StopInCompletion(tokenizer, params.stop, prompt_len)] if params.stop else [])
-        cuda = torch.device(self.device).type == "cuda"
+        cuda = device.type == "cuda"
         with torch.random.fork_rng(devices=None if cuda else [], device_type="cuda"):
             torch.manual_seed(params.seed + batch_index)
             processors = LogitsProcessorList()
             if choices is not None:
                 processors.append(NameListLogitsProcessor(choices, tokenizer, sorted(self._eos_ids())))
-            out = model.generate(
-                **enc, generation_config=config, stopping_criteria=criteria, logits_processor=processors
+            out = generate_exactly(
+                model, **enc, generation_config=config, stopping_criteria=criteria, logits_processor=processors
             )
         logprobs = None
         if params.logprobs:

@@ -134,7 +134,7 @@ class TagVocab:
         return allow
 
     def _pad(self, mask: np.ndarray, width: int, device: torch.device) -> torch.Tensor:
-        out = torch.zeros(width, dtype=torch.bool)
+        out = torch.zeros(width, dtype=torch.bool, device=device)
         m = min(width, mask.size)
-        out[:m] = torch.from_numpy(mask[:m])
-        return out.to(device)
+        out[:m] = torch.from_numpy(mask[:m]).to(device)
+        return out

@@ -27,10 +27,10 @@ Norm = Literal["l1", "l2", "max"]
 def _as_inputs(
     conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool] | Sequence[float], soft: bool = False
 ) -> tuple[Tensor, Tensor]:
-    conf_t = torch.as_tensor(conf)
+    conf_t = conf if isinstance(conf, Tensor) else torch.as_tensor(conf, device="cpu")  # a tensor keeps its device
     if not conf_t.is_floating_point():
         conf_t = conf_t.to(torch.get_default_dtype())
-    correct_t = torch.as_tensor(correct)
+    correct_t = correct if isinstance(correct, Tensor) else torch.as_tensor(correct, device=conf_t.device)
     conf_t, correct_t = conf_t.reshape(-1), correct_t.reshape(-1)
     if conf_t.shape != correct_t.shape:
         raise ValueError(f"conf has {conf_t.numel()} values but correct has {correct_t.numel()}")
@@ -128,7 +128,7 @@ def expected_calibration_error(
     """
     conf_t, correct_t = _as_inputs(conf, correct)
     if conf_t.numel() == 0:
-        return torch.tensor(float("nan"))
+        return torch.tensor(float("nan"), device=conf_t.device)
     return binary_calibration_error(conf_t, correct_t.long(), n_bins=n_bins, norm=norm)
 
 
@@ -153,7 +153,7 @@ def brier_score(conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool]
     """
     conf_t, correct_t = _as_inputs(conf, correct)
     if conf_t.numel() == 0:
-        return torch.tensor(float("nan"))
+        return torch.tensor(float("nan"), device=conf_t.device)
     return ((conf_t - correct_t.to(conf_t.dtype)) ** 2).mean()
 
 

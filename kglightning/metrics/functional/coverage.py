@@ -61,7 +61,7 @@ def covered(pred_sets: SetsLike, gold_sets: SetsLike, mode: Mode = "any", normal
         p = {normalize(x) for x in pred} if normalized else set(pred)
         g = {normalize(x) for x in gold} if normalized else set(gold)
         out.append(bool(p & g) if mode == "any" else g <= p)
-    return torch.tensor(out, dtype=torch.bool)
+    return torch.tensor(out, dtype=torch.bool, device="cpu")  # from Python sets: the Metric moves it
 
 
 def set_sizes(pred_sets: SetsLike) -> Tensor:
@@ -73,7 +73,7 @@ def set_sizes(pred_sets: SetsLike) -> Tensor:
     """
     if isinstance(pred_sets, Tensor):
         return pred_sets.bool().sum(1)
-    return torch.tensor([len(set(p)) for p in pred_sets], dtype=torch.long)
+    return torch.tensor([len(set(p)) for p in pred_sets], dtype=torch.long, device="cpu")
 
 
 def set_coverage(pred_sets: SetsLike, gold_sets: SetsLike, mode: Mode = "any", normalized: bool = False) -> Tensor:
@@ -86,7 +86,7 @@ def set_coverage(pred_sets: SetsLike, gold_sets: SetsLike, mode: Mode = "any", n
         tensor(0.)
     """
     cov = covered(pred_sets, gold_sets, mode, normalized)
-    return cov.float().mean() if cov.numel() else torch.tensor(float("nan"))
+    return cov.float().mean() if cov.numel() else torch.tensor(float("nan"), device=cov.device)
 
 
 def average_set_size(pred_sets: SetsLike) -> Tensor:
@@ -99,4 +99,4 @@ def average_set_size(pred_sets: SetsLike) -> Tensor:
         tensor(1.5000)
     """
     sizes = set_sizes(pred_sets)
-    return sizes.float().mean() if sizes.numel() else torch.tensor(float("nan"))
+    return sizes.float().mean() if sizes.numel() else torch.tensor(float("nan"), device=sizes.device)

@@ -211,7 +211,7 @@ def answer_score_sums(
         scores = answer_scores(pred, ans, topk)
         sums = [s + scores[k] for s, k in zip(sums, ALL_KEYS)]
         n += 1
-    return torch.tensor(sums, dtype=torch.float64), n, skipped
+    return torch.tensor(sums, dtype=torch.float64, device="cpu"), n, skipped  # from strings: the Metric moves it
 
 
 def rog_answer_metrics(
