@@ -153,7 +153,9 @@ class ConformalCallback(Callback):
         if self.fit_on == "validation" and trainer.state.fn == "fit" and not trainer.sanity_checking:
             cs = pl_module.conformal_scores(batch)
             self._val_scores.append(cs.calibration_scores(self.coverage).detach().cpu())
-            self._val_keys.append(None if cs.keys is None else cs.keys.detach().long().cpu())
+            # keys name items within one loader: the loader's index keeps two loaders' items apart
+            keys = None if cs.keys is None else cs.keys.detach().long().cpu() + (dataloader_idx << 48)
+            self._val_keys.append(keys)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._val_scores:

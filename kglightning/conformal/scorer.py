@@ -29,7 +29,8 @@ class ConformalScores:
         mask: ``(N, C)`` bool, ``True`` for real candidates (``False`` = padding); ``None`` = all real.
         candidates: names of the ``C`` candidates when every item shares them (e.g. class names); sets are then
             reported by name, otherwise by candidate index.
-        keys: ``(N,)`` integer keys that name the items across processes (e.g. the item's index in its split);
+        keys: ``(N,)`` integer keys in ``[0, 2**48)`` that name the items of a loader across processes (e.g. the
+            item's index in its split);
             under DDP the calibration keeps one score per key, so the repeats a distributed sampler pads the last
             shard with do not enter the quantile. ``None``: no keys (the repeats then count).
 

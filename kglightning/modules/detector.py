@@ -9,6 +9,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.nn import functional as F
 from torchmetrics import Metric
@@ -55,8 +56,12 @@ class ScoreBuffer(Metric):
         probs = dim_zero_cat(self.probs)
         target = dim_zero_cat(self.target)
         keys = dim_zero_cat(self.keys) if len(self.keys) else None
-        if keys is None or keys.numel() != probs.numel():
+        if keys is None:
             return probs, target
+        if keys.numel() != probs.numel():
+            raise ValueError(
+                f"{keys.numel()} item keys for {probs.numel()} scores: give keys with every update or none"
+            )
         keep = unique_by_key(keys)
         return probs[keep], target[keep]
 
@@ -269,7 +274,13 @@ class HallucinationDetector(L.LightningModule):
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         _, probs = self._loss(batch, "val")
-        self.val_scores.update(probs, batch.y, answer_keys(batch))
+        keys = answer_keys(batch)
+        if keys is None and batch_idx == 0 and self.trainer.world_size > 1:
+            rank_zero_warn(
+                "validation batches carry no item_id: the items a distributed sampler repeats to pad the last shard "
+                "enter the tuned threshold (DetectionDataModule sets item_id)"
+            )
+        self.val_scores.update(probs, batch.y, keys)
 
     def on_validation_epoch_end(self) -> None:
         probs, target = self.val_scores.compute()

@@ -51,6 +51,7 @@ from kglightning.modules.grpo_objective import (
 )
 from kglightning.modules.grpo_rollouts import RewardFunc, Rollouts, reward_name, score_completions
 from kglightning.modules.grpo_stats import StepStats
+from kglightning.modules.manual_optimization import HandOptimized
 from kglightning.modules.proxy_sft import ProxySFT
 
 __all__ = ["ProxyGRPO", "RewardFunc", "Rollouts"]
@@ -58,7 +59,11 @@ __all__ = ["ProxyGRPO", "RewardFunc", "Rollouts"]
 REFERENCE = "reference"
 
 
-class ProxyGRPO(ProxySFT):
+STEP_ONLY = ("reward_std", "clip_ratio", "frac_reward_zero_std", "unscorable")
+"""Training statistics logged per step only (under their plain names, ``train/clip_ratio``...)."""
+
+
+class ProxyGRPO(HandOptimized, ProxySFT):
     """The evidence proxy refined by GRPO (see the module docstring); predicts and saves adapters like ProxySFT.
 
     Logs, per step (``train/``) and per validation epoch (``val/``, one greedy completion per prompt):
@@ -82,12 +87,15 @@ class ProxyGRPO(ProxySFT):
         loss_type: ``"grpo"`` (the paper's), ``"bnpo"``, ``"dr_grpo"`` or ``"dapo"`` (TRL's default).
         scale_rewards: ``"group"``, ``"batch"`` or ``"none"``; ``"batch"`` divides by the std of the rewards of
             every process (TRL's global batch).
-        steps_per_generation: micro-batches per rollout batch (TRL's name): the ``B * G`` completions of a step are
-            scored by the policy (and the reference) in this many forward/backward passes, with gradients
-            accumulated into one optimizer step, so peak memory falls with it and the update does not change.
-        max_grad_norm: clip the gradient norm to this before each step (TRL's name; ``None``: no clipping). The
-            module optimises by hand (one step per rollout batch), so the Trainer's ``gradient_clip_val`` and
-            ``accumulate_grad_batches`` do not apply: use these and a larger data ``batch_size``.
+        steps_per_generation: micro-batches per rollout batch (TRL's name, in TRL's default case where it equals
+            ``gradient_accumulation_steps``): the ``B * G`` completions of a step are scored by the policy (and the
+            reference) in this many forward/backward passes, with gradients accumulated into one optimizer step,
+            so peak memory falls with it and the update does not change.
+        max_grad_norm: clip the gradient norm to this before each step, after a mixed-precision scaler unscaled
+            the gradients (TRL's name; ``None``: no clipping). The module optimises by hand (one step per rollout
+            batch; schedulers are stepped as Lightning would, see :class:`~kglightning.modules.manual_optimization.
+            HandOptimized`), so the Trainer's ``gradient_clip_val`` and ``accumulate_grad_batches`` do not apply:
+            use these and a larger data ``batch_size``.
         **kwargs: :class:`~kglightning.modules.ProxySFT`'s arguments: ``model``, ``adapter_path`` (the SFT adapter:
             the start and the reference), ``lora`` (a fresh adapter's shape, without ``adapter_path``),
             ``save_adapter_dir``, ``optimizer`` (default AdamW with the paper's lr 1.41e-5), ``generation``
@@ -262,20 +270,26 @@ class ProxyGRPO(ProxySFT):
         stats.add("completion_length", roll.mask.sum(), len(roll.texts))
         return stats
 
-    def _log_stats(self, stage: str, stats: StepStats, on_step: bool, sums: tuple[str, ...] = ()) -> None:
-        """Log global means (``sums``: global sums, added over the epoch) with their global counts as weights."""
+    def _log_stats(self, stage: str, stats: StepStats, on_step: bool) -> None:
+        """Log global means, weighted by their global counts (``unscorable``: the global count itself).
+
+        Every key is logged at every step, on every process (a step with nothing to average logs 0 with weight 0, so
+        epoch means stay exact and a monitored ``val/reward`` always exists). The statistics of a single step
+        (``STEP_ONLY``) are logged per step only, under their plain names, as before.
+        """
         for name, value in stats.reduce().items():
-            if name in sums:
-                self.log(f"{stage}/{name}", value.total, on_step=on_step, on_epoch=True, reduce_fx="sum")
-            elif value.count > 0:  # the same on every process: all of them log it, or none
-                self.log(
-                    f"{stage}/{name}",
-                    value.mean,
-                    batch_size=max(int(round(value.count)), 1),
-                    prog_bar=name in ("reward", "kl", "invalid_rate"),
-                    on_step=on_step,
-                    on_epoch=True,
-                )
+            key, step_only = f"{stage}/{name}", on_step and name in STEP_ONLY
+            if name == "unscorable":
+                self.log(key, value.total, on_step=on_step, on_epoch=not step_only, reduce_fx="sum")
+                continue
+            self.log(
+                key,
+                value.mean if value.count else 0.0,
+                batch_size=int(round(value.count)),
+                prog_bar=name in ("reward", "kl", "invalid_rate"),
+                on_step=on_step,
+                on_epoch=not step_only,
+            )
 
     # ------------------------------------------------------------------ steps
     def on_fit_start(self) -> None:
@@ -295,19 +309,10 @@ class ProxyGRPO(ProxySFT):
         optimizer = self.optimizers()
         optimizer.zero_grad()
         loss, stats = self.grpo_step(batch, self.manual_backward)
-        if self.max_grad_norm is not None:
-            self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
-        optimizer.step()
-        for config in self.trainer.lr_scheduler_configs:
-            if config.interval == "step" and (self.trainer.global_step % config.frequency == 0):
-                config.scheduler.step()
-        self._log_stats("train", stats, on_step=True, sums=("unscorable",))
+        optimizer.step()  # clips to max_grad_norm first (on_before_optimizer_step, after unscaling)
+        self.step_schedulers("step")
+        self._log_stats("train", stats, on_step=True)
         return loss
-
-    def on_train_epoch_end(self) -> None:
-        for config in self.trainer.lr_scheduler_configs:
-            if config.interval == "epoch" and (self.current_epoch + 1) % config.frequency == 0:
-                config.scheduler.step()
 
     def grpo_step(self, batch: dict[str, Any], backward: Callable[[Tensor], None]) -> tuple[Tensor, StepStats]:
         """Rollouts, advantages and the loss, ``backward`` called once per micro-batch; returns the batch's loss

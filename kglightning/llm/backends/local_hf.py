@@ -328,8 +328,12 @@ class LocalHFBackend(LLMBackend):
             output_logits=params.logprobs,
         )
         criteria = StoppingCriteriaList([_StopInCompletion(tokenizer, params.stop, prompt_len)] if params.stop else [])
-        cuda = device.type == "cuda"
-        with torch.random.fork_rng(devices=None if cuda else [], device_type="cuda"):
+        # fork the random state of this process's GPU only: forking every visible GPU would open a CUDA context on
+        # each of them from every DDP process
+        gpus = (
+            [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+        )
+        with torch.random.fork_rng(devices=gpus, device_type="cuda"):
             torch.manual_seed(params.seed + batch_index)
             processors = LogitsProcessorList()
             if choices is not None:
