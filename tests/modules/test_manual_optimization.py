@@ -51,7 +51,10 @@ def test_max_grad_norm_clips_unscaled_gradients_under_an_fp16_scaler(tiny_chat_m
     from lightning.pytorch.plugins.precision import MixedPrecision
 
     seen = {}
-    for name, plugins in (("fp32", []), ("scaled", [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=1024.0))])):
+    for name, plugins in (
+        ("fp32", []),
+        ("scaled", [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=1024.0))]),
+    ):
         module = _module(tiny_chat_model_dir, GradNorm, max_grad_norm=1e-3)
         _trainer(tmp_path, max_steps=1, plugins=plugins).fit(module, _loader(module, 1))
         seen[name] = module.norms[0]
