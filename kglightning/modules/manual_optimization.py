@@ -9,6 +9,7 @@ gradients), and reads the optimizer-step counter of checkpoints written while th
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import lightning as L
@@ -71,6 +72,12 @@ def scheduler_specs(optim_conf: Any) -> list[dict[str, Any]]:
     return []
 
 
+def _recording(module: Any, configure: Any) -> Any:
+    out = configure()
+    module._scheduler_specs = scheduler_specs(out)
+    return out
+
+
 class HandOptimized(L.LightningModule):
     """Mixin for hand-optimised modules: learning-rate schedulers, gradient clipping (``max_grad_norm``), and the
     step counter of older checkpoints.
@@ -87,15 +94,10 @@ class HandOptimized(L.LightningModule):
     def setup(self, stage: str) -> None:
         super().setup(stage)
         self._scheduler_specs: list[dict[str, Any]] = []
+        # Lightning calls configure_optimizers after setup and drops the schedulers' keys: record them on the way
         configure = self.__dict__.get("_configure_optimizers", self.configure_optimizers)  # once, on repeated fits
         self._configure_optimizers = configure
-
-        def recording() -> Any:  # Lightning calls configure_optimizers after setup; keep what it will drop
-            out = configure()
-            self._scheduler_specs = scheduler_specs(out)
-            return out
-
-        self.configure_optimizers = recording  # type: ignore[method-assign]
+        self.configure_optimizers = functools.partial(_recording, self, configure)  # type: ignore[method-assign]
 
     def step_schedulers(self, interval: str) -> None:
         """Step the schedulers configured for ``interval`` (``"step"`` or ``"epoch"``), as Lightning would."""
