@@ -8,8 +8,8 @@ them on the test split (``baselines:``), and the detector's test table lists the
   ``G`` (question and subgraph as a triple list), ``G+RS`` (plus the answering LLM's reasoning summary) and
   ``G+RS+RT`` (plus its reasoning triples), read from ``record.extra["reasoning_summary"]`` and
   ``["reasoning_triples"]``. The verdict is parsed leniently (``yes``/``no``, ``correct``/``incorrect``,
-  ``true``/``false``, ``supported``/``unsupported``, first one wins); an answer without a verdict scores 0.5 and is
-  counted in ``counts["malformed"]``. PyG's ``torch_geometric.llm.models.LLMJudge`` grades a prediction against the
+  ``true``/``false``, ``supported``/``unsupported``, first one wins, "not correct" and "isn't supported" read as no,
+  see :func:`parse_verdict`); an answer without a verdict scores 0.5 and is counted in ``counts["malformed"]``. PyG's ``torch_geometric.llm.models.LLMJudge`` grades a prediction against the
   gold answer through NVIDIA NIM; a hallucination judge must not see the gold answer, so it is written here.
 * :class:`SelfCheck` draws ``samples`` answers from the answering method at temperature 1 and scores a node by the
   fraction of samples that do not contain it (Manakul et al., 2023, adapted to node sets as in KG-Guard).
@@ -36,19 +36,37 @@ __all__ = ["LLMJudge", "SelfCheck", "parse_verdict"]
 
 log = logging.getLogger(__name__)
 
-_VERDICT = re.compile(r"\b(yes|no|correct|incorrect|true|false|supported|unsupported|not supported)\b", re.I)
-_NEGATIVE = {"no", "incorrect", "false", "unsupported", "not supported"}
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+_POSITIVE = {"yes", "correct", "true", "supported", "right"}
+_NEGATIVE = {"no", "incorrect", "false", "unsupported", "wrong", "unsupportable"}
+_NEGATORS = {"not", "never", "cannot", "hardly", "isnt", "wasnt", "arent", "doesnt", "dont", "cant", "wont"}
+_AUX = {"is", "was", "are", "were", "does", "do", "did", "can", "could", "would", "should", "has", "have", "had"}
+_NEGATION_WINDOW = 3  # "is not entirely correct": a negator at most this many words before the verdict word
 
 
 def parse_verdict(text: str) -> bool | None:
     """``True`` when the text says the answer is supported, ``False`` when not, ``None`` without a verdict.
 
+    The first verdict word decides (``yes``/``no``, ``correct``/``incorrect``, ``true``/``false``,
+    ``supported``/``unsupported``, ``right``/``wrong``), so "Incorrect. The correct answer is ..." is a no. A positive
+    word with a negation shortly before it ("not correct", "isn't supported", "is not entirely true") is a no.
+    One pass over the words: linear in the text.
+
     Example:
         >>> parse_verdict("Yes."), parse_verdict("The answer is incorrect"), parse_verdict("maybe")
         (True, False, None)
+        >>> parse_verdict("The proposed answer is not correct."), parse_verdict("It isn't supported by the graph")
+        (False, False)
     """
-    match = _VERDICT.search(text)
-    return None if match is None else match.group(1).lower() not in _NEGATIVE
+    words = _WORD.findall(text.lower().replace("\u2019", "'"))
+    for i, word in enumerate(words):
+        if word in _NEGATIVE:
+            return False
+        if word in _POSITIVE:
+            before = [w.replace("'", "") for w in words[max(0, i - _NEGATION_WINDOW) : i]]
+            negated = word != "yes" and any(w in _NEGATORS or w.endswith("nt") and w[:-2] in _AUX for w in before)
+            return not negated
+    return None
 
 
 class LLMJudge(AnswerNodeScorer):

@@ -54,6 +54,19 @@ class Scripted(LLMBackend):
         ("Nope", None),
         ("", None),
         ("yesterday", None),
+        # negated positives (read as "supported" before)
+        ("The proposed answer is not correct.", False),
+        ("Not true", False),
+        ("It isn't supported by the knowledge graph.", False),
+        ("It isn\u2019t supported.", False),
+        ("The answer is not entirely correct", False),
+        ("That cannot be right", False),
+        ("No, the capital is Paris.", False),
+        # both words: the first verdict decides
+        ("Incorrect. The correct answer is Lyon.", False),
+        ("Yes, it is not incorrect", True),
+        ("Correct, and it is supported.", True),
+        ("It is true.", True),
     ],  # fmt: skip
 )
 def test_parse_verdict(text, verdict):
