@@ -37,7 +37,7 @@ __all__ = ["LLMJudge", "SelfCheck", "parse_verdict"]
 log = logging.getLogger(__name__)
 
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
-_POSITIVE = {"yes", "correct", "true", "supported", "right"}
+_POSITIVE = {"yes", "correct", "true", "supported"}  # not "right": "the right answer is X" is no verdict
 _NEGATIVE = {"no", "incorrect", "false", "unsupported", "wrong", "unsupportable"}
 _NEGATORS = {"not", "never", "cannot", "hardly", "isnt", "wasnt", "arent", "doesnt", "dont", "cant", "wont"}
 _AUX = {"is", "was", "are", "were", "does", "do", "did", "can", "could", "would", "should", "has", "have", "had"}
@@ -48,7 +48,7 @@ def parse_verdict(text: str) -> bool | None:
     """``True`` when the text says the answer is supported, ``False`` when not, ``None`` without a verdict.
 
     The first verdict word decides (``yes``/``no``, ``correct``/``incorrect``, ``true``/``false``,
-    ``supported``/``unsupported``, ``right``/``wrong``), so "Incorrect. The correct answer is ..." is a no. A positive
+    ``supported``/``unsupported``, or ``wrong``), so "Incorrect. The correct answer is ..." is a no. A positive
     word with a negation shortly before it ("not correct", "isn't supported", "is not entirely true") is a no.
     One pass over the words: linear in the text.
 

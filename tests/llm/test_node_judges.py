@@ -60,7 +60,9 @@ class Scripted(LLMBackend):
         ("It isn't supported by the knowledge graph.", False),
         ("It isn\u2019t supported.", False),
         ("The answer is not entirely correct", False),
-        ("That cannot be right", False),
+        ("That cannot be true", False),
+        ("The right answer is Paris", None),
+        ("Wrong.", False),
         ("No, the capital is Paris.", False),
         # both words: the first verdict decides
         ("Incorrect. The correct answer is Lyon.", False),
