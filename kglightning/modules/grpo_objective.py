@@ -15,6 +15,7 @@ can reuse one piece. Names and meanings follow ``trl.GRPOConfig``/``trl.GRPOTrai
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,13 +76,9 @@ def token_log_probs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Te
     return picked - normalisers
 
 
-def group_reward_std(rewards: Tensor, num_generations: int) -> Tensor:
-    """Per completion, the (unbiased) standard deviation of its group's scorable rewards (0 for fewer than two).
-
-    Example:
-        >>> group_reward_std(torch.tensor([1.0, 3.0, 2.0, float("nan")]), 2)
-        tensor([1.4142, 1.4142, 0.0000, 0.0000])
-    """
+def _group_moments(rewards: Tensor, num_generations: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(grouped, valid, mean, std)``: the rewards as ``(groups, G)``, their non-NaN mask, and each group's mean and
+    unbiased std over its scorable rewards (``(groups, 1)``; std 0 for fewer than two)."""
     if num_generations < 1 or rewards.numel() % num_generations:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {num_generations}")
     grouped = rewards.float().view(-1, num_generations)
@@ -91,11 +88,25 @@ def group_reward_std(rewards: Tensor, num_generations: int) -> Tensor:
     mean = filled.sum(dim=1, keepdim=True) / count.clamp(min=1)
     # unbiased std as torch.std (and TRL's nanstd); a single valid reward has std 0
     sq = torch.where(valid, (grouped - mean) ** 2, torch.zeros_like(grouped)).sum(dim=1, keepdim=True)
-    return torch.sqrt(sq / (count - 1).clamp(min=1)).expand_as(grouped).reshape(-1)
+    return grouped, valid, mean, torch.sqrt(sq / (count - 1).clamp(min=1))
+
+
+def group_reward_std(rewards: Tensor, num_generations: int) -> Tensor:
+    """Per completion, the (unbiased) standard deviation of its group's scorable rewards (0 for fewer than two).
+
+    Example:
+        >>> group_reward_std(torch.tensor([1.0, 3.0, 2.0, float("nan")]), 2)
+        tensor([1.4142, 1.4142, 0.0000, 0.0000])
+    """
+    grouped, _, _, std = _group_moments(rewards, num_generations)
+    return std.expand_as(grouped).reshape(-1)
 
 
 def group_advantages(
-    rewards: Tensor, num_generations: int, scale_rewards: ScaleRewards = "group", batch_std: Tensor | None = None
+    rewards: Tensor,
+    num_generations: int,
+    scale_rewards: ScaleRewards = "group",
+    batch_std: Tensor | float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Group-relative advantages of ``rewards`` laid out group by group (``num_generations`` per prompt).
 
@@ -103,8 +114,9 @@ def group_advantages(
         rewards: ``(N,)`` with ``N`` a multiple of ``num_generations``; NaN marks an unscorable completion.
         num_generations: completions per prompt (``G``).
         scale_rewards: divide by the group's std (``"group"``), the batch's std (``"batch"``), or not (``"none"``).
-        batch_std: the std that ``"batch"`` divides by; default the std of this batch's scorable rewards. Under DDP
-            pass the std of the global batch (TRL's semantics), e.g. from :func:`std_from_sums`.
+        batch_std: the std that ``"batch"`` divides by (a float or 0-dim tensor); default the std of this batch's
+            scorable rewards. Under DDP pass the std of the global batch (TRL's semantics), e.g. from
+            :func:`std_from_sums`.
 
     Returns:
         ``(advantages, std_is_zero)``: advantages (0 for NaN rewards) and, per completion, whether its group's
@@ -119,11 +131,8 @@ def group_advantages(
     """
     if scale_rewards not in ("group", "batch", "none"):
         raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}")
-    std = group_reward_std(rewards, num_generations)
-    grouped = rewards.float().view(-1, num_generations)
-    valid = ~torch.isnan(grouped)
-    filled = torch.where(valid, grouped, torch.zeros_like(grouped))
-    mean = filled.sum(dim=1, keepdim=True) / valid.sum(dim=1, keepdim=True).clamp(min=1)
+    grouped, valid, mean, group_std = _group_moments(rewards, num_generations)
+    std = group_std.expand_as(grouped).reshape(-1)
     advantages = torch.where(valid, grouped - mean, torch.zeros_like(grouped)).reshape(-1)
     std_is_zero = torch.isclose(std, torch.zeros_like(std))
     if scale_rewards == "group":
@@ -132,24 +141,22 @@ def group_advantages(
         if batch_std is None:
             flat = rewards.float()[~torch.isnan(rewards)]
             batch_std = flat.std() if flat.numel() > 1 else torch.zeros((), device=rewards.device)
-        advantages = advantages / (batch_std.to(advantages) + 1e-4)
+        advantages = advantages / (torch.as_tensor(batch_std, device=advantages.device).to(advantages) + 1e-4)
     return advantages, std_is_zero
 
 
-def std_from_sums(count: Tensor, total: Tensor, squares: Tensor) -> Tensor:
+def std_from_sums(count: float, total: float, squares: float) -> float:
     """The unbiased standard deviation of values given their count, sum and sum of squares (0 for ``count < 2``);
     sums of this kind add up across processes, so one ``all_reduce`` gives the global std.
 
     Example:
         >>> values = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
-        >>> round(std_from_sums(torch.tensor(3.0), values.sum(), (values**2).sum()).item(), 6), round(values.std().item(), 6)
+        >>> round(std_from_sums(3, values.sum().item(), (values**2).sum().item()), 6), round(values.std().item(), 6)
         (1.527525, 1.527525)
     """
-    count = count.double()
-    if float(count) < 2:
-        return torch.zeros((), dtype=torch.float64, device=count.device)
-    var = (squares.double() - total.double() ** 2 / count) / (count - 1)
-    return var.clamp(min=0).sqrt()
+    if count < 2:
+        return 0.0
+    return math.sqrt(max((squares - total**2 / count) / (count - 1), 0.0))
 
 
 def per_token_kl(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:

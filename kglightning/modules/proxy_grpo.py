@@ -328,14 +328,10 @@ class ProxyGRPO(HandOptimized, ProxySFT):
             values = roll.rewards[scored].double()
             pre.add("rewards", values.sum(), scored.sum())
             pre.add("squares", (values**2).sum(), 0)
-            pre.add("tokens", tokens, 0)
+            pre.add("tokens", tokens, 1)  # its mean over processes: global tokens / processes, TRL's dapo normaliser
             total = pre.reduce()
-            count, sums, squares = (
-                torch.tensor(v, dtype=torch.float64, device=self.device)
-                for v in (total["rewards"].count, total["rewards"].total, total["squares"].total)
-            )
-            batch_std = std_from_sums(count, sums, squares)
-            items = torch.tensor(total["tokens"].total / self._world_size(), device=self.device)  # TRL's dapo
+            batch_std = std_from_sums(total["rewards"].count, total["rewards"].total, total["squares"].total)
+            items = torch.tensor(total["tokens"].mean, device=self.device)
         advantages, std_zero = group_advantages(roll.rewards, self.num_generations, self.scale_rewards, batch_std)
         loss_sum = torch.zeros((), device=self.device)
         kl_sum, clip_sum = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
@@ -373,11 +369,6 @@ class ProxyGRPO(HandOptimized, ProxySFT):
         stats.add("frac_reward_zero_std", std_zero.float().sum(), n)
         stats.add("unscorable", (~scored).sum(), 0)
         return loss_sum, stats
-
-    @staticmethod
-    def _world_size() -> int:
-        initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
-        return torch.distributed.get_world_size() if initialised else 1
 
     def _eval_step(self, batch: dict[str, Any], batch_idx: int, stage: str) -> None:  # type: ignore[override]
         """One greedy completion per prompt (through the tries, if any), scored and logged under ``stage/``."""

@@ -49,16 +49,10 @@ def _folder(module: Any) -> str:
 
 
 def _library_folders() -> tuple[str, ...]:
+    import torch_geometric
     import torchmetrics
 
-    folders = [_folder(torch), _folder(torchmetrics)]
-    try:
-        import torch_geometric
-
-        folders.append(_folder(torch_geometric))
-    except ImportError:  # pragma: no cover - torch_geometric is a dependency
-        pass
-    return tuple(f + os.sep for f in folders)
+    return tuple(_folder(module) + os.sep for module in (torch, torchmetrics, torch_geometric))
 
 
 class DeviceTrap(TorchFunctionMode):
