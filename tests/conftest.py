@@ -293,14 +293,20 @@ def scripted_sgic():
 
 @pytest.fixture
 def sgic_passages_dir(tmp_path):
-    """train/validation/test passage files with one France and one Japan question."""
-    rows = [
-        {"id": "fr", "question": "capital of France?", "answer": "Paris",
-         "context": ["France capital Paris", "France borders Spain"]},
-        {"id": "jp", "question": "capital of Japan?", "answer": ["Tokyo"], "context": ["Japan capital Tokyo"]},
-    ]  # fmt: skip
+    """train/validation/test passage files with one France and one Japan question each.
+
+    The splits differ: train and validation carry no ids (so each gets ``<split>:line-<n>``) and hold their questions
+    in opposite orders and wordings, so that anything keyed by line or id across splits shows; test has ids."""
+    fr = {"question": "capital of France?", "answer": "Paris", "context": ["France capital Paris", "France borders Spain"]}
+    jp = {"question": "capital of Japan?", "answer": ["Tokyo"], "context": ["Japan capital Tokyo"]}
+    splits = {
+        "train": [fr, jp],
+        "validation": [{**jp, "question": "Which city is the capital of Japan?"},
+                       {**fr, "question": "Which city is the capital of France?"}],
+        "test": [{"id": "fr", **fr}, {"id": "jp", **jp}],
+    }  # fmt: skip
     folder = tmp_path / "passages"
     folder.mkdir()
-    for split in ("train", "validation", "test"):
+    for split, rows in splits.items():
         (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(folder)

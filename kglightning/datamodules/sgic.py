@@ -46,7 +46,7 @@ class SGICDataModule(KGQADataModule):
         if split not in self._passages:
             path, name = self.files()[split]
             self._passages[split] = read_passage_examples(
-                path, split=name, on_bad_record=self.on_bad_record, limit=self.limit(split)
+                path, split=name, on_bad_record=self.on_bad_record, limit=self.limit(split), id_prefix=split
             )
         return self._passages[split]
 

@@ -26,8 +26,9 @@ def test_context_shapes(tmp_path):
     got = read_passage_examples(p)
     assert [(e.id, e.answer, e.documents) for e in got] == [
         ("a", ["x"], ["plain passage"]),
-        ("line-2", ["y", "z"], ["T: s1. s2."]),
+        ("dev:line-2", ["y", "z"], ["T: s1. s2."]),
     ]
+    assert read_passage_examples(p, id_prefix="validation")[1].id == "validation:line-2"
 
 
 @pytest.mark.parametrize(

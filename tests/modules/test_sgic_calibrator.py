@@ -9,6 +9,7 @@ import lightning as L
 import pytest
 import torch
 
+from kglightning.data.sources.passages import PassageExample
 from kglightning.datamodules import SGICFinetuneDataModule
 from kglightning.llm.sgic_prompt import SGICPrompt
 from kglightning.llm.sgic_rounds import SelfCalibration
@@ -35,8 +36,8 @@ def test_the_set_is_written_once_and_tokenized(scripted_sgic, tiny_chat_model_di
     dm.prepare_data()
     rows = [json.loads(x) for x in (tmp_path / "set/train.jsonl").read_text().splitlines()]
     assert sorted((r["id"], r["kind"], r["target"]) for r in rows) == [
-        ("fr", "calibrated", "Paris"),
-        ("jp", "kept", "Tokyo"),
+        ("train:line-1", "calibrated", "Paris"),
+        ("train:line-2", "kept", "Tokyo"),
     ]
     stats = json.loads((tmp_path / "set/train.stats.json").read_text())
     assert stats["answer_mean"] == pytest.approx(0.6) and stats["dropped"] == 0
@@ -87,6 +88,32 @@ def test_a_lora_step_lowers_the_loss_and_the_adapter_serves_sgic(
     assert tuned.generate(msgs, max_new_tokens=4, logprobs=True)[0].token_logprobs is not None
     with pytest.raises(FileNotFoundError, match="not a PEFT adapter"):
         LocalHFBackend(tiny_chat_model_dir, adapter_path=str(tmp_path))
+
+
+def test_validation_is_built_from_its_own_round_zero(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path):
+    # train and validation have no ids and opposite orders: keyed by id or line, validation's Japan question (line 1)
+    # took train's line-1 round-0 answer (France: Lyon) and became a "calibrated" record with Lyon in its history
+    dm = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path)
+    dm.trainer = L.Trainer(accelerator="cpu", logger=False, max_epochs=1)
+    dm.prepare_data()
+    rows = [json.loads(x) for x in (tmp_path / "set/validation.jsonl").read_text().splitlines()]
+    got = sorted((r["id"], r["kind"], r["question"], r["history"][0]["answer"]) for r in rows)
+    assert got == [
+        ("validation:line-1", "kept", "Which city is the capital of Japan?", "Tokyo"),
+        ("validation:line-2", "calibrated", "Which city is the capital of France?", "Lyon"),
+    ]
+    train_ids = {json.loads(x)["id"] for x in (tmp_path / "set/train.jsonl").read_text().splitlines()}
+    assert train_ids.isdisjoint(r["id"] for r in rows)
+
+
+def test_round_zero_is_remembered_by_prompt_not_by_id(scripted_sgic):
+    backend = scripted_sgic()
+    engine = SelfCalibration(backend, rounds=1)
+    a = PassageExample("same", "capital of France?", ["Paris"], ["France capital Paris", "France borders Spain"])
+    b = PassageExample("same", "capital of Japan?", ["Tokyo"], ["Japan capital Tokyo"])
+    assert [g.text for g in engine.round_zero([a])] == ["Lyon"]
+    assert [g.text for g in engine.round_zero([b, a])] == ["Tokyo", "Lyon"]
+    assert len(backend.prompts) == 2  # a's round 0 asked once
 
 
 def test_default_learning_rate_and_bad_target(tiny_chat_model_dir):

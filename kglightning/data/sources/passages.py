@@ -1,8 +1,8 @@
 """Question-answering records over text passages (HotpotQA style), for methods that read documents (SGIC).
 
 One record per line (``.jsonl``; ``.json``, ``.parquet``, dataset folders and ``hf:`` as for KG records) with
-``question``, ``answer`` (a string or a list of accepted strings), ``context`` and an optional ``id`` (default: the
-line). ``context`` may be a list of passages as strings, HotpotQA's list of ``[title, sentences]`` pairs, or the
+``question``, ``answer`` (a string or a list of accepted strings), ``context`` and an optional ``id`` (default:
+``"<split>:line-<n>"``, the split named, or else the file's stem, so that files without ids never share one). ``context`` may be a list of passages as strings, HotpotQA's list of ``[title, sentences]`` pairs, or the
 Hugging Face ``hotpot_qa`` mapping ``{"title": [...], "sentences": [[...], ...]}``; a titled passage becomes
 ``"title: sentence sentence ..."``.
 
@@ -22,6 +22,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from kglightning.data.records import RecordError
@@ -64,7 +65,7 @@ def _documents(context: Any, err) -> list[str]:
     return [_passage(item, err) for item in context]
 
 
-def _example(raw: Any, source: str, line: int) -> PassageExample:
+def _example(raw: Any, source: str, line: int, prefix: str) -> PassageExample:
     def err(message: str, name: str | None = None) -> RecordError:
         return RecordError(message, source=source, line=line, field=name)
 
@@ -79,7 +80,7 @@ def _example(raw: Any, source: str, line: int) -> PassageExample:
     answers = [answer] if isinstance(answer, str) else answer
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
         raise err("must be a non-empty string or a non-empty list of non-empty strings", "answer")
-    ident = raw.get("id", raw.get("_id", f"line-{line}"))
+    ident = raw.get("id", raw.get("_id", f"{prefix}:line-{line}"))
     keep = {k: v for k, v in raw.items() if k not in ("id", "_id", "question", "answer", "context")}
     return PassageExample(str(ident), question.strip(), list(answers), _documents(raw["context"], err), keep)
 
@@ -90,8 +91,12 @@ def read_passage_examples(
     split: str | None = None,
     on_bad_record: Literal["raise", "skip"] = "raise",
     limit: int | None = None,
+    id_prefix: str | None = None,
 ) -> list[PassageExample]:
     """Read and check passage records (see the module docstring).
+
+    ``id_prefix`` names the records without an id (``"<id_prefix>:line-<n>"``; default: ``split``, else the file's
+    stem): a data module passes its split, so that two split files without ids never give two questions one id.
 
     Raises:
         RecordError: a bad record naming the file, the line and the field (``on_bad_record="raise"``), a duplicate
@@ -100,6 +105,7 @@ def read_passage_examples(
     if on_bad_record not in ("raise", "skip"):
         raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
     source, rows, _ = _open(path, split)
+    prefix = id_prefix or split or Path(str(path)).stem
     out: list[PassageExample] = []
     seen: set[str] = set()
     skipped = 0
@@ -109,7 +115,7 @@ def read_passage_examples(
         try:
             if isinstance(raw, RecordError):
                 raise raw
-            ex = _example(raw, source, line)
+            ex = _example(raw, source, line, prefix)
             if ex.id in seen:
                 raise RecordError(f"duplicate id {ex.id!r}", source=source, line=line, field="id")
         except RecordError as e:
