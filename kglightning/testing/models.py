@@ -1,6 +1,7 @@
 """Helpers to build tiny local models for tests and benchmarks; nothing is downloaded.
 
 :func:`tiny_bpe_tokenizer` trains a byte-level BPE tokenizer on a handful of strings in milliseconds;
+:func:`tiny_sentencepiece_tokenizer` a SentencePiece-style one (Llama-2, Mistral: a ``▁`` word-boundary prefix);
 :func:`tiny_llama` builds a small, seeded, randomly initialised ``LlamaForCausalLM`` over its vocabulary. Greedy
 outputs of an untrained model are gibberish but deterministic.
 
@@ -53,6 +54,38 @@ def tiny_bpe_tokenizer(
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def tiny_sentencepiece_tokenizer(
+    corpus: Sequence[str],
+    vocab_size: int = 300,
+    special_tokens: Sequence[str] = ("<unk>", "<s>", "</s>"),
+) -> PreTrainedTokenizerFast:
+    """A SentencePiece-style BPE tokenizer trained on ``corpus``, as Llama-2 and Mistral tokenize.
+
+    Spaces become ``▁`` and a ``▁`` is prepended to the text (``"0.75"`` is written ``▁ 0 . 7 5`` or with ``▁0``),
+    digits are split one per token, and unknown characters map to ``<unk>``. ``<s>`` is BOS, ``</s>`` EOS and pad.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    sp = Tokenizer(models.BPE(unk_token=special_tokens[0]))
+    sp.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    sp.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False)
+    sp.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=sp,
+        unk_token=special_tokens[0],
+        bos_token=special_tokens[1],
+        eos_token=special_tokens[2],
+        pad_token=special_tokens[2],
+    )
 
 
 def tiny_llama(

@@ -93,3 +93,68 @@ def test_the_readout_depends_on_the_prompt(lm, single_torch_thread):
         for q in ("what is the capital of France?", "which languages are spoken in Peru?", "the currency of Japan")
     }
     assert len(values) == 3 and all(0.0 <= v <= 1.0 for v in values)
+
+
+@pytest.fixture(scope="module")
+def sp_lm():
+    """A SentencePiece-style tokenizer (a ``▁`` before the text, as Llama-2's) and a tiny random Llama over it."""
+    from kglightning.testing.models import tiny_llama, tiny_sentencepiece_tokenizer
+
+    corpus = [
+        "what is the capital of France? <PATH confidence=0.75>capital</PATH> <CONFIDENCE>0.31</CONFIDENCE>",
+        "which languages are spoken in Peru? 0 1 2 3 4 5 6 7 8 9 . Paris Lima Tokyo",
+    ] * 4
+    tokenizer = tiny_sentencepiece_tokenizer(corpus)
+    return tiny_llama(tokenizer, initializer_range=0.5).eval(), tokenizer
+
+
+def test_sentencepiece_values_are_scored_as_written_after_the_tag(sp_lm, single_torch_thread):
+    model, tokenizer = sp_lm
+    readout = ConfidenceReadout(tokenizer, digits=2)
+    alone = tokenizer.encode("0.75", add_special_tokens=False)
+    assert tokenizer.convert_ids_to_tokens(alone)[0] == "▁"  # a value on its own starts with a word boundary
+    in_text = tokenizer.encode("<PATH confidence=0.75>", add_special_tokens=False)
+    tag = tokenizer.encode("<PATH confidence=", add_special_tokens=False)
+    assert readout.candidates[75] == tuple(in_text[len(tag) : len(tag) + 4]) == tuple(alone[1:])
+    prefix = tokenizer.encode("what is the capital of France? <PATH confidence=", add_special_tokens=False)
+    expected = _brute_force(model, prefix, readout.candidates)
+    torch.testing.assert_close(readout.distribution(model, prefix).double(), expected, atol=1e-5, rtol=1e-4)
+    standalone = _brute_force(
+        model, prefix, [tuple(tokenizer.encode(v, add_special_tokens=False)) for v in readout.texts]
+    )
+    assert (standalone - expected).abs().max() > 1e-3  # scoring "▁0.75" after the tag gives another distribution
+
+
+def test_sentencepiece_rewrite_reads_both_positions(sp_lm, single_torch_thread):
+    model, tokenizer = sp_lm
+    readout = ConfidenceReadout(tokenizer, digits=2)
+    prompt = tokenizer.encode("what is the capital of France?", add_special_tokens=False)
+    text = "<PATH confidence=0.75>capital</PATH> and <PATH>Paris</PATH> <CONFIDENCE>0.31</CONFIDENCE>"
+    generated = tokenizer.encode(text, add_special_tokens=False)
+    out = readout.rewrite(model, prompt, generated)
+    assert readout.counts == {"rewritten": 2}
+    values = []
+    for stated, tag in (("0.75", "<PATH confidence="), ("0.31", "</PATH> <CONFIDENCE>")):
+        cut = text.index(stated)
+        k = next(k for k in range(len(generated) + 1) if tokenizer.decode(generated[:k]) == text[:cut])
+        candidates = readout.candidates_after(tag)
+        assert tokenizer.convert_ids_to_tokens(list(candidates[0]))[0] == "0"  # no word-boundary token
+        values.append(
+            float(
+                _brute_force(model, prompt + generated[:k], candidates)
+                @ torch.tensor(readout.values, dtype=torch.float64)
+            )
+        )
+    assert out == text.replace("0.75", f"{values[0]:.2f}").replace("0.31", f"{values[1]:.2f}")
+
+
+def test_a_quoted_value_is_scored_after_the_quote(lm, single_torch_thread):
+    model, tokenizer = lm
+    readout = ConfidenceReadout(tokenizer, digits=1)
+    prompt = tokenizer.encode("what is the capital of France?", add_special_tokens=False)
+    text = '<PATH confidence="0.7">capital</PATH>'
+    generated = tokenizer.encode(text, add_special_tokens=False)
+    out = readout.rewrite(model, prompt, generated)
+    k = next(k for k in range(len(generated) + 1) if tokenizer.decode(generated[:k]) == '<PATH confidence="')
+    value = readout.expected(model, prompt + generated[:k], readout.candidates_after('<PATH confidence="'))
+    assert out == f'<PATH confidence="{value:.1f}">capital</PATH>' and readout.counts == {"rewritten": 1}
