@@ -297,7 +297,11 @@ def sgic_passages_dir(tmp_path):
 
     The splits differ: train and validation carry no ids (so each gets ``<split>:line-<n>``) and hold their questions
     in opposite orders and wordings, so that anything keyed by line or id across splits shows; test has ids."""
-    fr = {"question": "capital of France?", "answer": "Paris", "context": ["France capital Paris", "France borders Spain"]}
+    fr = {
+        "question": "capital of France?",
+        "answer": "Paris",
+        "context": ["France capital Paris", "France borders Spain"],
+    }
     jp = {"question": "capital of Japan?", "answer": ["Tokyo"], "context": ["Japan capital Tokyo"]}
     splits = {
         "train": [fr, jp],

@@ -6,7 +6,8 @@ samples``, and keeps the *first* name of each answer as that sample's answer (``
 ``unknown``). Gold answers are the record's answer entities (``a_entity``), as in UAG's coverage.
 
 A sample's quality is the answer's length-normalised probability ``exp(mean token log-probability)`` under the
-model (``quality="logprob"``, what CLM's logit-based quality needs; the backend must return log-probabilities), or
+model, over the answer's own tokens (the line it was read from, as the answerer reports them in
+``extra["kaping"]``; not the whole multi-line generation) (``quality="logprob"``, what CLM's logit-based quality needs; the backend must return log-probabilities), or
 nothing (``quality="frequency"``: the methods then use the answer's sample frequency, logit-free as LoFreeCP is).
 Every generation goes through the answerer's backend cache, so an interrupted run resumes.
 """

@@ -16,6 +16,10 @@ lines copied from its facts (forced onto the fact lines when ``constrained``; ma
 lines dropped and counted). They are written to ``extra["reasoning_summary"]`` and ``extra["reasoning_triples"]``,
 which the ``G+RS`` and ``G+RS+RT`` judges of :mod:`kglightning.llm.node_judges` read; the detector does not use them.
 
+With ``generation.logprobs``, ``extra["kaping"]`` also holds ``logprob`` and ``tokens``: the sum and count of the
+token log-probabilities of the first answer's own line (the answer's tokens; line breaks and end tokens excluded), so
+that ``"A"`` and ``"A\\nB"`` score ``A`` alike; the whole generation's for ``unknown``.
+
 Generations go through the backend's response cache, so an interrupted run resumes where it stopped.
 """
 
@@ -34,7 +38,7 @@ from kglightning.data.embeddings import SentenceEncoder, UsesEmbeddings
 from kglightning.data.proposer import AnswerProposer
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import relation_text
-from kglightning.llm.backends.base import GenerationParams, LLMBackend
+from kglightning.llm.backends.base import Generation, GenerationParams, LLMBackend
 from kglightning.llm.grounding import ground_answers
 from kglightning.llm.trie.names import UNKNOWN, NameChoice
 
@@ -118,7 +122,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         self.max_cited = max_cited
         self.show_progress = show_progress
         self.counts = {"questions": 0, "unknown": 0, "empty_graph": 0, "dropped_lines": 0, "explained": 0,
-                       "uncited": 0, "dropped_citations": 0, "fuzzy_grounded": 0}  # fmt: skip
+                       "uncited": 0, "dropped_citations": 0, "fuzzy_grounded": 0, "logprob_unaligned": 0}  # fmt: skip
 
     @property
     def cache_key(self) -> str:
@@ -166,17 +170,39 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         """What the answer may name: every node of the record's graph, or ``unknown``."""
         return NameChoice(tuple(sorted({n for h, _, t in record.graph for n in (h, t)})), self.max_answers)
 
-    def _ground(self, text: str, choice: NameChoice) -> tuple[list[str], bool, int]:
-        """``(names, abstained, dropped lines)`` of one answer (see the module docstring)."""
+    def _ground(self, text: str, choice: NameChoice) -> tuple[list[str], bool, int, list[int]]:
+        """``(names, abstained, dropped lines, line of each name)`` of one answer (see the module docstring).
+
+        A name's line is the index, in ``text.split("\\n")``, of the first line that names it."""
         names, unknown, dropped = choice.parse(text)
+        raw = [line.strip() for line in text.split("\n")]
         if self.constrained or not dropped:
-            return names, unknown, dropped
-        lines = [line.strip() for line in text.strip().split("\n") if line.strip()]
+            return names, unknown, dropped, [raw.index(n) for n in names]
+        first = {}
+        for i, line in enumerate(raw):
+            if line:
+                first.setdefault(line, i)
         matched = self.grounder.matched if self.grounder is not None else 0
-        grounded = ground_answers(dict.fromkeys(lines), choice.names, near_miss=self.grounder)
+        # each line's "confidence" is minus its index: an entity keeps the highest, i.e. its first line
+        grounded = ground_answers({line: -i for line, i in first.items()}, choice.names, near_miss=self.grounder)
         if self.grounder is not None:
             self.counts["fuzzy_grounded"] += self.grounder.matched - matched
-        return list(grounded.entities), unknown, len(grounded.unmatched)
+        entities = list(grounded.entities)
+        return entities, unknown, len(grounded.unmatched), [-int(grounded.entities[e]) for e in entities]  # type: ignore[arg-type]
+
+    @staticmethod
+    def answer_logprob(gen: Generation, line: int | None) -> tuple[float, int] | None:
+        """``(sum of log-probabilities, tokens)`` of the answer written on ``line`` of ``gen`` (its own tokens, see
+        :meth:`~kglightning.llm.backends.base.Generation.line_logprobs`); the whole generation's when ``line`` is
+        ``None`` (no answer); ``None`` without log-probabilities or when the tokens do not reach that line."""
+        if gen.token_logprobs is None:
+            return None
+        if line is None:
+            return sum(gen.token_logprobs), len(gen.token_logprobs)
+        lines = gen.line_logprobs()
+        if line >= len(lines) or lines[line][1] == 0:
+            return None
+        return lines[line]
 
     def explain(self, convs: list[list[dict[str, str]]], answers: list[list[str]],
                 facts: list[list[tuple[str, str, str]]]) -> list[dict[str, Any]]:  # fmt: skip
@@ -223,22 +249,26 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
             else:
                 gens = self.backend.generate_with_params(convs, self.generation)
             grounded = [self._ground(gen.text, choice) for gen, choice in zip(gens, choices)]
-            answered = [i for i, (names, unknown, _) in enumerate(grounded) if names and not unknown]
+            answered = [i for i, (names, unknown, _, _) in enumerate(grounded) if names and not unknown]
             reasons: dict[int, dict[str, Any]] = {}
             if self.reasoning and answered:
                 why = self.explain([convs[i] for i in answered], [grounded[i][0] for i in answered],
                                    [facts[i] for i in answered])  # fmt: skip
                 reasons = dict(zip(answered, why))
             for k, (record, fact, gen) in enumerate(zip(chunk, facts, gens)):
-                names, unknown, dropped = grounded[k]
+                names, unknown, dropped, where = grounded[k]
                 self.counts["questions"] += 1
                 self.counts["empty_graph"] += not record.graph
                 self.counts["unknown"] += unknown or not names
                 self.counts["dropped_lines"] += dropped
                 info = {"raw": gen.text, "unknown": unknown or not names, "dropped_lines": dropped,
                         "facts": [list(f) for f in fact]}  # fmt: skip
-                if gen.token_logprobs is not None:  # generation.logprobs: the answer's log-probability
-                    info |= {"logprob": sum(gen.token_logprobs), "tokens": len(gen.token_logprobs)}
+                if gen.token_logprobs is not None:  # generation.logprobs: the first answer's own log-probability
+                    scored = self.answer_logprob(gen, where[0] if names else None)
+                    if scored is None:  # the tokens do not show the answer's line (a response_prefix, no tokens)
+                        self.counts["logprob_unaligned"] += 1
+                        scored = (sum(gen.token_logprobs), len(gen.token_logprobs))
+                    info |= {"logprob": scored[0], "tokens": scored[1]}
                 extra = dict(record.extra, kaping=info, **reasons.get(k, {}))
                 out.append(replace(record, prediction=names, confidence=None, extra=extra))
             bar.update(len(chunk))
@@ -247,6 +277,9 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         log.info("KAPING: %d questions, %d unknown (abstentions), %d empty graphs, %d answer lines dropped%s",
                  c["questions"], c["unknown"], c["empty_graph"], c["dropped_lines"],
                  f", {c['fuzzy_grounded']} lines grounded by similarity" if self.grounds_near_misses else "")  # fmt: skip
+        if c["logprob_unaligned"]:
+            log.warning("KAPING: %d answers scored over their whole generation: their tokens do not show the answer's "
+                        "line", c["logprob_unaligned"])  # fmt: skip
         if self.reasoning:
             log.info("KAPING reasoning: %d answers explained, %d without a cited fact, %d citation lines dropped",
                      c["explained"], c["uncited"], c["dropped_citations"])  # fmt: skip

@@ -179,3 +179,14 @@ def test_device_and_dtype_default_to_the_process_accelerator(tiny_chat_model_dir
     monkeypatch.setenv("LOCAL_RANK", "1")
     gpu = LocalHFBackend(tiny_chat_model_dir, show_progress=False)
     assert (gpu.resolved_device, gpu.resolved_dtype) == ("cuda:1", "bfloat16") and gpu.cache_key.endswith(":bfloat16")
+
+
+def test_an_end_token_is_scored_but_writes_no_text(tiny_backend):
+    from kglightning.llm.backends.base import GenerationParams
+
+    tok = tiny_backend.tokenizer
+    word = tok.encode("Paris", add_special_tokens=False)
+    eos = tok.convert_tokens_to_ids(tok.eos_token)
+    gen = tiny_backend._finish([*word, eos], [-0.5] * len(word) + [-0.1], 3, GenerationParams(logprobs=True))
+    assert gen.finish_reason == "stop" and gen.tokens[-1] == "" and "".join(gen.tokens) == gen.text == "Paris"
+    assert gen.line_logprobs() == [(pytest.approx(-0.5 * len(word)), len(word))]  # the end token is in no line

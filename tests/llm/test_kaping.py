@@ -185,3 +185,50 @@ def test_selfcheck_over_malformed_samples_counts_them_and_flags_every_node(encod
     assert SelfCheck(answerer, samples=3).score([record]) == [{"Paris": 1.0, "Euro": 1.0}]  # no sample names them
     assert answerer.counts["questions"] == 3 and answerer.counts["unknown"] == 3  # each malformed sample: an abstention
     assert answerer.counts["dropped_lines"] == 6  # two unparsable lines per sample, counted
+
+
+class _WithLogprobs(_Echo):
+    """An unconstrained endpoint that returns its text's tokens and their log-probabilities."""
+
+    def __init__(self, tokens: list[str], logprobs: list[float]) -> None:
+        self.tokens, self.logprobs = tokens, logprobs
+
+    def generate_with_params(self, batch, params, choices=None):
+        from kglightning.llm.backends.base import Generation
+
+        text = "".join(self.tokens)
+        return [Generation(text, token_logprobs=list(self.logprobs), tokens=list(self.tokens)) for _ in batch]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "logprobs", "first", "expected"),
+    [
+        (["Par", "is", ""], [-0.2, -0.4, -0.1], "Paris", (-0.6, 2)),  # an end token writes nothing
+        (["Par", "is", "\n", "Euro"], [-0.2, -0.4, -1.5, -3.0], "Paris", (-0.6, 2)),  # the same answer, one more line
+        (["London", "\n", "par", "is", "\n"], [-0.1, -0.5, -0.3, -0.2, -2.0], "Paris", (-0.5, 2)),  # its own line
+        (["unknown"], [-0.7], None, (-0.7, 1)),  # an abstention: the whole generation
+    ],
+)
+def test_the_answer_is_scored_by_its_own_tokens(encoder, tmp_path, tokens, logprobs, first, expected):
+    answerer = KAPINGAnswerer(_WithLogprobs(tokens, logprobs), encoder=encoder, cache_dir=str(tmp_path),
+                              constrained=False, show_progress=False,
+                              generation=GenerationParams(max_new_tokens=8, logprobs=True))  # type: ignore[arg-type]  # fmt: skip
+    (out,) = answerer.propose(RECORDS[:1])
+    info = out.extra["kaping"]
+    assert (out.prediction or [None])[0] == first
+    assert (info["logprob"], info["tokens"]) == (pytest.approx(expected[0]), expected[1])
+    assert answerer.counts["logprob_unaligned"] == 0
+
+
+def test_an_answer_line_the_tokens_do_not_show_falls_back_to_the_whole_generation_and_is_counted(encoder, tmp_path):
+    # a backend whose tokens miss the text's first line (a response prefix): the answer is on line 1 of the text
+    class Prefixed(_WithLogprobs):
+        def generate_with_params(self, batch, params, choices=None):
+            return [replace(g, text="London\n" + g.text) for g in super().generate_with_params(batch, params)]
+
+    answerer = KAPINGAnswerer(Prefixed(["Paris"], [-0.4]), encoder=encoder, cache_dir=str(tmp_path),
+                              constrained=False, show_progress=False,
+                              generation=GenerationParams(max_new_tokens=8, logprobs=True))  # type: ignore[arg-type]  # fmt: skip
+    (out,) = answerer.propose(RECORDS[:1])
+    assert out.prediction == ["Paris"] and out.extra["kaping"]["logprob"] == pytest.approx(-0.4)
+    assert answerer.counts["logprob_unaligned"] == 1

@@ -383,7 +383,7 @@ class LocalHFBackend(LLMBackend):
                 end, reason, text = lo, "stop", text[:pos]
         tokens = lp = None
         if params.logprobs and logprobs is not None:
-            tokens = [tokenizer.decode([tok]) for tok in ids[:end]]
+            tokens = [tokenizer.decode([tok], skip_special_tokens=True) for tok in ids[:end]]  # EOS: ""
             lp = [float(x) for x in logprobs[:end]]
         return Generation(
             text=self.response_prefix + text,
