@@ -153,13 +153,19 @@ class SelfCalibration:
             total += sum(self.confidence(g) for g in self.round_zero(examples[start : start + batch_size], tags))
         return total, len(examples)
 
-    def document_scores(self, examples: Sequence[PassageExample], tags: Sequence[str] = ()) -> list[list[float]]:
-        """Eq. 3 for every document of every example, in one backend call."""
+    def document_scores(
+        self, examples: Sequence[PassageExample], tags: Sequence[str] = (), spent: list[int] | None = None
+    ) -> list[list[float]]:
+        """Eq. 3 for every document of every example, in one backend call.
+
+        ``spent``, if given, is one count per example, to which each example's prompt tokens are added."""
         pairs = [(i, d) for i, e in enumerate(examples) for d in e.documents]
         convs = [self.prompt.plain(examples[i].question, [d]) for i, d in pairs]
         confs: list[list[float]] = [[] for _ in examples]
         for (i, _), g in zip(pairs, self.generate(convs, self.params, tags)):
             confs[i].append(self.confidence(g))
+            if spent is not None:
+                spent[i] += g.prompt_tokens
         return [document_uncertainty(c) for c in confs]
 
     def scored(self, gen: Generation, mean: float) -> tuple[str, float, float]:
@@ -179,13 +185,18 @@ class SelfCalibration:
         mean: float,
         active: Sequence[bool] | None = None,
         tags: Sequence[str] = (),
+        spent: list[int] | None = None,
     ) -> list[bool]:
-        """One calibration round for the ``active`` examples (all by default); their histories grow by one answer."""
+        """One calibration round for the ``active`` examples (all by default); their histories grow by one answer.
+
+        ``spent``, if given, is one count per example, to which each example's prompt tokens are added."""
         active = [True] * len(examples) if active is None else list(active)
         idx = [i for i, a in enumerate(active) if a]
         convs = [self.messages(examples[i], doc_scores[i], histories[i]) for i in idx]
         for i, g in zip(idx, self.generate(convs, self.params, tags)):
             histories[i].append(self.scored(g, mean))
+            if spent is not None:
+                spent[i] += g.prompt_tokens
         return active
 
     def training_records(

@@ -17,7 +17,9 @@ paper's baseline "sampled the same number of times").
 
 At the end of ``predict``, ``output_dir`` gets ``rounds.jsonl`` (per question: documents and their scores, every
 round's answer, confidence, uncertainty, EM and F1, the samples), per-method RoG-format predictions with their
-``evaluate`` files and ``comparison.md`` (Hit, F1, ECE with confidence ``1 - uncertainty/100``), and
+``evaluate`` files and ``comparison.md`` (Hit, F1, ECE with confidence ``1 - uncertainty/100``, prompt tokens sent per
+question: round 0 for ``baseline``; round 0, the document scores and the K rounds for ``sgic``; the samples for
+``k_sampling``), and
 ``sgic_summary.md``/``.json``: EM and F1 (SQuAD normalisation) per method and per round, the AUROC of the
 uncertainty for telling correct (EM) from wrong answers, generated and prompt tokens and seconds per method, and the
 counters of bad input. ``uncertainty_trajectories.png`` plots the mean uncertainty by round for the four kinds of
@@ -144,13 +146,20 @@ class SGICPipeline(L.LightningModule):
         rank_zero_info(f"SGIC: mean round-0 answer confidence s̄ = {self.mean:.4f} over {int(count)} questions")
 
     def sample_baseline(self, examples: Sequence[PassageExample]) -> list[list[dict[str, Any]]]:
-        """``samples`` sampled answers per example from the round-0 prompt, each with its sequence probability."""
+        """``samples`` sampled answers per example from the round-0 prompt, each with its sequence probability and
+        the prompt tokens it took."""
         out: list[list[dict[str, Any]]] = [[] for _ in examples]
         convs = [self.prompt.plain(e.question, e.documents) for e in examples]
         for k in range(self.samples):
             params = dataclasses.replace(self.sample_params, seed=self.seed + 1000 * k)
             for i, g in enumerate(self.engine.generate(convs, params, ("k_sampling",))):
-                out[i].append({"answer": clean_answer(g.text), "confidence": self.engine.confidence(g)})
+                out[i].append(
+                    {
+                        "answer": clean_answer(g.text),
+                        "confidence": self.engine.confidence(g),
+                        "prompt_tokens": g.prompt_tokens,
+                    }
+                )
         return out
 
     # Lightning hooks
@@ -165,12 +174,17 @@ class SGICPipeline(L.LightningModule):
         self.counts["questions"] += len(examples)
         self.counts["without_documents"] += sum(not e.documents for e in examples)
         zero = self.engine.round_zero(examples, ("baseline", "sgic"))
-        doc_scores = self.engine.document_scores(examples, ("sgic",))
+        spent = [g.prompt_tokens for g in zero]  # SGIC's prompt tokens per question: round 0, documents, rounds
+        doc_scores = self.engine.document_scores(examples, ("sgic",), spent)
         histories = [[self.engine.scored(g, self.mean)] for g in zero]
         for _ in range(self.rounds):
-            self.engine.calibrate(examples, doc_scores, histories, self.mean, None, ("sgic",))
+            self.engine.calibrate(examples, doc_scores, histories, self.mean, None, ("sgic",), spent)
         samples = self.sample_baseline(examples)
-        rows = [self._row(e, s, h, smp) for e, s, h, smp in zip(examples, doc_scores, histories, samples)]
+        tokens = [
+            {"baseline": g.prompt_tokens, "sgic": n, "k_sampling": sum(x["prompt_tokens"] for x in smp)}
+            for g, n, smp in zip(zero, spent, samples)
+        ]
+        rows = [self._row(e, s, h, smp, t) for e, s, h, smp, t in zip(examples, doc_scores, histories, samples, tokens)]
         self.rows.extend(rows)
         return rows
 
@@ -180,6 +194,7 @@ class SGICPipeline(L.LightningModule):
         doc_scores: list[float],
         history: History,
         samples: list[dict[str, Any]],
+        prompt_tokens: dict[str, int],
     ) -> dict[str, Any]:
         gold, correct_if = example.answer, self.engine.correct_if
         rounds = [
@@ -201,7 +216,7 @@ class SGICPipeline(L.LightningModule):
             m: {
                 "prediction": [r["answer"]] if r["answer"] else [],
                 "confidence": [round(1.0 - r["uncertainty"] / 100.0, 6)] if r["answer"] else [],
-                "input_tokens": 0,
+                "input_tokens": prompt_tokens[m],
             }
             for m, r in methods.items()
         }

@@ -70,6 +70,13 @@ def test_rounds_scores_and_minimum_uncertainty_selection(Scripted, passages_dir,
     assert summary["methods"]["baseline"]["prompt_tokens"] == 10.0
     assert summary["methods"]["sgic"]["prompt_tokens"] == (2 + 3 + 6) * 10 / 2
     assert summary["methods"]["k_sampling"]["completion_tokens"] == 2.0
+    # per question in comparison.md: France 10 | 10 + 2 x 10 + 3 x 10 | 2 x 10; Japan 10 | 10 + 10 + 30 | 20
+    comparison = json.loads((out / "comparison.json").read_text())
+    tokens = {m: comparison[m]["input_tokens"] for m in ("baseline", "sgic", "k_sampling")}
+    assert tokens == {"baseline": 10.0, "sgic": 55.0, "k_sampling": 20.0}
+    assert (
+        "| sgic | 100.0 |" in (out / "comparison.md").read_text() and "| 55.0 |" in (out / "comparison.md").read_text()
+    )
     lines = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and len(lines[0]["rounds"]) == 4
     preds = [json.loads(x) for x in (out / "sgic" / "predictions.jsonl").read_text().splitlines()]
