@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -10,3 +11,38 @@ def default_cache_root() -> Path:
     """``$KGLIGHTNING_CACHE`` if set, else ``~/.cache/kglightning``."""
     env = os.environ.get("KGLIGHTNING_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "kglightning"
+
+
+def files_stamp(path: str | os.PathLike) -> str:
+    """A short hash of what is at ``path`` now: every file's relative name, size and modification time.
+
+    A file is stamped alone; a folder by all its files, recursively (names starting with ``.`` skipped: editor and
+    lock files); a path that does not exist (a hub id) stamps as ``""``. Caches of what is computed from model
+    weights or data put it in their key, so that rewriting the files (a retrained model exported to the same
+    folder, an updated dataset) misses the cache. Contents are not read: a copy with new times stamps differently.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "model.safetensors").write_bytes(b"v1")
+        >>> a = files_stamp(d)
+        >>> _ = (d / "model.safetensors").write_bytes(b"v2 longer")
+        >>> a != files_stamp(d), files_stamp(d / "missing")
+        (True, '')
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        return ""
+    if p.is_file():
+        files = [(p.name, p)]
+    else:
+        files = sorted(
+            (str(f.relative_to(p)), f)
+            for f in p.rglob("*")
+            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        )
+    digest = hashlib.sha1()
+    for name, f in files:
+        st = f.stat()
+        digest.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:12]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from kglightning.data.cache import default_cache_root
+from kglightning.data.cache import default_cache_root, files_stamp
 
 __all__ = [
     "BUNDLED_MINILM",
@@ -68,6 +68,7 @@ class SentenceEncoder:
         self.normalize = normalize
         self.show_progress = show_progress
         self._model = None
+        self._weights_stamp: str | None = None
 
     @property
     def path(self) -> str:
@@ -90,13 +91,17 @@ class SentenceEncoder:
 
     @property
     def cache_key(self) -> str:
-        """A folder name that identifies this encoder's embeddings."""
+        """A folder name that identifies this encoder's embeddings: the model's name, its files' stamp
+        (:func:`~kglightning.data.cache.files_stamp`: a model retrained into the same folder gets new embeddings)
+        and the normalisation."""
         if self.model == BUNDLED_MINILM:
             base = "all-MiniLM-L6-v2"
         else:
             resolved = str(Path(self.model).resolve())
             base = Path(resolved).name + "-" + hashlib.sha1(resolved.encode()).hexdigest()[:8]
-        return f"{base}{'-norm' if self.normalize else ''}"
+        if self._weights_stamp is None:  # read once per encoder
+            self._weights_stamp = files_stamp(self.path)[:8]
+        return f"{base}-w{self._weights_stamp}{'-norm' if self.normalize else ''}"
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str]) -> torch.Tensor:

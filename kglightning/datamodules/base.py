@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from kglightning.data.cache import default_cache_root
+from kglightning.data.cache import default_cache_root, files_stamp
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.loaders import RecordList, read_records
 from kglightning.data.splits import SPLITS, locate_splits
@@ -165,7 +165,8 @@ class KGQADataModule(L.LightningDataModule):
         return list(self.read_split(split))
 
     def dataset_key(self, split: str) -> str:
-        """A short hash of what ``split``'s records are: the dataset (for a local file, its path, size and mtime),
+        """A short hash of what ``split``'s records are: the dataset (for a local file or folder, its path and its
+        files' sizes and times, :func:`~kglightning.data.cache.files_stamp`),
         the split, ``max_records``, ``on_bad_record`` and the ``subgraphs`` settings. Caches of work derived from the
         records use it."""
         key = self._source_key(split)
@@ -178,9 +179,8 @@ class KGQADataModule(L.LightningDataModule):
         if self.data_dir is None:
             ident = f"embedded-seed{self.benchmark_seed}:{Path(path).parent.name}:{Path(path).name}"
         else:
-            p = Path(path)
-            stamp = f"{p.stat().st_size}-{p.stat().st_mtime_ns}" if p.is_file() else ""
-            ident = f"{p.resolve() if p.exists() else path}:{name}:{stamp}"
+            p = Path(path)  # a file or a dataset folder (save_to_disk, hub snapshot): stamped by its files
+            ident = f"{p.resolve() if p.exists() else path}:{name}:{files_stamp(p)}"
         return hashlib.sha1(f"{ident}:{self.limit(split)}:{self.on_bad_record}".encode()).hexdigest()[:12]
 
     # ------------------------------------------------------------------ hooks for subclasses

@@ -37,7 +37,8 @@ class SGICDataModule(KGQADataModule):
         if source == "passages" and self.data_dir is None:
             raise ValueError("source 'passages' needs data_dir: a folder with train/validation/test passage files")
         self.source = source
-        self.documents = documents
+        # resolved now: the default is part of the keys of what is built from the documents, split after split
+        self.documents = PathDocuments() if documents is None and source == "kg" else documents
         self._passages: dict[str, list[PassageExample]] = {}
 
     def read_split(self, split: str) -> Any:
@@ -55,7 +56,7 @@ class SGICDataModule(KGQADataModule):
             return list(self.read_split(split))
         records = self.split_records(split)
         if self.documents is None:
-            self.documents = PathDocuments()
+            raise ValueError("SGICDataModule(source='kg') needs a DocumentSource: documents was set to None")
         docs = self.documents(records)
         return [
             PassageExample(r.id, r.question, list(r.answer), d, {"q_entity": list(r.q_entity)})

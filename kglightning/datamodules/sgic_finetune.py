@@ -16,6 +16,9 @@ from kglightning.llm.sgic_rounds import SelfCalibration, split_mean
 
 __all__ = ["SGICFinetuneDataModule"]
 
+#: the version of the set's records (part of each split's key)
+SET_FORMAT = 2
+
 
 class SGICFinetuneDataModule(SGICDataModule):
     """Prompt/target pairs of SGIC's self-calibration set, for :class:`~kglightning.modules.SGICCalibrator`.
@@ -88,9 +91,13 @@ class SGICFinetuneDataModule(SGICDataModule):
 
     def _key(self, split: str) -> str:
         e = self.engine()
-        parts = [self.dataset_key(split), self.source, e.backend.cache_key, e.rounds, e.prompt.instruction]
-        parts += [e.prompt.max_document_tokens, type(e.estimator).__name__, e.params.to_dict(), self.answer_mean]
-        parts += [self.target, self.documents.cache_key if self.documents is not None else None, e.correct_if]
+        estimator = [
+            f"{type(e.estimator).__module__}.{type(e.estimator).__qualname__}",
+            sorted(vars(e.estimator).items()),
+        ]
+        parts = [self.dataset_key(split), self.source, e.backend.cache_key, e.rounds, e.prompt.cache_key]
+        parts += [estimator, e.params.to_dict(), self.answer_mean, self.target, e.correct_if]
+        parts += [self.documents.cache_key if self.documents is not None else None, SET_FORMAT]
         return hashlib.sha1(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
     def dataset_path(self, split: str) -> Path:
@@ -140,8 +147,7 @@ class SGICFinetuneDataModule(SGICDataModule):
 
     def build_split(self, split: str) -> list[dict[str, Any]]:
         path = self.dataset_path(split)
-        if not path.is_file():
-            self.prepare_split(split)
+        self.prepare_split(split)  # reuses the file only when its key is this configuration's
         records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         items = [self.encode(r) for r in records]
         kept = [it for it in items if len(it["input_ids"]) <= self.max_length]

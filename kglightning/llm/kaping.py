@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -54,6 +55,9 @@ INSTRUCTION = (
     "with the names of the answer entities, exactly as they appear in the facts, one per line. If the facts do not "
     f"contain the answer, answer {UNKNOWN}."
 )
+
+#: the version of what a proposal stores (part of :attr:`KAPINGAnswerer.cache_key`)
+FORMAT = 2
 
 SUMMARY_REQUEST = "In one or two sentences, summarize the reasoning that led to your answer."
 TRIPLES_REQUEST = "Copy the facts above that support your answer, one per line, exactly as they are written."
@@ -126,10 +130,15 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
 
     @property
     def cache_key(self) -> str:
-        g = self.generation
+        """What the proposals depend on: the backend, encoder, prompt, every decoding setting and the grounding.
+
+        ``v{FORMAT}`` marks what the stored proposals hold (2: ``logprob`` of the answer's own line)."""
+        texts = [self.instruction, *((SUMMARY_REQUEST, TRIPLES_REQUEST) if self.reasoning else ())]
+        prompt = hashlib.sha1("\x00".join(texts).encode()).hexdigest()[:8]
+        decoding = hashlib.sha1(json.dumps(self.generation.to_dict(), sort_keys=True).encode()).hexdigest()[:8]
         return (
-            f"kaping-{self.backend.cache_key}-{self.encoder.cache_key}-t{self.top_triples}-a{self.max_answers}"
-            f"-c{int(self.constrained)}-n{g.max_new_tokens}-T{g.temperature:g}-s{g.seed}-i{hashlib.sha1(self.instruction.encode()).hexdigest()[:8]}"
+            f"kaping-v{FORMAT}-{self.backend.cache_key}-{self.encoder.cache_key}-t{self.top_triples}"
+            f"-a{self.max_answers}-c{int(self.constrained)}-d{decoding}-i{prompt}"
             + (f"-r{self.reasoning_tokens}-m{self.max_cited}" if self.reasoning else "")
             # unconstrained answers are grounded after generation: how is part of the proposals' key
             + ("" if self.constrained else f"-g{'norm' if self.grounder is None else self.grounder.cache_key}")

@@ -24,6 +24,8 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,6 +63,14 @@ class SGICPrompt:
         self.tokenizer = tokenizer
         self.truncated = 0
         self._cut: dict[str, str] = {}
+
+    @property
+    def cache_key(self) -> str:
+        """What the rendered prompts depend on: the texts, the cut, and the tokenizer that counts tokens."""
+        tok = self.tokenizer
+        counter = None if tok is None else [getattr(tok, "name_or_path", type(tok).__name__), len(tok)]
+        parts = [self.instruction, self.system_prompt, self.max_document_tokens, counter]
+        return hashlib.sha1(json.dumps(parts, default=str).encode()).hexdigest()[:12]
 
     def document(self, text: str) -> str:
         """``text`` cut to ``max_document_tokens`` (each distinct long document is counted once).

@@ -175,6 +175,7 @@ class UAGReasoner(L.LightningModule):
         self.empty_pools = 0
         self.calibration_seconds = 0.0
         self._fitted_for: dict[str, Any] | None = None  # the settings the selections were fitted with
+        self._calibration_data: str | None = None  # the data module's key of the calibration split, when known
 
     @property
     def cache(self) -> EmbeddingCache:
@@ -203,7 +204,8 @@ class UAGReasoner(L.LightningModule):
         return scores
 
     def fit_settings(self) -> dict[str, Any]:
-        """What decides the fitted selections besides the calibration questions (compared on reload)."""
+        """What decides the fitted selections (compared on reload): the controller, the scores' encoder and LLM, and
+        the calibration split's data key."""
         c = self.controller
         return {
             "grid": [a.tolist() for a in c.alphas],
@@ -217,7 +219,17 @@ class UAGReasoner(L.LightningModule):
             "calibration_split": self.calibration_split,
             "max_hops": self.max_hops,
             "max_paths": self.max_paths,
-            "llm": self.llm is not None,
+            "encoder": self.encoder.cache_key,  # the relation scorer's weights decide every distance score
+            "llm": None
+            if self.llm is None
+            else {
+                "backend": self.llm.backend.cache_key,
+                **{
+                    k: getattr(self.llm, k)
+                    for k in ("constrained", "max_paths", "instances_per_path", "max_new_tokens", "temperature")
+                },
+            },  # fmt: skip
+            "calibration_data": self._calibration_data,
             "baselines": self.baselines,
             "sampler": self.sampler is not None,
             "alphas": self.alphas,
@@ -303,6 +315,8 @@ class UAGReasoner(L.LightningModule):
                 "or model.calibration_split to another split)"
             )
         self.rows = []
+        key = getattr(datamodule, "dataset_key", None)
+        self._calibration_data = key(self.calibration_split) if callable(key) else None
         reuse = bool(self.selections) and self._fitted_for == self.fit_settings() and self.sampler is None
         if reuse:
             rank_zero_info("UAG: using the LTT selections of the loaded state (no calibration)")

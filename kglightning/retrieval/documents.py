@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import abc
+import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from kglightning.data.cache import files_stamp
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.loaders import _iter_jsonl
 
@@ -25,8 +28,15 @@ class DocumentSource(abc.ABC):
 
     @property
     def cache_key(self) -> str:
-        """A string that changes whenever the documents would change (caches of derived work use it)."""
-        return type(self).__name__
+        """A string that changes whenever the documents would change (caches of derived work use it).
+
+        Default: the class and its public attributes (a subclass whose documents depend on anything else, such as
+        a file's content, overrides it)."""
+        settings = {
+            k: v for k, v in sorted(vars(self).items()) if not k.startswith("_") and k != "num_without_documents"
+        }
+        digest = hashlib.sha1(json.dumps(settings, default=repr).encode()).hexdigest()[:12]
+        return f"{type(self).__module__}.{type(self).__qualname__}:{digest}"
 
     @abc.abstractmethod
     def __call__(self, records: Sequence[KGQARecord]) -> list[list[str]]:
@@ -57,11 +67,12 @@ class EvidenceDocuments(DocumentSource):
         self.with_confidence = with_confidence
         self.digits = digits
         self._by_id: dict[str, list[str]] | None = None
+        self._read_stamp = ""
 
     @property
     def cache_key(self) -> str:
-        stat = Path(self.path).stat()
-        return f"evidence:{Path(self.path).resolve()}:{stat.st_size}-{stat.st_mtime_ns}:{self.with_confidence}:{self.digits}"
+        stamp = files_stamp(self.path)
+        return f"evidence:{Path(self.path).resolve()}:{stamp}:{self.with_confidence}:{self.digits}"
 
     def _document(self, z: object, line: int) -> str:
         if not isinstance(z, dict) or not isinstance(z.get("paths"), list):
@@ -74,8 +85,11 @@ class EvidenceDocuments(DocumentSource):
         return text
 
     def documents_by_id(self) -> dict[str, list[str]]:
-        """Question id -> documents, read once (errors name the file, the line and the field)."""
-        if self._by_id is None:
+        """Question id -> documents, read once, and again if the file changed (errors name the file, the line and
+        the field)."""
+        stamp = files_stamp(self.path)
+        if self._by_id is None or stamp != self._read_stamp:
+            self._read_stamp = stamp
             out: dict[str, list[str]] = {}
             for line, row in _iter_jsonl(Path(self.path), self.path):
                 if isinstance(row, RecordError):

@@ -71,7 +71,11 @@ class PCSTSubgraphs:
     def cache_key(self) -> str:
         """A short hash of the KG source and the retriever's settings (a file's size and mtime included)."""
         source = self.kg
-        if self.kg not in ("record", "embedded"):
+        if self.kg == "embedded":  # rebuilt from packaged data: its version says which
+            from kglightning.data.sources.embedded import VERSION
+
+            source = f"embedded-v{VERSION}"
+        elif self.kg != "record":
             p = Path(self.kg)
             source = f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
         ident = f"{source}|{self.retriever!r}|{self.retriever.num_clusters}|{self.retriever.encoder.cache_key}"

@@ -133,3 +133,17 @@ def test_printing_a_datamodule_builds_no_split(tmp_path):
         == (f"Counting(data_dir={dm.data_dir!r}, batch_size=4, max_records=None, predict_split='test')")
     )
     assert built == []
+
+
+def test_dataset_key_follows_a_saved_dataset_folder(tmp_path):
+    import datasets
+
+    def save(n: int) -> str:
+        rows = {s: [_record(f"{s}-{i}") for i in range(n)] for s in ("train", "validation", "test")}
+        folder = tmp_path / "saved"
+        datasets.DatasetDict({s: datasets.Dataset.from_list(r) for s, r in rows.items()}).save_to_disk(str(folder))
+        return str(folder)
+
+    key = KGQADataModule(data_dir=save(2)).dataset_key("train")
+    assert key == KGQADataModule(data_dir=str(tmp_path / "saved")).dataset_key("train")
+    assert key != KGQADataModule(data_dir=save(3)).dataset_key("train")  # saved again with other records

@@ -147,3 +147,25 @@ def test_mined_evidence_is_cached_per_builder_config(tiny_chat_model_dir, sft_di
     with pytest.raises(AssertionError, match="mined again"):
         other.rows("train")
     assert _dm(tiny_chat_model_dir, sft_dir, tmp_path, max_records=2).cache_path("train") != dm.cache_path("train")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"max_hops": 2}, {"alpha": 0.3}, {"beta": 0.7}, {"max_constraints": 1}, {"max_paths": 10},
+     {"skip_cvt_constraints": False}, {"answer_constraints": True}],
+)  # fmt: skip
+def test_every_mining_setting_is_in_the_cache_key(tiny_chat_model_dir, sft_dir, tmp_path, change):
+    base = _dm(tiny_chat_model_dir, sft_dir, tmp_path).cache_path("train")
+    assert _dm(tiny_chat_model_dir, sft_dir, tmp_path, builder=EvidenceBuilder(**change)).cache_path("train") != base
+    assert set(change) <= set(vars(EvidenceBuilder()))  # the settings the key reads are the builder's own
+
+
+def test_qa_paths_and_the_data_file_are_in_the_cache_key(tiny_chat_model_dir, sft_dir, tmp_path):
+    import os
+
+    base = _dm(tiny_chat_model_dir, sft_dir, tmp_path).cache_path("train")
+    assert _dm(tiny_chat_model_dir, sft_dir, tmp_path, qa_max_paths=2).cache_path("train") != base
+    train = os.path.join(sft_dir, "train.jsonl")
+    with open(train, "a") as f:
+        f.write("\n")  # the data file changed (size and time)
+    assert _dm(tiny_chat_model_dir, sft_dir, tmp_path).cache_path("train") != base

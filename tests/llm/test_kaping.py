@@ -232,3 +232,32 @@ def test_an_answer_line_the_tokens_do_not_show_falls_back_to_the_whole_generatio
     (out,) = answerer.propose(RECORDS[:1])
     assert out.prediction == ["Paris"] and out.extra["kaping"]["logprob"] == pytest.approx(-0.4)
     assert answerer.counts["logprob_unaligned"] == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"generation": GenerationParams(max_new_tokens=48, top_p=0.9)},
+        {"generation": GenerationParams(max_new_tokens=48, stop=("\n\n",))},
+        {"generation": GenerationParams(max_new_tokens=48, logprobs=True)},
+        {"generation": GenerationParams(max_new_tokens=32)},
+        {"generation": GenerationParams(max_new_tokens=48, temperature=0.7)},
+        {"generation": GenerationParams(max_new_tokens=48, seed=1)},
+        {"instruction": "Answer with node names."},
+        {"top_triples": 3},
+        {"max_answers": 2},
+        {"constrained": False},
+        {"reasoning": True},
+    ],
+)
+def test_every_setting_that_changes_a_proposal_is_in_its_cache_key(encoder, tmp_path, change):
+    base = KAPINGAnswerer(_Echo("x"), encoder=encoder, cache_dir=str(tmp_path))  # type: ignore[arg-type]
+    assert KAPINGAnswerer(_Echo("x"), encoder=encoder, cache_dir=str(tmp_path), **change).cache_key != base.cache_key  # type: ignore[arg-type]
+
+
+def test_reasoning_settings_are_in_the_key_and_display_settings_are_not(encoder, tmp_path):
+    def key(**kw):
+        return KAPINGAnswerer(_Echo("x"), encoder=encoder, **{"cache_dir": str(tmp_path), **kw}).cache_key  # type: ignore[arg-type]
+
+    assert key(reasoning=True) != key(reasoning=True, reasoning_tokens=32) != key(reasoning=True, max_cited=1)
+    assert key() == key(show_progress=False) == key(cache_dir=str(tmp_path / "other"))

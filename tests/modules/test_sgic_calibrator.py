@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 
 import lightning as L
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from kglightning.data.sources.passages import PassageExample
 from kglightning.datamodules import SGICFinetuneDataModule
 from kglightning.llm.sgic_prompt import SGICPrompt
 from kglightning.llm.sgic_rounds import SelfCalibration
+from kglightning.llm.uncertainty import GeometricMeanProb
 from kglightning.modules import SGICCalibrator
 
 
@@ -203,11 +206,62 @@ def test_an_empty_set_says_why_and_what_to_try(scripted_sgic, tiny_chat_model_di
         dm.setup("fit")
 
 
-def test_what_counts_as_correct_is_part_of_the_set_key(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path):
-    em = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path)
+class _Scaled(GeometricMeanProb):
+    def __init__(self, power: float = 1.0) -> None:
+        self.power = power
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda e, _: setattr(e, "correct_if", "hit"),  # a set built under EM is not read back under Hit
+        lambda e, _: setattr(e, "rounds", 3),
+        lambda e, _: setattr(e.prompt, "instruction", "Reply."),
+        lambda e, _: setattr(e.prompt, "system_prompt", "You are terse."),
+        lambda e, _: setattr(e.prompt, "max_document_tokens", 5),
+        lambda e, tok: setattr(e.prompt, "tokenizer", AutoTokenizer.from_pretrained(tok)),  # tokens, not words, cut
+        lambda e, _: setattr(e, "estimator", GeometricMeanProb()),
+        lambda e, _: setattr(e, "estimator", _Scaled(2.0)),
+        lambda e, _: setattr(e, "params", replace(e.params, max_new_tokens=7)),
+    ],
+)
+def test_every_setting_that_changes_the_set_is_in_its_key(
+    scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path, change
+):
+    base = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path)
+    changed = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path)
+    before = changed._key("train")
+    assert before == base._key("train")
+    change(changed.calibration, tiny_chat_model_dir)
+    assert changed._key("train") != before
+
+
+def test_an_estimator_s_settings_are_in_the_set_key(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path):
+    a, b = (_dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path) for _ in range(2))
+    a.calibration.estimator, b.calibration.estimator = _Scaled(1.0), _Scaled(2.0)
+    assert a._key("train") != b._key("train")
+
+
+def test_a_stale_set_is_rebuilt_when_read_without_prepare_data(
+    scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path
+):
+    dm = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path)
+    dm.trainer = L.Trainer(accelerator="cpu", logger=False, max_epochs=1)
+    dm.prepare_data()
     hit = _dm(scripted_sgic, tiny_chat_model_dir, sgic_passages_dir, tmp_path)
     hit.calibration.correct_if = "hit"
-    assert em._key("train") != hit._key("train")  # a set built under EM is not read back under Hit
+    hit.calibration.prompt.system_prompt = "Be brief."
+    hit.trainer = dm.trainer
+    hit.setup("fit")  # no prepare_data: the EM set on disk has another key
+    rows = [json.loads(x) for x in (tmp_path / "set/train.jsonl").read_text().splitlines()]
+    assert all(r["messages"][0] == {"role": "system", "content": "Be brief."} for r in rows)
+    stats = json.loads((tmp_path / "set/train.stats.json").read_text())
+    assert stats["key"] == hit._key("train")
+
+
+def test_the_default_documents_give_every_split_one_key(tiny_chat_model_dir, capitals_dir, tmp_path):
+    dm = SGICFinetuneDataModule(tokenizer=tiny_chat_model_dir, data_dir=capitals_dir, dataset_dir=str(tmp_path))
+    assert dm.documents is not None and dm.documents.cache_key.startswith("paths:")
 
 
 def test_paper_defaults():

@@ -156,6 +156,19 @@ def test_sgic_config_runs_through_the_cli(tiny_chat_model_dir, passages_dir, tmp
     assert "read from the response cache" in (tmp_path / "outputs/sgic/sgic_summary.md").read_text()
 
 
+def test_a_document_source_is_keyed_by_its_settings():
+    from kglightning.retrieval.documents import DocumentSource
+
+    class Fixed(DocumentSource):
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __call__(self, records):
+            return [["doc"] * self.n for _ in records]
+
+    assert Fixed(1).cache_key == Fixed(1).cache_key != Fixed(2).cache_key
+
+
 def test_doublycal_evidence_as_documents(tmp_path):
     from kglightning.data.records import KGQARecord, RecordError
     from kglightning.retrieval import EvidenceDocuments
@@ -171,6 +184,9 @@ def test_doublycal_evidence_as_documents(tmp_path):
     docs = source(recs)
     assert docs[0][0] == "A -> r -> B; A -> r -> C [Confidence: 0.75]" and docs[1:] == [[], []]
     assert source.num_without_documents == 2
+    key = source.cache_key
+    path.write_text(json.dumps({"id": "q3", "evidence": [{"paths": ["A -> s -> D"]}]}) + "\n")  # a new DoublyCal run
+    assert source.cache_key != key and source(recs) == [[], [], ["A -> s -> D"]]
     path.write_text('{"id": "q1", "evidence": [3]}\n')
     with pytest.raises(RecordError, match=r"evidence.jsonl:1: field 'evidence'"):
         EvidenceDocuments(str(path))(recs)

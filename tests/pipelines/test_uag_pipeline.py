@@ -211,6 +211,42 @@ def test_fitted_selections_live_in_the_state_dict(tmp_path, bench_dir, tiny_enco
     trainer.predict(other, datamodule=data, return_predictions=False)
     assert json.loads((tmp_path / "out3/ltt.json").read_text())["from_loaded_state"] is False
 
+    # the same settings on other calibration questions: it calibrates again
+    again = _unfitted(tmp_path, tiny_encoder_dir, 0.25, "out4")
+    again.load_state_dict(state)
+    fewer = KGQADataModule(data_dir=bench_dir, max_records=50, batch_size=32)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    trainer.predict(again, datamodule=fewer, return_predictions=False)
+    assert json.loads((tmp_path / "out4/ltt.json").read_text())["from_loaded_state"] is False
+
+
+def test_a_retrained_scorer_or_another_llm_setting_invalidates_the_fitted_selections(
+    tmp_path, tiny_encoder_dir, tiny_chat_model_dir
+):
+    import shutil
+
+    from kglightning.conformal.uag.evaluator import LLMEvaluator
+    from kglightning.llm.backends import LocalHFBackend
+
+    folder = shutil.copytree(tiny_encoder_dir, tmp_path / "scorer")
+    before = _unfitted(tmp_path, str(folder), 0.25, "a").fit_settings()
+    assert _unfitted(tmp_path, str(folder), 0.25, "a").fit_settings() == before
+    weights = next(folder.rglob("*.safetensors"))
+    st = weights.stat()
+    with weights.open("ab") as f:
+        f.write(b"\0")  # retrained and exported to the same folder
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert _unfitted(tmp_path, str(folder), 0.25, "a").fit_settings() != before
+
+    def with_llm(**kw):
+        model = _unfitted(tmp_path, tiny_encoder_dir, 0.25, "b")
+        model.llm = LLMEvaluator(LocalHFBackend(tiny_chat_model_dir, show_progress=False), **kw)
+        return model.fit_settings()
+
+    assert with_llm(max_new_tokens=4) != with_llm(max_new_tokens=8)
+    assert with_llm(max_paths=3) != with_llm(max_paths=4)
+    assert with_llm() != _unfitted(tmp_path, tiny_encoder_dir, 0.25, "b").fit_settings()
+
 
 @pytest.mark.e2e
 def test_clm_and_lofree_on_sampled_llm_answers(tmp_path, bench_dir, tiny_encoder_dir, tiny_chat_model_dir):

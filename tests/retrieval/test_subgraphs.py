@@ -78,3 +78,29 @@ def test_bad_kg_source(tmp_path):
         PCSTSubgraphs(PCSTRetriever(show_progress=False), kg=str(tmp_path / "missing.tsv"))
     with pytest.raises(ValueError, match="kg must be"):
         PCSTSubgraphs(PCSTRetriever(show_progress=False), kg="")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("hops", 3), ("topk", 4), ("topk_e", 4), ("cost_e", 0.25), ("num_clusters", 2), ("max_degree", 10),
+     ("max_nodes", 99)],
+)  # fmt: skip
+def test_every_retriever_setting_is_in_the_cut_key(encoder, tmp_path, name, value):
+    base, changed = _source(encoder, tmp_path), _source(encoder, tmp_path)
+    setattr(changed.retriever, name, value)
+    assert changed.cache_key != base.cache_key
+
+
+def test_the_kg_source_and_its_version_are_in_the_cut_key(encoder, tmp_path, monkeypatch):
+    import kglightning.data.sources.embedded as embedded
+
+    kg = tmp_path / "kg.tsv"
+    kg.write_text("".join("\t".join(t) + "\n" for t in GRAPH))
+    from_file = _source(encoder, tmp_path, kg=str(kg)).cache_key
+    with kg.open("a") as f:
+        f.write("Paris\ttwin\tRome\n")
+    assert _source(encoder, tmp_path, kg=str(kg)).cache_key != from_file  # the file changed
+    first = _source(encoder, tmp_path, kg="embedded").cache_key
+    monkeypatch.setattr(embedded, "VERSION", "next")
+    assert _source(encoder, tmp_path, kg="embedded").cache_key != first  # another build of the embedded KG
+    assert _source(encoder, tmp_path, kg="record").cache_key not in (first, from_file)

@@ -107,9 +107,14 @@ def read_triples(path: str | os.PathLike) -> list[tuple[str, str, str]]:
     raise RecordError("unsupported KG file type (expected .tsv, .txt or .parquet)", source=str(path))
 
 
+#: the version of the pickled index (bump when :class:`~kglightning.data.kg.KGIndex` changes what it holds)
+INDEX_FORMAT = 1
+
+
 def _cache_file(path: Path, cache_dir: Path) -> Path:
     st = path.stat()
-    key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
+    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{INDEX_FORMAT}"
+    key = hashlib.sha1(ident.encode()).hexdigest()[:20]
     return cache_dir / f"{path.stem}-{key}.pkl"
 
 

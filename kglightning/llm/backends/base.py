@@ -168,6 +168,14 @@ class LLMBackend(abc.ABC):
         """What, besides the messages and decoding settings, identifies this backend's outputs."""
         return self.name
 
+    def variant_key(self, params: GenerationParams, constrained: bool) -> str:
+        """What else, for these settings, changes this backend's outputs (added to the response-cache key).
+
+        Default ``""``. A backend whose samples depend on how requests are batched, or whose structured generation
+        has modes, says so here.
+        """
+        return ""
+
     @abc.abstractmethod
     def _generate_uncached(
         self,
@@ -250,7 +258,11 @@ class LLMBackend(abc.ABC):
         if self.cache is not None:
             keys = [
                 self.cache.request_key(
-                    self.cache_key + ("" if choices is None else f":names-{choices[i].key}"), messages, params
+                    self.cache_key
+                    + self.variant_key(params, choices is not None)
+                    + ("" if choices is None else f":names-{choices[i].key}"),
+                    messages,
+                    params,
                 )  # fmt: skip
                 for i, messages in enumerate(batch)
             ]

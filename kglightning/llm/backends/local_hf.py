@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import torch
 
+from kglightning.data.cache import files_stamp
 from kglightning.data.devices import resolve_device, resolve_dtype
 from kglightning.llm.backends.base import ChatMessage, Generation, GenerationParams, LLMBackend
 from kglightning.llm.generation import generate_exactly, plain_generation_config
@@ -126,7 +127,9 @@ class LocalHFBackend(LLMBackend):
 
     Conversations are rendered with the tokenizer's chat template, left-padded, sorted by length and generated in
     batches of ``batch_size``. ``temperature == 0`` decodes greedily; otherwise tokens are sampled with
-    ``torch.manual_seed(seed + batch_index)`` (reproducible for the same inputs and ``batch_size``). Token
+    ``torch.manual_seed(seed + batch_index)`` (reproducible for the same inputs and ``batch_size``; the batch size
+    and the device type are part of a sampled answer's cache key, but which requests a batch holds depends on what
+    the cache already had, so a resumed sampled run is a valid sample, not the uninterrupted run's). Token
     log-probabilities are those of the model's raw logits (before temperature and top-p), like vLLM's default.
 
     Args:
@@ -180,10 +183,9 @@ class LocalHFBackend(LLMBackend):
             )
         self.adapter_path = adapter_path
         self._adapter_key = ""
-        if adapter_path is not None:  # other weights: the adapter's folder and its weights' timestamp, read once
-            weights = sorted(Path(adapter_path).glob("adapter_model.*"))
-            stamp = weights[0].stat().st_mtime_ns if weights else 0
-            self._adapter_key = f":adapter-{os.path.abspath(adapter_path)}-{stamp}"
+        self._weights_stamp: str | None = None
+        if adapter_path is not None:  # other weights: the adapter's folder and its files' stamp, read once
+            self._adapter_key = f":adapter-{os.path.abspath(adapter_path)}-{files_stamp(adapter_path)}"
         self._model: Any = None
         self._tokenizer: Any = None
         if cache_dir is not None:
@@ -202,7 +204,11 @@ class LocalHFBackend(LLMBackend):
     def cache_key(self) -> str:
         folder, gguf = resolve_model(self.model_name_or_path, self.gguf_file)
         where = self.model_name_or_path if self.model_name_or_path == BUNDLED_SMOLLM2 else os.path.abspath(folder)
-        key = f"local-hf:{where}:{gguf or ''}:{self.resolved_dtype}"
+        # the files' stamp: a model rewritten in place (or another version of the bundled package) misses the cache
+        if self._weights_stamp is None:  # read once per backend (the key is read for every request)
+            self._weights_stamp = files_stamp(folder if gguf is None else Path(folder) / gguf)
+        weights = self._weights_stamp
+        key = f"local-hf:{where}:{gguf or ''}:{weights}:{self.resolved_dtype}"
         if self.chat_template is not None:  # another template, other prompts
             key += ":template-" + hashlib.sha256(self.chat_template.encode("utf-8")).hexdigest()[:12]
         if self.response_prefix:  # other prompts, other outputs
@@ -211,6 +217,12 @@ class LocalHFBackend(LLMBackend):
             key += f":rep-{self.repetition_penalty:g}"
         key += self._adapter_key
         return key
+
+    def variant_key(self, params: GenerationParams, constrained: bool) -> str:
+        """Sampled answers depend on the batches (one seed per batch) and on the device's random numbers."""
+        if params.temperature == 0:
+            return ""
+        return f":sampled-bs{self.batch_size}-{torch.device(self.resolved_device).type}"
 
     @property
     def resolved_device(self) -> str:

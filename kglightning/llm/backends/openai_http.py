@@ -273,6 +273,10 @@ class OpenAIChatBackend(LLMBackend):
     def cache_key(self) -> str:
         return f"openai-chat:{self.base_url}:{self.model}"
 
+    def variant_key(self, params: GenerationParams, constrained: bool) -> str:
+        """How constrained answers were asked for (a server that ignores one field answers unconstrained)."""
+        return f":so-{self.structured_outputs}" if constrained else ""
+
     def request_body(self, messages: list[ChatMessage], params: GenerationParams) -> dict[str, Any]:
         """The JSON body of one ``POST /chat/completions``."""
         body: dict[str, Any] = {
