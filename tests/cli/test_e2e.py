@@ -82,6 +82,13 @@ def _metrics(tmp_path: Path, version: str) -> dict[str, float]:
     return out
 
 
+def _check_consistent(metrics: dict[str, float]) -> None:
+    """Every metric is logged, and F1 is the harmonic mean of the logged precision and recall."""
+    assert set(METRICS) <= set(metrics), set(METRICS) - set(metrics)
+    p, r = metrics["test/precision"], metrics["test/recall"]
+    assert metrics["test/f1"] == pytest.approx(2 * p * r / (p + r) if p + r else 0.0, abs=1e-5)
+
+
 def test_fit_test_predict_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
     ckpt = tmp_path / "outputs/detector/graph_transformer/checkpoints/best.ckpt"
     _cli(tmp_path, "fit", *_fixture_args(detection_dir, tiny_encoder_dir, "fit"))
@@ -91,8 +98,7 @@ def test_fit_test_predict_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
 
     _cli(tmp_path, "test", *_fixture_args(detection_dir, tiny_encoder_dir, "test1"), "--ckpt_path", str(ckpt))
     single = _metrics(tmp_path, "test1")
-    for name in METRICS:
-        assert 0.0 <= single[name] <= 1.0, name
+    _check_consistent(single)
 
     ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
     _cli(tmp_path, "test", *_fixture_args(detection_dir, tiny_encoder_dir, "test2"), *ddp, "--ckpt_path", str(ckpt))
@@ -166,8 +172,7 @@ def test_main_job_on_embedded_subset(tmp_path):
     proc = _cli(tmp_path, "test", "--config", str(ROOT / "configs/detector.yaml"), *bound, "--ckpt_path", str(ckpt))
     assert "test/mostfrequent/f1" in proc.stdout and "test/random/auc_pr" in proc.stdout
     metrics = _metrics(tmp_path, "main")
-    for name in METRICS:
-        assert 0.0 <= metrics[name] <= 1.0, name
+    _check_consistent(metrics)
 
 
 def test_conformal_callback_through_the_cli_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
