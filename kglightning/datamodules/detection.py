@@ -161,10 +161,11 @@ class DetectionDataModule(KGQADataModule):
             rows = []
             for name in g.answer_names:
                 hops, texts = by_name.get(name, (None, []))
-                feats = {
-                    "path_score": float((table[[ids[t] for t in texts]] @ question).max()) if texts else 0.0,
-                    "hops": (hops if hops is not None else self.path_max_hops + 1) / self.path_max_hops,
-                }
+                feats = {}  # only the features asked for: path texts are embedded for path_score alone
+                if "path_score" in self.answer_features:
+                    feats["path_score"] = float((table[[ids[t] for t in texts]] @ question).max()) if texts else 0.0
+                if "hops" in self.answer_features:
+                    feats["hops"] = (hops if hops is not None else self.path_max_hops + 1) / self.path_max_hops
                 rows.append([feats[f] for f in self.answer_features])
             g.answer_features = torch.tensor(rows, dtype=torch.float).view(-1, len(self.answer_features))
 

@@ -6,7 +6,7 @@ One :class:`torch_geometric.data.Data` per question holds only integer ids into 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -57,7 +57,8 @@ def answer_paths(
     record: KGQARecord, answers: Sequence[str], max_hops: int = 3, max_paths: int = 20
 ) -> list[tuple[int | None, list[str]]]:
     """Per answer: the hop count of its nearest topic entity (``None``: unreachable within ``max_hops``) and the texts
-    of the shortest relation paths from there (``"inverse of location country capital -> ..."``).
+    of the shortest relation paths from there (``"inverse of location country capital -> ..."``). An answer is
+    searched as the node it names (:func:`node_matcher`: ``"paris"`` is the node ``Paris``).
 
     Example:
         >>> r = KGQARecord("q", "capital of France?", [], ["France"], [], [("France", "location.country.capital",
@@ -67,14 +68,38 @@ def answer_paths(
     """
     kg = KGIndex.from_record(record)
     topics = [q for q in dict.fromkeys(record.q_entity) if q in kg]
-    found = {t: shortest_relation_paths_many(kg, t, answers, max_hops, max_paths) for t in topics}
+    match = node_matcher(record)
+    nodes = [match(a) for a in answers]
+    targets = list(dict.fromkeys(n for n in nodes if n is not None))
+    found = {t: shortest_relation_paths_many(kg, t, targets, max_hops, max_paths) for t in topics}
     out: list[tuple[int | None, list[str]]] = []
-    for a in answers:
-        per_topic = [found[t].get(a) or [] for t in topics]
+    for node in nodes:
+        per_topic = [found[t].get(node) or [] for t in topics] if node is not None else []
         hops = min((len(p[0]) for p in per_topic if p), default=None)
         texts = [path_text(p) for paths in per_topic for p in paths if hops is not None and len(p) == hops and p]
         out.append((hops, list(dict.fromkeys(texts))))
     return out
+
+
+def node_matcher(record: KGQARecord) -> Callable[[str], str | None]:
+    """How a proposed answer names a node of ``record``'s graph: the node with that exact name, else the one node
+    whose RoG-normalised name is the answer's (``"paris"`` -> ``"Paris"``); ``None`` for no node, or for several.
+
+    Example:
+        >>> match = node_matcher(KGQARecord("q", "?", [], ["France"], [], [("France", "capital", "Paris")]))
+        >>> match("paris"), match("Paris"), match("Lyon")
+        ('Paris', 'Paris', None)
+    """
+    nodes = {n: None for h, _, t in record.graph for n in (h, t)}
+    by_norm: dict[str, str | None] = {}
+    for name in nodes:
+        key = normalize(name)
+        by_norm[key] = name if key not in by_norm else None  # ambiguous normalised names match nothing
+
+    def match(answer: str) -> str | None:
+        return answer if answer in nodes else by_norm.get(normalize(answer))
+
+    return match
 
 
 def build_detection_graph(
@@ -94,10 +119,7 @@ def build_detection_graph(
         node_of.setdefault(h, len(node_of))
         node_of.setdefault(t, len(node_of))
     virtual = len(node_of)
-    by_norm: dict[str, int | None] = {}
-    for name, i in node_of.items():
-        key = normalize(name)
-        by_norm[key] = i if key not in by_norm else None  # ambiguous normalised names match nothing
+    match = node_matcher(record)
 
     gold = {normalize(a) for a in [*record.answer, *record.a_entity]}
     answer_nodes: list[int] = []
@@ -108,7 +130,8 @@ def build_detection_graph(
         if normalize(pred) in ABSTENTIONS or pred.strip().lower() in ABSTENTIONS:
             stats.abstained += 1
             continue
-        node = node_of.get(pred, by_norm.get(normalize(pred)))
+        matched = match(pred)
+        node = None if matched is None else node_of[matched]
         if node is None:
             stats.unmatched += 1
             if len(stats.unmatched_examples) < 5:

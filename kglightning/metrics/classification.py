@@ -1,7 +1,8 @@
 """Threshold-free and thresholded binary classification metrics (KG-Guard's hallucination detector).
 
-These come from torchmetrics as they are; this module only names them the way the papers do and bundles KG-Guard's
-set (F1, precision, recall, accuracy, AUROC, AUC-PR). AUC-PR is torchmetrics' average precision (the step-wise area
+These come from torchmetrics; this module names them the way the papers do and bundles KG-Guard's set (F1,
+precision, recall, accuracy, AUROC, AUC-PR). The thresholded ones flag a node when its score is ``>= threshold``,
+the rule the detector tunes its threshold for and predicts with (torchmetrics' own rule is ``>``). AUC-PR is torchmetrics' average precision (the step-wise area
 under the precision-recall curve, as ``sklearn.metrics.average_precision_score``), not a trapezoidal area.
 """
 
@@ -44,26 +45,58 @@ class AUCPR(BinaryAveragePrecision):
     """
 
 
+class _FlagsAtThreshold:
+    """A torchmetrics binary metric whose node is flagged when its score is ``>= threshold``.
+
+    torchmetrics flags ``score > threshold``; the detector tunes its threshold for ``>=`` (a tuned threshold is one
+    of the validation scores, :func:`~kglightning.modules.detector.best_f1_threshold`) and flags with ``>=``, so the
+    scores become 0/1 flags here, which torchmetrics then counts as they are. One rule everywhere.
+    """
+
+    threshold: float
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        super().update((preds >= self.threshold).int(), target)  # type: ignore[misc]
+
+
+class F1AtThreshold(_FlagsAtThreshold, BinaryF1Score):
+    """Binary F1 of the nodes flagged at ``score >= threshold``."""
+
+
+class PrecisionAtThreshold(_FlagsAtThreshold, BinaryPrecision):
+    """Binary precision of the nodes flagged at ``score >= threshold``."""
+
+
+class RecallAtThreshold(_FlagsAtThreshold, BinaryRecall):
+    """Binary recall of the nodes flagged at ``score >= threshold``."""
+
+
+class AccuracyAtThreshold(_FlagsAtThreshold, BinaryAccuracy):
+    """Binary accuracy of the nodes flagged at ``score >= threshold``."""
+
+
 def detection_metrics(threshold: float = 0.5, prefix: str | None = None) -> MetricCollection:
     """KG-Guard's detector metrics as one ``MetricCollection``: f1, precision, recall, acc, auroc, auc_pr.
 
     Args:
-        threshold: score above which a node is flagged (for F1, precision, recall and accuracy).
+        threshold: a node is flagged when its score is ``>= threshold`` (for F1, precision, recall and accuracy).
         prefix: optional key prefix, e.g. ``"val/"``.
 
     Example:
         >>> import torch
-        >>> m = detection_metrics()
+        >>> m = detection_metrics(threshold=0.8)
         >>> m.update(torch.tensor([0.9, 0.8, 0.3, 0.1]), torch.tensor([1, 0, 1, 0]))
         >>> {k: round(v.item(), 4) for k, v in m.compute().items()}
         {'acc': 0.5, 'auc_pr': 0.8333, 'auroc': 0.75, 'f1': 0.5, 'precision': 0.5, 'recall': 0.5}
+
+    The node scored exactly 0.8 is flagged (torchmetrics' ``>`` would leave it: precision 1.0, F1 0.667).
     """
     return MetricCollection(
         {
-            "f1": BinaryF1Score(threshold=threshold),
-            "precision": BinaryPrecision(threshold=threshold),
-            "recall": BinaryRecall(threshold=threshold),
-            "acc": BinaryAccuracy(threshold=threshold),
+            "f1": F1AtThreshold(threshold=threshold),
+            "precision": PrecisionAtThreshold(threshold=threshold),
+            "recall": RecallAtThreshold(threshold=threshold),
+            "acc": AccuracyAtThreshold(threshold=threshold),
             "auroc": BinaryAUROC(),
             "auc_pr": BinaryAveragePrecision(),
         },
@@ -80,20 +113,21 @@ def detection_scores(probs: Tensor, target: Tensor, threshold: float = 0.5) -> d
     Args:
         probs: ``(N,)`` scores in ``[0, 1]``.
         target: ``(N,)`` 0/1 labels.
-        threshold: score above which a node is flagged.
+        threshold: a node is flagged when its score is ``>= threshold``.
 
     Example:
         >>> import torch
-        >>> scores = detection_scores(torch.tensor([0.9, 0.8, 0.3, 0.1]), torch.tensor([1, 0, 1, 0]))
+        >>> scores = detection_scores(torch.tensor([0.9, 0.8, 0.3, 0.1]), torch.tensor([1, 0, 1, 0]), 0.8)
         >>> {k: round(v.item(), 4) for k, v in scores.items()}
         {'f1': 0.5, 'precision': 0.5, 'recall': 0.5, 'acc': 0.5, 'auroc': 0.75, 'auc_pr': 0.8333}
     """
     target = target.long()
+    flags = (probs >= threshold).int()  # the detector's rule (torchmetrics' own is ``>``)
     return {
-        "f1": binary_f1_score(probs, target, threshold=threshold),
-        "precision": binary_precision(probs, target, threshold=threshold),
-        "recall": binary_recall(probs, target, threshold=threshold),
-        "acc": binary_accuracy(probs, target, threshold=threshold),
+        "f1": binary_f1_score(flags, target),
+        "precision": binary_precision(flags, target),
+        "recall": binary_recall(flags, target),
+        "acc": binary_accuracy(flags, target),
         "auroc": binary_auroc(probs, target),
         "auc_pr": binary_average_precision(probs, target),
     }
@@ -115,6 +149,10 @@ def set_threshold(metrics: MetricCollection, threshold: float) -> MetricCollecti
 
 __all__ = [
     "AUCPR",
+    "AccuracyAtThreshold",
+    "F1AtThreshold",
+    "PrecisionAtThreshold",
+    "RecallAtThreshold",
     "BinaryAUROC",
     "BinaryAveragePrecision",
     "auc_pr",

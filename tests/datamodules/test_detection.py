@@ -185,3 +185,31 @@ def test_test_stage_prepares_only_what_test_reads(splits, tmp_path, tiny_encoder
     dm.trainer = trainer
     dm.prepare_data()
     assert set(dm._read) == {"validation", "test"}
+
+
+def _two_hop_split(prediction: list[str]) -> list[dict]:
+    graph = [["France", "location.country.capital", "Paris"], ["Paris", "location.location.containedby", "Europe"]]
+    return [{"id": "q", "question": "Where is the capital of France?", "answer": ["Paris"], "q_entity": ["France"],
+             "a_entity": ["Paris"], "graph": graph, "prediction": prediction}]  # fmt: skip
+
+
+def test_hops_alone_need_no_path_texts(tmp_path, tiny_encoder_dir):
+    # an answer two hops away: with hops only, no path text is embedded, and none is looked up
+    folder = _write(tmp_path / "d", {s: _two_hop_split(["Europe", "Paris"]) for s in ("train", "validation", "test")})
+    dm = _dm(folder, tmp_path, tiny_encoder_dir, answer_features=["hops"], path_max_hops=2)
+    dm.prepare_data()
+    dm.setup("fit")
+    (g,) = dm.datasets["train"]
+    assert g.answer_names == ["Europe", "Paris"]
+    assert g.answer_features.flatten().tolist() == [1.0, 0.5]  # 2 / 2 hops, 1 / 2
+
+
+def test_an_answer_matched_by_its_normalised_name_has_the_node_s_features(tmp_path, tiny_encoder_dir):
+    folder = _write(tmp_path / "d", {s: _two_hop_split(["paris", "Mars"]) for s in ("train", "validation", "test")})
+    dm = _dm(folder, tmp_path, tiny_encoder_dir, answer_features=["hops", "path_score"], path_max_hops=2)
+    dm.prepare_data()
+    dm.setup("fit")
+    (g,) = dm.datasets["train"]
+    assert g.answer_names == ["paris"] and g.y.tolist() == [0.0]  # matched to Paris and labelled correct
+    hops, score = g.answer_features[0].tolist()
+    assert hops == 0.5 and score != 0.0  # one hop from France, with its path, not "unreachable"

@@ -119,6 +119,23 @@ def test_best_f1_threshold_hand_computed():
     assert thr == pytest.approx(0.35) and f1 == pytest.approx(0.8)
 
 
+def test_the_tuned_f1_is_the_logged_f1_and_ties_are_flagged():
+    from kglightning.metrics.classification import detection_metrics, detection_scores
+
+    # the best threshold is a score (0.8) that two nodes share: one hallucinated, one not
+    probs = torch.tensor([0.95, 0.8, 0.8, 0.3, 0.1])
+    target = torch.tensor([1, 1, 0, 0, 0])
+    thr, f1 = best_f1_threshold(probs, target)
+    assert thr == pytest.approx(0.8) and f1 == pytest.approx(0.8)  # p >= 0.8: TP 2, FP 1 -> F1 4/5
+    assert float(detection_scores(probs, target, thr)["f1"]) == pytest.approx(f1)
+    metrics = detection_metrics(threshold=thr)
+    metrics.update(probs, target)
+    assert float(metrics.compute()["f1"]) == pytest.approx(f1)
+    # a saturated threshold still flags the nodes scored 1.0
+    saturated = detection_scores(torch.tensor([1.0, 1.0, 0.2]), torch.tensor([1, 0, 0]), 1.0)
+    assert float(saturated["recall"]) == 1.0 and float(saturated["precision"]) == 0.5
+
+
 def test_bootstrap_threshold_holds_up_on_small_validation_sets():
     # 30 validation sets of 60 nodes (20% hallucinated, overlapping scores), each threshold applied to one large test
     # set of the same distribution: the bootstrap median gives a higher and steadier test F1 than the plain best-F1
