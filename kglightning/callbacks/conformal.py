@@ -42,7 +42,10 @@ class ConformalCallback(Callback):
 
     * ``"fit_end"``: once, at the end of ``fit``, on ``trainer.datamodule.val_dataloader()`` (or the trainer's
       validation loaders), module in eval mode, no grad. Checkpoints written *during* ``fit`` (``ModelCheckpoint``)
-      predate this; save with ``trainer.save_checkpoint`` afterwards to keep ``qhat``.
+      predate this; save with ``trainer.save_checkpoint`` afterwards to keep ``qhat``. When ``test`` or ``predict``
+      then loads such a checkpoint (``ckpt_path="best"``, as ``--test_after_fit`` and ``seeds`` do), its weights
+      are not those ``qhat`` was fitted on, so ``qhat`` is fitted again, on the same validation data, with the
+      weights that are tested.
     * ``"validation"``: after every validation epoch (sanity check excepted), from the scores of that epoch, so that
       every ``ModelCheckpoint`` checkpoint holds the ``qhat`` of its weights. Note that choosing the best checkpoint
       on the same validation data makes it not strictly exchangeable with test data.
@@ -91,6 +94,7 @@ class ConformalCallback(Callback):
         self.alpha, self.calibration, self.coverage, self.fit_on = alpha, calibration, coverage, fit_on
         self.qhat: float | None = None
         self.n_cal: int = 0
+        self._other_weights = False  # a checkpoint without qhat was loaded over the weights qhat was fitted on
         self._val_scores: list[Tensor] = []
         self._val_keys: list[Tensor | None] = []
         self.test_coverage = EmpiricalCoverage(mode=coverage)
@@ -195,7 +199,23 @@ class ConformalCallback(Callback):
                 "after fitting"
             )
 
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("callbacks", {}).get(self.state_key)
+        self._other_weights = self.fitted and not saved
+
+    def _refit_for_loaded_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._other_weights:
+            return
+        self._other_weights = False
+        before = self.qhat
+        self.fit(trainer, pl_module)
+        log.info(
+            "ConformalCallback: %s holds no qhat; fitted again on the validation data with its weights "
+            "(qhat %.6g -> %.6g)", trainer.ckpt_path, before, self.qhat
+        )  # fmt: skip
+
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._refit_for_loaded_weights(trainer, pl_module)
         self._require_fitted()
         late = _writers_before(self, trainer.callbacks)
         if late:  # only if something reordered the callbacks after setup
@@ -205,6 +225,7 @@ class ConformalCallback(Callback):
             )
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._refit_for_loaded_weights(trainer, pl_module)
         self._require_fitted()
         self.test_coverage = self.test_coverage.to(pl_module.device)
         self.test_set_size = self.test_set_size.to(pl_module.device)

@@ -207,3 +207,31 @@ def test_scores_dataclass_any_all_and_padding():
     assert cs.sets(math.inf).sum(1).tolist() == [3, 2]  # padding never enters a set
     with pytest.raises(ValueError, match="shape"):
         ConformalScores(torch.zeros(2, 2), labels=torch.zeros(2, 3).bool())
+
+
+def test_fit_end_qhat_is_refitted_for_the_checkpoint_that_is_tested(detection_dir, tiny_encoder_dir, tmp_path):
+    """test(ckpt_path="best") after fit_on="fit_end" calibrates the best weights, not the last epoch's."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    L.seed_everything(0)
+    dm = _dm(detection_dir, tiny_encoder_dir, tmp_path)
+    model = HallucinationDetector(text_dim=32, encoder=ENCODER, optimizer=partial(torch.optim.Adam, lr=0.05))
+    cb = ConformalCallback(alpha=0.2, fit_on="fit_end")
+    # "best" is the first epoch's checkpoint: the lowest epoch number
+    first = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="epoch_score", mode="min", save_top_k=1)
+
+    class EpochScore(L.Callback):
+        def on_validation_epoch_end(self, trainer, pl_module):
+            pl_module.log("epoch_score", float(trainer.current_epoch))
+
+    trainer = L.Trainer(
+        max_epochs=3, logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        accelerator="cpu", callbacks=[EpochScore(), first, cb], num_sanity_val_steps=0,
+    )  # fmt: skip
+    trainer.fit(model, dm)
+    last_qhat = cb.qhat
+    assert "epoch=0" in first.best_model_path
+    trainer.test(model, dm, ckpt_path="best", verbose=False)
+    best = HallucinationDetector.load_from_checkpoint(first.best_model_path, encoder=ENCODER)
+    expected = float(conformal_quantile(_scores(best, dm.val_dataloader()).calibration_scores("all"), 0.2))
+    assert cb.qhat == pytest.approx(expected) and cb.qhat != pytest.approx(last_qhat)
