@@ -98,7 +98,8 @@ class ProxyGRPO(HandOptimized, ProxySFT):
             use these and a larger data ``batch_size``.
         **kwargs: :class:`~kglightning.modules.ProxySFT`'s arguments: ``model``, ``adapter_path`` (the SFT adapter:
             the start and the reference), ``lora`` (a fresh adapter's shape, without ``adapter_path``),
-            ``save_adapter_dir``, ``optimizer`` (default AdamW with the paper's lr 1.41e-5), ``generation``
+            ``save_adapter_dir``, ``export`` (which weights it writes: ``best`` by the checkpoint callback's monitor,
+            else the last step's), ``optimizer`` (default AdamW with the paper's lr 1.41e-5), ``generation``
             (predict-time decoding), ``prompt_format`` (default App. A.2's RL instruction in the chat template).
     """
 

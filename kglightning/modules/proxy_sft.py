@@ -32,6 +32,7 @@ from kglightning.llm.generation import generate_exactly
 from kglightning.llm.lora import DEFAULT_TARGET_MODULES, LoRASettings
 from kglightning.llm.parsing import ParseStats
 from kglightning.llm.trie import KGTrie, KGTrieLogitsProcessor
+from kglightning.modules.export import ExportChoice, exported_weights
 
 __all__ = ["DEFAULT_TARGET_MODULES", "EvidenceGeneration", "ProxySFT"]
 
@@ -96,6 +97,8 @@ class ProxySFT(L.LightningModule):
         adapter_path: a PEFT adapter folder (from :meth:`save_adapter`) to start from; its own LoRA config then
             replaces ``lora``.
         save_adapter_dir: where to write the adapter at the end of ``fit`` (``None``: not written).
+        export: which adapter weights it writes: ``"best"`` (the best checkpoint's, by the checkpoint callback's
+            monitor; the last step's when no checkpoint is chosen by a monitored metric) or ``"last"``.
         optimizer: optimizer factory over the LoRA weights; default AdamW(lr=2e-5), the paper's SFT setting.
         generation: how evidence is generated at predict time (:class:`EvidenceGeneration`: K, beam or greedy,
             length).
@@ -119,8 +122,12 @@ class ProxySFT(L.LightningModule):
         generation: EvidenceGeneration = EvidenceGeneration(),
         prompt_format: ProxyPrompt = ProxyPrompt(),
         val_generate_batches: int = 2,
+        export: ExportChoice = "best",
     ) -> None:
         super().__init__()
+        if export not in ("best", "last"):
+            raise ValueError(f"export must be 'best' or 'last', got {export!r}")
+        self.export = export
         from peft import PeftModel, get_peft_model
 
         self.save_hyperparameters(ignore=list(self.hparams_ignore))
@@ -341,9 +348,10 @@ class ProxySFT(L.LightningModule):
         self.model.save_pretrained(directory, is_main_process=main, selected_adapters=["default"])
 
     def on_fit_end(self) -> None:
-        if self.save_adapter_dir is not None:
-            self.save_adapter(self.save_adapter_dir)
-            rank_zero_info(f"saved the LoRA adapter to {self.save_adapter_dir}")
+        if self.save_adapter_dir is not None and self.trainer.is_global_zero:  # one process reads the checkpoint
+            with exported_weights(self, self.export) as source:
+                self.save_adapter(self.save_adapter_dir)
+            rank_zero_info(f"saved the LoRA adapter ({source}) to {self.save_adapter_dir}")
 
     def _trainable_keys(self) -> set[str]:
         return {name for name, p in self.named_parameters() if p.requires_grad}

@@ -27,6 +27,7 @@ from torch import Tensor
 from torchmetrics.classification import BinaryAUROC
 
 from kglightning.data.embeddings import BUNDLED_MINILM, bundled_minilm_path
+from kglightning.modules.export import ExportChoice, exported_weights
 
 __all__ = ["RelationScorer", "cosine_similarity_loss", "freeze_unused_parameters"]
 
@@ -98,6 +99,8 @@ class RelationScorer(L.LightningModule):
         warmup_ratio: share of the total steps with linear warmup; then linear decay to 0 (UAG's WarmupLinear).
         max_seq_length: truncate texts to this many tokens (``None``: the model's own limit).
         export_dir: where :meth:`on_fit_end` writes the fine-tuned encoder (``None``: not written).
+        export: which weights it writes: ``"best"`` (the best checkpoint's, by the checkpoint callback's monitor,
+            ``val/loss`` in ``configs/relation_scorer.yaml``) or ``"last"`` (the last step's).
 
     Parameters the sentence embedding does not use (BERT's pooler) are frozen at construction (:attr:`frozen` lists
     them), so that DDP, which needs a gradient for every trainable parameter, runs.
@@ -113,8 +116,11 @@ class RelationScorer(L.LightningModule):
         warmup_ratio: float = 0.1,
         max_seq_length: int | None = 64,
         export_dir: str | None = "outputs/relation_scorer/encoder",
+        export: ExportChoice = "best",
     ) -> None:
         super().__init__()
+        if export not in ("best", "last"):
+            raise ValueError(f"export must be 'best' or 'last', got {export!r}")
         self.save_hyperparameters(ignore=["optimizer"])
         self.optimizer = optimizer
         self.encoder = _load_sentence_transformer(model, max_seq_length)
@@ -200,5 +206,6 @@ class RelationScorer(L.LightningModule):
 
     def on_fit_end(self) -> None:
         if self.hparams.export_dir and self.trainer.is_global_zero:
-            path = self.export(self.hparams.export_dir)
-            print(f"RelationScorer: fine-tuned encoder saved to {Path(path).resolve()}")
+            with exported_weights(self, self.hparams.get("export", "best")) as source:
+                path = self.export(self.hparams.export_dir)
+            print(f"RelationScorer: fine-tuned encoder ({source}) saved to {Path(path).resolve()}")

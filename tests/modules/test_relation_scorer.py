@@ -129,3 +129,38 @@ def test_the_unused_pooler_is_frozen_so_ddp_can_run(tiny_encoder_dir):
     loss = cosine_similarity_loss(module(["capital of France?"], ["location country capital"]), torch.tensor([1.0]))
     loss.backward()
     assert all(p.grad is not None for p in module.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("which", ["best", "last"])
+def test_the_export_is_the_best_checkpoint_unless_last_is_asked(tiny_encoder_dir, tmp_path, which):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from kglightning.data import SentenceEncoder
+
+    L.seed_everything(0)
+    module = RelationScorer(model=tiny_encoder_dir, optimizer=partial(torch.optim.AdamW, lr=3e-3),
+                            export_dir=str(tmp_path / "encoder"), export=which)  # fmt: skip
+
+    class EpochScore(L.Callback):  # "best" is the first epoch's checkpoint
+        def on_validation_epoch_end(self, trainer, pl_module):
+            pl_module.log("epoch_score", float(trainer.current_epoch))
+
+    first = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="epoch_score", mode="min")
+    loader = DataLoader(_pairs(), batch_size=8, shuffle=True, collate_fn=collate_pairs)
+    val = DataLoader(_pairs(), batch_size=8, collate_fn=collate_pairs)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=3, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path, num_sanity_val_steps=0,
+                        callbacks=[EpochScore(), first])  # fmt: skip
+    trainer.fit(module, train_dataloaders=loader, val_dataloaders=val)
+    last = {k: v.clone() for k, v in module.state_dict().items()}
+    best = torch.load(first.best_model_path, weights_only=False)["state_dict"]
+    assert "epoch=0" in first.best_model_path
+    texts = ["capital of France?", "location.country.capital"]
+    exported = SentenceEncoder(str(tmp_path / "encoder"), show_progress=False).encode(texts)
+    want = best if which == "best" else last
+    module.load_state_dict(want)
+    module.eval()
+    with torch.no_grad():
+        assert torch.allclose(exported, torch.nn.functional.normalize(module.embed(texts), dim=-1), atol=1e-5)
+    module.load_state_dict(last)
+    assert any(not torch.equal(best[k], last[k]) for k in best)  # the two exports differ
