@@ -58,6 +58,35 @@ def version_string() -> str:
         return f"{PROG} {kglightning.__version__}"
 
 
+def default_t_max(config: Any) -> None:
+    """An epoch-wise scheduler with a ``T_max`` left unset (:class:`kglightning.modules.schedules.CosineAnnealingLR`)
+    spans the run: ``T_max`` defaults to ``trainer.max_epochs``. A ``T_max`` the user set is kept (a note is printed
+    when it differs from ``max_epochs``). torch's own ``CosineAnnealingLR`` requires ``T_max`` at parse time.
+
+    Raises:
+        ValueError: ``T_max`` is unset and so is ``trainer.max_epochs``: nothing says how long the schedule is.
+    """
+    model = config.get("model")
+    init = model.get("init_args") if model is not None and hasattr(model, "get") else None
+    scheduler = init.get("scheduler") if init is not None and hasattr(init, "get") else None
+    if scheduler is None or not hasattr(scheduler, "get") or scheduler.get("class_path") is None:
+        return
+    args = scheduler.get("init_args")
+    if args is None or "T_max" not in args:  # a scheduler without T_max
+        return
+    max_epochs = config.get("trainer", {}).get("max_epochs")
+    name = str(scheduler["class_path"]).rsplit(".", 1)[-1]
+    if args["T_max"] is None:
+        if max_epochs is None or max_epochs < 0:
+            raise ValueError(
+                f"{name} needs T_max (model.init_args.scheduler.init_args.T_max) or trainer.max_epochs: neither is set"
+            )
+        args["T_max"] = max_epochs
+    elif max_epochs is not None and args["T_max"] != max_epochs:
+        print(f"note: {name} T_max={args['T_max']} (set) differs from trainer.max_epochs={max_epochs}; kept",
+              file=sys.stderr)  # fmt: skip
+
+
 class KGLightningCLI(LightningCLI):
     """LightningCLI with kglightning's links between data and model, ``--version`` and the extra subcommands in
     the top-level help."""
@@ -81,8 +110,6 @@ class KGLightningCLI(LightningCLI):
         parser.link_arguments("model.init_args.model", "data.init_args.tokenizer")
         # ... and rendered as the model will see them at predict time (ProxySFT.prompt_format -> ProxySFTDataModule)
         parser.link_arguments("model.init_args.prompt_format", "data.init_args.prompt_format")
-        # an epoch-wise scheduler that anneals to the end (CosineAnnealingLR) spans the run's epochs
-        parser.link_arguments("trainer.max_epochs", "model.init_args.scheduler.init_args.T_max")
         parser.add_argument(
             "--test_after_fit",
             type=bool,
@@ -90,6 +117,10 @@ class KGLightningCLI(LightningCLI):
             help="fit only: test the best checkpoint (or the last weights, without a checkpoint) in the same process "
             "once training ends, so the data and the model are loaded once",
         )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        default_t_max(config)
 
     def after_fit(self) -> None:
         if not self.config[self.subcommand].get("test_after_fit"):

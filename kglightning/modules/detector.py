@@ -162,8 +162,8 @@ class HallucinationDetector(L.LightningModule):
         dropout: MLP dropout.
         optimizer: optimizer factory; default Adam(lr=1e-3, weight_decay=1e-4) as in the paper.
         scheduler: learning-rate scheduler factory, stepped once per epoch (e.g.
-            ``torch.optim.lr_scheduler.CosineAnnealingLR`` with ``T_max`` = the number of epochs); ``None``: a
-            constant rate.
+            :class:`kglightning.modules.schedules.CosineAnnealingLR`, whose ``T_max`` defaults to the number of epochs
+            in the CLI); ``None``: a constant rate.
         threshold: initial decision threshold.
         tune_threshold: re-tune the threshold on validation.
         threshold_resamples: ``0``: the threshold is the best-F1 one on the validation set; ``B > 0``: the median

@@ -152,3 +152,43 @@ def test_bad_config_value_is_a_clear_error(capsys):
         main(["fit", "--config", str(ROOT / "configs/detector.yaml"), "--data.init_args.on_bad_record", "ignore"])
     assert exc.value.code != 0
     assert "on_bad_record" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("t_max", "max_epochs", "expected"),
+    [(None, 7, 7), (3, 7, 3), (3, None, 3), (None, None, "needs T_max")],
+)
+def test_t_max_defaults_to_max_epochs_and_a_set_value_is_kept(t_max, max_epochs, expected, capsys):
+    from jsonargparse import Namespace
+
+    from kglightning.cli import default_t_max
+
+    scheduler = Namespace(
+        class_path="kglightning.modules.schedules.CosineAnnealingLR", init_args=Namespace(T_max=t_max)
+    )
+    config = Namespace(
+        trainer=Namespace(max_epochs=max_epochs), model=Namespace(init_args=Namespace(scheduler=scheduler))
+    )
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=expected):
+            default_t_max(config)
+        return
+    default_t_max(config)
+    assert config.model.init_args.scheduler.init_args.T_max == expected
+    assert ("differs" in capsys.readouterr().err) == (t_max is not None and max_epochs is not None)
+
+
+def test_a_config_s_t_max_reaches_the_scheduler(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    from kglightning.cli import KGLightningCLI
+
+    args = ["--config", str(ROOT / "configs/detector.yaml"), "--trainer.max_epochs", "7",
+            "--model.init_args.scheduler.init_args.T_max", "3", "--trainer.logger", "false"]  # fmt: skip
+    cli = KGLightningCLI(args=args, run=False)
+    scheduler = cli.model.scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    assert scheduler.T_max == 3 and cli.trainer.max_epochs == 7
+    default = KGLightningCLI(args=["--config", str(ROOT / "configs/detector.yaml"), "--trainer.max_epochs", "7",
+                                   "--trainer.logger", "false"], run=False)  # fmt: skip
+    assert default.model.scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)).T_max == 7
