@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from kglightning.data.cache import default_cache_root, files_stamp
 from kglightning.data.records import KGQARecord, RecordError
-from kglightning.data.sources.loaders import RecordList, read_records
+from kglightning.data.sources.loaders import HF_PREFIX, RecordList, hub_fingerprint, read_records
 from kglightning.data.splits import SPLITS, locate_splits
 from kglightning.retrieval.subgraphs import PCSTSubgraphs
 
@@ -178,6 +178,8 @@ class KGQADataModule(L.LightningDataModule):
         path, name = self.files()[split]
         if self.data_dir is None:
             ident = f"embedded-seed{self.benchmark_seed}:{Path(path).parent.name}:{Path(path).name}"
+        elif isinstance(path, str) and path.startswith(HF_PREFIX):  # hub data: its fingerprint names its content
+            ident = f"{path}:{name}:{hub_fingerprint(path, name)}"
         else:
             p = Path(path)  # a file or a dataset folder (save_to_disk, hub snapshot): stamped by its files
             ident = f"{p.resolve() if p.exists() else path}:{name}:{files_stamp(p)}"

@@ -147,3 +147,20 @@ def test_dataset_key_follows_a_saved_dataset_folder(tmp_path):
     key = KGQADataModule(data_dir=save(2)).dataset_key("train")
     assert key == KGQADataModule(data_dir=str(tmp_path / "saved")).dataset_key("train")
     assert key != KGQADataModule(data_dir=save(3)).dataset_key("train")  # saved again with other records
+
+
+def test_dataset_key_follows_hub_data_by_its_fingerprint(monkeypatch):
+    import datasets
+
+    prints = {"train": "aaa"}
+
+    def load_dataset(name, split=None):
+        ds = datasets.Dataset.from_list([_record("q0")])
+        ds._fingerprint = prints[split]
+        return ds
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    key = KGQADataModule(data_dir="hf:owner/kgqa").dataset_key("train")
+    assert key == KGQADataModule(data_dir="hf:owner/kgqa").dataset_key("train")
+    prints["train"] = "bbb"  # another revision in the local cache
+    assert KGQADataModule(data_dir="hf:owner/kgqa").dataset_key("train") != key

@@ -157,6 +157,18 @@ def _iter_dataset(ds: Any) -> Iterator[tuple[int, Any]]:
         yield from enumerate(ds)
 
 
+def hub_fingerprint(path: str, split: str | None) -> str:
+    """The ``datasets`` fingerprint of ``hf:owner/name`` (its ``split``, or every split): it changes with the data
+    (another revision downloaded), so caches of work derived from the records can key on it. Read from the local
+    ``datasets`` cache once downloaded."""
+    import datasets
+
+    loaded = datasets.load_dataset(path[len(HF_PREFIX) :], split=split)
+    if isinstance(loaded, datasets.DatasetDict):
+        return ",".join(f"{k}={v._fingerprint}" for k, v in sorted(loaded.items()))
+    return str(loaded._fingerprint)
+
+
 def _open(path: str | os.PathLike, split: str | None) -> tuple[str, Iterator[tuple[int, Any]], str | None]:
     """Resolve ``path`` to ``(source, iterator of (line, raw record or RecordError), split)``."""
     if isinstance(path, str) and path.startswith(HF_PREFIX):
