@@ -37,7 +37,8 @@ def plot_reliability_diagram(
     """Write a reliability diagram PNG: accuracy per confidence bin against the diagonal, over a confidence histogram.
 
     The top panel shows one bar per bin at its accuracy, a red "gap" bar up or down to the bin's mean confidence,
-    and the diagonal of perfect calibration; the bottom panel shows how many answers fall in each bin. The title
+    and the diagonal of perfect calibration; answers with confidence exactly 1.0 have their own narrow bar right of
+    1, as they have their own bin in the ECE; the bottom panel shows how many answers fall in each bin. The title
     carries ECE and MCE (see :func:`~kglightning.metrics.functional.calibration.expected_calibration_error`).
 
     Args:
@@ -64,7 +65,10 @@ def plot_reliability_diagram(
     ece = expected_calibration_error(conf, correct, n_bins=n_bins).item()
     mce = maximum_calibration_error(conf, correct, n_bins=n_bins).item()
     width = 1.0 / n_bins
-    left = [k * width for k in range(n_bins)]
+    # the n_bins bins, then the slot of confidence exactly 1.0 (its own bin in the ECE) as a narrow bar right of 1
+    edge = width / 2
+    left = [k * width for k in range(n_bins)] + [1.0]
+    widths = [width] * n_bins + [edge]
     nonempty = (bin_count > 0).tolist()
     acc = [a if ne else 0.0 for a, ne in zip(bin_acc.tolist(), nonempty)]
     gap_bottom = [min(a, c) if ne else 0.0 for a, c, ne in zip(bin_acc.tolist(), bin_conf.tolist(), nonempty)]
@@ -73,12 +77,12 @@ def plot_reliability_diagram(
     fig = Figure(figsize=(5, 6), dpi=100)
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    top.bar(left, acc, width=width, align="edge", color="tab:blue", edgecolor="black", label="accuracy")
+    top.bar(left, acc, width=widths, align="edge", color="tab:blue", edgecolor="black", label="accuracy")
     top.bar(
         left,
         gap_height,
         bottom=gap_bottom,
-        width=width,
+        width=widths,
         align="edge",
         color="tab:red",
         alpha=0.35,
@@ -87,14 +91,15 @@ def plot_reliability_diagram(
         label="gap to confidence",
     )
     top.plot([0, 1], [0, 1], linestyle="--", color="gray", label="perfect calibration")
-    top.set_xlim(0, 1)
+    top.set_xlim(0, 1 + edge)
+    top.axvline(1.0, color="black", linewidth=0.8)
     top.set_ylim(0, 1)
     top.set_ylabel("accuracy")
     top.legend(loc="upper left", fontsize="small")
     head = title if title is not None else "Reliability diagram"
     top.set_title(f"{head}\nECE = {ece:.4f}   MCE = {mce:.4f}   (n = {int(bin_count.sum().item())})")
-    bottom.bar(left, bin_count.tolist(), width=width, align="edge", color="tab:gray", edgecolor="black")
-    bottom.set_xlabel("confidence")
+    bottom.bar(left, bin_count.tolist(), width=widths, align="edge", color="tab:gray", edgecolor="black")
+    bottom.set_xlabel("confidence (the bar right of 1: confidence exactly 1.0)")
     bottom.set_ylabel("count")
     return save_figure(fig, path)
 

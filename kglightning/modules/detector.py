@@ -287,13 +287,15 @@ class HallucinationDetector(L.LightningModule):
         self.val_scores.reset()
         if probs.numel() == 0:
             return
+        if not self.trainer.sanity_checking:
+            # MostFrequent's class: the validation majority, whether or not the threshold is tuned
+            self.majority.fill_(float(target.float().mean() >= 0.5))
         if self.tune_threshold and not self.trainer.sanity_checking:
             if self.threshold_resamples:
                 thr = bootstrap_f1_threshold(probs, target, self.threshold_resamples, self.baseline_seed)
             else:
                 thr = best_f1_threshold(probs, target)[0]
             self.threshold.fill_(thr)
-            self.majority.fill_(float(target.float().mean() >= 0.5))
         values = {f"val/{k}": v for k, v in detection_scores(probs, target, float(self.threshold)).items()}
         values["val/threshold"] = self.threshold.clone()
         self.log("val/f1", values.pop("val/f1"), prog_bar=True)

@@ -88,7 +88,7 @@ def plot_reliability_comparison(
         ys = [a for a, k in zip(bin_acc.tolist(), keep) if k]
         ece = expected_calibration_error(conf, correct, n_bins=n_bins).item() * 100
         ax.plot(xs, ys, marker="o", label=f"{name} (ECE {ece:.1f}, n={len(conf)})")
-    ax.set_xlim(0, 1)
+    ax.set_xlim(0, 1.02)  # a point at 1.0: the bin of confidence exactly 1.0
     ax.set_ylim(0, 1)
     ax.set_xlabel("confidence")
     ax.set_ylabel("accuracy")

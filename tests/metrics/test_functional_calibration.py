@@ -49,16 +49,31 @@ def test_bin_sums_equal_torchmetrics(n_bins, norm):
     ours = calibration_error_from_bin_sums(*calibration_bin_sums(conf, correct, n_bins), norm=norm)
     ref = binary_calibration_error(conf, correct.long(), n_bins=n_bins, norm=norm)
     assert ours.item() == pytest.approx(ref.item(), abs=1e-6)
-    assert expected_calibration_error(conf, correct, n_bins, norm).item() == pytest.approx(ref.item(), abs=1e-7)
+    assert expected_calibration_error(conf, correct, n_bins, norm).item() == pytest.approx(ref.item(), abs=1e-6)
 
 
-def test_reliability_bins_fold_one_into_last_bin():
+def test_reliability_bins_are_the_ece_bins_with_one_apart():
     c, a, n = reliability_bins([0.1, 0.2, 0.9, 1.0, 0.6], [0, 1, 1, 1, 0], n_bins=2)
-    assert n.tolist() == [2.0, 3.0]
-    assert c.tolist() == pytest.approx([0.15, 2.5 / 3])
-    assert a.tolist() == pytest.approx([0.5, 2 / 3])
+    assert n.tolist() == [2.0, 2.0, 1.0]  # [0, .5), [.5, 1), exactly 1.0
+    assert c.tolist() == pytest.approx([0.15, 0.75, 1.0])
+    assert a.tolist() == pytest.approx([0.5, 0.5, 1.0])
     c, a, n = reliability_bins([0.05], [1], n_bins=4)
-    assert n.tolist() == [1.0, 0.0, 0.0, 0.0] and a.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert n.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0] and a.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    # the diagram's bins give the ECE
+    conf, correct = [0.1, 0.2, 0.9, 1.0, 0.6], [0, 1, 1, 1, 0]
+    c, a, n = reliability_bins(conf, correct, n_bins=2)
+    gaps = (a - c).abs() * n / n.sum()
+    assert float(gaps.sum()) == pytest.approx(float(expected_calibration_error(conf, correct, n_bins=2)), abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_confidence_lands_in_the_same_bin_in_either_dtype(dtype):
+    conf = torch.tensor([0.7, 0.9, 0.3, 0.1], dtype=dtype)
+    correct = torch.tensor([True, False, True, False])
+    _, _, n = calibration_bin_sums(conf, correct, n_bins=10)
+    assert n.nonzero().flatten().tolist() == [1, 3, 7, 9]  # 0.7 in [.7, .8), 0.9 in [.9, 1), as the decimals say
+    # bins [.1,.2) .1 wrong; [.3,.4) .3 right; [.7,.8) .7 right; [.9,1) .9 wrong: ECE = (.1 + .7 + .3 + .9) / 4
+    assert float(expected_calibration_error(conf, correct, n_bins=10)) == pytest.approx(0.5, abs=1e-6)
 
 
 def test_validation_and_empty():

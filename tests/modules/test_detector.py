@@ -294,3 +294,22 @@ def test_no_hook_makes_a_tensor_on_the_default_device(detection_dir, tiny_encode
     rows = [row for batch in trainer.predict(model, dm) for row in batch]
     assert trap.trap.sites == []
     assert 0 <= results["test/f1"] <= 1 and conformal.n_cal > 0 and all("conformal_set" in r for r in rows)
+
+
+def test_mostfrequent_takes_the_validation_majority_without_threshold_tuning(tiny_encoder_dir, tmp_path):
+    import json
+
+    graph = [["France", "capital", "Paris"], ["Paris", "river", "Seine"], ["France", "river", "Loire"]]
+    row = {"question": "capital of France?", "answer": ["Paris"], "q_entity": ["France"], "a_entity": ["Paris"],
+           "graph": graph}  # fmt: skip
+    preds = {"train": [["Paris", "Seine"], ["Loire"]], "validation": [["Paris"], ["Paris", "Loire"], ["Paris"]],
+             "test": [["Paris", "Seine"]]}  # fmt: skip  # validation: 4 faithful nodes of 5
+    for split, rows in preds.items():
+        lines = [json.dumps({**row, "id": f"{split}-{i}", "prediction": p}) for i, p in enumerate(rows)]
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    dm = DetectionDataModule(data_dir=str(tmp_path), encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+                             cache_dir=str(tmp_path / "cache"), batch_size=8)  # fmt: skip
+    model = HallucinationDetector(text_dim=32, encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=4),
+                                  tune_threshold=False)  # fmt: skip
+    _trainer(tmp_path, 1).fit(model, dm)
+    assert float(model.majority) == 0.0 and float(model.threshold) == 0.5  # faithful majority; threshold as given

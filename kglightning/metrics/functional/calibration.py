@@ -3,12 +3,13 @@
 Inputs are ``conf`` (one confidence in ``[0, 1]`` per proposed answer) and ``correct`` (whether that answer is right,
 see :func:`kglightning.metrics.functional.qa.answer_correctness`).
 
-Binning follows torchmetrics' ``binary_calibration_error`` exactly: boundaries are
-``torch.linspace(0, 1, n_bins + 1)`` in the dtype of ``conf`` and bin ``k`` holds ``boundaries[k] <= conf <
-boundaries[k + 1]``, so bins are closed on the left and open on the right. A confidence of exactly ``1.0`` therefore
-falls in an extra bin ``n_bins`` of its own (frequent with verbalized "100%" confidences). The bin-sum helpers below
-keep that layout (``n_bins + 1`` slots), so the DDP-safe Metric classes, which only store those sums, reproduce
-torchmetrics' numbers while using O(bins) memory. Confidences outside ``[0, 1]`` are rejected (torchmetrics would
+Binning follows torchmetrics' ``binary_calibration_error``: bin ``k`` holds ``k / n_bins <= conf < (k + 1) / n_bins``,
+closed on the left and open on the right, so a confidence of exactly ``1.0`` falls in an extra bin ``n_bins`` of its
+own (frequent with verbalized "100%" confidences). The bin-sum helpers below keep that layout (``n_bins + 1`` slots),
+so the DDP-safe Metric classes, which only store those sums, reproduce torchmetrics' numbers while using O(bins)
+memory. One difference: the comparison is always made in float32 against the boundaries ``k / n_bins`` rounded to
+float32, so a confidence of 0.7 lands in the same bin whether it arrives as float32 or float64 (torchmetrics compares
+in the input's dtype, where float32 0.7 and float64 0.7 sit on either side of their boundary). Confidences outside ``[0, 1]`` are rejected (torchmetrics would
 silently apply a sigmoid to them). Empty input gives ``nan``.
 """
 
@@ -19,7 +20,6 @@ from typing import Literal
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.classification import binary_calibration_error
 
 Norm = Literal["l1", "l2", "max"]
 
@@ -47,6 +47,21 @@ def _as_inputs(
     return conf_t, correct_t
 
 
+def bin_index(conf: Tensor, n_bins: int) -> Tensor:
+    """The bin of each confidence: ``k`` for ``k / n_bins <= conf < (k + 1) / n_bins``, ``n_bins`` for ``1.0``.
+
+    Compared in float32 against ``k / n_bins`` rounded to float32, whatever the input's dtype.
+
+    Example:
+        >>> bin_index(torch.tensor([0.7, 0.9], dtype=torch.float64), 10).tolist()
+        [7, 9]
+        >>> bin_index(torch.tensor([0.7, 0.9], dtype=torch.float32), 10).tolist()
+        [7, 9]
+    """
+    boundaries = (torch.arange(n_bins + 1, dtype=torch.float64, device=conf.device) / n_bins).float()
+    return torch.bucketize(conf.float(), boundaries, right=True) - 1
+
+
 def calibration_bin_sums(
     conf: Tensor | Sequence[float],
     correct: Tensor | Sequence[bool] | Sequence[float],
@@ -64,8 +79,7 @@ def calibration_bin_sums(
         ([1.0, 1.0, 1.0], [0.0, 1.0, 1.0])
     """
     conf_t, correct_t = _as_inputs(conf, correct, soft)
-    boundaries = torch.linspace(0, 1, n_bins + 1, dtype=conf_t.dtype, device=conf_t.device)
-    idx = torch.bucketize(conf_t, boundaries, right=True) - 1
+    idx = bin_index(conf_t, n_bins)
     zeros = torch.zeros(n_bins + 1, dtype=torch.float64, device=conf_t.device)
     conf_sum = zeros.scatter_add(0, idx, conf_t.to(torch.float64))
     correct_sum = zeros.scatter_add(0, idx, correct_t.to(torch.float64))
@@ -114,7 +128,8 @@ def target_calibration_error(
 def expected_calibration_error(
     conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool], n_bins: int = 10, norm: Norm = "l1"
 ) -> Tensor:
-    """Expected calibration error with equal-width bins; a thin wrapper of torchmetrics' ``binary_calibration_error``.
+    """Expected calibration error with equal-width bins: torchmetrics' ``binary_calibration_error`` formulas, with the
+    dtype-independent bins of :func:`bin_index`; the result has the dtype of ``conf`` (float32 for a list).
 
     Args:
         conf: ``(N,)`` confidences in ``[0, 1]``.
@@ -129,7 +144,7 @@ def expected_calibration_error(
     conf_t, correct_t = _as_inputs(conf, correct)
     if conf_t.numel() == 0:
         return torch.tensor(float("nan"), device=conf_t.device)
-    return binary_calibration_error(conf_t, correct_t.long(), n_bins=n_bins, norm=norm)
+    return calibration_error_from_bin_sums(*calibration_bin_sums(conf_t, correct_t, n_bins), norm=norm).to(conf_t.dtype)
 
 
 def maximum_calibration_error(
@@ -160,19 +175,16 @@ def brier_score(conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool]
 def reliability_bins(
     conf: Tensor | Sequence[float], correct: Tensor | Sequence[bool], n_bins: int = 10
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-bin mean confidence, accuracy and count, for a reliability diagram.
+    """Per-bin mean confidence, accuracy and count, for a reliability diagram: the bins of the ECE.
 
-    For display the ``conf == 1.0`` slot is folded into the last bin, so all three tensors have shape ``(n_bins,)``
-    and the last bin is ``[1 - 1/n_bins, 1]``. Empty bins get confidence 0 and accuracy 0 (check ``bin_count``).
+    All three tensors have shape ``(n_bins + 1,)``: ``n_bins`` equal-width bins ``[k/n, (k+1)/n)`` and a last slot for
+    ``conf == 1.0``, kept apart as the ECE keeps it. Empty bins get confidence 0 and accuracy 0 (check ``bin_count``).
 
     Example:
-        >>> c, a, n = reliability_bins([0.1, 0.2, 0.9, 1.0], [0, 1, 1, 1], n_bins=2)
+        >>> c, a, n = reliability_bins([0.1, 0.2, 0.9, 1.0], [0, 1, 1, 0], n_bins=2)
         >>> [round(x, 4) for x in c.tolist()], a.tolist(), n.tolist()
-        ([0.15, 0.95], [0.5, 1.0], [2.0, 2.0])
+        ([0.15, 0.9, 1.0], [0.5, 1.0, 0.0], [2.0, 1.0, 1.0])
     """
     conf_sum, correct_sum, count = calibration_bin_sums(conf, correct, n_bins)
-    conf_sum, correct_sum, count = (
-        torch.cat([t[:-2], t[-2:].sum(0, keepdim=True)]) for t in (conf_sum, correct_sum, count)
-    )
     safe = count.clamp(min=1)
     return conf_sum / safe, correct_sum / safe, count
