@@ -157,8 +157,7 @@ class KGQADataModule(L.LightningDataModule):
         cache = self.cache_root / "pcst_subgraphs" / f"{split}-{self.dataset_key(split)}.jsonl"
         cut = RecordList(self.subgraphs.apply(records, cache), source=f"{records.source} (PCST)", split=records.split)
         cut.skipped = records.skipped
-        cut.empty_graph = [r.id for r in cut if not r.graph]
-        return cut
+        return cut.count_graph_issues()  # of the cut graphs: a topic may have been left out, a graph emptied
 
     def split_records(self, split: str) -> list[KGQARecord]:
         """The records of ``split`` (a list; see :meth:`read_split`)."""

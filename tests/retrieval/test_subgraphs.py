@@ -104,3 +104,20 @@ def test_the_kg_source_and_its_version_are_in_the_cut_key(encoder, tmp_path, mon
     monkeypatch.setattr(embedded, "VERSION", "next")
     assert _source(encoder, tmp_path, kg="embedded").cache_key != first  # another build of the embedded KG
     assert _source(encoder, tmp_path, kg="record").cache_key not in (first, from_file)
+
+
+def test_the_cut_records_are_counted_again(tmp_path, encoder, monkeypatch):
+    from dataclasses import replace
+
+    rows = {s: [_record(f"{s}-0"), _record(f"{s}-1")] for s in ("train", "validation", "test")}
+    source = _source(encoder, tmp_path)
+    real = source.apply
+
+    def pruned(records, cache):  # a cut that left one question's topic out of its subgraph, and emptied another
+        out = list(real(records, cache))
+        return [replace(out[0], graph=[("Paris", "river", "Seine")]), replace(out[1], graph=[])]
+
+    monkeypatch.setattr(source, "apply", pruned)
+    dm = KGQADataModule(data_dir=_write(tmp_path, rows), cache_dir=str(tmp_path / "cache"), subgraphs=source)
+    cut = dm.read_split("test")
+    assert cut.unknown_topic == ["test-0"] and cut.empty_graph == ["test-1"]

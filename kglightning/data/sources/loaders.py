@@ -65,6 +65,19 @@ class RecordList(list):
         self.empty_graph: list[str] = []
         self.unknown_topic: list[str] = []
 
+    def count_graph_issues(self) -> RecordList:
+        """Fill :attr:`empty_graph` and :attr:`unknown_topic` from the records as they are now (e.g. after a
+        subgraph cut); returns ``self``."""
+        self.empty_graph, self.unknown_topic = [], []
+        for rec in self:
+            if not rec.graph:
+                self.empty_graph.append(rec.id)
+            else:
+                nodes = set(map(itemgetter(0), rec.graph)).union(map(itemgetter(2), rec.graph))
+                if not rec.q_entity or any(q not in nodes for q in rec.q_entity):
+                    self.unknown_topic.append(rec.id)
+        return self
+
     @property
     def num_read(self) -> int:
         """Records kept plus records skipped."""
@@ -243,14 +256,7 @@ def read_records(
     """
     if on_bad_record not in ("raise", "skip"):
         raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
-    out = _read(path, split, on_bad_record, limit)
-    for rec in out:
-        if not rec.graph:
-            out.empty_graph.append(rec.id)
-        else:
-            nodes = set(map(itemgetter(0), rec.graph)).union(map(itemgetter(2), rec.graph))
-            if not rec.q_entity or any(q not in nodes for q in rec.q_entity):
-                out.unknown_topic.append(rec.id)
+    out = _read(path, split, on_bad_record, limit).count_graph_issues()
     if report:
         _log_summary(out)
     return out
