@@ -10,7 +10,7 @@ batched (:meth:`~KGQADataModule.collate`) and what expensive work is done once a
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -30,6 +30,34 @@ OnBadRecord = Literal["raise", "skip"]
 
 def _as_list(items: list[Any]) -> list[Any]:
     return items
+
+
+class EpochShuffle(torch.utils.data.Sampler[int]):
+    """A new order of ``range(n)`` every epoch, drawn from a generator seeded by ``(seed, epoch)``.
+
+    Lightning calls :meth:`set_epoch` before each training epoch (also after a resume, with the restored epoch), so
+    epoch ``e``'s order is the same whether or not the run was interrupted. Under DDP, Lightning's distributed
+    sampler shuffles with ``seed + epoch`` itself.
+
+    Example:
+        >>> s = EpochShuffle(5, seed=0)
+        >>> first = list(s); s.set_epoch(1); second = list(s); s.set_epoch(0)
+        >>> sorted(first) == [0, 1, 2, 3, 4], first == list(s), first != second
+        (True, True, True)
+    """
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch = n, int(seed), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) % (2**63))
+        return iter(torch.randperm(self.n, generator=generator).tolist())
 
 
 class KGQADataModule(L.LightningDataModule):
@@ -206,9 +234,12 @@ class KGQADataModule(L.LightningDataModule):
         """A batch of predict items (default: :meth:`collate`)."""
         return self.collate(items)
 
-    def shuffle_generator(self) -> torch.Generator | None:
-        """The generator of the training shuffle (``None``: torch's global one, seeded by ``seed_everything``)."""
-        return None
+    def shuffle_seed(self) -> int:
+        """The seed of the training shuffle (default: ``torch.initial_seed()``, which ``seed_everything`` sets).
+
+        Epoch ``e`` is shuffled by a generator seeded from ``(seed, e)`` (:class:`EpochShuffle`), so a run resumed
+        from a checkpoint at epoch ``e`` sees the order the uninterrupted run saw, not epoch 0's again."""
+        return torch.initial_seed()
 
     # ------------------------------------------------------------------ Lightning
     def _stage_of_trainer(self) -> str:
@@ -238,11 +269,11 @@ class KGQADataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         if split not in self.datasets:
             self.datasets[split] = self.build_split(split)
+        data = self.datasets[split]
         return DataLoader(
-            self.datasets[split],
+            data,
             batch_size=self.batch_size,
-            shuffle=shuffle,
-            generator=self.shuffle_generator() if shuffle else None,
+            sampler=EpochShuffle(len(data), self.shuffle_seed()) if shuffle else None,
             num_workers=self.num_workers,
             collate_fn=self.collate,
             persistent_workers=self.num_workers > 0,

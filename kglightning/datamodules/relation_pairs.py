@@ -6,7 +6,6 @@ import logging
 import random
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 from kglightning.data.records import KGQARecord
@@ -90,5 +89,5 @@ class RelationPairDataModule(KGQADataModule):
     def collate(self, items: list[RelationPair]) -> dict:
         return collate_pairs(items)
 
-    def shuffle_generator(self) -> torch.Generator:
-        return torch.Generator().manual_seed(self.seed)
+    def shuffle_seed(self) -> int:
+        return self.seed

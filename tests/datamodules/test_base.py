@@ -164,3 +164,38 @@ def test_dataset_key_follows_hub_data_by_its_fingerprint(monkeypatch):
     assert key == KGQADataModule(data_dir="hf:owner/kgqa").dataset_key("train")
     prints["train"] = "bbb"  # another revision in the local cache
     assert KGQADataModule(data_dir="hf:owner/kgqa").dataset_key("train") != key
+
+
+def test_a_resumed_run_sees_each_epoch_s_own_order(tmp_path):
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    folder = _write(tmp_path, {"train": 12, "validation": 2, "test": 2})
+
+    class Orders(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.seen: dict[int, list[str]] = {}
+
+        def training_step(self, batch, batch_idx):
+            self.seen.setdefault(self.current_epoch, []).extend(r.id for r in batch)
+            return self.w.sum() * 0.0
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def run(ckpt_path=None, epochs=3):
+        L.seed_everything(0)
+        module = Orders()
+        every = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, filename="{epoch}")
+        trainer = L.Trainer(max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                            accelerator="cpu", callbacks=[every], limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+        trainer.fit(module, datamodule=KGQADataModule(data_dir=folder, batch_size=4), ckpt_path=ckpt_path)
+        return module.seen
+
+    whole = run()
+    assert whole[0] != whole[1] != whole[2]  # every epoch its own order
+    resumed = run(ckpt_path=str(tmp_path / "ckpt" / "epoch=0.ckpt"))
+    assert set(resumed) == {1, 2} and resumed[1] == whole[1] and resumed[2] == whole[2]
