@@ -176,7 +176,10 @@ class ProxySFTDataModule(KGQADataModule):
                 stats.without_evidence.append(row["id"])
                 continue
             evidence_prompt = self._prompt_ids(self.prompt_format.evidence_instruction(row["question"]))
-            for example in row_examples(row, self.max_evidence, self.qa_task, self.digits, self.confidence_position):
+            made = row_examples(
+                row, self.max_evidence, self.qa_task, self.digits, self.confidence_position, stats.unwritable
+            )
+            for example in made:
                 item = self.encode(example, evidence_prompt if example.task == "evidence" else None)
                 if len(item["input_ids"]) > self.max_length:
                     stats.too_long += 1
@@ -208,6 +211,8 @@ class ProxySFTDataModule(KGQADataModule):
                 f"path from a topic entity to an answer within {self.builder.max_hops} hops), e.g. "
                 f"{stats.without_evidence[:3]}"
             )
+        if stats.unwritable:
+            rank_zero_warn(f"{split}: dropped {len(stats.unwritable)} evidence, e.g. {stats.unwritable[:3]}")
         if not items:
             raise ValueError(f"split {split!r} gives no SFT example: {stats.summary(split)}")
         return items

@@ -179,8 +179,12 @@ def row_examples(
     qa_task: bool = True,
     digits: int = 2,
     confidence_position: ConfidencePosition = "open",
+    unwritable: list[str] | None = None,
 ) -> list[SFTExample]:
     """The SFT examples of one mined row: evidence examples (best confidence first), then the QA example.
+
+    An evidence the ``<PATH>`` format cannot write (a mined name with ``<`` or ``>``) is left out; with
+    ``unwritable``, ``"<id>: <why>"`` is appended to it for each.
 
     Args:
         row: a :func:`mine_row` result.
@@ -204,9 +208,13 @@ def row_examples(
         evidence = evidence[:max_evidence]
     instruction = sft_input(row["question"])
     write = functools.partial(format_evidence, digits=digits, confidence_position=confidence_position)
-    out = [
-        SFTExample(row["id"], "evidence", instruction, write(z.relations, z.constraint, z.confidence)) for z in evidence
-    ]
+    out = []
+    for z in evidence:
+        try:
+            out.append(SFTExample(row["id"], "evidence", instruction, write(z.relations, z.constraint, z.confidence)))
+        except ValueError as err:
+            if unwritable is not None:
+                unwritable.append(f"{row['id']}: {err}")
     if qa_task and row["qa_paths"] and row["answer"]:
         out.append(SFTExample(row["id"], "qa", qa_input(row["question"], row["qa_paths"]), qa_target(row["answer"])))
     return out
@@ -221,6 +229,7 @@ class SFTStats:
     evidence_examples: int = 0
     qa_examples: int = 0
     too_long: int = 0
+    unwritable: list[str] = field(default_factory=list)
 
     def summary(self, split: str) -> str:
         """One line for the log.
@@ -233,6 +242,7 @@ class SFTStats:
             f"{split}: {self.records} records, {len(self.without_evidence)} without evidence (skipped), "
             f"{self.evidence_examples} evidence + {self.qa_examples} QA examples, "
             f"{self.too_long} longer than max_length (dropped)"
+            + (f", {len(self.unwritable)} evidence the <PATH> format cannot write (dropped)" if self.unwritable else "")
         )
 
 

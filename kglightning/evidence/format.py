@@ -53,6 +53,7 @@ __all__ = [
     "ParseStats",
     "PathEvidence",
     "format_evidence",
+    "writes_verbatim",
     "parse_evidence",
     "qa_input",
     "qa_target",
@@ -228,8 +229,19 @@ class ParseResult:
         return bool(self.evidence) and not self.malformed
 
 
+def writes_verbatim(name: str) -> bool:
+    """Whether ``name`` can be a relation or entity of a ``<PATH>`` block as it is: non-empty, not ``~``, no
+    surrounding whitespace and no ``<`` or ``>`` (which the format reserves for tags).
+
+    Example:
+        >>> writes_verbatim("New  York"), writes_verbatim(" Paris"), writes_verbatim("a<b")
+        (True, False, False)
+    """
+    return bool(name) and name == name.strip() and name != "~" and "<" not in name and ">" not in name
+
+
 def _field(value: str, what: str) -> str:
-    text = " ".join(str(value).split())
+    text = str(value).strip()  # whitespace inside a name is kept: the name must ground as the KG writes it
     if text in ("", "~"):
         raise ValueError(f"empty {what}: {value!r}")
     if "<" in text or ">" in text:
@@ -247,8 +259,9 @@ def format_evidence(
 ) -> str:
     """Write evidence in the proxy's target format.
 
-    Whitespace inside a relation or entity is collapsed and stripped (the parser does the same, so parsing the
-    result gives the fields back); the confidence is written with ``digits`` decimals, and omitted when ``None``.
+    A relation or entity is stripped of surrounding whitespace; whitespace inside it is kept as it is, so that the
+    name grounds as the KG writes it (the parser does the same, so parsing the result gives the fields back). The
+    confidence is written with ``digits`` decimals, and omitted when ``None``.
 
     Args:
         relations: the relational path (at least one relation); ``~r`` marks a reverse hop.
@@ -314,7 +327,7 @@ def _confidence_value(raw: str) -> tuple[float | None, MalformedReason | None]:
 
 
 def _split_field(text: str) -> tuple[str, MalformedReason | None]:
-    value = " ".join(text.split())
+    value = text.strip()  # as format_evidence writes it: a name keeps its inner whitespace
     if "<" in value or ">" in value:
         return value, "stray_markup"
     return value, None

@@ -82,3 +82,27 @@ def test_proxy_prompt_formats(tiny_chat_model_dir):
     assert "be brief" not in default and "Find the paths." in default
     with pytest.raises(ValueError, match="'chat' or 'plain'"):
         ProxyPrompt("markdown")  # type: ignore[arg-type]
+
+
+def test_an_evidence_the_format_cannot_write_is_dropped_and_counted():
+    row = {"id": "q1", "question": "who is snoopy's brother?", "answer": ["Spike"], "qa_paths": [],
+           "evidence": [{"topic": "Snoopy", "relations": ["sibling_of"], "constraint": ["label", "<b>Spike</b>"],
+                         "confidence": 0.9},
+                        {"topic": "Snoopy", "relations": ["sibling_of"], "confidence": 0.5}]}  # fmt: skip
+    dropped: list[str] = []
+    out = row_examples(row, qa_task=False, unwritable=dropped)
+    assert [x.target for x in out] == ["<PATH confidence=0.50>sibling_of</PATH>"]
+    assert len(dropped) == 1 and dropped[0].startswith("q1: constraint entity '<b>Spike</b>' contains '<'")
+
+
+def test_a_name_with_a_run_of_spaces_is_written_and_grounds_as_the_kg_writes_it():
+    from kglightning.evidence.format import format_evidence, parse_evidence
+
+    record = KGQARecord("q", "where is the statue?", ["Statue"], ["New  York"], ["Statue"],
+                        [("New  York", "contains", "Statue"), ("Statue", "kind", "monument")])  # fmt: skip
+    target = format_evidence(["contains"], ("kind", "monument"), 0.5)
+    (block,) = parse_evidence(target).evidence
+    assert EvidenceBuilder().ground(record, block.to_evidence("New  York")) == {"Statue"}
+    target = format_evidence(["~contains"], ("contains", "Statue"), 0.5)  # the name inside the block
+    (back,) = parse_evidence(target.replace("Statue", "New  York")).evidence
+    assert back.constraint == ("contains", "New  York")  # not collapsed to "New York"

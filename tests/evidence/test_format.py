@@ -103,9 +103,9 @@ def test_round_trip_rounds_confidence_to_digits():
     assert ev.confidence == 0.123
 
 
-def test_format_collapses_whitespace_and_rejects_bad_fields():
+def test_format_strips_names_keeps_their_inner_whitespace_and_rejects_bad_fields():
     assert format_evidence(["  people.person.\n  gender "], confidence=0.5) == (
-        "<PATH confidence=0.50>people.person. gender</PATH>"
+        "<PATH confidence=0.50>people.person.\n  gender</PATH>"
     )
     for bad in ([], [""], ["  "], ["~"], ["a<SEP>b"], ["a>b"]):
         with pytest.raises(ValueError):

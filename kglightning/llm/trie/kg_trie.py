@@ -36,7 +36,7 @@ import torch
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_csr import csr_positions
 from kglightning.evidence.builder import CVT_PATTERN
-from kglightning.evidence.format import ConfidencePosition, format_evidence
+from kglightning.evidence.format import ConfidencePosition, format_evidence, writes_verbatim
 from kglightning.llm.trie.token_trie import TokenTrie, TrieNode
 from kglightning.llm.trie.vocab import TagVocab, decode_batch, encode_batch
 
@@ -60,7 +60,7 @@ def _constraints(kg: KGIndex, ends: Iterable[str], cap: int | None, skip_cvt: bo
     out: list[tuple[str, str]] = []
     for key in np.unique(lab[pos] * n + dst[pos]).tolist():
         entity = kg._entities[key % n]
-        if (skip_cvt and CVT_PATTERN.match(entity)) or " ".join(entity.split()) != entity:
+        if (skip_cvt and CVT_PATTERN.match(entity)) or not writes_verbatim(entity):
             continue  # a machine id, or a name that the <PATH> format would not print verbatim
         out.append((kg._labels[key // n], entity))
         if cap is not None and len(out) >= cap:
