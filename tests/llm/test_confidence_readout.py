@@ -31,6 +31,18 @@ def _brute_force(model, prefix: list[int], candidates: list[tuple[int, ...]]) ->
     return torch.softmax(torch.tensor(scores, dtype=torch.float64), dim=0)
 
 
+def _rewritten(readout, model, tokenizer, text: str):
+    """The prompt's ids, the generated ids of ``text``, and ``readout.rewrite`` of them."""
+    prompt = tokenizer.encode("what is the capital of France?", add_special_tokens=False)
+    generated = tokenizer.encode(text, add_special_tokens=False)
+    return prompt, generated, readout.rewrite(model, prompt, generated)
+
+
+def _tokens_before(tokenizer, generated, text: str) -> int:
+    """How many generated tokens decode to ``text``."""
+    return next(k for k in range(len(generated) + 1) if tokenizer.decode(generated[:k]) == text)
+
+
 def test_grid_and_bad_digits():
     assert confidence_grid(0) == ["0", "1"]
     assert confidence_grid(2)[75] == "0.75"
@@ -53,12 +65,10 @@ def test_distribution_is_exact(lm, single_torch_thread):
 def test_rewrite_replaces_only_the_digits(lm, single_torch_thread):
     model, tokenizer = lm
     readout = ConfidenceReadout(tokenizer, digits=2)
-    prompt = tokenizer.encode("what is the capital of France?", add_special_tokens=False)
     text = "<PATH confidence=0.75>capital</PATH> and <PATH confidence=1.50>borders</PATH>"
-    generated = tokenizer.encode(text, add_special_tokens=False)
-    out = readout.rewrite(model, prompt, generated)
+    prompt, generated, out = _rewritten(readout, model, tokenizer, text)
     cut = text.index("0.75")
-    k = next(k for k in range(len(generated) + 1) if tokenizer.decode(generated[:k]) == text[:cut])
+    k = _tokens_before(tokenizer, generated, text[:cut])
     value = readout.expected(model, prompt + generated[:k])
     assert out == text.replace("0.75", f"{value:.2f}", 1)
     assert readout.counts == {"rewritten": 1, "out_of_range": 1}  # 1.50 stays for the parser to report
@@ -73,12 +83,10 @@ def test_rewrite_replaces_only_the_digits(lm, single_torch_thread):
 def test_rewrite_reads_the_trailing_confidence_after_the_path(lm, single_torch_thread):
     model, tokenizer = lm
     readout = ConfidenceReadout(tokenizer, digits=2)
-    prompt = tokenizer.encode("what is the capital of France?", add_special_tokens=False)
     text = "<PATH>capital</PATH> <CONFIDENCE>0.75</CONFIDENCE>"
-    generated = tokenizer.encode(text, add_special_tokens=False)
-    out = readout.rewrite(model, prompt, generated)
+    prompt, generated, out = _rewritten(readout, model, tokenizer, text)
     cut = text.index("0.75")
-    k = next(k for k in range(len(generated) + 1) if tokenizer.decode(generated[:k]) == text[:cut])
+    k = _tokens_before(tokenizer, generated, text[:cut])
     value = readout.expected(model, prompt + generated[:k])  # conditioned on the path written before it
     assert out == text.replace("0.75", f"{value:.2f}") and readout.counts == {"rewritten": 1}
     assert parse_evidence(out, require_confidence=True).evidence[0].confidence == pytest.approx(value, abs=0.005)
@@ -128,15 +136,13 @@ def test_sentencepiece_values_are_scored_as_written_after_the_tag(sp_lm, single_
 def test_sentencepiece_rewrite_reads_both_positions(sp_lm, single_torch_thread):
     model, tokenizer = sp_lm
     readout = ConfidenceReadout(tokenizer, digits=2)
-    prompt = tokenizer.encode("what is the capital of France?", add_special_tokens=False)
     text = "<PATH confidence=0.75>capital</PATH> and <PATH>Paris</PATH> <CONFIDENCE>0.31</CONFIDENCE>"
-    generated = tokenizer.encode(text, add_special_tokens=False)
-    out = readout.rewrite(model, prompt, generated)
+    prompt, generated, out = _rewritten(readout, model, tokenizer, text)
     assert readout.counts == {"rewritten": 2}
     values = []
     for stated, tag in (("0.75", "<PATH confidence="), ("0.31", "</PATH> <CONFIDENCE>")):
         cut = text.index(stated)
-        k = next(k for k in range(len(generated) + 1) if tokenizer.decode(generated[:k]) == text[:cut])
+        k = _tokens_before(tokenizer, generated, text[:cut])
         candidates = readout.candidates_after(tag)
         assert tokenizer.convert_ids_to_tokens(list(candidates[0]))[0] == "0"  # no word-boundary token
         values.append(
@@ -151,10 +157,8 @@ def test_sentencepiece_rewrite_reads_both_positions(sp_lm, single_torch_thread):
 def test_a_quoted_value_is_scored_after_the_quote(lm, single_torch_thread):
     model, tokenizer = lm
     readout = ConfidenceReadout(tokenizer, digits=1)
-    prompt = tokenizer.encode("what is the capital of France?", add_special_tokens=False)
     text = '<PATH confidence="0.7">capital</PATH>'
-    generated = tokenizer.encode(text, add_special_tokens=False)
-    out = readout.rewrite(model, prompt, generated)
-    k = next(k for k in range(len(generated) + 1) if tokenizer.decode(generated[:k]) == '<PATH confidence="')
+    prompt, generated, out = _rewritten(readout, model, tokenizer, text)
+    k = _tokens_before(tokenizer, generated, '<PATH confidence="')
     value = readout.expected(model, prompt + generated[:k], readout.candidates_after('<PATH confidence="'))
     assert out == f'<PATH confidence="{value:.1f}">capital</PATH>' and readout.counts == {"rewritten": 1}
