@@ -45,9 +45,10 @@ class ConformalCallback(Callback):
       predate this; save with ``trainer.save_checkpoint`` afterwards to keep ``qhat``. When ``test`` or ``predict``
       then loads such a checkpoint (``ckpt_path="best"``, as ``--test_after_fit`` and ``seeds`` do), its weights
       are not those ``qhat`` was fitted on, so ``qhat`` is fitted again, on the same validation data, with the
-      weights that are tested.
+      weights that are tested. The same holds in every mode for a checkpoint without callback state
+      (``save_weights_only``).
     * ``"validation"``: after every validation epoch (sanity check excepted), from the scores of that epoch, so that
-      every ``ModelCheckpoint`` checkpoint holds the ``qhat`` of its weights. Note that choosing the best checkpoint
+      every ``ModelCheckpoint`` checkpoint holds the ``qhat`` of its weights (not a weights-only one). Note that choosing the best checkpoint
       on the same validation data makes it not strictly exchangeable with test data.
     * ``"manual"``: only when :meth:`fit` is called.
 
@@ -94,7 +95,7 @@ class ConformalCallback(Callback):
         self.alpha, self.calibration, self.coverage, self.fit_on = alpha, calibration, coverage, fit_on
         self.qhat: float | None = None
         self.n_cal: int = 0
-        self._other_weights = False  # a checkpoint without qhat was loaded over the weights qhat was fitted on
+        self._restored = False  # load_state_dict ran since the last setup: the loaded checkpoint held a qhat
         self._val_scores: list[Tensor] = []
         self._val_keys: list[Tensor | None] = []
         self.test_coverage = EmpiricalCoverage(mode=coverage)
@@ -185,6 +186,7 @@ class ConformalCallback(Callback):
     # ---------------------------------------------------------------- checks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         _check_scorer(pl_module)
+        self._restored = False  # the checkpoint restore (if any) comes after setup
         if stage == "predict":
             reordered = ahead_of_writers(self, trainer.callbacks)
             if reordered is not trainer.callbacks:
@@ -199,14 +201,13 @@ class ConformalCallback(Callback):
                 "after fitting"
             )
 
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get("callbacks", {}).get(self.state_key)
-        self._other_weights = self.fitted and not saved
-
     def _refit_for_loaded_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self._other_weights:
+        """After a checkpoint that held no qhat (saved before qhat existed, or weights only) was loaded over the
+        weights qhat was fitted on, fit qhat again for the loaded weights."""
+        loaded_without_qhat = trainer.ckpt_path is not None and not self._restored
+        self._restored = False
+        if not (loaded_without_qhat and self.fitted):
             return
-        self._other_weights = False
         before = self.qhat
         self.fit(trainer, pl_module)
         log.info(
@@ -275,6 +276,7 @@ class ConformalCallback(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
+        self._restored = True
         for key in ("alpha", "coverage"):
             if state_dict[key] != getattr(self, key):
                 log.warning(

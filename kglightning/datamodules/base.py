@@ -10,6 +10,7 @@ batched (:meth:`~KGQADataModule.collate`) and what expensive work is done once a
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -36,8 +37,9 @@ class EpochShuffle(torch.utils.data.Sampler[int]):
     """A new order of ``range(n)`` every epoch, drawn from a generator seeded by ``(seed, epoch)``.
 
     Lightning calls :meth:`set_epoch` before each training epoch (also after a resume, with the restored epoch), so
-    epoch ``e``'s order is the same whether or not the run was interrupted. Under DDP, Lightning's distributed
-    sampler shuffles with ``seed + epoch`` itself.
+    epoch ``e``'s order is the same whether or not the run was interrupted. Under DDP, Lightning wraps it in a
+    distributed sampler that splits this order between the processes (and passes the epoch on), so every process
+    must draw the same order: the seed must be the same on all of them.
 
     Example:
         >>> s = EpochShuffle(5, seed=0)
@@ -235,11 +237,12 @@ class KGQADataModule(L.LightningDataModule):
         return self.collate(items)
 
     def shuffle_seed(self) -> int:
-        """The seed of the training shuffle (default: ``torch.initial_seed()``, which ``seed_everything`` sets).
+        """The seed of the training shuffle: ``seed_everything``'s (``PL_GLOBAL_SEED``), else 0, the seed Lightning's
+        own distributed sampler takes; it is the same on every DDP process, which must agree on the order.
 
         Epoch ``e`` is shuffled by a generator seeded from ``(seed, e)`` (:class:`EpochShuffle`), so a run resumed
         from a checkpoint at epoch ``e`` sees the order the uninterrupted run saw, not epoch 0's again."""
-        return torch.initial_seed()
+        return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     # ------------------------------------------------------------------ Lightning
     def _stage_of_trainer(self) -> str:

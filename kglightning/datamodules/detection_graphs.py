@@ -87,14 +87,15 @@ def node_matcher(record: KGQARecord) -> Callable[[str], str | None]:
 
     Example:
         >>> match = node_matcher(KGQARecord("q", "?", [], ["France"], [], [("France", "capital", "Paris")]))
-        >>> match("paris"), match("Paris"), match("Lyon")
-        ('Paris', 'Paris', None)
+        >>> match("paris"), match("Paris"), match("Lyon"), match("the")
+        ('Paris', 'Paris', None, None)
     """
     nodes = {n: None for h, _, t in record.graph for n in (h, t)}
     by_norm: dict[str, str | None] = {}
     for name in nodes:
         key = normalize(name)
-        by_norm[key] = name if key not in by_norm else None  # ambiguous normalised names match nothing
+        if key:  # a name of punctuation or articles only normalises to "": it matches nothing by its normal form
+            by_norm[key] = name if key not in by_norm else None  # ambiguous normalised names match nothing
 
     def match(answer: str) -> str | None:
         return answer if answer in nodes else by_norm.get(normalize(answer))

@@ -20,7 +20,15 @@ import torch
 
 from kglightning.data.records import KGQARecord
 from kglightning.evidence.builder import EvidenceBuilder
-from kglightning.evidence.format import ConfidencePosition, format_evidence, qa_input, qa_target, rl_input, sft_input
+from kglightning.evidence.format import (
+    ConfidencePosition,
+    format_evidence,
+    qa_input,
+    qa_target,
+    rl_input,
+    sft_input,
+    writes_verbatim,
+)
 from kglightning.evidence.schema import Evidence
 from kglightning.llm.backends.local_hf import load_tokenizer
 from kglightning.llm.prompts import verbalize_path
@@ -210,11 +218,13 @@ def row_examples(
     write = functools.partial(format_evidence, digits=digits, confidence_position=confidence_position)
     out = []
     for z in evidence:
-        try:
-            out.append(SFTExample(row["id"], "evidence", instruction, write(z.relations, z.constraint, z.confidence)))
-        except ValueError as err:
+        names = [*z.relations, *(z.constraint or ())]
+        bad = [n for n in names if not writes_verbatim(str(n).strip())]
+        if bad:  # any other error of format_evidence is a bug upstream, and raises
             if unwritable is not None:
-                unwritable.append(f"{row['id']}: {err}")
+                unwritable.append(f"{row['id']}: {bad[0]!r} cannot be written in a <PATH> block")
+            continue
+        out.append(SFTExample(row["id"], "evidence", instruction, write(z.relations, z.constraint, z.confidence)))
     if qa_task and row["qa_paths"] and row["answer"]:
         out.append(SFTExample(row["id"], "qa", qa_input(row["question"], row["qa_paths"]), qa_target(row["answer"])))
     return out

@@ -201,17 +201,19 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
 
     @staticmethod
     def answer_logprob(gen: Generation, line: int | None) -> tuple[float, int] | None:
-        """``(sum of log-probabilities, tokens)`` of the answer written on ``line`` of ``gen`` (its own tokens, see
-        :meth:`~kglightning.llm.backends.base.Generation.line_logprobs`); the whole generation's when ``line`` is
-        ``None`` (no answer); ``None`` without log-probabilities or when the tokens do not reach that line."""
+        """``(sum of log-probabilities, tokens)`` of the answer written on ``line`` of ``gen.text`` (its own tokens,
+        see :meth:`~kglightning.llm.backends.base.Generation.line_logprobs`); the whole generation's when ``line`` is
+        ``None`` (no answer); ``None`` without log-probabilities, or when the tokens' line of that number does not
+        write that line's text (tokens shifted against the text: a ``response_prefix``, a server's reasoning)."""
         if gen.token_logprobs is None:
             return None
         if line is None:
             return sum(gen.token_logprobs), len(gen.token_logprobs)
         lines = gen.line_logprobs()
-        if line >= len(lines) or lines[line][1] == 0:
+        wanted = "".join(gen.text.split("\n")[line].split())
+        if line >= len(lines) or not wanted or lines[line][0] != wanted:
             return None
-        return lines[line]
+        return lines[line][1], lines[line][2]
 
     def explain(self, convs: list[list[dict[str, str]]], answers: list[list[str]],
                 facts: list[list[tuple[str, str, str]]]) -> list[dict[str, Any]]:  # fmt: skip
@@ -274,7 +276,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
                         "facts": [list(f) for f in fact]}  # fmt: skip
                 if gen.token_logprobs is not None:  # generation.logprobs: the first answer's own log-probability
                     scored = self.answer_logprob(gen, where[0] if names else None)
-                    if scored is None:  # the tokens do not show the answer's line (a response_prefix, no tokens)
+                    if scored is None:  # the tokens do not write the answer's line where the text has it
                         self.counts["logprob_unaligned"] += 1
                         scored = (sum(gen.token_logprobs), len(gen.token_logprobs))
                     info |= {"logprob": scored[0], "tokens": scored[1]}

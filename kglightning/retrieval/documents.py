@@ -30,13 +30,24 @@ class DocumentSource(abc.ABC):
     def cache_key(self) -> str:
         """A string that changes whenever the documents would change (caches of derived work use it).
 
-        Default: the class and its public attributes (a subclass whose documents depend on anything else, such as
-        a file's content, overrides it)."""
+        Default: the class and its public attributes, which must then be JSON values (a subclass that holds
+        objects, or whose documents depend on anything else such as a file's content, overrides it).
+
+        Raises:
+            TypeError: a public attribute is not a JSON value (its repr could name a memory address, which would
+                change the key on every run).
+        """
         settings = {
             k: v for k, v in sorted(vars(self).items()) if not k.startswith("_") and k != "num_without_documents"
         }
-        digest = hashlib.sha1(json.dumps(settings, default=repr).encode()).hexdigest()[:12]
-        return f"{type(self).__module__}.{type(self).__qualname__}:{digest}"
+        try:
+            text = json.dumps(settings, sort_keys=True)
+        except TypeError as err:
+            raise TypeError(
+                f"{type(self).__qualname__}.cache_key: the default key needs JSON attributes ({err}); override "
+                "cache_key with a string that changes whenever the documents would"
+            ) from err
+        return f"{type(self).__module__}.{type(self).__qualname__}:{hashlib.sha1(text.encode()).hexdigest()[:12]}"
 
     @abc.abstractmethod
     def __call__(self, records: Sequence[KGQARecord]) -> list[list[str]]:

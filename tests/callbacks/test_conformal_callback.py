@@ -209,8 +209,12 @@ def test_scores_dataclass_any_all_and_padding():
         ConformalScores(torch.zeros(2, 2), labels=torch.zeros(2, 3).bool())
 
 
-def test_fit_end_qhat_is_refitted_for_the_checkpoint_that_is_tested(detection_dir, tiny_encoder_dir, tmp_path):
-    """test(ckpt_path="best") after fit_on="fit_end" calibrates the best weights, not the last epoch's."""
+@pytest.mark.parametrize("weights_only", [False, True])
+def test_fit_end_qhat_is_refitted_for_the_checkpoint_that_is_tested(
+    detection_dir, tiny_encoder_dir, tmp_path, weights_only
+):
+    """test(ckpt_path="best") after fit_on="fit_end" calibrates the best weights, not the last epoch's (also from a
+    weights-only checkpoint, which holds no callback state at all)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     L.seed_everything(0)
@@ -218,7 +222,9 @@ def test_fit_end_qhat_is_refitted_for_the_checkpoint_that_is_tested(detection_di
     model = HallucinationDetector(text_dim=32, encoder=ENCODER, optimizer=partial(torch.optim.Adam, lr=0.05))
     cb = ConformalCallback(alpha=0.2, fit_on="fit_end")
     # "best" is the first epoch's checkpoint: the lowest epoch number
-    first = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="epoch_score", mode="min", save_top_k=1)
+    first = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", monitor="epoch_score", mode="min", save_top_k=1, save_weights_only=weights_only
+    )
 
     class EpochScore(L.Callback):
         def on_validation_epoch_end(self, trainer, pl_module):

@@ -159,11 +159,33 @@ def test_dataset_key_follows_hub_data_by_its_fingerprint(monkeypatch):
         ds._fingerprint = prints[split]
         return ds
 
-    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    from kglightning.data.sources.loaders import hub_fingerprint
+
+    calls = []
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda name, split=None: calls.append(split) or load_dataset(name, split)
+    )
+    hub_fingerprint.cache_clear()
     key = KGQADataModule(data_dir="hf:owner/kgqa").dataset_key("train")
-    assert key == KGQADataModule(data_dir="hf:owner/kgqa").dataset_key("train")
-    prints["train"] = "bbb"  # another revision in the local cache
+    assert key == KGQADataModule(data_dir="hf:owner/kgqa").dataset_key("train") and calls == ["train"]  # read once
+    prints["train"] = "bbb"  # another revision in the local cache, seen by the next process
+    hub_fingerprint.cache_clear()
     assert KGQADataModule(data_dir="hf:owner/kgqa").dataset_key("train") != key
+    hub_fingerprint.cache_clear()
+
+
+def test_every_process_draws_the_same_shuffle(monkeypatch):
+    import torch
+
+    from kglightning.datamodules.base import EpochShuffle
+
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    dm = KGQADataModule()
+    orders = []
+    for process_seed in (1, 2):  # DDP processes whose torch seeds differ
+        torch.manual_seed(process_seed)
+        orders.append(list(EpochShuffle(20, dm.shuffle_seed())))
+    assert orders[0] == orders[1] and dm.shuffle_seed() == 7
 
 
 def test_a_resumed_run_sees_each_epoch_s_own_order(tmp_path):

@@ -189,4 +189,4 @@ def test_an_end_token_is_scored_but_writes_no_text(tiny_backend):
     eos = tok.convert_tokens_to_ids(tok.eos_token)
     gen = tiny_backend._finish([*word, eos], [-0.5] * len(word) + [-0.1], 3, GenerationParams(logprobs=True))
     assert gen.finish_reason == "stop" and gen.tokens[-1] == "" and "".join(gen.tokens) == gen.text == "Paris"
-    assert gen.line_logprobs() == [(pytest.approx(-0.5 * len(word)), len(word))]  # the end token is in no line
+    assert gen.line_logprobs() == [("Paris", pytest.approx(-0.5 * len(word)), len(word))]  # the end token: no line

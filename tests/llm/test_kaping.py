@@ -235,6 +235,27 @@ def test_an_answer_line_the_tokens_do_not_show_falls_back_to_the_whole_generatio
 
 
 @pytest.mark.parametrize(
+    ("text_head", "tokens", "logprobs"),
+    [
+        ("Answers:\n", ["Paris", "\n", "Euro"], [-0.1, -0.2, -5.0]),  # a prefix with a line break, not in the tokens
+        ("", ["<think>ok", "\n", "Paris"], [-0.01, -0.01, -7.0]),  # tokens of a reasoning the text leaves out
+    ],
+)
+def test_tokens_shifted_against_the_text_never_score_another_line(encoder, tmp_path, text_head, tokens, logprobs):
+    class Shifted(_WithLogprobs):
+        def generate_with_params(self, batch, params, choices=None):
+            text = text_head + "Paris\nEuro" if text_head else "Paris"
+            return [replace(g, text=text) for g in super().generate_with_params(batch, params)]
+
+    answerer = KAPINGAnswerer(Shifted(tokens, logprobs), encoder=encoder, cache_dir=str(tmp_path), constrained=False,
+                              show_progress=False, generation=GenerationParams(max_new_tokens=8, logprobs=True))  # type: ignore[arg-type]  # fmt: skip
+    (out,) = answerer.propose(RECORDS[:1])
+    assert out.prediction[0] == "Paris"
+    assert out.extra["kaping"]["logprob"] == pytest.approx(sum(logprobs))  # the whole generation, counted
+    assert answerer.counts["logprob_unaligned"] == 1
+
+
+@pytest.mark.parametrize(
     "change",
     [
         {"generation": GenerationParams(max_new_tokens=48, top_p=0.9)},

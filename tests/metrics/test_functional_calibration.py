@@ -74,6 +74,9 @@ def test_a_confidence_lands_in_the_same_bin_in_either_dtype(dtype):
     assert n.nonzero().flatten().tolist() == [1, 3, 7, 9]  # 0.7 in [.7, .8), 0.9 in [.9, 1), as the decimals say
     # bins [.1,.2) .1 wrong; [.3,.4) .3 right; [.7,.8) .7 right; [.9,1) .9 wrong: ECE = (.1 + .7 + .3 + .9) / 4
     assert float(expected_calibration_error(conf, correct, n_bins=10)) == pytest.approx(0.5, abs=1e-6)
+    # just below 1 is not "exactly 1.0", even where float32 rounds it up
+    _, _, n = calibration_bin_sums(torch.tensor([1 - 1e-9, 1.0], dtype=torch.float64), [True, True], n_bins=10)
+    assert n.tolist()[-2:] == [1.0, 1.0]
 
 
 def test_validation_and_empty():

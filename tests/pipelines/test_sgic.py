@@ -167,6 +167,10 @@ def test_a_document_source_is_keyed_by_its_settings():
             return [["doc"] * self.n for _ in records]
 
     assert Fixed(1).cache_key == Fixed(1).cache_key != Fixed(2).cache_key
+    holder = Fixed(1)
+    holder.model = object()  # its repr names a memory address: a key from it would change every run
+    with pytest.raises(TypeError, match="override cache_key"):
+        _ = holder.cache_key
 
 
 def test_doublycal_evidence_as_documents(tmp_path):

@@ -23,6 +23,7 @@ downstream components treat them as having no evidence (retrievers abstain) rath
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -170,10 +171,11 @@ def _iter_dataset(ds: Any) -> Iterator[tuple[int, Any]]:
         yield from enumerate(ds)
 
 
+@functools.lru_cache(maxsize=64)
 def hub_fingerprint(path: str, split: str | None) -> str:
     """The ``datasets`` fingerprint of ``hf:owner/name`` (its ``split``, or every split): it changes with the data
     (another revision downloaded), so caches of work derived from the records can key on it. Read from the local
-    ``datasets`` cache once downloaded."""
+    ``datasets`` cache once downloaded, and once per process."""
     import datasets
 
     loaded = datasets.load_dataset(path[len(HF_PREFIX) :], split=split)

@@ -70,30 +70,32 @@ class Generation:
         out.pop("cached")
         return out
 
-    def line_logprobs(self) -> list[tuple[float, int]]:
-        """``(sum of log-probabilities, tokens)`` of each line the generated tokens write, the first line first.
+    def line_logprobs(self) -> list[tuple[str, float, int]]:
+        """``(visible text, sum of log-probabilities, tokens)`` of each line the generated tokens write, first first.
 
         A token counts in a line when it writes visible characters there. Line breaks, spaces and tokens that
         decode to nothing (an end-of-sequence token) belong to no line, so the answer ``"A"`` alone and the first
-        line of ``"A\\nB"`` get the same score. Lines are counted in :attr:`tokens` (a backend's ``response_prefix``
-        is not among them). ``[]`` without tokens or log-probabilities.
+        line of ``"A\\nB"`` get the same score. A line's text is its tokens' visible characters without any
+        whitespace, for checking that a line of :attr:`text` is the one scored (the tokens may cover other text: a
+        backend's ``response_prefix``, a server's reasoning). ``[]`` without tokens or log-probabilities.
 
         Example:
             >>> Generation("A\\nB", token_logprobs=[-0.5, -2.0, -3.0], tokens=["A", "\\n", "B"]).line_logprobs()
-            [(-0.5, 1), (-3.0, 1)]
+            [('A', -0.5, 1), ('B', -3.0, 1)]
             >>> Generation("A", token_logprobs=[-0.5, -0.1], tokens=["A", ""]).line_logprobs()
-            [(-0.5, 1)]
+            [('A', -0.5, 1)]
         """
         if self.tokens is None or self.token_logprobs is None:
             return []
-        lines: list[tuple[float, int]] = [(0.0, 0)]
+        lines: list[tuple[str, float, int]] = [("", 0.0, 0)]
         for token, lp in zip(self.tokens, self.token_logprobs):
             pieces = token.split("\n")
-            lines += [(0.0, 0)] * (len(pieces) - 1)
+            lines += [("", 0.0, 0)] * (len(pieces) - 1)
             for j, piece in enumerate(pieces, start=len(lines) - len(pieces)):
-                if piece.strip():
-                    total, n = lines[j]
-                    lines[j] = (total + lp, n + 1)
+                visible = "".join(piece.split())
+                if visible:
+                    text, total, n = lines[j]
+                    lines[j] = (text + visible, total + lp, n + 1)
         return lines
 
     @classmethod

@@ -50,7 +50,8 @@ def _as_inputs(
 def bin_index(conf: Tensor, n_bins: int) -> Tensor:
     """The bin of each confidence: ``k`` for ``k / n_bins <= conf < (k + 1) / n_bins``, ``n_bins`` for ``1.0``.
 
-    Compared in float32 against ``k / n_bins`` rounded to float32, whatever the input's dtype.
+    Compared in float32 against ``k / n_bins`` rounded to float32, whatever the input's dtype; a float64 just
+    below 1 that rounds to 1.0 in float32 stays in the last bin of width ``1 / n_bins``.
 
     Example:
         >>> bin_index(torch.tensor([0.7, 0.9], dtype=torch.float64), 10).tolist()
@@ -59,7 +60,8 @@ def bin_index(conf: Tensor, n_bins: int) -> Tensor:
         [7, 9]
     """
     boundaries = (torch.arange(n_bins + 1, dtype=torch.float64, device=conf.device) / n_bins).float()
-    return torch.bucketize(conf.float(), boundaries, right=True) - 1
+    idx = torch.bucketize(conf.float(), boundaries, right=True) - 1
+    return torch.where(conf < 1, idx.clamp(max=n_bins - 1), idx)  # the last slot holds exactly 1.0 only
 
 
 def calibration_bin_sums(
