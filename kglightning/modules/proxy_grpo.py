@@ -274,14 +274,19 @@ class ProxyGRPO(HandOptimized, ProxySFT):
     def _log_stats(self, stage: str, stats: StepStats, on_step: bool) -> None:
         """Log global means, weighted by their global counts (``unscorable``: the global count itself).
 
-        Every key is logged at every step, on every process (a step with nothing to average logs 0 with weight 0, so
-        epoch means stay exact and a monitored ``val/reward`` always exists). The statistics of a single step
-        (``STEP_ONLY``) are logged per step only, under their plain names, as before.
+        A training step with nothing to average for a statistic (no completion scored, for ``reward``) logs nothing
+        for it: a 0 would read as a real reward; such a step is counted in ``unscorable``. Validation, logged per
+        epoch, logs every key with weight 0 there (the epoch mean stays exact and is NaN when nothing at all was
+        scored, and a monitored ``val/reward`` always exists). The statistics of a single step (``STEP_ONLY``) are
+        logged per step only, under their plain names, as before. The keys a step logs depend only on global
+        counts, so every process logs the same ones.
         """
         for name, value in stats.reduce().items():
             key, step_only = f"{stage}/{name}", on_step and name in STEP_ONLY
             if name == "unscorable":
                 self.log(key, value.total, on_step=on_step, on_epoch=not step_only, reduce_fx="sum")
+                continue
+            if on_step and not value.count:
                 continue
             self.log(
                 key,
