@@ -45,7 +45,7 @@ EXTRAS = {
     "cpu": ["faiss-cpu>=1.9"],
     "gpu": ["faiss-gpu-cu12>=1.9"],  # CUDA 12 build; its CUDA libraries come from pip, the driver from the host
     "wandb": ["wandb>=0.18"],
-    "test": ["pytest>=8", "pytest-timeout", "scipy", "networkx>=3"],
+    "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "scipy", "networkx>=3"],
 }
 EXTRAS["all"] = sorted({*EXTRAS["cpu"], *EXTRAS["wandb"], *EXTRAS["test"]})
 EXTRAS["gpu-all"] = sorted({*EXTRAS["gpu"], *EXTRAS["wandb"], *EXTRAS["test"]})

@@ -92,8 +92,9 @@ MalformedReason = Literal[
     "missing_confidence",  # no confidence attribute, when one is required
 ]
 
-_TAG = re.compile(r"<\s*(?P<close>/)?\s*(?P<name>PATH|CONSTRAINT|SEP)\b(?P<attrs>[^<>]*)>", re.I)
-_CONF_ATTR = re.compile(r"\s*confidence\s*=\s*(?P<raw>.*?)\s*", re.I | re.S)
+# whitespace inside a tag is bounded (a run of n spaces after '<' cost n**2 steps): a longer run is no tag
+_TAG = re.compile(r"<\s{0,16}(?P<close>/)?\s{0,16}(?P<name>PATH|CONSTRAINT|SEP)\b(?P<attrs>[^<>]*)>", re.I)
+_CONF_ATTR = re.compile(r"\s*confidence\s*=(?P<raw>.*)", re.I | re.S)  # raw is stripped after: no lazy backtracking
 _TRAILING = re.compile(r"\s*<\s*CONFIDENCE\s*>(?P<raw>[^<>]*)<\s*/\s*CONFIDENCE\s*>", re.I)
 _TRAILING_START = re.compile(r"\s*<\s*CONFIDENCE\b", re.I)
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:inf|nan)", re.I)
