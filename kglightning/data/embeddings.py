@@ -7,6 +7,7 @@ has encoded in shards under a folder keyed by the encoder, so repeat epochs and 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -156,9 +157,20 @@ class EmbeddingCache:
         before = len(self._index)
         for shard in sorted(self.folder.glob("shard-*.pt")):
             if shard.name not in self._shards:
-                payload = torch.load(shard, weights_only=True)
-                self._add(payload["texts"], payload["embeddings"].float())
                 self._shards.add(shard.name)
+                try:
+                    payload = torch.load(shard, weights_only=True)
+                    texts, emb = payload["texts"], payload["embeddings"]
+                    if not isinstance(texts, list) or emb.ndim != 2 or emb.shape[0] != len(texts):
+                        raise ValueError("texts and embeddings do not match")
+                except Exception as err:  # a torn or foreign file: set it aside; its strings are encoded again
+                    aside = shard.with_name(shard.name + ".unreadable")
+                    log.warning("embedding shard %s cannot be read (%s: %s); moved to %s, its texts are encoded "
+                                "again", shard, type(err).__name__, err, aside.name)  # fmt: skip
+                    with contextlib.suppress(OSError):
+                        shard.replace(aside)
+                    continue
+                self._add(texts, emb.float())
         return len(self._index) - before
 
     def __len__(self) -> int:

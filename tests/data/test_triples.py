@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import pickle
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -68,3 +71,16 @@ def test_index_is_cached_and_rebuilt_when_the_file_changes(tmp_path):
     assert load_kg(p, cache_dir=cache).num_edges == 1
     again = load_kg(p, cache_dir=cache)  # read from the pickle
     assert again.triples() == [("a", "r", "b")] and len(list(cache.glob("*.pkl"))) == 2
+
+
+@pytest.mark.parametrize("content", [b"", b"\x80\x04torn", pickle.dumps({"not": "an index"})])
+def test_an_unreadable_index_cache_is_rebuilt_with_a_warning(tmp_path, caplog, content):
+    p = write(tmp_path, "a\tr\tb\nb\ts\tc\n")
+    cache = tmp_path / "cache"
+    load_kg(p, cache_dir=cache)
+    (pkl,) = cache.glob("*.pkl")
+    pkl.write_bytes(content)  # a torn write, or another file under the name
+    with caplog.at_level(logging.WARNING):
+        kg = load_kg(p, cache_dir=cache)
+    assert kg.num_edges == 2 and "cannot be read" in caplog.text
+    assert load_kg(p, cache_dir=cache).num_edges == 2  # written again, and read back

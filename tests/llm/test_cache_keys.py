@@ -70,3 +70,17 @@ def test_an_encoder_retrained_into_the_same_folder_gets_new_embeddings(tiny_enco
     assert retrained.cache_key != enc.cache_key
     new = EmbeddingCache(retrained, tmp_path / "emb").embed(["Paris"])
     assert not new.allclose(old, atol=1e-3)  # encoded by the new weights, not read back from the old table
+
+
+def test_an_unreadable_embedding_shard_is_set_aside_and_its_texts_encoded_again(tiny_encoder_dir, tmp_path, caplog):
+    import logging
+
+    enc = SentenceEncoder(tiny_encoder_dir, show_progress=False)
+    first = EmbeddingCache(enc, tmp_path / "emb").embed(["Paris", "Lyon"])
+    (shard,) = (tmp_path / "emb").rglob("shard-*.pt")
+    shard.write_bytes(b"torn")
+    with caplog.at_level(logging.WARNING):
+        again = EmbeddingCache(enc, tmp_path / "emb").embed(["Paris", "Lyon"])
+    assert "cannot be read" in caplog.text and again.allclose(first, atol=1e-2)  # float16 in the shards
+    assert shard.with_name(shard.name + ".unreadable").exists()
+    assert len(EmbeddingCache(enc, tmp_path / "emb")) == 2  # the new shard is read back, the bad one no more

@@ -113,7 +113,7 @@ INDEX_FORMAT = 1
 
 def _cache_file(path: Path, cache_dir: Path) -> Path:
     st = path.stat()
-    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{INDEX_FORMAT}"
+    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{INDEX_FORMAT}|numpy-{np.__version__}"
     key = hashlib.sha1(ident.encode()).hexdigest()[:20]
     return cache_dir / f"{path.stem}-{key}.pkl"
 
@@ -131,10 +131,17 @@ def load_kg(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
         raise FileNotFoundError(f"KG file {path} does not exist")
     cached = _cache_file(path, Path(cache_dir) if cache_dir is not None else default_cache_root() / "kg")
     if use_cache and cached.is_file():
-        with open(cached, "rb") as f:
-            kg = pickle.load(f)
-        log.info("KG %s: %s (cached index %s)", path, kg, cached)
-        return kg
+        try:
+            with open(cached, "rb") as f:
+                kg = pickle.load(f)
+            if not isinstance(kg, KGIndex):
+                raise TypeError(f"holds a {type(kg).__name__}, not a KGIndex")
+        except Exception as err:  # a torn write, another library version: the file is only a cache, rebuild it
+            log.warning("KG index cache %s cannot be read (%s: %s); indexing %s again", cached,
+                        type(err).__name__, err, path)  # fmt: skip
+        else:
+            log.info("KG %s: %s (cached index %s)", path, kg, cached)
+            return kg
     kg = KGIndex.from_triples(read_triples(path))
     log.info("KG %s: %s", path, kg)
     if use_cache:
