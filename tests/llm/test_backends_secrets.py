@@ -73,6 +73,11 @@ def test_key_given_as_a_value_is_refused_without_echo(monkeypatch, tmp_path):
     assert KEY not in str(info.value)
     with pytest.raises(ValueError, match="MY_LLM_KEY is not set"):
         OpenAIChatBackend("http://127.0.0.1:9/v1", api_key_env="MY_LLM_KEY")
+    for token in ("hf_AbCdEfGhIjKlMnOpQrStUvWx", "gsk_a1b2c3d4e5f6g7h8i9j0k1l2", "ghp_0123456789abcdefABCDEF"):
+        monkeypatch.delenv(token, raising=False)
+        with pytest.raises(ValueError, match="looks like a key itself") as info:  # a token where the name goes
+            OpenAIChatBackend("http://127.0.0.1:9/v1", api_key_env=token)
+        assert token not in str(info.value)
     with pytest.raises(FileNotFoundError, match="api_key_file"):
         OpenAIChatBackend("http://127.0.0.1:9/v1", api_key_file=str(tmp_path / "missing"))
 

@@ -54,6 +54,24 @@ _HOW_TO_PASS_A_KEY = (
     "--model.init_args.reasoner.init_args.api_key_file ~/.config/openai.key)"
 )
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# prefixes of common API tokens whose alphabet is also that of a variable name (hf_..., gsk_..., ghp_...)
+_TOKEN_LIKE = re.compile(r"(?:hf|gsk|ghp|gho|ghu|ghs|github_pat|sk|pk|rk|xai|glpat|AKIA|ASIA)_?[A-Za-z0-9_]{12,}")
+
+
+def _shown_env_name(name: str) -> str:
+    """``name`` for an error message, unless it looks like a token (then it is not echoed).
+
+    >>> _shown_env_name("MY_KEY"), _shown_env_name("hf_abcdefghijklmnopqrstuv")
+    ('MY_KEY', 'named by api_key_env (its name looks like a key itself, so it is not shown: pass the name of a variable)')
+    """
+    looks_like_token = bool(_TOKEN_LIKE.fullmatch(name)) or (
+        len(name) >= 24 and any(c.islower() for c in name) and any(c.isdigit() for c in name)
+    )
+    if looks_like_token:
+        return (
+            "named by api_key_env (its name looks like a key itself, so it is not shown: pass the name of a variable)"
+        )
+    return name
 
 
 class LLMHTTPError(LLMBackendError):
@@ -213,7 +231,7 @@ class OpenAIChatBackend(LLMBackend):
             return key
         key = os.environ.get(self.api_key_env) or None
         if key is None and self.api_key_env != "OPENAI_API_KEY":
-            raise ValueError(f"the environment variable {self.api_key_env} is not set (api_key_env names it)")
+            raise ValueError(f"the environment variable {_shown_env_name(self.api_key_env)} is not set (api_key_env)")
         return key
 
     def __repr__(self) -> str:
