@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 
@@ -46,3 +47,18 @@ def files_stamp(path: str | os.PathLike) -> str:
         st = f.stat()
         digest.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:12]
+
+
+def folder_name(key: str, width: int = 60) -> str:
+    """One safe folder name for a cache ``key`` that may hold ``/``, ``..`` or a server's text: its first ``width``
+    characters with everything but letters, digits, ``.``, ``_`` and ``-`` replaced by ``_``, then a hash of the whole
+    key (so two keys never share a folder, and no key leaves the cache root).
+
+    Example:
+        >>> folder_name("kaping-openai-chat:http://host/v1:../../etc")[:40]
+        'kaping-openai-chat_http___host_v1_.._.._'
+        >>> "/" in folder_name("a/../b"), folder_name("a/b") != folder_name("a_b")
+        (False, True)
+    """
+    slug = re.sub(r"[^A-Za-z0-9._-]", "_", key[:width]).strip(".") or "key"
+    return f"{slug}-{hashlib.sha1(key.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"

@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch_geometric.data import Batch, Data
 
+from kglightning.data.cache import folder_name
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import KGQARecord, RecordError
@@ -120,7 +121,9 @@ class DetectionDataModule(KGQADataModule):
                 field="prediction",
             )
         proposer = self.proposer.for_split(split)
-        cache = self.cache_root / "proposals-v2" / self.dataset_key(split) / proposer.cache_key / f"{split}.jsonl"
+        # the proposer's key may hold '/' or a server's model id ('../'): one safe folder name
+        cache = self.cache_root / "proposals-v2" / self.dataset_key(split) / folder_name(proposer.cache_key)
+        cache = cache / f"{split}.jsonl"
         cached = load_proposals(records, cache)
         if cached is not None:
             return cached

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kglightning.data import SentenceEncoder
+from kglightning.data.cache import folder_name
 from kglightning.data.proposer import AnswerProposer
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.datamodules import DetectionDataModule
@@ -150,7 +151,26 @@ def test_each_split_is_answered_by_the_proposer_for_that_split(splits, tmp_path,
     dm.setup("fit")
     dm.setup("test")
     keys = {p.parent.name: p.name for p in (tmp_path / "cache" / "proposals-v2").rglob("*.jsonl")}
-    assert keys == {f"echo-{s}": f"{s}.jsonl" for s in ("train", "validation", "test")}
+    assert keys == {folder_name(f"echo-{s}"): f"{s}.jsonl" for s in ("train", "validation", "test")}
+
+
+def test_a_proposer_key_with_slashes_or_dots_stays_one_folder_under_the_cache(splits, tmp_path, tiny_encoder_dir):
+    class FromServer(EchoGoldProposer):
+        @property
+        def cache_key(self) -> str:  # a model id as a server lists it
+            return "kaping-openai-chat:http://127.0.0.1:9/v1:../../../escaped"
+
+    for records in splits.values():
+        for r in records:
+            del r["prediction"], r["confidence"]
+    dm = _dm(_write(tmp_path / "d", splits), tmp_path, tiny_encoder_dir, proposer=FromServer())
+    dm.prepare_data()
+    files = list(tmp_path.rglob("*.jsonl"))
+    proposals = [f for f in files if "proposals-v2" in f.parts]
+    assert len(proposals) == 3 and not (tmp_path / "escaped").exists()
+    assert {f.relative_to(tmp_path / "cache" / "proposals-v2").parts[1] for f in proposals} == {
+        folder_name(FromServer().cache_key)
+    }
 
 
 def test_proposal_cache_holds_predictions_only_and_a_stale_one_is_redone(splits, tmp_path, tiny_encoder_dir):
@@ -160,7 +180,9 @@ def test_proposal_cache_holds_predictions_only_and_a_stale_one_is_redone(splits,
     data = _write(tmp_path / "d", splits)
     dm = _dm(data, tmp_path, tiny_encoder_dir, proposer=EchoGoldProposer())
     dm.prepare_data()
-    files = sorted((tmp_path / "cache").glob("proposals-v2/*/echo-gold/*.jsonl"), key=lambda f: f.name)
+    files = sorted(
+        (tmp_path / "cache").glob(f"proposals-v2/*/{folder_name('echo-gold')}/*.jsonl"), key=lambda f: f.name
+    )
     assert [f.name for f in files] == ["test.jsonl", "train.jsonl", "validation.jsonl"]
     rows = [json.loads(line) for line in files[1].read_text().splitlines()]
     assert set(rows[0]) == {"id", "prediction", "confidence", "extra"} and rows[0]["id"] == "train-q0"
