@@ -119,6 +119,15 @@ class SentenceEncoder:
         return out.float().cpu()
 
 
+def _read_shard(shard: Path) -> tuple[list[str], torch.Tensor]:
+    """A shard's texts and embeddings (errors for a file that is not a whole shard)."""
+    payload = torch.load(shard, weights_only=True)
+    texts, emb = payload["texts"], payload["embeddings"]
+    if not isinstance(texts, list) or emb.ndim != 2 or emb.shape[0] != len(texts):
+        raise ValueError("texts and embeddings do not match")
+    return texts, emb
+
+
 class EmbeddingCache:
     """Text → embedding lookup backed by shards on disk.
 
@@ -159,17 +168,21 @@ class EmbeddingCache:
             if shard.name not in self._shards:
                 self._shards.add(shard.name)
                 try:
-                    payload = torch.load(shard, weights_only=True)
-                    texts, emb = payload["texts"], payload["embeddings"]
-                    if not isinstance(texts, list) or emb.ndim != 2 or emb.shape[0] != len(texts):
-                        raise ValueError("texts and embeddings do not match")
-                except Exception as err:  # a torn or foreign file: set it aside; its strings are encoded again
-                    aside = shard.with_name(shard.name + ".unreadable")
-                    log.warning("embedding shard %s cannot be read (%s: %s); moved to %s, its texts are encoded "
-                                "again", shard, type(err).__name__, err, aside.name)  # fmt: skip
-                    with contextlib.suppress(OSError):
-                        shard.replace(aside)
+                    texts, emb = _read_shard(shard)
+                except OSError as err:  # the file system, not the file: skip it in this process only
+                    log.warning("embedding shard %s cannot be opened now (%s); its texts are encoded again here",
+                                shard, err)  # fmt: skip
                     continue
+                except Exception as err:  # a torn or foreign file
+                    try:
+                        texts, emb = _read_shard(shard)  # another process may have just replaced it, whole
+                    except Exception:
+                        aside = shard.with_name(shard.name + ".unreadable")
+                        log.warning("embedding shard %s cannot be read (%s: %s); moved to %s, its texts are encoded "
+                                    "again", shard, type(err).__name__, err, aside.name)  # fmt: skip
+                        with contextlib.suppress(OSError):
+                            shard.replace(aside)
+                        continue
                 self._add(texts, emb.float())
         return len(self._index) - before
 

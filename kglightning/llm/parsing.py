@@ -43,7 +43,7 @@ _NUMBER_RE = re.compile(rf"\s*({_NUMBER})\s*(%?)\s*")
 _PAIR_NUM = re.compile(rf"\s*(?P<key>[^\n]+?)\s*:\s*(?P<val>{_NUMBER}\s*%?|null|None|\"[^\"]*\"|'[^']*')\s*(?:,|$)")
 _PAIR_ANY = re.compile(r"\s*(?P<key>[^\n:,]+?)\s*(?::\s*(?P<val>[^,\n]*?))?\s*(?:,|\n|$)")
 _CONF_LINE = re.compile(  # lengths bounded, so that a long line cannot cost quadratic time
-    r"^[ \t]*(?:[-*\u2022]|\d+[.)])?[ \t]*(?:(?:the[ \t]+)?(?:final[ \t]+)?A(?:nswer)?(?:[ \t]+is)?[ \t]*:[ \t]*)?(?P<key>[^\n]{1,300}?)[ \t]*[\[(][ \t]*"
+    r"^[ \t]*(?:(?:[-*\u2022]|\d+[.)])[ \t]+)?(?:(?:the[ \t]+)?(?:final[ \t]+)?A(?:nswer)?(?:[ \t]+is)?[ \t]*:[ \t]*)?(?P<key>[^\n]{1,300}?)[ \t]*[\[(][ \t]*"
     r"confidence[ \t]*[:=][ \t]*(?P<val>[^\])\n]{0,40})[\])]",
     re.I | re.M,
 )
@@ -51,7 +51,7 @@ _ANSWER_CONF_LINES = re.compile(
     rf"^\s*answer\s*:\s*(?P<key>[^\n]+?)\s*\n\s*confidence\s*:\s*(?P<val>{_NUMBER}\s*%?)\s*$", re.I | re.M
 )
 _COLON_LINE = re.compile(
-    rf"^\s*(?:[-*\u2022]|\d+[.)])?\s*(?P<key>[^:\n]+?)\s*:\s*(?P<val>{_NUMBER}\s*%?)\s*,?\s*$", re.M
+    rf"^\s*(?:(?:[-*\u2022]|\d+[.)])\s+)?(?P<key>[^:\n]+?)\s*:\s*(?P<val>{_NUMBER}\s*%?)\s*,?\s*$", re.M
 )
 _MAX_LENIENT_CHARS = 20_000
 _MAX_DEPTH = 8  # how deep to look for answers inside brackets that do not read as answers
@@ -115,7 +115,10 @@ def _to_confidence(value: Any, issues: list[str]) -> float | None:
             return None
         conf = float(m.group(1)) / (100.0 if m.group(2) else 1.0)
     else:
-        conf = float(value)
+        try:
+            conf = float(value)
+        except OverflowError:  # an integer too large for a float (a model that repeats zeros)
+            conf = math.inf
     if not math.isfinite(conf):
         issues.append(INVALID_CONFIDENCE)
         return None
@@ -179,7 +182,7 @@ def _lenient(segment: str) -> Any:
     if segment[0] == "{" and ":" in body:
         pairs = _pairs(body, _PAIR_NUM)
         # a numeric reading whose key holds ':' before ',' swallowed a non-numeric pair ("Spike: high, Belle")
-        if pairs is None or any(re.search(r":.*,", k) for k, _ in pairs):
+        if pairs is None or any(":" in k and "," in k.split(":", 1)[1] for k, _ in pairs):
             pairs = _pairs(body, _PAIR_ANY)
         return _Object(pairs) if pairs else None
     if ":" in body or any(c in body for c in "{}[]"):

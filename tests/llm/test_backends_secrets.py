@@ -78,6 +78,10 @@ def test_key_given_as_a_value_is_refused_without_echo(monkeypatch, tmp_path):
         with pytest.raises(ValueError, match="looks like a key itself") as info:  # a token where the name goes
             OpenAIChatBackend("http://127.0.0.1:9/v1", api_key_env=token)
         assert token not in str(info.value)
+    for name in ("MY_SERVICE_API_KEY_2024", "ASIA_PACIFIC_API_KEY", "azure_openai_key_2024_prod", "hf_token_for_org"):
+        monkeypatch.delenv(name, raising=False)
+        with pytest.raises(ValueError, match=f"{name} is not set"):  # ordinary names are shown
+            OpenAIChatBackend("http://127.0.0.1:9/v1", api_key_env=name)
     with pytest.raises(FileNotFoundError, match="api_key_file"):
         OpenAIChatBackend("http://127.0.0.1:9/v1", api_key_file=str(tmp_path / "missing"))
 

@@ -84,3 +84,21 @@ def test_an_unreadable_embedding_shard_is_set_aside_and_its_texts_encoded_again(
     assert "cannot be read" in caplog.text and again.allclose(first, atol=1e-2)  # float16 in the shards
     assert shard.with_name(shard.name + ".unreadable").exists()
     assert len(EmbeddingCache(enc, tmp_path / "emb")) == 2  # the new shard is read back, the bad one no more
+
+
+def test_a_shard_that_cannot_be_opened_now_is_skipped_not_set_aside(tiny_encoder_dir, tmp_path, monkeypatch):
+    import errno
+
+    import kglightning.data.embeddings as embeddings
+
+    enc = SentenceEncoder(tiny_encoder_dir, show_progress=False)
+    EmbeddingCache(enc, tmp_path / "emb").embed(["Paris"])
+    (shard,) = (tmp_path / "emb").rglob("shard-*.pt")
+
+    def too_many_files(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(embeddings.torch, "load", too_many_files)
+    assert len(EmbeddingCache(enc, tmp_path / "emb")) == 0  # skipped in this process
+    monkeypatch.undo()
+    assert shard.exists() and len(EmbeddingCache(enc, tmp_path / "emb")) == 1  # the good file stays for the next

@@ -152,3 +152,16 @@ def test_ground_ids_ambiguity_merging_and_empty_names():
     assert grounded.unmatched == {"the": 0.2}  # normalizes to "", which matches nothing
     assert grounded.issues == [AMBIGUOUS_ANSWER, UNMATCHED_ANSWER]
     assert ground_answers({}, ["x"]).entities == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "answers"),
+    [
+        ("3.14 [Confidence: 0.9]", {"3.14": 0.9}),  # a number, not a list item "3." then "14"
+        ("2.5 million: 0.4", {"2.5 million": 0.4}),
+        ("1. Paris [Confidence: 0.8]\n2. Lyon [Confidence: 0.1]", {"Paris": 0.8, "Lyon": 0.1}),
+        ("- Paris: 0.7", {"Paris": 0.7}),
+    ],
+)
+def test_a_list_marker_needs_a_space_after_it(text, answers):
+    assert parse_answers(text).answers == answers

@@ -54,18 +54,21 @@ _HOW_TO_PASS_A_KEY = (
     "--model.init_args.reasoner.init_args.api_key_file ~/.config/openai.key)"
 )
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# prefixes of common API tokens whose alphabet is also that of a variable name (hf_..., gsk_..., ghp_...)
-_TOKEN_LIKE = re.compile(r"(?:hf|gsk|ghp|gho|ghu|ghs|github_pat|sk|pk|rk|xai|glpat|AKIA|ASIA)_?[A-Za-z0-9_]{12,}")
+# common API tokens whose alphabet is also that of a variable name: a known prefix, then 16+ letters and digits
+# (no further underscore, as a variable name would have), with a digit among them when fewer than 20
+_TOKEN_LIKE = re.compile(
+    r"(?:hf|gsk|ghp|gho|ghu|ghs|glpat|xai|AKIA|ASIA)_?(?:[A-Za-z0-9]{20,}|(?=[A-Za-z]*\d)[A-Za-z0-9]{16,})"
+)
 
 
 def _shown_env_name(name: str) -> str:
     """``name`` for an error message, unless it looks like a token (then it is not echoed).
 
-    >>> _shown_env_name("MY_KEY"), _shown_env_name("hf_abcdefghijklmnopqrstuv")
+    >>> _shown_env_name("MY_KEY"), _shown_env_name("hf_abcdefgh1jklmnopqrstuv")
     ('MY_KEY', 'named by api_key_env (its name looks like a key itself, so it is not shown: pass the name of a variable)')
     """
-    looks_like_token = bool(_TOKEN_LIKE.fullmatch(name)) or (
-        len(name) >= 24 and any(c.islower() for c in name) and any(c.isdigit() for c in name)
+    looks_like_token = bool(_TOKEN_LIKE.fullmatch(name)) or (  # or 20+ characters with no word break, and a digit
+        len(name) >= 20 and "_" not in name and any(c.isdigit() for c in name) and any(c.isalpha() for c in name)
     )
     if looks_like_token:
         return (
