@@ -95,12 +95,6 @@ class SelfCalibration:
         self.cost: dict[str, dict[str, float]] = {}
         self._round0: dict[str, Generation] = {}
 
-    def round0_key(self, example: PassageExample) -> str:
-        """What round 0's answer depends on: the prompt it is generated from (not the id, which two splits may
-        share), with the decoding settings."""
-        conv = self.prompt.plain(example.question, example.documents)
-        return json.dumps([conv, self.params.to_dict()], sort_keys=True, default=str)
-
     def is_correct(self, answer: str, gold: Sequence[str]) -> bool:
         """Whether ``answer`` counts as correct: SQuAD exact match (``correct_if="em"``) or Hit (``"hit"``)."""
         return bool((squad_exact_match if self.correct_if == "em" else squad_hit)(answer, gold))
@@ -136,11 +130,12 @@ class SelfCalibration:
         return self.estimator(gen, backend=f"backend {self.backend.name!r}")
 
     def round_zero(self, examples: Sequence[PassageExample], tags: Sequence[str] = ()) -> list[Generation]:
-        """Round 0 (every document, no scores), generated once per prompt (see :meth:`round0_key`)."""
-        keys = [self.round0_key(e) for e in examples]
-        todo = {k: e for k, e in zip(keys, examples) if k not in self._round0}
-        convs = [self.prompt.plain(e.question, e.documents) for e in todo.values()]
-        for k, g in zip(todo, self.generate(convs, self.params, tags)):
+        """Round 0 (every document, no scores), generated once per prompt and decoding settings (not per example
+        id, which two splits may share)."""
+        convs = [self.prompt.plain(e.question, e.documents) for e in examples]
+        keys = [json.dumps([c, self.params.to_dict()], sort_keys=True, default=str) for c in convs]
+        todo = {k: c for k, c in zip(keys, convs) if k not in self._round0}
+        for k, g in zip(todo, self.generate(list(todo.values()), self.params, tags)):
             self._round0[k] = g
         return [self._round0[k] for k in keys]
 
