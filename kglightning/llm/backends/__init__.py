@@ -14,6 +14,7 @@ from kglightning.llm.backends.base import (
     LLMBackendError,
 )
 from kglightning.llm.backends.cache import ResponseCache
+from kglightning.llm.backends.chat_response import LLMResponseError
 from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2, LocalHFBackend, bundled_smollm2_path
 from kglightning.llm.backends.openai_http import LLMHTTPError, LLMTimeoutError, OpenAIChatBackend
 
@@ -26,6 +27,7 @@ __all__ = [
     "LLMBackend",
     "LLMBackendError",
     "LLMHTTPError",
+    "LLMResponseError",
     "LLMTimeoutError",
     "LocalHFBackend",
     "OpenAIChatBackend",

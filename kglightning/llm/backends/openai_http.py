@@ -1,11 +1,13 @@
 """An OpenAI-compatible ``/chat/completions`` server (vLLM, llama.cpp, TGI, OpenAI...) as an LLM backend.
 
-HTTP goes through the standard library only (``urllib`` and a thread pool). Each conversation is one request; up
-to ``max_concurrency`` are in flight at once (by default as many as the server advertises in ``GET /models``, else
+HTTP goes through the standard library (``urllib`` and a thread pool) under the guarantees of
+:class:`~kglightning.llm.backends.http_transport.HTTPTransport`: an overall deadline per attempt, redirects never
+followed, bodies bounded. Each conversation is one request; up to ``max_concurrency`` are in flight at once (by
+default as many as the server advertises in ``GET /models``, at most :data:`MAX_ADVERTISED_CONCURRENCY`, else
 :data:`DEFAULT_MAX_CONCURRENCY`). The API key is read from an environment variable or a file, never taken as a
 value, so that it cannot end up in a saved config, a printed config, an error message or a log. Connection errors,
 timeouts, HTTP 429 and 5xx are retried with exponential backoff and seeded jitter (a ``Retry-After`` header is
-honoured); other 4xx fail at once. With ``cache_dir`` every response is appended to a
+honoured up to two minutes); other 4xx, redirects and malformed bodies fail at once. With ``cache_dir`` every response is appended to a
 :class:`~kglightning.llm.backends.cache.ResponseCache` as soon as it arrives, so a crashed or interrupted run
 resumes by sending only the requests that have no cached answer.
 """
@@ -13,17 +15,14 @@ resumes by sending only the requests that have no cached answer.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import http.client
-import ipaddress
 import json
+import logging
 import os
 import random
 import re
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -31,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from jsonargparse.typing import SecretStr
 
 from kglightning.llm.backends.base import ChatMessage, Generation, GenerationParams, LLMBackend, LLMBackendError
+from kglightning.llm.backends.chat_response import LLMResponseError, decode_json, parse_chat_completion
+from kglightning.llm.backends.http_transport import HTTPTransport, TransportError, is_loopback, shown_url
 
 if TYPE_CHECKING:
     from kglightning.llm.trie.names import NameChoice
@@ -38,7 +39,10 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_BASE_URL",
     "DEFAULT_MAX_CONCURRENCY",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "MAX_ADVERTISED_CONCURRENCY",
     "LLMHTTPError",
+    "LLMResponseError",
     "LLMTimeoutError",
     "OpenAIChatBackend",
     "parse_chat_completion",
@@ -47,6 +51,13 @@ __all__ = [
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"  # vLLM's default
 DEFAULT_MAX_CONCURRENCY = 8
 """Requests in flight at once when neither ``max_concurrency`` nor the server's ``/models`` listing says."""
+MAX_ADVERTISED_CONCURRENCY = 64
+"""The most requests in flight that a server's ``/models`` listing can ask for (one thread each)."""
+DEFAULT_MAX_RESPONSE_BYTES = 32 * 2**20
+"""Longest response body read (a long answer with log-probabilities is a few MB)."""
+_MAX_BACKOFF_S = 60.0
+
+log = logging.getLogger(__name__)
 
 _HOW_TO_PASS_A_KEY = (
     "put the API key in an environment variable (OPENAI_API_KEY by default; another name with api_key_env, e.g. "
@@ -89,54 +100,16 @@ class LLMTimeoutError(LLMBackendError, TimeoutError):
     """Every attempt of a request ran past ``timeout_s``."""
 
 
-class _Retryable(Exception):
-    def __init__(
-        self, message: str, *, status: int | None = None, retry_after: float | None = None, timed_out: bool = False
-    ) -> None:
-        super().__init__(message)
-        self.status, self.retry_after, self.timed_out = status, retry_after, timed_out
-
-
-def parse_chat_completion(payload: dict[str, Any]) -> Generation:
-    """A :class:`Generation` from an OpenAI chat-completion response body.
-
-    >>> body = {"choices": [{"message": {"role": "assistant", "content": "Paris"}, "finish_reason": "stop",
-    ...          "logprobs": {"content": [{"token": "Paris", "logprob": -0.1}]}}],
-    ...         "usage": {"prompt_tokens": 9, "completion_tokens": 1}}
-    >>> parse_chat_completion(body)
-    Generation(text='Paris', token_logprobs=[-0.1], tokens=['Paris'], prompt_tokens=9, completion_tokens=1, finish_reason='stop', cached=False)
-    """
-    choice = payload["choices"][0]
-    content = (choice.get("logprobs") or {}).get("content")
-    usage = payload.get("usage") or {}
-    return Generation(
-        text=(choice.get("message") or {}).get("content") or "",
-        token_logprobs=None if content is None else [float(t["logprob"]) for t in content],
-        tokens=None if content is None else [str(t["token"]) for t in content],
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or (len(content) if content else 0)),
-        finish_reason=str(choice.get("finish_reason") or "stop"),
-    )
-
-
-def _is_loopback(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class OpenAIChatBackend(LLMBackend):
     """Chat completions from an OpenAI-compatible HTTP server.
 
     One request per conversation, :attr:`concurrency` at a time. When a request fails for good (a 4xx other than
     429, or retries exhausted), no new request is started, the answers already received are kept (in the cache,
     if any) and the error is raised: :class:`LLMHTTPError` (with ``url`` and ``status``) or
-    :class:`LLMTimeoutError`. Rerunning with the same ``cache_dir`` then sends only the missing requests.
-    ``timeout_s`` bounds each socket operation (connect, each read) of one attempt, not a whole request.
+    :class:`LLMTimeoutError`, or :class:`LLMResponseError` for a body that is not a chat completion. Rerunning with
+    the same ``cache_dir`` then sends only the missing requests. ``timeout_s`` bounds one attempt as a whole, from
+    connecting to the last byte of the answer (a server that trickles bytes times out too). Redirects are never
+    followed: a 3xx fails with the target in the message, so the key never reaches another host.
 
     The API key is never held as a value: it is read from ``api_key_file`` if given, else from the environment
     variable named ``api_key_env``, when a request is built, and it goes only into the ``Authorization`` header
@@ -151,13 +124,14 @@ class OpenAIChatBackend(LLMBackend):
             ``OPENAI_API_KEY`` unset, no token is sent (a local vLLM needs none); another name must be set.
         api_key_file: path of a file that holds the bearer token (surrounding whitespace ignored); it wins over
             ``api_key_env``.
-        timeout_s: socket timeout of one attempt (connect, and each read).
+        timeout_s: deadline of one attempt: connecting, waiting for the answer and reading it.
         max_retries: retries after the first attempt on connection errors, timeouts, 429 and 5xx.
         backoff_s: first retry delay; doubles per retry (capped at 60 s), times a seeded jitter in [0.5, 1].
         max_concurrency: requests in flight at once. ``None``: what the server advertises as ``max_concurrency``
             in its ``/models`` entry for the model (:class:`~kglightning.llm.backends.server.ChatCompletionServer`
-            does), else :data:`DEFAULT_MAX_CONCURRENCY`. More requests than the server serves at once only queue
-            there, and queued ones can run past ``timeout_s`` and be re-sent.
+            does; at most :data:`MAX_ADVERTISED_CONCURRENCY`), else :data:`DEFAULT_MAX_CONCURRENCY`. More requests
+            than the server serves at once only queue there, and queued ones can run past ``timeout_s`` and be
+            re-sent.
         cache_dir: folder of a :class:`~kglightning.llm.backends.cache.ResponseCache` (``None``: no cache).
         show_progress: show a tqdm bar over requests.
         retry_seed: seed of the backoff jitter.
@@ -165,6 +139,7 @@ class OpenAIChatBackend(LLMBackend):
             (:meth:`~kglightning.llm.backends.base.LLMBackend.generate_with_params` with ``choices``): ``"vllm"``
             sends ``{"structured_outputs": {"regex": ...}}`` (vLLM >= 0.12), ``"vllm-legacy"`` sends ``guided_regex``
             (older vLLM); ``None``: the server cannot, and such requests raise :class:`NotImplementedError`.
+        max_response_bytes: longest response body accepted (a longer one fails that request, not retried).
         api_key: refused. It exists only so that a key given as a value (Python, YAML or command line) is read as
             a secret, which configs and error messages mask, and refused with a message saying how to pass it.
     """
@@ -184,6 +159,7 @@ class OpenAIChatBackend(LLMBackend):
         show_progress: bool = True,
         retry_seed: int = 0,
         structured_outputs: Literal["vllm", "vllm-legacy"] | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         api_key: SecretStr | None = None,
     ) -> None:
         if api_key is not None:
@@ -193,6 +169,8 @@ class OpenAIChatBackend(LLMBackend):
             )
         if (max_concurrency is not None and max_concurrency < 1) or max_retries < 0 or timeout_s <= 0:
             raise ValueError("need max_concurrency >= 1 (or None), max_retries >= 0 and timeout_s > 0")
+        if max_response_bytes < 1024:
+            raise ValueError(f"max_response_bytes must be >= 1024, got {max_response_bytes}")
         if not _ENV_NAME.fullmatch(api_key_env):
             raise ValueError(
                 "api_key_env must be the name of an environment variable (letters, digits and _), such as "
@@ -213,9 +191,10 @@ class OpenAIChatBackend(LLMBackend):
         if structured_outputs not in (None, "vllm", "vllm-legacy"):
             raise ValueError(f"structured_outputs must be 'vllm', 'vllm-legacy' or None, got {structured_outputs!r}")
         self.structured_outputs = structured_outputs
+        self.max_response_bytes = max_response_bytes
         # never send loopback traffic through an http(s)_proxy from the environment
-        handlers = [urllib.request.ProxyHandler({})] if _is_loopback(self.base_url) else []
-        self._opener = urllib.request.build_opener(*handlers)
+        self._transport = HTTPTransport(timeout_s, max_response_bytes, use_env_proxy=not is_loopback(self.base_url))
+        self._warned_plain_http = False
         self._model_lock = threading.Lock()
         if cache_dir is not None:
             from kglightning.llm.backends.cache import ResponseCache
@@ -267,7 +246,12 @@ class OpenAIChatBackend(LLMBackend):
             entry = next((m for m in entries or [] if isinstance(m, dict) and m.get("id") == self._model), {})
             advertised = entry.get("max_concurrency")
             ok = isinstance(advertised, int) and not isinstance(advertised, bool) and advertised >= 1
-            self._concurrency = advertised if ok else DEFAULT_MAX_CONCURRENCY
+            self._concurrency = min(advertised, MAX_ADVERTISED_CONCURRENCY) if ok else DEFAULT_MAX_CONCURRENCY
+            if ok and advertised > MAX_ADVERTISED_CONCURRENCY:
+                log.warning(
+                    "%s/models advertises max_concurrency=%d; using %d (set max_concurrency to choose)",
+                    self.base_url, advertised, MAX_ADVERTISED_CONCURRENCY,
+                )  # fmt: skip
 
     @property
     def model(self) -> str:
@@ -352,7 +336,12 @@ class OpenAIChatBackend(LLMBackend):
                 return None
             rng = random.Random(f"{self.retry_seed}:{i}:{json.dumps(bodies[i], sort_keys=True)}")
             payload = self._request("POST", "/chat/completions", bodies[i], rng=rng, cancelled=cancelled)
-            return None if payload is None else parse_chat_completion(payload)
+            if payload is None:
+                return None
+            try:
+                return parse_chat_completion(payload)
+            except LLMResponseError as e:
+                raise LLMResponseError(f"POST {shown_url(self.base_url)}/chat/completions: {e}") from e
 
         error: BaseException | None = None
         pool = cf.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="openai-chat")
@@ -362,8 +351,8 @@ class OpenAIChatBackend(LLMBackend):
             for future in cf.as_completed(futures):
                 try:
                     gen = future.result()
-                except (LLMBackendError, KeyError, IndexError, TypeError, ValueError) as e:
-                    if error is None:  # stop starting new requests; keep the answers of those in flight
+                except Exception as e:  # any failure of one request: keep the answers of the others
+                    if error is None:  # stop starting new requests; those in flight still finish and are kept
                         error = e
                         cancelled.set()
                     continue
@@ -391,11 +380,11 @@ class OpenAIChatBackend(LLMBackend):
     ) -> Any:
         """One request with retries; the decoded JSON body, or ``None`` if ``cancelled`` was set during a backoff."""
         url = self.base_url + path
-        last: _Retryable | None = None
+        last: TransportError | None = None
         max_retries = self.max_retries if max_retries is None else max_retries
         for attempt in range(max_retries + 1):
             if attempt:
-                delay = min(self.backoff_s * 2 ** (attempt - 1), 60.0) * (0.5 + 0.5 * rng.random())
+                delay = min(self.backoff_s * 2.0 ** min(attempt - 1, 32), _MAX_BACKOFF_S) * (0.5 + 0.5 * rng.random())
                 if last is not None and last.retry_after is not None:
                     delay = max(delay, last.retry_after)
                 if cancelled is not None:
@@ -404,51 +393,30 @@ class OpenAIChatBackend(LLMBackend):
                 else:
                     time.sleep(delay)
             try:
-                return self._send(method, url, body)
-            except _Retryable as e:
+                raw = self._transport.send(method, url, *self._encode(body, url))
+            except TransportError as e:
+                if not e.retryable:
+                    raise LLMHTTPError(f"{method} {shown_url(url)}: {e}", url=url, status=e.status, body=e.body) from e
                 last = e
+                continue
+            return decode_json(raw, f"{method} {shown_url(url)}")
         assert last is not None
         tries = f"{max_retries + 1} attempt(s)"
         if last.timed_out:
-            raise LLMTimeoutError(f"{method} {url}: {last} ({tries}, timeout_s={self.timeout_s})")
-        raise LLMHTTPError(f"{method} {url} failed after {tries}: {last}", url=url, status=last.status)
+            raise LLMTimeoutError(f"{method} {shown_url(url)}: {last} ({tries})")
+        raise LLMHTTPError(f"{method} {shown_url(url)} failed after {tries}: {last}", url=url, status=last.status)
 
-    def _send(self, method: str, url: str, body: dict[str, Any] | None) -> Any:
+    def _encode(self, body: dict[str, Any] | None, url: str) -> tuple[bytes | None, dict[str, str]]:
+        """The request's bytes and headers (the key read afresh, and only ever sent to ``base_url``'s host)."""
         headers = {"Accept": "application/json"}
         data = None
         if body is not None:
-            data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+            data = json.dumps(body, ensure_ascii=False).encode("utf-8", "replace")  # a lone surrogate: "?"
             headers["Content-Type"] = "application/json"
         key = self._api_key()
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        req = urllib.request.Request(url, data=data, headers=headers, method=method)
-        try:
-            with self._opener.open(req, timeout=self.timeout_s) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            text = e.read().decode("utf-8", "replace")[:500]
-            if e.code == 429 or e.code >= 500:
-                raise _Retryable(f"HTTP {e.code}: {text}", status=e.code, retry_after=_retry_after(e.headers)) from e
-            raise LLMHTTPError(f"{method} {url}: HTTP {e.code}: {text}", url=url, status=e.code, body=text) from e
-        except urllib.error.URLError as e:
-            reason = e.reason
-            if isinstance(reason, TimeoutError):
-                raise _Retryable("timed out", timed_out=True) from e
-            raise _Retryable(f"connection error: {reason}") from e
-        except TimeoutError as e:
-            raise _Retryable("timed out", timed_out=True) from e
-        except (ConnectionError, http.client.HTTPException, OSError) as e:
-            raise _Retryable(f"connection error: {e!r}") from e
-        try:
-            return json.loads(raw)
-        except ValueError as e:
-            raise LLMBackendError(f"{method} {url}: response is not JSON: {raw[:200]!r}") from e
-
-
-def _retry_after(headers: Any) -> float | None:
-    value = headers.get("Retry-After") if headers is not None else None
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
+            if urllib.parse.urlsplit(url).scheme == "http" and not is_loopback(url) and not self._warned_plain_http:
+                self._warned_plain_http = True
+                log.warning("sending the API key to %s over plain http (not encrypted)", shown_url(self.base_url))
+        return data, headers

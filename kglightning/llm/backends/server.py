@@ -21,6 +21,7 @@ import argparse
 import hmac
 import json
 import logging
+import os
 import select
 import socket
 import threading
@@ -31,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kglightning.llm.backends.base import GenerationParams, LLMBackend, _check_messages, _normalize_stop
+from kglightning.llm.backends.http_transport import is_loopback_host
 
 __all__ = ["ChatCompletionServer", "main"]
 
@@ -69,12 +71,16 @@ class ChatCompletionServer:
 
     Args:
         backend: any :class:`~kglightning.llm.backends.base.LLMBackend` (typically a ``LocalHFBackend``).
-        host: interface to bind (loopback by default).
+        host: interface to bind (loopback by default). Any other interface needs ``api_key`` (or
+            ``allow_unauthenticated=True``): the server answers whoever reaches it.
         port: TCP port; ``0`` picks a free one (read it back from :attr:`port`).
         model_name: the model id served under ``/v1/models``; default ``backend.name``.
         delay_s: seconds to sleep before answering each chat request.
         api_key: if given, every request must carry ``Authorization: Bearer <api_key>`` (else HTTP 401), as with
             vLLM's ``--api-key``; for tests of clients.
+        allow_unauthenticated: bind a non-loopback ``host`` without ``api_key`` all the same.
+        request_timeout_s: socket timeout of each connection (a client that stops sending is dropped).
+        max_request_bytes: longest request body read; a longer one is answered 413 without reading it.
 
     Example:
         >>> from kglightning.llm.backends.base import Generation
@@ -100,7 +106,18 @@ class ChatCompletionServer:
         model_name: str | None = None,
         delay_s: float = 0.0,
         api_key: str | None = None,
+        *,
+        allow_unauthenticated: bool = False,
+        request_timeout_s: float = 30.0,
+        max_request_bytes: int = 8 * 2**20,
     ) -> None:
+        if api_key is None and not allow_unauthenticated and not is_loopback_host(host):
+            raise ValueError(
+                f"binding {host!r} (not loopback) serves the model to anyone who can reach it: give an api_key "
+                "(--api-key-env on the command line) or allow_unauthenticated=True (--allow-unauthenticated)"
+            )
+        self.request_timeout_s = request_timeout_s
+        self.max_request_bytes = max_request_bytes
         self.backend = backend
         self.model_name = model_name or backend.name
         self.delay_s = delay_s
@@ -266,6 +283,7 @@ def _error(message: str, kind: str) -> dict[str, Any]:
 def _make_handler(app: ChatCompletionServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "kglightning-chat/0.1"
+        timeout = app.request_timeout_s  # applied to each connection's socket by socketserver
 
         def _reply(self, status: int, body: dict[str, Any]) -> None:
             data = json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -302,8 +320,13 @@ def _make_handler(app: ChatCompletionServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802
             path = self.path.split("?")[0].rstrip("/")
             length = (self.headers.get("Content-Length") or "0").strip()
+            if not length.isdigit() or int(length) > app.max_request_bytes:
+                self.close_connection = True  # the body is not read, so the connection cannot be reused
+                status, what = (400, "no valid Content-Length") if not length.isdigit() else (413, "body too long")
+                self._reply(status, _error(f"{what} (at most {app.max_request_bytes} bytes)", "invalid_request_error"))
+                return
             # read the body before any answer, so that the client gets the answer (not a connection reset)
-            raw = self.rfile.read(int(length)) if length.isdigit() else b""
+            raw = self.rfile.read(int(length))
             if not self._authorized():
                 return
             if path not in ("/v1/chat/completions", "/chat/completions"):
@@ -331,17 +354,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=BUNDLED_SMOLLM2, help="model folder, .gguf file or bundled:smollm2")
     parser.add_argument("--gguf-file", default=None, help="GGUF file name inside --model")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="interface; not loopback needs --api-key-env")
+    parser.add_argument(
+        "--api-key-env", default=None, help="environment variable holding the key that clients must send"
+    )
+    parser.add_argument("--allow-unauthenticated", action="store_true", help="serve a non-loopback host keyless")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--delay-s", type=float, default=0.0, help="artificial delay before each answer")
     args = parser.parse_args(argv)
+    api_key = None
+    if args.api_key_env is not None:
+        api_key = os.environ.get(args.api_key_env) or parser.error(f"--api-key-env: ${args.api_key_env} is not set")
+    if api_key is None and not args.allow_unauthenticated and not is_loopback_host(args.host):
+        parser.error(f"--host {args.host} is not loopback: give --api-key-env (or --allow-unauthenticated)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     backend = LocalHFBackend(args.model, args.gguf_file, device=args.device, dtype=args.dtype, show_progress=False)
     backend.load()
-    server = ChatCompletionServer(backend, args.host, args.port, args.served_model_name, args.delay_s)
+    server = ChatCompletionServer(
+        backend, args.host, args.port, args.served_model_name, args.delay_s, api_key,
+        allow_unauthenticated=args.allow_unauthenticated,
+    )  # fmt: skip
     try:
         server.serve_forever()
     except KeyboardInterrupt:
