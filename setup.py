@@ -27,6 +27,7 @@ INSTALL_REQUIRES = [
     "pyarrow",
     "matplotlib",
     "tqdm",
+    "filelock>=3.12",  # the response cache shared by several processes
     "rapidfuzz>=3.0",
     # PCST for G-Retriever subgraphs (PyG's retrieval_via_pcst imports `pcst_fast`): the numpy-2 build of the
     # fraenkel-lab package; pcst-fast 1.0.10's wheel returns wrong vertex ids under numpy 2

@@ -6,6 +6,11 @@ lost: on reopening, a line that does not parse (typically a partially written la
 :attr:`ResponseCache.n_corrupt`, and the next append starts on a fresh line. A rerun therefore only sends the
 requests that have no complete line yet.
 
+Several processes may share one file (DDP ranks, several backends of one config): each append holds a
+``filelock`` lock on ``<file>.lock`` (as Hugging Face datasets does), and under it the file's last byte is read, so
+a line torn by a writer that died is ended before ours is added, wherever that writer ran. Appends on a network
+file system are not atomic without such a lock.
+
 Example:
     >>> import tempfile
     >>> from kglightning.llm.backends.base import Generation, GenerationParams
@@ -32,6 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from kglightning.llm.backends.base import ChatMessage, Generation, GenerationParams
 
 __all__ = ["ResponseCache"]
@@ -44,8 +51,9 @@ CACHE_FILE = "responses.jsonl"
 class ResponseCache:
     """Append-only JSON-lines cache of :class:`~kglightning.llm.backends.base.Generation` objects.
 
-    One process should write a given file at a time (appends from threads of that process are serialised by a
-    lock). The whole file is read into memory on opening; later lines win over earlier ones with the same key.
+    Appends are serialised across threads (a lock) and processes (a file lock next to the file). The whole file is
+    read into memory on opening (what other processes append later is not seen); later lines win over earlier ones
+    with the same key.
 
     Args:
         path: the ``.jsonl`` file, or a folder, in which case the file is ``<folder>/responses.jsonl``.
@@ -65,7 +73,7 @@ class ResponseCache:
         self._entries: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._fd: int | None = None
-        self._needs_newline = False
+        self._file_lock = FileLock(str(path) + ".lock")
         self._load()
 
     @staticmethod
@@ -86,7 +94,6 @@ class ResponseCache:
             return
         with open(self.path, "rb") as f:
             data = f.read()
-        self._needs_newline = bool(data) and not data.endswith(b"\n")
         for lineno, raw in enumerate(data.split(b"\n"), start=1):
             if not raw.strip():
                 continue
@@ -130,20 +137,24 @@ class ResponseCache:
                 record["messages"] = list(messages)
             if params is not None:
                 record["params"] = params.to_dict()
-        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        try:
+            line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: escaped, so the line reads back to the same text
+            line = (json.dumps(record) + "\n").encode("ascii")
         with self._lock:
             if self._fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            if self._needs_newline:  # never glue a new record onto a torn last line
-                line = b"\n" + line
-                self._needs_newline = False
-            view = memoryview(line)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
-            if self.fsync:
-                os.fsync(self._fd)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            with self._file_lock:
+                size = os.fstat(self._fd).st_size
+                if size and os.pread(self._fd, 1, size - 1) != b"\n":  # never glue a record onto a torn line
+                    line = b"\n" + line
+                view = memoryview(line)
+                while view:
+                    written = os.write(self._fd, view)
+                    view = view[written:]
+                if self.fsync:
+                    os.fsync(self._fd)
             self._entries[key] = gen
 
     def close(self) -> None:
