@@ -1,23 +1,66 @@
-"""Write ``predict`` outputs as jsonl, one line per question, batch by batch."""
+"""Write ``predict`` outputs as jsonl, one line per question, batch by batch; one whole file at the end."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from kglightning.data.records import KGQARecord
+from kglightning.fileio import atomic_write, clear_outputs
+
+__all__ = ["JsonlPredictionWriter", "merge_rank_files"]
+
+log = logging.getLogger(__name__)
+
+_INDEX = "_kgl_index"  # (dataloader, dataset index) of a row in a rank file; removed on merging
+
+
+def merge_rank_files(parts: Sequence[Path], output: Path) -> tuple[int, int]:
+    """Merge rank files into ``output`` (atomically): rows in dataset order, each index once.
+
+    A ``DistributedSampler`` pads the dataset so that every rank gets as many batches, by repeating a few questions
+    (Lightning's own predict sampler does not, a user's may); their second copies are dropped here. Rows without an index (an iterable dataset) keep rank order.
+
+    Returns:
+        ``(rows written, duplicates dropped)``.
+    """
+    indexed: dict[tuple[int, int], str] = {}
+    unindexed: list[str] = []
+    duplicates = 0
+    for part in parts:
+        with part.open(encoding="utf-8") as f:
+            for line in f:
+                row = json.loads(line)
+                key = row.pop(_INDEX, None)
+                text = json.dumps(row, ensure_ascii=False) + "\n"
+                if key is None:
+                    unindexed.append(text)
+                elif (k := (int(key[0]), int(key[1]))) in indexed:
+                    duplicates += 1
+                else:
+                    indexed[k] = text
+    with atomic_write(output) as f:
+        for k in sorted(indexed):
+            f.write(indexed[k])
+        f.writelines(unindexed)
+    return len(indexed) + len(unindexed), duplicates
 
 
 class JsonlPredictionWriter(BasePredictionWriter):
     """Appends every predicted item (a dict or a :class:`KGQARecord`) of each batch to a jsonl file.
 
-    The file is truncated when prediction starts. Under DDP each rank writes ``<stem>.rank<N>.jsonl`` beside
-    ``output``; a single process writes ``output`` itself.
+    Rows go to ``.<name>.partial`` as they come (a killed run keeps them there), and the file becomes ``output``
+    only when prediction ends, so ``output`` is always a whole run's. When prediction starts, the ``output`` of an
+    earlier run is removed. Under DDP each rank writes its own part; at the end global rank 0 merges them into
+    ``output`` in dataset order, dropping any question that a distributed sampler repeated to pad the last
+    batches, and removes the parts.
 
     Args:
         output: the jsonl file to write.
@@ -27,16 +70,29 @@ class JsonlPredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.output = Path(output)
         self.num_written = 0
+        self._file: IO[str] | None = None
 
     def path_for(self, trainer: L.Trainer) -> Path:
+        """Where this process's rows go while predicting (``output`` itself in one process)."""
         if trainer.world_size == 1:
             return self.output
         return self.output.with_name(f"{self.output.stem}.rank{trainer.global_rank}{self.output.suffix}")
 
+    def _partial(self, trainer: L.Trainer) -> Path:
+        final = self.path_for(trainer)
+        return final.with_name(f".{final.name}.partial")
+
+    def _stale(self) -> list[Path]:
+        pattern = f"{self.output.stem}.rank*{self.output.suffix}"
+        parts = self.output.parent.glob(pattern) if self.output.parent.is_dir() else []
+        return [self.output, *parts]
+
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        path = self.path_for(trainer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("", encoding="utf-8")
+        if trainer.is_global_zero:  # the last run's output and rank files, whatever its world size was
+            self.output.parent.mkdir(parents=True, exist_ok=True)
+            clear_outputs(self._stale())
+        trainer.strategy.barrier("jsonl-writer-start")
+        self._file = self._partial(trainer).open("w", encoding="utf-8")
         self.num_written = 0
 
     def write_on_batch_end(
@@ -49,11 +105,43 @@ class JsonlPredictionWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        with self.path_for(trainer).open("a", encoding="utf-8") as f:
-            for item in prediction:
-                row = item.to_dict() if isinstance(item, KGQARecord) else item
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                self.num_written += 1
+        if self._file is None:  # called outside of trainer.predict
+            self._file = self._partial(trainer).open("a", encoding="utf-8")
+        indices = list(batch_indices) if trainer.world_size > 1 and batch_indices is not None else None
+        if indices is not None and len(indices) != len(prediction):
+            indices = None
+        for j, item in enumerate(prediction):
+            row = item.to_dict() if isinstance(item, KGQARecord) else dict(item)
+            if indices is not None:
+                row[_INDEX] = [dataloader_idx, int(indices[j])]
+            self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+            self.num_written += 1
+        self._file.flush()
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        print(f"wrote {self.num_written} predictions to {self.path_for(trainer)}")
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        os.replace(self._partial(trainer), self.path_for(trainer))
+        if trainer.world_size == 1:
+            print(f"wrote {self.num_written} predictions to {self.output}")
+            return
+        trainer.strategy.barrier("jsonl-writer-parts")
+        if trainer.is_global_zero:
+            parts = [
+                self.output.with_name(f"{self.output.stem}.rank{r}{self.output.suffix}")
+                for r in range(trainer.world_size)
+            ]
+            rows, duplicates = merge_rank_files(parts, self.output)
+            for part in parts:
+                part.unlink()
+            print(
+                f"wrote {rows} predictions to {self.output} (from {trainer.world_size} processes; {duplicates} "
+                "repeated by the distributed sampler dropped)"
+            )
+        trainer.strategy.barrier("jsonl-writer-merged")
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if self._file is not None:  # what was written stays in the .partial file
+            self._file.close()
+            self._file = None

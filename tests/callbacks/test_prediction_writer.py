@@ -1,0 +1,84 @@
+"""JsonlPredictionWriter: whole files only, no stale outputs, one merged file under DDP without padded repeats."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from kglightning.callbacks import JsonlPredictionWriter
+from kglightning.callbacks.prediction_writer import merge_rank_files
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Boom(L.LightningModule):
+    """Predicts ``{"id": i}`` and raises at batch ``fail_at``."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    def predict_step(self, batch, batch_idx):
+        if batch_idx == self.fail_at:
+            raise RuntimeError("killed")
+        return [{"id": int(i)} for i in batch]
+
+
+def predict(out: Path, module: L.LightningModule, n: int = 7) -> None:
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[JsonlPredictionWriter(str(out))],
+    )  # fmt: skip
+    trainer.predict(module, torch.utils.data.DataLoader(list(range(n)), batch_size=2), return_predictions=False)
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.open()]
+
+
+def test_a_run_killed_midway_leaves_no_output_that_looks_current(tmp_path: Path):
+    out = tmp_path / "preds.jsonl"
+    predict(out, Boom())
+    assert [r["id"] for r in rows(out)] == list(range(7))
+    with pytest.raises(RuntimeError, match="killed"):
+        predict(out, Boom(fail_at=2))
+    assert not out.exists()  # the earlier run's file is gone, not passed off as this run's
+    partial = tmp_path / ".preds.jsonl.partial"
+    assert [r["id"] for r in rows(partial)] == [0, 1, 2, 3]  # what the killed run finished is kept aside
+    predict(out, Boom())
+    assert [r["id"] for r in rows(out)] == list(range(7)) and not partial.exists()
+
+
+def test_merge_drops_the_samplers_repeats_and_restores_order(tmp_path: Path):
+    # 5 items on 2 ranks: DistributedSampler gives rank 0 [0, 2, 4] and rank 1 [1, 3, 0] (0 repeated as padding)
+    parts = [tmp_path / "p.rank0.jsonl", tmp_path / "p.rank1.jsonl"]
+    for part, ids in zip(parts, ([0, 2, 4], [1, 3, 0])):
+        part.write_text("".join(json.dumps({"id": i, "_kgl_index": [0, i]}) + "\n" for i in ids))
+    assert merge_rank_files(parts, tmp_path / "p.jsonl") == (5, 1)
+    assert rows(tmp_path / "p.jsonl") == [{"id": i} for i in range(5)]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("padded", [False, True], ids=["lightning-sampler", "padding-sampler"])
+def test_ddp_writes_one_file_in_order_without_repeats_and_no_stale_rank_files(tmp_path: Path, padded: bool):
+    out = tmp_path / "preds.jsonl"
+    for stale in ("preds.rank0.jsonl", "preds.rank3.jsonl"):  # a 4-process run before this one
+        (tmp_path / stale).write_text('{"id": -1}\n')
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    script = str(ROOT / "tests/callbacks/_writer_ddp_run.py")
+    proc = subprocess.run(
+        [sys.executable, script, str(out), "7", "2", *(["padded"] if padded else [])], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert rows(out) == [{"id": i, "square": i * i} for i in range(7)]  # 7 items on 2 ranks: one was repeated
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["preds.jsonl"]
+    assert f"{int(padded)} repeated by the distributed sampler dropped" in proc.stdout
