@@ -23,6 +23,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import kglightning
 from kglightning.data.records import RecordError
+from kglightning.fileio import write_text_atomic
 
 PROG = "kglightning"
 
@@ -286,7 +287,7 @@ def _seeds(argv: list[str]) -> int:
         print(f"| {k} | {r['mean']:.4f} | {r['std']:.4f} |")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps({"seeds": runs, "summary": summary}, indent=2) + "\n")
+        write_text_atomic(args.output, json.dumps({"seeds": runs, "summary": summary}, indent=2) + "\n")
         from kglightning.metrics.plots import plot_seed_summary
 
         title = f"{' + '.join(Path(c).stem for c in args.config)}, seeds {', '.join(map(str, args.seeds))}"

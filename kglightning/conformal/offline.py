@@ -39,6 +39,7 @@ import torch
 from kglightning.conformal.functional import conformal_quantile
 from kglightning.data.predictions import PredictionLine, add_on_bad_record_argument, read_predictions
 from kglightning.data.records import RecordError
+from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.metrics.functional.evaluation import AnswerError, confidence_pairs
 from kglightning.metrics.functional.qa import prepare_prediction
 
@@ -126,9 +127,9 @@ def conformalize(
         "output": str(out_path),
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with out_path.open("w", encoding="utf-8") as f:
+    with atomic_write(out_path) as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
-    out_path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out_path.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
     return summary
 
 

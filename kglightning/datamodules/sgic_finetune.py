@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from kglightning.datamodules.sft_examples import IGNORE_INDEX, _pad, collate_prompts, sft_tokenizer
 from kglightning.datamodules.sgic import SGICDataModule
+from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2, LocalHFBackend
 from kglightning.llm.sgic_rounds import SelfCalibration, split_mean
 
@@ -122,11 +123,11 @@ class SGICFinetuneDataModule(SGICDataModule):
             records += got
             counts = {k: counts[k] + c[k] for k in counts}
         self.dataset_dir.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8") as f:
+        with atomic_write(path) as f:
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
         stats = {"key": key, "questions": len(examples), **counts, "answer_mean": mean}
-        stats_path.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(stats_path, json.dumps(stats, indent=2) + "\n")
         rank_zero_info(
             f"SGIC {split} set: {counts['kept']} kept (right at round 0), {counts['calibrated']} calibrated, "
             f"{counts['dropped']} dropped (still wrong after {engine.rounds} rounds) of {len(examples)} -> {path}"

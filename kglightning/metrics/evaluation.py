@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.metrics.functional.evaluation import score_predictions
 from kglightning.metrics.plots import plot_reliability_diagram
 
@@ -75,9 +76,9 @@ def write_evaluation(
     suffix = f"_top_{topk}" if topk > 0 else ""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / f"detailed_eval_result{suffix}.jsonl").open("w", encoding="utf-8") as f:
+    with atomic_write(out_dir / f"detailed_eval_result{suffix}.jsonl") as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in detailed)
     if conf:
         plot_reliability_diagram(conf, correct, out_dir / f"reliability{suffix}.png", n_bins=n_bins, title=title)
-    (out_dir / f"eval_result{suffix}.txt").write_text(format_result(results), encoding="utf-8")
+    write_text_atomic(out_dir / f"eval_result{suffix}.txt", format_result(results))
     return results

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from kglightning.fileio import atomic_write
 from kglightning.metrics.functional.calibration import (
     expected_calibration_error,
     maximum_calibration_error,
@@ -22,8 +23,8 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     """Lay out ``fig`` tightly and write it as a PNG to ``path`` (parent folders are created); return the path."""
     fig.tight_layout()
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
+    with atomic_write(out, "wb") as f:
+        fig.savefig(f, format="png")
     return out
 
 

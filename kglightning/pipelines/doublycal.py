@@ -34,6 +34,7 @@ from kglightning.data.records import KGQARecord
 from kglightning.evidence.builder import EvidenceBuilder
 from kglightning.evidence.format import parse_evidence
 from kglightning.evidence.verbalize import path_instances, verbalize_instance
+from kglightning.fileio import atomic_write, clear_outputs, write_text_atomic
 from kglightning.llm.backends.base import Generation, GenerationParams, LLMBackend
 from kglightning.llm.grounding import ground_answers
 from kglightning.llm.parsing import ParseStats, parse_answers
@@ -41,7 +42,7 @@ from kglightning.llm.prompts import EvidenceLine, EvidenceMode, UQPrompt, Vanill
 from kglightning.llm.trie import TrieConfig
 from kglightning.modules.proxy_sft import ProxySFT
 from kglightning.pipelines._ddp import gather_unique_rows
-from kglightning.pipelines.report import comparison_markdown, write_comparison
+from kglightning.pipelines.report import comparison_markdown, comparison_outputs, write_comparison
 from kglightning.retrieval.faiss_grounding import FaissGrounder
 
 __all__ = ["VARIANTS", "DoublyCalPipeline", "Variant"]
@@ -271,9 +272,16 @@ class DoublyCalPipeline(L.LightningModule):
         self.rows.extend(rows)
         return rows
 
+    def output_files(self) -> list[Path]:
+        """The files :meth:`write_report` writes."""
+        out = Path(self.output_dir)
+        return [out / "evidence.jsonl", out / "run_stats.json", *comparison_outputs(out, self.variants)]
+
     def on_predict_start(self) -> None:
         self._reset_stats()
         self.proxy.eval()
+        if self.trainer.is_global_zero:  # a run killed before its report leaves no earlier report behind
+            clear_outputs(self.output_files())
 
     def on_predict_epoch_end(self) -> None:
         rows = gather_unique_rows(self.rows)
@@ -289,7 +297,7 @@ class DoublyCalPipeline(L.LightningModule):
         """Write ``evidence.jsonl``, the per-variant predictions and the comparison; return the results table."""
         out = Path(self.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        with (out / "evidence.jsonl").open("w", encoding="utf-8") as f:
+        with atomic_write(out / "evidence.jsonl") as f:
             for row in rows:
                 keep = ("id", "question", "answer", "q_entity", "proxy_raw", "evidence")
                 f.write(json.dumps({k: row[k] for k in keep}, ensure_ascii=False) + "\n")
@@ -301,7 +309,7 @@ class DoublyCalPipeline(L.LightningModule):
             "answer_parse": {v: s.as_dict() for v, s in self.answer_stats.items()},
             **self._grounder_counts(),
         }
-        (out / "run_stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(out / "run_stats.json", json.dumps(stats, indent=2) + "\n")
         rank_zero_info(
             f"DoublyCal comparison on {len(rows)} questions ({out}/comparison.md):\n" + comparison_markdown(results)
         )

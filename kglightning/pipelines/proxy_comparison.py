@@ -33,6 +33,7 @@ from kglightning.data.records import KGQARecord
 from kglightning.evidence.builder import EvidenceBuilder
 from kglightning.evidence.format import parse_evidence
 from kglightning.evidence.rewards import EvidenceReward, evidence_items, match_score
+from kglightning.fileio import write_text_atomic
 from kglightning.metrics.functional import expected_calibration_error, target_calibration_error
 from kglightning.metrics.plots import save_figure
 
@@ -201,15 +202,15 @@ def write_proxy_comparison(
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {"table": out / "proxy_comparison.md", "json": out / "proxy_comparison.json"}
-    files["table"].write_text(comparison_table(results) + "\n", encoding="utf-8")
+    write_text_atomic(files["table"], comparison_table(results) + "\n")
     clean = {
         n: {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
         for n, r in results.items()
     }
-    files["json"].write_text(json.dumps(clean, indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(files["json"], json.dumps(clean, indent=2) + "\n")
     files["plot"] = plot_confidence_targets(details, out / "proxy_confidence.png")
     for name, rows in details.items():
         path = out / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in rows), encoding="utf-8")
+        write_text_atomic(path, "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in rows))
         files[name] = path
     return files

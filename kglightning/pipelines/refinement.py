@@ -48,6 +48,7 @@ from kglightning.data.embeddings import SentenceEncoder
 from kglightning.data.records import KGQARecord
 from kglightning.datamodules.detection import DetectionDataModule
 from kglightning.datamodules.detection_graphs import ABSTENTIONS, DetectionStats, build_detection_graph, node_texts
+from kglightning.fileio import clear_outputs
 from kglightning.llm.backends import ChatMessage, GenerationParams, LLMBackend, LocalHFBackend
 from kglightning.llm.grounding import ground_answers
 from kglightning.llm.parsing import parse_answers
@@ -56,7 +57,7 @@ from kglightning.modules.detector import HallucinationDetector
 from kglightning.nn import GraphEncoder
 from kglightning.pipelines._ddp import gather_unique_rows
 from kglightning.pipelines.refinement_prompts import follow_up_message, initial_messages, verbalize_triple
-from kglightning.pipelines.refinement_report import format_table, write_report
+from kglightning.pipelines.refinement_report import REPORT_FILES, format_table, write_report
 from kglightning.retrieval.faiss_grounding import FaissGrounder
 
 __all__ = ["KGGuardRefinement", "load_detector"]
@@ -342,9 +343,15 @@ class KGGuardRefinement(L.LightningModule):
 
     # Lightning hooks
 
+    def output_files(self) -> list[Path]:
+        """The files :func:`~kglightning.pipelines.refinement_report.write_report` writes."""
+        return [Path(self.output_dir) / n for n in REPORT_FILES]
+
     def on_predict_start(self) -> None:
         self.check_text_encoder()
         self.rows, self.timings = [], {}
+        if self.trainer.is_global_zero:  # a run killed before its report leaves no earlier report behind
+            clear_outputs(self.output_files())
 
     def predict_step(self, batch: list[KGQARecord], batch_idx: int) -> list[dict[str, Any]]:
         rows = self.refine(batch)

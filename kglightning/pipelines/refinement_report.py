@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.metrics.functional.qa import ALL_KEYS, answer_score_sums
 from kglightning.metrics.plots import save_figure
 
@@ -53,6 +54,14 @@ _COUNT_COLUMNS = (
     ("flagged q", "flagged_examples"),
     ("flagged nodes", "flagged_nodes"),
     ("resolved", "resolved"),
+)
+
+
+REPORT_FILES = (
+    "refinement_predictions.jsonl",
+    "refinement_rounds.json",
+    "refinement_rounds.md",
+    "refinement_rounds.png",
 )
 
 
@@ -254,11 +263,11 @@ def write_report(
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "refinement_predictions.jsonl").open("w", encoding="utf-8") as f:
+    with atomic_write(out / "refinement_predictions.jsonl") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     summary = summarize(rows, max_rounds, meta, timings)
-    (out / "refinement_rounds.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
-    (out / "refinement_rounds.md").write_text(format_table(summary), encoding="utf-8")
+    write_text_atomic(out / "refinement_rounds.json", json.dumps(summary, indent=2, ensure_ascii=False))
+    write_text_atomic(out / "refinement_rounds.md", format_table(summary))
     plot_refinement(summary, out / "refinement_rounds.png")
     return summary

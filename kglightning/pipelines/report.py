@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kglightning.data.predictions import read_predictions
+from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.metrics.evaluation import format_result, write_evaluation
 from kglightning.metrics.functional.calibration import expected_calibration_error, reliability_bins
 from kglightning.metrics.plots import save_figure
@@ -107,6 +108,16 @@ def _prediction_line(row: Mapping[str, Any], out: Mapping[str, Any]) -> dict[str
     }
 
 
+EVALUATION_FILES = ("predictions.jsonl", "detailed_eval_result.jsonl", "reliability.png", "eval_result.txt")
+COMPARISON_FILES = ("comparison.md", "comparison.json", "reliability_comparison.png")
+
+
+def comparison_outputs(output_dir: str | Path, variants: Sequence[str]) -> list[Path]:
+    """Every file :func:`write_comparison` writes (a run removes them when it starts, so none is stale)."""
+    out = Path(output_dir)
+    return [out / n for n in COMPARISON_FILES] + [out / v / n for v in variants for n in EVALUATION_FILES]
+
+
 def write_comparison(
     rows: Sequence[Mapping[str, Any]],
     variants: Sequence[str],
@@ -137,7 +148,7 @@ def write_comparison(
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "predictions.jsonl"
         outs = [(row, row["variants"][name]) for row in rows]
-        with path.open("w", encoding="utf-8") as f:
+        with atomic_write(path) as f:
             for row, out in outs:
                 f.write(json.dumps(_prediction_line(row, out), ensure_ascii=False) + "\n")
         scored: dict[str, Any] = {}
@@ -152,7 +163,7 @@ def write_comparison(
         results[name] = res
         pairs[name] = scored["pairs"]  # the pairs behind res["ece"]
     table = comparison_markdown(results)
-    (out_dir / "comparison.md").write_text(table + "\n", encoding="utf-8")
-    (out_dir / "comparison.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(out_dir / "comparison.md", table + "\n")
+    write_text_atomic(out_dir / "comparison.json", json.dumps(results, indent=2) + "\n")
     plot_reliability_comparison(pairs, out_dir / "reliability_comparison.png", n_bins)
     return results

@@ -40,13 +40,14 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from kglightning.data.sources.passages import PassageExample
+from kglightning.fileio import atomic_write, clear_outputs, write_text_atomic
 from kglightning.llm.backends.base import GenerationParams, LLMBackend
 from kglightning.llm.sgic_prompt import SGICPrompt
 from kglightning.llm.sgic_rounds import History, SelfCalibration, clean_answer, split_mean
 from kglightning.llm.uncertainty import UncertaintyEstimator, answer_uncertainty
 from kglightning.metrics.functional.squad import squad_exact_match, squad_f1, squad_hit
 from kglightning.pipelines._ddp import gather_unique_rows
-from kglightning.pipelines.report import write_comparison
+from kglightning.pipelines.report import comparison_outputs, write_comparison
 from kglightning.pipelines.sgic_report import METHODS, plot_trajectories, summarize, summary_markdown
 
 __all__ = ["SGICPipeline"]
@@ -164,10 +165,18 @@ class SGICPipeline(L.LightningModule):
 
     # Lightning hooks
 
+    def output_files(self) -> list[Path]:
+        """The files :meth:`write_report` writes."""
+        out = Path(self.output_dir)
+        names = ("rounds.jsonl", "sgic_summary.json", "sgic_summary.md", "uncertainty_trajectories.png")
+        return [out / n for n in names] + comparison_outputs(out, METHODS)
+
     def on_predict_start(self) -> None:
         self._reset()
         if self.mean is None:
             self._compute_mean()
+        if self.trainer.is_global_zero:  # a run killed before its report leaves no earlier report behind
+            clear_outputs(self.output_files())
 
     def predict_step(self, batch: list[PassageExample], batch_idx: int) -> list[dict[str, Any]]:
         examples = list(batch)
@@ -245,7 +254,7 @@ class SGICPipeline(L.LightningModule):
         """Write ``rounds.jsonl``, the per-method predictions and comparison, the summary and the plot."""
         out = Path(self.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        with (out / "rounds.jsonl").open("w", encoding="utf-8") as f:
+        with atomic_write(out / "rounds.jsonl") as f:
             for row in rows:
                 f.write(json.dumps({k: v for k, v in row.items() if k != "variants"}, ensure_ascii=False) + "\n")
         methods = [m for m in METHODS if m in rows[0]["variants"]]
@@ -253,9 +262,9 @@ class SGICPipeline(L.LightningModule):
         self.counts["truncated_documents"] = self.prompt.truncated
         summary = summarize(rows, self.rounds, self.engine.cost, self.counts, self.mean)
         summary["comparison"] = {m: {k: comparison[m].get(k) for k in ("Hit", "F1", "ECE")} for m in methods}
-        (out / "sgic_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(out / "sgic_summary.json", json.dumps(summary, indent=2) + "\n")
         text = summary_markdown(summary)
-        (out / "sgic_summary.md").write_text(text, encoding="utf-8")
+        write_text_atomic(out / "sgic_summary.md", text)
         plot_trajectories(rows, out / "uncertainty_trajectories.png")
         rank_zero_info(f"SGIC on {len(rows)} questions ({out}/sgic_summary.md):\n{text}")
         return summary

@@ -54,8 +54,9 @@ from kglightning.conformal.uag.evaluator import LLMEvaluator
 from kglightning.data.embeddings import BUNDLED_MINILM, EmbeddingCache, SentenceEncoder, default_cache_root
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
+from kglightning.fileio import atomic_write, clear_outputs, write_text_atomic
 from kglightning.pipelines._ddp import gather_unique_rows
-from kglightning.pipelines.uag_report import METHODS, alpha_key, sweep_markdown, sweep_results, write_sweep
+from kglightning.pipelines.uag_report import METHODS, SWEEP_FILES, alpha_key, sweep_markdown, sweep_results, write_sweep
 
 RELATION_SCORER_HINT = "train it with `python -m kglightning fit --config configs/relation_scorer.yaml`"
 
@@ -304,6 +305,11 @@ class UAGReasoner(L.LightningModule):
         }
         return self.fitted_sampling
 
+    def output_files(self) -> list[Path]:
+        """The files written at the end of ``predict`` (``ltt.json``, the fitted state, is not among them)."""
+        names = ("predictions.jsonl", "metrics.json", *SWEEP_FILES)
+        return [self.output_dir / n for n in names]
+
     def on_predict_start(self) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is None or not hasattr(datamodule, "split_records"):
@@ -315,6 +321,8 @@ class UAGReasoner(L.LightningModule):
                 "or model.calibration_split to another split)"
             )
         self.rows = []
+        if self.trainer.is_global_zero:  # a run killed before its outputs leaves none of an earlier run behind
+            clear_outputs(self.output_files())
         key = getattr(datamodule, "dataset_key", None)
         self._calibration_data = key(self.calibration_split) if callable(key) else None
         reuse = bool(self.selections) and self._fitted_for == self.fit_settings() and self.sampler is None
@@ -348,7 +356,7 @@ class UAGReasoner(L.LightningModule):
                 "calibration_seconds": 0.0 if reuse else round(self.calibration_seconds, 2),
                 "from_loaded_state": reuse,
             }
-            (self.output_dir / "ltt.json").write_text(json.dumps(payload, indent=2) + "\n")
+            write_text_atomic(self.output_dir / "ltt.json", json.dumps(payload, indent=2) + "\n")
 
     def _methods(self, alpha: float, s: QuestionScores) -> dict[str, tuple[Any, bool]]:
         """Each method's set (``(A,)`` bool) at level ``alpha`` and whether it abstained."""
@@ -421,7 +429,7 @@ class UAGReasoner(L.LightningModule):
         """``predictions.jsonl``, ``metrics.json`` and (with ``sweep_alphas``) the sweep table and plot."""
         out = self.output_dir
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / "predictions.jsonl", "w") as f:
+        with atomic_write(out / "predictions.jsonl") as f:
             for row in rows:
                 f.write(json.dumps({k: v for k, v in row.items() if k != "sweep"}) + "\n")
         abstained = {
@@ -439,7 +447,7 @@ class UAGReasoner(L.LightningModule):
             rank_zero_info(f"UAG: the LLM gave no readable answer for {self.llm.num_no_answer} questions")
         if self.sampler is not None:  # over calibration and test questions, this process
             metrics["sampler"] = dict(self.sampler.counts)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
         rank_zero_info(f"UAG on {len(rows)} questions:\n{sweep_markdown([main])}")
         if self.sweep_alphas:
             results = sweep_results(rows, self.sweep_alphas, abstained)

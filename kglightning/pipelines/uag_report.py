@@ -19,11 +19,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from kglightning.fileio import write_text_atomic
 from kglightning.metrics.plots import save_figure  # noqa: E402
 
 METHODS = ("uag", "split_cp", "top_k", "split_cp_llm", "top_k_llm", "clm", "lofree_cp")
 LABELS = {"uag": "UAG", "split_cp": "Split CP", "top_k": "Top-K", "split_cp_llm": "Split CP (LLM)",
           "top_k_llm": "Top-K (LLM)", "clm": "CLM", "lofree_cp": "LoFreeCP"}  # fmt: skip
+
+
+SWEEP_FILES = ("sweep.json", "sweep.md", "coverage_vs_alpha.png")
 
 
 def alpha_key(alpha: float) -> str:
@@ -100,8 +104,8 @@ def write_sweep(results: Sequence[dict[str, Any]], output_dir: str | Path, meta:
     """``sweep.json``, ``sweep.md`` and ``coverage_vs_alpha.png`` under ``output_dir``."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "sweep.json", "md": out / "sweep.md", "png": out / "coverage_vs_alpha.png"}
-    paths["json"].write_text(json.dumps({"meta": meta, "results": list(results)}, indent=2) + "\n")
-    paths["md"].write_text(sweep_markdown(results) + "\n")
+    paths = {kind: out / name for kind, name in zip(("json", "md", "png"), SWEEP_FILES)}
+    write_text_atomic(paths["json"], json.dumps({"meta": meta, "results": list(results)}, indent=2) + "\n")
+    write_text_atomic(paths["md"], sweep_markdown(results) + "\n")
     plot_sweep(results, paths["png"])
     return paths

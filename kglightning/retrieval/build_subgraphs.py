@@ -24,6 +24,7 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.sources.loaders import read_questions, write_records
 from kglightning.data.sources.triples import load_kg
 from kglightning.data.splits import locate_splits
+from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever
 
 __all__ = ["build_subgraphs", "embedded_kg", "main"]
@@ -67,13 +68,13 @@ def build_subgraphs(
         out = list(retriever.retrieve_records(records, kg, desc=f"PCST {split}"))
         write_records(out, out_dir / f"{split}.jsonl")
         s = retriever.stats
-        with open(out_dir / f"{split}.times.jsonl", "w", encoding="utf-8") as f:
+        with atomic_write(out_dir / f"{split}.times.jsonl") as f:
             for rec, sec, n, t in zip(out, s.seconds, s.nodes, s.triples, strict=True):
                 f.write(json.dumps({"id": rec.id, "seconds": round(sec, 5), "nodes": n, "triples": t}) + "\n")
         stats[split] = {"questions_file": str(path), **s.summary()}
     settings = {k: getattr(retriever, k) for k in ("hops", "topk", "topk_e", "cost_e", "num_clusters", "max_degree",
                                                    "max_nodes")}  # fmt: skip
-    (out_dir / "subgraph_stats.json").write_text(json.dumps({"settings": settings, "splits": stats}, indent=2))
+    write_text_atomic(out_dir / "subgraph_stats.json", json.dumps({"settings": settings, "splits": stats}, indent=2))
     return stats
 
 

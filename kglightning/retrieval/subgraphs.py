@@ -26,6 +26,7 @@ from pathlib import Path
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.sources.loaders import read_records, write_records
+from kglightning.fileio import write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever
 
 __all__ = ["PCSTSubgraphs"]
@@ -113,5 +114,5 @@ class PCSTSubgraphs:
         if path is not None:
             write_records(out, path)
             stats = {"kg": self.kg, "retriever": repr(retriever), **summary}
-            path.with_suffix(".stats.json").write_text(json.dumps(stats, indent=2))
+            write_text_atomic(path.with_suffix(".stats.json"), json.dumps(stats, indent=2))
         return out

@@ -213,6 +213,11 @@ def test_doublycal_config_runs_through_the_cli(tiny_proxy, tiny_chat_model_dir, 
     assert list(results) == ["doublycal", "singlecal", "evidence_only", "llm_only"]
     assert all(r["n_questions"] == 4 for r in results.values())
     cache = (out / "llm_cache" / "responses.jsonl").read_text()
+    from kglightning.pipelines.report import comparison_outputs
+
+    expected = {out / "evidence.jsonl", out / "run_stats.json", *comparison_outputs(out, list(results))}
+    expected = {p for p in expected if p.name != "reliability.png"}  # drawn only when some answer has a confidence
+    assert expected <= {p for p in out.rglob("*") if p.is_file()}  # what a new run clears when it starts
     # a re-run on 2 DDP processes: the ranks' rows are gathered, and every answer comes back from the cache
     ddp = [*run, "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
     proc = subprocess.run(ddp, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

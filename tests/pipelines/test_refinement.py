@@ -265,6 +265,9 @@ def test_cli_predict_runs_the_config(
     rows = [json.loads(line) for line in (folder / "refinement_predictions.jsonl").open()]
     assert sorted(r["id"] for r in rows) == [f"test-q{i}" for i in range(5)]
     assert (folder / "refinement_rounds.png").exists() and (folder / "llm_cache/responses.jsonl").exists()
+    from kglightning.pipelines.refinement_report import REPORT_FILES
+
+    assert all((folder / name).is_file() for name in REPORT_FILES)  # what a new run clears when it starts
     output = proc.stdout + proc.stderr
     assert output.count("| step |") == 1 and (devices == 1 or "MEMBER: 2/2" in output)
     assert list((folder / "logs").glob("version_*/metrics.csv"))

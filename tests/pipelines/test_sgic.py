@@ -144,6 +144,13 @@ def test_sgic_config_runs_through_the_cli(tiny_chat_model_dir, passages_dir, tmp
     assert summary["questions"] == 2 and len(summary["per_round"]) == 3
     assert set(summary["methods"]) == {"baseline", "k_sampling", "sgic"}
     assert (tmp_path / "outputs/sgic/llm_cache/responses.jsonl").exists()
+    from kglightning.pipelines.report import comparison_outputs
+    from kglightning.pipelines.sgic_report import METHODS
+
+    out = tmp_path / "outputs/sgic"
+    names = ("rounds.jsonl", "sgic_summary.json", "sgic_summary.md", "uncertainty_trajectories.png")
+    expected = {*(out / n for n in names), *comparison_outputs(out, METHODS)}
+    assert expected <= {p for p in out.rglob("*") if p.is_file()}  # what a new run clears when it starts
     # on 2 DDP processes: s̄ is all-reduced over both shards and the rows are gathered (answers come from the cache)
     ddp = [*args, "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
     proc = subprocess.run(ddp, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -72,6 +72,10 @@ def test_predict_writes_sets_selection_and_sweep(tmp_path, bench_dir, tiny_encod
     assert "| 0.3 | ≥ 70 |" in (out / "sweep.md").read_text() and (out / "coverage_vs_alpha.png").stat().st_size > 0
     with pytest.raises(RuntimeError, match="nothing to train"):
         model.configure_optimizers()
+    written = {p for p in out.rglob("*") if p.is_file()}
+    assert written - set(model.output_files()) == {out / "ltt.json"}  # the list names every output file
+    model.on_predict_start()  # a second run starts: the first run's outputs are gone until it writes its own
+    assert {p for p in out.rglob("*") if p.is_file()} == {out / "ltt.json"}
 
 
 def test_unreachable_alpha_abstains_with_the_full_pool(tmp_path, bench_dir, tiny_encoder_dir):
