@@ -42,6 +42,7 @@ from kglightning.llm.prompts import EvidenceLine, EvidenceMode, UQPrompt, Vanill
 from kglightning.llm.trie import TrieConfig
 from kglightning.modules.proxy_sft import ProxySFT
 from kglightning.pipelines._ddp import gather_unique_rows
+from kglightning.pipelines.evidence_cache import ProxyEvidenceCache, proxy_identity
 from kglightning.pipelines.report import comparison_markdown, comparison_outputs, write_comparison
 from kglightning.retrieval.faiss_grounding import FaissGrounder
 
@@ -82,6 +83,9 @@ class DoublyCalPipeline(L.LightningModule):
         missing_confidence: confidence given to an answer the reasoner wrote without one (counted as
             ``missing_confidence`` in the parse statistics).
         output_dir: where the report goes.
+        proxy_cache_dir: folder of a cache of the proxy's evidence per question
+            (:class:`~kglightning.pipelines.evidence_cache.ProxyEvidenceCache`), so that a rerun after a crash does
+            not generate it again; ``None``: no cache.
         n_bins: calibration bins.
         grounder: grounds answers that match no entity name exactly to the most similar name
             (:class:`~kglightning.retrieval.FaissGrounder`); ``None`` keeps exact matching only.
@@ -101,6 +105,7 @@ class DoublyCalPipeline(L.LightningModule):
         output_dir: str = "outputs/doublycal",
         n_bins: int = 10,
         grounder: FaissGrounder | None = None,
+        proxy_cache_dir: str | None = None,
     ) -> None:
         super().__init__()
         variants = list(variants or VARIANTS)
@@ -123,13 +128,15 @@ class DoublyCalPipeline(L.LightningModule):
         self.output_dir = output_dir
         self.n_bins = n_bins
         self.grounder = grounder
+        self.proxy_cache_dir = proxy_cache_dir
+        self.proxy_cache: ProxyEvidenceCache | None = None
         self._reset_stats()
 
     def _reset_stats(self) -> None:
         self.rows: list[dict[str, Any]] = []
         self.evidence_stats = ParseStats()
         self.answer_stats = {v: ParseStats() for v in self.variants}
-        self.counts = {"evidence": 0, "ungrounded_evidence": 0, "questions_without_evidence": 0}
+        self.counts = {"evidence": 0, "ungrounded_evidence": 0, "questions_without_evidence": 0, "cached_evidence": 0}
 
     # evidence
 
@@ -140,6 +147,22 @@ class DoublyCalPipeline(L.LightningModule):
             records: the questions.
             kgs: their graphs, when already built (the tries are built from them).
         """
+        out: list[list[str] | None] = [None] * len(records)
+        if self.proxy_cache is not None:
+            out = [self.proxy_cache.get(r) for r in records]
+            self.counts["cached_evidence"] += sum(t is not None for t in out)
+        todo = [i for i, t in enumerate(out) if t is None]
+        if todo:
+            kgs = None if kgs is None else [kgs[i] for i in todo]
+            for i, texts in zip(todo, self._generate_evidence([records[i] for i in todo], kgs)):
+                out[i] = texts
+                if self.proxy_cache is not None:
+                    self.proxy_cache.put(records[i], texts)
+        return [t or [] for t in out]
+
+    def _generate_evidence(
+        self, records: Sequence[KGQARecord], kgs: Sequence[KGIndex] | None = None
+    ) -> list[list[str]]:
         tok = self.proxy.tokenizer
         rows = []
         for rec in records:
@@ -280,6 +303,9 @@ class DoublyCalPipeline(L.LightningModule):
     def on_predict_start(self) -> None:
         self._reset_stats()
         self.proxy.eval()
+        if self.proxy_cache_dir is not None:  # keyed by the weights as loaded now (after any checkpoint)
+            key = proxy_identity(self.proxy, self.trie)
+            self.proxy_cache = ProxyEvidenceCache(self.proxy_cache_dir, key, uses_graph=self.trie is not None)
         if self.trainer.is_global_zero:  # a run killed before its report leaves no earlier report behind
             clear_outputs(self.output_files())
 

@@ -218,6 +218,10 @@ def test_doublycal_config_runs_through_the_cli(tiny_proxy, tiny_chat_model_dir, 
     expected = {out / "evidence.jsonl", out / "run_stats.json", *comparison_outputs(out, list(results))}
     expected = {p for p in expected if p.name != "reliability.png"}  # drawn only when some answer has a confidence
     assert expected <= {p for p in out.rglob("*") if p.is_file()}  # what a new run clears when it starts
+    proxy_cache = (out / "proxy_cache" / "responses.jsonl").read_text()
+    assert len(proxy_cache.splitlines()) == 4  # the proxy's evidence of each question
+    evidence = (out / "evidence.jsonl").read_text()
+    assert json.loads((out / "run_stats.json").read_text())["cached_evidence"] == 0
     # a re-run on 2 DDP processes: the ranks' rows are gathered, and every answer comes back from the cache
     ddp = [*run, "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
     proc = subprocess.run(ddp, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -225,6 +229,9 @@ def test_doublycal_config_runs_through_the_cli(tiny_proxy, tiny_chat_model_dir, 
     assert "MEMBER: 2/2" in proc.stderr + proc.stdout
     assert (out / "llm_cache" / "responses.jsonl").read_text() == cache  # nothing was generated again
     assert json.loads((out / "comparison.json").read_text()) == results
+    assert (out / "proxy_cache" / "responses.jsonl").read_text() == proxy_cache  # no evidence generated again
+    assert sorted((out / "evidence.jsonl").read_text().splitlines()) == sorted(evidence.splitlines())
+    assert json.loads((out / "run_stats.json").read_text())["cached_evidence"] == 2  # rank 0's share of 4
 
 
 def test_write_comparison_scores_each_variant_exactly(tmp_path):
