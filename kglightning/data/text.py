@@ -1,11 +1,101 @@
-"""Text renderings of KG relations and relation paths, used for sentence embeddings."""
+"""Text renderings of KG relations and relation paths (for sentence embeddings), and data text made safe for prompts.
+
+Data (KG names, questions, documents) is text, never prompt structure:
+
+- :func:`prompt_name` writes a KG name for one prompt line: line breaks and control characters become spaces (a
+  name cannot start a new prompt line), and a name longer than :data:`MAX_NAME_CHARS` is cut (one huge name would
+  otherwise overflow the context and fail the whole batch with a 400).
+- :func:`neutralize_special_tokens` breaks up special-token strings (``<|im_start|>``, ``[SEP]``, ``</s>``...) in
+  data with a zero-width space, so that a tokenizer reads them as plain characters, not as control tokens.
+
+Both count what they change in :data:`PROMPT_TEXT_COUNTS` (per process), and the first change of each kind is
+logged as a warning.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 from kglightning.data.kg import is_reverse
+
+log = logging.getLogger(__name__)
+
+MAX_NAME_CHARS = 200
+"""Longest KG name written into a prompt (longer ones are cut and end with ``…``)."""
+
+PROMPT_TEXT_COUNTS: Counter[str] = Counter()
+"""Per process: ``names_cut``, ``names_joined`` (line breaks removed) and ``special_tokens`` (broken up)."""
+
+_LOCK = threading.Lock()
+_BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
+ZWSP = "\u200b"
+# special-token shapes of common chat templates (ChatML, Llama 2/3, Gemma, BERT, Mistral), for servers whose
+# tokenizer is not known here
+GENERIC_SPECIAL = re.compile(
+    r"<\|[A-Za-z0-9_.:-]{1,40}\|>|</?s>|\[/?INST\]|<</?SYS>>|\[(?:SEP|CLS|PAD|MASK|UNK|BOS|EOS)\]"
+    r"|<(?:start|end)_of_turn>|<(?:bos|eos|pad|unk|mask)>|<\|?(?:begin|end)_of_text\|?>"
+)
+
+
+def _count(kind: str, n: int = 1) -> None:
+    with _LOCK:
+        first = PROMPT_TEXT_COUNTS[kind] == 0
+        PROMPT_TEXT_COUNTS[kind] += n
+    if first:
+        log.warning("data text changed for a prompt (%s; counted in PROMPT_TEXT_COUNTS)", kind.replace("_", " "))
+
+
+def prompt_name(name: str, max_chars: int = MAX_NAME_CHARS) -> str:
+    """``name`` as one line of prompt text (see the module docstring).
+
+    Example:
+        >>> prompt_name("Paris"), prompt_name("Paris\\n[Confidence: 1.00]"), prompt_name("x" * 8, max_chars=5)
+        ('Paris', 'Paris [Confidence: 1.00]', 'xxxx…')
+    """
+    if _BREAKS.search(name):
+        name = _BREAKS.sub(" ", name).strip()
+        _count("names_joined")
+    if len(name) > max_chars:
+        name = name[: max_chars - 1] + "…"
+        _count("names_cut")
+    return name
+
+
+def neutralize_special_tokens(text: str, tokens: Iterable[str] = (), generic: bool = True) -> str:
+    """``text`` with every occurrence of ``tokens`` (and, with ``generic``, :data:`GENERIC_SPECIAL` shapes) broken
+    by a zero-width space after its first character, so that no tokenizer parses it as a special token.
+
+    Example:
+        >>> neutralize_special_tokens("a <|im_start|>system b [SEP]") == "a <\\u200b|im_start|>system b [\\u200bSEP]"
+        True
+        >>> neutralize_special_tokens("<bos_x>", tokens=["<bos_x>"], generic=False) == "<\\u200bbos_x>"
+        True
+    """
+    spans: list[tuple[int, int]] = []
+    for tok in tokens:
+        if len(tok) < 2:
+            continue
+        start = text.find(tok)
+        while start >= 0:
+            spans.append((start, start + len(tok)))
+            start = text.find(tok, start + len(tok))
+    if generic:
+        spans.extend(m.span() for m in GENERIC_SPECIAL.finditer(text))
+    if not spans:
+        return text
+    cuts = sorted({start + 1 for start, _ in spans})
+    _count("special_tokens", len(cuts))
+    pieces, last = [], 0
+    for cut in cuts:
+        pieces.append(text[last:cut])
+        last = cut
+    pieces.append(text[last:])
+    return ZWSP.join(pieces)
 
 
 @lru_cache(maxsize=65536)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from kglightning.data.kg import KGIndex, is_reverse
+from kglightning.data.text import prompt_name
 from kglightning.evidence.schema import Evidence
 
 __all__ = ["path_instances", "verbalize_instance"]
@@ -81,12 +82,12 @@ def verbalize_instance(instance: Sequence[str], constraint: tuple[str, str] | No
         >>> verbalize_instance(["Spike", "~sibling_of", "Snoopy"], ("~pet_of", "Charlie"))
         'Spike <- sibling_of <- Snoopy (pet_of <- Charlie)'
     """
-    parts = [instance[0]]
+    parts = [prompt_name(instance[0])]
     for k in range(1, len(instance) - 1, 2):
-        rel, nxt = instance[k], instance[k + 1]
+        rel, nxt = instance[k], prompt_name(instance[k + 1])
         parts.append(f"<- {rel[1:]} <- {nxt}" if is_reverse(rel) else f"-> {rel} -> {nxt}")
     text = " ".join(parts)
     if constraint is not None:
-        rel, const = constraint
+        rel, const = constraint[0], prompt_name(constraint[1])
         text += f" ({rel[1:]} <- {const})" if is_reverse(rel) else f" ({rel} -> {const})"
     return text

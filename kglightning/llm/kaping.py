@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from kglightning.data.embeddings import SentenceEncoder, UsesEmbeddings
 from kglightning.data.proposer import AnswerProposer
 from kglightning.data.records import KGQARecord
-from kglightning.data.text import relation_text
+from kglightning.data.text import prompt_name, relation_text
 from kglightning.llm.backends.base import Generation, GenerationParams, LLMBackend
 from kglightning.llm.grounding import ground_answers
 from kglightning.llm.trie.names import UNKNOWN, NameChoice
@@ -65,7 +65,7 @@ TRIPLES_REQUEST = "Copy the facts above that support your answer, one per line, 
 
 def fact_line(fact: Sequence[str]) -> str:
     """How a fact is written in the prompt (and cited back): ``(head, relation text, tail)``."""
-    return f"({', '.join(fact)})"
+    return f"({', '.join(map(prompt_name, fact))})"
 
 
 class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):

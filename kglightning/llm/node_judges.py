@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer
 from kglightning.data.records import KGQARecord
-from kglightning.data.text import relation_text
+from kglightning.data.text import prompt_name, relation_text
 from kglightning.llm.backends.base import GenerationParams, LLMBackend
 from kglightning.metrics.functional.qa import normalize
 
@@ -106,16 +106,22 @@ class LLMJudge(AnswerNodeScorer):
 
     def messages(self, record: KGQARecord, answer: str) -> list[dict[str, str]]:
         """The judge's prompt for one answer node."""
-        triples = "\n".join(f"({h}, {relation_text(r)}, {t})" for h, r, t in record.graph[: self.max_triples])
+        triples = "\n".join(
+            f"({prompt_name(h)}, {relation_text(r)}, {prompt_name(t)})" for h, r, t in record.graph[: self.max_triples]
+        )
         parts = [f"Question: {record.question}", f"Knowledge graph triples:\n{triples or '(none)'}"]
         if "RS" in self.context:
             parts.append(f"Reasoning summary of the answering model:\n{self._extra(record, 'reasoning_summary')}")
         if "RT" in self.context:
             cited = self._extra(record, "reasoning_triples")
-            lines = cited if isinstance(cited, str) else "\n".join(f"({', '.join(map(str, t))})" for t in cited)
+            lines = (
+                cited
+                if isinstance(cited, str)
+                else "\n".join(f"({', '.join(prompt_name(str(x)) for x in t)})" for t in cited)
+            )
             parts.append(f"Triples the answering model cited:\n{lines}")
         parts.append(
-            f"Proposed answer: {answer}\nIs the proposed answer a correct answer to the question according to the "
+            f"Proposed answer: {prompt_name(answer)}\nIs the proposed answer a correct answer to the question according to the "
             "knowledge graph? Reply with one word: yes or no."
         )
         return [{"role": "user", "content": "\n\n".join(parts)}]

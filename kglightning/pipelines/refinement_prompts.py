@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from kglightning.data.text import relation_text
+from kglightning.data.text import prompt_name, relation_text
 from kglightning.llm.backends import ChatMessage
 
 __all__ = [
@@ -54,7 +54,7 @@ def verbalize_triple(head: str, relation: str, tail: str) -> str:
         >>> verbalize_triple("France", "location.country.capital", "Paris")
         '(France, location country capital, Paris)'
     """
-    return f"({head}, {relation_text(relation)}, {tail})"
+    return f"({prompt_name(head)}, {relation_text(relation)}, {prompt_name(tail)})"
 
 
 def initial_messages(question: str, triples: Sequence[str]) -> list[ChatMessage]:
@@ -73,7 +73,7 @@ def initial_messages(question: str, triples: Sequence[str]) -> list[ChatMessage]
 
 
 def _quoted(names: Sequence[str]) -> str:
-    return ", ".join(json.dumps(n, ensure_ascii=False) for n in names) + ". "
+    return ", ".join(json.dumps(prompt_name(n), ensure_ascii=False) for n in names) + ". "
 
 
 def follow_up_message(flagged: Sequence[str], unmatched: Sequence[str]) -> str:

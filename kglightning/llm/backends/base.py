@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from kglightning.data.text import neutralize_special_tokens
+
 if TYPE_CHECKING:
     from kglightning.llm.trie.names import NameChoice
 
@@ -178,6 +180,21 @@ class LLMBackend(abc.ABC):
         """
         return ""
 
+    def special_tokens(self) -> Sequence[str]:
+        """This model's special-token strings, broken up wherever they occur in messages (see :meth:`as_text`).
+
+        Default ``()``: only the common shapes of :data:`~kglightning.data.text.GENERIC_SPECIAL` are broken up. A
+        backend that knows its tokenizer lists its special tokens here.
+        """
+        return ()
+
+    def as_text(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """``messages`` with special-token strings in their contents broken up by a zero-width space (counted in
+        :data:`~kglightning.data.text.PROMPT_TEXT_COUNTS`), so that a KG name or a question that contains
+        ``<|im_start|>system`` stays text instead of becoming a control token of the chat template."""
+        tokens = self.special_tokens()
+        return [{**m, "content": neutralize_special_tokens(m["content"], tokens)} for m in messages]
+
     @abc.abstractmethod
     def _generate_uncached(
         self,
@@ -253,6 +270,7 @@ class LLMBackend(abc.ABC):
         """
         for messages in batch:
             _check_messages(messages)
+        batch = [self.as_text(messages) for messages in batch]
         if choices is not None and len(choices) != len(batch):
             raise ValueError(f"{len(choices)} choices for {len(batch)} conversations")
         results: list[Generation | None] = [None] * len(batch)

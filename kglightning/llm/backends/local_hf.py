@@ -188,6 +188,7 @@ class LocalHFBackend(LLMBackend):
             self._adapter_key = f":adapter-{os.path.abspath(adapter_path)}-{files_stamp(adapter_path)}"
         self._model: Any = None
         self._tokenizer: Any = None
+        self._special: tuple[str, ...] | None = None
         if cache_dir is not None:
             from kglightning.llm.backends.cache import ResponseCache
 
@@ -268,6 +269,14 @@ class LocalHFBackend(LLMBackend):
         """The causal LM, loaded on first access."""
         self.load()
         return self._model
+
+    def special_tokens(self) -> Sequence[str]:
+        """The tokenizer's special tokens and its added tokens marked special (``<|im_start|>``, ``</s>``...)."""
+        if self._special is None:
+            tok = self.tokenizer
+            added = [t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if t.special]
+            self._special = tuple(sorted({*tok.all_special_tokens, *added}, key=len, reverse=True))
+        return self._special
 
     def render(self, messages: list[ChatMessage]) -> str:
         """The prompt text of one conversation: the chat template with the assistant turn opened (and prefilled)."""
