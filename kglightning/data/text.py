@@ -20,6 +20,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from typing import Any
 
 from kglightning.data.kg import is_reverse
 
@@ -64,6 +65,15 @@ def prompt_name(name: str, max_chars: int = MAX_NAME_CHARS) -> str:
         name = name[: max_chars - 1] + "…"
         _count("names_cut")
     return name
+
+
+def tokenizer_special_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """A Hugging Face tokenizer's special tokens and its added tokens marked special, longest first."""
+    if tokenizer is None:
+        return ()
+    added = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", 0)]
+    specials = getattr(tokenizer, "all_special_tokens", [])
+    return tuple(sorted({*specials, *added}, key=len, reverse=True))
 
 
 def neutralize_special_tokens(text: str, tokens: Iterable[str] = (), generic: bool = True) -> str:

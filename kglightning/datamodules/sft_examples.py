@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 
 from kglightning.data.records import KGQARecord
+from kglightning.data.text import neutralize_special_tokens, tokenizer_special_tokens
 from kglightning.evidence.builder import EvidenceBuilder
 from kglightning.evidence.format import (
     ConfidencePosition,
@@ -67,7 +68,11 @@ def render_prompt(
         prompt_style: ``"chat"`` (falls back to ``"plain"`` for a tokenizer without a chat template) or ``"plain"``:
             the instruction followed by a newline.
         system_prompt: a system turn for ``"chat"``; ``None`` leaves the template's default.
+
+    Special-token strings in ``instruction`` (which carries a question from the data) are broken up
+    (:func:`~kglightning.data.text.neutralize_special_tokens`), so that they stay text.
     """
+    instruction = neutralize_special_tokens(instruction, tokenizer_special_tokens(tokenizer))
     if prompt_style == "chat" and getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": instruction}]
         if system_prompt is not None:

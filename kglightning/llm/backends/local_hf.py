@@ -19,6 +19,7 @@ import torch
 
 from kglightning.data.cache import files_stamp
 from kglightning.data.devices import resolve_device, resolve_dtype
+from kglightning.data.text import tokenizer_special_tokens
 from kglightning.llm.backends.base import ChatMessage, Generation, GenerationParams, LLMBackend
 from kglightning.llm.generation import generate_exactly, plain_generation_config
 from kglightning.llm.trie.names import NameChoice, NameListLogitsProcessor
@@ -273,9 +274,7 @@ class LocalHFBackend(LLMBackend):
     def special_tokens(self) -> Sequence[str]:
         """The tokenizer's special tokens and its added tokens marked special (``<|im_start|>``, ``</s>``...)."""
         if self._special is None:
-            tok = self.tokenizer
-            added = [t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if t.special]
-            self._special = tuple(sorted({*tok.all_special_tokens, *added}, key=len, reverse=True))
+            self._special = tokenizer_special_tokens(self.tokenizer)
         return self._special
 
     def render(self, messages: list[ChatMessage]) -> str:
