@@ -103,3 +103,38 @@ def test_verdicts_and_name_lists_never_raise(text):
     assert parse_verdict(text) in (True, False, None)
     names, abstained, dropped = NameChoice(("Paris", "Lyon")).parse(text)
     assert set(names) <= {"Paris", "Lyon"} and dropped >= 0 and isinstance(abstained, bool)
+
+
+_KEYS = [
+    "choices",
+    "message",
+    "content",
+    "logprobs",
+    "token",
+    "logprob",
+    "usage",
+    "prompt_tokens",
+    "completion_tokens",
+    "finish_reason",
+    "x",
+]
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_json)
+def test_a_chat_completion_body_parses_or_raises_a_response_error(payload):
+    from kglightning.llm.backends import Generation, LLMResponseError
+    from kglightning.llm.backends.chat_response import parse_chat_completion
+
+    try:
+        gen = parse_chat_completion(payload)
+    except LLMResponseError:
+        return
+    assert isinstance(gen, Generation) and isinstance(gen.text, str)
+    gen.text.encode("utf-8")  # always writable
+    assert gen.token_logprobs is None or all(lp <= 0 for lp in gen.token_logprobs)
