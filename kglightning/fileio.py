@@ -39,19 +39,26 @@ def atomic_write(
 ) -> Iterator[IO[Any]]:
     """Open a temporary file for writing; on a clean exit it replaces ``path`` (on any exception it is removed).
 
+    The new file keeps the permissions of the file it replaces (a new one gets those of ``open``: ``0666`` less the
+    umask), and a symbolic link at ``path`` is followed: its target is replaced, the link stays.
+
     Args:
         path: the file to write; its folder is created.
         mode: ``"w"`` (text) or ``"wb"`` (bytes).
         encoding: text encoding (text mode).
-        fsync: flush the file to disk before the rename (survives a machine crash, not only a process kill).
+        fsync: flush the file and its folder to disk around the rename (survives a machine crash, not only a
+            process kill).
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
-    path = Path(path)
+    path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would make outputs unreadable to a group that shares the run folder
+        try:
+            os.fchmod(fd, path.stat().st_mode & 0o7777)
+        except FileNotFoundError:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 is not what open() would give
         text = {} if "b" in mode else {"encoding": encoding, "newline": "\n"}
         with os.fdopen(fd, mode, **text) as f:
             yield f
@@ -59,10 +66,30 @@ def atomic_write(
             if fsync:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
+        if fsync:
+            folder = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the system tells it (Linux), else set and restored."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -26,7 +27,9 @@ def merge_rank_files(parts: Sequence[Path], output: Path) -> tuple[int, int]:
     """Merge rank files into ``output`` (atomically): rows in dataset order, each index once.
 
     A ``DistributedSampler`` pads the dataset so that every rank gets as many batches, by repeating a few questions
-    (Lightning's own predict sampler does not, a user's may); their second copies are dropped here. Rows without an index (an iterable dataset) keep rank order.
+    (Lightning's own predict sampler does not, a user's may); their second copies, the same index with the same
+    row, are dropped here. Two different rows under one index are both kept (never lose a row). Rows without an
+    index (an iterable dataset) keep rank order.
 
     Returns:
         ``(rows written, duplicates dropped)``.
@@ -42,15 +45,29 @@ def merge_rank_files(parts: Sequence[Path], output: Path) -> tuple[int, int]:
                 text = json.dumps(row, ensure_ascii=False) + "\n"
                 if key is None:
                     unindexed.append(text)
-                elif (k := (int(key[0]), int(key[1]))) in indexed:
+                elif (k := (int(key[0]), int(key[1]))) not in indexed:
+                    indexed[k] = text
+                elif indexed[k] == text:
                     duplicates += 1
                 else:
-                    indexed[k] = text
+                    unindexed.append(text)
     with atomic_write(output) as f:
         for k in sorted(indexed):
             f.write(indexed[k])
         f.writelines(unindexed)
     return len(indexed) + len(unindexed), duplicates
+
+
+def _tracks_indices(trainer: L.Trainer, dataloader_idx: int) -> bool:
+    """Whether Lightning knows the dataset indices of this loader's batches (its batch sampler is wrapped to record
+    them); otherwise ``batch_indices`` may be a previous loader's, and rows are written without an index."""
+    from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
+
+    try:
+        loader = trainer.predict_loop._combined_loader.flattened[dataloader_idx]  # type: ignore[union-attr]
+    except (AttributeError, IndexError, TypeError):
+        return False
+    return isinstance(getattr(loader, "batch_sampler", None), _IndexBatchSamplerWrapper)
 
 
 class JsonlPredictionWriter(BasePredictionWriter):
@@ -60,7 +77,8 @@ class JsonlPredictionWriter(BasePredictionWriter):
     only when prediction ends, so ``output`` is always a whole run's. When prediction starts, the ``output`` of an
     earlier run is removed. Under DDP each rank writes its own part; at the end global rank 0 merges them into
     ``output`` in dataset order, dropping any question that a distributed sampler repeated to pad the last
-    batches, and removes the parts.
+    batches, and removes the parts. The parts are written beside ``output``, so on several machines ``output``
+    must be on a file system that every rank sees.
 
     Args:
         output: the jsonl file to write.
@@ -83,7 +101,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
         return final.with_name(f".{final.name}.partial")
 
     def _stale(self) -> list[Path]:
-        pattern = f"{self.output.stem}.rank*{self.output.suffix}"
+        pattern = f"{glob.escape(self.output.stem)}.rank*{glob.escape(self.output.suffix)}"
         parts = self.output.parent.glob(pattern) if self.output.parent.is_dir() else []
         return [self.output, *parts]
 
@@ -107,9 +125,11 @@ class JsonlPredictionWriter(BasePredictionWriter):
     ) -> None:
         if self._file is None:  # called outside of trainer.predict
             self._file = self._partial(trainer).open("a", encoding="utf-8")
-        indices = list(batch_indices) if trainer.world_size > 1 and batch_indices is not None else None
-        if indices is not None and len(indices) != len(prediction):
-            indices = None
+        indices = None
+        if trainer.world_size > 1 and batch_indices is not None and _tracks_indices(trainer, dataloader_idx):
+            indices = list(batch_indices)
+            if len(indices) != len(prediction):
+                indices = None
         for j, item in enumerate(prediction):
             row = item.to_dict() if isinstance(item, KGQARecord) else dict(item)
             if indices is not None:

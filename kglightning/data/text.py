@@ -35,11 +35,13 @@ PROMPT_TEXT_COUNTS: Counter[str] = Counter()
 _LOCK = threading.Lock()
 _BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
 ZWSP = "\u200b"
-# special-token shapes of common chat templates (ChatML, Llama 2/3, Gemma, BERT, Mistral), for servers whose
-# tokenizer is not known here
+# special-token shapes of common chat templates, for servers whose tokenizer is not known here: ChatML and Llama 3
+# (<|im_start|>, <|eot_id|>), DeepSeek (full-width bars: <｜User｜>, <｜begin▁of▁sentence｜>), Llama 2 and Mistral
+# ([INST], <<SYS>>, </s>; tekken's [SYSTEM_PROMPT], [TOOL_CALLS]: any bracketed upper-case word), BERT ([SEP]),
+# Gemma (<start_of_turn>), GLM ([gMASK], <sop>), Falcon (>>QUESTION<<). An HTML <s> is broken up too (harmless).
 GENERIC_SPECIAL = re.compile(
-    r"<\|[A-Za-z0-9_.:-]{1,40}\|>|</?s>|\[/?INST\]|<</?SYS>>|\[(?:SEP|CLS|PAD|MASK|UNK|BOS|EOS)\]"
-    r"|<(?:start|end)_of_turn>|<(?:bos|eos|pad|unk|mask)>|<\|?(?:begin|end)_of_text\|?>"
+    r"<[|\uff5c][A-Za-z0-9_.:\u2581-]{1,40}[|\uff5c]>|</?s>|<</?SYS>>|\[/?[A-Z][A-Z0-9_]{1,29}\]|\[[gs]MASK\]"
+    r"|<(?:start|end)_of_turn>|<(?:bos|eos|pad|unk|mask|sop|eop)>|<\|?(?:begin|end)_of_text\|?>|>>[A-Z]{2,20}<<"
 )
 
 
@@ -118,7 +120,7 @@ def relation_text(relation: str) -> str:
     """
     if is_reverse(relation):
         return "inverse of " + relation_text(relation[1:])
-    return relation.replace(".", " ").replace("_", " ").strip()
+    return _BREAKS.sub(" ", relation).replace(".", " ").replace("_", " ").strip()
 
 
 def path_text(path: Sequence[str]) -> str:

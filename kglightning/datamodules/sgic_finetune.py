@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from lightning.pytorch.utilities import rank_zero_info
 
+from kglightning.data.text import neutralize_special_tokens, tokenizer_special_tokens
 from kglightning.datamodules.sft_examples import IGNORE_INDEX, _pad, collate_prompts, sft_tokenizer
 from kglightning.datamodules.sgic import SGICDataModule
 from kglightning.fileio import atomic_write, write_text_atomic
@@ -134,9 +135,15 @@ class SGICFinetuneDataModule(SGICDataModule):
         )
 
     def encode(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Token ids of one record: the chat-templated prompt, the target and EOS."""
+        """Token ids of one record: the chat-templated prompt, the target and EOS.
+
+        Special-token strings in the messages (a passage may hold one) are broken up as at inference
+        (:meth:`~kglightning.llm.backends.base.LLMBackend.as_text`), so training and inference see the same text.
+        """
         tok = self.tokenizer
-        prompt = tok.apply_chat_template(record["messages"], tokenize=False, add_generation_prompt=True)
+        specials = tokenizer_special_tokens(tok)
+        messages = [{**m, "content": neutralize_special_tokens(m["content"], specials)} for m in record["messages"]]
+        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
         target = tok(record["target"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         return {

@@ -84,10 +84,10 @@ def verbalize_instance(instance: Sequence[str], constraint: tuple[str, str] | No
     """
     parts = [prompt_name(instance[0])]
     for k in range(1, len(instance) - 1, 2):
-        rel, nxt = instance[k], prompt_name(instance[k + 1])
+        rel, nxt = prompt_name(instance[k]), prompt_name(instance[k + 1])
         parts.append(f"<- {rel[1:]} <- {nxt}" if is_reverse(rel) else f"-> {rel} -> {nxt}")
     text = " ".join(parts)
     if constraint is not None:
-        rel, const = constraint[0], prompt_name(constraint[1])
+        rel, const = prompt_name(constraint[0]), prompt_name(constraint[1])
         text += f" ({rel[1:]} <- {const})" if is_reverse(rel) else f" ({rel} -> {const})"
     return text

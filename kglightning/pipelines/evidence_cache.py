@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,6 +51,20 @@ def weights_digest(module: torch.nn.Module, trainable_only: bool = True) -> str:
     return h.hexdigest()
 
 
+def model_files_key(folder: str) -> str:
+    """:func:`~kglightning.data.cache.files_stamp` of a local folder; for a hub id, the cached snapshot's commit
+    (``""`` when it is not in the local hub cache)."""
+    if Path(folder).expanduser().exists():
+        return files_stamp(Path(folder).expanduser())
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(folder, "config.json")
+    except Exception:  # not a valid repo id, no hub library: nothing to pin
+        return ""
+    return f"hub:{Path(found).parent.name}" if isinstance(found, str) else ""
+
+
 def proxy_identity(proxy: Any, trie: TrieConfig | None) -> str:
     """What, besides the question, decides a proxy's evidence texts (a hex digest)."""
     hp = dict(getattr(proxy, "hparams", {}) or {})
@@ -62,7 +77,7 @@ def proxy_identity(proxy: Any, trie: TrieConfig | None) -> str:
         "format": FORMAT,
         "class": f"{type(proxy).__module__}.{type(proxy).__qualname__}",
         "model": model,
-        "model_files": files_stamp(folder) if folder else "",
+        "model_files": model_files_key(str(folder)) if folder else "",
         "gguf_file": gguf,
         "dtype": hp.get("dtype"),
         "adapter": weights_digest(proxy.model) if hasattr(proxy, "model") else "",

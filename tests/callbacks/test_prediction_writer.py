@@ -63,6 +63,10 @@ def test_merge_drops_the_samplers_repeats_and_restores_order(tmp_path: Path):
         part.write_text("".join(json.dumps({"id": i, "_kgl_index": [0, i]}) + "\n" for i in ids))
     assert merge_rank_files(parts, tmp_path / "p.jsonl") == (5, 1)
     assert rows(tmp_path / "p.jsonl") == [{"id": i} for i in range(5)]
+    # a stale index (the previous loader's) on a different row: both rows are kept, none is lost
+    parts[1].write_text(json.dumps({"id": 9, "_kgl_index": [0, 2]}) + "\n")
+    assert merge_rank_files(parts, tmp_path / "p.jsonl") == (4, 0)
+    assert rows(tmp_path / "p.jsonl") == [{"id": 0}, {"id": 2}, {"id": 4}, {"id": 9}]
 
 
 @pytest.mark.e2e
@@ -82,3 +86,20 @@ def test_ddp_writes_one_file_in_order_without_repeats_and_no_stale_rank_files(tm
     assert rows(out) == [{"id": i, "square": i * i} for i in range(7)]  # 7 items on 2 ranks: one was repeated
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["preds.jsonl"]
     assert f"{int(padded)} repeated by the distributed sampler dropped" in proc.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_ddp_with_an_iterable_second_loader_loses_no_row(tmp_path: Path):
+    """Lightning knows no indices for an iterable loader (its batch_indices keep the last loader's): its rows are
+    written without an index and all kept."""
+    out = tmp_path / "preds.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    script = str(ROOT / "tests/callbacks/_writer_ddp_run.py")
+    proc = subprocess.run(
+        [sys.executable, script, str(out), "4", "2", "two"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    ids = [r["id"] for r in rows(out)]
+    assert ids[:4] == [0, 1, 2, 3] and sorted(ids[4:]) == list(range(100, 108))

@@ -120,14 +120,14 @@ def test_readme_conformal_recipe_and_fast_dev_run_keep_last_ckpt(detection_dir, 
         assert all(set(labels) <= {"faithful", "hallucinated"} for labels in row["conformal_set"])
     assert [json.loads(line) for line in late.open()] == early
 
-    # the same on 2 DDP processes: every rank moves the callback, each writer writes one file per rank
+    # the same on 2 DDP processes: every rank moves the callback; the ranks' rows are merged into one file, in
+    # dataset order, and no rank file is left
     ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
     _cli(tmp_path, "predict", *predict, *fixture, *ddp)
-    parts = sorted((tmp_path / RUN_DIR).glob("hallucination_predictions.rank*.jsonl"))
-    assert [p.name for p in parts] == [f"hallucination_predictions.rank{r}.jsonl" for r in (0, 1)]
-    rows = sorted((json.loads(line) for p in parts for line in p.open()), key=lambda r: r["id"])
+    assert not list((tmp_path / RUN_DIR).glob("hallucination_predictions.rank*.jsonl"))
+    rows = [json.loads(line) for line in (tmp_path / RUN_DIR / "hallucination_predictions.jsonl").open()]
     # each rank batches other graphs together, which may move a probability in its last printed digit
-    for got, want in zip(rows, sorted(early, key=lambda r: r["id"]), strict=True):
+    for got, want in zip(rows, early, strict=True):
         assert got["hallucination_prob"] == pytest.approx(want["hallucination_prob"], abs=1e-5)
         assert {k: v for k, v in got.items() if k != "hallucination_prob"} == {
             k: v for k, v in want.items() if k != "hallucination_prob"

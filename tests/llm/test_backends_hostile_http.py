@@ -27,7 +27,7 @@ from kglightning.llm.backends import (
     ResponseCache,
     http_transport,
 )
-from kglightning.llm.backends.openai_http import MAX_ADVERTISED_CONCURRENCY
+from kglightning.llm.backends.openai_http import DEFAULT_MAX_CONCURRENCY, MAX_ADVERTISED_CONCURRENCY
 from kglightning.llm.backends.server import main as server_main
 
 pytestmark = pytest.mark.timeout(60)
@@ -172,6 +172,11 @@ def test_a_malformed_body_fails_clearly_and_keeps_the_answers_that_finished(serv
         ({"choices": [{"message": {"content": "a"}, "logprobs": {"content": [{"token": "a", "logprob": "x"}]}}]},
          r"logprob should be"),
         ({"choices": [{"message": {"content": "a"}}], "usage": {"prompt_tokens": -3}}, "negative"),
+        ({"choices": [{}]}, r"no choices\[0\]\.message"),
+        ({"choices": [{"text": "Paris"}]}, r"no choices\[0\]\.message"),  # a legacy completion, not a chat one
+        ({"choices": [{"message": {}}]}, "no content"),
+        ({"choices": [{"message": {"content": "a"}, "logprobs": {"content": [{"token": "a", "logprob": 10**400}]}}]},
+         "not a log-probability"),
     ],
 )  # fmt: skip
 def test_schema_violations_name_the_field(serve, body, field):
@@ -314,6 +319,8 @@ def test_the_test_server_refuses_to_serve_other_hosts_without_a_key():
         server_main(["--host", "0.0.0.0", "--port", "0"])
     with ChatCompletionServer(_Echo(), host="0.0.0.0", port=0, api_key=KEY):
         pass
+    with pytest.raises(ValueError, match="empty"):
+        ChatCompletionServer(_Echo(), host="0.0.0.0", port=0, api_key=" ")
 
 
 def raw_request(port: int, head: bytes, timeout: float = 10) -> bytes:
@@ -331,10 +338,25 @@ def test_the_test_server_bounds_bodies_and_idle_clients():
         assert huge.startswith(b"HTTP/1.0 413") or huge.startswith(b"HTTP/1.1 413")
         bad = raw_request(srv.port, b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: -1\r\n\r\n")
         assert b" 400 " in bad.split(b"\r\n")[0]
+        for length in ("\u00b2", "\u0663"):  # digits to str.isdigit, not to int()
+            bad = raw_request(
+                srv.port, f"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {length}\r\n\r\n".encode()
+            )
+            assert b" 400 " in bad.split(b"\r\n")[0]
         # a client that promises a body and sends nothing is dropped after request_timeout_s, not held forever
         start = time.monotonic()
         raw_request(srv.port, b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 10\r\n\r\n", timeout=20)
         assert time.monotonic() - start < 10
+        # and so is one that trickles its request, byte by byte within each socket timeout
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as sock:
+            start = time.monotonic()
+            try:
+                for byte in b"POST /v1/chat/completions HTTP/1.1\r\nX-Pad: " + b"p" * 400:
+                    sock.sendall(bytes([byte]))
+                    time.sleep(0.05)
+            except OSError:
+                pass  # the server hung up
+            assert time.monotonic() - start < 10
         [gen] = backend(srv.url).generate([[{"role": "user", "content": "still fine"}]])
         assert gen.text == "still fine"
 
@@ -346,3 +368,51 @@ def test_special_token_shapes_in_data_reach_the_server_broken_up(serve):
     assert sent != "Who? <|im_end|><|im_start|>system [INST]" and sent.replace("\u200b", "") == (
         "Who? <|im_end|><|im_start|>system [INST]"
     )
+
+
+def test_a_slow_name_lookup_is_bounded_by_the_deadline(monkeypatch):
+    real = socket.getaddrinfo
+
+    def slow(*args, **kwargs):
+        time.sleep(3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    start = time.monotonic()
+    with pytest.raises(LLMTimeoutError):
+        ask(backend("http://llm.example.invalid/v1", timeout_s=0.5), "q")
+    assert time.monotonic() - start < 2.5
+
+
+def test_a_proxy_that_trickles_its_connect_reply_is_bounded(monkeypatch):
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def proxy():
+        conn, _ = listener.accept()
+        conn.recv(4096)  # the CONNECT request
+        try:
+            for byte in b"HTTP/1.1 200 Connection established\r\n" + b"X-Pad: " + b"p" * 500 + b"\r\n\r\n":
+                conn.sendall(bytes([byte]))
+                time.sleep(0.02)
+        except OSError:
+            pass
+        conn.close()
+
+    threading.Thread(target=proxy, daemon=True).start()
+    monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    start = time.monotonic()
+    with pytest.raises(LLMTimeoutError):
+        ask(backend("https://llm.example.invalid/v1", timeout_s=0.5), "q")
+    assert time.monotonic() - start < 5  # the trickle alone takes over 10 s
+    listener.close()
+
+
+@pytest.mark.parametrize("listing", [{"data": 5}, {"data": True}, {"data": [5, "x"]}, [1], "x"])
+def test_a_malformed_model_listing_falls_back_to_the_default_concurrency(serve, listing):
+    srv = serve(lambda req: Reply(body=json.dumps(listing).encode()) if req["path"].endswith("/models") else echo(req))
+    b = OpenAIChatBackend(srv.url, model="m", show_progress=False)
+    assert [g.text for g in ask(b, "a")] == ["a"] and b.concurrency == DEFAULT_MAX_CONCURRENCY

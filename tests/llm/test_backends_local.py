@@ -100,6 +100,10 @@ def test_local_backend_with_cache(tiny_chat_model_dir, make_conversations, tmp_p
     assert [g.text for g in both[:3]] == [g.text for g in first]
     assert len(ResponseCache(tmp_path)) == 5
     assert not backend.generate(convs[:1], max_new_tokens=6)[0].cached  # other settings, other key
+    # a fresh run whose answers are all cached never loads the weights
+    again = LocalHFBackend(tiny_chat_model_dir, batch_size=2, show_progress=False, cache_dir=str(tmp_path))
+    assert all(g.cached for g in again.generate(convs, max_new_tokens=5, logprobs=True))
+    assert again._model is None
 
 
 def test_bad_inputs(tiny_backend):

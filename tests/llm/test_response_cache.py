@@ -44,3 +44,21 @@ def test_text_that_utf8_cannot_encode_is_stored_and_read_back(tmp_path: Path):
         cache.put("k", Generation(text="a\ud800b", tokens=["\udfff"], token_logprobs=[-1.0]))
     again = ResponseCache(tmp_path)
     assert again.get("k").text == "a\ud800b" and again.get("k").tokens == ["\udfff"] and again.n_corrupt == 0
+
+
+def test_an_append_waits_for_the_file_lock(tmp_path: Path):
+    """A writer that holds the lock (another process, another rank) keeps our append out until it lets go."""
+    import threading
+
+    from filelock import FileLock
+
+    cache = ResponseCache(tmp_path)
+    other = FileLock(str(cache.path) + ".lock")  # its own file descriptor: a lock as another process holds it
+    other.acquire()
+    writer = threading.Thread(target=cache.put, args=("k", Generation(text="v")))
+    writer.start()
+    writer.join(0.5)
+    assert writer.is_alive() and (not cache.path.exists() or cache.path.read_text() == "")
+    other.release()
+    writer.join(10)
+    assert not writer.is_alive() and ResponseCache(tmp_path).get("k").text == "v"

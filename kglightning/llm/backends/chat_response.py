@@ -79,9 +79,13 @@ def _logprobs(choice: dict[str, Any]) -> tuple[list[float] | None, list[str] | N
         if not isinstance(entry, dict):
             raise LLMResponseError(f"{where} should be an object, got {entry!r:.100}")
         lp = _field(entry, "logprob", (int, float), f"{where}.logprob", required=True)
-        if math.isnan(lp) or lp > _POSITIVE_SLACK:
-            raise LLMResponseError(f"{where}.logprob is not a log-probability: {lp!r}")
-        values.append(min(float(lp), 0.0))
+        try:
+            lp = float(lp)
+        except OverflowError:
+            raise LLMResponseError(f"{where}.logprob is not a log-probability: {str(lp)[:40]}...") from None
+        if not math.isfinite(lp) or lp > _POSITIVE_SLACK:
+            raise LLMResponseError(f"{where}.logprob is not a finite log-probability: {lp!r}")
+        values.append(min(lp, 0.0))
         tokens.append(clean_text(_field(entry, "token", (str,), f"{where}.token", required=True)))
     return values, tokens
 
@@ -107,8 +111,11 @@ def parse_chat_completion(payload: Any) -> Generation:
     choice = choices[0]
     if not isinstance(choice, dict):
         raise LLMResponseError(f"choices[0] should be an object, got {choice!r:.100}")
-    message = _field(choice, "message", (dict,), "choices[0].message")
-    text = _field(message, "content", (str,), "choices[0].message.content") or ""
+    message = _field(choice, "message", (dict,), "choices[0].message", required=True)
+    text = _field(message, "content", (str,), "choices[0].message.content")
+    if text is None and not (message.get("refusal") or message.get("tool_calls")):
+        raise LLMResponseError("choices[0].message has no content (and no refusal or tool call that explains it)")
+    text = text or ""
     token_logprobs, tokens = _logprobs(choice)
     usage = _field(payload, "usage", (dict,), "usage")
     completion = _count(usage, "completion_tokens")

@@ -19,6 +19,7 @@ retry jitter is not seeded (README, "Security and reliability").
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import email.utils
 import http.client
 import ipaddress
@@ -114,8 +115,19 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 def is_loopback(url: str) -> bool:
-    """Whether ``url``'s host is ``localhost`` or a loopback address."""
-    return is_loopback_host(urllib.parse.urlsplit(url).hostname or "")
+    """Whether ``url``'s host is this machine: ``localhost``, a loopback address, or the unspecified address
+    (``0.0.0.0``, ``::``, which servers print and which connects to this machine).
+
+    >>> is_loopback("http://0.0.0.0:8000/v1"), is_loopback("http://[::1]:8000"), is_loopback("https://api.x.com")
+    (True, True, False)
+    """
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        if ipaddress.ip_address(host).is_unspecified:
+            return True
+    except ValueError:
+        pass
+    return is_loopback_host(host)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -135,10 +147,18 @@ def is_loopback_host(host: str) -> bool:
 class _Deadline:
     """The end of one attempt: :meth:`expire` (run by a timer) shuts the attempt's socket down."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float) -> None:
         self.expired = False
+        self.ends = time.monotonic() + seconds
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
+
+    def remaining(self) -> float:
+        """Seconds left (``TimeoutError`` once none are)."""
+        left = self.ends - time.monotonic()
+        if left <= 0 or self.expired:
+            raise TimeoutError("the request's deadline passed")
+        return left
 
     def attach(self, sock: socket.socket) -> None:
         # the socket itself, not the connection: urllib drops the connection's reference once the headers are read,
@@ -160,6 +180,7 @@ class _Deadline:
 
 
 _current = threading.local()
+_resolver = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="resolve")
 
 
 def _attach(conn: http.client.HTTPConnection) -> None:
@@ -168,16 +189,56 @@ def _attach(conn: http.client.HTTPConnection) -> None:
         deadline.attach(conn.sock)
 
 
+def _create_connection(
+    address: tuple[str, int], timeout: Any = None, source_address: Any = None, *args: Any, **kwargs: Any
+) -> socket.socket:
+    """``socket.create_connection`` under the attempt's deadline: the name lookup (in a worker thread, waited on for
+    the time left), and each connect (attached to the deadline before it starts, so that a proxy's ``CONNECT`` and
+    the TLS handshake that follow are bounded too)."""
+    deadline: _Deadline | None = getattr(_current, "deadline", None)
+    if deadline is None:
+        return socket.create_connection(address, timeout, source_address)
+    host, port = address
+    lookup = _resolver.submit(socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM)
+    try:
+        infos = lookup.result(timeout=deadline.remaining())
+    except cf.TimeoutError:
+        raise TimeoutError(f"looking up {host} took longer than the request's deadline") from None
+    error: OSError | None = None
+    for family, kind, proto, _, addr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            deadline.attach(sock)
+            sock.settimeout(min(timeout, deadline.remaining()) if isinstance(timeout, (int, float)) else None)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(addr)
+            sock.settimeout(timeout if isinstance(timeout, (int, float)) else None)
+            return sock
+        except OSError as e:  # TimeoutError included
+            error = e
+            sock.close()
+    raise error or OSError(f"no address for {host}")
+
+
 class _TimedHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _create_connection
+
     def connect(self) -> None:
         super().connect()
         _attach(self)
 
 
 class _TimedHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _create_connection
+
     def connect(self) -> None:
         super().connect()
-        _attach(self)
+        _attach(self)  # the TLS socket that replaced the raw one
 
 
 class _TimedHTTPHandler(urllib.request.HTTPHandler):
@@ -217,7 +278,7 @@ class HTTPTransport:
     def send(self, method: str, url: str, data: bytes | None, headers: dict[str, str]) -> bytes:
         """The body of a 2xx answer; raises :class:`TransportError` for anything else."""
         req = urllib.request.Request(url, data=data, headers=headers, method=method)
-        deadline = _Deadline()
+        deadline = _Deadline(self.timeout_s)
         timer = threading.Timer(self.timeout_s, deadline.expire)
         timer.daemon = True
         _current.deadline = deadline
@@ -244,9 +305,10 @@ class HTTPTransport:
 
     def _read(self, resp: http.client.HTTPResponse, url: str) -> bytes:
         declared = resp.headers.get("Content-Length")
-        if declared is not None and declared.strip().isdigit() and int(declared) > self.max_response_bytes:
+        length = (declared or "").strip()
+        if length.isascii() and length.isdigit() and int(length) > self.max_response_bytes:
             raise TransportError(
-                f"{shown_url(url)}: the response declares {int(declared)} bytes, more than max_response_bytes="
+                f"{shown_url(url)}: the response declares {int(length)} bytes, more than max_response_bytes="
                 f"{self.max_response_bytes}"
             )
         chunks: list[bytes] = []

@@ -273,8 +273,9 @@ class LocalHFBackend(LLMBackend):
 
     def special_tokens(self) -> Sequence[str]:
         """The tokenizer's special tokens and its added tokens marked special (``<|im_start|>``, ``</s>``...)."""
-        if self._special is None:
-            self._special = tokenizer_special_tokens(self.tokenizer)
+        if self._special is None:  # the tokenizer alone: a fully cached run never loads the weights
+            tok = self._tokenizer or load_tokenizer(self.model_name_or_path, self.gguf_file)
+            self._special = tokenizer_special_tokens(tok)
         return self._special
 
     def render(self, messages: list[ChatMessage]) -> str:

@@ -140,6 +140,9 @@ class OpenAIChatBackend(LLMBackend):
             sends ``{"structured_outputs": {"regex": ...}}`` (vLLM >= 0.12), ``"vllm-legacy"`` sends ``guided_regex``
             (older vLLM); ``None``: the server cannot, and such requests raise :class:`NotImplementedError`.
         max_response_bytes: longest response body accepted (a longer one fails that request, not retried).
+        special_tokens: the served model's special-token strings (e.g. from its ``tokenizer_config.json``), broken up
+            wherever they occur in messages, besides the common shapes that always are
+            (:data:`~kglightning.data.text.GENERIC_SPECIAL`).
         api_key: refused. It exists only so that a key given as a value (Python, YAML or command line) is read as
             a secret, which configs and error messages mask, and refused with a message saying how to pass it.
     """
@@ -160,6 +163,7 @@ class OpenAIChatBackend(LLMBackend):
         retry_seed: int = 0,
         structured_outputs: Literal["vllm", "vllm-legacy"] | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        special_tokens: list[str] | None = None,
         api_key: SecretStr | None = None,
     ) -> None:
         if api_key is not None:
@@ -192,6 +196,7 @@ class OpenAIChatBackend(LLMBackend):
             raise ValueError(f"structured_outputs must be 'vllm', 'vllm-legacy' or None, got {structured_outputs!r}")
         self.structured_outputs = structured_outputs
         self.max_response_bytes = max_response_bytes
+        self._special = tuple(sorted(set(special_tokens or ()), key=len, reverse=True))
         # never send loopback traffic through an http(s)_proxy from the environment
         self._transport = HTTPTransport(timeout_s, max_response_bytes, use_env_proxy=not is_loopback(self.base_url))
         self._warned_plain_http = False
@@ -237,6 +242,8 @@ class OpenAIChatBackend(LLMBackend):
             if self._model is None:
                 raise
         entries = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(entries, list):
+            entries = []
         if self._model is None:
             try:
                 self._model = str(entries[0]["id"])  # type: ignore[index]
@@ -273,6 +280,10 @@ class OpenAIChatBackend(LLMBackend):
     @property
     def name(self) -> str:
         return self.model
+
+    def special_tokens(self) -> Sequence[str]:
+        """The ``special_tokens`` given (the server's tokenizer is not known here)."""
+        return self._special
 
     @property
     def cache_key(self) -> str:

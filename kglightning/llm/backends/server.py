@@ -79,7 +79,8 @@ class ChatCompletionServer:
         api_key: if given, every request must carry ``Authorization: Bearer <api_key>`` (else HTTP 401), as with
             vLLM's ``--api-key``; for tests of clients.
         allow_unauthenticated: bind a non-loopback ``host`` without ``api_key`` all the same.
-        request_timeout_s: socket timeout of each connection (a client that stops sending is dropped).
+        request_timeout_s: how long a client may take to send a request (line, headers and body; a slow or silent
+            client is dropped), and the socket timeout of each connection.
         max_request_bytes: longest request body read; a longer one is answered 413 without reading it.
 
     Example:
@@ -111,6 +112,8 @@ class ChatCompletionServer:
         request_timeout_s: float = 30.0,
         max_request_bytes: int = 8 * 2**20,
     ) -> None:
+        if api_key is not None and not api_key.strip():
+            raise ValueError("api_key is empty: give a key, or None for no key")
         if api_key is None and not allow_unauthenticated and not is_loopback_host(host):
             raise ValueError(
                 f"binding {host!r} (not loopback) serves the model to anyone who can reach it: give an api_key "
@@ -285,6 +288,26 @@ def _make_handler(app: ChatCompletionServer) -> type[BaseHTTPRequestHandler]:
         server_version = "kglightning-chat/0.1"
         timeout = app.request_timeout_s  # applied to each connection's socket by socketserver
 
+        def handle_one_request(self) -> None:
+            # one deadline for reading the whole request: a per-read timeout alone lets a trickling client hold a
+            # thread forever; do_GET/do_POST call _request_read() once the request is in
+            self._reading = threading.Timer(app.request_timeout_s, self._drop)
+            self._reading.daemon = True
+            self._reading.start()
+            try:
+                super().handle_one_request()
+            finally:
+                self._reading.cancel()
+
+        def _drop(self) -> None:
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        def _request_read(self) -> None:
+            self._reading.cancel()
+
         def _reply(self, status: int, body: dict[str, Any]) -> None:
             data = json.dumps(body, ensure_ascii=False).encode("utf-8")
             try:
@@ -305,6 +328,7 @@ def _make_handler(app: ChatCompletionServer) -> type[BaseHTTPRequestHandler]:
             return False
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            self._request_read()
             path = self.path.split("?")[0].rstrip("/")
             if path in ("/health", "/v1/health"):
                 self._reply(200, {"status": "ok"})
@@ -320,13 +344,19 @@ def _make_handler(app: ChatCompletionServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802
             path = self.path.split("?")[0].rstrip("/")
             length = (self.headers.get("Content-Length") or "0").strip()
-            if not length.isdigit() or int(length) > app.max_request_bytes:
+            valid = length.isascii() and length.isdigit()
+            if not valid or int(length) > app.max_request_bytes:
+                self._request_read()
                 self.close_connection = True  # the body is not read, so the connection cannot be reused
-                status, what = (400, "no valid Content-Length") if not length.isdigit() else (413, "body too long")
+                status, what = (400, "no valid Content-Length") if not valid else (413, "body too long")
                 self._reply(status, _error(f"{what} (at most {app.max_request_bytes} bytes)", "invalid_request_error"))
                 return
             # read the body before any answer, so that the client gets the answer (not a connection reset)
             raw = self.rfile.read(int(length))
+            self._request_read()
+            if len(raw) < int(length):  # the client went silent, or the deadline cut it off
+                self.close_connection = True
+                return
             if not self._authorized():
                 return
             if path not in ("/v1/chat/completions", "/chat/completions"):
