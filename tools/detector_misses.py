@@ -47,6 +47,7 @@ def score_nodes(config: str, ckpt: str, overrides: list[str]) -> list[dict]:
     from lightning.pytorch import LightningDataModule, LightningModule
 
     from kglightning.cli import KGLightningCLI
+    from kglightning.datamodules.detection_graphs import answer_owner
     from kglightning.modules import HallucinationDetector
 
     cli = KGLightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
@@ -64,7 +65,7 @@ def score_nodes(config: str, ckpt: str, overrides: list[str]) -> list[dict]:
     with torch.no_grad():
         for batch in dm.test_dataloader():
             probs = torch.sigmoid(model(batch))
-            owner = batch.batch[batch.answer_index]
+            owner = answer_owner(batch)
             ys = batch.y
             for g, (qid, names) in enumerate(zip(batch.qid, batch.answer_names)):
                 mask = owner == g

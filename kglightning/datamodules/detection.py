@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -16,6 +17,7 @@ from kglightning.data.records import KGQARecord, RecordError
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.detection_graphs import DetectionStats, answer_paths, build_detection_graph, node_texts
 from kglightning.nn.kgguard import edge_types
+from kglightning.retrieval.faiss_grounding import FaissGrounder
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,11 @@ class DetectionDataModule(KGQADataModule):
             ``1 + 1 / path_max_hops`` when no topic entity reaches the answer). The CLI links their number to
             ``model.init_args.answer_features``.
         path_max_hops: longest path searched for ``answer_features``.
+        ungrounded: what becomes of an answer that names no node of its graph (after exact, RoG-normalised and
+            ``near_miss`` matching): ``"keep"`` scores it (the detector's ``ungrounded_scorer``) and reports it in
+            ``test/all/*``; ``"drop"`` leaves it out (counted), as KG-Guard's node-level task does.
+        near_miss: grounds an answer that matches no node by name to its nearest node name
+            (:class:`~kglightning.retrieval.FaissGrounder`, above its ``min_similarity``); ``None``: names only.
         **kwargs: the record-reading arguments of :class:`~kglightning.datamodules.KGQADataModule` (``data_dir``,
             ``max_records``, ``on_bad_record``, ``cache_dir``, ...).
     """
@@ -66,6 +73,8 @@ class DetectionDataModule(KGQADataModule):
         baselines: list[AnswerNodeScorer] | None = None,
         answer_features: list[Literal["path_score", "hops"]] | None = None,
         path_max_hops: int = 3,
+        ungrounded: Literal["keep", "drop"] = "keep",
+        near_miss: FaissGrounder | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
@@ -83,6 +92,10 @@ class DetectionDataModule(KGQADataModule):
         if path_max_hops < 1:
             raise ValueError(f"path_max_hops must be >= 1, got {path_max_hops}")
         self.path_max_hops = path_max_hops
+        if ungrounded not in ("keep", "drop"):
+            raise ValueError(f"ungrounded must be 'keep' or 'drop', got {ungrounded!r}")
+        self.ungrounded = ungrounded
+        self.near_miss = near_miss
         self._paths: dict[str, dict[str, list[tuple[int | None, list[str]]]]] = {}
         self.encoder = encoder or (proposer.encoder_hint if proposer is not None else None) or SentenceEncoder()
         self.add_reverse_edges = add_reverse_edges
@@ -177,7 +190,11 @@ class DetectionDataModule(KGQADataModule):
         self.prepare_split(split)
         text_id = self.embeddings._index
         stats = DetectionStats()
-        pairs = [(r, g) for r in records if (g := build_detection_graph(r, text_id, stats, self.add_reverse_edges))]
+        pairs = [
+            (r, g)
+            for r in records
+            if (g := build_detection_graph(r, text_id, stats, self.add_reverse_edges, self.ungrounded, self._near(r)))
+        ]
         graphs = [g for _, g in pairs]
         for i, g in enumerate(graphs):  # names the graph across DDP processes (padded repeats are dropped by it)
             g.item_id = i
@@ -191,12 +208,25 @@ class DetectionDataModule(KGQADataModule):
         rank_zero_info(stats.summary(split))
         if stats.unmatched:
             log.warning(
-                "%s: %d predictions name no node of their subgraph, e.g. %s",
+                "%s: %d predictions name no node of their subgraph (%s), e.g. %s",
                 split,
                 stats.unmatched,
+                "scored as ungrounded answers" if self.ungrounded == "keep" else "dropped",
                 "; ".join(stats.unmatched_examples),
             )
         return graphs
+
+    def _near(self, record: KGQARecord) -> Callable[[str], str | None] | None:
+        """``answer -> node name`` by :attr:`near_miss` over ``record``'s nodes (``None`` without a grounder)."""
+        if self.near_miss is None:
+            return None
+        grounder = self.near_miss
+        names = sorted({n for h, _, t in record.graph for n in (h, t)})
+
+        def near(answer: str) -> str | None:
+            return grounder.nearest([answer], names)[0][0] if names else None
+
+        return near
 
     @property
     def baseline_names(self) -> list[str]:
@@ -207,6 +237,10 @@ class DetectionDataModule(KGQADataModule):
         records = [r for r, _ in pairs]
         columns = []
         for scorer in self.baselines:
+            fit = getattr(scorer, "fit", None)
+            if callable(fit):  # a learned baseline (e.g. StructuralBaseline) is fitted on the training split
+                rank_zero_info(f"fitting {scorer.name} on the train split")
+                fit(self.records("train"))
             rank_zero_info(f"scoring {sum(len(g.answer_names) for _, g in pairs)} test answer nodes with {scorer.name}")
             columns.append(scorer.score(records))
         for i, (_, g) in enumerate(pairs):
@@ -223,6 +257,7 @@ class DetectionDataModule(KGQADataModule):
         batch = Batch.from_data_list(items)
         table = self.embeddings.table
         batch.x_text = table[batch.node_text]
+        batch.ungrounded_x = table[batch.ungrounded_text]
         type_text, batch.type_kind, batch.edge_type = edge_types(batch.edge_text, batch.edge_kind)
         batch.type_text_emb = table[type_text]
         batch.question = batch.x_text[batch.question_index][batch.batch[batch.answer_index]]

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
+from torch import Tensor
 from torch_geometric.data import Data
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import shortest_relation_paths_many
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import path_text, relation_text
+from kglightning.metrics.functional.qa import node_matcher as match_node
 from kglightning.metrics.functional.qa import normalize
 from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
 
@@ -23,9 +26,18 @@ from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
 ABSTENTIONS = frozenset({"", "unknown", "none", "n/a", "na", "no answer", "i don't know", "i do not know", "not sure"})
 
 
+GROUNDING_KINDS = ("exact", "near_miss", "ungrounded")
+"""How an answer was matched to its graph: by name (exact or RoG-normalised), by the near-miss grounder, or not."""
+
+
 @dataclass
 class DetectionStats:
-    """Counts of what graph construction kept and dropped for one split."""
+    """Counts of what graph construction kept and dropped for one split.
+
+    ``instances`` and ``hallucinated`` count every answer kept; ``by_grounding`` splits them by
+    :data:`GROUNDING_KINDS` as ``{kind: [answers, hallucinated]}``. ``unmatched`` counts the answers that name no
+    node: kept as ungrounded answers, or dropped (``ungrounded="drop"``, counted in ``dropped``).
+    """
 
     questions: int = 0
     graphs: int = 0
@@ -33,21 +45,35 @@ class DetectionStats:
     hallucinated: int = 0
     abstained: int = 0
     unmatched: int = 0
+    dropped: int = 0
     no_instance: int = 0
     unmatched_examples: list[str] = field(default_factory=list)
+    by_grounding: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in GROUNDING_KINDS})
+
+    def count(self, kind: str, hallucinated: bool) -> None:
+        self.instances += 1
+        self.hallucinated += hallucinated
+        self.by_grounding[kind][0] += 1
+        self.by_grounding[kind][1] += hallucinated
 
     def summary(self, split: str) -> str:
-        rate = self.hallucinated / self.instances if self.instances else float("nan")
+        def rate(h: int, n: int) -> str:
+            return f"{h / n:.1%}" if n else "n/a"
+
+        groups = ", ".join(
+            f"{n} {kind.replace('_', '-')} ({rate(h, n)} hallucinated)" for kind, (n, h) in self.by_grounding.items()
+        )
         return (
-            f"{split}: {self.questions} questions -> {self.graphs} graphs, {self.instances} answer nodes "
-            f"({rate:.1%} hallucinated); excluded: {self.abstained} abstentions, {self.unmatched} predictions "
-            f"not in the subgraph, {self.no_instance} questions with no answer node left"
+            f"{split}: {self.questions} questions -> {self.graphs} graphs, {self.instances} answers "
+            f"({rate(self.hallucinated, self.instances)} hallucinated): {groups}; excluded: {self.abstained} "
+            f"abstentions, {self.dropped} ungrounded answers dropped, {self.no_instance} questions with no answer left"
         )
 
 
 def node_texts(record: KGQARecord) -> list[str]:
-    """Strings of a record that the graph refers to: node labels, relation texts and the question."""
-    out = [record.question]
+    """Strings of a record that the graph refers to: node labels, relation texts, the question and the proposed
+    answers (an ungrounded answer's text is its input)."""
+    out = [record.question, *(record.prediction or [])]
     for h, r, t in record.graph:
         out += [h, relation_text(r), t]
     return out
@@ -82,37 +108,38 @@ def answer_paths(
 
 
 def node_matcher(record: KGQARecord) -> Callable[[str], str | None]:
-    """How a proposed answer names a node of ``record``'s graph: the node with that exact name, else the one node
-    whose RoG-normalised name is the answer's (``"paris"`` -> ``"Paris"``); ``None`` for no node, or for several.
+    """How a proposed answer names a node of ``record``'s graph (:func:`~kglightning.metrics.functional.qa.node_matcher`
+    over the graph's nodes).
 
     Example:
         >>> match = node_matcher(KGQARecord("q", "?", [], ["France"], [], [("France", "capital", "Paris")]))
         >>> match("paris"), match("Paris"), match("Lyon"), match("the")
         ('Paris', 'Paris', None, None)
     """
-    nodes = {n: None for h, _, t in record.graph for n in (h, t)}
-    by_norm: dict[str, str | None] = {}
-    for name in nodes:
-        key = normalize(name)
-        if key:  # a name of punctuation or articles only normalises to "": it matches nothing by its normal form
-            by_norm[key] = name if key not in by_norm else None  # ambiguous normalised names match nothing
-
-    def match(answer: str) -> str | None:
-        return answer if answer in nodes else by_norm.get(normalize(answer))
-
-    return match
+    return match_node(n for h, _, t in record.graph for n in (h, t))
 
 
 def build_detection_graph(
-    record: KGQARecord, text_id: dict[str, int], stats: DetectionStats, add_reverse_edges: bool = True
+    record: KGQARecord,
+    text_id: dict[str, int],
+    stats: DetectionStats,
+    add_reverse_edges: bool = True,
+    ungrounded: Literal["keep", "drop"] = "drop",
+    near_miss: Callable[[str], str | None] | None = None,
 ) -> Data | None:
-    """The augmented graph of one record, or ``None`` when it has no answer node to classify.
+    """The augmented graph of one record, or ``None`` when it has no answer to classify.
 
     Nodes are the subgraph's entities in order of first appearance, then the virtual question node. Each triple
     ``(h, r, t)`` gives an edge ``h → t`` (and, with ``add_reverse_edges``, an explicit reverse edge ``t → h`` of
     kind ``EDGE_REVERSE``); the virtual node has an edge to each topic entity found in the graph. Each proposed
-    answer is matched to a node by exact name, else by RoG-normalised name; its label is 1 (hallucinated) when its
-    name matches no gold answer (``answer`` ∪ ``a_entity``) after normalisation.
+    answer is matched to a node by exact name, else by RoG-normalised name, else by ``near_miss`` (answer -> node
+    name or ``None``); its label is 1 (hallucinated) when its name matches no gold answer (``answer`` ∪
+    ``a_entity``) after normalisation. An answer that matches no node is kept as an *ungrounded* answer
+    (``ungrounded="keep"``: its text is its only input, ``ungrounded_text``) or dropped and counted.
+
+    Answers come grounded first, then ungrounded, each in the order of ``prediction``: ``y``, ``answer_names``,
+    ``answer_grounding`` (index into :data:`GROUNDING_KINDS`) and ``answer_rank`` (position in ``prediction`` over
+    its length) follow that order; ``answer_index`` holds the grounded answers' nodes.
     """
     stats.questions += 1
     node_of: dict[str, int] = {}
@@ -123,30 +150,45 @@ def build_detection_graph(
     match = node_matcher(record)
 
     gold = {normalize(a) for a in [*record.answer, *record.a_entity]}
-    answer_nodes: list[int] = []
-    answer_names: list[str] = []
-    labels: list[float] = []
-    confidences: list[float] = []
-    for k, pred in enumerate(record.prediction or []):
+    preds = record.prediction or []
+    grounded: list[tuple[int, str, int, int]] = []  # (node, name, kind, rank)
+    loose: list[tuple[str, int]] = []  # (name, rank)
+    seen_nodes: set[int] = set()
+    seen_loose: set[str] = set()
+    for k, pred in enumerate(preds):
         if normalize(pred) in ABSTENTIONS or pred.strip().lower() in ABSTENTIONS:
             stats.abstained += 1
             continue
-        matched = match(pred)
-        node = None if matched is None else node_of[matched]
-        if node is None:
-            stats.unmatched += 1
-            if len(stats.unmatched_examples) < 5:
-                stats.unmatched_examples.append(f"{record.id}: {pred!r}")
+        matched, kind = match(pred), 0
+        if matched is None and near_miss is not None and node_of:
+            matched, kind = near_miss(pred), 1
+        if matched is not None and matched in node_of:
+            if node_of[matched] not in seen_nodes:
+                seen_nodes.add(node_of[matched])
+                grounded.append((node_of[matched], pred, kind, k))
             continue
-        if node in answer_nodes:
-            continue
-        answer_nodes.append(node)
-        answer_names.append(pred)
-        labels.append(float(normalize(pred) not in gold))
-        confidences.append(record.confidence[k] if record.confidence else float("nan"))
-    if not answer_nodes:
+        stats.unmatched += 1
+        if len(stats.unmatched_examples) < 5:
+            stats.unmatched_examples.append(f"{record.id}: {pred!r}")
+        if ungrounded == "drop":
+            stats.dropped += 1
+        elif normalize(pred) not in seen_loose:
+            seen_loose.add(normalize(pred))
+            loose.append((pred, k))
+    if not grounded and not loose:
         stats.no_instance += 1
         return None
+    names = [name for _, name, _, _ in grounded] + [name for name, _ in loose]
+    kinds = [kind for _, _, kind, _ in grounded] + [2] * len(loose)
+    ranks = [rank for *_, rank in grounded] + [rank for _, rank in loose]
+    labels = [float(normalize(name) not in gold) for name in names]
+    for kind, label in zip(kinds, labels):
+        stats.count(GROUNDING_KINDS[kind], bool(label))
+    by_position = {p: k for k, p in enumerate(preds)}
+    confidences = [
+        record.confidence[by_position[n]] if record.confidence and n in by_position else float("nan") for n in names
+    ]
+    answer_nodes = [node for node, *_ in grounded]
 
     triples = list(dict.fromkeys(record.graph))  # an exact duplicate triple is one edge
     src = [node_of[h] for h, _, _ in triples]
@@ -166,22 +208,33 @@ def build_detection_graph(
     topic_mask[topics] = True
     answer_mask = torch.zeros(n, dtype=torch.bool)
     answer_mask[answer_nodes] = True
-    names = list(node_of) + [record.question]
+    node_names = list(node_of) + [record.question]
     stats.graphs += 1
-    stats.instances += len(answer_nodes)
-    stats.hallucinated += int(sum(labels))
     return Data(
         num_nodes=n,
-        node_text=torch.tensor([text_id[s] for s in names], dtype=torch.long),
+        node_text=torch.tensor([text_id[s] for s in node_names], dtype=torch.long),
         topic_mask=topic_mask,
         answer_mask=answer_mask,
         edge_index=torch.tensor([src, dst], dtype=torch.long).view(2, -1),
         edge_text=torch.tensor(rel, dtype=torch.long),
         edge_kind=torch.tensor(kind, dtype=torch.long),
         answer_index=torch.tensor(answer_nodes, dtype=torch.long),
+        ungrounded_text=torch.tensor([text_id[name] for name, _ in loose], dtype=torch.long),
+        ungrounded_question_index=torch.full((len(loose),), virtual, dtype=torch.long),
+        answer_grounding=torch.tensor(kinds, dtype=torch.long),
+        answer_rank=torch.tensor([r / max(len(preds), 1) for r in ranks]),
+        num_answer_items=torch.tensor([len(names)]),
         y=torch.tensor(labels),
         proposer_confidence=torch.tensor(confidences),
         question_index=torch.tensor([virtual]),
         qid=record.id,
-        answer_names=answer_names,
+        answer_names=names,
     )
+
+
+def answer_owner(batch: Any) -> Tensor:
+    """``(A,)`` the graph of each answer of a batch, in answer order (grounded then ungrounded, graph by graph)."""
+    counts = getattr(batch, "num_answer_items", None)
+    if counts is None:  # graphs built before ungrounded answers existed: every answer is a node
+        return batch.batch[batch.answer_index]
+    return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -12,136 +11,32 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.nn import functional as F
-from torchmetrics import Metric
-from torchmetrics.functional.classification import binary_precision_recall_curve
-from torchmetrics.utilities import dim_zero_cat
 
 from kglightning.conformal.scorer import ConformalScores
+from kglightning.datamodules.detection_graphs import GROUNDING_KINDS, answer_owner
 from kglightning.metrics.classification import detection_metrics, detection_scores, set_threshold
-from kglightning.metrics.functional import unique_by_key
-from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard
+from kglightning.modules.detector_scores import (
+    ScoreBuffer,
+    answer_keys,
+    best_f1_threshold,
+    bootstrap_f1_threshold,
+    detection_loss,
+    item_uniform,
+)
+from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard, UngroundedAnswerScorer, nearest_nodes
 
-
-class ScoreBuffer(Metric):
-    """Keeps every (probability, label, item key) triple of an epoch; DDP gathers them with ``cat``.
-
-    ``compute`` keeps one entry per item key, in key order (:func:`~kglightning.metrics.functional.unique_by_key`):
-    the repeats a distributed sampler pads the last shard with are dropped, so a threshold tuned on the result is
-    the same on one process or many. Without keys every entry is kept.
-
-    Example:
-        >>> buf = ScoreBuffer()
-        >>> buf.update(torch.tensor([0.9, 0.2]), torch.tensor([1, 0]), keys=torch.tensor([5, 2]))
-        >>> buf.update(torch.tensor([0.9]), torch.tensor([1]), keys=torch.tensor([5]))  # a padded repeat
-        >>> probs, target = buf.compute()
-        >>> probs.dtype, [round(p, 6) for p in probs.tolist()], target.tolist()
-        (torch.float32, [0.2, 0.9], [0, 1])
-    """
-
-    full_state_update = False
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.add_state("probs", default=[], dist_reduce_fx="cat")
-        self.add_state("target", default=[], dist_reduce_fx="cat")
-        self.add_state("keys", default=[], dist_reduce_fx="cat")
-
-    def update(self, probs: Tensor, target: Tensor, keys: Tensor | None = None) -> None:
-        self.probs.append(probs.detach().float())
-        self.target.append(target.detach().long())
-        if keys is not None:
-            self.keys.append(keys.detach().long())
-
-    def compute(self) -> tuple[Tensor, Tensor]:
-        probs = dim_zero_cat(self.probs)
-        target = dim_zero_cat(self.target)
-        keys = dim_zero_cat(self.keys) if len(self.keys) else None
-        if keys is None:
-            return probs, target
-        if keys.numel() != probs.numel():
-            raise ValueError(
-                f"{keys.numel()} item keys for {probs.numel()} scores: give keys with every update or none"
-            )
-        keep = unique_by_key(keys)
-        return probs[keep], target[keep]
-
-
-def answer_keys(batch: Any) -> Tensor | None:
-    """``(A,)`` a key per answer node that names it across processes: ``item_id`` of its graph (the graph's index in
-    its split) times ``2**20`` plus its position among the graph's answer nodes; ``None`` without ``item_id``."""
-    item = getattr(batch, "item_id", None)
-    if item is None:
-        return None
-    owner = batch.batch[batch.answer_index]
-    counts = torch.bincount(owner, minlength=int(item.numel()))
-    start = counts.cumsum(0) - counts
-    position = torch.arange(owner.numel(), device=owner.device) - start[owner]
-    return item.to(owner.device).long()[owner] * 2**20 + position
-
-
-def best_f1_threshold(probs: Tensor, target: Tensor) -> tuple[float, float]:
-    """The threshold ``t`` (predict hallucinated when ``p >= t``) with the highest F1, and that F1."""
-    precision, recall, thresholds = binary_precision_recall_curve(probs, target)
-    f1 = 2 * precision[:-1] * recall[:-1] / (precision[:-1] + recall[:-1]).clamp_min(1e-12)
-    best = int(torch.argmax(f1))
-    return float(thresholds[best]), float(f1[best])
-
-
-def bootstrap_f1_threshold(probs: Tensor, target: Tensor, resamples: int, seed: int = 0) -> float:
-    """The median of the best-F1 thresholds of ``resamples`` bootstrap resamples of ``(probs, target)``.
-
-    On a small validation set the best-F1 threshold jumps with every answer node that moves; the median over seeded
-    bootstrap resamples (drawn with replacement, same size; resamples without a positive are skipped) moves much
-    less. Falls back to :func:`best_f1_threshold` when no resample has a positive.
-
-    Example:
-        >>> probs, target = torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])
-        >>> bootstrap_f1_threshold(probs, target, 50) == bootstrap_f1_threshold(probs, target, 50)  # seeded
-        True
-    """
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
-    gen = torch.Generator().manual_seed(seed)
-    probs, target = probs.detach().float().cpu(), target.detach().long().cpu()
-    picks = torch.randint(len(probs), (resamples, len(probs)), generator=gen, device="cpu")
-    found = [best_f1_threshold(probs[idx], target[idx])[0] for idx in picks if bool(target[idx].any())]
-    if not found:
-        return best_f1_threshold(probs, target)[0]
-    return float(torch.tensor(found, device="cpu").median())
-
-
-def detection_loss(logits: Tensor, target: Tensor, pos_weight: float | None = None, gamma: float = 0.0) -> Tensor:
-    """Mean (class-weighted, focal) binary cross-entropy of answer-node logits.
-
-    Each term is ``w_y (1 - p_t)^gamma BCE``, with ``p_t`` the probability of the true class and ``w_1 = pos_weight``,
-    ``w_0 = 1``; ``gamma = 0`` and ``pos_weight = None`` give plain BCE.
-
-    Example:
-        >>> logits, y = torch.tensor([2.0, -1.0]), torch.tensor([1.0, 0.0])
-        >>> bool(torch.isclose(detection_loss(logits, y), F.binary_cross_entropy_with_logits(logits, y)))
-        True
-        >>> round(detection_loss(torch.tensor([0.0]), torch.tensor([1.0]), pos_weight=2.0, gamma=1.0).item(), 4)
-        0.6931
-    """
-    if pos_weight is None and gamma == 0:
-        return F.binary_cross_entropy_with_logits(logits, target)  # the fused mean: the paper's loss, bit for bit
-    bce = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
-    if gamma > 0:
-        p_true = torch.exp(-bce)
-        bce = (1 - p_true).pow(gamma) * bce
-    if pos_weight is not None:
-        bce = bce * torch.where(target > 0.5, pos_weight, 1.0)
-    return bce.mean()
-
-
-def item_uniform(seed: int, qid: str, node: str) -> float:
-    """A uniform number in ``[0, 1)`` fixed by ``(seed, question id, node)``, whatever process or batch sees it."""
-    digest = hashlib.sha1(f"{seed}\x1f{qid}\x1f{node}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
+UNGROUNDED = 2  # index of "ungrounded" in kglightning.datamodules.detection_graphs.GROUNDING_KINDS
 
 
 class HallucinationDetector(L.LightningModule):
-    """Flags hallucinated answer nodes: label 1 = the proposed node is not a gold answer.
+    """Flags hallucinated answers: label 1 = the proposed answer is not a gold answer.
+
+    An answer that names a node of the question's graph is scored by the graph model (:class:`~kglightning.nn.KGGuard`
+    over ``encoder``); one that names no node (an *ungrounded* answer, kept by
+    :class:`~kglightning.datamodules.DetectionDataModule` with ``ungrounded="keep"``) by ``ungrounded_scorer``, from
+    its text, the question and the graph node nearest to it. Both are trained by the same loss. The test table gives
+    every metric over the grounded answers (``test/f1``...) and over all answers (``test/all/f1``...), for the
+    detector and each baseline (``test/<baseline>/f1``, ``test/all/<baseline>/f1``).
 
     The decision threshold is tuned on validation (best F1) at the end of every validation epoch and kept in the
     ``threshold`` buffer, so it is saved in checkpoints. The majority class of validation labels is kept in the
@@ -179,6 +74,8 @@ class HallucinationDetector(L.LightningModule):
             links it to the DataModule's ``num_answer_features``).
         marks, question_node, edge_text, inputs: the paper's ablations (Tables 4-5), all on by default; see
             :class:`~kglightning.nn.KGGuard`.
+        ungrounded_scorer: the model of ungrounded answers, built as ``ungrounded_scorer(text_dim)``; name it by
+            ``class_path`` (default :class:`~kglightning.nn.UngroundedAnswerScorer`).
     """
 
     def __init__(
@@ -201,6 +98,7 @@ class HallucinationDetector(L.LightningModule):
         question_node: bool = True,
         edge_text: bool = True,
         inputs: Literal["graph+question", "graph", "question"] = "graph+question",
+        ungrounded_scorer: Callable[[int], UngroundedAnswerScorer] = UngroundedAnswerScorer,
     ) -> None:
         super().__init__()
         if pos_weight is not None and pos_weight <= 0:
@@ -209,10 +107,11 @@ class HallucinationDetector(L.LightningModule):
             raise ValueError(f"threshold_resamples must be >= 0, got {threshold_resamples}")
         if focal_gamma < 0:
             raise ValueError(f"focal_gamma must be >= 0, got {focal_gamma}")
-        self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler"])
+        self.save_hyperparameters(ignore=["encoder", "optimizer", "scheduler", "ungrounded_scorer"])
         self.net = KGGuard(text_dim, encoder, mark_dim=mark_dim, mlp_hidden=mlp_hidden, dropout=dropout,
                            answer_features=answer_features, marks=marks, question_node=question_node,
                            edge_text=edge_text, inputs=inputs)  # fmt: skip
+        self.ungrounded = ungrounded_scorer(text_dim)
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.tune_threshold = tune_threshold
@@ -225,34 +124,74 @@ class HallucinationDetector(L.LightningModule):
         self.val_scores = ScoreBuffer()
         # rebuilt at test start with the tuned threshold; the baselines' scores are 0/1 or uniform: threshold 0.5
         self.test_metrics = detection_metrics(threshold=float(threshold))
-        self.mostfrequent_metrics = detection_metrics()
-        self.random_metrics = detection_metrics()
+        self.test_all_metrics = detection_metrics(threshold=float(threshold))
+        self.mostfrequent_metrics = torch.nn.ModuleList([detection_metrics(), detection_metrics()])
+        self.random_metrics = torch.nn.ModuleList([detection_metrics(), detection_metrics()])
         self.llm_baseline_names: list[str] = []  # the datamodule's baselines, set in setup("test")
         self.llm_baseline_metrics = torch.nn.ModuleDict()
 
     def forward(self, batch: Any) -> Tensor:
-        """Logits ``(A,)`` for every proposed answer node of the batch.
+        """Logits ``(A,)`` for every proposed answer of the batch, in answer order (per graph: grounded answers, then
+        ungrounded ones).
 
         Edge features come per edge type (``type_text_emb``, ``type_kind``, ``edge_type``, as
         :meth:`~kglightning.datamodules.DetectionDataModule.collate` builds them) or per edge (``edge_text_emb``,
         ``edge_kind``); both give the same logits.
         """
+        grounding = getattr(batch, "answer_grounding", None)
+        loose = grounding == UNGROUNDED if grounding is not None else None
+        features = getattr(batch, "answer_features", None) if self.net.answer_features else None
+        if loose is not None and features is not None:
+            features = features[~loose]
+        node_logits = self._graph_logits(batch, features)
+        if loose is None:
+            return node_logits
+        logits = node_logits.new_zeros(loose.numel())
+        logits[~loose] = node_logits[: int((~loose).sum())]
+        loose_logits = self._ungrounded_logits(batch, loose)
+        logits[loose] = loose_logits[: int(loose.sum())]
+        # under DDP every parameter must take part in every step: a batch without one kind of answer adds a zero
+        # that depends on the other model's output
+        if node_logits.numel() > int((~loose).sum()) or loose_logits.numel() > int(loose.sum()):
+            logits = logits + 0.0 * (node_logits.sum() + loose_logits.sum())
+        return logits
+
+    def _graph_logits(self, batch: Any, features: Tensor | None) -> Tensor:
+        index = batch.answer_index
+        if index.numel() == 0:  # no grounded answer: score the question nodes, only to keep the graph model in use
+            index = batch.question_index
+            features = None if features is None else features.new_zeros(index.numel(), features.shape[-1])
         if getattr(batch, "edge_type", None) is not None:
             edges = (batch.type_text_emb, batch.type_kind, batch.edge_type)
         else:
             edges = (batch.edge_text_emb, batch.edge_kind, None)
+        answer_mask = batch.answer_mask
         return self.net(
             batch.x_text,
             batch.topic_mask,
-            batch.answer_mask,
+            answer_mask,
             batch.edge_index,
             edges[0],
             edges[1],
-            batch.answer_index,
-            batch.question,
+            index,
+            batch.question if index is batch.answer_index else batch.x_text[index],
             edge_type=edges[2],
-            answer_features=getattr(batch, "answer_features", None) if self.net.answer_features else None,
+            answer_features=features,
         )
+
+    def _ungrounded_logits(self, batch: Any, loose: Tensor) -> Tensor:
+        """Logits of the ungrounded answers (or of one placeholder, to keep the model in use, when there are none)."""
+        x = batch.x_text
+        q_index = batch.ungrounded_question_index
+        answer = getattr(batch, "ungrounded_x", None)
+        if q_index.numel() == 0 or answer is None:
+            zero = x.new_zeros(1, x.shape[-1])
+            return self.ungrounded(zero, zero, zero, x.new_zeros(1), x.new_zeros(1))
+        candidates = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+        candidates[batch.question_index] = False
+        idx, sim = nearest_nodes(answer, x, batch.batch, batch.batch[q_index], candidates)
+        nearest = torch.where((idx >= 0)[:, None], x[idx.clamp_min(0)], torch.zeros_like(answer))
+        return self.ungrounded(answer, x[q_index], nearest, sim, batch.answer_rank[loose].to(x.dtype))
 
     def _loss(self, batch: Any, stage: str) -> tuple[Tensor, Tensor]:
         logits = self(batch)
@@ -307,18 +246,28 @@ class HallucinationDetector(L.LightningModule):
         if stage == "test":
             names = getattr(getattr(self.trainer, "datamodule", None), "baseline_names", None) or []
             self.llm_baseline_names = list(names)
-            # ModuleDict keys may not hold dots: index by column
-            self.llm_baseline_metrics = torch.nn.ModuleDict({str(k): detection_metrics() for k in range(len(names))})
+            # ModuleDict keys may not hold dots: index by column; per column (grounded, all)
+            self.llm_baseline_metrics = torch.nn.ModuleDict(
+                {str(k): torch.nn.ModuleList([detection_metrics(), detection_metrics()]) for k in range(len(names))}
+            )
 
     def on_test_epoch_start(self) -> None:
         set_threshold(self.test_metrics, float(self.threshold))
+        set_threshold(self.test_all_metrics, float(self.threshold))
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         _, probs = self._loss(batch, "test")
         target = batch.y.long()
-        self.test_metrics.update(probs, target)
-        self.mostfrequent_metrics.update(torch.full_like(probs, float(self.majority)), target)
-        # answer nodes come graph by graph, in the order of each graph's answer_names
+        grounding = getattr(batch, "answer_grounding", None)
+        grounded = grounding != UNGROUNDED if grounding is not None else torch.ones_like(target, dtype=torch.bool)
+
+        def update(pair: Any, scores: Tensor) -> None:  # (grounded answers, all answers)
+            pair[0].update(scores[grounded], target[grounded])
+            pair[1].update(scores, target)
+
+        update((self.test_metrics, self.test_all_metrics), probs)
+        update(self.mostfrequent_metrics, torch.full_like(probs, float(self.majority)))
+        # answers come graph by graph, in the order of each graph's answer_names
         rand = torch.tensor(
             [
                 item_uniform(self.baseline_seed, qid, name)
@@ -327,30 +276,33 @@ class HallucinationDetector(L.LightningModule):
             ],
             device=probs.device,
         )
-        self.random_metrics.update(rand, target)
+        update(self.random_metrics, rand)
         scores = getattr(batch, "baseline_scores", None)
-        for k, metrics in enumerate(self.llm_baseline_metrics.values()):
+        for k, pair in enumerate(self.llm_baseline_metrics.values()):
             if scores is not None:
-                metrics.update(scores[:, k].to(probs.device), target)
+                update(pair, scores[:, k].to(probs.device))
 
     def on_test_epoch_end(self) -> None:
         values = {}
-        llm = [(f"{name}/", m) for name, m in zip(self.llm_baseline_names, self.llm_baseline_metrics.values())]
-        for name, metrics in (
-            ("", self.test_metrics),
+        llm = [(f"{name}/", pair) for name, pair in zip(self.llm_baseline_names, self.llm_baseline_metrics.values())]
+        for name, pair in (
+            ("", (self.test_metrics, self.test_all_metrics)),
             ("mostfrequent/", self.mostfrequent_metrics),
             ("random/", self.random_metrics),
             *llm,
         ):
-            values.update({f"test/{name}{k}": v for k, v in metrics.compute().items()})
-            metrics.reset()
+            for population, metrics in zip(("", "all/"), pair):
+                values.update({f"test/{population}{name}{k}": v for k, v in metrics.compute().items()})
+                metrics.reset()
         values["test/threshold"] = self.threshold.clone()
         self.log_dict(values)
 
     def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
         """Per question: the proposed answers with their hallucination probability and flag."""
         probs = torch.sigmoid(self(batch)).cpu()
-        owner = batch.batch[batch.answer_index].cpu()
+        owner = answer_owner(batch).cpu()
+        grounding = getattr(batch, "answer_grounding", None)
+        kinds = [GROUNDING_KINDS[k] for k in grounding.tolist()] if grounding is not None else None
         thr = float(self.threshold)
         out = []
         for g, (qid, names) in enumerate(zip(batch.qid, batch.answer_names)):
@@ -360,6 +312,7 @@ class HallucinationDetector(L.LightningModule):
                     "id": qid,
                     "prediction": list(names),
                     "hallucination_prob": [round(x, 6) for x in p],
+                    **({"grounding": [k for k, o in zip(kinds, owner.tolist()) if o == g]} if kinds else {}),
                     "flagged": [n for n, x in zip(names, p) if x >= thr],
                     "threshold": thr,
                 }
@@ -384,7 +337,7 @@ class HallucinationDetector(L.LightningModule):
     ) -> None:
         """Adds ``conformal_set`` (one label set per proposed answer), ``conformal_qhat`` and ``conformal_full_set``
         to each question's dict of :meth:`predict_step`."""
-        owner = batch.batch[batch.answer_index].tolist()
+        owner = answer_owner(batch).tolist()
         for g, out in enumerate(outputs):
             out["conformal_set"] = [s for s, o in zip(sets, owner) if o == g]
             out["conformal_qhat"] = qhat

@@ -232,6 +232,8 @@ def test_an_answer_matched_by_its_normalised_name_has_the_node_s_features(tmp_pa
     dm.prepare_data()
     dm.setup("fit")
     (g,) = dm.datasets["train"]
-    assert g.answer_names == ["paris"] and g.y.tolist() == [0.0]  # matched to Paris and labelled correct
+    assert g.answer_names == ["paris", "Mars"] and g.y.tolist() == [0.0, 1.0]  # matched to Paris; Mars ungrounded
+    assert g.answer_grounding.tolist() == [0, 2]
     hops, score = g.answer_features[0].tolist()
     assert hops == 0.5 and score != 0.0  # one hop from France, with its path, not "unreachable"
+    assert g.answer_features[1].tolist() == [1.5, 0.0]  # an ungrounded answer is unreachable, with no path

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from kglightning.data.records import KGQARecord
@@ -64,7 +65,36 @@ def test_graphs_without_instances_are_counted():
     for rec in (_record(prediction=[]), _record(prediction=["none"]), _record(graph=[], prediction=["Paris"])):
         assert build_detection_graph(rec, _ids(rec), stats) is None
     assert stats.no_instance == 3 and stats.graphs == 0 and stats.abstained == 1 and stats.unmatched == 1
-    assert "3 questions with no answer node left" in stats.summary("test")
+    assert stats.dropped == 1 and "3 questions with no answer left" in stats.summary("test")
+
+
+def test_ungrounded_answers_are_kept_scored_and_counted():
+    rec = _record(prediction=["Atlantis", "paris", "Euro", "atlantis!", "Mars", "unknown", "Pariss"])
+    stats = DetectionStats()
+    near = {"Pariss": "Paris", "Mars": None}.get
+    ids = _ids(rec)
+    g = build_detection_graph(rec, ids, stats, ungrounded="keep", near_miss=lambda a: near(a))
+    # grounded first (prediction order), then ungrounded; "Pariss" grounds near-miss to Paris, seen already
+    assert g.answer_names == ["paris", "Euro", "Atlantis", "Mars"]
+    assert g.answer_grounding.tolist() == [0, 0, 2, 2] and g.answer_index.tolist() == [1, 2]
+    assert g.y.tolist() == [0.0, 1.0, 1.0, 1.0]
+    assert g.answer_rank.tolist() == pytest.approx([1 / 7, 2 / 7, 0.0, 4 / 7]) and g.num_answer_items.tolist() == [4]
+    assert g.ungrounded_text.tolist() == [ids["Atlantis"], ids["Mars"]]
+    assert g.ungrounded_question_index.tolist() == [4, 4]  # the virtual question node
+    assert stats.by_grounding == {"exact": [2, 1], "near_miss": [0, 0], "ungrounded": [2, 2]}
+    assert stats.unmatched == 3 and stats.dropped == 0 and stats.abstained == 1  # "atlantis!" repeats Atlantis
+    assert "2 ungrounded (100.0% hallucinated)" in stats.summary("test")
+
+
+def test_near_miss_grounding_and_a_graph_with_only_ungrounded_answers():
+    rec = _record(prediction=["Pariss", "Mars"])
+    stats = DetectionStats()
+    g = build_detection_graph(rec, _ids(rec), stats, ungrounded="keep", near_miss={"Pariss": "Paris"}.get)
+    assert g.answer_names == ["Pariss", "Mars"] and g.answer_grounding.tolist() == [1, 2]
+    assert g.y.tolist() == [1.0, 1.0]  # the label is the answer's own text: "Pariss" is not "Paris"
+    empty = _record(graph=[], prediction=["Paris"])
+    g = build_detection_graph(empty, _ids(empty), stats, ungrounded="keep")
+    assert g.num_nodes == 1 and g.answer_index.numel() == 0 and g.y.tolist() == [0.0]
 
 
 def test_unknown_topic_entity_gives_no_virtual_edge():

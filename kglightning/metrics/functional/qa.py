@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -59,6 +59,28 @@ def normalize(s: str) -> str:
     s = s.lower().translate(_PUNCT_TABLE)
     s = _ARTICLES.sub(" ", s)
     return " ".join(s.split())
+
+
+def node_matcher(nodes: Iterable[str]) -> Callable[[str], str | None]:
+    """How an answer string names one of ``nodes``: the node with that exact name, else the one node whose
+    :func:`normalize`-d name is the answer's (``"paris"`` -> ``"Paris"``); ``None`` for no node, or for several.
+
+    Example:
+        >>> match = node_matcher(["France", "Paris"])
+        >>> match("paris"), match("Paris"), match("Lyon"), match("the")
+        ('Paris', 'Paris', None, None)
+    """
+    names = dict.fromkeys(nodes)
+    by_norm: dict[str, str | None] = {}
+    for name in names:
+        key = normalize(name)
+        if key:  # a name of punctuation or articles only normalises to "": it matches nothing by its normal form
+            by_norm[key] = name if key not in by_norm else None  # ambiguous normalised names match nothing
+
+    def match(answer: str) -> str | None:
+        return answer if answer in names else by_norm.get(normalize(answer))
+
+    return match
 
 
 def match(s1: str, s2: str) -> bool:

@@ -1,0 +1,150 @@
+"""A cheap learned baseline for hallucination detection: logistic regression on structural counts per answer.
+
+Per proposed answer: its rank in the answer list (over the list's length), the list's length, whether it names a
+node of the graph, that node's degree, its hop distance from the topic entities (undirected), and the graph's size.
+Fitted on the training split, it says how much of the detection task such counts already solve: a learned detector
+that does not beat it is not earning its cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import defaultdict, deque
+from collections.abc import Sequence
+
+import torch
+
+from kglightning.data.proposer import AnswerNodeScorer
+from kglightning.data.records import KGQARecord
+from kglightning.metrics.functional.qa import node_matcher, normalize
+
+__all__ = ["FEATURES", "StructuralBaseline", "structural_features"]
+
+FEATURES = ("rank", "num_answers", "grounded", "log_degree", "hops", "log_graph_size")
+
+ABSTAIN = frozenset({"", "unknown", "none", "n/a", "na", "no answer", "i don't know", "i do not know", "not sure"})
+
+
+def _hops(graph: Sequence[tuple[str, str, str]], sources: Sequence[str], limit: int) -> dict[str, int]:
+    adjacent: dict[str, set[str]] = defaultdict(set)
+    for h, _, t in graph:
+        adjacent[h].add(t)
+        adjacent[t].add(h)
+    dist = {s: 0 for s in sources if s in adjacent}
+    queue = deque(dist)
+    while queue:
+        node = queue.popleft()
+        if dist[node] >= limit:
+            continue
+        for nxt in adjacent[node]:
+            if nxt not in dist:
+                dist[nxt] = dist[node] + 1
+                queue.append(nxt)
+    return dist
+
+
+def structural_features(record: KGQARecord, max_hops: int = 4) -> dict[str, list[float]]:
+    """Per distinct non-abstaining answer of ``record.prediction``: the :data:`FEATURES` in order.
+
+    Example:
+        >>> r = KGQARecord("q", "capital of France?", ["Paris"], ["France"], ["Paris"],
+        ...     [("France", "capital", "Paris"), ("Paris", "in", "Europe")], prediction=["Paris", "Mars"])
+        >>> f = structural_features(r, max_hops=2)
+        >>> f["Paris"], f["Mars"]
+        ([0.0, 2.0, 1.0, 1.0986..., 1.0, 1.0986...], [0.5, 2.0, 0.0, 0.0, 3.0, 1.0986...])
+    """
+    preds = record.prediction or []
+    match = node_matcher(n for h, _, t in record.graph for n in (h, t))
+    degree: dict[str, int] = defaultdict(int)
+    for h, _, t in record.graph:
+        degree[h] += 1
+        degree[t] += 1
+    dist = _hops(record.graph, record.q_entity, max_hops)
+    out: dict[str, list[float]] = {}
+    for k, answer in enumerate(preds):
+        if answer in out or normalize(answer) in ABSTAIN or answer.strip().lower() in ABSTAIN:
+            continue
+        node = match(answer)
+        hops = dist.get(node, max_hops + 1) if node is not None else max_hops + 1
+        out[answer] = [
+            k / len(preds),
+            float(len(preds)),
+            float(node is not None),
+            math.log1p(degree[node]) if node is not None else 0.0,
+            float(hops),
+            math.log1p(len(record.graph)),
+        ]
+    return out
+
+
+class StructuralBaseline(AnswerNodeScorer):
+    """Logistic regression on :func:`structural_features`, fitted on the training split (L-BFGS, L2-regularised,
+    standardised features); name it in ``data.init_args.baselines`` (its column: ``test/structural/*``).
+
+    Args:
+        l2: weight of the L2 penalty on the coefficients.
+        max_hops: hop distances are capped at ``max_hops + 1`` (unreachable or ungrounded).
+        name: column prefix in the test table.
+    """
+
+    def __init__(self, l2: float = 1e-2, max_hops: int = 4, name: str = "structural") -> None:
+        if l2 < 0 or max_hops < 1:
+            raise ValueError("need l2 >= 0 and max_hops >= 1")
+        self.l2 = l2
+        self.max_hops = max_hops
+        self.name = name
+        self.weights: torch.Tensor | None = None
+        self.mean: torch.Tensor | None = None
+        self.std: torch.Tensor | None = None
+        self._fitted_on = ""
+
+    @property
+    def cache_key(self) -> str:
+        return f"structural-l2{self.l2}-h{self.max_hops}-{self._fitted_on}"
+
+    def _matrix(self, records: Sequence[KGQARecord]) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, labels = [], []
+        for r in records:
+            gold = {normalize(a) for a in [*r.answer, *r.a_entity]}
+            for answer, feats in structural_features(r, self.max_hops).items():
+                rows.append(feats)
+                labels.append(float(normalize(answer) not in gold))
+        x = torch.tensor(rows, dtype=torch.float64).view(-1, len(FEATURES))
+        return x, torch.tensor(labels, dtype=torch.float64)
+
+    def fit(self, records: Sequence[KGQARecord]) -> StructuralBaseline:
+        """Fit on ``records`` (their predictions and gold answers); returns ``self``."""
+        x, y = self._matrix(records)
+        if len(y) == 0:
+            raise ValueError("StructuralBaseline.fit: the records have no proposed answer to learn from")
+        self.mean, self.std = x.mean(0), x.std(0, unbiased=False).clamp_min(1e-6)
+        z = torch.cat([(x - self.mean) / self.std, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+        w = torch.zeros(z.shape[1], dtype=x.dtype, requires_grad=True)
+        opt = torch.optim.LBFGS([w], lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(z @ w, y) + self.l2 * w[:-1].pow(2).sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        self.weights = w.detach()
+        digest = hashlib.sha1(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest()[:12]
+        self._fitted_on = f"{len(y)}-{digest}"
+        return self
+
+    def score(self, records: Sequence[KGQARecord]) -> list[dict[str, float]]:
+        if self.weights is None or self.mean is None or self.std is None:
+            raise RuntimeError("StructuralBaseline.score before fit: fit it on the training split first")
+        out = []
+        for r in records:
+            feats = structural_features(r, self.max_hops)
+            if not feats:
+                out.append({})
+                continue
+            x = (torch.tensor(list(feats.values()), dtype=torch.float64) - self.mean) / self.std
+            p = torch.sigmoid(x @ self.weights[:-1] + self.weights[-1])
+            out.append(dict(zip(feats, p.tolist())))
+        return out

@@ -1,0 +1,120 @@
+"""Answers that name no graph node are scored (not dropped), trained, and reported in test/all/*."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from kglightning.baselines import StructuralBaseline
+from kglightning.data import SentenceEncoder
+from kglightning.datamodules import DetectionDataModule
+from kglightning.modules import HallucinationDetector
+from kglightning.nn import GraphTransformerEncoder
+
+COUNTRIES = ["France", "Spain", "Italy", "Peru", "Chile", "Japan", "Kenya", "Egypt", "Norway", "Canada"]
+
+
+def _records(split: str, n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        c = COUNTRIES[i % len(COUNTRIES)]
+        graph = [[c, "location.country.capital", f"{c} City"], [c, "location.location.borders", f"{c} Hills"]]
+        # grounded right, grounded wrong, ungrounded right (a gold alias off the graph), ungrounded wrong
+        prediction = [f"{c} City", f"{c} Hills", f"Old {c} Town", f"Zorblax {i}"]
+        out.append({"id": f"{split}-{i}", "question": f"What is the capital of {c}?", "answer": [f"{c} City",
+                    f"Old {c} Town"], "q_entity": [c], "a_entity": [f"{c} City"], "graph": graph,
+                    "prediction": prediction})  # fmt: skip
+    return out
+
+
+@pytest.fixture
+def datamodule(tmp_path: Path, tiny_encoder_dir):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for split, n in (("train", 10), ("validation", 6), ("test", 6)):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(split, n)))
+    dm = DetectionDataModule(
+        data_dir=str(folder), encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+        cache_dir=str(tmp_path / "cache"), batch_size=4, baselines=[StructuralBaseline()],
+    )  # fmt: skip
+    dm.prepare_data()
+    return dm
+
+
+def _model(dm) -> HallucinationDetector:
+    L.seed_everything(0)
+    return HallucinationDetector(
+        text_dim=dm.text_dim, encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=2), mlp_hidden=16,
+        dropout=0.0,
+    )  # fmt: skip
+
+
+def test_every_answer_is_scored_in_label_order_and_both_models_train(datamodule):
+    datamodule.setup("fit")
+    assert "20 ungrounded (50.0% hallucinated)" in datamodule.stats["train"].summary("train")
+    batch = datamodule.collate(datamodule.datasets["train"])
+    model = _model(datamodule)
+    assert model(batch).shape == batch.y.shape == (40,)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(40):
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch), batch.y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    changed = {n.split(".")[0] for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert {"net", "ungrounded"} <= changed
+    loose = batch.answer_grounding == 2
+    probs = torch.sigmoid(model(batch)).detach()
+    assert probs[loose & (batch.y == 1)].mean() > probs[loose & (batch.y == 0)].mean()
+
+
+def test_a_batch_with_one_kind_of_answer_still_uses_both_models(datamodule):
+    """Under DDP every parameter must get a gradient in every step, whatever answers a rank's batch holds."""
+    datamodule.setup("fit")
+    graphs = datamodule.datasets["train"]
+    model = _model(datamodule)
+    for keep in (lambda g: g.answer_grounding != 2, lambda g: g.answer_grounding == 2):
+        parts = []
+        for g in graphs[:3]:
+            g = g.clone()
+            mask = keep(g)
+            if not mask.all():  # drop one kind of answer from the graph
+                grounded = int((g.answer_grounding != 2).sum())
+                g.answer_index = g.answer_index[mask[:grounded]]
+                g.ungrounded_text = g.ungrounded_text[mask[grounded:]]
+                g.ungrounded_question_index = g.ungrounded_question_index[mask[grounded:]]
+                for key in ("y", "answer_grounding", "answer_rank", "proposer_confidence"):
+                    g[key] = g[key][mask]
+                g.answer_names = [n for n, m in zip(g.answer_names, mask.tolist()) if m]
+                g.num_answer_items = torch.tensor([int(mask.sum())])
+            parts.append(g)
+        batch = datamodule.collate(parts)
+        model.zero_grad()
+        torch.nn.functional.binary_cross_entropy_with_logits(model(batch), batch.y).backward()
+        assert all(p.grad is not None for p in model.parameters())
+
+
+def test_the_test_table_reports_grounded_and_all_answers(datamodule, tmp_path):
+    model = _model(datamodule)
+    trainer = L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, accelerator="cpu")  # fmt: skip
+    trainer.fit(model, datamodule=datamodule)
+    (metrics,) = trainer.test(model, datamodule=datamodule, verbose=False)
+    prefixes = ("test/", "test/all/", "test/mostfrequent/", "test/all/mostfrequent/", "test/all/random/",
+                "test/structural/", "test/all/structural/")  # fmt: skip
+    for prefix in prefixes:
+        assert {f"{prefix}f1", f"{prefix}auc_pr", f"{prefix}precision", f"{prefix}recall"} <= set(metrics)
+    # the grounded answers are half hallucinated, and so are all: MostFrequent's recall is the same 0 or 1 on both
+    assert metrics["test/all/mostfrequent/recall"] == metrics["test/mostfrequent/recall"]
+    assert metrics["test/all/random/auc_pr"] != metrics["test/random/auc_pr"]
+    # fitted on train, where every ungrounded answer off the list's end is made up: it ranks the test answers well
+    assert metrics["test/all/structural/auc_pr"] > 0.6
