@@ -62,9 +62,11 @@ def structural_features(record: KGQARecord, max_hops: int = 4) -> dict[str, list
         degree[t] += 1
     dist = _hops(record.graph, record.q_entity, max_hops)
     out: dict[str, list[float]] = {}
+    seen: set[str] = set()  # one row per normalised answer, as the detection graphs keep one
     for k, answer in enumerate(preds):
-        if answer in out or normalize(answer) in ABSTAIN or answer.strip().lower() in ABSTAIN:
+        if normalize(answer) in seen or normalize(answer) in ABSTAIN or answer.strip().lower() in ABSTAIN:
             continue
+        seen.add(normalize(answer))
         node = match(answer)
         hops = dist.get(node, max_hops + 1) if node is not None else max_hops + 1
         out[answer] = [

@@ -35,8 +35,9 @@ class DetectionStats:
     """Counts of what graph construction kept and dropped for one split.
 
     ``instances`` and ``hallucinated`` count every answer kept; ``by_grounding`` splits them by
-    :data:`GROUNDING_KINDS` as ``{kind: [answers, hallucinated]}``. ``unmatched`` counts the answers that name no
-    node: kept as ungrounded answers, or dropped (``ungrounded="drop"``, counted in ``dropped``).
+    :data:`GROUNDING_KINDS` as ``{kind: [answers, hallucinated]}``. ``unmatched`` counts the distinct answers that
+    name no node: kept as ungrounded answers, or dropped (``ungrounded="drop"``, counted in ``dropped``);
+    ``duplicates`` the answers that repeat one already kept (the same node, or the same normalised text).
     """
 
     questions: int = 0
@@ -46,6 +47,7 @@ class DetectionStats:
     abstained: int = 0
     unmatched: int = 0
     dropped: int = 0
+    duplicates: int = 0
     no_instance: int = 0
     unmatched_examples: list[str] = field(default_factory=list)
     by_grounding: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in GROUNDING_KINDS})
@@ -66,7 +68,8 @@ class DetectionStats:
         return (
             f"{split}: {self.questions} questions -> {self.graphs} graphs, {self.instances} answers "
             f"({rate(self.hallucinated, self.instances)} hallucinated): {groups}; excluded: {self.abstained} "
-            f"abstentions, {self.dropped} ungrounded answers dropped, {self.no_instance} questions with no answer left"
+            f"abstentions, {self.duplicates} repeats of an answer, {self.dropped} ungrounded answers dropped, "
+            f"{self.no_instance} questions with no answer left"
         )
 
 
@@ -132,9 +135,10 @@ def build_detection_graph(
     Nodes are the subgraph's entities in order of first appearance, then the virtual question node. Each triple
     ``(h, r, t)`` gives an edge ``h → t`` (and, with ``add_reverse_edges``, an explicit reverse edge ``t → h`` of
     kind ``EDGE_REVERSE``); the virtual node has an edge to each topic entity found in the graph. Each proposed
-    answer is matched to a node by exact name, else by RoG-normalised name, else by ``near_miss`` (answer -> node
-    name or ``None``); its label is 1 (hallucinated) when its name matches no gold answer (``answer`` ∪
-    ``a_entity``) after normalisation. An answer that matches no node is kept as an *ungrounded* answer
+    answer is matched to a node by exact name, else by RoG-normalised name, else (once every answer has been matched
+    by name) by ``near_miss`` (answer -> node name or ``None``; a node another answer names is not taken); its label
+    is 1 (hallucinated) when neither its text nor its node's name matches a gold answer (``answer`` ∪ ``a_entity``)
+    after normalisation. An answer that matches no node is kept as an *ungrounded* answer
     (``ungrounded="keep"``: its text is its only input, ``ungrounded_text``) or dropped and counted.
 
     Answers come grounded first, then ungrounded, each in the order of ``prediction``: ``y``, ``answer_names``,
@@ -151,42 +155,59 @@ def build_detection_graph(
 
     gold = {normalize(a) for a in [*record.answer, *record.a_entity]}
     preds = record.prediction or []
-    grounded: list[tuple[int, str, int, int]] = []  # (node, name, kind, rank)
-    loose: list[tuple[str, int]] = []  # (name, rank)
-    seen_nodes: set[int] = set()
-    seen_loose: set[str] = set()
+    # pass 1: names (exact, then RoG-normalised); pass 2: the near-miss grounder for what is left, so a misspelling
+    # never takes the node of a later exact answer
+    named: dict[int, str] = {}
     for k, pred in enumerate(preds):
         if normalize(pred) in ABSTENTIONS or pred.strip().lower() in ABSTENTIONS:
             stats.abstained += 1
             continue
-        matched, kind = match(pred), 0
-        if matched is None and near_miss is not None and node_of:
-            matched, kind = near_miss(pred), 1
-        if matched is not None and matched in node_of:
-            if node_of[matched] not in seen_nodes:
-                seen_nodes.add(node_of[matched])
-                grounded.append((node_of[matched], pred, kind, k))
+        node_name = match(pred)
+        if node_name is not None:
+            named[k] = node_name
+    grounded: list[tuple[int, str, int, int, str]] = []  # (node, answer, kind, rank, node name)
+    loose: list[tuple[str, int]] = []  # (answer, rank)
+    seen_nodes: set[int] = set()
+    seen_loose: set[str] = set()
+    for k, pred in enumerate(preds):
+        if normalize(pred) in ABSTENTIONS or pred.strip().lower() in ABSTENTIONS:
+            continue
+        node_name, kind = named.get(k), 0
+        if node_name is None and near_miss is not None and node_of:
+            near = near_miss(pred)
+            if near in node_of and node_of[near] not in seen_nodes and near not in named.values():
+                node_name, kind = near, 1
+        if node_name is not None:
+            if node_of[node_name] in seen_nodes:
+                stats.duplicates += 1
+                continue
+            seen_nodes.add(node_of[node_name])
+            grounded.append((node_of[node_name], pred, kind, k, node_name))
+            continue
+        if normalize(pred) in seen_loose:
+            stats.duplicates += 1
             continue
         stats.unmatched += 1
         if len(stats.unmatched_examples) < 5:
             stats.unmatched_examples.append(f"{record.id}: {pred!r}")
         if ungrounded == "drop":
             stats.dropped += 1
-        elif normalize(pred) not in seen_loose:
-            seen_loose.add(normalize(pred))
-            loose.append((pred, k))
+            continue
+        seen_loose.add(normalize(pred))
+        loose.append((pred, k))
     if not grounded and not loose:
         stats.no_instance += 1
         return None
-    names = [name for _, name, _, _ in grounded] + [name for name, _ in loose]
-    kinds = [kind for _, _, kind, _ in grounded] + [2] * len(loose)
-    ranks = [rank for *_, rank in grounded] + [rank for _, rank in loose]
-    labels = [float(normalize(name) not in gold) for name in names]
+    names = [name for _, name, *_ in grounded] + [name for name, _ in loose]
+    kinds = [kind for _, _, kind, _, _ in grounded] + [2] * len(loose)
+    ranks = [rank for _, _, _, rank, _ in grounded] + [rank for _, rank in loose]
+    # an answer grounded to a node is that node: right when its own text or its node's name is a gold answer
+    labels = [float(normalize(name) not in gold and normalize(node) not in gold) for _, name, _, _, node in grounded]
+    labels += [float(normalize(name) not in gold) for name, _ in loose]
     for kind, label in zip(kinds, labels):
         stats.count(GROUNDING_KINDS[kind], bool(label))
-    by_position = {p: k for k, p in enumerate(preds)}
     confidences = [
-        record.confidence[by_position[n]] if record.confidence and n in by_position else float("nan") for n in names
+        record.confidence[k] if record.confidence and k < len(record.confidence) else float("nan") for k in ranks
     ]
     answer_nodes = [node for node, *_ in grounded]
 

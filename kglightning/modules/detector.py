@@ -28,6 +28,11 @@ from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard, Ungro
 UNGROUNDED = 2  # index of "ungrounded" in kglightning.datamodules.detection_graphs.GROUNDING_KINDS
 
 
+def _updated(metrics: Any) -> bool:
+    """Whether any metric of a collection has seen an update since its last reset."""
+    return any(getattr(m, "update_called", True) for m in getattr(metrics, "values", lambda: [metrics])())
+
+
 class HallucinationDetector(L.LightningModule):
     """Flags hallucinated answers: label 1 = the proposed answer is not a gold answer.
 
@@ -45,7 +50,8 @@ class HallucinationDetector(L.LightningModule):
 
     Reloading: through the CLI (``--ckpt_path``) the config rebuilds the encoder. In Python, pass a non-default
     encoder again, as the factory is not pickled into the checkpoint:
-    ``HallucinationDetector.load_from_checkpoint(path, encoder=partial(GATEncoder, hidden_channels=256))``.
+    ``HallucinationDetector.load_from_checkpoint(path, encoder=partial(GATEncoder, hidden_channels=256))``; a
+    non-default ``ungrounded_scorer`` likewise.
 
     Args:
         text_dim: text-embedding size (linked from the DataModule).
@@ -129,6 +135,19 @@ class HallucinationDetector(L.LightningModule):
         self.random_metrics = torch.nn.ModuleList([detection_metrics(), detection_metrics()])
         self.llm_baseline_names: list[str] = []  # the datamodule's baselines, set in setup("test")
         self.llm_baseline_metrics = torch.nn.ModuleDict()
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; a checkpoint from before ungrounded answers existed (no ``ungrounded.*``
+        weights) loads, keeping this module's fresh ungrounded scorer, with a warning."""
+        own = super().state_dict()
+        missing = [k for k in own if k.startswith("ungrounded.") and k not in state_dict]
+        if missing and any(k.startswith("net.") for k in state_dict):
+            rank_zero_warn(
+                "this checkpoint has no weights for the ungrounded-answer scorer (saved before it existed): answers "
+                "that name no graph node get an untrained score; retrain, or set data.init_args.ungrounded: drop"
+            )
+            state_dict = {**state_dict, **{k: own[k] for k in missing}}
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def forward(self, batch: Any) -> Tensor:
         """Logits ``(A,)`` for every proposed answer of the batch, in answer order (per graph: grounded answers, then
@@ -219,7 +238,13 @@ class HallucinationDetector(L.LightningModule):
                 "validation batches carry no item_id: the items a distributed sampler repeats to pad the last shard "
                 "enter the tuned threshold (DetectionDataModule sets item_id)"
             )
-        self.val_scores.update(probs, batch.y, keys)
+        grounding = getattr(batch, "answer_grounding", None)
+        if grounding is not None:  # threshold, majority and val/* are over the graph model's answers, as test/*
+            keep = grounding != UNGROUNDED
+            probs, target, keys = probs[keep], batch.y[keep], None if keys is None else keys[keep]
+        else:
+            target = batch.y
+        self.val_scores.update(probs, target, keys)
 
     def on_validation_epoch_end(self) -> None:
         probs, target = self.val_scores.compute()
@@ -262,7 +287,8 @@ class HallucinationDetector(L.LightningModule):
         grounded = grounding != UNGROUNDED if grounding is not None else torch.ones_like(target, dtype=torch.bool)
 
         def update(pair: Any, scores: Tensor) -> None:  # (grounded answers, all answers)
-            pair[0].update(scores[grounded], target[grounded])
+            if grounded.any():  # a batch of ungrounded answers only leaves the grounded metrics as they are
+                pair[0].update(scores[grounded], target[grounded])
             pair[1].update(scores, target)
 
         update((self.test_metrics, self.test_all_metrics), probs)
@@ -292,6 +318,9 @@ class HallucinationDetector(L.LightningModule):
             *llm,
         ):
             for population, metrics in zip(("", "all/"), pair):
+                if population == "" and not _updated(metrics):  # no grounded answer in the whole split
+                    metrics.reset()
+                    continue
                 values.update({f"test/{population}{name}{k}": v for k, v in metrics.compute().items()})
                 metrics.reset()
         values["test/threshold"] = self.threshold.clone()

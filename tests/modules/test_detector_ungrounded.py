@@ -26,6 +26,8 @@ def _records(split: str, n: int) -> list[dict]:
         graph = [[c, "location.country.capital", f"{c} City"], [c, "location.location.borders", f"{c} Hills"]]
         # grounded right, grounded wrong, ungrounded right (a gold alias off the graph), ungrounded wrong
         prediction = [f"{c} City", f"{c} Hills", f"Old {c} Town", f"Zorblax {i}"]
+        if split == "test" and i == 0:  # a question whose answers all miss its graph
+            prediction = prediction[2:]
         out.append({"id": f"{split}-{i}", "question": f"What is the capital of {c}?", "answer": [f"{c} City",
                     f"Old {c} Town"], "q_entity": [c], "a_entity": [f"{c} City"], "graph": graph,
                     "prediction": prediction})  # fmt: skip
@@ -118,3 +120,40 @@ def test_the_test_table_reports_grounded_and_all_answers(datamodule, tmp_path):
     assert metrics["test/all/random/auc_pr"] != metrics["test/random/auc_pr"]
     # fitted on train, where every ungrounded answer off the list's end is made up: it ranks the test answers well
     assert metrics["test/all/structural/auc_pr"] > 0.6
+
+
+def test_batched_logits_are_each_graphs_own(datamodule):
+    """Answers of several graphs batched together get the logits each graph gets alone (ungrounded ones included:
+    the nearest node is searched in the answer's own graph, the question is its own)."""
+    datamodule.setup("fit")
+    graphs = datamodule.datasets["train"][:5]
+    model = _model(datamodule).eval()
+    with torch.no_grad():
+        together = model(datamodule.collate(graphs))
+        alone = torch.cat([model(datamodule.collate([g])) for g in graphs])
+    assert torch.allclose(together, alone, atol=1e-5)
+    # and a graph's answers are distinct inputs: swapping two graphs' ungrounded texts changes their logits
+    swapped = [g.clone() for g in graphs[:2]]
+    swapped[0].ungrounded_text, swapped[1].ungrounded_text = graphs[1].ungrounded_text, graphs[0].ungrounded_text
+    with torch.no_grad():
+        other = model(datamodule.collate(swapped))
+    loose = datamodule.collate(graphs[:2]).answer_grounding == 2
+    assert not torch.allclose(other[loose], together[: loose.numel()][loose])
+
+
+def test_a_test_batch_of_ungrounded_answers_only_and_an_old_checkpoint(datamodule, tmp_path):
+    datamodule.batch_size = 1
+    datamodule.setup("test")
+    assert (datamodule.datasets["test"][0].answer_grounding == 2).all()
+    model = _model(datamodule)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                        default_root_dir=tmp_path)  # fmt: skip
+    (metrics,) = trainer.test(model, datamodule=datamodule, verbose=False)  # batches of one graph each
+    assert "test/all/f1" in metrics and "test/f1" in metrics
+    # a checkpoint saved before the ungrounded scorer existed still loads (its scorer starts fresh, with a warning)
+    old = {k: v for k, v in model.state_dict().items() if not k.startswith("ungrounded.")}
+    fresh = _model(datamodule)
+    with pytest.warns(UserWarning, match="ungrounded-answer scorer"):
+        fresh.load_state_dict(old)
+    mine, theirs = fresh.net.state_dict(), model.net.state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
