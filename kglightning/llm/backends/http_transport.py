@@ -221,24 +221,26 @@ def _create_connection(
     raise error or OSError(f"no address for {host}")
 
 
-class _TimedHTTPConnection(http.client.HTTPConnection):
+class _Timed:
+    """Connections whose socket is made, and attached to the attempt's deadline, by :func:`_create_connection`."""
+
+    sock: Any
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._create_connection = _create_connection
 
     def connect(self) -> None:
-        super().connect()
-        _attach(self)
+        super().connect()  # type: ignore[misc]
+        _attach(self)  # type: ignore[arg-type]  # for HTTPS, the TLS socket that replaced the raw one
 
 
-class _TimedHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._create_connection = _create_connection
+class _TimedHTTPConnection(_Timed, http.client.HTTPConnection):
+    pass
 
-    def connect(self) -> None:
-        super().connect()
-        _attach(self)  # the TLS socket that replaced the raw one
+
+class _TimedHTTPSConnection(_Timed, http.client.HTTPSConnection):
+    pass
 
 
 class _TimedHTTPHandler(urllib.request.HTTPHandler):
