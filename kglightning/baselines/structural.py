@@ -17,13 +17,11 @@ import torch
 
 from kglightning.data.proposer import AnswerNodeScorer
 from kglightning.data.records import KGQARecord
-from kglightning.metrics.functional.qa import node_matcher, normalize
+from kglightning.metrics.functional.qa import is_abstention, node_matcher, normalize
 
 __all__ = ["FEATURES", "StructuralBaseline", "structural_features"]
 
 FEATURES = ("rank", "num_answers", "grounded", "log_degree", "hops", "log_graph_size")
-
-ABSTAIN = frozenset({"", "unknown", "none", "n/a", "na", "no answer", "i don't know", "i do not know", "not sure"})
 
 
 def _hops(graph: Sequence[tuple[str, str, str]], sources: Sequence[str], limit: int) -> dict[str, int]:
@@ -64,7 +62,7 @@ def structural_features(record: KGQARecord, max_hops: int = 4) -> dict[str, list
     out: dict[str, list[float]] = {}
     seen: set[str] = set()  # one row per normalised answer, as the detection graphs keep one
     for k, answer in enumerate(preds):
-        if normalize(answer) in seen or normalize(answer) in ABSTAIN or answer.strip().lower() in ABSTAIN:
+        if normalize(answer) in seen or is_abstention(answer):
             continue
         seen.add(normalize(answer))
         node = match(answer)

@@ -18,13 +18,9 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import shortest_relation_paths_many
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import path_text, relation_text
+from kglightning.metrics.functional.qa import is_abstention, normalize
 from kglightning.metrics.functional.qa import node_matcher as match_node
-from kglightning.metrics.functional.qa import normalize
 from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
-
-#: predictions that mean "no answer"; they are excluded from the detection task and counted.
-ABSTENTIONS = frozenset({"", "unknown", "none", "n/a", "na", "no answer", "i don't know", "i do not know", "not sure"})
-
 
 GROUNDING_KINDS = ("exact", "near_miss", "ungrounded")
 """How an answer was matched to its graph: by name (exact or RoG-normalised), by the near-miss grounder, or not."""
@@ -157,20 +153,15 @@ def build_detection_graph(
     preds = record.prediction or []
     # pass 1: names (exact, then RoG-normalised); pass 2: the near-miss grounder for what is left, so a misspelling
     # never takes the node of a later exact answer
-    named: dict[int, str] = {}
-    for k, pred in enumerate(preds):
-        if normalize(pred) in ABSTENTIONS or pred.strip().lower() in ABSTENTIONS:
-            stats.abstained += 1
-            continue
-        node_name = match(pred)
-        if node_name is not None:
-            named[k] = node_name
+    abstained = {k for k, pred in enumerate(preds) if is_abstention(pred)}
+    stats.abstained += len(abstained)
+    named = {k: n for k, pred in enumerate(preds) if k not in abstained and (n := match(pred)) is not None}
     grounded: list[tuple[int, str, int, int, str]] = []  # (node, answer, kind, rank, node name)
     loose: list[tuple[str, int]] = []  # (answer, rank)
     seen_nodes: set[int] = set()
     seen_loose: set[str] = set()
     for k, pred in enumerate(preds):
-        if normalize(pred) in ABSTENTIONS or pred.strip().lower() in ABSTENTIONS:
+        if k in abstained:
             continue
         node_name, kind = named.get(k), 0
         if node_name is None and near_miss is not None and node_of:

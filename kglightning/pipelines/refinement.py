@@ -47,12 +47,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from kglightning.data.embeddings import SentenceEncoder
 from kglightning.data.records import KGQARecord
 from kglightning.datamodules.detection import DetectionDataModule
-from kglightning.datamodules.detection_graphs import ABSTENTIONS, DetectionStats, build_detection_graph, node_texts
+from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
 from kglightning.fileio import clear_outputs
 from kglightning.llm.backends import ChatMessage, GenerationParams, LLMBackend, LocalHFBackend
 from kglightning.llm.grounding import ground_answers
 from kglightning.llm.parsing import parse_answers
-from kglightning.metrics.functional.qa import normalize
+from kglightning.metrics.functional.qa import ABSTENTIONS, normalize
 from kglightning.modules.detector import HallucinationDetector
 from kglightning.nn import GraphEncoder
 from kglightning.pipelines._ddp import gather_unique_rows

@@ -61,6 +61,19 @@ def normalize(s: str) -> str:
     return " ".join(s.split())
 
 
+ABSTENTIONS = frozenset({"", "unknown", "none", "n/a", "na", "no answer", "i don't know", "i do not know", "not sure"})
+"""Answers that mean "no answer" (after :func:`normalize`, or lowercased)."""
+
+
+def is_abstention(answer: str) -> bool:
+    """Whether ``answer`` means "no answer".
+
+    >>> is_abstention(" Unknown "), is_abstention("N/A"), is_abstention("Paris")
+    (True, True, False)
+    """
+    return normalize(answer) in ABSTENTIONS or answer.strip().lower() in ABSTENTIONS
+
+
 def node_matcher(nodes: Iterable[str]) -> Callable[[str], str | None]:
     """How an answer string names one of ``nodes``: the node with that exact name, else the one node whose
     :func:`normalize`-d name is the answer's (``"paris"`` -> ``"Paris"``); ``None`` for no node, or for several.
