@@ -13,12 +13,14 @@ out=${1:-outputs/gpu_check}
 mkdir -p "$out"
 report="$out/report.md"
 export HF_HUB_OFFLINE=1 WANDB_MODE=offline
+# the interpreter: $PYTHON, else python3 (the CUDA images have no plain `python`), else python
+py=${PYTHON:-$(command -v python3 || command -v python)}
 {
     echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/- GPU: /' \
         || echo "- GPU: none (nvidia-smi not found)"
-    python - <<'PY'
+    "$py" - <<'PY'
 import importlib.util
 import torch
 print(f"- torch {torch.__version__}, CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}, "
@@ -33,7 +35,7 @@ PY
     [ "${KGLIGHTNING_GPU_TIER_ON_CPU:-0}" = 1 ] && echo "- DRY RUN on the CPU (KGLIGHTNING_GPU_TIER_ON_CPU=1): no GPU was used"
     echo
 } > "$report"
-python -m pytest tests/gpu -m gpu -p no:cacheprovider -q -rA --junitxml "$out/gpu_tier.xml" 2>&1 | tee "$out/pytest.log"
+"$py" -m pytest tests/gpu -m gpu -p no:cacheprovider -q -rA --junitxml "$out/gpu_tier.xml" 2>&1 | tee "$out/pytest.log"
 status=${PIPESTATUS[0]}
 {
     echo "## tests/gpu (pytest exit status $status)"
@@ -42,8 +44,8 @@ status=${PIPESTATUS[0]}
     tail -n 1 "$out/pytest.log" | sed 's/^/- summary: /'
     echo
 } >> "$report"
-if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    { echo "## Benchmarks (tools/bench/bench_gpu.py)"; echo; python tools/bench/bench_gpu.py; } >> "$report" 2>&1
+if "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    { echo "## Benchmarks (tools/bench/bench_gpu.py)"; echo; "$py" tools/bench/bench_gpu.py ${GPU_BENCH_ARGS:-}; } >> "$report" 2>&1
 else
     { echo "## Benchmarks"; echo; echo "skipped: no CUDA device"; } >> "$report"
 fi

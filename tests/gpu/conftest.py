@@ -24,13 +24,34 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def _device_recorder():
+    import lightning as L
+
+    class DeviceRecorder(L.Callback):
+        """The device types of the module's parameters and buffers after every batch of every stage (Lightning moves
+        a module back to the CPU at teardown, so a check after ``fit`` would see the CPU)."""
+
+        def __init__(self) -> None:
+            self.seen: set[str] = set()
+
+        def _record(self, trainer, pl_module, *args, **kwargs) -> None:
+            self.seen |= {t.device.type for t in (*pl_module.parameters(), *pl_module.buffers())}
+
+        on_train_batch_end = on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _record
+
+    return DeviceRecorder()
+
+
 @pytest.fixture
 def gpu_trainer(tmp_path):
     """``gpu_trainer(**kwargs)``: a Trainer on one GPU in ``bf16-mixed`` under ``strategy="ddp"``: an NCCL process
-    group of one, which refuses CPU tensors in collectives exactly as a multi-GPU run does."""
+    group of one, which refuses CPU tensors in collectives exactly as a multi-GPU run does. ``trainer.seen_devices``
+    holds the device types the module's parameters and buffers had after each batch."""
     import lightning as L
 
     def make(**kwargs):
+        recorder = _device_recorder()
+        kwargs["callbacks"] = [*kwargs.get("callbacks", []), recorder]
         defaults = dict(
             accelerator="cpu" if ON_CPU else "gpu",
             devices=1,
@@ -42,7 +63,9 @@ def gpu_trainer(tmp_path):
             enable_model_summary=False,
             default_root_dir=tmp_path,
         )
-        return L.Trainer(**{**defaults, **kwargs})
+        trainer = L.Trainer(**{**defaults, **kwargs})
+        trainer.seen_devices = recorder.seen
+        return trainer
 
     return make
 

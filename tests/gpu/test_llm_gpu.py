@@ -54,6 +54,7 @@ def test_kg_trie_decoding_and_the_confidence_readout(tiny_chat_model_dir, capita
 
 @pytest.mark.skipif(ON_CPU, reason="faiss-gpu needs a GPU")
 def test_faiss_grounding_on_the_gpu(tmp_path):
+    pytest.importorskip("faiss", reason="faiss is not installed: KGLIGHTNING_FAISS=gpu bash tools/install.sh")
     from kglightning.data.embeddings import SentenceEncoder
     from kglightning.retrieval import FaissGrounder
     from kglightning.retrieval.faiss_grounding import faiss_gpu_available

@@ -21,8 +21,8 @@ from kglightning.llm.lora import LoRASettings
 LORA = LoRASettings(r=4, lora_alpha=8, lora_dropout=0.0)
 
 
-def _on(module: torch.nn.Module, device: torch.device) -> bool:
-    return all(p.device.type == device.type for p in module.parameters())
+def _ran_on(trainer: L.Trainer, device: torch.device) -> None:
+    assert trainer.seen_devices == {device.type}, f"parameters and buffers were on {trainer.seen_devices}"
 
 
 @pytest.mark.parametrize("name", ["graph_transformer", "gat"])
@@ -45,9 +45,10 @@ def test_detector_fit_test_predict(name, gpu_trainer, device, detection_dir, tin
     trainer.fit(model, dm)
     (results,) = trainer.test(model, dm, verbose=False)
     rows = [row for batch in trainer.predict(model, dm) for row in batch]
-    assert _on(model, device) and model.threshold.device.type == device.type
+    _ran_on(trainer, device)  # the threshold buffer too
     assert 0 <= results["test/f1"] <= 1 and 0 <= results["test/auc_pr"] <= 1
-    assert conformal.n_cal > 0 and rows and all("conformal_set" in row for row in rows)
+    assert conformal.n_cal > 0
+    assert rows and all("conformal_set" in row for row in rows)
 
 
 def test_relation_scorer_fit(gpu_trainer, device, tiny_encoder_dir):
@@ -61,7 +62,8 @@ def test_relation_scorer_fit(gpu_trainer, device, tiny_encoder_dir):
     module = RelationScorer(model=tiny_encoder_dir, optimizer=partial(torch.optim.AdamW, lr=1e-3))
     trainer = gpu_trainer(max_steps=4, num_sanity_val_steps=0)
     trainer.fit(module, train_dataloaders=loader, val_dataloaders=loader)
-    assert _on(module, device) and math.isfinite(float(trainer.callback_metrics["train/loss"]))
+    _ran_on(trainer, device)
+    assert math.isfinite(float(trainer.callback_metrics["train/loss"]))
     assert "val/pair_auc" in trainer.callback_metrics
 
 
@@ -82,8 +84,10 @@ def test_proxy_sft_fit_validate_predict(gpu_trainer, device, tiny_chat_model_dir
     trainer.fit(module, dm)
     metrics = dict(trainer.callback_metrics)  # predict clears them
     rows = [row for batch in trainer.predict(module, dm) for row in batch]  # beams, expected-confidence readout
-    assert _on(module, device) and math.isfinite(float(metrics["train/loss_step"]))
-    assert "val/evidence_valid_rate" in metrics and len(rows) == 6
+    _ran_on(trainer, device)
+    assert math.isfinite(float(metrics["train/loss_step"]))
+    assert "val/evidence_valid_rate" in metrics
+    assert len(rows) == 6
 
 
 def test_grpo_fit_through_the_kg_trie(
@@ -109,7 +113,9 @@ def test_grpo_fit_through_the_kg_trie(
     trainer.fit(module, dm)
     metrics = dict(trainer.callback_metrics)  # predict clears them
     rows = [row for batch in trainer.predict(module, dm) for row in batch]  # beam search through the tries
-    assert _on(module, device) and math.isfinite(float(metrics["train/loss_step"])) and "val/reward" in metrics
+    _ran_on(trainer, device)
+    assert math.isfinite(float(metrics["train/loss_step"]))
+    assert "val/reward" in metrics
     assert rows and all("evidence" in row for row in rows)
 
 
@@ -127,7 +133,8 @@ def test_sgic_calibrator_fit(gpu_trainer, device, scripted_sgic, tiny_chat_model
     module = SGICCalibrator(model=tiny_chat_model_dir, optimizer=partial(torch.optim.AdamW, lr=1e-2), max_new_tokens=4)
     trainer = gpu_trainer(max_steps=2, limit_val_batches=1, num_sanity_val_steps=0)
     trainer.fit(module, dm)
-    assert _on(module, device) and math.isfinite(float(trainer.callback_metrics["train/loss"]))
+    _ran_on(trainer, device)
+    assert math.isfinite(float(trainer.callback_metrics["train/loss"]))
 
 
 def test_sgic_pipeline_reduces_its_mean_over_nccl(gpu_trainer, tiny_chat_model_dir, sgic_passages_dir, tmp_path):
