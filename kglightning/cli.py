@@ -33,6 +33,7 @@ EXTRA_SUBCOMMANDS = {
     "build-benchmark": "build the embedded geography/elements KGQA benchmark into a folder",
     "build-subgraphs": "RoG records with G-Retriever PCST subgraphs from your own KG (triples) and questions",
     "conformalize": "split-conformal answer sets for any predictions jsonl with confidences",
+    "import-predictions": "RoG records with predictions from a RoG / GNN-RAG predictions jsonl (paths from its prompts)",
     "compare-proxies": "score DoublyCal evidence proxies (e.g. SFT vs GRPO adapters) on the same held-out questions",
     "seeds": "fit and test a config once per seed and report each test metric's mean and standard deviation",
 }
@@ -40,7 +41,7 @@ EXTRA_SUBCOMMANDS = {
 DESCRIPTION = (
     "kglightning: trustworthy question answering over knowledge graphs with LLMs. fit / validate / test / predict "
     "run a LightningModule and a LightningDataModule named by class_path in a YAML config (--config); evaluate, "
-    "build-benchmark, build-subgraphs and conformalize work on files; compare-proxies scores DoublyCal evidence proxies; "
+    "build-benchmark, build-subgraphs, conformalize and import-predictions work on files; compare-proxies scores DoublyCal evidence proxies; "
     "seeds repeats a fit over seeds. Run any "
     "subcommand with --help for its options."
 )
@@ -311,6 +312,10 @@ def _dispatch(argv: list[str], from_command_line: bool) -> int:
         from kglightning.retrieval.build_subgraphs import main as build_subgraphs_main
 
         return build_subgraphs_main(argv[1:], prog=f"{PROG} build-subgraphs")
+    if argv and argv[0] == "import-predictions":
+        from kglightning.data.sources.path_prompts import main as import_main
+
+        return import_main(argv[1:], prog=f"{PROG} import-predictions")
     if argv and argv[0] == "conformalize":
         from kglightning.conformal.offline import main as conformalize_main
 

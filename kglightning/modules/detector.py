@@ -14,11 +14,12 @@ from torch.nn import functional as F
 
 from kglightning.conformal.scorer import ConformalScores
 from kglightning.datamodules.detection_graphs import GROUNDING_KINDS, answer_owner
-from kglightning.metrics.classification import detection_metrics, detection_scores, set_threshold
+from kglightning.metrics.classification import detection_scores
 from kglightning.modules.detector_scores import (
     ScoreBuffer,
     answer_keys,
     best_f1_threshold,
+    best_offset,
     bootstrap_f1_threshold,
     detection_loss,
     item_uniform,
@@ -26,11 +27,6 @@ from kglightning.modules.detector_scores import (
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard, UngroundedAnswerScorer, nearest_nodes
 
 UNGROUNDED = 2  # index of "ungrounded" in kglightning.datamodules.detection_graphs.GROUNDING_KINDS
-
-
-def _updated(metrics: Any) -> bool:
-    """Whether any metric of a collection has seen an update since its last reset."""
-    return any(getattr(m, "update_called", True) for m in getattr(metrics, "values", lambda: [metrics])())
 
 
 class HallucinationDetector(L.LightningModule):
@@ -46,7 +42,10 @@ class HallucinationDetector(L.LightningModule):
     The decision threshold is tuned on validation (best F1) at the end of every validation epoch and kept in the
     ``threshold`` buffer, so it is saved in checkpoints. The majority class of validation labels is kept in the
     ``majority`` buffer; the test run reports the MostFrequent and Random baselines beside the detector
-    (``test/mostfrequent/*``, ``test/random/*``).
+    (``test/mostfrequent/*``, ``test/random/*``). The two models' scores live on different scales, so the ungrounded
+    answers' logits get an offset (the ``ungrounded_offset`` buffer), tuned on validation after the threshold: with
+    it, ``p >= threshold`` is the best-F1 decision over every validation answer (``val/all/*``) while the grounded
+    answers keep their own best-F1 threshold. Tests, predictions and conformal scores use the shifted logits.
 
     Reloading: through the CLI (``--ckpt_path``) the config rebuilds the encoder. In Python, pass a non-default
     encoder again, as the factory is not pickled into the checkpoint:
@@ -71,6 +70,8 @@ class HallucinationDetector(L.LightningModule):
             of the best-F1 thresholds of ``B`` bootstrap resamples of the validation answer nodes (seeded by
             ``baseline_seed``), which stays stable when the validation set is small
             (:func:`bootstrap_f1_threshold`).
+        tune_ungrounded_offset: tune ``ungrounded_offset`` on validation (:func:`best_offset`); ``False`` keeps it
+            at 0, one threshold on both models' raw scores.
         baseline_seed: seed of the Random baseline, whose score for a node is fixed by (seed, question id,
             node name), so that it is the same on one process or many.
         pos_weight: weight of the hallucinated (positive) class in the loss (``None``: 1). Below 1 when most
@@ -96,6 +97,7 @@ class HallucinationDetector(L.LightningModule):
         threshold: float = 0.5,
         tune_threshold: bool = True,
         threshold_resamples: int = 0,
+        tune_ungrounded_offset: bool = True,
         baseline_seed: int = 0,
         pos_weight: float | None = None,
         focal_gamma: float = 0.0,
@@ -122,25 +124,27 @@ class HallucinationDetector(L.LightningModule):
         self.scheduler = scheduler
         self.tune_threshold = tune_threshold
         self.threshold_resamples = threshold_resamples
+        self.tune_ungrounded_offset = tune_ungrounded_offset
         self.baseline_seed = baseline_seed
         self.pos_weight = pos_weight
         self.focal_gamma = focal_gamma
         self.register_buffer("threshold", torch.tensor(float(threshold)))
         self.register_buffer("majority", torch.tensor(1.0))
+        # added to the ungrounded answers' logits outside training, so that one threshold serves every answer
+        self.register_buffer("ungrounded_offset", torch.tensor(0.0))
         self.val_scores = ScoreBuffer()
-        # rebuilt at test start with the tuned threshold; the baselines' scores are 0/1 or uniform: threshold 0.5
-        self.test_metrics = detection_metrics(threshold=float(threshold))
-        self.test_all_metrics = detection_metrics(threshold=float(threshold))
-        self.mostfrequent_metrics = torch.nn.ModuleList([detection_metrics(), detection_metrics()])
-        self.random_metrics = torch.nn.ModuleList([detection_metrics(), detection_metrics()])
+        self.val_ungrounded = ScoreBuffer()  # raw logits of the ungrounded answers
+        # the test run's scores per scorer (the detector, then its baselines), over every answer with its item key, so
+        # that the repeats a distributed sampler pads the last shard with are counted once; built in setup("test")
+        self.test_scores = torch.nn.ModuleDict()
+        self.test_grounded = ScoreBuffer()  # 1 for a grounded answer, in the same key order
         self.llm_baseline_names: list[str] = []  # the datamodule's baselines, set in setup("test")
-        self.llm_baseline_metrics = torch.nn.ModuleDict()
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         """``nn.Module.load_state_dict``; a checkpoint from before ungrounded answers existed (no ``ungrounded.*``
         weights) loads, keeping this module's fresh ungrounded scorer, with a warning."""
         own = super().state_dict()
-        missing = [k for k in own if k.startswith("ungrounded.") and k not in state_dict]
+        missing = [k for k in own if k.startswith("ungrounded") and k not in state_dict]
         if missing and any(k.startswith("net.") for k in state_dict):
             rank_zero_warn(
                 "this checkpoint has no weights for the ungrounded-answer scorer (saved before it existed): answers "
@@ -149,9 +153,12 @@ class HallucinationDetector(L.LightningModule):
             state_dict = {**state_dict, **{k: own[k] for k in missing}}
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
-    def forward(self, batch: Any) -> Tensor:
+    def forward(self, batch: Any, calibrated: bool | None = None) -> Tensor:
         """Logits ``(A,)`` for every proposed answer of the batch, in answer order (per graph: grounded answers, then
         ungrounded ones).
+
+        ``calibrated`` (default: outside training) adds the validation-tuned ``ungrounded_offset`` to the ungrounded
+        answers' logits, so that the one ``threshold`` is the best-F1 decision over every answer.
 
         Edge features come per edge type (``type_text_emb``, ``type_kind``, ``edge_type``, as
         :meth:`~kglightning.datamodules.DetectionDataModule.collate` builds them) or per edge (``edge_text_emb``,
@@ -169,6 +176,8 @@ class HallucinationDetector(L.LightningModule):
         logits[~loose] = node_logits[: int((~loose).sum())]
         loose_logits = self._ungrounded_logits(batch, loose)
         logits[loose] = loose_logits[: int(loose.sum())]
+        if (not self.training if calibrated is None else calibrated) and bool(loose.any()):
+            logits = logits + loose.to(logits.dtype) * self.ungrounded_offset
         # under DDP every parameter must take part in every step: a batch without one kind of answer adds a zero
         # that depends on the other model's output
         if node_logits.numel() > int((~loose).sum()) or loose_logits.numel() > int(loose.sum()):
@@ -213,7 +222,7 @@ class HallucinationDetector(L.LightningModule):
         return self.ungrounded(answer, x[q_index], nearest, sim, batch.answer_rank[loose].to(x.dtype))
 
     def _loss(self, batch: Any, stage: str) -> tuple[Tensor, Tensor]:
-        logits = self(batch)
+        logits = self(batch, calibrated=stage == "test")  # validation tunes the offset on the raw logits
         loss = detection_loss(logits, batch.y, self.pos_weight, self.focal_gamma)
         train = stage == "train"
         self.log(
@@ -225,13 +234,13 @@ class HallucinationDetector(L.LightningModule):
             on_epoch=True,
             sync_dist=not train,
         )
-        return loss, torch.sigmoid(logits)
+        return loss, logits
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         return self._loss(batch, "train")[0]
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        _, probs = self._loss(batch, "val")
+        _, logits = self._loss(batch, "val")
         keys = answer_keys(batch)
         if keys is None and batch_idx == 0 and self.trainer.world_size > 1:
             rank_zero_warn(
@@ -239,16 +248,18 @@ class HallucinationDetector(L.LightningModule):
                 "enter the tuned threshold (DetectionDataModule sets item_id)"
             )
         grounding = getattr(batch, "answer_grounding", None)
-        if grounding is not None:  # threshold, majority and val/* are over the graph model's answers, as test/*
-            keep = grounding != UNGROUNDED
-            probs, target, keys = probs[keep], batch.y[keep], None if keys is None else keys[keep]
-        else:
-            target = batch.y
-        self.val_scores.update(probs, target, keys)
+        grounded = grounding != UNGROUNDED if grounding is not None else torch.ones_like(batch.y, dtype=torch.bool)
+        pick = (lambda m: None) if keys is None else (lambda m: keys[m])  # noqa: E731
+        # threshold, majority and val/* are over the graph model's answers, as test/*; the ungrounded answers' raw
+        # logits tune their offset (updated every step, empty or not, so every process holds the state)
+        self.val_scores.update(torch.sigmoid(logits[grounded]), batch.y[grounded], pick(grounded))
+        self.val_ungrounded.update(logits[~grounded], batch.y[~grounded], pick(~grounded))
 
     def on_validation_epoch_end(self) -> None:
         probs, target = self.val_scores.compute()
-        self.val_scores.reset()
+        loose_logits, loose_target = self.val_ungrounded.compute()
+        for buf in (self.val_scores, self.val_ungrounded):
+            buf.reset()
         if probs.numel() == 0:
             return
         if not self.trainer.sanity_checking:
@@ -260,39 +271,34 @@ class HallucinationDetector(L.LightningModule):
             else:
                 thr = best_f1_threshold(probs, target)[0]
             self.threshold.fill_(thr)
-        values = {f"val/{k}": v for k, v in detection_scores(probs, target, float(self.threshold)).items()}
+        thr = float(self.threshold)
+        if self.tune_ungrounded_offset and not self.trainer.sanity_checking and loose_logits.numel():
+            self.ungrounded_offset.fill_(best_offset(probs >= thr, target, loose_logits, loose_target, thr))
+        values = {f"val/{k}": v for k, v in detection_scores(probs, target, thr).items()}
+        if loose_logits.numel():
+            shifted = torch.sigmoid(loose_logits.to(probs) + self.ungrounded_offset.to(probs))
+            every = detection_scores(torch.cat([probs, shifted]), torch.cat([target, loose_target]), thr)
+            values |= {f"val/all/{k}": v for k, v in every.items()}
         values["val/threshold"] = self.threshold.clone()
+        values["val/ungrounded_offset"] = self.ungrounded_offset.clone()
         self.log("val/f1", values.pop("val/f1"), prog_bar=True)
         self.log_dict(values)
 
     def setup(self, stage: str) -> None:
         # built here, before Lightning moves the module to its device (a metric built in a later hook would keep its
-        # states on the default device); LLM-based detectors give 0/1 verdicts or sample shares: threshold 0.5
+        # states on the default device)
         if stage == "test":
             names = getattr(getattr(self.trainer, "datamodule", None), "baseline_names", None) or []
             self.llm_baseline_names = list(names)
-            # ModuleDict keys may not hold dots: index by column; per column (grounded, all)
-            self.llm_baseline_metrics = torch.nn.ModuleDict(
-                {str(k): torch.nn.ModuleList([detection_metrics(), detection_metrics()]) for k in range(len(names))}
-            )
-
-    def on_test_epoch_start(self) -> None:
-        set_threshold(self.test_metrics, float(self.threshold))
-        set_threshold(self.test_all_metrics, float(self.threshold))
+            # ModuleDict keys may not hold dots or slashes: the detector, MostFrequent, Random, then the baselines
+            self.test_scores = torch.nn.ModuleDict({str(k): ScoreBuffer() for k in range(3 + len(names))})
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
-        _, probs = self._loss(batch, "test")
+        probs = torch.sigmoid(self._loss(batch, "test")[1])
         target = batch.y.long()
+        keys = answer_keys(batch)
         grounding = getattr(batch, "answer_grounding", None)
         grounded = grounding != UNGROUNDED if grounding is not None else torch.ones_like(target, dtype=torch.bool)
-
-        def update(pair: Any, scores: Tensor) -> None:  # (grounded answers, all answers)
-            if grounded.any():  # a batch of ungrounded answers only leaves the grounded metrics as they are
-                pair[0].update(scores[grounded], target[grounded])
-            pair[1].update(scores, target)
-
-        update((self.test_metrics, self.test_all_metrics), probs)
-        update(self.mostfrequent_metrics, torch.full_like(probs, float(self.majority)))
         # answers come graph by graph, in the order of each graph's answer_names
         rand = torch.tensor(
             [
@@ -302,28 +308,35 @@ class HallucinationDetector(L.LightningModule):
             ],
             device=probs.device,
         )
-        update(self.random_metrics, rand)
+        columns = [probs, torch.full_like(probs, float(self.majority)), rand]
         scores = getattr(batch, "baseline_scores", None)
-        for k, pair in enumerate(self.llm_baseline_metrics.values()):
-            if scores is not None:
-                update(pair, scores[:, k].to(probs.device))
+        columns += [scores[:, k].to(probs) for k in range(len(self.llm_baseline_names))] if scores is not None else []
+        for buf, column in zip(self.test_scores.values(), columns):
+            buf.update(column, target, keys)
+        self.test_grounded.update(grounded.float(), target, keys)
 
     def on_test_epoch_end(self) -> None:
+        """``test/<scorer>/<metric>`` over the grounded answers and ``test/all/<scorer>/<metric>`` over every answer,
+        each answer once (by item key); the detector at its tuned threshold, the baselines (0/1 verdicts, uniform
+        draws or sample shares) at 0.5."""
+        flags, _ = self.test_grounded.compute()
+        grounded = flags > 0.5
+        names = ["", "mostfrequent/", "random/", *(f"{name}/" for name in self.llm_baseline_names)]
         values = {}
-        llm = [(f"{name}/", pair) for name, pair in zip(self.llm_baseline_names, self.llm_baseline_metrics.values())]
-        for name, pair in (
-            ("", (self.test_metrics, self.test_all_metrics)),
-            ("mostfrequent/", self.mostfrequent_metrics),
-            ("random/", self.random_metrics),
-            *llm,
-        ):
-            for population, metrics in zip(("", "all/"), pair):
-                if population == "" and not _updated(metrics):  # no grounded answer in the whole split
-                    metrics.reset()
-                    continue
-                values.update({f"test/{population}{name}{k}": v for k, v in metrics.compute().items()})
-                metrics.reset()
+        for name, buf in zip(names, self.test_scores.values()):
+            if len(buf.probs) == 0:  # the datamodule gave no scores for this baseline
+                continue
+            probs, target = buf.compute()
+            thr = float(self.threshold) if name == "" else 0.5
+            if bool(grounded.any()):  # a split with no grounded answer leaves out the grounded metrics
+                values |= {
+                    f"test/{name}{k}": v for k, v in detection_scores(probs[grounded], target[grounded], thr).items()
+                }
+            values |= {f"test/all/{name}{k}": v for k, v in detection_scores(probs, target, thr).items()}
+            buf.reset()
+        self.test_grounded.reset()
         values["test/threshold"] = self.threshold.clone()
+        values["test/ungrounded_offset"] = self.ungrounded_offset.clone()
         self.log_dict(values)
 
     def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 import torch
@@ -88,6 +89,40 @@ def best_f1_threshold(probs: Tensor, target: Tensor) -> tuple[float, float]:
     f1 = 2 * precision[:-1] * recall[:-1] / (precision[:-1] + recall[:-1]).clamp_min(1e-12)
     best = int(torch.argmax(f1))
     return float(thresholds[best]), float(f1[best])
+
+
+def best_offset(
+    grounded_flags: Tensor, grounded_target: Tensor, loose_logits: Tensor, loose_target: Tensor, threshold: float
+) -> float:
+    """The logit offset for the ungrounded answers' scores that maximises F1 over every answer.
+
+    The grounded answers' flags are fixed (their threshold is tuned on them alone). An ungrounded answer is flagged
+    when ``logit + offset >= logit(threshold)``; the cut ``c`` on the raw logits is searched over the values seen
+    (and "flag none"), and the offset is ``logit(threshold) - c``. Ties keep the highest cut (fewest flags).
+
+    Example:
+        >>> flags, target = torch.tensor([1, 0, 0]), torch.tensor([1, 0, 1])
+        >>> loose, loose_target = torch.tensor([-3.0, -1.0, 2.0]), torch.tensor([1, 1, 0])
+        >>> round(best_offset(flags, target, loose, loose_target, threshold=0.5), 4)  # flag both -3 and -1: cut -3
+        3.0
+    """
+    clamped = min(max(float(threshold), 1e-6), 1 - 1e-6)
+    t = math.log(clamped / (1 - clamped))
+    if loose_logits.numel() == 0:
+        return 0.0
+    g_flags, g_target = grounded_flags.bool().cpu(), grounded_target.bool().cpu()
+    tp_g = float((g_flags & g_target).sum())
+    fp_g = float((g_flags & ~g_target).sum())
+    fn_g = float((~g_flags & g_target).sum())
+    logits, target = loose_logits.detach().float().cpu(), loose_target.bool().cpu()
+    cuts = torch.cat([torch.unique(logits), logits.max().reshape(1) + 1.0])  # the last: flag none
+    flagged = logits[None, :] >= cuts[:, None]
+    tp = tp_g + (flagged & target).sum(1).float()
+    fp = fp_g + (flagged & ~target).sum(1).float()
+    fn = fn_g + (~flagged & target).sum(1).float()
+    f1 = 2 * tp / (2 * tp + fp + fn).clamp_min(1e-12)
+    best = int(len(f1) - 1 - torch.argmax(f1.flip(0)))  # the highest cut among the best
+    return t - float(cuts[best])
 
 
 def bootstrap_f1_threshold(probs: Tensor, target: Tensor, resamples: int, seed: int = 0) -> float:

@@ -96,12 +96,19 @@ def test_fit_test_predict_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
     fit_metrics = _metrics(tmp_path, "fit")
     assert "val/auc_pr" in fit_metrics and "train/loss_epoch" in fit_metrics
 
-    _cli(tmp_path, "test", *_fixture_args(detection_dir, tiny_encoder_dir, "test1"), "--ckpt_path", str(ckpt))
+    # 15 test questions: on 2 processes the distributed sampler repeats one to pad the last shard, and the test
+    # metrics must count it once
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for split in ("train", "validation", "test"):
+        lines = Path(detection_dir, f"{split}.jsonl").read_text().splitlines(keepends=True)
+        (odd / f"{split}.jsonl").write_text("".join(lines[:15] if split == "test" else lines))
+    _cli(tmp_path, "test", *_fixture_args(str(odd), tiny_encoder_dir, "test1"), "--ckpt_path", str(ckpt))
     single = _metrics(tmp_path, "test1")
     _check_consistent(single)
 
     ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
-    _cli(tmp_path, "test", *_fixture_args(detection_dir, tiny_encoder_dir, "test2"), *ddp, "--ckpt_path", str(ckpt))
+    _cli(tmp_path, "test", *_fixture_args(str(odd), tiny_encoder_dir, "test2"), *ddp, "--ckpt_path", str(ckpt))
     double = _metrics(tmp_path, "test2")
     for name in METRICS:
         assert double[name] == pytest.approx(single[name], abs=1e-6), name

@@ -157,3 +157,48 @@ def test_a_test_batch_of_ungrounded_answers_only_and_an_old_checkpoint(datamodul
         fresh.load_state_dict(old)
     mine, theirs = fresh.net.state_dict(), model.net.state_dict()
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+
+
+def test_best_offset_maximises_f1_over_every_answer():
+    from kglightning.metrics.classification import detection_scores
+    from kglightning.modules.detector_scores import best_offset
+
+    gen = torch.Generator().manual_seed(0)
+    g_probs, g_target = torch.rand(40, generator=gen), torch.randint(0, 2, (40,), generator=gen)
+    loose, loose_target = torch.randn(30, generator=gen) * 3, torch.randint(0, 2, (30,), generator=gen)
+    thr = 0.4
+    offset = best_offset(g_probs >= thr, g_target, loose, loose_target, thr)
+
+    def f1_at(off: float) -> float:
+        scores = torch.cat([g_probs, torch.sigmoid(loose + off)])
+        return float(detection_scores(scores, torch.cat([g_target, loose_target]), thr)["f1"])
+
+    brute = max(f1_at(off) for off in torch.linspace(-12, 12, 2401).tolist())
+    assert f1_at(offset) >= brute - 1e-6
+    assert best_offset(g_probs >= thr, g_target, loose[:0], loose_target[:0], thr) == 0.0
+
+
+def test_the_ungrounded_offset_is_tuned_saved_and_used_by_predictions(datamodule, tmp_path):
+    model = _model(datamodule)
+    trainer = L.Trainer(max_epochs=3, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, accelerator="cpu")  # fmt: skip
+    trainer.fit(model, datamodule=datamodule)
+    assert {"val/all/f1", "val/all/auc_pr", "val/ungrounded_offset"} <= set(trainer.callback_metrics)
+    offset = float(model.ungrounded_offset)
+    assert offset != 0.0 and "ungrounded_offset" in model.state_dict()
+    datamodule.setup("test")
+    batch = next(iter(datamodule.test_dataloader()))
+    model.eval()
+    loose = batch.answer_grounding == 2
+    shift = model(batch) - model(batch, calibrated=False)
+    assert torch.allclose(shift[loose], torch.full_like(shift[loose], offset)) and bool((shift[~loose] == 0).all())
+    rows = [row for out in trainer.predict(model, datamodule=datamodule) for row in out]
+    for row in rows:  # one threshold over the shifted probabilities decides every answer's flag (away from ties)
+        thr = row["threshold"]
+        clear = [(n, p) for n, p in zip(row["prediction"], row["hallucination_prob"]) if abs(p - thr) > 1e-5]
+        assert [n for n, p in clear if p > thr] == [n for n, _ in clear if n in row["flagged"]]
+    frozen = _model(datamodule)
+    frozen.tune_ungrounded_offset = False
+    L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+              default_root_dir=tmp_path, accelerator="cpu").fit(frozen, datamodule=datamodule)  # fmt: skip
+    assert float(frozen.ungrounded_offset) == 0.0
