@@ -41,7 +41,7 @@ from kglightning.llm.parsing import ParseStats, parse_answers
 from kglightning.llm.prompts import EvidenceLine, EvidenceMode, UQPrompt, VanillaPrompt, count_tokens
 from kglightning.llm.trie import TrieConfig
 from kglightning.modules.proxy_sft import ProxySFT
-from kglightning.pipelines._ddp import gather_unique_rows
+from kglightning.pipelines._ddp import gather_unique_rows, sum_over_ranks
 from kglightning.pipelines.evidence_cache import ProxyEvidenceCache, proxy_identity
 from kglightning.pipelines.report import comparison_markdown, comparison_outputs, write_comparison
 from kglightning.retrieval.faiss_grounding import FaissGrounder
@@ -311,16 +311,30 @@ class DoublyCalPipeline(L.LightningModule):
 
     def on_predict_epoch_end(self) -> None:
         rows = gather_unique_rows(self.rows)
+        stats = sum_over_ranks(self._run_stats())  # every process's counters, as the rows are every process's
         if self.trainer.is_global_zero and rows:
-            self.results = self.write_report(rows)
+            self.results = self.write_report(rows, stats)
 
     def _grounder_counts(self) -> dict[str, Any]:
         if self.grounder is None:
             return {}
         return {"faiss_grounding": {"matched": self.grounder.matched, "unmatched": self.grounder.unmatched}}
 
-    def write_report(self, rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Write ``evidence.jsonl``, the per-variant predictions and the comparison; return the results table."""
+    def _run_stats(self) -> dict[str, Any]:
+        """This process's counters: evidence, proxy and answer parsing, faiss grounding."""
+        return {
+            **self.counts,
+            "evidence_parse": self.evidence_stats.as_dict(),
+            "answer_parse": {v: s.as_dict() for v, s in self.answer_stats.items()},
+            **self._grounder_counts(),
+        }
+
+    def write_report(
+        self, rows: Sequence[dict[str, Any]], stats: dict[str, Any] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Write ``evidence.jsonl``, the per-variant predictions and the comparison; return the results table.
+
+        ``stats``: the counters for ``run_stats.json`` (default: this process's, :meth:`_run_stats`)."""
         out = Path(self.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         with atomic_write(out / "evidence.jsonl") as f:
@@ -328,16 +342,11 @@ class DoublyCalPipeline(L.LightningModule):
                 keep = ("id", "question", "answer", "q_entity", "proxy_raw", "evidence")
                 f.write(json.dumps({k: row[k] for k in keep}, ensure_ascii=False) + "\n")
         results = write_comparison(rows, self.variants, out, self.n_bins)
-        stats = {
-            "questions": len(rows),
-            **self.counts,
-            "evidence_parse": self.evidence_stats.as_dict(),
-            "answer_parse": {v: s.as_dict() for v, s in self.answer_stats.items()},
-            **self._grounder_counts(),
-        }
+        stats = {"questions": len(rows), **(self._run_stats() if stats is None else stats)}
         write_text_atomic(out / "run_stats.json", json.dumps(stats, indent=2) + "\n")
         rank_zero_info(
             f"DoublyCal comparison on {len(rows)} questions ({out}/comparison.md):\n" + comparison_markdown(results)
         )
-        rank_zero_info(f"evidence: {self.counts}; proxy parse: {self.evidence_stats}")
+        counts = {k: stats[k] for k in self.counts if k in stats}
+        rank_zero_info(f"evidence: {counts}; proxy parse: {stats['evidence_parse']}")
         return results

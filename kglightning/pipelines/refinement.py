@@ -55,7 +55,7 @@ from kglightning.llm.parsing import parse_answers
 from kglightning.metrics.functional.qa import ABSTENTIONS, normalize
 from kglightning.modules.detector import HallucinationDetector
 from kglightning.nn import GraphEncoder
-from kglightning.pipelines._ddp import gather_unique_rows
+from kglightning.pipelines._ddp import gather_unique_rows, sum_over_ranks
 from kglightning.pipelines.refinement_prompts import follow_up_message, initial_messages, verbalize_triple
 from kglightning.pipelines.refinement_report import REPORT_FILES, format_table, write_report
 from kglightning.retrieval.faiss_grounding import FaissGrounder
@@ -360,6 +360,7 @@ class KGGuardRefinement(L.LightningModule):
 
     def on_predict_end(self) -> None:
         rows = gather_unique_rows(self.rows)
+        timings = sum_over_ranks(self.timings)  # seconds of every process
         if not self.trainer.is_global_zero:
             return
         meta = {
@@ -370,7 +371,7 @@ class KGGuardRefinement(L.LightningModule):
             "max_triples": self.max_triples,
             **{k: v for k, v in self.generation.to_dict().items() if k in ("max_new_tokens", "temperature", "seed")},
         }
-        summary = write_report(rows, self.output_dir, self.max_rounds, meta=meta, timings=self.timings)
+        summary = write_report(rows, self.output_dir, self.max_rounds, meta=meta, timings=timings)
         for logger in self.loggers:
             for s in summary["steps"]:
                 values = {f"refine/{k}": v for k, v in s["metrics"].items() if v is not None}

@@ -46,7 +46,7 @@ from kglightning.llm.sgic_prompt import SGICPrompt
 from kglightning.llm.sgic_rounds import History, SelfCalibration, clean_answer, split_mean
 from kglightning.llm.uncertainty import UncertaintyEstimator, answer_uncertainty
 from kglightning.metrics.functional.squad import squad_exact_match, squad_f1, squad_hit
-from kglightning.pipelines._ddp import gather_unique_rows
+from kglightning.pipelines._ddp import gather_unique_rows, sum_over_ranks
 from kglightning.pipelines.report import comparison_outputs, write_comparison
 from kglightning.pipelines.sgic_report import METHODS, plot_trajectories, summarize, summary_markdown
 
@@ -247,6 +247,9 @@ class SGICPipeline(L.LightningModule):
 
     def on_predict_epoch_end(self) -> None:
         rows = gather_unique_rows(self.rows)
+        # the counters and the cost of every process, for the per-question figures of the report
+        self.counts = sum_over_ranks({**self.counts, "truncated_documents": self.prompt.truncated})
+        self.engine.cost = sum_over_ranks(self.engine.cost)
         if self.trainer.is_global_zero and rows:
             self.results = self.write_report(rows)
 
@@ -259,7 +262,7 @@ class SGICPipeline(L.LightningModule):
                 f.write(json.dumps({k: v for k, v in row.items() if k != "variants"}, ensure_ascii=False) + "\n")
         methods = [m for m in METHODS if m in rows[0]["variants"]]
         comparison = write_comparison(rows, methods, out, self.n_bins)
-        self.counts["truncated_documents"] = self.prompt.truncated
+        self.counts.setdefault("truncated_documents", self.prompt.truncated)
         summary = summarize(rows, self.rounds, self.engine.cost, self.counts, self.mean)
         summary["comparison"] = {m: {k: comparison[m].get(k) for k in ("Hit", "F1", "ECE")} for m in methods}
         write_text_atomic(out / "sgic_summary.json", json.dumps(summary, indent=2) + "\n")

@@ -221,7 +221,8 @@ def test_doublycal_config_runs_through_the_cli(tiny_proxy, tiny_chat_model_dir, 
     proxy_cache = (out / "proxy_cache" / "responses.jsonl").read_text()
     assert len(proxy_cache.splitlines()) == 4  # the proxy's evidence of each question
     evidence = (out / "evidence.jsonl").read_text()
-    assert json.loads((out / "run_stats.json").read_text())["cached_evidence"] == 0
+    single = json.loads((out / "run_stats.json").read_text())
+    assert single["cached_evidence"] == 0
     # a re-run on 2 DDP processes: the ranks' rows are gathered, and every answer comes back from the cache
     ddp = [*run, "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
     proc = subprocess.run(ddp, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -231,7 +232,11 @@ def test_doublycal_config_runs_through_the_cli(tiny_proxy, tiny_chat_model_dir, 
     assert json.loads((out / "comparison.json").read_text()) == results
     assert (out / "proxy_cache" / "responses.jsonl").read_text() == proxy_cache  # no evidence generated again
     assert sorted((out / "evidence.jsonl").read_text().splitlines()) == sorted(evidence.splitlines())
-    assert json.loads((out / "run_stats.json").read_text())["cached_evidence"] == 2  # rank 0's share of 4
+    double = json.loads((out / "run_stats.json").read_text())  # every process's counters, not rank 0's
+    assert double["cached_evidence"] == 4
+    assert {k: double[k] for k in ("questions", "evidence", "evidence_parse")} == {
+        k: single[k] for k in ("questions", "evidence", "evidence_parse")
+    }
 
 
 def test_write_comparison_scores_each_variant_exactly(tmp_path):

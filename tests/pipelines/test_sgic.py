@@ -159,6 +159,10 @@ def test_sgic_config_runs_through_the_cli(tiny_chat_model_dir, passages_dir, tmp
     again = json.loads((tmp_path / "outputs/sgic/sgic_summary.json").read_text())
     assert again["questions"] == 2 and again["answer_mean"] == pytest.approx(summary["answer_mean"])
     assert again["per_round"] == summary["per_round"]
+    # the counters and the token cost are every process's, not rank 0's over every question
+    assert again["counts"] == summary["counts"] and again["counts"]["questions"] == 2
+    for method in ("baseline", "sgic"):
+        assert again["methods"][method]["prompt_tokens"] == summary["methods"][method]["prompt_tokens"] > 0
     assert summary["methods"]["baseline"]["cached_calls"] == 0 < again["methods"]["baseline"]["cached_calls"]
     assert "read from the response cache" in (tmp_path / "outputs/sgic/sgic_summary.md").read_text()
 
