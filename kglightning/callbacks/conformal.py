@@ -22,8 +22,8 @@ from torch import Tensor
 
 from kglightning.conformal.functional import conformal_quantile
 from kglightning.conformal.scorer import ConformalScorer, ConformalScores
-from kglightning.metrics.coverage import AverageSetSize, EmpiricalCoverage
 from kglightning.metrics.functional import unique_by_key
+from kglightning.metrics.functional.coverage import covered, set_sizes
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,9 @@ class ConformalCallback(Callback):
     writer (:class:`BasePredictionWriter`) sees the outputs in callback order, so at ``setup("predict")`` the callback
     moves itself just ahead of any writer listed before it (as ``--trainer.callbacks+=`` lists it after a config's
     writer); every rank does the same, so DDP runs agree. ``test`` logs
-    ``test/conformal_coverage`` (:class:`EmpiricalCoverage`) and ``test/conformal_set_size``
-    (:class:`AverageSetSize`). The module must implement :class:`ConformalScorer`; ``predict`` and ``test`` run a
+    ``test/conformal_coverage`` (the share of items whose set covers the truth, as
+    :class:`~kglightning.metrics.coverage.EmpiricalCoverage`) and ``test/conformal_set_size`` (the mean set size),
+    each item counted once by its key under DDP. The module must implement :class:`ConformalScorer`; ``predict`` and ``test`` run a
     second forward pass through ``conformal_scores``.
 
     DDP: with ``"validation"`` the per-rank calibration scores are gathered before the quantile, keeping one score per
@@ -98,8 +99,7 @@ class ConformalCallback(Callback):
         self._restored = False  # load_state_dict ran since the last setup: the loaded checkpoint held a qhat
         self._val_scores: list[Tensor] = []
         self._val_keys: list[Tensor | None] = []
-        self.test_coverage = EmpiricalCoverage(mode=coverage)
-        self.test_set_size = AverageSetSize()
+        self._test_items: list[tuple[Tensor, Tensor, Tensor | None]] = []  # (covered, set size, key) per batch
 
     # ---------------------------------------------------------------- fitting
     @property
@@ -163,16 +163,17 @@ class ConformalCallback(Callback):
             self._val_keys.append(keys)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self._val_scores:
-            return
         keyed = all(k is not None for k in self._val_keys)
-        local = (torch.cat(self._val_scores), torch.cat(self._val_keys) if keyed else None)
+        local = (
+            torch.cat(self._val_scores) if self._val_scores else torch.zeros(0, dtype=torch.float64, device="cpu"),
+            torch.cat(self._val_keys)
+            if keyed and self._val_keys
+            else (torch.zeros(0, dtype=torch.long, device="cpu") if keyed else None),
+        )
         self._val_scores, self._val_keys = [], []
-        parts: list[Any] = [local]
-        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            # objects, not tensors: the shards differ in length, and no tensor of this callback is on the device
-            parts = [None] * trainer.world_size
-            torch.distributed.all_gather_object(parts, local)
+        parts = _gather(trainer, local)  # every process takes part, with or without scores of its own
+        if not sum(len(p[0]) for p in parts):
+            return
         scores = torch.cat([p[0] for p in parts])
         if all(p[1] is not None for p in parts):
             scores = scores[unique_by_key(torch.cat([p[1] for p in parts]))]
@@ -228,10 +229,7 @@ class ConformalCallback(Callback):
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._refit_for_loaded_weights(trainer, pl_module)
         self._require_fitted()
-        self.test_coverage = self.test_coverage.to(pl_module.device)
-        self.test_set_size = self.test_set_size.to(pl_module.device)
-        self.test_coverage.reset()
-        self.test_set_size.reset()
+        self._test_items = []
 
     # ---------------------------------------------------------------- outputs
     def on_predict_batch_end(
@@ -255,17 +253,32 @@ class ConformalCallback(Callback):
         cs = pl_module.conformal_scores(batch)
         if cs.labels is None:
             return
-        members = cs.sets(self.qhat)
-        self.test_coverage.update(members, cs.labels.bool() & cs.valid)
-        self.test_set_size.update(members)
+        members = cs.sets(self.qhat).cpu()
+        hit = covered(members, (cs.labels.bool() & cs.valid).cpu(), self.coverage)
+        keys = None if cs.keys is None else cs.keys.detach().long().cpu() + (dataloader_idx << 48)
+        self._test_items.append((hit.cpu(), set_sizes(members).cpu(), keys))
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if int(self.test_set_size.count) == 0 and trainer.world_size == 1:
+        """``test/conformal_coverage`` and ``test/conformal_set_size`` over every process's items, each item once by
+        its key (the repeats a distributed sampler pads the last shard with are not counted twice)."""
+        items, self._test_items = self._test_items, []
+        keyed = all(k is not None for _, _, k in items)
+        local = (
+            torch.cat([c for c, _, _ in items]) if items else torch.zeros(0, dtype=torch.bool, device="cpu"),
+            torch.cat([n for _, n, _ in items]) if items else torch.zeros(0, dtype=torch.long, device="cpu"),
+            (torch.cat([k for _, _, k in items]) if items else torch.zeros(0, dtype=torch.long, device="cpu"))
+            if keyed
+            else None,
+        )
+        parts = _gather(trainer, local)
+        hit, size = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        if not hit.numel():
             return
-        pl_module.log("test/conformal_coverage", self.test_coverage.compute())
-        pl_module.log("test/conformal_set_size", self.test_set_size.compute().float())
-        self.test_coverage.reset()
-        self.test_set_size.reset()
+        if all(p[2] is not None for p in parts):
+            keep = unique_by_key(torch.cat([p[2] for p in parts]))
+            hit, size = hit[keep], size[keep]
+        pl_module.log("test/conformal_coverage", float(hit.float().mean()))
+        pl_module.log("test/conformal_set_size", float(size.float().mean()))
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -287,8 +300,16 @@ class ConformalCallback(Callback):
                 )
         self.qhat, self.n_cal = float(state_dict["qhat"]), int(state_dict["n_cal"])
         self.alpha, self.coverage = float(state_dict["alpha"]), state_dict["coverage"]
-        if self.test_coverage.mode != self.coverage:
-            self.test_coverage = EmpiricalCoverage(mode=self.coverage)
+
+
+def _gather(trainer: L.Trainer, local: Any) -> list[Any]:
+    """Every process's ``local`` (objects, not tensors: the shards differ in length, and none of these tensors is on
+    the device); ``[local]`` on one process. Every process must call it."""
+    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        parts: list[Any] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(parts, local)
+        return parts
+    return [local]
 
 
 def attach_sets(outputs: Any, sets: list[list[Any]], qhat: float) -> None:

@@ -89,6 +89,17 @@ def _check_consistent(metrics: dict[str, float]) -> None:
     assert metrics["test/f1"] == pytest.approx(2 * p * r / (p + r) if p + r else 0.0, abs=1e-5)
 
 
+def _odd_test_split(detection_dir: str, tmp_path: Path) -> str:
+    """The fixture with 15 test questions: on 2 processes the distributed sampler repeats one to pad the last shard,
+    and test metrics must count it once."""
+    odd = tmp_path / "odd"
+    odd.mkdir(exist_ok=True)
+    for split in ("train", "validation", "test"):
+        lines = Path(detection_dir, f"{split}.jsonl").read_text().splitlines(keepends=True)
+        (odd / f"{split}.jsonl").write_text("".join(lines[:15] if split == "test" else lines))
+    return str(odd)
+
+
 def test_fit_test_predict_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
     ckpt = tmp_path / "outputs/detector/graph_transformer/checkpoints/best.ckpt"
     _cli(tmp_path, "fit", *_fixture_args(detection_dir, tiny_encoder_dir, "fit"))
@@ -96,19 +107,13 @@ def test_fit_test_predict_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
     fit_metrics = _metrics(tmp_path, "fit")
     assert "val/auc_pr" in fit_metrics and "train/loss_epoch" in fit_metrics
 
-    # 15 test questions: on 2 processes the distributed sampler repeats one to pad the last shard, and the test
-    # metrics must count it once
-    odd = tmp_path / "odd"
-    odd.mkdir()
-    for split in ("train", "validation", "test"):
-        lines = Path(detection_dir, f"{split}.jsonl").read_text().splitlines(keepends=True)
-        (odd / f"{split}.jsonl").write_text("".join(lines[:15] if split == "test" else lines))
-    _cli(tmp_path, "test", *_fixture_args(str(odd), tiny_encoder_dir, "test1"), "--ckpt_path", str(ckpt))
+    odd = _odd_test_split(detection_dir, tmp_path)  # a padded test shard on 2 processes
+    _cli(tmp_path, "test", *_fixture_args(odd, tiny_encoder_dir, "test1"), "--ckpt_path", str(ckpt))
     single = _metrics(tmp_path, "test1")
     _check_consistent(single)
 
     ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
-    _cli(tmp_path, "test", *_fixture_args(str(odd), tiny_encoder_dir, "test2"), *ddp, "--ckpt_path", str(ckpt))
+    _cli(tmp_path, "test", *_fixture_args(odd, tiny_encoder_dir, "test2"), *ddp, "--ckpt_path", str(ckpt))
     double = _metrics(tmp_path, "test2")
     for name in METRICS:
         assert double[name] == pytest.approx(single[name], abs=1e-6), name
@@ -200,11 +205,12 @@ def test_conformal_callback_through_the_cli_and_ddp(detection_dir, tiny_encoder_
     assert state[key]["alpha"] == 0.2 and state[key]["n_cal"] > 0
 
     results = {}
+    odd = _odd_test_split(detection_dir, tmp_path)  # a padded test shard on 2 processes
     for name, extra in (("c1", []), ("c2", ddp)):
         _cli(
             tmp_path,
             "test",
-            *_fixture_args(detection_dir, tiny_encoder_dir, name),
+            *_fixture_args(odd, tiny_encoder_dir, name),
             *conformal,
             *extra,
             "--ckpt_path",
