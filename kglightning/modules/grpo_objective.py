@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -52,15 +52,39 @@ def completion_mask(completion_ids: Tensor, eos_token_id: int) -> Tensor:
     return (seen_before == 0).long()
 
 
+class _RowLogSumExp(torch.autograd.Function):
+    """``logsumexp(logits / T)`` over the vocabulary, one sequence at a time, in float32; the backward pass recomputes
+    each sequence's softmax instead of keeping a float32 copy of the logits for it (``torch.logsumexp`` saves its
+    float32 input: one full float32 copy of the batch's logits until ``backward``)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, temperature: float) -> Tensor:
+        ctx.save_for_backward(logits)
+        ctx.temperature = temperature
+        acc = torch.promote_types(logits.dtype, torch.float32)
+        return torch.stack([torch.logsumexp(row.to(acc) / temperature, dim=-1) for row in logits])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (logits,) = ctx.saved_tensors
+        t = ctx.temperature
+        acc = torch.promote_types(logits.dtype, torch.float32)
+        out = torch.empty_like(logits)
+        for b, row in enumerate(logits):
+            out[b] = (torch.softmax(row.to(acc) / t, dim=-1) * (grad[b].unsqueeze(-1) / t)).to(logits.dtype)
+        return out, None
+
+
 def token_log_probs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Tensor:
     """``log p(ids)`` under ``softmax(logits / temperature)``, without a full log-softmax tensor.
 
-    The log-normaliser is computed one sequence at a time (TRL's ``selective_log_softmax`` does the same), so that at
-    most one ``(T, V)`` float32 copy of the logits is alive at once outside autograd, instead of two or three copies
-    of the whole ``(B, T, V)`` batch (about 1.3 GB each at ``B = 32``, ``T = 64`` and a 152k vocabulary).
+    The log-normaliser is computed in float32 one sequence at a time (as TRL's ``selective_log_softmax`` loops over
+    rows), and its backward pass recomputes each sequence's softmax, so that autograd keeps no float32 copy of the
+    ``(B, T, V)`` logits (about 1.3 GB at ``B = 32``, ``T = 64`` and a 152k vocabulary): only the logits themselves,
+    in their own dtype, and at most one ``(T, V)`` float32 row at a time.
 
     Args:
-        logits: ``(B, T, V)`` next-token logits aligned with ``ids`` (any floating dtype; the result is float32).
+        logits: ``(B, T, V)`` next-token logits aligned with ``ids`` (any floating dtype; the result is float32, or float64 for float64 logits).
         ids: ``(B, T)`` the tokens whose log-probabilities are wanted.
         temperature: the sampling temperature (the log-probabilities are those of the sampling distribution).
 
@@ -69,11 +93,11 @@ def token_log_probs(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Te
         >>> token_log_probs(logits, torch.tensor([[1]])).exp()
         tensor([[0.7500]])
     """
-    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1).float() / temperature
+    acc = torch.promote_types(logits.dtype, torch.float32)
+    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1).to(acc) / temperature
     if logits.shape[0] == 0:
         return picked
-    normalisers = torch.stack([torch.logsumexp(row.float() / temperature, dim=-1) for row in logits])
-    return picked - normalisers
+    return picked - _RowLogSumExp.apply(logits, temperature)
 
 
 def _group_moments(rewards: Tensor, num_generations: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:

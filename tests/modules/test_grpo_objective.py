@@ -53,6 +53,28 @@ def test_token_log_probs_match_log_softmax():
     torch.testing.assert_close(token_log_probs(logits, ids, 0.7), want)
 
 
+def test_token_log_probs_gradients_and_saved_memory():
+    """The gradient equals log_softmax's (double-precision gradcheck), and autograd keeps no float32 copy of bf16
+    logits: what the graph saves is the logits themselves."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 7, (2, 3), generator=gen)
+    assert torch.autograd.gradcheck(lambda x: token_log_probs(x, ids, 0.7), (logits,))
+    bf16 = torch.randn(4, 16, 1000, generator=gen).bfloat16().requires_grad_()
+    saved: dict[int, int] = {}  # storage -> bytes: a tensor saved by two nodes is one tensor in memory
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = token_log_probs(bf16, torch.zeros(4, 16, dtype=torch.long))
+    assert sum(saved.values()) <= bf16.numel() * bf16.element_size() + 4 * 16 * 8  # the logits once, plus the gather index
+    out.sum().backward()
+    want = torch.autograd.grad(torch.log_softmax(bf16.float(), -1)[..., 0].sum(), bf16)[0]
+    torch.testing.assert_close(bf16.grad.float(), want.float(), atol=1e-2, rtol=1e-2)
+
+
 def test_kl_is_zero_when_policies_agree_and_positive_otherwise():
     lp = torch.log(torch.tensor([[0.2, 0.5, 0.9]]))
     assert per_token_kl(lp, lp).abs().max().item() == 0.0
