@@ -224,7 +224,13 @@ def _compare_proxies(argv: list[str]) -> int:
         dm = cli.datamodule
         if not isinstance(dm, ProxyGRPODataModule):
             raise TypeError(f"compare-proxies needs a ProxyGRPODataModule in {args.config}, got {type(dm).__name__}")
-        local = [row for batch in cli.trainer.predict(cli.model, datamodule=dm) or [] for row in batch]
+        predictions = cli.trainer.predict(cli.model, datamodule=dm)
+        if predictions is None:  # a spawning strategy returns nothing to the launching process
+            raise ValueError(
+                f"compare-proxies got no predictions back from trainer.predict under strategy "
+                f"{type(cli.trainer.strategy).__name__}: use --trainer.strategy ddp (not ddp_spawn) for several devices"
+            )
+        local = [row for batch in predictions for row in batch]
         records = {r.id: r for r in dm.read_split(args.split)}
         order = {qid: i for i, qid in enumerate(records)}
         # under DDP each process predicts its shard: every question once, in the split's order

@@ -59,7 +59,7 @@ __all__ = ["ProxyGRPO", "RewardFunc", "Rollouts"]
 REFERENCE = "reference"
 
 
-STEP_ONLY = ("reward_std", "clip_ratio", "frac_reward_zero_std", "unscorable")
+STEP_ONLY = ("reward_std", "reward_group_std", "clip_ratio", "frac_reward_zero_std", "unscorable")
 """Training statistics logged per step only (under their plain names, ``train/clip_ratio``...)."""
 
 
@@ -68,9 +68,11 @@ class ProxyGRPO(HandOptimized, ProxySFT):
 
     Logs, per step (``train/``) and per validation epoch (``val/``, one greedy completion per prompt):
     ``reward`` and ``rewards/<name>`` per reward function, ``invalid_rate`` (completions without a well-formed
-    ``<PATH confidence=...>``), ``completion_length``; in training also ``reward_std`` (the mean std within groups,
-    as TRL), ``kl`` and ``clip_ratio`` (per completion token), ``loss``, ``frac_reward_zero_std`` (groups that teach
-    nothing) and ``unscorable`` (completions no reward function scored). Every value is a mean over all processes
+    ``<PATH confidence=...>``), ``completion_length``; in training also, as TRL's ``GRPOTrainer`` logs them, ``reward_std`` (the
+    std of every scored reward of the global batch), ``frac_reward_zero_std`` (the share of completions whose
+    advantage scale is 0: their group's std, or the batch's under ``scale_rewards="batch"``), ``kl`` (only when
+    ``beta > 0``) and ``clip_ratio`` (per completion token), then ``loss``, ``reward_group_std`` (the mean std within
+    groups) and ``unscorable`` (completions no reward function scored). Every value is a mean over all processes
     (:mod:`kglightning.modules.grpo_stats`), so one GPU and several log the same numbers for the same completions.
 
     Args:
@@ -328,17 +330,17 @@ class ProxyGRPO(HandOptimized, ProxySFT):
         tokens = roll.mask.sum()
         scored = ~torch.isnan(roll.rewards)
         # what the loss needs from every process, in one collective (the same on every process: the config decides)
-        batch_std, items = None, tokens.float()
-        if self.scale_rewards == "batch" or self.loss_type == "dapo":
-            pre = StepStats(self.device)
-            values = roll.rewards[scored].double()
-            pre.add("rewards", values.sum(), scored.sum())
-            pre.add("squares", (values**2).sum(), 0)
-            pre.add("tokens", tokens, 1)  # its mean over processes: global tokens / processes, TRL's dapo normaliser
-            total = pre.reduce()
-            batch_std = std_from_sums(total["rewards"].count, total["rewards"].total, total["squares"].total)
-            items = torch.tensor(total["tokens"].mean, device=self.device)
+        pre = StepStats(self.device)
+        values = roll.rewards[scored].double()
+        pre.add("rewards", values.sum(), scored.sum())
+        pre.add("squares", (values**2).sum(), 0)
+        pre.add("tokens", tokens, 1)  # its mean over processes: global tokens / processes, TRL's dapo normaliser
+        total = pre.reduce()
+        batch_std = std_from_sums(total["rewards"].count, total["rewards"].total, total["squares"].total)
+        items = torch.tensor(total["tokens"].mean, device=self.device) if self.loss_type == "dapo" else tokens.float()
         advantages, std_zero = group_advantages(roll.rewards, self.num_generations, self.scale_rewards, batch_std)
+        if self.scale_rewards == "batch":  # TRL: the scale that was used, the batch's
+            std_zero = torch.full_like(std_zero, math.isclose(batch_std, 0.0, abs_tol=1e-8))
         loss_sum = torch.zeros((), device=self.device)
         kl_sum, clip_sum = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
         for rows in torch.arange(n, device=self.device).tensor_split(self.steps_per_generation):
@@ -368,9 +370,11 @@ class ProxyGRPO(HandOptimized, ProxySFT):
             kl_sum = kl_sum + out.kl * mask.sum()
             clip_sum = clip_sum + out.clip_ratio * mask.sum()
         stats = self._reward_stats(roll)
-        stats.add("reward_std", group_reward_std(roll.rewards, self.num_generations).sum(), n)  # TRL: mean group std
+        stats.add("reward_std", torch.tensor(batch_std, device=self.device), 1)  # global: the same on every process
+        stats.add("reward_group_std", group_reward_std(roll.rewards, self.num_generations).sum(), n)
         stats.add("loss", loss_sum, 1)  # the mean over processes of each process's loss
-        stats.add("kl", kl_sum, tokens)
+        if self.beta > 0:  # TRL logs no kl without a reference model
+            stats.add("kl", kl_sum, tokens)
         stats.add("clip_ratio", clip_sum, tokens)
         stats.add("frac_reward_zero_std", std_zero.float().sum(), n)
         stats.add("unscorable", (~scored).sum(), 0)

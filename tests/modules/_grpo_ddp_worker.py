@@ -36,10 +36,9 @@ def build(model_dir: str, loss_type: str = "grpo", scale_rewards: str = "group",
         lora=LoRASettings(r=4, lora_alpha=8, lora_dropout=0.0),
         num_generations=4,
         max_completion_length=12,
-        beta=0.1,
         loss_type=loss_type,
         scale_rewards=scale_rewards,
-        **kwargs,
+        **{"beta": 0.1, **kwargs},
     )
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():

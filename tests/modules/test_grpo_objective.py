@@ -69,7 +69,9 @@ def test_token_log_probs_gradients_and_saved_memory():
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = token_log_probs(bf16, torch.zeros(4, 16, dtype=torch.long))
-    assert sum(saved.values()) <= bf16.numel() * bf16.element_size() + 4 * 16 * 8  # the logits once, plus the gather index
+    assert (
+        sum(saved.values()) <= bf16.numel() * bf16.element_size() + 4 * 16 * 8
+    )  # the logits once, plus the gather index
     out.sum().backward()
     want = torch.autograd.grad(torch.log_softmax(bf16.float(), -1)[..., 0].sum(), bf16)[0]
     torch.testing.assert_close(bf16.grad.float(), want.float(), atol=1e-2, rtol=1e-2)

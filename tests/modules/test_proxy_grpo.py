@@ -232,6 +232,29 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch(loss_type, tiny_chat
         assert split["stats"][name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
 
 
+def test_logged_statistics_follow_trl(tiny_chat_model_dir):
+    """reward_std is the std of every scored reward (TRL's nanstd), frac_reward_zero_std the share of completions
+    whose advantage scale is 0 (the batch's std under scale_rewards="batch"), and kl is logged only with beta > 0."""
+    w = _ddp_worker()
+    for scale in ("group", "batch"):
+        module = w.build(tiny_chat_model_dir, "grpo", scale)
+        roll = w.fixed_rollouts(module, [0, 1])
+        module.rollouts = lambda batch, greedy=False, r=roll: r  # type: ignore[method-assign]
+        stats = {k: v.mean for k, v in module.grpo_step({}, backward=lambda loss: None)[1].reduce().items() if v.count}
+        rewards = roll.rewards[~torch.isnan(roll.rewards)]
+        assert stats["reward_std"] == pytest.approx(float(rewards.std()), rel=1e-5)
+        groups = roll.rewards.view(-1, 4)
+        flat_groups = [bool(torch.isclose(g[~torch.isnan(g)].std(), torch.zeros(()))) if (~torch.isnan(g)).sum() > 1
+                       else True for g in groups]  # fmt: skip
+        want = 0.0 if scale == "batch" else sum(flat_groups) / len(flat_groups)
+        assert stats["frac_reward_zero_std"] == pytest.approx(want)
+        assert "kl" in stats
+    module = w.build(tiny_chat_model_dir, "grpo", "group", beta=0.0)
+    roll = w.fixed_rollouts(module, [0, 1])
+    module.rollouts = lambda batch, greedy=False: roll  # type: ignore[method-assign]
+    assert "kl" not in module.grpo_step({}, backward=lambda loss: None)[1].reduce()
+
+
 @pytest.mark.timeout(600)
 def test_two_processes_give_the_global_statistics_and_gradients_of_one(tiny_chat_model_dir, tmp_path):
     """TRL's semantics under DDP: ``scale_rewards="batch"`` divides by the std of every process's rewards, ``dapo``
