@@ -17,6 +17,7 @@ CONFIGS = {
     "detector_gat.yaml": "fit",
     "detector_paper.yaml": "fit",
     "detector_kaping.yaml": "fit",
+    "detector_real.yaml": "fit",
     "baseline_predict.yaml": "predict",
     "proxy_sft.yaml": "fit",
     "proxy_grpo.yaml": "fit",
