@@ -18,7 +18,9 @@ from kglightning.metrics.classification import detection_scores
 from kglightning.modules.detector_scores import (
     ScoreBuffer,
     answer_keys,
+    best_ap_offset,
     best_f1_threshold,
+    best_joint_thresholds,
     best_offset,
     bootstrap_f1_threshold,
     detection_loss,
@@ -72,6 +74,12 @@ class HallucinationDetector(L.LightningModule):
             (:func:`bootstrap_f1_threshold`).
         tune_ungrounded_offset: tune ``ungrounded_offset`` on validation (:func:`best_offset`); ``False`` keeps it
             at 0, one threshold on both models' raw scores.
+        threshold_for: ``"grounded"``: the threshold is the best-F1 one over the graph model's answers, then the
+            offset the best for every answer given it; ``"all"``: both together, for the best F1 over every
+            validation answer (:func:`best_joint_thresholds`; the grounded-only F1 then comes second). Choose
+            ``"all"`` when the LLM's answers are often not graph nodes, as a real LLM's are. ``"all_ap"``: the offset
+            that ranks every validation answer best (average precision, :func:`best_ap_offset`), then the best-F1
+            threshold over every answer's shifted score.
         baseline_seed: seed of the Random baseline, whose score for a node is fixed by (seed, question id,
             node name), so that it is the same on one process or many.
         pos_weight: weight of the hallucinated (positive) class in the loss (``None``: 1). Below 1 when most
@@ -98,6 +106,7 @@ class HallucinationDetector(L.LightningModule):
         tune_threshold: bool = True,
         threshold_resamples: int = 0,
         tune_ungrounded_offset: bool = True,
+        threshold_for: Literal["grounded", "all", "all_ap"] = "grounded",
         baseline_seed: int = 0,
         pos_weight: float | None = None,
         focal_gamma: float = 0.0,
@@ -111,6 +120,12 @@ class HallucinationDetector(L.LightningModule):
         super().__init__()
         if pos_weight is not None and pos_weight <= 0:
             raise ValueError(f"pos_weight must be > 0, got {pos_weight}")
+        if threshold_for not in ("grounded", "all", "all_ap"):
+            raise ValueError(f"threshold_for must be 'grounded', 'all' or 'all_ap', got {threshold_for!r}")
+        if threshold_for != "grounded" and threshold_resamples:
+            raise ValueError(
+                "threshold_resamples (bootstrap) tunes a grounded-only threshold: use threshold_for=grounded"
+            )
         if threshold_resamples < 0:
             raise ValueError(f"threshold_resamples must be >= 0, got {threshold_resamples}")
         if focal_gamma < 0:
@@ -125,6 +140,7 @@ class HallucinationDetector(L.LightningModule):
         self.tune_threshold = tune_threshold
         self.threshold_resamples = threshold_resamples
         self.tune_ungrounded_offset = tune_ungrounded_offset
+        self.threshold_for = threshold_for
         self.baseline_seed = baseline_seed
         self.pos_weight = pos_weight
         self.focal_gamma = focal_gamma
@@ -265,15 +281,28 @@ class HallucinationDetector(L.LightningModule):
         if not self.trainer.sanity_checking:
             # MostFrequent's class: the validation majority, whether or not the threshold is tuned
             self.majority.fill_(float(target.float().mean() >= 0.5))
-        if self.tune_threshold and not self.trainer.sanity_checking:
-            if self.threshold_resamples:
-                thr = bootstrap_f1_threshold(probs, target, self.threshold_resamples, self.baseline_seed)
-            else:
-                thr = best_f1_threshold(probs, target)[0]
+        tuning = not self.trainer.sanity_checking
+        joint = self.threshold_for != "grounded" and self.tune_threshold and self.tune_ungrounded_offset
+        if joint and tuning and loose_logits.numel():
+            if self.threshold_for == "all":
+                thr, offset = best_joint_thresholds(probs, target, loose_logits, loose_target)
+            else:  # "all_ap": the offset for the best ranking, then the best-F1 threshold of that one score
+                offset = best_ap_offset(probs, target, loose_logits, loose_target)
+                merged = torch.cat([probs, torch.sigmoid(loose_logits.to(probs) + offset)])
+                thr = best_f1_threshold(merged, torch.cat([target, loose_target]))[0]
             self.threshold.fill_(thr)
+            self.ungrounded_offset.fill_(offset)
+        else:
+            if self.tune_threshold and tuning:
+                if self.threshold_resamples:
+                    thr = bootstrap_f1_threshold(probs, target, self.threshold_resamples, self.baseline_seed)
+                else:
+                    thr = best_f1_threshold(probs, target)[0]
+                self.threshold.fill_(thr)
+            if self.tune_ungrounded_offset and tuning and loose_logits.numel():
+                thr = float(self.threshold)
+                self.ungrounded_offset.fill_(best_offset(probs >= thr, target, loose_logits, loose_target, thr))
         thr = float(self.threshold)
-        if self.tune_ungrounded_offset and not self.trainer.sanity_checking and loose_logits.numel():
-            self.ungrounded_offset.fill_(best_offset(probs >= thr, target, loose_logits, loose_target, thr))
         values = {f"val/{k}": v for k, v in detection_scores(probs, target, thr).items()}
         if loose_logits.numel():
             shifted = torch.sigmoid(loose_logits.to(probs) + self.ungrounded_offset.to(probs))

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 from torchmetrics import Metric
-from torchmetrics.functional.classification import binary_precision_recall_curve
+from torchmetrics.functional.classification import binary_average_precision, binary_precision_recall_curve
 from torchmetrics.utilities import dim_zero_cat
 
 from kglightning.datamodules.detection_graphs import answer_owner
@@ -123,6 +123,92 @@ def best_offset(
     f1 = 2 * tp / (2 * tp + fp + fn).clamp_min(1e-12)
     best = int(len(f1) - 1 - torch.argmax(f1.flip(0)))  # the highest cut among the best
     return t - float(cuts[best])
+
+
+def _cut_counts(scores: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(cuts, tp, fp)``: each distinct score as a cut (flag ``score >= cut``), in descending order after a first
+    "flag none" cut of ``+inf``, with the true and false positives each cut gives."""
+    scores, target = scores.detach().double().cpu(), target.detach().bool().cpu()
+    cuts = torch.unique(scores).flip(0)
+    order = torch.argsort(scores, descending=True)
+    s, t = scores[order], target[order]
+    # the last position of each distinct score in the descending order: every answer with that score is flagged
+    last = torch.searchsorted(-s, -cuts, right=True) - 1
+    tp, fp = torch.cumsum(t.long(), 0)[last], torch.cumsum((~t).long(), 0)[last]
+    zero = torch.zeros(1, dtype=torch.long)
+    return (
+        torch.cat([torch.tensor([math.inf], dtype=torch.float64), cuts]),
+        torch.cat([zero, tp]),
+        torch.cat([zero, fp]),
+    )
+
+
+def best_joint_thresholds(
+    probs: Tensor, target: Tensor, loose_logits: Tensor, loose_target: Tensor
+) -> tuple[float, float]:
+    """The grounded answers' threshold and the ungrounded answers' logit offset that maximise F1 over every answer.
+
+    Every pair of cuts (a grounded probability, an ungrounded logit) is tried at once: F1 is ``2T / (T + F + P)``
+    with ``T`` and ``F`` the true and false positives the two cuts flag and ``P`` every hallucinated answer. The
+    offset moves the ungrounded cut onto the threshold's logit. Ties keep the fewest flags.
+
+    Example:
+        >>> probs, target = torch.tensor([0.9, 0.6, 0.2]), torch.tensor([1, 0, 0])
+        >>> thr, off = best_joint_thresholds(probs, target, torch.tensor([2.0, -1.0]), torch.tensor([1, 0]))
+        >>> round(thr, 4), torch.sigmoid(torch.tensor([2.0, -1.0]) + off).ge(thr).tolist()  # flag 0.9 and 2.0
+        (0.9, [True, False])
+    """
+    cg, tpg, fpg = _cut_counts(probs, target)
+    cu, tpu, fpu = _cut_counts(loose_logits, loose_target)
+    positives = int(target.bool().sum()) + int(loose_target.bool().sum())
+    tp = tpg[:, None] + tpu[None, :]
+    fp = fpg[:, None] + fpu[None, :]
+    f1 = (2 * tp).double() / (tp + fp + positives).clamp_min(1).double()
+    best = int(torch.argmax(f1.flatten()))  # the first maximum: fewest grounded flags, then fewest ungrounded
+    i, j = divmod(best, f1.shape[1])
+    # "flag no grounded answer": just under 1, so that a shifted ungrounded score can still reach the threshold
+    thr = min(float(cg[i]), 1 - 1e-6) if i > 0 else 1 - 1e-6
+    # the ungrounded cut halfway below its value, so that no validation logit sits on the boundary
+    values = cu[1:]
+    if j == 0:
+        cut = float(values[0]) + 1.0 if values.numel() else 0.0
+    else:
+        lower = float(values[j]) if j < values.numel() else float(values[j - 1]) - 1.0
+        cut = (float(values[j - 1]) + lower) / 2
+    clamped = min(max(thr, 1e-6), 1 - 1e-6)
+    return thr, math.log(clamped / (1 - clamped)) - cut
+
+
+def best_ap_offset(
+    probs: Tensor, target: Tensor, loose_logits: Tensor, loose_target: Tensor, span: float = 12.0, steps: int = 241
+) -> float:
+    """The logit offset for the ungrounded answers that maximises the average precision over every answer.
+
+    The offset decides how the two populations interleave in one ranking; it is searched on a grid of ``steps``
+    values over ``[-span, span]``, then once more on a grid ten times finer around the best. Ties keep the offset
+    nearest 0.
+
+    Example:
+        >>> probs, target = torch.tensor([0.9, 0.2]), torch.tensor([1, 0])
+        >>> off = best_ap_offset(probs, target, torch.tensor([-4.0]), torch.tensor([1]))
+        >>> torch.sigmoid(torch.tensor(-4.0 + off)).item() > 0.2  # the hallucinated ungrounded answer above the faithful
+        True
+    """
+    if loose_logits.numel() == 0:
+        return 0.0
+    g = torch.logit(probs.detach().double().cpu().clamp(1e-12, 1 - 1e-12))
+    u = loose_logits.detach().double().cpu()
+    y = torch.cat([target, loose_target]).long().cpu()
+
+    def best_of(offsets: Tensor) -> float:
+        aps = torch.stack([binary_average_precision(torch.cat([g, u + o]), y) for o in offsets])
+        top = aps.max()
+        ties = offsets[torch.isclose(aps, top, rtol=0, atol=1e-12)]
+        return float(ties[ties.abs().argmin()])
+
+    coarse = best_of(torch.linspace(-span, span, steps, dtype=torch.float64))
+    step = 2 * span / (steps - 1)
+    return best_of(torch.linspace(coarse - step, coarse + step, 21, dtype=torch.float64))
 
 
 def bootstrap_f1_threshold(probs: Tensor, target: Tensor, resamples: int, seed: int = 0) -> float:

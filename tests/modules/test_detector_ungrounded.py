@@ -202,3 +202,40 @@ def test_the_ungrounded_offset_is_tuned_saved_and_used_by_predictions(datamodule
     L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
               default_root_dir=tmp_path, accelerator="cpu").fit(frozen, datamodule=datamodule)  # fmt: skip
     assert float(frozen.ungrounded_offset) == 0.0
+
+
+def test_joint_thresholds_maximise_f1_over_every_answer():
+    from kglightning.metrics.classification import detection_scores
+    from kglightning.modules.detector_scores import best_joint_thresholds
+
+    gen = torch.Generator().manual_seed(1)
+    g_probs, g_target = torch.rand(40, generator=gen), torch.randint(0, 2, (40,), generator=gen)
+    loose = torch.randn(25, generator=gen) * 3
+    loose_target = (torch.rand(25, generator=gen) < 0.8).long()
+    thr, off = best_joint_thresholds(g_probs, g_target, loose, loose_target)
+    target = torch.cat([g_target, loose_target])
+
+    def f1(t: float, o: float) -> float:
+        return float(detection_scores(torch.cat([g_probs, torch.sigmoid(loose + o)]), target, t)["f1"])
+
+    grid = max(f1(t, o) for t in [*g_probs.tolist(), 1.01] for o in torch.linspace(-10, 10, 401).tolist())
+    assert f1(thr, off) >= grid - 1e-9
+    # it is at least as good over every answer as the grounded-best threshold with its best offset
+    from kglightning.modules.detector_scores import best_f1_threshold, best_offset
+
+    t0 = best_f1_threshold(g_probs, g_target)[0]
+    assert f1(thr, off) >= f1(t0, best_offset(g_probs >= t0, g_target, loose, loose_target, t0)) - 1e-9
+    with pytest.raises(ValueError, match="threshold_for"):
+        HallucinationDetector(threshold_for="some")
+    with pytest.raises(ValueError, match="bootstrap"):
+        HallucinationDetector(threshold_for="all", threshold_resamples=10)
+
+
+def test_joint_thresholds_that_flag_no_grounded_answer_still_flag_ungrounded_ones():
+    from kglightning.modules.detector_scores import best_joint_thresholds
+
+    probs, target = torch.tensor([0.9, 0.8, 0.7]), torch.tensor([0, 0, 0])  # every grounded answer is faithful
+    loose, loose_target = torch.tensor([1.0, 2.0, -3.0]), torch.tensor([1, 1, 0])
+    thr, off = best_joint_thresholds(probs, target, loose, loose_target)
+    assert not bool((probs >= thr).any())
+    assert torch.sigmoid(loose + off).ge(thr).tolist() == [True, True, False]
