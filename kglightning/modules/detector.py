@@ -23,6 +23,7 @@ from kglightning.modules.detector_scores import (
     best_joint_thresholds,
     best_offset,
     bootstrap_f1_threshold,
+    clamp_threshold,
     detection_loss,
     item_uniform,
 )
@@ -48,6 +49,9 @@ class HallucinationDetector(L.LightningModule):
     answers' logits get an offset (the ``ungrounded_offset`` buffer), tuned on validation after the threshold: with
     it, ``p >= threshold`` is the best-F1 decision over every validation answer (``val/all/*``) while the grounded
     answers keep their own best-F1 threshold. Tests, predictions and conformal scores use the shifted logits.
+    Known limit: :class:`~kglightning.callbacks.ConformalCallback` with ``fit_on="validation"`` collects its scores
+    during the validation batches, before this epoch's offset is tuned, so its ``qhat`` is fitted on the previous
+    epoch's offset; with ungrounded answers, prefer ``fit_on="fit_end"``.
 
     Reloading: through the CLI (``--ckpt_path``) the config rebuilds the encoder. In Python, pass a non-default
     encoder again, as the factory is not pickled into the checkpoint:
@@ -122,6 +126,11 @@ class HallucinationDetector(L.LightningModule):
             raise ValueError(f"pos_weight must be > 0, got {pos_weight}")
         if threshold_for not in ("grounded", "all", "all_ap"):
             raise ValueError(f"threshold_for must be 'grounded', 'all' or 'all_ap', got {threshold_for!r}")
+        if threshold_for != "grounded" and not (tune_threshold and tune_ungrounded_offset):
+            raise ValueError(
+                f"threshold_for={threshold_for!r} tunes the threshold and the offset: it needs "
+                "tune_threshold and tune_ungrounded_offset"
+            )
         if threshold_for != "grounded" and threshold_resamples:
             raise ValueError(
                 "threshold_resamples (bootstrap) tunes a grounded-only threshold: use threshold_for=grounded"
@@ -160,13 +169,16 @@ class HallucinationDetector(L.LightningModule):
         """``nn.Module.load_state_dict``; a checkpoint from before ungrounded answers existed (no ``ungrounded.*``
         weights) loads, keeping this module's fresh ungrounded scorer, with a warning."""
         own = super().state_dict()
-        missing = [k for k in own if k.startswith("ungrounded") and k not in state_dict]
+        missing = [k for k in own if k.startswith("ungrounded.") and k not in state_dict]
         if missing and any(k.startswith("net.") for k in state_dict):
             rank_zero_warn(
                 "this checkpoint has no weights for the ungrounded-answer scorer (saved before it existed): answers "
                 "that name no graph node get an untrained score; retrain, or set data.init_args.ungrounded: drop"
             )
             state_dict = {**state_dict, **{k: own[k] for k in missing}}
+        if "ungrounded_offset" not in state_dict and any(k.startswith("net.") for k in state_dict):
+            # saved before the offset existed: no shift, as then
+            state_dict = {**state_dict, "ungrounded_offset": torch.zeros_like(own["ungrounded_offset"])}
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def forward(self, batch: Any, calibrated: bool | None = None) -> Tensor:
@@ -289,7 +301,7 @@ class HallucinationDetector(L.LightningModule):
             else:  # "all_ap": the offset for the best ranking, then the best-F1 threshold of that one score
                 offset = best_ap_offset(probs, target, loose_logits, loose_target)
                 merged = torch.cat([probs, torch.sigmoid(loose_logits.to(probs) + offset)])
-                thr = best_f1_threshold(merged, torch.cat([target, loose_target]))[0]
+                thr = clamp_threshold(best_f1_threshold(merged, torch.cat([target, loose_target]))[0])
             self.threshold.fill_(thr)
             self.ungrounded_offset.fill_(offset)
         else:
@@ -298,16 +310,16 @@ class HallucinationDetector(L.LightningModule):
                     thr = bootstrap_f1_threshold(probs, target, self.threshold_resamples, self.baseline_seed)
                 else:
                     thr = best_f1_threshold(probs, target)[0]
-                self.threshold.fill_(thr)
+                self.threshold.fill_(clamp_threshold(thr))
             if self.tune_ungrounded_offset and tuning and loose_logits.numel():
                 thr = float(self.threshold)
                 self.ungrounded_offset.fill_(best_offset(probs >= thr, target, loose_logits, loose_target, thr))
         thr = float(self.threshold)
         values = {f"val/{k}": v for k, v in detection_scores(probs, target, thr).items()}
-        if loose_logits.numel():
-            shifted = torch.sigmoid(loose_logits.to(probs) + self.ungrounded_offset.to(probs))
-            every = detection_scores(torch.cat([probs, shifted]), torch.cat([target, loose_target]), thr)
-            values |= {f"val/all/{k}": v for k, v in every.items()}
+        # every answer (the same as val/* when every answer is a graph node), so that a monitor on val/all/* exists
+        shifted = torch.sigmoid(loose_logits.to(probs) + self.ungrounded_offset.to(probs))
+        every = detection_scores(torch.cat([probs, shifted]), torch.cat([target, loose_target.to(target)]), thr)
+        values |= {f"val/all/{k}": v for k, v in every.items()}
         values["val/threshold"] = self.threshold.clone()
         values["val/ungrounded_offset"] = self.ungrounded_offset.clone()
         self.log("val/f1", values.pop("val/f1"), prog_bar=True)
@@ -339,7 +351,11 @@ class HallucinationDetector(L.LightningModule):
         )
         columns = [probs, torch.full_like(probs, float(self.majority)), rand]
         scores = getattr(batch, "baseline_scores", None)
-        columns += [scores[:, k].to(probs) for k in range(len(self.llm_baseline_names))] if scores is not None else []
+        # every process updates every buffer (NaN where a batch has no baseline scores): compute() is a collective
+        columns += [
+            scores[:, k].to(probs) if scores is not None else torch.full_like(probs, float("nan"))
+            for k in range(len(self.llm_baseline_names))
+        ]
         for buf, column in zip(self.test_scores.values(), columns):
             buf.update(column, target, keys)
         self.test_grounded.update(grounded.float(), target, keys)
@@ -353,16 +369,16 @@ class HallucinationDetector(L.LightningModule):
         names = ["", "mostfrequent/", "random/", *(f"{name}/" for name in self.llm_baseline_names)]
         values = {}
         for name, buf in zip(names, self.test_scores.values()):
-            if len(buf.probs) == 0:  # the datamodule gave no scores for this baseline
-                continue
             probs, target = buf.compute()
+            buf.reset()
+            if bool(torch.isnan(probs).all()):  # the datamodule gave no scores for this baseline
+                continue
             thr = float(self.threshold) if name == "" else 0.5
             if bool(grounded.any()):  # a split with no grounded answer leaves out the grounded metrics
                 values |= {
                     f"test/{name}{k}": v for k, v in detection_scores(probs[grounded], target[grounded], thr).items()
                 }
             values |= {f"test/all/{name}{k}": v for k, v in detection_scores(probs, target, thr).items()}
-            buf.reset()
         self.test_grounded.reset()
         values["test/threshold"] = self.threshold.clone()
         values["test/ungrounded_offset"] = self.ungrounded_offset.clone()

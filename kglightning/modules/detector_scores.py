@@ -91,66 +91,85 @@ def best_f1_threshold(probs: Tensor, target: Tensor) -> tuple[float, float]:
     return float(thresholds[best]), float(f1[best])
 
 
+#: thresholds are kept in ``[EDGE, 1 - EDGE]``: float32's sigmoid cannot tell logits apart past about 16.6 (it
+#: returns exactly 1.0), so a threshold nearer 0 or 1 would decide differently from the logits it was tuned on
+EDGE = 1e-4
+
+
+def clamp_threshold(threshold: float) -> float:
+    """``threshold`` moved into ``[EDGE, 1 - EDGE]``, where float32 probabilities still order as their logits do."""
+    return min(max(float(threshold), EDGE), 1 - EDGE)
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+def _cut_counts(scores: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(values, tp, fp)``: the distinct scores in descending order, and the true and false positives of flagging
+    ``score >= cut`` for each cut: "flag none" first (``tp[0] = fp[0] = 0``), then each distinct score in turn."""
+    scores, target = scores.detach().double().cpu(), target.detach().bool().cpu()
+    values = torch.unique(scores).flip(0)
+    order = torch.argsort(scores, descending=True)
+    s, t = scores[order], target[order]
+    # the last position of each distinct score in the descending order: every answer with that score is flagged
+    last = torch.searchsorted(-s, -values, right=True) - 1
+    zero = torch.zeros(1, dtype=torch.long, device="cpu")
+    tp, fp = torch.cumsum(t.long(), 0)[last], torch.cumsum((~t).long(), 0)[last]
+    return values, torch.cat([zero, tp]), torch.cat([zero, fp])
+
+
+def _midpoint(values: Tensor, j: int) -> float:
+    """The logit cut of cut index ``j`` of :func:`_cut_counts` (0: flag none), halfway between the value it flags
+    last and the next lower one, so that no tuned-on logit sits on the boundary."""
+    if values.numel() == 0:
+        return 0.0
+    if j == 0:
+        return float(values[0]) + 1.0
+    lower = float(values[j]) if j < values.numel() else float(values[j - 1]) - 2.0
+    return (float(values[j - 1]) + lower) / 2
+
+
 def best_offset(
     grounded_flags: Tensor, grounded_target: Tensor, loose_logits: Tensor, loose_target: Tensor, threshold: float
 ) -> float:
     """The logit offset for the ungrounded answers' scores that maximises F1 over every answer.
 
     The grounded answers' flags are fixed (their threshold is tuned on them alone). An ungrounded answer is flagged
-    when ``logit + offset >= logit(threshold)``; the cut ``c`` on the raw logits is searched over the values seen
-    (and "flag none"), and the offset is ``logit(threshold) - c``. Ties keep the highest cut (fewest flags).
+    when ``logit + offset >= logit(threshold)`` (``threshold`` as :func:`clamp_threshold` keeps it); the cut on the
+    raw logits is searched over the values seen and "flag none", placed halfway to the next lower value, and the
+    offset moves it onto the threshold's logit. Ties keep the fewest flags.
 
     Example:
         >>> flags, target = torch.tensor([1, 0, 0]), torch.tensor([1, 0, 1])
         >>> loose, loose_target = torch.tensor([-3.0, -1.0, 2.0]), torch.tensor([1, 1, 0])
-        >>> round(best_offset(flags, target, loose, loose_target, threshold=0.5), 4)  # flag both -3 and -1: cut -3
-        3.0
+        >>> off = best_offset(flags, target, loose, loose_target, threshold=0.5)
+        >>> (loose + off).ge(0).tolist()  # higher logits flag first: all three (F1 0.75) beats -1 and 2 (0.57)
+        [True, True, True]
     """
-    clamped = min(max(float(threshold), 1e-6), 1 - 1e-6)
-    t = math.log(clamped / (1 - clamped))
     if loose_logits.numel() == 0:
         return 0.0
     g_flags, g_target = grounded_flags.bool().cpu(), grounded_target.bool().cpu()
-    tp_g = float((g_flags & g_target).sum())
-    fp_g = float((g_flags & ~g_target).sum())
-    fn_g = float((~g_flags & g_target).sum())
-    logits, target = loose_logits.detach().float().cpu(), loose_target.bool().cpu()
-    cuts = torch.cat([torch.unique(logits), logits.max().reshape(1) + 1.0])  # the last: flag none
-    flagged = logits[None, :] >= cuts[:, None]
-    tp = tp_g + (flagged & target).sum(1).float()
-    fp = fp_g + (flagged & ~target).sum(1).float()
-    fn = fn_g + (~flagged & target).sum(1).float()
-    f1 = 2 * tp / (2 * tp + fp + fn).clamp_min(1e-12)
-    best = int(len(f1) - 1 - torch.argmax(f1.flip(0)))  # the highest cut among the best
-    return t - float(cuts[best])
-
-
-def _cut_counts(scores: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(cuts, tp, fp)``: each distinct score as a cut (flag ``score >= cut``), in descending order after a first
-    "flag none" cut of ``+inf``, with the true and false positives each cut gives."""
-    scores, target = scores.detach().double().cpu(), target.detach().bool().cpu()
-    cuts = torch.unique(scores).flip(0)
-    order = torch.argsort(scores, descending=True)
-    s, t = scores[order], target[order]
-    # the last position of each distinct score in the descending order: every answer with that score is flagged
-    last = torch.searchsorted(-s, -cuts, right=True) - 1
-    tp, fp = torch.cumsum(t.long(), 0)[last], torch.cumsum((~t).long(), 0)[last]
-    zero = torch.zeros(1, dtype=torch.long)
-    return (
-        torch.cat([torch.tensor([math.inf], dtype=torch.float64), cuts]),
-        torch.cat([zero, tp]),
-        torch.cat([zero, fp]),
-    )
+    values, tp, fp = _cut_counts(loose_logits, loose_target)
+    tp = tp + int((g_flags & g_target).sum())
+    fp = fp + int((g_flags & ~g_target).sum())
+    positives = int(g_target.sum()) + int(loose_target.bool().sum())
+    f1 = (2 * tp).double() / (tp + fp + positives).clamp_min(1).double()
+    best = int(torch.argmax(f1))  # the first maximum: the fewest flags
+    return _logit(clamp_threshold(threshold)) - _midpoint(values, best)
 
 
 def best_joint_thresholds(
-    probs: Tensor, target: Tensor, loose_logits: Tensor, loose_target: Tensor
+    probs: Tensor, target: Tensor, loose_logits: Tensor, loose_target: Tensor, chunk: int = 1024
 ) -> tuple[float, float]:
     """The grounded answers' threshold and the ungrounded answers' logit offset that maximise F1 over every answer.
 
-    Every pair of cuts (a grounded probability, an ungrounded logit) is tried at once: F1 is ``2T / (T + F + P)``
-    with ``T`` and ``F`` the true and false positives the two cuts flag and ``P`` every hallucinated answer. The
-    offset moves the ungrounded cut onto the threshold's logit. Ties keep the fewest flags.
+    Every pair of cuts (a grounded probability, an ungrounded logit) is tried: F1 is ``2T / (T + F + P)`` with
+    ``T`` and ``F`` the true and false positives the two cuts flag and ``P`` every hallucinated answer, computed
+    ``chunk`` grounded cuts at a time (memory ``chunk x ungrounded cuts``). The threshold stays in
+    ``[EDGE, 1 - EDGE]`` (:func:`clamp_threshold`; "flag no grounded answer" becomes ``1 - EDGE``), the ungrounded
+    cut lies halfway to the next lower logit, and the offset moves it onto the threshold's logit. Ties keep the
+    fewest flags.
 
     Example:
         >>> probs, target = torch.tensor([0.9, 0.6, 0.2]), torch.tensor([1, 0, 0])
@@ -158,25 +177,20 @@ def best_joint_thresholds(
         >>> round(thr, 4), torch.sigmoid(torch.tensor([2.0, -1.0]) + off).ge(thr).tolist()  # flag 0.9 and 2.0
         (0.9, [True, False])
     """
-    cg, tpg, fpg = _cut_counts(probs, target)
-    cu, tpu, fpu = _cut_counts(loose_logits, loose_target)
+    g_values, tpg, fpg = _cut_counts(probs, target)
+    u_values, tpu, fpu = _cut_counts(loose_logits, loose_target)
     positives = int(target.bool().sum()) + int(loose_target.bool().sum())
-    tp = tpg[:, None] + tpu[None, :]
-    fp = fpg[:, None] + fpu[None, :]
-    f1 = (2 * tp).double() / (tp + fp + positives).clamp_min(1).double()
-    best = int(torch.argmax(f1.flatten()))  # the first maximum: fewest grounded flags, then fewest ungrounded
-    i, j = divmod(best, f1.shape[1])
-    # "flag no grounded answer": just under 1, so that a shifted ungrounded score can still reach the threshold
-    thr = min(float(cg[i]), 1 - 1e-6) if i > 0 else 1 - 1e-6
-    # the ungrounded cut halfway below its value, so that no validation logit sits on the boundary
-    values = cu[1:]
-    if j == 0:
-        cut = float(values[0]) + 1.0 if values.numel() else 0.0
-    else:
-        lower = float(values[j]) if j < values.numel() else float(values[j - 1]) - 1.0
-        cut = (float(values[j - 1]) + lower) / 2
-    clamped = min(max(thr, 1e-6), 1 - 1e-6)
-    return thr, math.log(clamped / (1 - clamped)) - cut
+    best_f1, best_i, best_j = -1.0, 0, 0
+    for start in range(0, len(tpg), chunk):
+        tp = tpg[start : start + chunk, None] + tpu[None, :]
+        fp = fpg[start : start + chunk, None] + fpu[None, :]
+        f1 = ((2 * tp).double() / (tp + fp + positives).clamp_min(1).double()).flatten()
+        k = int(torch.argmax(f1))  # the chunk's first maximum: fewest grounded, then fewest ungrounded flags
+        if float(f1[k]) > best_f1:
+            best_f1, (best_i, best_j) = float(f1[k]), divmod(k, len(tpu))
+            best_i += start
+    thr = clamp_threshold(float(g_values[best_i - 1]) if best_i > 0 else 1.0)
+    return thr, _logit(thr) - _midpoint(u_values, best_j)
 
 
 def best_ap_offset(

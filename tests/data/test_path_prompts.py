@@ -109,3 +109,36 @@ def test_the_cli_writes_splits_the_detector_reads(tmp_path, capsys):
     test = read_records(str(out / "test.jsonl"))
     assert len(test) == 2 and test[0].prediction == ["Governor", "President of Mars", "Lawyer"]
     assert test[0].graph[0] == ("James K. Polk", "government.politician.positions", "m.04j60kc")
+
+
+def test_hostile_lines_are_refused_with_their_place(tmp_path):
+    path = tmp_path / "predictions.jsonl"
+    cases = [
+        (_row(ground_truth=["Governor", 1961]), "ground_truth"),
+        (_row(id=True), "id"),
+    ]
+    for row, field in cases:
+        path.write_text(json.dumps(row) + "\n")
+        with pytest.raises(RecordError) as err:
+            read_prompt_predictions(path)
+        assert (err.value.line, err.value.field) == (1, field)
+    path.write_text(json.dumps(_row(id=7)) + "\n" + json.dumps(_row(id="7")) + "\n")
+    with pytest.raises(RecordError, match="repeats id '7' of line 1") as err:
+        read_prompt_predictions(path)
+    assert err.value.line == 2
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_row()).encode() + b"\n" + b'{"id": "\xff"}\n')
+    with pytest.raises(RecordError, match="not UTF-8"):
+        read_prompt_predictions(path)
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_row()).encode() + b"\n")  # a byte-order mark is fine
+    assert len(read_prompt_predictions(path)) == 1
+
+
+def test_a_question_on_the_header_line_ends_the_block():
+    prompt = "Reasoning Paths:\nA -> r -> B\nQuestion: which X? Answer -> format -> entity\nC -> r -> D"
+    assert parse_reasoning_paths(prompt) == [["A", "r", "B"]]
+
+
+def test_split_sizes_add_up():
+    records = [record_from_prompt(_row(id=f"q{i}")) for i in range(5)]
+    sizes = [len(v) for v in split_by_question(records, [0.9, 0.1, 0.0], seed=0).values()]
+    assert sum(sizes) == 5 and sizes[2] == 0

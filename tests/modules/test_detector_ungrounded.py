@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from functools import partial
 from pathlib import Path
 
@@ -239,3 +240,32 @@ def test_joint_thresholds_that_flag_no_grounded_answer_still_flag_ungrounded_one
     thr, off = best_joint_thresholds(probs, target, loose, loose_target)
     assert not bool((probs >= thr).any())
     assert torch.sigmoid(loose + off).ge(thr).tolist() == [True, True, False]
+
+
+def test_tuned_flags_are_the_flags_forward_makes_even_at_the_edges():
+    """Thresholds stay where float32 probabilities still order as the logits do, and cuts fall between logits."""
+    from kglightning.modules.detector_scores import EDGE, best_joint_thresholds, best_offset
+
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(50):
+        g_logits = torch.randn(30, generator=gen) * 12  # many saturate in float32
+        g_target = torch.randint(0, 2, (30,), generator=gen)
+        loose, loose_target = torch.randn(20, generator=gen) * 12, torch.randint(0, 2, (20,), generator=gen)
+        probs = torch.sigmoid(g_logits)
+        thr, off = best_joint_thresholds(probs, g_target, loose, loose_target)
+        assert EDGE <= thr <= 1 - EDGE
+        flags = torch.sigmoid(loose + torch.tensor(off, dtype=torch.float32)) >= thr
+        assert torch.equal(flags, (loose.double() + off) >= math.log(thr / (1 - thr)))
+        off2 = best_offset(probs >= 0.5, g_target, loose, loose_target, 0.5)
+        assert torch.equal(torch.sigmoid(loose + off2) >= 0.5, (loose.double() + off2) >= 0)
+
+
+def test_an_old_checkpoint_without_the_offset_loads_quietly(datamodule):
+    import warnings
+
+    model = _model(datamodule)
+    state = {k: v for k, v in model.state_dict().items() if k != "ungrounded_offset"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.load_state_dict(state)
+    assert float(model.ungrounded_offset) == 0.0

@@ -44,7 +44,7 @@ class PromptStats:
 def parse_reasoning_paths(prompt: str, stats: PromptStats | None = None) -> list[list[str]]:
     """The paths of a prompt's ``Reasoning Paths:`` block, each as ``[e0, r1, e1, r2, e2, ...]``.
 
-    The block runs from the header to the line ``Question:`` (or the end); blank lines in it are skipped. A line that
+    The block runs from the header to a line that starts with ``Question:`` (or the end); blank lines in it are skipped. A line that
     does not alternate entities and relations (an even number of ``" -> "``-separated parts, or fewer than 3, as
     when a name holds a line break) is skipped and counted in ``stats``.
 
@@ -57,7 +57,7 @@ def parse_reasoning_paths(prompt: str, stats: PromptStats | None = None) -> list
         return []
     out = []
     for line in prompt[start + len(PATHS_HEADER) :].split("\n")[1:]:  # [0]: the rest of the header's line
-        if line.strip() == QUESTION_HEADER:
+        if line.strip().startswith(QUESTION_HEADER):  # "Question:" alone, or with the question on its line
             break
         if not line.strip():
             continue
@@ -95,15 +95,21 @@ def record_from_prompt(row: dict[str, Any], *, source: str = "<record>", line: i
             raise RecordError(f"has type {type(row[name]).__name__}", source=source, line=line, field=name)
         return row[name]
 
-    need("id", (str, int))
+    qid = need("id", (str, int))
+    if isinstance(qid, bool):
+        raise RecordError("has type bool", source=source, line=line, field="id")
     need("question", str)
     reply = need("prediction", (str, list))
     gold = need("ground_truth", (list, str))
     prompt = need("input", str)
+    bad = [g for g in ([gold] if isinstance(gold, str) else gold) if not isinstance(g, str)]
+    if bad:
+        raise RecordError(f"holds {bad[0]!r} ({type(bad[0]).__name__}), expected strings", source=source, line=line,
+                          field="ground_truth")  # fmt: skip
     paths = parse_reasoning_paths(prompt, stats)
     triples = list(dict.fromkeys((p[i], p[i + 1], p[i + 2]) for p in paths for i in range(0, len(p) - 2, 2)))
     nodes = {n for h, _, t in triples for n in (h, t)}
-    gold_list = [gold] if isinstance(gold, str) else [g for g in gold if isinstance(g, str)]
+    gold_list = [gold] if isinstance(gold, str) else list(gold)
     if stats is not None:
         stats.records += 1
         stats.without_paths += not triples
@@ -121,18 +127,28 @@ def record_from_prompt(row: dict[str, Any], *, source: str = "<record>", line: i
 
 def read_prompt_predictions(path: str | Path, stats: PromptStats | None = None) -> list[KGQARecord]:
     """Every line of a RoG / GNN-RAG ``predictions.jsonl`` as a record (see :func:`record_from_prompt`)."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for i, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise RecordError(f"is not JSON ({err.msg})", source=str(path), line=i) from None
-            if not isinstance(row, dict):
-                raise RecordError("is not a JSON object", source=str(path), line=i)
-            out.append(record_from_prompt(row, source=str(path), line=i, stats=stats))
+    out: list[KGQARecord] = []
+    first_line: dict[str, int] = {}
+    with open(path, encoding="utf-8-sig") as f:  # a byte-order mark is not part of the first record
+        i = 0
+        try:
+            for i, text in enumerate(f, 1):
+                if not text.strip():
+                    continue
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError as err:
+                    raise RecordError(f"is not JSON ({err.msg})", source=str(path), line=i) from None
+                if not isinstance(row, dict):
+                    raise RecordError("is not a JSON object", source=str(path), line=i)
+                record = record_from_prompt(row, source=str(path), line=i, stats=stats)
+                if record.id in first_line:
+                    raise RecordError(f"repeats id {record.id!r} of line {first_line[record.id]}", source=str(path),
+                                      line=i, field="id")  # fmt: skip
+                first_line[record.id] = i
+                out.append(record)
+        except UnicodeDecodeError as err:
+            raise RecordError(f"is not UTF-8 ({err.reason})", source=str(path), line=i + 1) from None
     return out
 
 
@@ -144,8 +160,8 @@ def split_by_question(
         raise ValueError(f"fractions must be three non-negative numbers that sum to 1, got {list(fractions)}")
     ids = sorted({r.id for r in records})
     random.Random(seed).shuffle(ids)
-    n_train = round(fractions[0] * len(ids))
-    n_val = round(fractions[1] * len(ids))
+    n_train = round(fractions[0] * len(ids))  # cumulative rounding: the three sizes add up to len(ids)
+    n_val = round((fractions[0] + fractions[1]) * len(ids)) - n_train
     split_of = {q: "train" for q in ids[:n_train]}
     split_of |= {q: "validation" for q in ids[n_train : n_train + n_val]}
     split_of |= {q: "test" for q in ids[n_train + n_val :]}
