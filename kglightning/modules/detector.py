@@ -18,14 +18,9 @@ from kglightning.metrics.classification import detection_scores
 from kglightning.modules.detector_scores import (
     ScoreBuffer,
     answer_keys,
-    best_ap_offset,
-    best_f1_threshold,
-    best_joint_thresholds,
-    best_offset,
-    bootstrap_f1_threshold,
-    clamp_threshold,
     detection_loss,
     item_uniform,
+    tune_decision,
 )
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard, UngroundedAnswerScorer, nearest_nodes
 
@@ -293,27 +288,13 @@ class HallucinationDetector(L.LightningModule):
         if not self.trainer.sanity_checking:
             # MostFrequent's class: the validation majority, whether or not the threshold is tuned
             self.majority.fill_(float(target.float().mean() >= 0.5))
-        tuning = not self.trainer.sanity_checking
-        joint = self.threshold_for != "grounded" and self.tune_threshold and self.tune_ungrounded_offset
-        if joint and tuning and loose_logits.numel():
-            if self.threshold_for == "all":
-                thr, offset = best_joint_thresholds(probs, target, loose_logits, loose_target)
-            else:  # "all_ap": the offset for the best ranking, then the best-F1 threshold of that one score
-                offset = best_ap_offset(probs, target, loose_logits, loose_target)
-                merged = torch.cat([probs, torch.sigmoid(loose_logits.to(probs) + offset)])
-                thr = clamp_threshold(best_f1_threshold(merged, torch.cat([target, loose_target]))[0])
+            thr, offset = tune_decision(
+                probs, target, loose_logits, loose_target, self.threshold_for, float(self.threshold),
+                float(self.ungrounded_offset), self.tune_threshold, self.tune_ungrounded_offset,
+                self.threshold_resamples, self.baseline_seed,
+            )  # fmt: skip
             self.threshold.fill_(thr)
             self.ungrounded_offset.fill_(offset)
-        else:
-            if self.tune_threshold and tuning:
-                if self.threshold_resamples:
-                    thr = bootstrap_f1_threshold(probs, target, self.threshold_resamples, self.baseline_seed)
-                else:
-                    thr = best_f1_threshold(probs, target)[0]
-                self.threshold.fill_(clamp_threshold(thr))
-            if self.tune_ungrounded_offset and tuning and loose_logits.numel():
-                thr = float(self.threshold)
-                self.ungrounded_offset.fill_(best_offset(probs >= thr, target, loose_logits, loose_target, thr))
         thr = float(self.threshold)
         values = {f"val/{k}": v for k, v in detection_scores(probs, target, thr).items()}
         # every answer (the same as val/* when every answer is a graph node), so that a monitor on val/all/* exists

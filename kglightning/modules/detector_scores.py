@@ -225,6 +225,41 @@ def best_ap_offset(
     return best_of(torch.linspace(coarse - step, coarse + step, 21, dtype=torch.float64))
 
 
+def tune_decision(
+    probs: Tensor,
+    target: Tensor,
+    loose_logits: Tensor,
+    loose_target: Tensor,
+    threshold_for: str,
+    threshold: float,
+    offset: float,
+    tune_threshold: bool = True,
+    tune_offset: bool = True,
+    resamples: int = 0,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """The detector's decision rule tuned on a validation epoch: ``(threshold, ungrounded offset)``.
+
+    ``probs``/``target``: the grounded answers; ``loose_logits``/``loose_target``: the ungrounded answers' raw logits.
+    ``threshold_for`` is the detector's argument of that name; a quantity not tuned keeps its value as given.
+    """
+    if threshold_for != "grounded" and tune_threshold and tune_offset and loose_logits.numel():
+        if threshold_for == "all":
+            return best_joint_thresholds(probs, target, loose_logits, loose_target)
+        # "all_ap": the offset for the best ranking, then the best-F1 threshold of that one score
+        offset = best_ap_offset(probs, target, loose_logits, loose_target)
+        merged = torch.cat([probs, torch.sigmoid(loose_logits.to(probs) + offset)])
+        return clamp_threshold(best_f1_threshold(merged, torch.cat([target, loose_target.to(target)]))[0]), offset
+    if tune_threshold:
+        best = (
+            bootstrap_f1_threshold(probs, target, resamples, seed) if resamples else best_f1_threshold(probs, target)[0]
+        )
+        threshold = clamp_threshold(best)
+    if tune_offset and loose_logits.numel():
+        offset = best_offset(probs >= threshold, target, loose_logits, loose_target, threshold)
+    return threshold, offset
+
+
 def bootstrap_f1_threshold(probs: Tensor, target: Tensor, resamples: int, seed: int = 0) -> float:
     """The median of the best-F1 thresholds of ``resamples`` bootstrap resamples of ``(probs, target)``.
 

@@ -122,6 +122,8 @@ def test_keys_are_always_logged_and_step_statistics_keep_their_names(tiny_chat_m
     trainer.fit(module, _loader(module, 2), _loader(module, 1))
     metrics = trainer.callback_metrics
     assert torch.isnan(metrics["val/reward"])  # logged (a monitored key exists), and says nothing was scored
-    assert [k for k in metrics if k.startswith("train/reward")] == ["train/reward_std"], sorted(metrics)
+    rewards = {k for k in metrics if k.startswith("train/reward")}  # the spreads, under their plain names; no mean
+    assert rewards == {"train/reward_std", "train/reward_group_std"}, sorted(metrics)
     assert {"train/clip_ratio", "train/unscorable"} <= set(metrics)  # no reward logged as 0; the batches counted
-    assert float(metrics["train/unscorable"]) == 4 and "train/kl_epoch" in metrics
+    assert float(metrics["train/unscorable"]) == 4 and "train/completion_length_epoch" in metrics
+    assert not any(k.startswith("train/kl") for k in metrics)  # beta 0: no reference model, no kl (as TRL)
