@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import lightning as L
@@ -22,6 +22,7 @@ from torch import Tensor
 
 from kglightning.conformal.functional import conformal_quantile
 from kglightning.conformal.scorer import ConformalScorer, ConformalScores
+from kglightning.data.devices import all_gather_objects
 from kglightning.metrics.functional import unique_by_key
 from kglightning.metrics.functional.coverage import covered, set_sizes
 
@@ -163,21 +164,12 @@ class ConformalCallback(Callback):
             self._val_keys.append(keys)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        keyed = all(k is not None for k in self._val_keys)
-        local = (
-            torch.cat(self._val_scores) if self._val_scores else torch.zeros(0, dtype=torch.float64, device="cpu"),
-            torch.cat(self._val_keys)
-            if keyed and self._val_keys
-            else (torch.zeros(0, dtype=torch.long, device="cpu") if keyed else None),
-        )
+        # every process takes part in the gather, with or without scores of its own
+        (scores,), keyed = _gather_items([self._val_scores], self._val_keys, (torch.float64,))
         self._val_scores, self._val_keys = [], []
-        parts = _gather(trainer, local)  # every process takes part, with or without scores of its own
-        if not sum(len(p[0]) for p in parts):
+        if not scores.numel():
             return
-        scores = torch.cat([p[0] for p in parts])
-        if all(p[1] is not None for p in parts):
-            scores = scores[unique_by_key(torch.cat([p[1] for p in parts]))]
-        elif trainer.world_size > 1:
+        if not keyed and trainer.world_size > 1:
             log.warning(
                 "ConformalCallback: conformal_scores(batch) gives no keys, so the items a distributed sampler repeats "
                 "to pad the last shard are calibrated on twice; set ConformalScores.keys to drop them"
@@ -262,21 +254,10 @@ class ConformalCallback(Callback):
         """``test/conformal_coverage`` and ``test/conformal_set_size`` over every process's items, each item once by
         its key (the repeats a distributed sampler pads the last shard with are not counted twice)."""
         items, self._test_items = self._test_items, []
-        keyed = all(k is not None for _, _, k in items)
-        local = (
-            torch.cat([c for c, _, _ in items]) if items else torch.zeros(0, dtype=torch.bool, device="cpu"),
-            torch.cat([n for _, n, _ in items]) if items else torch.zeros(0, dtype=torch.long, device="cpu"),
-            (torch.cat([k for _, _, k in items]) if items else torch.zeros(0, dtype=torch.long, device="cpu"))
-            if keyed
-            else None,
-        )
-        parts = _gather(trainer, local)
-        hit, size = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        hits, sizes, keys = ([list(c) for c in zip(*items)]) if items else ([], [], [])
+        (hit, size), _ = _gather_items([hits, sizes], keys, (torch.bool, torch.long))
         if not hit.numel():
             return
-        if all(p[2] is not None for p in parts):
-            keep = unique_by_key(torch.cat([p[2] for p in parts]))
-            hit, size = hit[keep], size[keep]
         pl_module.log("test/conformal_coverage", float(hit.float().mean()))
         pl_module.log("test/conformal_set_size", float(size.float().mean()))
 
@@ -302,14 +283,25 @@ class ConformalCallback(Callback):
         self.alpha, self.coverage = float(state_dict["alpha"]), state_dict["coverage"]
 
 
-def _gather(trainer: L.Trainer, local: Any) -> list[Any]:
-    """Every process's ``local`` (objects, not tensors: the shards differ in length, and none of these tensors is on
-    the device); ``[local]`` on one process. Every process must call it."""
-    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-        parts: list[Any] = [None] * trainer.world_size
-        torch.distributed.all_gather_object(parts, local)
-        return parts
-    return [local]
+def _gather_items(
+    columns: Sequence[list[Tensor]], keys: list[Tensor | None], dtypes: Sequence[torch.dtype]
+) -> tuple[list[Tensor], bool]:
+    """Every process's per-item columns (lists of CPU batch tensors, empty lists allowed), each concatenated, with
+    one entry per item key when every batch of every process has keys (the repeats a distributed sampler pads the
+    last shard with are dropped); and whether they all had keys. Every process must call it.
+
+    Objects, not tensors, are gathered: the shards differ in length, and none of these tensors is on the device.
+    """
+    local = [torch.cat(c) if c else torch.zeros(0, dtype=d, device="cpu") for c, d in zip(columns, dtypes)]
+    keyed = all(k is not None for k in keys)
+    local_keys = (torch.cat(keys) if keys else torch.zeros(0, dtype=torch.long, device="cpu")) if keyed else None
+    parts = all_gather_objects((local, local_keys))
+    out = [torch.cat([p[0][i] for p in parts]) for i in range(len(local))]
+    keyed = all(p[1] is not None for p in parts)
+    if keyed:
+        keep = unique_by_key(torch.cat([p[1] for p in parts]))
+        out = [c[keep] for c in out]
+    return out, keyed
 
 
 def attach_sets(outputs: Any, sets: list[list[Any]], qhat: float) -> None:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 
-__all__ = ["local_gpu", "resolve_device", "resolve_dtype"]
+__all__ = ["all_gather_objects", "local_gpu", "resolve_device", "resolve_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +59,19 @@ def resolve_dtype(dtype: str, device: str) -> str:
     if torch.device(device).type != "cuda":
         return "float32"
     return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every DDP process's ``obj`` (any picklable value, e.g. tensors of different lengths, on the CPU), in rank
+    order; ``[obj]`` without a process group of several. Every process must call it.
+
+    Example:
+        >>> all_gather_objects({"questions": 3})  # one process
+        [{'questions': 3}]
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, obj)
+    return parts

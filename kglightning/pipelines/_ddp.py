@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
+from kglightning.data.devices import all_gather_objects
 
 
 def gather_unique_rows(rows: Sequence[dict[str, Any]], key: str = "id") -> list[dict[str, Any]]:
@@ -13,10 +13,7 @@ def gather_unique_rows(rows: Sequence[dict[str, Any]], key: str = "id") -> list[
 
     A distributed sampler pads the ranks with repeated records, so the first row of each key is kept.
     """
-    parts: list[Any] = [list(rows)]
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        parts = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(parts, list(rows))
+    parts = all_gather_objects(list(rows))
     unique: dict[Any, dict[str, Any]] = {}
     for part in parts:
         for row in part:
@@ -45,10 +42,7 @@ def sum_over_ranks(counts: Mapping[str, Any]) -> dict[str, Any]:
         >>> sum_over_ranks({"questions": 3, "cost": {"seconds": 1.5}})  # one process
         {'questions': 3, 'cost': {'seconds': 1.5}}
     """
-    parts: list[Any] = [dict(counts)]
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        parts = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(parts, dict(counts))
+    parts = all_gather_objects(dict(counts))
     total: Any = parts[0]
     for part in parts[1:]:
         total = _add(total, part)

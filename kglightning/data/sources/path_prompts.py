@@ -16,12 +16,13 @@ import argparse
 import json
 import logging
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.sources.loaders import write_records
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +172,6 @@ def split_by_question(
     return out
 
 
-def _write(records: Iterable[KGQARecord], path: Path) -> None:
-    from kglightning.fileio import write_text_atomic
-
-    write_text_atomic(path, "".join(json.dumps(r.to_dict(), ensure_ascii=False) + "\n" for r in records))
-
-
 def main(argv: list[str] | None = None, prog: str = "import-predictions") -> int:
     p = argparse.ArgumentParser(
         prog=prog,
@@ -194,9 +189,8 @@ def main(argv: list[str] | None = None, prog: str = "import-predictions") -> int
     records = read_prompt_predictions(args.input, stats)
     splits = split_by_question(records, args.fractions, args.seed)
     out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
     for name, rows in splits.items():
-        _write(rows, out / f"{name}.jsonl")
+        write_records(rows, out / f"{name}.jsonl")
     sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
     print(
         f"wrote {out}: {sizes} questions; {stats.paths} paths, {stats.malformed_paths} lines that were not a path "
