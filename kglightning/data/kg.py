@@ -24,6 +24,7 @@ import numpy as np
 
 from kglightning.data import kg_paths
 from kglightning.data.kg_csr import Hop, csr_positions
+from kglightning.data.triple_array import TripleArray
 
 REVERSE_PREFIX = "~"
 
@@ -85,6 +86,9 @@ class KGIndex:
     """
 
     def __init__(self, triples: Iterable[Sequence[str]] = (), *, entities: Iterable[str] = ()):
+        if isinstance(triples, TripleArray):  # ids over a shared vocabulary: strings are looked up once each
+            self._from_ids(triples, entities)
+            return
         triples = triples if isinstance(triples, list) else list(triples)
         try:  # C-level checks (map/set) keep a 10^6-triple build fast; find the culprit only on failure
             ok = set(map(len, triples)) <= {3} and str not in set(map(type, triples))
@@ -110,6 +114,24 @@ class KGIndex:
         h = np.fromiter(map(eid, heads), dtype=np.int64, count=m)
         r = np.fromiter(map(rid, rels), dtype=np.int64, count=m)
         self._build(h, r, np.fromiter(map(eid, tails), dtype=np.int64, count=m))
+
+    def _from_ids(self, triples: TripleArray, entities: Iterable[str]) -> None:
+        ids, strings = triples.ids, triples.vocab.strings
+        ent_v = np.unique(np.concatenate([ids[:, 0], ids[:, 2]]))
+        rel_v = np.unique(ids[:, 1])
+        ent_names = [strings[i] for i in ent_v.tolist()]
+        rel_names = [strings[i] for i in rel_v.tolist()]
+        bad = [r for r in rel_names if is_reverse(r)]
+        if bad:
+            raise ValueError(f"relation {bad[0]!r} starts with {REVERSE_PREFIX!r}, which marks reverse hops")
+        self._set_names(sorted(set(ent_names).union(entities)), sorted(rel_names))
+        ent_pos = np.fromiter(map(self._eid.__getitem__, ent_names), dtype=np.int64, count=len(ent_names))
+        rel_pos = np.fromiter(map(self._rid.__getitem__, rel_names), dtype=np.int64, count=len(rel_names))
+        self._build(
+            ent_pos[np.searchsorted(ent_v, ids[:, 0])],
+            rel_pos[np.searchsorted(rel_v, ids[:, 1])],
+            ent_pos[np.searchsorted(ent_v, ids[:, 2])],
+        )
 
     @classmethod
     def from_triples(cls, triples: Iterable[Sequence[str]], *, entities: Iterable[str] = ()) -> KGIndex:

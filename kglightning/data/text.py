@@ -20,7 +20,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal, get_args
 
 from kglightning.data.kg import is_reverse
 
@@ -110,27 +110,42 @@ def neutralize_special_tokens(text: str, tokens: Iterable[str] = (), generic: bo
     return ZWSP.join(pieces)
 
 
+RelationView = Literal["readable", "raw", "leaf"]
+"""How a relation is written for a text encoder: ``readable`` (``location country capital``), ``raw`` (the id as the
+KG writes it, ``location.country.capital``) or ``leaf`` (its last dotted segment, ``capital``)."""
+
+RELATION_VIEWS: tuple[str, ...] = get_args(RelationView)
+
+
 @lru_cache(maxsize=65536)
-def relation_text(relation: str) -> str:
-    """A readable rendering of a (possibly reversed) Freebase-style relation.
+def relation_text(relation: str, view: RelationView = "readable") -> str:
+    """A rendering of a (possibly reversed) Freebase-style relation for a text encoder (see :data:`RelationView`).
 
     Example:
         >>> relation_text("location.country.capital"), relation_text("~people.person.place_of_birth")
         ('location country capital', 'inverse of people person place of birth')
+        >>> relation_text("~people.person.place_of_birth", "leaf"), relation_text("~people.person.place_of_birth", "raw")
+        ('inverse of place of birth', '~people.person.place_of_birth')
     """
+    if view not in RELATION_VIEWS:
+        raise ValueError(f"relation view must be one of {RELATION_VIEWS}, got {view!r}")
+    if view == "raw":
+        return _BREAKS.sub(" ", relation).strip()
     if is_reverse(relation):
-        return "inverse of " + relation_text(relation[1:])
+        return "inverse of " + relation_text(relation[1:], view)
+    if view == "leaf":
+        relation = relation.rstrip(".").rsplit(".", 1)[-1] or relation
     return _BREAKS.sub(" ", relation).replace(".", " ").replace("_", " ").strip()
 
 
-def path_text(path: Sequence[str]) -> str:
+def path_text(path: Sequence[str], view: RelationView = "readable") -> str:
     """Text of a relation path: its hops' texts joined by ``" -> "``.
 
     Example:
         >>> path_text(["~location.country.capital", "location.country.currency_used"])
         'inverse of location country capital -> location country currency used'
     """
-    return " -> ".join(relation_text(r) for r in path)
+    return " -> ".join(relation_text(r, view) for r in path)
 
 
 def step_query_text(question: str, prefix: Sequence[str]) -> str:

@@ -14,6 +14,7 @@ from kglightning.data.cache import folder_name
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.text import RELATION_VIEWS, RelationView
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.detection_graphs import DetectionStats, answer_paths, build_detection_graph, node_texts
 from kglightning.nn.kgguard import edge_types
@@ -51,6 +52,9 @@ class DetectionDataModule(KGQADataModule):
             ``test/all/*``; ``"drop"`` leaves it out (counted), as KG-Guard's node-level task does.
         near_miss: grounds an answer that matches no node by name to its nearest node name
             (:class:`~kglightning.retrieval.FaissGrounder`, above its ``min_similarity``); ``None``: names only.
+        relation_view: how relations are written for the text encoder (edge types and ``path_score``'s paths):
+            ``"readable"`` (``location country capital``), ``"raw"`` (``location.country.capital``) or ``"leaf"``
+            (``capital``); see :func:`~kglightning.data.text.relation_text`.
         **kwargs: the record-reading arguments of :class:`~kglightning.datamodules.KGQADataModule` (``data_dir``,
             ``max_records``, ``on_bad_record``, ``cache_dir``, ...).
     """
@@ -75,6 +79,7 @@ class DetectionDataModule(KGQADataModule):
         path_max_hops: int = 3,
         ungrounded: Literal["keep", "drop"] = "keep",
         near_miss: FaissGrounder | None = None,
+        relation_view: RelationView = "readable",
         **kwargs: Any,
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
@@ -96,6 +101,9 @@ class DetectionDataModule(KGQADataModule):
             raise ValueError(f"ungrounded must be 'keep' or 'drop', got {ungrounded!r}")
         self.ungrounded = ungrounded
         self.near_miss = near_miss
+        if relation_view not in RELATION_VIEWS:
+            raise ValueError(f"relation_view must be one of {RELATION_VIEWS}, got {relation_view!r}")
+        self.relation_view = relation_view
         self._paths: dict[str, dict[str, list[tuple[int | None, list[str]]]]] = {}
         self.encoder = encoder or (proposer.encoder_hint if proposer is not None else None) or SentenceEncoder()
         self.add_reverse_edges = add_reverse_edges
@@ -155,7 +163,9 @@ class DetectionDataModule(KGQADataModule):
         """Per record id: for each distinct prediction, its hop count and shortest relation-path texts."""
         if split not in self._paths:
             self._paths[split] = {
-                r.id: answer_paths(r, list(dict.fromkeys(r.prediction or [])), self.path_max_hops)
+                r.id: answer_paths(
+                    r, list(dict.fromkeys(r.prediction or [])), self.path_max_hops, relation_view=self.relation_view
+                )
                 for r in self.records(split)
             }
         return self._paths[split]
@@ -163,7 +173,7 @@ class DetectionDataModule(KGQADataModule):
     def prepare_split(self, split: str) -> None:
         """Propose answers for ``split`` (or read them from the cache) and encode its texts."""
         if split not in self._embedded:
-            texts = {t for r in self.records(split) for t in node_texts(r)}
+            texts = {t for r in self.records(split) for t in node_texts(r, self.relation_view)}
             if "path_score" in self.answer_features:
                 texts.update(t for paths in self.answer_paths(split).values() for _, ts in paths for t in ts)
             self.embeddings.add(texts)
@@ -193,7 +203,11 @@ class DetectionDataModule(KGQADataModule):
         pairs = [
             (r, g)
             for r in records
-            if (g := build_detection_graph(r, text_id, stats, self.add_reverse_edges, self.ungrounded, self._near(r)))
+            if (
+                g := build_detection_graph(
+                    r, text_id, stats, self.add_reverse_edges, self.ungrounded, self._near(r), self.relation_view
+                )
+            )
         ]
         graphs = [g for _, g in pairs]
         for i, g in enumerate(graphs):  # names the graph across DDP processes (padded repeats are dropped by it)

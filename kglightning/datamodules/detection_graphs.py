@@ -17,7 +17,7 @@ from torch_geometric.data import Data
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import shortest_relation_paths_many
 from kglightning.data.records import KGQARecord
-from kglightning.data.text import path_text, relation_text
+from kglightning.data.text import RelationView, path_text, relation_text
 from kglightning.metrics.functional.qa import is_abstention, normalize
 from kglightning.metrics.functional.qa import node_matcher as match_node
 from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
@@ -69,17 +69,21 @@ class DetectionStats:
         )
 
 
-def node_texts(record: KGQARecord) -> list[str]:
-    """Strings of a record that the graph refers to: node labels, relation texts, the question and the proposed
-    answers (an ungrounded answer's text is its input)."""
+def node_texts(record: KGQARecord, relation_view: RelationView = "readable") -> list[str]:
+    """Strings of a record that the graph refers to: node labels, relation texts (written as ``relation_view``), the
+    question and the proposed answers (an ungrounded answer's text is its input)."""
     out = [record.question, *(record.prediction or [])]
     for h, r, t in record.graph:
-        out += [h, relation_text(r), t]
+        out += [h, relation_text(r, relation_view), t]
     return out
 
 
 def answer_paths(
-    record: KGQARecord, answers: Sequence[str], max_hops: int = 3, max_paths: int = 20
+    record: KGQARecord,
+    answers: Sequence[str],
+    max_hops: int = 3,
+    max_paths: int = 20,
+    relation_view: RelationView = "readable",
 ) -> list[tuple[int | None, list[str]]]:
     """Per answer: the hop count of its nearest topic entity (``None``: unreachable within ``max_hops``) and the texts
     of the shortest relation paths from there (``"inverse of location country capital -> ..."``). An answer is
@@ -101,7 +105,12 @@ def answer_paths(
     for node in nodes:
         per_topic = [found[t].get(node) or [] for t in topics] if node is not None else []
         hops = min((len(p[0]) for p in per_topic if p), default=None)
-        texts = [path_text(p) for paths in per_topic for p in paths if hops is not None and len(p) == hops and p]
+        texts = [
+            path_text(p, relation_view)
+            for paths in per_topic
+            for p in paths
+            if hops is not None and len(p) == hops and p
+        ]
         out.append((hops, list(dict.fromkeys(texts))))
     return out
 
@@ -125,6 +134,7 @@ def build_detection_graph(
     add_reverse_edges: bool = True,
     ungrounded: Literal["keep", "drop"] = "drop",
     near_miss: Callable[[str], str | None] | None = None,
+    relation_view: RelationView = "readable",
 ) -> Data | None:
     """The augmented graph of one record, or ``None`` when it has no answer to classify.
 
@@ -205,7 +215,7 @@ def build_detection_graph(
     triples = list(dict.fromkeys(record.graph))  # an exact duplicate triple is one edge
     src = [node_of[h] for h, _, _ in triples]
     dst = [node_of[t] for _, _, t in triples]
-    rel = [text_id[relation_text(r)] for _, r, _ in triples]
+    rel = [text_id[relation_text(r, relation_view)] for _, r, _ in triples]
     kind = [EDGE_FORWARD] * len(triples)
     if add_reverse_edges:
         src, dst, rel, kind = src + dst, dst + src, rel + rel, kind + [EDGE_REVERSE] * len(triples)

@@ -108,3 +108,27 @@ def test_unknown_topic_entity_gives_no_virtual_edge():
     rec = _record(q_entity=["Narnia"])
     g = build_detection_graph(rec, _ids(rec), DetectionStats())
     assert not g.topic_mask.any() and (g.edge_kind != EDGE_VIRTUAL).all()
+
+
+@pytest.mark.parametrize(
+    ("view", "texts"),
+    [
+        ("readable", ["location country capital", "location country currency used"]),
+        ("raw", ["location.country.capital", "location.country.currency_used"]),
+        ("leaf", ["capital", "currency used"]),
+    ],
+)
+def test_relation_view_sets_the_edge_and_path_texts(view, texts):
+    from kglightning.datamodules.detection_graphs import answer_paths
+
+    rec = _record(
+        graph=[["France", "location.country.capital", "Paris"], ["France", "location.country.currency_used", "Euro"]]
+    )
+    ids = {t: i for i, t in enumerate(dict.fromkeys(node_texts(rec, view)))}
+    assert all(t in ids for t in texts)
+    g = build_detection_graph(rec, ids, DetectionStats(), relation_view=view)
+    assert g.edge_text[g.edge_kind == EDGE_FORWARD].tolist() == [ids[t] for t in texts]
+    assert [p for _, p in answer_paths(rec, ["Paris", "Euro"], relation_view=view)] == [[texts[0]], [texts[1]]]
+    with pytest.raises(KeyError):  # another view's texts are not in this table
+        other = "leaf" if view != "leaf" else "raw"
+        build_detection_graph(rec, ids, DetectionStats(), relation_view=other)

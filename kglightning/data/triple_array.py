@@ -1,0 +1,162 @@
+"""Compact graphs: a record's triples as one ``int32`` array over a vocabulary of strings shared by many records.
+
+A RoG graph read from JSON is a list of ``(head, relation, tail)`` tuples of ``str``: every occurrence of a name is
+its own string object, so a triple costs about 300 bytes of memory. :class:`TripleArray` keeps the same triples as
+an ``(n, 3)`` ``int32`` array (12 bytes a triple) whose ids index a :class:`Vocab` that all the records of a split
+share, so a hub entity's name is stored once however many graphs name it.
+
+A :class:`TripleArray` is a ``Sequence[tuple[str, str, str]]``: ``len``, indexing, slicing, iteration and ``==``
+against a list of tuples behave as the list would, so code that reads ``record.graph`` needs no change. Code that
+wants ids (:class:`~kglightning.data.kg.KGIndex`) reads :attr:`TripleArray.ids` and :attr:`TripleArray.vocab`.
+Pickled on its own (a DataLoader worker, a process pool), a :class:`TripleArray` carries only the strings it uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
+from typing import Any, overload
+
+import numpy as np
+
+__all__ = ["TripleArray", "Vocab", "graph_nodes"]
+
+
+class Vocab:
+    """Strings and their ``int32`` ids, in order of first appearance.
+
+    Example:
+        >>> v = Vocab()
+        >>> v.ids(["Paris", "capital", "Paris"]).tolist(), v.strings, len(v)
+        ([0, 1, 0], ['Paris', 'capital'], 2)
+    """
+
+    __slots__ = ("_ids", "strings")
+
+    def __init__(self, strings: Iterable[str] = ()) -> None:
+        self.strings: list[str] = []
+        self._ids: dict[str, int] = {}
+        self.ids(strings)
+
+    def __len__(self) -> int:
+        return len(self.strings)
+
+    def ids(self, strings: Iterable[str]) -> np.ndarray:
+        """The ids of ``strings`` (new strings are added), as an ``int32`` array."""
+        table, out = self._ids, []
+        get, append = table.get, out.append
+        for s in strings:
+            i = get(s)
+            if i is None:
+                i = table[s] = len(self.strings)
+                self.strings.append(s)
+            append(i)
+        if len(self.strings) > np.iinfo(np.int32).max:
+            raise OverflowError("a vocabulary holds at most 2**31 - 1 strings")
+        return np.asarray(out, dtype=np.int32)
+
+    def __getstate__(self) -> list[str]:
+        return self.strings
+
+    def __setstate__(self, strings: list[str]) -> None:
+        self.strings = list(strings)
+        self._ids = {s: i for i, s in enumerate(self.strings)}
+
+
+class TripleArray(Sequence):
+    """A graph's ``(head, relation, tail)`` triples as ids over a shared :class:`Vocab` (see the module docstring).
+
+    Args:
+        ids: ``(n, 3)`` integer array of vocabulary ids.
+        vocab: the vocabulary the ids index.
+
+    Example:
+        >>> g = TripleArray.from_triples([("France", "capital", "Paris"), ("Paris", "in", "France")], Vocab())
+        >>> len(g), g[0], g[-1], list(g) == [("France", "capital", "Paris"), ("Paris", "in", "France")]
+        (2, ('France', 'capital', 'Paris'), ('Paris', 'in', 'France'), True)
+        >>> g == [("France", "capital", "Paris"), ("Paris", "in", "France")], g[:1]
+        (True, [('France', 'capital', 'Paris')])
+    """
+
+    __slots__ = ("ids", "vocab")
+
+    def __init__(self, ids: np.ndarray, vocab: Vocab) -> None:
+        ids = np.asarray(ids)
+        if ids.ndim != 2 or ids.shape[1] != 3:
+            ids = ids.reshape(-1, 3)
+        self.ids = ids.astype(np.int32, copy=False)
+        self.vocab = vocab
+
+    @classmethod
+    def from_triples(cls, triples: Sequence[Sequence[str]], vocab: Vocab) -> TripleArray:
+        """Encode ``triples`` (three strings each; not checked here) with ``vocab``, adding new strings to it."""
+        return cls(vocab.ids(chain.from_iterable(triples)).reshape(-1, 3), vocab)
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def _tuples(self, rows: np.ndarray) -> list[tuple[str, str, str]]:
+        s = self.vocab.strings
+        return [(s[h], s[r], s[t]) for h, r, t in rows.tolist()]
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[str, str, str]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[str, str, str]]: ...
+    def __getitem__(self, i):
+        if isinstance(i, slice):  # a slice is a plain list, as slicing the list of tuples would give
+            return self._tuples(self.ids[i])
+        h, r, t = self.ids[i].tolist()
+        s = self.vocab.strings
+        return s[h], s[r], s[t]
+
+    def __iter__(self) -> Iterator[tuple[str, str, str]]:
+        return iter(self._tuples(self.ids))
+
+    def tolist(self) -> list[tuple[str, str, str]]:
+        """The triples as a list of string tuples."""
+        return self._tuples(self.ids)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TripleArray):
+            if other.vocab is self.vocab:
+                return np.array_equal(self.ids, other.ids)
+            return len(self) == len(other) and self.tolist() == other.tolist()
+        if isinstance(other, (list, tuple)):
+            return len(self) == len(other) and self.tolist() == [tuple(t) for t in other]
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking, like the list it stands for
+
+    def __add__(self, other: Iterable[Sequence[str]]) -> list[tuple[str, str, str]]:
+        return self.tolist() + [tuple(t) for t in other]  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        if len(self) > 6:
+            head = ", ".join(map(repr, self[:3]))
+            return f"TripleArray([{head}, ... {len(self) - 3} more])"
+        return f"TripleArray({self.tolist()!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # alone in a pickle, carry only the strings this graph uses (not the whole shared vocabulary)
+        used, local = np.unique(self.ids, return_inverse=True)
+        strings = [self.vocab.strings[i] for i in used.tolist()]
+        return (_rebuild, (strings, local.reshape(-1, 3).astype(np.int32)))
+
+
+def _rebuild(strings: list[str], ids: np.ndarray) -> TripleArray:
+    return TripleArray(ids, Vocab(strings))
+
+
+def graph_nodes(graph: Sequence[Sequence[str]]) -> set[str]:
+    """The names of the heads and tails of ``graph`` (a :class:`TripleArray` or a list of triples).
+
+    Example:
+        >>> sorted(graph_nodes([("France", "capital", "Paris")])), sorted(graph_nodes(TripleArray.from_triples(
+        ...     [("France", "capital", "Paris")], Vocab())))
+        (['France', 'Paris'], ['France', 'Paris'])
+    """
+    if isinstance(graph, TripleArray):
+        s = graph.vocab.strings
+        return {s[i] for i in np.unique(graph.ids[:, [0, 2]]).tolist()}
+    return {n for t in graph for n in (t[0], t[2])}

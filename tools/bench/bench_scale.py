@@ -1,0 +1,237 @@
+"""How each per-question stage scales: questions per second and peak memory on RoG-size records.
+
+Records come from :mod:`rog_generator` (seeded, RoG format, ``--triples`` per question). Every stage runs in a
+fresh process, so its peak RSS (``VmHWM``) is its own: the records read and validated, plus the stage's work.
+
+* ``read``: :func:`~kglightning.data.sources.loaders.read_records` (parse and validate); its RSS is the records';
+* ``index``: :meth:`KGIndex.from_record <kglightning.data.kg.KGIndex.from_record>` per question;
+* ``evidence``: :meth:`EvidenceBuilder.mine <kglightning.evidence.EvidenceBuilder.mine>` per question;
+* ``pcst``: :meth:`PCSTRetriever.retrieve_record <kglightning.retrieval.PCSTRetriever.retrieve_record>` per question;
+* ``detector``: the detector's data path, records to batched graphs (``node_texts``, ``build_detection_graph`` and
+  PyG batches of 32);
+* ``uag``: :func:`~kglightning.conformal.uag.scores.score_questions` (UAG's candidate scores, 3 hops);
+* ``embed``: every text of each question looked up in :class:`~kglightning.data.embeddings.EmbeddingCache`.
+
+The stages after ``index`` read a warm embedding cache (``warm`` fills it first, untimed in the table). The text
+encoder is a hashing encoder with MiniLM's width (384): the benchmark measures the data path, not the encoder, and a
+CPU cannot encode millions of strings in a benchmark's time.
+
+``--baseline SRC`` runs every stage a second time with ``SRC`` (a checkout of another commit, e.g. ``git worktree
+add /tmp/base <commit>``) first on ``PYTHONPATH``, side by side in one run, as BENCHMARKS.md reports it.
+
+    PYTHONPATH=. python tools/bench/bench_scale.py --questions 300 --triples 4000 [--baseline /tmp/base]
+    PYTHONPATH=. python tools/bench/bench_scale.py --data /tmp/scale/webqsp/train.jsonl --stages read index
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import zlib
+from datetime import date
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+STAGES = ("read", "index", "evidence", "pcst", "detector", "uag", "embed")
+STAGE_LIMITS = {"evidence": 300, "pcst": 300, "uag": 300}  # slow per-question stages: the first N questions
+
+
+class HashEncoder:
+    """A deterministic stand-in for a sentence encoder: one seeded unit vector per string (``cache_key``, ``dim``
+    and ``encode`` are all :class:`~kglightning.data.embeddings.EmbeddingCache` needs)."""
+
+    def __init__(self, dim: int = 384) -> None:
+        self.dim = dim
+        self.cache_key = f"hash-{dim}"
+
+    def encode(self, texts):
+        import numpy as np
+        import torch
+
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for i, t in enumerate(texts):
+            out[i] = np.random.default_rng(zlib.crc32(t.encode())).standard_normal(self.dim, dtype=np.float32)
+        out /= np.linalg.norm(out, axis=1, keepdims=True)
+        return torch.from_numpy(out)
+
+
+def _rss(field: str) -> float:
+    """``VmRSS`` / ``VmHWM`` of this process in MiB."""
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_stage(stage: str, data: Path, cache: Path, limit: int | None) -> dict:
+    """One stage in this process; returns its measurements."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    from kglightning.data.embeddings import EmbeddingCache
+    from kglightning.data.kg import KGIndex
+    from kglightning.data.sources.loaders import read_records
+
+    base = _rss("VmRSS")
+    t0 = time.perf_counter()
+    records = read_records(data, report=False)
+    read_s = time.perf_counter() - t0
+    records = list(records)[:limit] if limit else records
+    after_read = _rss("VmRSS")
+    triples = sum(len(r.graph) for r in records)
+    encoder = HashEncoder()
+    t0 = time.perf_counter()
+    if stage == "read":
+        seconds = read_s
+    elif stage == "index":
+        for r in records:
+            KGIndex.from_record(r)
+    elif stage == "evidence":
+        from kglightning.evidence import EvidenceBuilder
+
+        builder = EvidenceBuilder()
+        for r in records:
+            builder.mine(r)
+    elif stage in ("pcst", "detector", "uag", "embed", "warm"):
+        emb = EmbeddingCache(encoder, cache)
+        load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if stage == "warm":
+            from kglightning.conformal.uag.scores import _texts, _walks
+            from kglightning.datamodules.detection_graphs import node_texts
+
+            texts: set[str] = set()
+            for r in records:
+                texts.update(node_texts(r))
+            emb.add(texts)
+            for r in records[: STAGE_LIMITS["uag"]]:
+                emb.add(_texts(r, _walks(r, KGIndex.from_record(r), 3, 5000), None))
+            for r in records[: STAGE_LIMITS["pcst"]]:
+                emb.add([r.question])
+        elif stage == "pcst":
+            from kglightning.retrieval.pcst import PCSTRetriever
+
+            retriever = PCSTRetriever(encoder, cache_dir=str(cache.parent), show_progress=False)
+            retriever._cache = emb
+            for r in records:
+                retriever.retrieve_record(r, KGIndex.from_record(r))
+        elif stage == "detector":
+            from torch_geometric.data import Batch
+
+            from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph
+
+            stats, graphs = DetectionStats(), []
+            for r in records:
+                g = build_detection_graph(r, emb._index, stats, True, "keep")
+                if g is not None:
+                    graphs.append(g)
+            for lo in range(0, len(graphs), 32):
+                Batch.from_data_list(graphs[lo : lo + 32])
+        elif stage == "uag":
+            from kglightning.conformal.uag.scores import score_questions
+
+            score_questions(records, emb, max_hops=3, progress=False)
+        elif stage == "embed":
+            from kglightning.datamodules.detection_graphs import node_texts
+
+            for r in records:
+                emb.embed(node_texts(r))
+        seconds = time.perf_counter() - t0
+        return _result(stage, records, triples, seconds, base, after_read, cache_load_s=load_s, strings=len(emb))
+    else:
+        raise ValueError(f"unknown stage {stage!r}")
+    if stage != "read":
+        seconds = time.perf_counter() - t0
+    return _result(stage, records, triples, seconds, base, after_read)
+
+
+def _result(stage, records, triples, seconds, base, after_read, **extra) -> dict:
+    return {
+        "stage": stage,
+        "questions": len(records),
+        "triples": triples,
+        "seconds": round(seconds, 3),
+        "questions_per_s": round(len(records) / seconds, 2) if seconds > 0 else None,
+        "records_mib": round(after_read - base, 1),
+        "bytes_per_triple": round((after_read - base) * 2**20 / max(triples, 1), 1),
+        "peak_rss_mib": round(_rss("VmHWM"), 1),
+        **extra,
+    }
+
+
+def _child(impl: str, src: Path, stage: str, data: Path, cache: Path, limit: int | None) -> dict:
+    env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{HERE}", OMP_NUM_THREADS=os.environ.get("BENCH_THREADS", "2"))
+    cmd = [sys.executable, str(Path(__file__)), "--child", stage, "--data", str(data), "--cache", str(cache)]
+    if limit:
+        cmd += ["--limit", str(limit)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=src)
+    if out.returncode != 0:
+        return {"stage": stage, "impl": impl, "error": out.stderr.strip().splitlines()[-1:]}
+    return {"impl": impl, **json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+def table(rows: list[dict]) -> str:
+    head = "| stage | code | questions | triples | seconds | questions/s | records MiB | B/triple | peak RSS MiB |"
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['stage']} | {r['impl']} | error: {' '.join(r['error'])[:80]} |||||||")
+            continue
+        lines.append(
+            f"| {r['stage']} | {r['impl']} | {r['questions']} | {r['triples']} | {r['seconds']:.2f} | "
+            f"{r['questions_per_s']} | {r['records_mib']:.0f} | {r['bytes_per_triple']:.0f} | {r['peak_rss_mib']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", type=Path, help="a RoG jsonl (default: generate --questions x --triples)")
+    p.add_argument("--questions", type=int, default=300)
+    p.add_argument("--triples", type=int, default=4000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    p.add_argument("--baseline", type=Path, help="a checkout of the code to compare with")
+    p.add_argument("--work", type=Path, default=Path("/tmp/kglightning-scale"))
+    p.add_argument("--output", type=Path, help="write the rows as JSON here")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--limit", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(run_stage(args.child, args.data, args.cache, args.limit)))
+        return
+    from rog_generator import RoGGenerator, write
+
+    data = args.data
+    if data is None:
+        data = args.work / f"records-q{args.questions}-t{args.triples}-s{args.seed}.jsonl"
+        if not data.exists():
+            t = write(RoGGenerator(seed=args.seed, triples=args.triples), args.questions, "train", data)
+            print(f"generated {data}: {args.questions} questions, {t} triples", flush=True)
+    impls = [("current", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
+    rows = []
+    for impl, src in impls:
+        cache = args.work / f"cache-{impl}-{data.stem}"
+        if any(s not in ("read", "index", "evidence") for s in args.stages):
+            warm = _child(impl, src, "warm", data, cache, None)
+            print(f"[{impl}] warm cache: {warm.get('strings')} strings in {warm.get('seconds')} s", flush=True)
+        for stage in args.stages:
+            row = _child(impl, src, stage, data, cache, STAGE_LIMITS.get(stage))
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    rows.sort(key=lambda r: (STAGES.index(r["stage"]), r["impl"]))
+    print(f"\n{date.today()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {data}\n")
+    print(table(rows))
+    if args.output:
+        args.output.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
