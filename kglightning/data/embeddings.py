@@ -152,8 +152,7 @@ class EmbeddingCache:
         self.encoder = encoder
         self.folder = None if root is None else Path(root) / encoder.cache_key
         self._index: dict[str, int] = {}
-        self._chunks: list[torch.Tensor] = []
-        self._table: torch.Tensor | None = None
+        self._buffer: torch.Tensor | None = None  # rows [0, _rows) are the table; grows by half when full
         self._rows = 0
         self._shards: set[str] = set()
         self.refresh()
@@ -197,21 +196,31 @@ class EmbeddingCache:
         return self.table.shape[1] if len(self) else self.encoder.dim
 
     def _add(self, texts: list[str], emb: torch.Tensor) -> None:
+        """Append rows: a full buffer grows by half, so n strings added in any number of calls cost O(n) row copies
+        (a concatenation of the whole table per call was quadratic over a run that embeds question by question),
+        and the buffer holds at most half again the rows it has."""
+        n = len(texts)
+        if not n:
+            return
+        buf = self._buffer
+        if buf is None or buf.shape[1] != emb.shape[1] or self._rows + n > buf.shape[0]:
+            grown = torch.empty(max((buf.shape[0] if buf is not None else 0) * 3 // 2, self._rows + n, 1024),
+                                emb.shape[1], dtype=torch.float32, device="cpu")  # fmt: skip
+            if buf is not None and self._rows:
+                grown[: self._rows] = buf[: self._rows]
+            self._buffer = buf = grown
+        buf[self._rows : self._rows + n] = emb
         for j, t in enumerate(texts):
             self._index.setdefault(t, self._rows + j)  # a string in two shards keeps its first row
-        self._rows += len(texts)
-        self._chunks.append(emb)
-        self._table = None
+        self._rows += n
 
     @property
     def table(self) -> torch.Tensor:
-        """All cached embeddings, row ``i`` belonging to the ``i``-th string added."""
-        if not self._chunks:
+        """All cached embeddings, row ``i`` belonging to the ``i``-th string added (a view: rows added later do
+        not appear in a table taken before)."""
+        if self._buffer is None:
             return torch.zeros(0, 0)
-        if self._table is None:
-            self._table = torch.cat(self._chunks)
-            self._chunks = [self._table]
-        return self._table
+        return self._buffer[: self._rows]
 
     def ids(self, texts: Iterable[str]) -> torch.Tensor:
         """Row ids of ``texts`` in :attr:`table`, encoding any that are missing."""

@@ -218,6 +218,11 @@ class KGIndex:
         ids = {self._eid[e] for e in entities if e in self._eid}
         return np.array(sorted(ids), dtype=np.int64)
 
+    def edge_ids(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The distinct triples as ``(heads, relations, tails)`` id arrays, in :meth:`triples` order (entity ids
+        index :attr:`entities`, relation ids :attr:`relations`); read-only views, not copies."""
+        return self._h, self._r, self._t
+
     def triples(self) -> list[tuple[str, str, str]]:
         """All distinct triples, sorted by (head, relation, tail)."""
         e, rel = self._entities, self._relations

@@ -63,8 +63,12 @@ class Vocab:
         self._ids = {s: i for i, s in enumerate(self.strings)}
 
 
-class TripleArray(Sequence):
+class TripleArray:
     """A graph's ``(head, relation, tail)`` triples as ids over a shared :class:`Vocab` (see the module docstring).
+
+    It has the read-only sequence protocol but is deliberately not a ``collections.abc.Sequence``: utilities that
+    walk and rebuild nested collections (Lightning's ``move_data_to_device`` on a batch of records) treat it as one
+    value instead of descending into every triple.
 
     Args:
         ids: ``(n, 3)`` integer array of vocabulary ids.
@@ -112,6 +116,15 @@ class TripleArray(Sequence):
 
     def __iter__(self) -> Iterator[tuple[str, str, str]]:
         return iter(self._tuples(self.ids))
+
+    def __reversed__(self) -> Iterator[tuple[str, str, str]]:
+        return reversed(self._tuples(self.ids))
+
+    def __contains__(self, triple: object) -> bool:
+        if not isinstance(triple, (tuple, list)) or len(triple) != 3:
+            return False
+        ids = [self.vocab._ids.get(x) for x in triple]  # type: ignore[arg-type]
+        return None not in ids and bool((self.ids == np.asarray(ids, dtype=np.int32)).all(axis=1).any())
 
     def tolist(self) -> list[tuple[str, str, str]]:
         """The triples as a list of string tuples."""

@@ -4,8 +4,10 @@ Each question with mined evidence becomes one *prompt item*: the rendered eviden
 stage uses App. A.2's instruction, ``instruction: rl``) and the reward's targets, ``gold_evidence``: one
 :func:`~kglightning.evidence.rewards.gold_target` per mined evidence (items, Bayesian confidence, answer F1), so that
 :class:`~kglightning.evidence.rewards.EvidenceReward` can take the max over all of them. With ``trie`` set, every item
-also carries its question's :class:`~kglightning.llm.trie.KGTrie`, and the policy's rollouts are decoded through it
-(every ``<PATH>`` block walkable in the question's graph).
+also gets its question's :class:`~kglightning.llm.trie.KGTrie`, and the policy's rollouts are decoded through it
+(every ``<PATH>`` block walkable in the question's graph). Tries are built when a batch is collated (in the
+DataLoader's workers, when it has any) and the last ``trie_cache`` of them kept, so memory does not grow with the
+number of questions and no process builds the tries of questions it never serves.
 
 A question without mined evidence has nothing to reward against: it is skipped, counted and logged. The evidence
 mining is :class:`~kglightning.datamodules.ProxySFTDataModule`'s, cached the same way (an SFT run on the same data
@@ -14,6 +16,7 @@ and builder has already mined it).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +72,7 @@ class ProxyGRPODataModule(ProxySFTDataModule):
         prompt_format: how prompts are rendered; default App. A.2's RL instruction in the chat template (the CLI
             links it from ``model.init_args.prompt_format``).
         max_length: longest prompt in tokens; a longer one is dropped (counted and logged).
+        trie_cache: KG-Tries kept per process, most recently used first (each is built again when evicted).
         **kwargs: :class:`~kglightning.datamodules.ProxySFTDataModule`'s arguments (``tokenizer``, ``builder``,
             ``batch_size``, ``data_dir``, ``max_records``, ...); ``max_evidence``, ``qa_task`` and ``digits`` do not
             apply here.
@@ -85,12 +89,17 @@ class ProxyGRPODataModule(ProxySFTDataModule):
         trie: TrieConfig | None = None,
         prompt_format: ProxyPrompt = ProxyPrompt(instruction="rl"),
         max_length: int = 256,
+        trie_cache: int = 256,
         **kwargs: Any,
     ) -> None:
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
+        if trie_cache < 0:
+            raise ValueError(f"trie_cache must be >= 0, got {trie_cache}")
         super().__init__(prompt_format=prompt_format, max_length=max_length, **kwargs)
         self.trie = trie
+        self.trie_cache = trie_cache
+        self._tries: OrderedDict[tuple[str, str], KGTrie] = OrderedDict()
         self.grpo_stats: dict[str, GRPOStats] = {}
 
     def gold_evidence(self, split: str) -> dict[str, list[dict[str, Any]]]:
@@ -128,7 +137,7 @@ class ProxyGRPODataModule(ProxySFTDataModule):
                 "gold_evidence": gold[row["id"]],
             }
             if self.trie is not None:
-                item["trie"] = self._trie(record)
+                item["trie_record"] = record  # its trie is built when a batch is collated
             items.append(item)
         self.grpo_stats[split] = stats
         rank_zero_info(stats.summary(split))
@@ -147,7 +156,7 @@ class ProxyGRPODataModule(ProxySFTDataModule):
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         batch = collate_prompts(items, pad_id=self.tokenizer.pad_token_id)
         batch["gold_evidence"] = [it["gold_evidence"] for it in items]
-        batch["tries"] = _tries(items)
+        batch["tries"] = self._batch_tries(items)
         return batch
 
     def build_predict(self, split: str) -> list[dict[str, Any]]:
@@ -157,19 +166,31 @@ class ProxyGRPODataModule(ProxySFTDataModule):
         if self.trie is not None:
             records = {r.id: r for r in self.read_split(split)}
             for item in items:
-                item["trie"] = self._trie(records[item["id"]])
+                item["trie_record"] = records[item["id"]]
         return items
 
     def collate_predict(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         batch = super().collate_predict(items)
-        batch["tries"] = _tries(items)
+        batch["tries"] = self._batch_tries(items)
         return batch
 
+    def _batch_tries(self, items: list[dict[str, Any]]) -> list[KGTrie] | None:
+        """The batch's KG-Tries (``None`` when its items have none)."""
+        if not items or "trie_record" not in items[0]:
+            return None
+        return [self._trie(it["trie_record"]) for it in items]
+
     def _trie(self, record: KGQARecord) -> KGTrie:
+        """The record's KG-Trie, from the cache of the last ``trie_cache`` ones, else built (and cached)."""
         assert self.trie is not None
-        return self.trie.build(self.tokenizer, self.builder.index(record), record.q_entity)
-
-
-def _tries(items: list[dict[str, Any]]) -> list[KGTrie] | None:
-    """The batch's KG-Tries (``None`` when its items carry none)."""
-    return [it["trie"] for it in items] if items and "trie" in items[0] else None
+        key = (record.id, record.question)
+        trie = self._tries.get(key)
+        if trie is not None:
+            self._tries.move_to_end(key)
+            return trie
+        trie = self.trie.build(self.tokenizer, self.builder.index(record), record.q_entity)
+        if self.trie_cache:
+            self._tries[key] = trie
+            while len(self._tries) > self.trie_cache:
+                self._tries.popitem(last=False)
+        return trie

@@ -68,6 +68,11 @@ def fact_line(fact: Sequence[str]) -> str:
     return f"({', '.join(map(prompt_name, fact))})"
 
 
+def fact_texts(record: KGQARecord) -> list[str]:
+    """The text of each triple of ``record.graph``, as KAPING embeds it: ``(head, relation text, tail)``."""
+    return [f"({h}, {relation_text(r)}, {t})" for h, r, t in record.graph]
+
+
 class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
     """Proposes answers with an LLM reading the question's top triples (see the module docstring).
 
@@ -165,8 +170,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         """The ``top_triples`` triples of the record's graph most similar to its question, best first."""
         if not record.graph:
             return []
-        texts = [f"({h}, {relation_text(r)}, {t})" for h, r, t in record.graph]
-        emb = self.embeddings.embed(texts)
+        emb = self.embeddings.embed(fact_texts(record))
         q = self.embeddings.embed([record.question])[0]
         order = (emb @ q).argsort(descending=True, stable=True)[: self.top_triples].tolist()
         return [(record.graph[i][0], relation_text(record.graph[i][1]), record.graph[i][2]) for i in order]
@@ -249,6 +253,8 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
         bar = tqdm(total=len(records), desc="KAPING answers", unit="q", disable=not self.show_progress)
         for start in range(0, len(records), chunk_size):
             chunk = records[start : start + chunk_size]
+            # the chunk's new strings encoded (and written as one cache shard) at once, not question by question
+            self.embeddings.add([t for r in chunk for t in fact_texts(r)] + [r.question for r in chunk])
             facts = [self.facts(r) for r in chunk]
             convs = [self.messages(r, f) for r, f in zip(chunk, facts)]
             choices = [self.choice(r) for r in chunk]

@@ -10,8 +10,10 @@ Per question (He et al., 2024, as KG-Guard §4.1 uses it):
    prizes shared among their edges, as in G-Retriever;
 3. the tree: ``pcst_fast`` (Goemans-Williamson, ``gw`` pruning, one cluster) with edge cost ``cost_e``.
 
-Steps 2-3 are PyG's :func:`torch_geometric.llm.utils.backend_utils.retrieval_via_pcst`, called unchanged, with
-G-Retriever's WebQSP settings as defaults (``topk=3, topk_e=5, cost_e=0.5``). Where this differs from G-Retriever:
+Steps 2-3 select what PyG's :func:`torch_geometric.llm.utils.backend_utils.retrieval_via_pcst` selects, with
+G-Retriever's WebQSP settings as defaults (``topk=3, topk_e=5, cost_e=0.5``), through
+:func:`~kglightning.retrieval.pcst_prizes.pcst_cut`, which sets the prizes and costs up in array operations (PyG's
+loop over edges in Python dominated a question's time on graphs of thousands of triples). Where this differs from G-Retriever:
 G-Retriever runs PCST on RoG's pre-cut subgraphs; here step 1 cuts the neighbourhood from the whole KG. Relations are
 embedded as their readable text (``location country capital``, :func:`~kglightning.data.text.relation_text`) rather
 than the raw id, so the embeddings are shared with the detector's cache. A selected node without a selected edge
@@ -34,6 +36,7 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import khop_ids
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import relation_text
+from kglightning.retrieval.pcst_prizes import pcst_cut
 
 __all__ = ["PCSTRetriever", "SubgraphStats"]
 
@@ -156,33 +159,27 @@ class PCSTRetriever(UsesEmbeddings):
         return kg.subgraph(names[i] for i in ids.tolist()), truncated
 
     def pcst(self, question: str, sub: KGIndex) -> tuple[list[tuple[str, str, str]], list[str]]:
-        """PCST on a neighbourhood: the selected triples and nodes (PyG's ``retrieval_via_pcst``)."""
-        import pandas as pd
-        from torch_geometric.data import Data
-        from torch_geometric.llm.utils.backend_utils import retrieval_via_pcst
-
-        triples = sub.triples()
-        if not triples:
-            return [], list(sub.entities)
+        """PCST on a neighbourhood: the selected triples and nodes (:func:`~kglightning.retrieval.pcst_prizes.pcst_cut`,
+        the selection of PyG's ``retrieval_via_pcst``)."""
+        heads, rels, tails = sub.edge_ids()
         names = sub.entities
-        nid = {n: i for i, n in enumerate(names)}
-        src = [nid[h] for h, _, _ in triples]
-        dst = [nid[t] for _, _, t in triples]
-        rel_texts = [relation_text(r) for _, r, _ in triples]
+        if not heads.size:
+            return [], list(names)
         emb = self.embeddings
-        q_emb = emb.embed([question]).float()
-        data = Data(
-            x=emb.embed(names).float(),
-            edge_index=torch.tensor([src, dst], dtype=torch.long),
-            edge_attr=emb.embed(rel_texts).float(),
-            num_nodes=len(names),
+        rel_emb = emb.embed([relation_text(r) for r in sub.relations]).float()  # one row per relation, not edge
+        edges, nodes = pcst_cut(
+            np.stack([heads, tails]),
+            emb.embed(names).float(),
+            rel_emb[torch.from_numpy(rels)],
+            emb.embed([question]).float(),
+            self.topk,
+            self.topk_e,
+            self.cost_e,
+            self.num_clusters,
         )
-        data.node_idx, data.edge_idx = np.arange(len(names)), np.arange(len(triples))
-        nodes = pd.DataFrame({"node_id": range(len(names)), "node_attr": names})
-        edges = pd.DataFrame({"src": src, "edge_attr": rel_texts, "dst": dst})
-        out, _ = retrieval_via_pcst(data, q_emb, nodes, edges, self.topk, self.topk_e, self.cost_e, self.num_clusters)
-        kept = [triples[i] for i in np.asarray(out.edge_idx, dtype=np.int64).reshape(-1).tolist()]
-        return kept, [names[i] for i in np.asarray(out.node_idx, dtype=np.int64).reshape(-1).tolist()]
+        r_names = sub.relations
+        h, r, t = heads[edges].tolist(), rels[edges].tolist(), tails[edges].tolist()
+        return [(names[a], r_names[b], names[c]) for a, b, c in zip(h, r, t)], [names[i] for i in nodes.tolist()]
 
     def retrieve(
         self, question: str, topics: Sequence[str], kg: KGIndex

@@ -77,6 +77,31 @@ def test_clm_sets_by_hand():
     assert clm_set(q, CLMConfig(0.5, 0.9, math.inf), similarity=sim) == ({"a", "c"}, 5)  # d too close to c
 
 
+def test_clm_grid_outcomes_with_precomputed_similarities_equal_direct_calls():
+    calls = []
+
+    def sim(x: str, y: str) -> float:  # a graded similarity: shared characters
+        calls.append((x, y))
+        return len(set(x) & set(y)) / len(set(x) | set(y))
+
+    rng = random.Random(0)
+    words = ["ab", "abc", "bcd", "xyz", "xy", "abd"]
+    questions = [
+        SampledAnswers(tuple(rng.choice(words) for _ in range(6)), frozenset({"abc"}),
+                       tuple(rng.random() for _ in range(6)), id=str(i))  # fmt: skip
+        for i in range(12)
+    ]
+    clm = CLM(similarity=sim, similarity_grid=(0.3, 0.6, math.inf), grid_size=3)
+    grid = clm.make_grid(questions)
+    losses, sizes = clm._outcomes(questions, grid)
+    assert len(calls) <= 12 * 15  # m(m-1)/2 per question, not per configuration too
+    for j, config in enumerate(grid):
+        for i, q in enumerate(questions):
+            members, _ = clm_set(q, config, clm.set_confidence, sim)
+            assert sizes[j, i] == len(members)
+            assert losses[j, i] == (0.0 if set_covers(members, q.gold, "any") else 1.0)
+
+
 def test_clm_abstains_when_no_configuration_is_certified():
     never = [SampledAnswers(("x", "y"), frozenset({"gold"}), id=str(i)) for i in range(40)]
     clm = CLM(delta=0.1, grid_size=3).fit(never[:20], never[20:], alpha=0.1)

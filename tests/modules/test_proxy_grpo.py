@@ -129,11 +129,17 @@ def test_datamodule_items_carry_gold_evidence_and_tries(tiny_chat_model_dir, cap
         cache_dir=str(tmp_path / "cache"),
         batch_size=4,
         trie=TrieConfig(max_hops=2),
+        trie_cache=2,
     )
     dm.prepare_data()
     dm.setup("fit")
+    assert not dm._tries  # built per batch, not for every question up front
     batch = next(iter(dm.train_dataloader()))
     assert batch["input_ids"].shape[0] == 4 and len(batch["tries"]) == 4
+    assert len(dm._tries) == 2  # the last trie_cache tries are kept
+    by_id = {it["id"]: it for it in dm.datasets["train"]}
+    again = dm.collate([by_id[i] for i in batch["id"]])["tries"]  # rebuilt or cached: the same tries
+    assert [t.bodies() for t in again] == [t.bodies() for t in batch["tries"]]
     dm.setup("predict")  # predict (and compare-proxies) decode through the tries too
     assert len(next(iter(dm.predict_dataloader()))["tries"]) == 4
     gold = batch["gold_evidence"][0]

@@ -7,8 +7,8 @@ fresh process, so its peak RSS (``VmHWM``) is its own: the records read and vali
 * ``index``: :meth:`KGIndex.from_record <kglightning.data.kg.KGIndex.from_record>` per question;
 * ``evidence``: :meth:`EvidenceBuilder.mine <kglightning.evidence.EvidenceBuilder.mine>` per question;
 * ``pcst``: :meth:`PCSTRetriever.retrieve_record <kglightning.retrieval.PCSTRetriever.retrieve_record>` per question;
-* ``detector``: the detector's data path, records to batched graphs (``node_texts``, ``build_detection_graph`` and
-  PyG batches of 32);
+* ``detector``: the detector's data path, records to batched graphs (``build_detection_graph``, then per batch of 32
+  what ``DetectionDataModule.collate`` does: ``Batch.from_data_list``, the text-embedding lookup, the edge types);
 * ``uag``: :func:`~kglightning.conformal.uag.scores.score_questions` (UAG's candidate scores, 3 hops);
 * ``embed``: every text of each question looked up in :class:`~kglightning.data.embeddings.EmbeddingCache`.
 
@@ -21,6 +21,10 @@ add /tmp/base <commit>``) first on ``PYTHONPATH``, side by side in one run, as B
 
     PYTHONPATH=. python tools/bench/bench_scale.py --questions 300 --triples 4000 [--baseline /tmp/base]
     PYTHONPATH=. python tools/bench/bench_scale.py --data /tmp/scale/webqsp/train.jsonl --stages read index
+    PYTHONPATH=. python tools/bench/bench_scale.py --sweep-questions 250 500 1000 --plot docs/img/bench_scale.png
+
+``--sweep-questions`` times the current code at each number of questions (``--triples`` each) and, at the first of
+them, at each of ``--sweep-triples``, and plots seconds against both on log axes: a slope of 1 is linear growth.
 """
 
 from __future__ import annotations
@@ -125,14 +129,18 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None) -> dict:
             from torch_geometric.data import Batch
 
             from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph
+            from kglightning.nn.kgguard import edge_types
 
             stats, graphs = DetectionStats(), []
             for r in records:
                 g = build_detection_graph(r, emb._index, stats, True, "keep")
                 if g is not None:
                     graphs.append(g)
-            for lo in range(0, len(graphs), 32):
-                Batch.from_data_list(graphs[lo : lo + 32])
+            table = emb.table
+            for lo in range(0, len(graphs), 32):  # what DetectionDataModule.collate does per batch
+                batch = Batch.from_data_list(graphs[lo : lo + 32])
+                batch.x_text = table[batch.node_text]
+                edge_types(batch.edge_text, batch.edge_kind)
         elif stage == "uag":
             from kglightning.conformal.uag.scores import score_questions
 
@@ -190,6 +198,55 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def sweep(args: argparse.Namespace, stages: list[str]) -> list[dict]:
+    """The current code at several sizes: questions x ``--triples``, and ``--sweep-questions[0]`` x triples."""
+    from rog_generator import RoGGenerator, write
+
+    sizes = [(q, args.triples) for q in args.sweep_questions]
+    sizes += [(args.sweep_questions[0], t) for t in args.sweep_triples if t != args.triples]
+    rows = []
+    for q, t in sizes:
+        data = args.work / f"records-q{q}-t{t}-s{args.seed}.jsonl"
+        if not data.exists():
+            write(RoGGenerator(seed=args.seed, triples=t), q, "train", data)
+        cache = args.work / f"cache-current-{data.stem}"
+        _child("current", ROOT, "warm", data, cache, None)
+        for stage in stages:
+            row = {**_child("current", ROOT, stage, data, cache, None), "size_questions": q, "size_triples": t}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def plot(rows: list[dict], path: Path, triples: int, questions: int) -> None:
+    """Seconds per stage against questions (at ``triples``) and against triples per question (at ``questions``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, fixed, label in (
+        (axes[0], "size_questions", ("size_triples", triples), "questions"),
+        (axes[1], "size_triples", ("size_questions", questions), "triples per question (median)"),
+    ):
+        for stage in dict.fromkeys(r["stage"] for r in rows):
+            pts = sorted((r[key], r["seconds"]) for r in rows if r["stage"] == stage and r[fixed[0]] == fixed[1]
+                         and "error" not in r)  # fmt: skip
+            if len(pts) > 1:
+                ax.plot(*zip(*pts), marker="o", label=stage)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("seconds")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_title(f"time vs questions ({triples} triples each); slope 1 = linear")
+    axes[1].set_title(f"time vs graph size ({questions} questions)")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, help="a RoG jsonl (default: generate --questions x --triples)")
@@ -200,12 +257,22 @@ def main() -> None:
     p.add_argument("--baseline", type=Path, help="a checkout of the code to compare with")
     p.add_argument("--work", type=Path, default=Path("/tmp/kglightning-scale"))
     p.add_argument("--output", type=Path, help="write the rows as JSON here")
+    p.add_argument("--sweep-questions", type=int, nargs="+", help="sweep sizes (current code only), with a plot")
+    p.add_argument("--sweep-triples", type=int, nargs="+", default=[1000, 2000, 4000, 8000])
+    p.add_argument("--plot", type=Path, default=Path("docs/img/bench_scale.png"))
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--limit", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(run_stage(args.child, args.data, args.cache, args.limit)))
+        return
+    if args.sweep_questions:
+        rows = sweep(args, args.stages)
+        plot(rows, args.plot, args.triples, args.sweep_questions[0])
+        if args.output:
+            args.output.write_text(json.dumps(rows, indent=1))
+        print(f"plot: {args.plot}")
         return
     from rog_generator import RoGGenerator, write
 

@@ -41,20 +41,25 @@ def grid_membership(scores: QuestionScores, q1: Tensor, q2: Tensor, q3: Tensor) 
     return (hits > 0)[..., None] & (scores.evaluator[:, None, None, None] <= q3[None, None, None, :])
 
 
-def _concat(scores: Sequence[QuestionScores]) -> tuple[Tensor, ...]:
-    """The questions' scores as one graph: global entity ids, and each entity's question."""
-    device = scores[0].expand.device
-    ent_off = torch.tensor([0] + [s.num_entities for s in scores], device=device).cumsum(0)
-    path_off = torch.tensor([0] + [len(s.paths) for s in scores], device=device).cumsum(0)
-    expand = torch.cat([s.expand for s in scores])
-    path_score = torch.cat([s.path_score for s in scores])
-    incidence = torch.cat(
-        [s.incidence + torch.stack([path_off[n], ent_off[n]])[:, None] for n, s in enumerate(scores)], dim=1
-    )
-    evaluator = torch.cat([s.evaluator for s in scores])
-    gold = torch.cat([s.gold for s in scores])
-    owner = torch.repeat_interleave(torch.arange(len(scores), device=device), ent_off[1:] - ent_off[:-1])
-    return expand, path_score, incidence, evaluator, gold, owner
+def _question_outcome(s: QuestionScores, q1: Tensor, q2: Tensor, q3: Tensor) -> tuple[Tensor, Tensor]:
+    """One question's set ``size`` and gold answers held (``gold_in``), each ``(n1 * n2 * n3,)`` long.
+
+    The set at ``(i, j, k)`` is ``reached[a, i, j] & kept[a, k]``; its size is ``reachedᵀ @ kept`` summed over the
+    entities, a matrix product, so the ``(A, n1 * n2 * n3)`` membership is never built (it took gigabytes at real
+    candidate counts). Counts stay far below 2**24, exact in float32."""
+    n1, n2, n3 = len(q1), len(q2), len(q3)
+    if s.num_entities == 0:
+        zero = torch.zeros(n1 * n2 * n3, dtype=torch.long, device=q1.device)
+        return zero, zero
+    path_ok = (s.expand[:, None, None] <= q1[None, :, None]) & (s.path_score[:, None, None] <= q2[None, None, :])
+    p_idx, e_idx = s.incidence
+    hits = torch.zeros(s.num_entities, n1, n2, dtype=torch.int32, device=q1.device)
+    hits.index_add_(0, e_idx, path_ok[p_idx].to(torch.int32))
+    reached = (hits > 0).reshape(s.num_entities, n1 * n2).to(torch.float32)
+    kept = (s.evaluator[:, None] <= q3[None, :]).to(torch.float32)
+    size = (reached.T @ kept).reshape(-1).round().long()
+    gold_in = (reached[s.gold].T @ kept[s.gold]).reshape(-1).round().long()
+    return size, gold_in
 
 
 def grid_outcomes(
@@ -63,36 +68,27 @@ def grid_outcomes(
     q2: Tensor,
     q3: Tensor,
     coverage: Coverage = "any",
-    chunk_size: int = 256,
 ) -> tuple[Tensor, Tensor]:
     """Per configuration and question: ``covered`` (bool) and set ``size`` (long), each ``(n1 * n2 * n3, n)``.
 
     Configuration ``(i, j, k)`` is row ``(i * n2 + j) * n3 + k``. With ``coverage="any"`` a set covers when it holds
     a gold answer; with ``"all"`` when it holds every gold answer of the question. A question without gold answers
-    is never covered. Questions are processed ``chunk_size`` at a time, each chunk in one vectorised pass.
+    is never covered. Memory grows with the largest question, not with the number of questions.
     """
     n1, n2, n3 = len(q1), len(q2), len(q3)
     covered = torch.zeros(n1 * n2 * n3, len(scores), dtype=torch.bool, device=q1.device)
     sizes = torch.zeros(n1 * n2 * n3, len(scores), dtype=torch.long, device=q1.device)
-    for lo in range(0, len(scores), chunk_size):
-        chunk = scores[lo : lo + chunk_size]
-        expand, path_score, incidence, evaluator, gold, owner = _concat(chunk)
-        path_ok = (expand[:, None, None] <= q1[None, :, None]) & (path_score[:, None, None] <= q2[None, None, :])
-        hits = torch.zeros(len(evaluator), n1, n2, dtype=torch.int32, device=evaluator.device)
-        hits.index_add_(0, incidence[1], path_ok[incidence[0]].to(torch.int32))
-        member = ((hits > 0)[..., None] & (evaluator[:, None, None, None] <= q3)).reshape(len(evaluator), -1)
-        size = torch.zeros(len(chunk), member.shape[1], dtype=torch.long, device=member.device)
-        size.index_add_(0, owner, member.long())
-        gold_in = torch.zeros_like(size).index_add_(0, owner[gold], member[gold].long())
-        n_gold = torch.tensor([s.n_gold for s in chunk], device=member.device)
-        pooled = torch.tensor([int(s.gold.sum()) for s in chunk], device=member.device)
-        if coverage == "any":
+    for n, s in enumerate(scores):
+        size, gold_in = _question_outcome(s, q1, q2, q3)
+        n_gold = s.n_gold
+        if n_gold == 0:
+            cov = torch.zeros_like(size, dtype=torch.bool)
+        elif coverage == "any":
             cov = gold_in > 0
         else:
-            cov = (gold_in == n_gold[:, None]) & (pooled == n_gold)[:, None]
-        cov &= (n_gold > 0)[:, None]
-        sizes[:, lo : lo + len(chunk)] = size.T
-        covered[:, lo : lo + len(chunk)] = cov.T
+            cov = (gold_in == n_gold) & (int(s.gold.sum()) == n_gold)
+        sizes[:, n] = size
+        covered[:, n] = cov
     return covered, sizes
 
 
