@@ -87,8 +87,12 @@ def test_clm_grid_outcomes_with_precomputed_similarities_equal_direct_calls():
     rng = random.Random(0)
     words = ["ab", "abc", "bcd", "xyz", "xy", "abd"]
     questions = [
-        SampledAnswers(tuple(rng.choice(words) for _ in range(6)), frozenset({"abc"}),
-                       tuple(rng.random() for _ in range(6)), id=str(i))  # fmt: skip
+        SampledAnswers(
+            tuple(rng.choice(words) for _ in range(6)),
+            frozenset({"abc"}),
+            tuple(rng.random() for _ in range(6)),
+            id=str(i),
+        )  # fmt: skip
         for i in range(12)
     ]
     clm = CLM(similarity=sim, similarity_grid=(0.3, 0.6, math.inf), grid_size=3)

@@ -64,9 +64,7 @@ def test_kg_index_from_ids_equals_index_from_strings():
 
 
 def test_read_records_keeps_graphs_compact_and_round_trips(tmp_path):
-    rows = [
-        KGQARecord(f"q{i}", "?", ["x"], ["e0"], ["x"], _random_graph(random.Random(i), 30)) for i in range(4)
-    ]
+    rows = [KGQARecord(f"q{i}", "?", ["x"], ["e0"], ["x"], _random_graph(random.Random(i), 30)) for i in range(4)]
     path = tmp_path / "r.jsonl"
     write_records(rows, path)
     records = read_records(path)
@@ -103,4 +101,6 @@ def test_embedding_cache_grows_in_place_and_keeps_its_rows(tmp_path, root):
     assert cache._buffer.shape[0] <= 1.5 * max(300, 1024)
     if root is not None:  # a second cache reads the shards back, in the same order
         again = EmbeddingCache(_Count(), tmp_path)
-        assert torch.equal(again.embed([f"text {i}" for i in range(300)]), cache.embed([f"text {i}" for i in range(300)]))
+        assert torch.equal(
+            again.embed([f"text {i}" for i in range(300)]), cache.embed([f"text {i}" for i in range(300)])
+        )
