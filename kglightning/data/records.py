@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+from kglightning.data.triple_array import TripleArray, Vocab
+
 REQUIRED_FIELDS = ("id", "question", "answer", "q_entity", "a_entity", "graph")
 OPTIONAL_FIELDS = ("prediction", "confidence")
 
@@ -66,13 +68,16 @@ def _str_list(value: Any, name: str, err) -> list[str]:
     return out
 
 
-def _triples(graph_raw: list | tuple, err) -> list[tuple[str, str, str]]:
-    """``graph_raw`` as ``(head, relation, tail)`` string tuples; the checks run in C (``map``/``set``) on the whole
-    list first, and only a bad list is walked triple by triple for the error message."""
+def _triples(graph_raw: list | tuple, err, vocab: Vocab | None = None) -> list[tuple[str, str, str]] | TripleArray:
+    """``graph_raw`` as ``(head, relation, tail)`` string tuples, or as a :class:`TripleArray` over ``vocab``; the
+    checks run in C (``map``/``set``) on the whole list first, and only a bad list is walked triple by triple for the
+    error message."""
     if set(map(type, graph_raw)) <= {list, tuple} and set(map(len, graph_raw)) <= {3}:
-        graph = list(map(tuple, graph_raw))
-        if all(issubclass(k, str) for k in set(map(type, chain.from_iterable(graph)))):
-            return graph
+        flat = list(chain.from_iterable(graph_raw))
+        if all(issubclass(k, str) for k in set(map(type, flat))):
+            if vocab is not None:
+                return TripleArray(vocab.ids(flat).reshape(-1, 3), vocab)
+            return list(map(tuple, graph_raw))
     for i, triple in enumerate(graph_raw):
         if not isinstance(triple, (list, tuple)) or len(triple) != 3:
             raise err(f"triple {i} is {triple!r}, expected [head, relation, tail]", "graph")
@@ -108,14 +113,17 @@ class KGQARecord:
     answer: list[str]
     q_entity: list[str]
     a_entity: list[str]
-    graph: list[tuple[str, str, str]]
+    graph: list[tuple[str, str, str]] | TripleArray
     prediction: list[str] | None = None
     confidence: list[float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data: Any, *, source: str = "<record>", line: int | None = None) -> KGQARecord:
-        """Validate ``data`` and build a record; raise :class:`RecordError` naming source, line and field."""
+    def from_dict(
+        cls, data: Any, *, source: str = "<record>", line: int | None = None, vocab: Vocab | None = None
+    ) -> KGQARecord:
+        """Validate ``data`` and build a record; raise :class:`RecordError` naming source, line and field. With a
+        ``vocab``, the graph is kept as a :class:`~kglightning.data.triple_array.TripleArray` over it."""
 
         def err(message: str, name: str | None = None) -> RecordError:
             return RecordError(message, source=source, line=line, field=name)
@@ -139,9 +147,12 @@ class KGQARecord:
         graph_raw = data["graph"]
         if graph_raw is None:
             graph_raw = []
-        if not isinstance(graph_raw, (list, tuple)):
+        if isinstance(graph_raw, TripleArray):  # already three strings per triple
+            graph = graph_raw
+        elif not isinstance(graph_raw, (list, tuple)):
             raise err(f"expected a list of [head, relation, tail] triples, got {type(graph_raw).__name__}", "graph")
-        graph = _triples(graph_raw, err)
+        else:
+            graph = _triples(graph_raw, err, vocab)
 
         prediction = data.get("prediction")
         if prediction is not None:

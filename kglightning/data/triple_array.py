@@ -19,7 +19,7 @@ from typing import Any, overload
 
 import numpy as np
 
-__all__ = ["TripleArray", "Vocab", "graph_nodes"]
+__all__ = ["TripleArray", "Vocab", "as_triple_array", "graph_nodes", "node_layout"]
 
 
 class Vocab:
@@ -43,14 +43,14 @@ class Vocab:
 
     def ids(self, strings: Iterable[str]) -> np.ndarray:
         """The ids of ``strings`` (new strings are added), as an ``int32`` array."""
-        table, out = self._ids, []
-        get, append = table.get, out.append
-        for s in strings:
-            i = get(s)
-            if i is None:
-                i = table[s] = len(self.strings)
-                self.strings.append(s)
-            append(i)
+        strings = strings if isinstance(strings, list) else list(strings)
+        table = self._ids
+        out = list(map(table.get, strings))  # known strings in one C-level pass
+        if None in out:  # add the new ones in first-appearance order, then look every string up again
+            fresh = dict.fromkeys(s for s, i in zip(strings, out) if i is None)
+            table.update(zip(fresh, range(len(self.strings), len(self.strings) + len(fresh))))
+            self.strings.extend(fresh)
+            out = list(map(table.__getitem__, strings))
         if len(self.strings) > np.iinfo(np.int32).max:
             raise OverflowError("a vocabulary holds at most 2**31 - 1 strings")
         return np.asarray(out, dtype=np.int32)
@@ -173,3 +173,40 @@ def graph_nodes(graph: Sequence[Sequence[str]]) -> set[str]:
         s = graph.vocab.strings
         return {s[i] for i in np.unique(graph.ids[:, [0, 2]]).tolist()}
     return {n for t in graph for n in (t[0], t[2])}
+
+
+def as_triple_array(graph: Sequence[Sequence[str]]) -> TripleArray:
+    """``graph`` as a :class:`TripleArray` (itself when it is one; a list of triples gets its own vocabulary)."""
+    return graph if isinstance(graph, TripleArray) else TripleArray.from_triples(graph, Vocab())
+
+
+def node_layout(graph: TripleArray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The graph's distinct triples and nodes, both in order of first appearance, as arrays.
+
+    Returns:
+        ``(triples, nodes, src, dst)``: ``triples`` the ``(m, 3)`` vocabulary ids of the distinct triples (an exact
+        repeat is dropped), ``nodes`` the vocabulary ids of the heads and tails in order of first appearance
+        (``h0, t0, h1, t1, ...``), and ``src``/``dst`` each distinct triple's head and tail as positions in ``nodes``.
+
+    Example:
+        >>> g = TripleArray.from_triples([("b", "r", "a"), ("b", "r", "a"), ("a", "s", "c")], Vocab())
+        >>> triples, nodes, src, dst = node_layout(g)
+        >>> [g.vocab.strings[i] for i in nodes], src.tolist(), dst.tolist(), len(triples)
+        (['b', 'a', 'c'], [0, 1], [1, 2], 2)
+    """
+    ids = graph.ids
+    if not len(ids):
+        empty = np.zeros(0, dtype=np.int64)
+        return ids, empty, empty, empty
+    if int(ids.max()) < 1 << 21:  # three ids in one int64 key: a 1-D unique, several times faster than axis=0
+        key = (ids[:, 0].astype(np.int64) << 42) | (ids[:, 1].astype(np.int64) << 21) | ids[:, 2]
+        _, first = np.unique(key, return_index=True)
+    else:
+        _, first = np.unique(ids, axis=0, return_index=True)
+    triples = ids[np.sort(first)]
+    ends = triples[:, [0, 2]].reshape(-1)
+    uniq, first_end = np.unique(ends, return_index=True)
+    order = np.argsort(first_end, kind="stable")  # node k is uniq[order[k]]
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return triples, uniq[order], rank[np.searchsorted(uniq, triples[:, 0])], rank[np.searchsorted(uniq, triples[:, 2])]

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
@@ -18,6 +19,7 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import shortest_relation_paths_many
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import RelationView, path_text, relation_text
+from kglightning.data.triple_array import as_triple_array, node_layout
 from kglightning.metrics.functional.qa import is_abstention, normalize
 from kglightning.metrics.functional.qa import node_matcher as match_node
 from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
@@ -70,12 +72,15 @@ class DetectionStats:
 
 
 def node_texts(record: KGQARecord, relation_view: RelationView = "readable") -> list[str]:
-    """Strings of a record that the graph refers to: node labels, relation texts (written as ``relation_view``), the
-    question and the proposed answers (an ungrounded answer's text is its input)."""
-    out = [record.question, *(record.prediction or [])]
-    for h, r, t in record.graph:
-        out += [h, relation_text(r, relation_view), t]
-    return out
+    """The distinct strings of a record that its detection graph refers to: the question, the proposed answers (an
+    ungrounded answer's text is its input), node labels and relation texts (written as ``relation_view``)."""
+    graph = as_triple_array(record.graph)
+    s = graph.vocab.strings
+    nodes = np.unique(graph.ids[:, [0, 2]]).tolist() if len(graph) else []
+    rels = np.unique(graph.ids[:, 1]).tolist() if len(graph) else []
+    out = [record.question, *(record.prediction or []), *(s[i] for i in nodes)]
+    out += [relation_text(s[i], relation_view) for i in rels]
+    return list(dict.fromkeys(out))
 
 
 def answer_paths(
@@ -124,7 +129,23 @@ def node_matcher(record: KGQARecord) -> Callable[[str], str | None]:
         >>> match("paris"), match("Paris"), match("Lyon"), match("the")
         ('Paris', 'Paris', None, None)
     """
-    return match_node(n for h, _, t in record.graph for n in (h, t))
+    graph = as_triple_array(record.graph)
+    return match_node(graph.vocab.strings[i] for i in np.unique(graph.ids[:, [0, 2]]).tolist())
+
+
+def _lazy_matcher(node_of: dict[str, int]) -> Callable[[str], str | None]:
+    """:func:`~kglightning.metrics.functional.qa.node_matcher` over ``node_of``'s names, whose normalised names are
+    computed only when an answer is not a node's exact name."""
+    full: list[Callable[[str], str | None]] = []
+
+    def match(answer: str) -> str | None:
+        if answer in node_of:
+            return answer
+        if not full:
+            full.append(match_node(node_of))
+        return full[0](answer)
+
+    return match
 
 
 def build_detection_graph(
@@ -152,12 +173,12 @@ def build_detection_graph(
     its length) follow that order; ``answer_index`` holds the grounded answers' nodes.
     """
     stats.questions += 1
-    node_of: dict[str, int] = {}
-    for h, _, t in record.graph:
-        node_of.setdefault(h, len(node_of))
-        node_of.setdefault(t, len(node_of))
+    graph = as_triple_array(record.graph)
+    strings = graph.vocab.strings
+    triples, node_ids, src_arr, dst_arr = node_layout(graph)  # first appearance, an exact repeat is one edge
+    node_of = {strings[v]: k for k, v in enumerate(node_ids.tolist())}
     virtual = len(node_of)
-    match = node_matcher(record)
+    match = _lazy_matcher(node_of)
 
     gold = {normalize(a) for a in [*record.answer, *record.a_entity]}
     preds = record.prediction or []
@@ -212,18 +233,18 @@ def build_detection_graph(
     ]
     answer_nodes = [node for node, *_ in grounded]
 
-    triples = list(dict.fromkeys(record.graph))  # an exact duplicate triple is one edge
-    src = [node_of[h] for h, _, _ in triples]
-    dst = [node_of[t] for _, _, t in triples]
-    rel = [text_id[relation_text(r, relation_view)] for _, r, _ in triples]
-    kind = [EDGE_FORWARD] * len(triples)
+    rel_ids, rel_of = np.unique(triples[:, 1], return_inverse=True)
+    rel_text = np.array([text_id[relation_text(strings[i], relation_view)] for i in rel_ids.tolist()], dtype=np.int64)
+    rel = rel_text[rel_of.reshape(-1)] if len(triples) else np.zeros(0, dtype=np.int64)
+    src, dst, kind = src_arr, dst_arr, np.full(len(triples), EDGE_FORWARD, dtype=np.int64)
     if add_reverse_edges:
-        src, dst, rel, kind = src + dst, dst + src, rel + rel, kind + [EDGE_REVERSE] * len(triples)
+        src, dst = np.concatenate([src_arr, dst_arr]), np.concatenate([dst_arr, src_arr])
+        rel, kind = np.concatenate([rel, rel]), np.concatenate([kind, np.full(len(triples), EDGE_REVERSE)])
     topics = [node_of[q] for q in dict.fromkeys(record.q_entity) if q in node_of]
-    src += [virtual] * len(topics)
-    dst += topics
-    rel += [0] * len(topics)
-    kind += [EDGE_VIRTUAL] * len(topics)
+    src = np.concatenate([src, np.full(len(topics), virtual)]).astype(np.int64)
+    dst = np.concatenate([dst, np.asarray(topics, dtype=np.int64)]).astype(np.int64)
+    rel = np.concatenate([rel, np.zeros(len(topics), dtype=np.int64)]).astype(np.int64)
+    kind = np.concatenate([kind, np.full(len(topics), EDGE_VIRTUAL)]).astype(np.int64)
 
     n = virtual + 1
     topic_mask = torch.zeros(n, dtype=torch.bool)
@@ -237,9 +258,9 @@ def build_detection_graph(
         node_text=torch.tensor([text_id[s] for s in node_names], dtype=torch.long),
         topic_mask=topic_mask,
         answer_mask=answer_mask,
-        edge_index=torch.tensor([src, dst], dtype=torch.long).view(2, -1),
-        edge_text=torch.tensor(rel, dtype=torch.long),
-        edge_kind=torch.tensor(kind, dtype=torch.long),
+        edge_index=torch.from_numpy(np.stack([src, dst])),
+        edge_text=torch.from_numpy(rel),
+        edge_kind=torch.from_numpy(kind),
         answer_index=torch.tensor(answer_nodes, dtype=torch.long),
         ungrounded_text=torch.tensor([text_id[name] for name, _ in loose], dtype=torch.long),
         ungrounded_question_index=torch.full((len(loose),), virtual, dtype=torch.long),

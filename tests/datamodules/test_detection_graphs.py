@@ -132,3 +132,33 @@ def test_relation_view_sets_the_edge_and_path_texts(view, texts):
     with pytest.raises(KeyError):  # another view's texts are not in this table
         other = "leaf" if view != "leaf" else "raw"
         build_detection_graph(rec, ids, DetectionStats(), relation_view=other)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("reverse", [True, False])
+def test_graph_arrays_match_a_direct_reading_of_the_triples(seed, reverse):
+    import random
+
+    from kglightning.data.triple_array import TripleArray, Vocab
+
+    rng = random.Random(seed)
+    names, rels = [f"n{i}" for i in range(15)], ["a.b", "c.d_e", "f"]
+    graph = [(rng.choice(names), rng.choice(rels), rng.choice(names)) for _ in range(60)]
+    graph += graph[:7]  # exact repeats
+    rec = _record(graph=[list(t) for t in graph], q_entity=[graph[3][0]], prediction=[graph[5][2], "n99"])
+    ids = {t: i for i, t in enumerate(sorted(set(node_texts(rec))))}
+    for g_in in (rec, _record(graph=TripleArray.from_triples(graph, Vocab()), q_entity=rec.q_entity,
+                              prediction=rec.prediction)):  # fmt: skip
+        g = build_detection_graph(g_in, ids, DetectionStats(), add_reverse_edges=reverse, ungrounded="keep")
+        order = list(dict.fromkeys(n for h, _, t in graph for n in (h, t)))
+        distinct = list(dict.fromkeys(graph))
+        fwd = [[order.index(h) for h, _, _ in distinct], [order.index(t) for _, _, t in distinct]]
+        from kglightning.data.text import relation_text
+
+        rel = [ids[relation_text(r)] for _, r, _ in distinct]
+        want_src, want_dst = fwd[0] + (fwd[1] if reverse else []), fwd[1] + (fwd[0] if reverse else [])
+        n = len(order)
+        assert g.edge_index.tolist() == [want_src + [n], want_dst + [order.index(graph[3][0])]]
+        assert g.edge_text.tolist() == rel * (2 if reverse else 1) + [0]
+        assert g.node_text.tolist() == [ids[x] for x in order] + [ids[rec.question]]
+        assert g.answer_names == [graph[5][2], "n99"] and g.answer_index.tolist() == [order.index(graph[5][2])]

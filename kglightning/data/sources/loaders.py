@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kglightning.data.records import KGQARecord, RecordError
-from kglightning.data.triple_array import TripleArray, Vocab, graph_nodes
+from kglightning.data.triple_array import Vocab, graph_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -306,7 +306,7 @@ def _read(
                 raise raw
             if as_question and isinstance(raw, dict):
                 raw = {"answer": [], "a_entity": [], **raw, "graph": []}
-            rec = KGQARecord.from_dict(raw, source=source, line=line)
+            rec = KGQARecord.from_dict(raw, source=source, line=line, vocab=None if as_question else vocab)
             if rec.id in first_seen:
                 where = f"{'line' if source.endswith('.jsonl') else 'row'} {first_seen[rec.id]}"
                 raise RecordError(
@@ -322,8 +322,6 @@ def _read(
             logger.warning("skipping record: %s", err)
             continue
         first_seen[rec.id] = line
-        if not as_question:
-            rec.graph = TripleArray.from_triples(rec.graph, vocab)  # ids over the split's strings (compact)
         out.append(rec)
     return out
 
