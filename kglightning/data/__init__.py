@@ -13,6 +13,7 @@ from kglightning.data.kg import REVERSE_PREFIX, KGIndex, is_reverse, reverse
 from kglightning.data.predictions import PredictionLine, PredictionList, read_predictions
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.loaders import RecordList, read_questions, read_records, write_records
+from kglightning.data.triple_array import TripleArray, Vocab
 
 _LAZY = {
     "RelationPair": "kglightning.data.relation_pairs",
@@ -41,6 +42,8 @@ __all__ = [
     "RecordList",
     "RelationPair",
     "SentenceEncoder",
+    "TripleArray",
+    "Vocab",
     "is_reverse",
     "mine_relation_pairs",
     "read_predictions",

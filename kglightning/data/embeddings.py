@@ -163,6 +163,7 @@ class EmbeddingCache:
         if self.folder is None or not self.folder.is_dir():
             return 0
         before = len(self._index)
+        loaded: list[tuple[list[str], torch.Tensor]] = []
         for shard in sorted(self.folder.glob("shard-*.pt")):
             if shard.name not in self._shards:
                 self._shards.add(shard.name)
@@ -182,7 +183,11 @@ class EmbeddingCache:
                         with contextlib.suppress(OSError):
                             shard.replace(aside)
                         continue
-                self._add(texts, emb.float())
+                loaded.append((texts, emb))
+        if loaded:  # one allocation for every new row; float16 rows become float32 as they are copied in
+            self._reserve(sum(len(t) for t, _ in loaded), loaded[0][1].shape[1])
+            for texts, emb in loaded:
+                self._add(texts, emb)
         return len(self._index) - before
 
     def __len__(self) -> int:
@@ -202,17 +207,28 @@ class EmbeddingCache:
         n = len(texts)
         if not n:
             return
-        buf = self._buffer
-        if buf is None or buf.shape[1] != emb.shape[1] or self._rows + n > buf.shape[0]:
-            grown = torch.empty(max((buf.shape[0] if buf is not None else 0) * 3 // 2, self._rows + n, 1024),
-                                emb.shape[1], dtype=torch.float32, device="cpu")  # fmt: skip
-            if buf is not None and self._rows:
-                grown[: self._rows] = buf[: self._rows]
-            self._buffer = buf = grown
-        buf[self._rows : self._rows + n] = emb
+        self._reserve(n, emb.shape[1], grow=True)
+        assert self._buffer is not None
+        self._buffer[self._rows : self._rows + n] = emb
         for j, t in enumerate(texts):
             self._index.setdefault(t, self._rows + j)  # a string in two shards keeps its first row
         self._rows += n
+
+    def _reserve(self, n: int, dim: int, grow: bool = False) -> None:
+        """Room for ``n`` more rows of width ``dim``: exactly that much, or (``grow``) at least half again the
+        current capacity."""
+        buf = self._buffer
+        if buf is not None and buf.shape[1] != dim and self._rows:
+            raise ValueError(f"embedding width {dim} differs from the cache's {buf.shape[1]}")
+        if buf is not None and buf.shape[1] == dim and self._rows + n <= buf.shape[0]:
+            return
+        size = self._rows + n
+        if grow:
+            size = max(size, (buf.shape[0] if buf is not None else 0) * 3 // 2, 1024)
+        grown = torch.empty(size, dim, dtype=torch.float32, device="cpu")
+        if buf is not None and self._rows:
+            grown[: self._rows] = buf[: self._rows]
+        self._buffer = grown
 
     @property
     def table(self) -> torch.Tensor:
