@@ -53,11 +53,11 @@ def clm_set(
     set_confidence: SetConfidence = "max",
     similarity: Similarity = exact_similarity,
     quality: Sequence[float] | None = None,
-    pairwise: Sequence[Sequence[float]] | None = None,
+    memo: dict[tuple[int, int], float] | None = None,
 ) -> tuple[set[str], int]:
     """CLM's set for one question and the number of samples it read (see the module docstring); ``quality``
-    overrides :meth:`SampledAnswers.sample_quality` and ``pairwise`` (``pairwise[i][j] = similarity(samples[i],
-    samples[j])``) the similarity calls, to compute both once for a whole grid.
+    overrides :meth:`SampledAnswers.sample_quality` and ``memo`` keeps ``similarity(samples[i], samples[j])`` by
+    ``(i, j)``, so that a whole grid computes each pair it compares once (and no pair it never compares).
 
     Example:
         >>> q = SampledAnswers(("a", "b", "a", "c"), frozenset({"c"}), quality=(0.9, 0.2, 0.9, 0.6))
@@ -78,10 +78,11 @@ def clm_set(
         if not y or qual < config.quality or y in members:
             continue
         if config.similarity != math.inf:
-            if pairwise is not None:
-                if any(pairwise[i][j] > config.similarity for j in kept):
-                    continue
-            elif any(similarity(y, other) > config.similarity for other in members):
+            if memo is None:
+                close = any(similarity(y, other) > config.similarity for other in members)
+            else:
+                close = any(_pair(memo, similarity, q.samples, i, j) > config.similarity for j in kept)
+            if close:
                 continue
         members.append(y)
         kept.append(i)
@@ -92,9 +93,12 @@ def clm_set(
     return set(members), read
 
 
-def _pairwise(samples: Sequence[str], similarity: Similarity) -> list[list[float]]:
-    """``S(samples[i], samples[j])`` for ``j < i`` (the only pairs CLM compares: a sample against earlier ones)."""
-    return [[similarity(y, samples[j]) for j in range(i)] for i, y in enumerate(samples)]
+def _pair(memo: dict[tuple[int, int], float], similarity: Similarity, samples: Sequence[str], i: int, j: int) -> float:
+    """``similarity(samples[i], samples[j])``, computed on first use."""
+    value = memo.get((i, j))
+    if value is None:
+        value = memo[(i, j)] = similarity(samples[i], samples[j])
+    return value
 
 
 def _quantile_grid(values: Sequence[float], k: int) -> list[float]:
@@ -165,12 +169,10 @@ class CLM:
         losses = torch.zeros(len(grid), len(questions), dtype=torch.float64, device="cpu")
         sizes = torch.zeros(len(grid), len(questions), dtype=torch.float64, device="cpu")
         qualities = [q.sample_quality() for q in questions]
-        # S(y, y') once per question (m^2 calls), not once per configuration of the grid
-        needs_pairs = any(c.similarity != math.inf for c in grid)
-        pairs = [_pairwise(q.samples, sim) if needs_pairs else None for q in questions]
+        memos: list[dict[tuple[int, int], float]] = [{} for _ in questions]  # S(y, y') once per question and pair
         for j, config in enumerate(grid):
             for i, q in enumerate(questions):
-                members, _ = clm_set(q, config, self.set_confidence, sim, qualities[i], pairs[i])
+                members, _ = clm_set(q, config, self.set_confidence, sim, qualities[i], memos[i])
                 losses[j, i] = 0.0 if set_covers(members, q.gold, self.coverage) else 1.0
                 sizes[j, i] = len(members)
         return losses, sizes

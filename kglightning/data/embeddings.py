@@ -232,8 +232,8 @@ class EmbeddingCache:
 
     @property
     def table(self) -> torch.Tensor:
-        """All cached embeddings, row ``i`` belonging to the ``i``-th string added (a view: rows added later do
-        not appear in a table taken before)."""
+        """All cached embeddings, row ``i`` belonging to the ``i``-th string added, as float32 on the CPU (a view:
+        rows added later do not appear in a table taken before)."""
         if self._buffer is None:
             return torch.zeros(0, 0)
         return self._buffer[: self._rows]

@@ -221,7 +221,10 @@ class KGIndex:
     def edge_ids(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The distinct triples as ``(heads, relations, tails)`` id arrays, in :meth:`triples` order (entity ids
         index :attr:`entities`, relation ids :attr:`relations`); read-only views, not copies."""
-        return self._h, self._r, self._t
+        views = tuple(a.view() for a in (self._h, self._r, self._t))
+        for v in views:
+            v.flags.writeable = False
+        return views  # type: ignore[return-value]
 
     def triples(self) -> list[tuple[str, str, str]]:
         """All distinct triples, sorted by (head, relation, tail)."""

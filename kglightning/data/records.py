@@ -147,12 +147,8 @@ class KGQARecord:
         graph_raw = data["graph"]
         if graph_raw is None:
             graph_raw = []
-        if isinstance(graph_raw, TripleArray):  # already three strings per triple
-            graph = graph_raw
-        elif not isinstance(graph_raw, (list, tuple)):
+        if not isinstance(graph_raw, (list, tuple, TripleArray)):
             raise err(f"expected a list of [head, relation, tail] triples, got {type(graph_raw).__name__}", "graph")
-        else:
-            graph = _triples(graph_raw, err, vocab)
 
         prediction = data.get("prediction")
         if prediction is not None:
@@ -171,6 +167,8 @@ class KGQARecord:
                     raise err(f"item {i} is {c!r}, expected a number in [0, 1]", "confidence")
                 conf.append(float(c))
             confidence = conf
+        # the graph last: its strings join ``vocab`` only once every other field is valid
+        graph = graph_raw if isinstance(graph_raw, TripleArray) else _triples(graph_raw, err, vocab)
         extra = {k: v for k, v in data.items() if k not in REQUIRED_FIELDS and k not in OPTIONAL_FIELDS}
         return cls(rid, question, answer, q_entity, a_entity, graph, prediction, confidence, extra)
 

@@ -86,8 +86,10 @@ class TripleArray:
 
     def __init__(self, ids: np.ndarray, vocab: Vocab) -> None:
         ids = np.asarray(ids)
-        if ids.ndim != 2 or ids.shape[1] != 3:
-            ids = ids.reshape(-1, 3)
+        if ids.ndim != 2 or ids.shape[1] != 3 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise ValueError(f"ids must be an (n, 3) integer array, got shape {ids.shape} of {ids.dtype}")
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= len(vocab)):
+            raise ValueError(f"ids must lie in [0, {len(vocab)}) (the vocabulary's size)")
         self.ids = ids.astype(np.int32, copy=False)
         self.vocab = vocab
 
@@ -121,9 +123,9 @@ class TripleArray:
         return reversed(self._tuples(self.ids))
 
     def __contains__(self, triple: object) -> bool:
-        if not isinstance(triple, (tuple, list)) or len(triple) != 3:
-            return False
-        ids = [self.vocab._ids.get(x) for x in triple]  # type: ignore[arg-type]
+        if not isinstance(triple, tuple) or len(triple) != 3 or not all(isinstance(x, str) for x in triple):
+            return False  # as for the list of string tuples: nothing else is an element
+        ids = [self.vocab._ids.get(x) for x in triple]
         return None not in ids and bool((self.ids == np.asarray(ids, dtype=np.int32)).all(axis=1).any())
 
     def tolist(self) -> list[tuple[str, str, str]]:
@@ -135,14 +137,17 @@ class TripleArray:
             if other.vocab is self.vocab:
                 return np.array_equal(self.ids, other.ids)
             return len(self) == len(other) and self.tolist() == other.tolist()
-        if isinstance(other, (list, tuple)):
-            return len(self) == len(other) and self.tolist() == [tuple(t) for t in other]
+        if isinstance(other, list):  # as the list of tuples compares: element by element, a list is no tuple
+            return len(self) == len(other) and self.tolist() == other
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking, like the list it stands for
 
-    def __add__(self, other: Iterable[Sequence[str]]) -> list[tuple[str, str, str]]:
-        return self.tolist() + [tuple(t) for t in other]  # type: ignore[misc]
+    def __add__(self, other: list) -> list:
+        return self.tolist() + (other.tolist() if isinstance(other, TripleArray) else other)
+
+    def __radd__(self, other: list) -> list:
+        return other + self.tolist()
 
     def __repr__(self) -> str:
         if len(self) > 6:

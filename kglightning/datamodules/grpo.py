@@ -99,7 +99,7 @@ class ProxyGRPODataModule(ProxySFTDataModule):
         super().__init__(prompt_format=prompt_format, max_length=max_length, **kwargs)
         self.trie = trie
         self.trie_cache = trie_cache
-        self._tries: OrderedDict[tuple[str, str], KGTrie] = OrderedDict()
+        self._tries: OrderedDict[tuple[str, int], tuple[Any, KGTrie]] = OrderedDict()
         self.grpo_stats: dict[str, GRPOStats] = {}
 
     def gold_evidence(self, split: str) -> dict[str, list[dict[str, Any]]]:
@@ -183,11 +183,17 @@ class ProxyGRPODataModule(ProxySFTDataModule):
     def _trie(self, record: KGQARecord) -> KGTrie:
         """The record's KG-Trie, from the cache of the last ``trie_cache`` ones, else built (and cached)."""
         assert self.trie is not None
-        key = (record.id, record.question)
-        trie = self._tries.get(key)
-        if trie is not None:
+        key = (record.id, id(record.graph))  # the graph object: a record of another split may share the id
+        hit = self._tries.get(key)
+        if hit is not None and hit[0] is record.graph:  # the very graph (an id can be reused once one is freed)
             self._tries.move_to_end(key)
-            return trie
+            return hit[1]
+        trie = self.trie.build(self.tokenizer, self.builder.index(record), record.q_entity)
+        if self.trie_cache:
+            self._tries[key] = (record.graph, trie)
+            while len(self._tries) > self.trie_cache:
+                self._tries.popitem(last=False)
+        return trie
         trie = self.trie.build(self.tokenizer, self.builder.index(record), record.q_entity)
         if self.trie_cache:
             self._tries[key] = trie

@@ -46,6 +46,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from kglightning.data.embeddings import SentenceEncoder
 from kglightning.data.records import KGQARecord
+from kglightning.data.text import RelationView
 from kglightning.datamodules.detection import DetectionDataModule
 from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
 from kglightning.fileio import clear_outputs
@@ -135,6 +136,8 @@ class KGGuardRefinement(L.LightningModule):
             greedy, 64 new tokens per answer, seed 0).
         unmatched: ``"flag"`` answers that name no KG node (kept, re-prompted as unverifiable), or ``"drop"`` them.
         add_reverse_edges: as in the detector's training data (``DetectionDataModule``).
+        relation_view: how relations are written for the text encoder, as in the detector's training data
+            (``DetectionDataModule``'s ``relation_view``).
         output_dir: where the predictions and the report are written.
         grounder: grounds answers that match no node name exactly to the most similar name
             (:class:`~kglightning.retrieval.FaissGrounder`); ``None`` keeps exact matching only.
@@ -152,6 +155,7 @@ class KGGuardRefinement(L.LightningModule):
         generation: GenerationParams = GenerationParams(max_new_tokens=64),
         unmatched: Literal["flag", "drop"] = "flag",
         add_reverse_edges: bool = True,
+        relation_view: RelationView = "readable",
         output_dir: str = "outputs/refinement",
         grounder: FaissGrounder | None = None,
     ) -> None:
@@ -169,7 +173,10 @@ class KGGuardRefinement(L.LightningModule):
         self.text_encoder = text_encoder or SentenceEncoder(show_progress=False)
         # the detector's graph construction and embedding table, shared with its training data
         self.detection_data = DetectionDataModule(
-            encoder=self.text_encoder, cache_dir=cache_dir, add_reverse_edges=add_reverse_edges
+            encoder=self.text_encoder,
+            cache_dir=cache_dir,
+            add_reverse_edges=add_reverse_edges,
+            relation_view=relation_view,
         )
         self.detector_ckpt = detector_ckpt
         self.max_rounds = max_rounds
@@ -251,14 +258,17 @@ class KGGuardRefinement(L.LightningModule):
     def score(self, dialogues: Sequence[_Dialogue]) -> None:
         """Score the latest answers of ``dialogues`` with the detector; fill their ``scores`` and ``flagged``."""
         emb = self.detection_data.embeddings
-        texts = list(dict.fromkeys(t for d in dialogues for t in node_texts(d.record)))
+        view = self.detection_data.relation_view
+        texts = list(dict.fromkeys(t for d in dialogues for t in node_texts(d.record, view)))
         text_id = dict(zip(texts, emb.ids(texts).tolist()))
         graphs, owners = [], []
         for d in dialogues:
             nodes = [a for a in d.last["answers"] if a not in d.last["unmatched"]]
             record = replace(d.record, prediction=nodes, confidence=None)
             if nodes and (
-                g := build_detection_graph(record, text_id, DetectionStats(), self.detection_data.add_reverse_edges)
+                g := build_detection_graph(
+                    record, text_id, DetectionStats(), self.detection_data.add_reverse_edges, relation_view=view
+                )
             ):
                 graphs.append(g)
                 owners.append(d)

@@ -174,7 +174,8 @@ def _result(stage, records, triples, seconds, base, after_read, **extra) -> dict
 
 
 def _child(impl: str, src: Path, stage: str, data: Path, cache: Path, limit: int | None) -> dict:
-    env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{HERE}", OMP_NUM_THREADS=os.environ.get("BENCH_THREADS", "2"))
+    path = os.pathsep.join(p for p in (str(src), str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS=os.environ.get("BENCH_THREADS", "2"))
     cmd = [sys.executable, str(Path(__file__)), "--child", stage, "--data", str(data), "--cache", str(cache)]
     if limit:
         cmd += ["--limit", str(limit)]

@@ -306,7 +306,12 @@ def _read(
                 raise raw
             if as_question and isinstance(raw, dict):
                 raw = {"answer": [], "a_entity": [], **raw, "graph": []}
-            rec = KGQARecord.from_dict(raw, source=source, line=line, vocab=None if as_question else vocab)
+            raw_id = raw.get("id") if isinstance(raw, dict) else None
+            if isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool) and str(raw_id) in first_seen:
+                vocab_now = None  # a repeated id is refused below: its graph's strings stay out of the vocabulary
+            else:
+                vocab_now = None if as_question else vocab
+            rec = KGQARecord.from_dict(raw, source=source, line=line, vocab=vocab_now)
             if rec.id in first_seen:
                 where = f"{'line' if source.endswith('.jsonl') else 'row'} {first_seen[rec.id]}"
                 raise RecordError(
