@@ -84,9 +84,8 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None) -> dict:
 
     base = _rss("VmRSS")
     t0 = time.perf_counter()
-    records = read_records(data, report=False)
+    records = read_records(data, report=False, limit=limit)  # a limited stage reads only its first questions
     read_s = time.perf_counter() - t0
-    records = list(records)[:limit] if limit else records
     after_read = _rss("VmRSS")
     triples = sum(len(r.graph) for r in records)
     encoder = HashEncoder()
