@@ -116,17 +116,28 @@ class KGIndex:
         self._build(h, r, np.fromiter(map(eid, tails), dtype=np.int64, count=m))
 
     def _from_ids(self, triples: TripleArray, entities: Iterable[str]) -> None:
-        ids, strings = triples.ids, triples.vocab.strings
-        ent_v = np.unique(np.concatenate([ids[:, 0], ids[:, 2]]))
+        ids, strings, extra = triples.ids, triples.vocab.strings, list(entities)
+        ent_v = np.unique(np.concatenate([ids[:, 0], ids[:, 2]]))  # vocabulary ids, ascending
         rel_v = np.unique(ids[:, 1])
-        ent_names = [strings[i] for i in ent_v.tolist()]
-        rel_names = [strings[i] for i in rel_v.tolist()]
+        rank = triples.vocab.sort_rank() if len(ids) and not extra else None
+        if rank is not None and int(ids.max()) < len(rank):  # name order from the vocabulary's sort: no string compared
+            ent_order, rel_order = np.argsort(rank[ent_v]), np.argsort(rank[rel_v])
+            names = [strings[i] for i in ent_v[ent_order].tolist()]
+            rel_names = [strings[i] for i in rel_v[rel_order].tolist()]
+            ent_pos, rel_pos = np.empty_like(ent_order), np.empty_like(rel_order)
+            ent_pos[ent_order], rel_pos[rel_order] = np.arange(len(ent_v)), np.arange(len(rel_v))
+        else:  # strings the sort does not cover yet, or extra entities: sort the names themselves
+            names = sorted({strings[i] for i in ent_v.tolist()}.union(extra))
+            rel_names = sorted(strings[i] for i in rel_v.tolist())
+            ent_pos, rel_pos = None, None
         bad = [r for r in rel_names if is_reverse(r)]
         if bad:
             raise ValueError(f"relation {bad[0]!r} starts with {REVERSE_PREFIX!r}, which marks reverse hops")
-        self._set_names(sorted(set(ent_names).union(entities)), sorted(rel_names))
-        ent_pos = np.fromiter(map(self._eid.__getitem__, ent_names), dtype=np.int64, count=len(ent_names))
-        rel_pos = np.fromiter(map(self._rid.__getitem__, rel_names), dtype=np.int64, count=len(rel_names))
+        self._set_names(names, rel_names)
+        if ent_pos is None or rel_pos is None:
+            look = self._eid.__getitem__
+            ent_pos = np.fromiter((look(strings[i]) for i in ent_v.tolist()), dtype=np.int64, count=len(ent_v))
+            rel_pos = np.fromiter((self._rid[strings[i]] for i in rel_v.tolist()), dtype=np.int64, count=len(rel_v))
         self._build(
             ent_pos[np.searchsorted(ent_v, ids[:, 0])],
             rel_pos[np.searchsorted(rel_v, ids[:, 1])],

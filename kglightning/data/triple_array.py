@@ -31,11 +31,12 @@ class Vocab:
         ([0, 1, 0], ['Paris', 'capital'], 2)
     """
 
-    __slots__ = ("_ids", "strings")
+    __slots__ = ("_ids", "_rank", "strings")
 
     def __init__(self, strings: Iterable[str] = ()) -> None:
         self.strings: list[str] = []
         self._ids: dict[str, int] = {}
+        self._rank: np.ndarray | None = None
         self.ids(strings)
 
     def __len__(self) -> int:
@@ -55,12 +56,28 @@ class Vocab:
             raise OverflowError("a vocabulary holds at most 2**31 - 1 strings")
         return np.asarray(out, dtype=np.int32)
 
+    def sort_rank(self) -> np.ndarray:
+        """``rank[i]``: the place of ``strings[i]`` in sorted order, for ``i`` below ``len(rank)``.
+
+        Sorting per graph by these integers gives the order ``sorted`` gives the strings, without comparing strings
+        (scattered over a large heap, that is most of the cost). Computed once, and again when the vocabulary has
+        doubled since; strings added after it are not covered (callers compare those as strings).
+        """
+        n = len(self.strings)
+        if self._rank is None or n > 2 * len(self._rank):
+            order = np.array(sorted(range(n), key=self.strings.__getitem__), dtype=np.int64)
+            rank = np.empty(n, dtype=np.int64)
+            rank[order] = np.arange(n, dtype=np.int64)
+            self._rank = rank
+        return self._rank
+
     def __getstate__(self) -> list[str]:
         return self.strings
 
     def __setstate__(self, strings: list[str]) -> None:
         self.strings = list(strings)
         self._ids = {s: i for i, s in enumerate(self.strings)}
+        self._rank = None
 
 
 class TripleArray:

@@ -13,7 +13,7 @@ from kglightning.data.triple_array import TripleArray, Vocab, graph_nodes
 
 
 def _random_graph(rng: random.Random, n: int) -> list[tuple[str, str, str]]:
-    names = [f"e{i}" for i in range(max(3, n // 3))]
+    names = [f"e{i}" for i in range(max(3, n // 3))] + ["É", "a b", "Z", "_x", "10", "9"]
     rels = ["location.country.capital", "people.person.spouse", "film.film.genre"]
     return [(rng.choice(names), rng.choice(rels), rng.choice(names)) for _ in range(n)]
 
@@ -54,11 +54,14 @@ def test_kg_index_from_ids_equals_index_from_strings():
     vocab = Vocab()
     for _ in range(5):
         triples = _random_graph(rng, 200)
-        g = TripleArray.from_triples(triples, vocab)
-        want, got = KGIndex(triples, entities=["lonely"]), KGIndex(g, entities=["lonely"])
-        assert got.entities == want.entities and got.relations == want.relations
-        assert [np.array_equal(x, y) for x, y in zip(got.edge_ids(), want.edge_ids())] == [True] * 3
-        assert got.edges("e1") == want.edges("e1")
+        g = TripleArray.from_triples(triples, vocab)  # new strings after the last sort: the string path
+        for extra in ([], ["lonely"]):  # the vocabulary's sort order, then the names' own sort
+            for _ in range(2):  # the second time every string of g is covered by the sort
+                want, got = KGIndex(triples, entities=extra), KGIndex(g, entities=extra)
+                assert got.entities == want.entities and got.relations == want.relations
+                assert [np.array_equal(x, y) for x, y in zip(got.edge_ids(), want.edge_ids())] == [True] * 3
+                assert got.edges("e1") == want.edges("e1")
+                vocab.sort_rank()
     with pytest.raises(ValueError, match="reverse hops"):
         KGIndex(TripleArray.from_triples([("a", "~r", "b")], vocab))
 
