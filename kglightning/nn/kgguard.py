@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -168,5 +169,9 @@ def edge_types(edge_text: Tensor, edge_kind: Tensor) -> tuple[Tensor, Tensor, Te
         (tensor([5, 5, 7]), tensor([0, 1, 0]), tensor([0, 2, 1, 0]))
     """
     key = edge_text * NUM_EDGE_KINDS + edge_kind
-    types, edge_type = torch.unique(key, return_inverse=True)
+    if key.device.type == "cpu":  # numpy's sort-based unique is several times faster than torch's on the CPU
+        found, inverse = np.unique(key.numpy(), return_inverse=True)
+        types, edge_type = torch.from_numpy(found), torch.from_numpy(inverse.reshape(-1))
+    else:
+        types, edge_type = torch.unique(key, return_inverse=True)
     return types // NUM_EDGE_KINDS, types % NUM_EDGE_KINDS, edge_type
