@@ -19,7 +19,7 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import shortest_relation_paths_many
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import RelationView, path_text, relation_text
-from kglightning.data.triple_array import as_triple_array, node_layout
+from kglightning.data.triple_array import as_triple_array, graph_nodes, node_layout
 from kglightning.metrics.functional.qa import is_abstention, normalize
 from kglightning.metrics.functional.qa import node_matcher as match_node
 from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
@@ -129,8 +129,7 @@ def node_matcher(record: KGQARecord) -> Callable[[str], str | None]:
         >>> match("paris"), match("Paris"), match("Lyon"), match("the")
         ('Paris', 'Paris', None, None)
     """
-    graph = as_triple_array(record.graph)
-    return match_node(graph.vocab.strings[i] for i in np.unique(graph.ids[:, [0, 2]]).tolist())
+    return match_node(graph_nodes(record.graph))
 
 
 def _lazy_matcher(node_of: dict[str, int]) -> Callable[[str], str | None]:

@@ -91,7 +91,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None) -> dict:
     encoder = HashEncoder()
     t0 = time.perf_counter()
     if stage == "read":
-        seconds = read_s
+        pass  # the read above is the stage
     elif stage == "index":
         for r in records:
             KGIndex.from_record(r)
@@ -153,8 +153,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None) -> dict:
         return _result(stage, records, triples, seconds, base, after_read, cache_load_s=load_s, strings=len(emb))
     else:
         raise ValueError(f"unknown stage {stage!r}")
-    if stage != "read":
-        seconds = time.perf_counter() - t0
+    seconds = read_s if stage == "read" else time.perf_counter() - t0
     return _result(stage, records, triples, seconds, base, after_read)
 
 
