@@ -119,9 +119,10 @@ class SentenceEncoder:
         return out.float().cpu()
 
 
-def _read_shard(shard: Path) -> tuple[list[str], torch.Tensor]:
-    """A shard's texts and embeddings (errors for a file that is not a whole shard)."""
-    payload = torch.load(shard, weights_only=True)
+def _read_shard(shard: Path, mmap: bool = False) -> tuple[list[str], torch.Tensor]:
+    """A shard's texts and embeddings (errors for a file that is not a whole shard); ``mmap`` maps the embeddings from
+    the file instead of reading them into memory."""
+    payload = torch.load(shard, weights_only=True, mmap=mmap)
     texts, emb = payload["texts"], payload["embeddings"]
     if not isinstance(texts, list) or emb.ndim != 2 or emb.shape[0] != len(texts):
         raise ValueError("texts and embeddings do not match")
@@ -134,9 +135,16 @@ class EmbeddingCache:
     Each call to :meth:`embed` encodes only the strings never seen before and appends them as a new shard
     ``shard-<content hash>.pt`` (float16) in ``root/<encoder.cache_key>/``. Loading reads every shard once.
 
+    Rows are kept in float16, the shards' precision, and handed out as float32 (:meth:`rows`, :meth:`embed`), so a
+    run and its rerun from the disk cache see the same numbers. A shard of at least ``mmap_rows`` rows is
+    memory-mapped rather than read: the operating system pages in the rows a run looks up, and the table of a
+    full-size split (millions of strings) need not fit in memory. Smaller shards, and rows encoded in this process,
+    are held in memory.
+
     Args:
         encoder: the text encoder.
         root: cache root; ``None`` keeps the cache in memory only.
+        mmap_rows: the smallest shard that is memory-mapped; ``0`` maps every shard, ``None`` none.
 
     Example:
         >>> class Toy:  # any object with ``encode``, ``dim`` and ``cache_key`` works
@@ -146,14 +154,24 @@ class EmbeddingCache:
         >>> cache = EmbeddingCache(Toy(), root=None)
         >>> cache.embed(["ab", "abc", "ab"]).tolist()
         [[2.0, 1.0], [3.0, 1.0], [2.0, 1.0]]
+        >>> cache.rows(cache.ids(["abc"])).tolist()
+        [[3.0, 1.0]]
     """
 
-    def __init__(self, encoder: SentenceEncoder, root: str | Path | None = None) -> None:
+    def __init__(
+        self, encoder: SentenceEncoder, root: str | Path | None = None, mmap_rows: int | None = 1 << 14
+    ) -> None:
         self.encoder = encoder
         self.folder = None if root is None else Path(root) / encoder.cache_key
+        self.mmap_rows = mmap_rows
         self._index: dict[str, int] = {}
-        self._buffer: torch.Tensor | None = None  # rows [0, _rows) are the table; grows by half when full
+        # the table is a list of float16 segments (row ranges): memory-mapped shards, and in-memory buffers; the last
+        # segment, when in memory, grows by half when full
+        self._segments: list[torch.Tensor] = []
+        self._starts: list[int] = []
+        self._tail: torch.Tensor | None = None  # the growing in-memory buffer behind the last segment
         self._rows = 0
+        self._dim: int | None = None
         self._shards: set[str] = set()
         self.refresh()
 
@@ -163,32 +181,37 @@ class EmbeddingCache:
         if self.folder is None or not self.folder.is_dir():
             return 0
         before = len(self._index)
-        loaded: list[tuple[list[str], torch.Tensor]] = []
         for shard in sorted(self.folder.glob("shard-*.pt")):
-            if shard.name not in self._shards:
-                self._shards.add(shard.name)
+            if shard.name in self._shards:
+                continue
+            self._shards.add(shard.name)
+            try:
+                texts, emb, mapped = self._open(shard)
+            except OSError as err:  # the file system, not the file: skip it in this process only
+                log.warning("embedding shard %s cannot be opened now (%s); its texts are encoded again here",
+                            shard, err)  # fmt: skip
+                continue
+            except Exception as err:  # a torn or foreign file
                 try:
-                    texts, emb = _read_shard(shard)
-                except OSError as err:  # the file system, not the file: skip it in this process only
-                    log.warning("embedding shard %s cannot be opened now (%s); its texts are encoded again here",
-                                shard, err)  # fmt: skip
+                    texts, emb, mapped = self._open(shard)  # another process may have just replaced it, whole
+                except Exception:
+                    aside = shard.with_name(shard.name + ".unreadable")
+                    log.warning("embedding shard %s cannot be read (%s: %s); moved to %s, its texts are encoded "
+                                "again", shard, type(err).__name__, err, aside.name)  # fmt: skip
+                    with contextlib.suppress(OSError):
+                        shard.replace(aside)
                     continue
-                except Exception as err:  # a torn or foreign file
-                    try:
-                        texts, emb = _read_shard(shard)  # another process may have just replaced it, whole
-                    except Exception:
-                        aside = shard.with_name(shard.name + ".unreadable")
-                        log.warning("embedding shard %s cannot be read (%s: %s); moved to %s, its texts are encoded "
-                                    "again", shard, type(err).__name__, err, aside.name)  # fmt: skip
-                        with contextlib.suppress(OSError):
-                            shard.replace(aside)
-                        continue
-                loaded.append((texts, emb))
-        if loaded:  # one allocation for every new row; float16 rows become float32 as they are copied in
-            self._reserve(sum(len(t) for t, _ in loaded), loaded[0][1].shape[1])
-            for texts, emb in loaded:
-                self._add(texts, emb)
+            self._add(texts, emb, mapped)
         return len(self._index) - before
+
+    def _open(self, shard: Path) -> tuple[list[str], torch.Tensor, bool]:
+        """A shard's texts and rows, and whether the rows are memory-mapped (at least :attr:`mmap_rows` of them)."""
+        if self.mmap_rows is not None:
+            texts, emb = _read_shard(shard, mmap=True)
+            if len(texts) >= self.mmap_rows and emb.dtype == torch.float16:
+                return texts, emb, True
+            return texts, emb.clone(), False  # small: copied into memory, the file closed
+        return (*_read_shard(shard), False)
 
     def __len__(self) -> int:
         return len(self._index)
@@ -198,45 +221,69 @@ class EmbeddingCache:
 
     @property
     def dim(self) -> int:
-        return self.table.shape[1] if len(self) else self.encoder.dim
+        return self._dim if self._dim is not None else self.encoder.dim
 
-    def _add(self, texts: list[str], emb: torch.Tensor) -> None:
-        """Append rows: a full buffer grows by half, so n strings added in any number of calls cost O(n) row copies
-        (a concatenation of the whole table per call was quadratic over a run that embeds question by question),
-        and the buffer holds at most half again the rows it has."""
+    def _add(self, texts: list[str], emb: torch.Tensor, mapped: bool = False) -> None:
+        """Append rows. A memory-mapped block becomes a segment of its own; other rows go into the in-memory tail,
+        which grows by half when full, so n strings added in any number of calls cost O(n) row copies."""
         n = len(texts)
         if not n:
             return
-        self._reserve(n, emb.shape[1], grow=True)
-        assert self._buffer is not None
-        self._buffer[self._rows : self._rows + n] = emb
+        if self._dim is not None and emb.shape[1] != self._dim:
+            raise ValueError(f"embedding width {emb.shape[1]} differs from the cache's {self._dim}")
+        self._dim = emb.shape[1]
+        if mapped:
+            self._freeze_tail()
+            self._segments.append(emb)
+            self._starts.append(self._rows)
+        else:
+            self._append_tail(emb.to(torch.float16))
         for j, t in enumerate(texts):
             self._index.setdefault(t, self._rows + j)  # a string in two shards keeps its first row
         self._rows += n
 
-    def _reserve(self, n: int, dim: int, grow: bool = False) -> None:
-        """Room for ``n`` more rows of width ``dim``: exactly that much, or (``grow``) at least half again the
-        current capacity."""
-        buf = self._buffer
-        if buf is not None and buf.shape[1] != dim and self._rows:
-            raise ValueError(f"embedding width {dim} differs from the cache's {buf.shape[1]}")
-        if buf is not None and buf.shape[1] == dim and self._rows + n <= buf.shape[0]:
-            return
-        size = self._rows + n
-        if grow:
-            size = max(size, (buf.shape[0] if buf is not None else 0) * 3 // 2, 1024)
-        grown = torch.empty(size, dim, dtype=torch.float32, device="cpu")
-        if buf is not None and self._rows:
-            grown[: self._rows] = buf[: self._rows]
-        self._buffer = grown
+    def _append_tail(self, emb: torch.Tensor) -> None:
+        n, tail = emb.shape[0], self._tail
+        used = 0 if tail is None else self._segments[-1].shape[0]
+        if tail is None or used + n > tail.shape[0]:
+            grown = torch.empty(max(used + n, (0 if tail is None else tail.shape[0]) * 3 // 2, 1024), emb.shape[1],
+                                dtype=torch.float16)  # fmt: skip
+            if tail is None:
+                self._segments.append(grown[:0])
+                self._starts.append(self._rows)
+            else:
+                grown[:used] = tail[:used]
+            self._tail = tail = grown
+        tail[used : used + n] = emb
+        self._segments[-1] = tail[: used + n]
+
+    def _freeze_tail(self) -> None:
+        """End the in-memory tail (its unused room given back) so that a mapped segment can follow it."""
+        if self._tail is not None:
+            self._segments[-1] = self._segments[-1].clone()
+            self._tail = None
+
+    def rows(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """The float32 embeddings of table rows ``ids`` (any shape; the result has one more dimension, ``dim``)."""
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if len(self._segments) == 1:
+            return self._segments[0][ids].float()
+        out = torch.empty(*ids.shape, self.dim, dtype=torch.float32)
+        if not ids.numel():
+            return out
+        seg = torch.searchsorted(torch.tensor(self._starts), ids, right=True) - 1
+        for s in torch.unique(seg).tolist():
+            mask = seg == s
+            out[mask] = self._segments[s][ids[mask] - self._starts[s]].float()
+        return out
 
     @property
     def table(self) -> torch.Tensor:
-        """All cached embeddings, row ``i`` belonging to the ``i``-th string added, as float32 on the CPU (a view:
-        rows added later do not appear in a table taken before)."""
-        if self._buffer is None:
+        """All cached embeddings as one float32 tensor, row ``i`` belonging to the ``i``-th string added: a copy of
+        the whole table, for small caches; look rows up with :meth:`rows`."""
+        if not self._segments:
             return torch.zeros(0, 0)
-        return self._buffer[: self._rows]
+        return torch.cat([s.float() for s in self._segments])
 
     def ids(self, texts: Iterable[str]) -> torch.Tensor:
         """Row ids of ``texts`` in :attr:`table`, encoding any that are missing."""
@@ -253,24 +300,22 @@ class EmbeddingCache:
         if not new:
             return 0
         log.info("encoding %d new strings with %s", len(new), self.encoder.cache_key)
-        emb = self.encoder.encode(new)
+        emb = self.encoder.encode(new).half()  # the precision a reload sees, so a run and its rerun agree exactly
         if self.folder is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
             # shards are named by their content, so two caches on one folder never overwrite each other
             digest = hashlib.sha1("\n".join(new).encode()).hexdigest()[:16]
             shard = self.folder / f"shard-{digest}.pt"
             tmp = self.folder / f".{shard.name}.{os.getpid()}.tmp"
-            torch.save({"texts": new, "embeddings": emb.half()}, tmp)
+            torch.save({"texts": new, "embeddings": emb}, tmp)
             os.replace(tmp, shard)
             self._shards.add(shard.name)
-            emb = emb.half().float()  # what a reload would see, so a run and its rerun agree exactly
         self._add(new, emb)
         return len(new)
 
     def embed(self, texts: Iterable[str]) -> torch.Tensor:
-        """Embeddings of ``texts`` (shape ``(n, dim)``), encoding the missing ones."""
-        ids = self.ids(texts)  # first: it may add rows to the table
-        return self.table[ids]
+        """Embeddings of ``texts`` (shape ``(n, dim)``, float32), encoding the missing ones."""
+        return self.rows(self.ids(texts))
 
 
 class UsesEmbeddings:

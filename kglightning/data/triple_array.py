@@ -56,6 +56,10 @@ class Vocab:
             raise OverflowError("a vocabulary holds at most 2**31 - 1 strings")
         return np.asarray(out, dtype=np.int32)
 
+    def get(self, string: str) -> int | None:
+        """The id of ``string``, or ``None`` when the vocabulary does not hold it (nothing is added)."""
+        return self._ids.get(string)
+
     def sort_rank(self) -> np.ndarray:
         """``rank[i]``: the place of ``strings[i]`` in sorted order, for ``i`` below ``len(rank)``.
 

@@ -16,7 +16,15 @@ from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_pro
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.text import RELATION_VIEWS, RelationView
 from kglightning.datamodules.base import KGQADataModule
-from kglightning.datamodules.detection_graphs import DetectionStats, answer_paths, build_detection_graph, node_texts
+from kglightning.datamodules.detection_graphs import (
+    DetectionStats,
+    answer_paths,
+    build_detection_graph,
+    compact_graph,
+    expand_graph,
+    node_texts,
+)
+from kglightning.datamodules.text_rows import TextRows
 from kglightning.nn.kgguard import edge_types
 from kglightning.retrieval.faiss_grounding import FaissGrounder
 
@@ -180,16 +188,16 @@ class DetectionDataModule(KGQADataModule):
             self._embedded.add(split)
 
     def _attach_answer_features(self, split: str, pairs: list[tuple[KGQARecord, Data]]) -> None:
-        paths, table, ids = self.answer_paths(split), self.embeddings.table, self.embeddings._index
+        paths, emb, ids = self.answer_paths(split), self.embeddings, self.embeddings._index
         for record, g in pairs:
             by_name = dict(zip(dict.fromkeys(record.prediction or []), paths[record.id]))
-            question = table[ids[record.question]]
+            question = emb.rows([ids[record.question]])[0]
             rows = []
             for name in g.answer_names:
                 hops, texts = by_name.get(name, (None, []))
                 feats = {}  # only the features asked for: path texts are embedded for path_score alone
                 if "path_score" in self.answer_features:
-                    feats["path_score"] = float((table[[ids[t] for t in texts]] @ question).max()) if texts else 0.0
+                    feats["path_score"] = float((emb.rows([ids[t] for t in texts]) @ question).max()) if texts else 0.0
                 if "hops" in self.answer_features:
                     feats["hops"] = (hops if hops is not None else self.path_max_hops + 1) / self.path_max_hops
                 rows.append([feats[f] for f in self.answer_features])
@@ -198,10 +206,10 @@ class DetectionDataModule(KGQADataModule):
     def build_split(self, split: str) -> list[Data]:
         records = self.records(split)
         self.prepare_split(split)
-        text_id = self.embeddings._index
+        text_id = TextRows(self.embeddings._index)  # each vocabulary string looked up once for the split
         stats = DetectionStats()
-        pairs = [
-            (r, g)
+        pairs = [  # kept for every epoch as compact graphs (a quarter of the memory); collate expands them
+            (r, compact_graph(g))
             for r in records
             if (
                 g := build_detection_graph(
@@ -268,11 +276,11 @@ class DetectionDataModule(KGQADataModule):
         Edge features are given per edge type (:func:`~kglightning.nn.kgguard.edge_types`): ``type_text_emb (T,
         text_dim)`` and ``type_kind (T,)`` for the batch's distinct (relation, kind) pairs, and ``edge_type (E,)``.
         """
-        batch = Batch.from_data_list(items)
-        table = self.embeddings.table
-        batch.x_text = table[batch.node_text]
-        batch.ungrounded_x = table[batch.ungrounded_text]
+        batch = Batch.from_data_list([expand_graph(g) for g in items])
+        rows = self.embeddings.rows
+        batch.x_text = rows(batch.node_text)
+        batch.ungrounded_x = rows(batch.ungrounded_text)
         type_text, batch.type_kind, batch.edge_type = edge_types(batch.edge_text, batch.edge_kind)
-        batch.type_text_emb = table[type_text]
+        batch.type_text_emb = rows(type_text)
         batch.question = batch.x_text[batch.question_index][batch.batch[batch.answer_index]]
         return batch

@@ -6,7 +6,8 @@ One :class:`torch_geometric.data.Data` per question holds only integer ids into 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import copy
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,7 +20,8 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import shortest_relation_paths_many
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import RelationView, path_text, relation_text
-from kglightning.data.triple_array import as_triple_array, graph_nodes, node_layout
+from kglightning.data.triple_array import Vocab, as_triple_array, graph_nodes, node_layout
+from kglightning.datamodules.text_rows import TextRows
 from kglightning.metrics.functional.qa import is_abstention, normalize
 from kglightning.metrics.functional.qa import node_matcher as match_node
 from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
@@ -132,24 +134,48 @@ def node_matcher(record: KGQARecord) -> Callable[[str], str | None]:
     return match_node(graph_nodes(record.graph))
 
 
-def _lazy_matcher(node_of: dict[str, int]) -> Callable[[str], str | None]:
-    """:func:`~kglightning.metrics.functional.qa.node_matcher` over ``node_of``'s names, whose normalised names are
-    computed only when an answer is not a node's exact name."""
-    full: list[Callable[[str], str | None]] = []
+class _GraphNodes:
+    """A graph's nodes by name: ``name in nodes`` and ``nodes[name]`` (its position) look the name up in the
+    vocabulary and the position among the node ids, so no per-graph dict of every name is built; :meth:`match` is
+    :func:`~kglightning.metrics.functional.qa.node_matcher` over the names, whose normal forms are computed only when
+    an answer is not a node's exact name."""
 
-    def match(answer: str) -> str | None:
-        if answer in node_of:
+    def __init__(self, vocab: Vocab, node_ids: np.ndarray, rows: TextRows) -> None:
+        self.vocab, self.node_ids, self.rows = vocab, node_ids, rows
+        self._full: Callable[[str], str | None] | None = None
+
+    def position(self, name: str) -> int | None:
+        v = self.vocab.get(name)
+        if v is None:
+            return None
+        hit = np.flatnonzero(self.node_ids == v)
+        return int(hit[0]) if hit.size else None
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.position(name) is not None
+
+    def __getitem__(self, name: str) -> int:
+        k = self.position(name)
+        if k is None:
+            raise KeyError(name)
+        return k
+
+    def __len__(self) -> int:
+        return len(self.node_ids)
+
+    def match(self, answer: str) -> str | None:
+        if answer in self:
             return answer
-        if not full:
-            full.append(match_node(node_of))
-        return full[0](answer)
-
-    return match
+        if self._full is None:
+            strings = self.vocab.strings
+            names = [strings[v] for v in self.node_ids.tolist()]
+            self._full = match_node(names, self.rows.normal_forms(self.vocab, self.node_ids))
+        return self._full(answer)
 
 
 def build_detection_graph(
     record: KGQARecord,
-    text_id: dict[str, int],
+    text_id: Mapping[str, int] | TextRows,
     stats: DetectionStats,
     add_reverse_edges: bool = True,
     ungrounded: Literal["keep", "drop"] = "drop",
@@ -170,14 +196,17 @@ def build_detection_graph(
     Answers come grounded first, then ungrounded, each in the order of ``prediction``: ``y``, ``answer_names``,
     ``answer_grounding`` (index into :data:`GROUNDING_KINDS`) and ``answer_rank`` (position in ``prediction`` over
     its length) follow that order; ``answer_index`` holds the grounded answers' nodes.
+
+    ``text_id`` maps each text to its row of the embedding table; a :class:`~kglightning.datamodules.text_rows.TextRows`
+    shared by the graphs of a split looks each vocabulary string up once for all of them.
     """
+    rows = text_id if isinstance(text_id, TextRows) else TextRows(text_id)
     stats.questions += 1
     graph = as_triple_array(record.graph)
-    strings = graph.vocab.strings
     triples, node_ids, src_arr, dst_arr = node_layout(graph)  # first appearance, an exact repeat is one edge
-    node_of = {strings[v]: k for k, v in enumerate(node_ids.tolist())}
+    node_of = _GraphNodes(graph.vocab, node_ids, rows)
     virtual = len(node_of)
-    match = _lazy_matcher(node_of)
+    match = node_of.match
 
     gold = {normalize(a) for a in [*record.answer, *record.a_entity]}
     preds = record.prediction or []
@@ -196,7 +225,7 @@ def build_detection_graph(
         node_name, kind = named.get(k), 0
         if node_name is None and near_miss is not None and node_of:
             near = near_miss(pred)
-            if near in node_of and node_of[near] not in seen_nodes and near not in named.values():
+            if near is not None and near in node_of and node_of[near] not in seen_nodes and near not in named.values():
                 node_name, kind = near, 1
         if node_name is not None:
             if node_of[node_name] in seen_nodes:
@@ -233,8 +262,7 @@ def build_detection_graph(
     answer_nodes = [node for node, *_ in grounded]
 
     rel_ids, rel_of = np.unique(triples[:, 1], return_inverse=True)
-    rel_text = np.array([text_id[relation_text(strings[i], relation_view)] for i in rel_ids.tolist()], dtype=np.int64)
-    rel = rel_text[rel_of.reshape(-1)] if len(triples) else np.zeros(0, dtype=np.int64)
+    rel = rows.relations(graph.vocab, rel_ids, relation_view)[rel_of.reshape(-1)]
     src, dst, kind = src_arr, dst_arr, np.full(len(triples), EDGE_FORWARD, dtype=np.int64)
     if add_reverse_edges:
         src, dst = np.concatenate([src_arr, dst_arr]), np.concatenate([dst_arr, src_arr])
@@ -250,18 +278,18 @@ def build_detection_graph(
     topic_mask[topics] = True
     answer_mask = torch.zeros(n, dtype=torch.bool)
     answer_mask[answer_nodes] = True
-    node_names = list(node_of) + [record.question]
+    node_text = np.concatenate([rows.nodes(graph.vocab, node_ids), [rows[record.question]]])
     stats.graphs += 1
     return Data(
         num_nodes=n,
-        node_text=torch.tensor([text_id[s] for s in node_names], dtype=torch.long),
+        node_text=torch.from_numpy(node_text.astype(np.int64)),
         topic_mask=topic_mask,
         answer_mask=answer_mask,
         edge_index=torch.from_numpy(np.stack([src, dst])),
         edge_text=torch.from_numpy(rel),
         edge_kind=torch.from_numpy(kind),
         answer_index=torch.tensor(answer_nodes, dtype=torch.long),
-        ungrounded_text=torch.tensor([text_id[name] for name, _ in loose], dtype=torch.long),
+        ungrounded_text=torch.tensor([rows[name] for name, _ in loose], dtype=torch.long),
         ungrounded_question_index=torch.full((len(loose),), virtual, dtype=torch.long),
         answer_grounding=torch.tensor(kinds, dtype=torch.long),
         answer_rank=torch.tensor([r / max(len(preds), 1) for r in ranks]),
@@ -272,6 +300,46 @@ def build_detection_graph(
         qid=record.id,
         answer_names=names,
     )
+
+
+def compact_graph(g: Data) -> Data:
+    """``g`` in about a quarter of the memory, for keeping a split's graphs between epochs: the reverse edges that
+    :func:`build_detection_graph` adds (the forward edges mirrored, right after them) are dropped, and the id tensors
+    are stored as ``int32`` (``edge_kind`` as ``int8``). :func:`expand_graph` gives back exactly ``g``."""
+    kind = g.edge_kind
+    m = int((kind == EDGE_FORWARD).sum())
+    mirrored = (
+        m > 0
+        and kind.numel() >= 2 * m
+        and bool((kind[:m] == EDGE_FORWARD).all() and (kind[m : 2 * m] == EDGE_REVERSE).all())
+        and not bool((kind[2 * m :] != EDGE_VIRTUAL).any())
+        and torch.equal(g.edge_index[:, m : 2 * m], g.edge_index[:, :m].flip(0))
+        and torch.equal(g.edge_text[m : 2 * m], g.edge_text[:m])
+    )
+    out = copy.copy(g)  # shallow: the tensors replaced below are new, the others shared
+    if mirrored:
+        keep = torch.cat([torch.arange(m), torch.arange(2 * m, kind.numel())])
+        out.edge_index, out.edge_text, kind = g.edge_index[:, keep], g.edge_text[keep], kind[keep]
+    out.edge_index, out.edge_text = out.edge_index.to(torch.int32), out.edge_text.to(torch.int32)
+    out.edge_kind, out.node_text = kind.to(torch.int8), g.node_text.to(torch.int32)
+    out.compact_reverse = torch.tensor(m if mirrored else -1)  # forward edges whose mirror was dropped
+    return out
+
+
+def expand_graph(g: Data) -> Data:
+    """The graph :func:`compact_graph` was given (a graph that is not compact is returned as it is)."""
+    if "compact_reverse" not in g:
+        return g
+    m = int(g.compact_reverse)
+    out = copy.copy(g)
+    del out.compact_reverse
+    ei, text, kind = g.edge_index.long(), g.edge_text.long(), g.edge_kind.long()
+    if m >= 0:
+        ei = torch.cat([ei[:, :m], ei[:, :m].flip(0), ei[:, m:]], dim=1)
+        text = torch.cat([text[:m], text[:m], text[m:]])
+        kind = torch.cat([kind[:m], torch.full((m,), EDGE_REVERSE, dtype=torch.long), kind[m:]])
+    out.edge_index, out.edge_text, out.edge_kind, out.node_text = ei, text, kind, g.node_text.long()
+    return out
 
 
 def answer_owner(batch: Any) -> Tensor:

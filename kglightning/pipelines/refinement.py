@@ -49,6 +49,7 @@ from kglightning.data.records import KGQARecord
 from kglightning.data.text import RelationView
 from kglightning.datamodules.detection import DetectionDataModule
 from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
+from kglightning.datamodules.text_rows import TextRows
 from kglightning.fileio import clear_outputs
 from kglightning.llm.backends import ChatMessage, GenerationParams, LLMBackend, LocalHFBackend
 from kglightning.llm.grounding import ground_answers
@@ -260,7 +261,7 @@ class KGGuardRefinement(L.LightningModule):
         emb = self.detection_data.embeddings
         view = self.detection_data.relation_view
         texts = list(dict.fromkeys(t for d in dialogues for t in node_texts(d.record, view)))
-        text_id = dict(zip(texts, emb.ids(texts).tolist()))
+        text_id = TextRows(dict(zip(texts, emb.ids(texts).tolist())))
         graphs, owners = [], []
         for d in dialogues:
             nodes = [a for a in d.last["answers"] if a not in d.last["unmatched"]]

@@ -98,7 +98,7 @@ def test_embedding_cache_grows_in_place_and_keeps_its_rows(tmp_path, root):
         texts = [f"text {i}", f"text {i // 2}"]
         out = cache.embed(texts)
         seen.append((texts, out))
-        capacities.add(cache._buffer.shape[0])
+        capacities.add(cache._tail.shape[0])
     table = cache.table
     assert table.shape == (n, 4) and len(cache) == n and enc.calls == n
     for texts, out in seen:  # every row stays what it was when first returned, across the growths
@@ -109,4 +109,27 @@ def test_embedding_cache_grows_in_place_and_keeps_its_rows(tmp_path, root):
         again = EmbeddingCache(_Count(), tmp_path)
         everything = [f"text {i}" for i in range(n)]
         assert torch.equal(again.embed(everything), cache.embed(everything))
-        assert again._buffer.shape[0] == n  # loaded shards: one exact allocation
+        assert len(again._segments) == 1  # small shards are read into the one in-memory segment
+
+
+def test_embedding_cache_maps_large_shards_and_reads_rows_across_segments(tmp_path):
+    """Shards of ``mmap_rows`` rows or more stay memory-mapped, each its own segment between in-memory ones; rows
+    looked up across segments are the rows the shards hold, in float32."""
+    writer = EmbeddingCache(_Count(), tmp_path)
+    batches = [[f"s{i}"] for i in range(3)] + [[f"big{j}" for j in range(50)]] + [["t0"], ["t1"]]
+    batches += [[f"huge{j}" for j in range(70)]]
+    for b in batches:
+        writer.add(b)
+    reader = EmbeddingCache(_Count(), tmp_path, mmap_rows=40)
+    everything = [t for b in batches for t in b]
+    assert len(reader) == len(everything)
+    mapped = [seg for seg in reader._segments if seg.shape[0] in (50, 70)]
+    assert len(mapped) == 2 and all(seg.dtype == torch.float16 for seg in reader._segments)
+    assert len(reader._segments) >= 3  # in memory, mapped, ..., with the small shards' rows in between
+    ids = reader.ids(everything[::-1])
+    assert torch.equal(reader.rows(ids), writer.embed(everything[::-1]))
+    assert reader.rows(ids[:124].view(-1, 2)).shape == (62, 2, 4)
+    assert torch.equal(reader.table[ids], reader.rows(ids)) and reader.rows([]).shape == (0, 4)
+    reader.add(["fresh one"])  # a row encoded after the mapped shards goes into a new in-memory tail
+    assert torch.equal(reader.embed(["fresh one"]), writer.embed(["fresh one"]))
+    assert _Count().encode(["fresh one"]).half().float().equal(reader.embed(["fresh one"]))

@@ -162,3 +162,31 @@ def test_graph_arrays_match_a_direct_reading_of_the_triples(seed, reverse):
         assert g.edge_text.tolist() == rel * (2 if reverse else 1) + [0]
         assert g.node_text.tolist() == [ids[x] for x in order] + [ids[rec.question]]
         assert g.answer_names == [graph[5][2], "n99"] and g.answer_index.tolist() == [order.index(graph[5][2])]
+
+
+@pytest.mark.parametrize("reverse", [True, False])
+def test_compact_graph_round_trips_exactly_in_less_memory(reverse):
+    from kglightning.datamodules.detection_graphs import compact_graph, expand_graph
+
+    rec = _record()
+    g = build_detection_graph(rec, _ids(rec), DetectionStats(), add_reverse_edges=reverse, ungrounded="keep")
+    small = compact_graph(g)
+    back = expand_graph(small)
+    assert set(back.keys()) == set(g.keys())
+    for key in g.keys():
+        a, b = g[key], back[key]
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+            assert a.dtype == b.dtype, key
+        else:
+            assert a == b, key
+
+    def size(d):  # the tensors that grow with the graph
+        return sum(d[k].numel() * d[k].element_size() for k in ("edge_index", "edge_text", "edge_kind", "node_text"))
+
+    assert size(small) <= size(g) / (3 if reverse else 1.8)
+    assert small.edge_index.shape[1] == (3 + 1 if reverse else g.edge_index.shape[1])  # 3 triples + 1 virtual edge
+    assert expand_graph(g) is g  # a graph that is not compact is left as it is
+    odd = g.clone()
+    odd.edge_index = odd.edge_index.flip(1)  # not the layout build_detection_graph writes: nothing is dropped
+    assert torch.equal(expand_graph(compact_graph(odd)).edge_index, odd.edge_index)

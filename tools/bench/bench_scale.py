@@ -1,7 +1,9 @@
 """How each per-question stage scales: questions per second and peak memory on RoG-size records.
 
 Records come from :mod:`rog_generator` (seeded, RoG format, ``--triples`` per question). Every stage runs in a
-fresh process, so its peak RSS (``VmHWM``) is its own: the records read and validated, plus the stage's work.
+fresh process, so its peak RSS (``VmHWM``) is its own: the records read and validated, plus the stage's work. Peak
+RSS counts the pages of memory-mapped embedding shards the stage touched, which the kernel can drop under pressure;
+*peak anon* (``RssAnon``, sampled every 50 ms) is the memory it cannot.
 
 * ``read``: :func:`~kglightning.data.sources.loaders.read_records` (parse and validate); its RSS is the records';
 * ``index``: :meth:`KGIndex.from_record <kglightning.data.kg.KGIndex.from_record>` per question;
@@ -44,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 STAGES = ("read", "index", "evidence", "pcst", "detector", "uag", "embed")
 STAGE_LIMITS = {"evidence": 300, "pcst": 300, "uag": 300}  # slow per-question stages: the first N questions
+_ANON: AnonPeak | None = None
 
 
 class HashEncoder:
@@ -73,8 +76,33 @@ def _rss(field: str) -> float:
     return float("nan")
 
 
+class AnonPeak:
+    """The highest ``RssAnon`` (memory of this process not backed by a file) seen by a thread that samples it every
+    ``interval`` seconds. ``VmHWM`` also counts the pages of memory-mapped files (the embedding shards), which the
+    kernel can drop and read again; this is the part it cannot."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        import threading
+
+        self.peak = _rss("RssAnon")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.peak = max(self.peak, _rss("RssAnon"))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, _rss("RssAnon"))
+
+
 def run_stage(stage: str, data: Path, cache: Path, limit: int | None) -> dict:
     """One stage in this process; returns its measurements."""
+    global _ANON
+    _ANON = AnonPeak()
     import torch
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
@@ -131,15 +159,24 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None) -> dict:
             from kglightning.nn.kgguard import edge_types
 
             stats, graphs = DetectionStats(), []
+            try:  # this tree: one vocabulary-to-row map for the split, graphs kept compact; older code: neither
+                from kglightning.datamodules.detection_graphs import compact_graph, expand_graph
+                from kglightning.datamodules.text_rows import TextRows
+
+                text_id = TextRows(emb._index)
+            except ImportError:
+                text_id, compact_graph, expand_graph = emb._index, (lambda g: g), (lambda g: g)
             for r in records:
-                g = build_detection_graph(r, emb._index, stats, True, "keep")
+                g = build_detection_graph(r, text_id, stats, True, "keep")
                 if g is not None:
-                    graphs.append(g)
-            table = emb.table
+                    graphs.append(compact_graph(g))
+            rows = getattr(emb, "rows", None) or emb.table.__getitem__  # older code: one float32 table
             for lo in range(0, len(graphs), 32):  # what DetectionDataModule.collate does per batch
-                batch = Batch.from_data_list(graphs[lo : lo + 32])
-                batch.x_text = table[batch.node_text]
-                edge_types(batch.edge_text, batch.edge_kind)
+                batch = Batch.from_data_list([expand_graph(g) for g in graphs[lo : lo + 32]])
+                batch.x_text = rows(batch.node_text)
+                batch.ungrounded_x = rows(batch.ungrounded_text)
+                type_text, _, _ = edge_types(batch.edge_text, batch.edge_kind)
+                batch.type_text_emb = rows(type_text)
         elif stage == "uag":
             from kglightning.conformal.uag.scores import score_questions
 
@@ -167,6 +204,7 @@ def _result(stage, records, triples, seconds, base, after_read, **extra) -> dict
         "records_mib": round(after_read - base, 1),
         "bytes_per_triple": round((after_read - base) * 2**20 / max(triples, 1), 1),
         "peak_rss_mib": round(_rss("VmHWM"), 1),
+        "peak_anon_mib": round(_ANON.stop(), 1) if _ANON is not None else None,
         **extra,
     }
 
@@ -185,14 +223,16 @@ def _child(impl: str, src: Path, stage: str, data: Path, cache: Path, limit: int
 
 def table(rows: list[dict]) -> str:
     head = "| stage | code | questions | triples | seconds | questions/s | records MiB | B/triple | peak RSS MiB |"
-    lines = [head, "|" + "---|" * 9]
+    head += " peak anon MiB |"
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['stage']} | {r['impl']} | error: {' '.join(r['error'])[:80]} |||||||")
+            lines.append(f"| {r['stage']} | {r['impl']} | error: {' '.join(r['error'])[:80]} ||||||||")
             continue
         lines.append(
             f"| {r['stage']} | {r['impl']} | {r['questions']} | {r['triples']} | {r['seconds']:.2f} | "
             f"{r['questions_per_s']} | {r['records_mib']:.0f} | {r['bytes_per_triple']:.0f} | {r['peak_rss_mib']:.0f} |"
+            f" {r.get('peak_anon_mib') or float('nan'):.0f} |"
         )
     return "\n".join(lines)
 

@@ -74,19 +74,23 @@ def is_abstention(answer: str) -> bool:
     return normalize(answer) in ABSTENTIONS or answer.strip().lower() in ABSTENTIONS
 
 
-def node_matcher(nodes: Iterable[str]) -> Callable[[str], str | None]:
+def node_matcher(nodes: Iterable[str], normal_forms: Iterable[str] | None = None) -> Callable[[str], str | None]:
     """How an answer string names one of ``nodes``: the node with that exact name, else the one node whose
     :func:`normalize`-d name is the answer's (``"paris"`` -> ``"Paris"``); ``None`` for no node, or for several.
+    ``normal_forms``, when given, are the nodes' :func:`normalize`-d names in the same order (computed once by a
+    caller that matches against the same names many times).
 
     Example:
         >>> match = node_matcher(["France", "Paris"])
         >>> match("paris"), match("Paris"), match("Lyon"), match("the")
         ('Paris', 'Paris', None, None)
     """
-    names = dict.fromkeys(nodes)
+    if normal_forms is None:
+        names = {name: normalize(name) for name in dict.fromkeys(nodes)}
+    else:
+        names = dict(zip(nodes, normal_forms, strict=True))
     by_norm: dict[str, str | None] = {}
-    for name in names:
-        key = normalize(name)
+    for name, key in names.items():
         if key:  # a name of punctuation or articles only normalises to "": it matches nothing by its normal form
             by_norm[key] = name if key not in by_norm else None  # ambiguous normalised names match nothing
 
