@@ -181,26 +181,27 @@ class EmbeddingCache:
         if self.folder is None or not self.folder.is_dir():
             return 0
         before = len(self._index)
+        opened: list[tuple[list[str], torch.Tensor, bool]] = []
         for shard in sorted(self.folder.glob("shard-*.pt")):
             if shard.name in self._shards:
                 continue
             self._shards.add(shard.name)
             try:
-                texts, emb, mapped = self._open(shard)
+                opened.append(self._open(shard))
             except OSError as err:  # the file system, not the file: skip it in this process only
                 log.warning("embedding shard %s cannot be opened now (%s); its texts are encoded again here",
                             shard, err)  # fmt: skip
-                continue
             except Exception as err:  # a torn or foreign file
                 try:
-                    texts, emb, mapped = self._open(shard)  # another process may have just replaced it, whole
+                    opened.append(self._open(shard))  # another process may have just replaced it, whole
                 except Exception:
                     aside = shard.with_name(shard.name + ".unreadable")
                     log.warning("embedding shard %s cannot be read (%s: %s); moved to %s, its texts are encoded "
                                 "again", shard, type(err).__name__, err, aside.name)  # fmt: skip
                     with contextlib.suppress(OSError):
                         shard.replace(aside)
-                    continue
+        # the rows read into memory first, in one segment, then each mapped shard: few segments to look rows up in
+        for texts, emb, mapped in sorted(opened, key=lambda o: o[2]):
             self._add(texts, emb, mapped)
         return len(self._index) - before
 
@@ -271,10 +272,11 @@ class EmbeddingCache:
         out = torch.empty(*ids.shape, self.dim, dtype=torch.float32)
         if not ids.numel():
             return out
-        seg = torch.searchsorted(torch.tensor(self._starts), ids, right=True) - 1
+        flat, flat_out = ids.reshape(-1), out.view(-1, self.dim)
+        seg = torch.searchsorted(torch.tensor(self._starts), flat, right=True) - 1
         for s in torch.unique(seg).tolist():
-            mask = seg == s
-            out[mask] = self._segments[s][ids[mask] - self._starts[s]].float()
+            where = torch.nonzero(seg == s).squeeze(1)
+            flat_out.index_copy_(0, where, self._segments[s].index_select(0, flat[where] - self._starts[s]).float())
         return out
 
     @property
