@@ -47,9 +47,20 @@ EXTRAS = {
     "gpu": ["faiss-gpu-cu12>=1.9"],  # CUDA 12 build; its CUDA libraries come from pip, the driver from the host
     "wandb": ["wandb>=0.18"],
     "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "scipy", "networkx>=3"],
+    # the documentation site (mkdocs.yml; `mkdocs build --strict` in .ci/run), pinned: the strict build and
+    # docs/hooks/griffe_docstrings.py depend on these versions' warnings and griffe's extension API
+    "docs": [
+        "mkdocs==1.6.1",
+        "mkdocs-material==9.8.2",
+        "pymdown-extensions==13.1.2",
+        "mkdocstrings==1.0.8",
+        "mkdocstrings-python==2.0.11",
+        "mkdocs-autorefs==1.4.5",
+        "griffelib==2.4.1",
+    ],
 }
-EXTRAS["all"] = sorted({*EXTRAS["cpu"], *EXTRAS["wandb"], *EXTRAS["test"]})
-EXTRAS["gpu-all"] = sorted({*EXTRAS["gpu"], *EXTRAS["wandb"], *EXTRAS["test"]})
+EXTRAS["all"] = sorted({*EXTRAS["cpu"], *EXTRAS["wandb"], *EXTRAS["test"], *EXTRAS["docs"]})
+EXTRAS["gpu-all"] = sorted({*EXTRAS["gpu"], *EXTRAS["wandb"], *EXTRAS["test"], *EXTRAS["docs"]})
 
 setup(
     name="kglightning",
@@ -62,5 +73,9 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["kglightning=kglightning.cli:main"]},
-    license="Apache-2.0",
+    # the license as a PEP 639 SPDX expression (metadata field License-Expression) with its file; setuptools >= 77
+    # deprecates the "License :: OSI Approved :: Apache Software License" classifier in favour of this (it warns on
+    # every build, and PEP 639 forbids the classifier beside an expression), so there is none
+    license_expression="Apache-2.0",
+    license_files=["LICENSE"],
 )
