@@ -1,6 +1,7 @@
-"""The README's ConformalCallback recipe through the CLI, and a ``fast_dev_run`` smoke test after a real run.
+"""The documented ConformalCallback recipe through the CLI, and a ``fast_dev_run`` smoke test after a real run.
 
-The ``fit`` and ``predict`` commands are read from the README's "Conformal prediction" section and run as given
+The ``fit`` and ``predict`` commands are read from the ConformalCallback section of the docs' conformal page
+(docs/methods/conformal.md) and run as given
 (configs/detector.yaml), with overrides for the small fixture and the tiny encoder appended. After the real ``fit``,
 ``fit --trainer.fast_dev_run true`` with the same arguments must leave the checkpoints (and the conformal state in
 them) byte for byte as they were; then ``predict`` from ``last.ckpt`` writes the sets, whether a prediction writer
@@ -22,7 +23,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 RUN_DIR = Path("outputs/detector/graph_transformer")  # configs/detector.yaml's paths, relative to the run folder
-README_SECTION = "## Conformal prediction and Learn-Then-Test"
+DOC_PAGE = ROOT / "docs" / "methods" / "conformal.md"
+DOC_SECTION = "## Prediction sets for any module: ConformalCallback"
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -40,10 +42,10 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def _readme_commands(section: str) -> dict[str, list[str]]:
-    """The ``python -m kglightning <subcommand> ...`` commands of a README section's bash blocks, by subcommand, with
+def _documented_commands(page: Path, section: str) -> dict[str, list[str]]:
+    """The ``python -m kglightning <subcommand> ...`` commands of a page section's bash blocks, by subcommand, with
     ``configs/`` paths made absolute (the runs happen in ``tmp_path``)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
     start = text.index(section)
     end = text.find("\n## ", start + len(section))
     commands = {}
@@ -89,9 +91,9 @@ def _conformal_state(ckpt: Path) -> dict:
     return state[key]
 
 
-def test_readme_conformal_recipe_and_fast_dev_run_keep_last_ckpt(detection_dir, tiny_encoder_dir, tmp_path):
-    readme = _readme_commands(README_SECTION)
-    fit, predict = readme["fit"], readme["predict"]
+def test_documented_conformal_recipe_and_fast_dev_run_keep_last_ckpt(detection_dir, tiny_encoder_dir, tmp_path):
+    documented = _documented_commands(DOC_PAGE, DOC_SECTION)
+    fit, predict = documented["fit"], documented["predict"]
     assert "--trainer.callbacks+=kglightning.callbacks.ConformalCallback" in fit and "--ckpt_path" in predict
     fixture = _fixture_overrides(detection_dir, tiny_encoder_dir)
     _cli(tmp_path, "fit", *fit, *fixture)
@@ -107,7 +109,7 @@ def test_readme_conformal_recipe_and_fast_dev_run_keep_last_ckpt(detection_dir, 
     assert _snapshot(ckpt_dir) == before
     assert _conformal_state(ckpt_dir / "last.ckpt") == state
 
-    # predict (README's ckpt_path is last.ckpt, relative to the run folder): the config's writer comes before the
+    # predict (the documented ckpt_path is last.ckpt, relative to the run folder): the config's writer comes before the
     # appended ConformalCallback; a second writer, appended here, after it
     late = tmp_path / "late_writer.jsonl"
     writer = ["--trainer.callbacks+=kglightning.callbacks.JsonlPredictionWriter", f"--trainer.callbacks.output={late}"]
