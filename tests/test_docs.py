@@ -1,0 +1,162 @@
+"""The documentation site stays complete without building it (``mkdocs build --strict`` runs in ``.ci/run``).
+
+* Every class that a config in ``configs/`` names (by ``class_path`` or as a bare dotted name) is rendered in the API
+  reference: its module has a ``::: module`` directive in ``docs/api/*.md`` that does not leave it out, it is
+  public there (in the module's ``__all__`` when it has one, mkdocstrings' ``filters: public``) and it has a
+  docstring (mkdocstrings skips objects without one).
+* Every public module of the package has its directive, and a package directive that lists ``members`` lists every
+  public function or class the package's ``__init__`` defines itself.
+* The CLI reference hook (``docs/hooks/cli_reference.py``) lists every subcommand of ``python -m kglightning``.
+* The README keeps the two Quick start commands that ``.ci/run`` and newcomers run, and stays short.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "kglightning"
+API_PAGES = sorted((ROOT / "docs" / "api").glob("*.md"))
+DIRECTIVE = re.compile(r"^::: *([\w.]+)[ \t]*\n((?:[ \t]+.*\n?)*)", flags=re.M)
+DOTTED = re.compile(r"^kglightning(\.[A-Za-z_]\w*)+$")
+
+
+def _directives() -> dict[str, dict[str, Any]]:
+    """``{identifier: options}`` of every ``::: identifier`` in the API pages."""
+    found: dict[str, dict[str, Any]] = {}
+    for page in API_PAGES:
+        for m in DIRECTIVE.finditer(page.read_text(encoding="utf-8")):
+            block = yaml.safe_load(m.group(2)) if m.group(2).strip() else None
+            found[m.group(1)] = (block or {}).get("options", {}) or {}
+    return found
+
+
+def _config_names() -> dict[str, list[str]]:
+    """Every ``kglightning.*`` object a config names, with the configs that name it."""
+    names: dict[str, list[str]] = {}
+
+    def walk(node: Any, config: str) -> None:
+        if isinstance(node, dict):
+            for value in node.values():
+                walk(value, config)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, config)
+        elif isinstance(node, str) and DOTTED.match(node) and node.rsplit(".", 1)[1][:1].isupper():
+            names.setdefault(node, []).append(config)
+
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):
+        walk(yaml.safe_load(path.read_text(encoding="utf-8")), str(path.relative_to(ROOT)))
+    return names
+
+
+def _public_modules() -> list[str]:
+    modules = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if not any(p.startswith("_") for p in parts):
+            modules.append(".".join(parts))
+    return modules
+
+
+def _rendered(name: str, module: str, directives: dict[str, dict[str, Any]]) -> bool:
+    """Whether mkdocstrings renders ``module.name`` on some API page (see the module docstring)."""
+    if f"{module}.{name}" in directives:
+        return True
+    if module not in directives:
+        return False
+    members = directives[module].get("members", True)
+    if members is False or (isinstance(members, list) and name not in members):
+        return False
+    exported = getattr(importlib.import_module(module), "__all__", None)
+    return name in exported if exported is not None else not name.startswith("_")
+
+
+def test_api_pages_exist():
+    assert API_PAGES, "docs/api/*.md is missing"
+    assert _directives()
+
+
+def test_every_config_class_is_in_the_api_reference():
+    names = _config_names()
+    assert "kglightning.modules.HallucinationDetector" in names  # the walk found the main job's model
+    directives = _directives()
+    missing = []
+    for dotted, configs in sorted(names.items()):
+        module_name, attr = dotted.rsplit(".", 1)
+        obj = getattr(importlib.import_module(module_name), attr)
+        home, name = obj.__module__, obj.__qualname__
+        if not _rendered(name, home, directives) or not (obj.__doc__ or "").strip():
+            missing.append(f"{dotted} (defined in {home}; named in {', '.join(sorted(set(configs)))})")
+    assert not missing, "not rendered in docs/api/*.md:\n" + "\n".join(missing)
+
+
+def test_every_module_has_an_api_directive():
+    directives = _directives()
+    missing = [m for m in _public_modules() if m not in directives]
+    assert not missing, f"add a `::: module` directive to a docs/api page for: {missing}"
+    unknown = [d for d in directives if d.split(".")[0] == "kglightning" and d not in _public_modules()]
+    assert not unknown, f"docs/api names modules that do not exist: {unknown}"
+
+
+def test_package_directives_list_what_the_package_defines():
+    """A package page renders only the package docstring plus its ``members`` (the rest are re-exports documented
+    in their modules), so a class or function defined in an ``__init__.py`` must be listed there."""
+    for identifier, options in _directives().items():
+        init = PACKAGE.parent / identifier.replace(".", "/") / "__init__.py"
+        if not init.is_file() or "members" not in options:
+            continue
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        defined = {
+            node.name
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and not node.name.startswith("_")
+        }
+        members = options["members"] if isinstance(options["members"], list) else []
+        assert defined <= set(members), f"{identifier}: list {sorted(defined - set(members))} in its members"
+
+
+@pytest.fixture(scope="module")
+def cli_hook():
+    spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "docs" / "hooks" / "cli_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cli_reference_lists_every_subcommand(cli_hook):
+    from kglightning.cli import EXTRA_SUBCOMMANDS
+
+    listed = cli_hook.subcommands(cli_hook.help_text([]))
+    assert listed == ["fit", "validate", "test", "predict", *EXTRA_SUBCOMMANDS]
+    page = cli_hook.render()
+    for name in listed:
+        assert f"## `kglightning {name}`" in page
+        assert re.search(rf"^usage: .*kglightning .*\b{name}\b", page, flags=re.M), f"no usage line for {name}"
+    assert cli_hook.MARKER in (ROOT / "docs" / cli_hook.PAGE).read_text(encoding="utf-8")
+
+
+def test_cli_reference_hook_fills_only_its_page(cli_hook):
+    class Page:
+        class file:
+            src_uri = "index.md"
+
+    assert cli_hook.on_page_markdown(cli_hook.MARKER, Page) == cli_hook.MARKER
+
+
+def test_readme_keeps_the_quick_start_and_stays_short():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "bash tools/install.sh && python -m kglightning fit --config configs/detector.yaml\n" in readme
+    assert "\npython -m pytest -q\n" in readme
+    assert "\npython -m pytest -q\n" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 220, "the README is an introduction; move details into docs/"
