@@ -119,6 +119,9 @@ class SentenceEncoder:
         return out.float().cpu()
 
 
+_SHARDS_AT_ONCE = 4096  # shards opened (memory-mapped) at a time while loading
+
+
 def _read_shard(shard: Path, mmap: bool = False) -> tuple[list[str], torch.Tensor]:
     """A shard's texts and embeddings (errors for a file that is not a whole shard); ``mmap`` maps the embeddings from
     the file instead of reading them into memory."""
@@ -181,10 +184,14 @@ class EmbeddingCache:
         if self.folder is None or not self.folder.is_dir():
             return 0
         before = len(self._index)
+        fresh = [shard for shard in sorted(self.folder.glob("shard-*.pt")) if shard.name not in self._shards]
+        for lo in range(0, len(fresh), _SHARDS_AT_ONCE):  # bounded: each open shard is a memory map
+            self._load(fresh[lo : lo + _SHARDS_AT_ONCE], last=lo + _SHARDS_AT_ONCE >= len(fresh))
+        return len(self._index) - before
+
+    def _load(self, shards: list[Path], last: bool) -> None:
         opened: list[tuple[list[str], torch.Tensor, bool]] = []
-        for shard in sorted(self.folder.glob("shard-*.pt")):
-            if shard.name in self._shards:
-                continue
+        for shard in shards:
             self._shards.add(shard.name)
             try:
                 opened.append(self._open(shard))
@@ -200,18 +207,22 @@ class EmbeddingCache:
                                 "again", shard, type(err).__name__, err, aside.name)  # fmt: skip
                     with contextlib.suppress(OSError):
                         shard.replace(aside)
-        # the rows read into memory first, in one segment, then each mapped shard: few segments to look rows up in
-        for texts, emb, mapped in sorted(opened, key=lambda o: o[2]):
-            self._add(texts, emb, mapped)
-        return len(self._index) - before
+        # the rows read into memory first, in one segment (room for all of them made at once, not by growing a
+        # buffer), then each mapped shard as a segment of its own: few segments to look rows up in
+        small = [(t, e) for t, e, mapped in opened if not mapped]
+        if small:
+            self._reserve_tail(sum(len(t) for t, _ in small), small[0][1].shape[1], exact=last)
+        for texts, emb in small:
+            self._add(texts, emb)
+        for texts, emb, mapped in opened:
+            if mapped:
+                self._add(texts, emb, mapped=True)
 
     def _open(self, shard: Path) -> tuple[list[str], torch.Tensor, bool]:
         """A shard's texts and rows, and whether the rows are memory-mapped (at least :attr:`mmap_rows` of them)."""
         if self.mmap_rows is not None:
-            texts, emb = _read_shard(shard, mmap=True)
-            if len(texts) >= self.mmap_rows and emb.dtype == torch.float16:
-                return texts, emb, True
-            return texts, emb.clone(), False  # small: copied into memory, the file closed
+            texts, emb = _read_shard(shard, mmap=True)  # a small shard's rows are copied into memory from the map
+            return texts, emb, len(texts) >= self.mmap_rows and emb.dtype == torch.float16
         return (*_read_shard(shard), False)
 
     def __len__(self) -> int:
@@ -243,25 +254,37 @@ class EmbeddingCache:
             self._index.setdefault(t, self._rows + j)  # a string in two shards keeps its first row
         self._rows += n
 
-    def _append_tail(self, emb: torch.Tensor) -> None:
-        n, tail = emb.shape[0], self._tail
+    def _reserve_tail(self, n: int, dim: int, exact: bool = False) -> None:
+        """Room for ``n`` more rows in the in-memory tail: exactly that, or at least half again its capacity."""
+        tail = self._tail
         used = 0 if tail is None else self._segments[-1].shape[0]
-        if tail is None or used + n > tail.shape[0]:
-            grown = torch.empty(max(used + n, (0 if tail is None else tail.shape[0]) * 3 // 2, 1024), emb.shape[1],
-                                dtype=torch.float16)  # fmt: skip
-            if tail is None:
-                self._segments.append(grown[:0])
-                self._starts.append(self._rows)
-            else:
-                grown[:used] = tail[:used]
-            self._tail = tail = grown
-        tail[used : used + n] = emb
-        self._segments[-1] = tail[: used + n]
+        if tail is not None and used + n <= tail.shape[0]:
+            return
+        size = used + n if exact else max(used + n, (0 if tail is None else tail.shape[0]) * 3 // 2, 1024)
+        grown = torch.empty(size, dim, dtype=torch.float16)
+        if tail is None:
+            self._segments.append(grown[:0])
+            self._starts.append(self._rows)
+        else:
+            grown[:used] = tail[:used]
+            self._segments[-1] = grown[:used]
+        self._tail = grown
+
+    def _append_tail(self, emb: torch.Tensor) -> None:
+        n = emb.shape[0]
+        self._reserve_tail(n, emb.shape[1])
+        assert self._tail is not None
+        used = self._segments[-1].shape[0]
+        self._tail[used : used + n] = emb
+        self._segments[-1] = self._tail[: used + n]
 
     def _freeze_tail(self) -> None:
-        """End the in-memory tail (its unused room given back) so that a mapped segment can follow it."""
+        """End the in-memory tail so that a mapped segment can follow it (its unused room given back when that is
+        more than an eighth of it)."""
         if self._tail is not None:
-            self._segments[-1] = self._segments[-1].clone()
+            used = self._segments[-1].shape[0]
+            if self._tail.shape[0] - used > used // 8:
+                self._segments[-1] = self._segments[-1].clone()
             self._tail = None
 
     def rows(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:

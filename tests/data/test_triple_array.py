@@ -133,3 +133,18 @@ def test_embedding_cache_maps_large_shards_and_reads_rows_across_segments(tmp_pa
     reader.add(["fresh one"])  # a row encoded after the mapped shards goes into a new in-memory tail
     assert torch.equal(reader.embed(["fresh one"]), writer.embed(["fresh one"]))
     assert _Count().encode(["fresh one"]).half().float().equal(reader.embed(["fresh one"]))
+
+
+def test_embedding_cache_loads_many_shards_in_bounded_chunks(tmp_path, monkeypatch):
+    """Shards are opened a chunk at a time (each open shard is a memory map); the table read back is the same."""
+    import kglightning.data.embeddings as embeddings
+
+    writer = EmbeddingCache(_Count(), tmp_path)
+    batches = [[f"w{i}", f"x{i}"] for i in range(9)] + [[f"big{j}" for j in range(12)]] + [["last"]]
+    for b in batches:
+        writer.add(b)
+    monkeypatch.setattr(embeddings, "_SHARDS_AT_ONCE", 4)
+    reader = EmbeddingCache(_Count(), tmp_path, mmap_rows=10)
+    everything = [t for b in batches for t in b]
+    assert len(reader) == len(everything) and torch.equal(reader.embed(everything), writer.embed(everything))
+    assert sum(seg.shape[0] == 12 for seg in reader._segments) == 1  # the big shard is mapped, the rest in memory
