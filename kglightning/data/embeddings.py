@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from kglightning.data.cache import default_cache_root, files_stamp
+from kglightning.data.row_table import RowTable
 
 __all__ = [
     "BUNDLED_MINILM",
@@ -120,6 +121,7 @@ class SentenceEncoder:
 
 
 _SHARDS_AT_ONCE = 4096  # shards opened (memory-mapped) at a time while loading
+_ENCODE_BLOCK = 1 << 18  # strings encoded per call of the encoder by one add
 
 
 def _read_shard(shard: Path, mmap: bool = False) -> tuple[list[str], torch.Tensor]:
@@ -168,13 +170,7 @@ class EmbeddingCache:
         self.folder = None if root is None else Path(root) / encoder.cache_key
         self.mmap_rows = mmap_rows
         self._index: dict[str, int] = {}
-        # the table is a list of float16 segments (row ranges): memory-mapped shards, and in-memory buffers; the last
-        # segment, when in memory, grows by half when full
-        self._segments: list[torch.Tensor] = []
-        self._starts: list[int] = []
-        self._tail: torch.Tensor | None = None  # the growing in-memory buffer behind the last segment
-        self._rows = 0
-        self._dim: int | None = None
+        self._table = RowTable()
         self._shards: set[str] = set()
         self.refresh()
 
@@ -190,39 +186,54 @@ class EmbeddingCache:
         return len(self._index) - before
 
     def _load(self, shards: list[Path], last: bool) -> None:
-        opened: list[tuple[list[str], torch.Tensor, bool]] = []
+        opened: list[tuple[Path, list[str], torch.Tensor, bool]] = []
         for shard in shards:
             self._shards.add(shard.name)
             try:
-                opened.append(self._open(shard))
-            except OSError as err:  # the file system, not the file: skip it in this process only
+                opened.append((shard, *self._open(shard)))
+            except (OSError, MemoryError) as err:  # the file system or memory, not the file: skip it here only
                 log.warning("embedding shard %s cannot be opened now (%s); its texts are encoded again here",
                             shard, err)  # fmt: skip
             except Exception as err:  # a torn or foreign file
                 try:
-                    opened.append(self._open(shard))  # another process may have just replaced it, whole
+                    opened.append((shard, *self._open(shard)))  # another process may have just replaced it, whole
                 except Exception:
                     aside = shard.with_name(shard.name + ".unreadable")
                     log.warning("embedding shard %s cannot be read (%s: %s); moved to %s, its texts are encoded "
                                 "again", shard, type(err).__name__, err, aside.name)  # fmt: skip
                     with contextlib.suppress(OSError):
                         shard.replace(aside)
+        width = self._table.dim if self._table.dim is not None else (opened[0][2].shape[1] if opened else None)
+        for item in [o for o in opened if o[2].shape[1] != width]:
+            log.warning("embedding shard %s holds rows of width %d, not the cache's %d; it is left out and its texts "
+                        "are encoded again", item[0], item[2].shape[1], width)  # fmt: skip
+            opened.remove(item)
         # the rows read into memory first, in one segment (room for all of them made at once, not by growing a
         # buffer), then each mapped shard as a segment of its own: few segments to look rows up in
-        small = [(t, e) for t, e, mapped in opened if not mapped]
+        small = [o for o in opened if not o[3]]
         if small:
-            self._reserve_tail(sum(len(t) for t, _ in small), small[0][1].shape[1], exact=last)
-        for texts, emb in small:
-            self._add(texts, emb)
-        for texts, emb, mapped in opened:
-            if mapped:
-                self._add(texts, emb, mapped=True)
+            self._table.reserve(sum(len(o[1]) for o in small), width or 0, exact=last)
+        starts = {o[0]: self._table.append(o[2]) for o in small}
+        starts.update({o[0]: self._table.append(o[2], path=o[0]) for o in opened if o[3]})
+        for shard, texts, _, _ in opened:  # a string in two shards keeps its row of the first shard by name
+            self._index_rows(texts, starts[shard])
+
+    def _index_rows(self, texts: list[str], start: int) -> None:
+        for j, t in enumerate(texts):
+            self._index.setdefault(t, start + j)
 
     def _open(self, shard: Path) -> tuple[list[str], torch.Tensor, bool]:
-        """A shard's texts and rows, and whether the rows are memory-mapped (at least :attr:`mmap_rows` of them)."""
+        """A shard's texts and rows, and whether the rows are memory-mapped (at least :attr:`mmap_rows` of them);
+        a shard that cannot be mapped (no address space, a file system without mmap) is read instead."""
         if self.mmap_rows is not None:
-            texts, emb = _read_shard(shard, mmap=True)  # a small shard's rows are copied into memory from the map
-            return texts, emb, len(texts) >= self.mmap_rows and emb.dtype == torch.float16
+            try:
+                texts, emb = _read_shard(shard, mmap=True)  # a small shard's rows are copied into memory from the map
+            except RuntimeError as err:
+                if "mmap" not in str(err):
+                    raise
+                log.warning("embedding shard %s cannot be memory-mapped (%s); reading it", shard, err)
+            else:
+                return texts, emb, len(texts) >= self.mmap_rows and emb.dtype == torch.float16
         return (*_read_shard(shard), False)
 
     def __len__(self) -> int:
@@ -233,82 +244,17 @@ class EmbeddingCache:
 
     @property
     def dim(self) -> int:
-        return self._dim if self._dim is not None else self.encoder.dim
-
-    def _add(self, texts: list[str], emb: torch.Tensor, mapped: bool = False) -> None:
-        """Append rows. A memory-mapped block becomes a segment of its own; other rows go into the in-memory tail,
-        which grows by half when full, so n strings added in any number of calls cost O(n) row copies."""
-        n = len(texts)
-        if not n:
-            return
-        if self._dim is not None and emb.shape[1] != self._dim:
-            raise ValueError(f"embedding width {emb.shape[1]} differs from the cache's {self._dim}")
-        self._dim = emb.shape[1]
-        if mapped:
-            self._freeze_tail()
-            self._segments.append(emb)
-            self._starts.append(self._rows)
-        else:
-            self._append_tail(emb.to(torch.float16))
-        for j, t in enumerate(texts):
-            self._index.setdefault(t, self._rows + j)  # a string in two shards keeps its first row
-        self._rows += n
-
-    def _reserve_tail(self, n: int, dim: int, exact: bool = False) -> None:
-        """Room for ``n`` more rows in the in-memory tail: exactly that, or at least half again its capacity."""
-        tail = self._tail
-        used = 0 if tail is None else self._segments[-1].shape[0]
-        if tail is not None and used + n <= tail.shape[0]:
-            return
-        size = used + n if exact else max(used + n, (0 if tail is None else tail.shape[0]) * 3 // 2, 1024)
-        grown = torch.empty(size, dim, dtype=torch.float16)
-        if tail is None:
-            self._segments.append(grown[:0])
-            self._starts.append(self._rows)
-        else:
-            grown[:used] = tail[:used]
-            self._segments[-1] = grown[:used]
-        self._tail = grown
-
-    def _append_tail(self, emb: torch.Tensor) -> None:
-        n = emb.shape[0]
-        self._reserve_tail(n, emb.shape[1])
-        assert self._tail is not None
-        used = self._segments[-1].shape[0]
-        self._tail[used : used + n] = emb
-        self._segments[-1] = self._tail[: used + n]
-
-    def _freeze_tail(self) -> None:
-        """End the in-memory tail so that a mapped segment can follow it (its unused room given back when that is
-        more than an eighth of it)."""
-        if self._tail is not None:
-            used = self._segments[-1].shape[0]
-            if self._tail.shape[0] - used > used // 8:
-                self._segments[-1] = self._segments[-1].clone()
-            self._tail = None
+        return self._table.dim if self._table.dim is not None else self.encoder.dim
 
     def rows(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """The float32 embeddings of table rows ``ids`` (any shape; the result has one more dimension, ``dim``)."""
-        ids = torch.as_tensor(ids, dtype=torch.long)
-        if len(self._segments) == 1:
-            return self._segments[0][ids].float()
-        out = torch.empty(*ids.shape, self.dim, dtype=torch.float32)
-        if not ids.numel():
-            return out
-        flat, flat_out = ids.reshape(-1), out.view(-1, self.dim)
-        seg = torch.searchsorted(torch.tensor(self._starts), flat, right=True) - 1
-        for s in torch.unique(seg).tolist():
-            where = torch.nonzero(seg == s).squeeze(1)
-            flat_out.index_copy_(0, where, self._segments[s].index_select(0, flat[where] - self._starts[s]).float())
-        return out
+        return self._table.rows(ids)
 
     @property
     def table(self) -> torch.Tensor:
-        """All cached embeddings as one float32 tensor, row ``i`` belonging to the ``i``-th string added: a copy of
-        the whole table, for small caches; look rows up with :meth:`rows`."""
-        if not self._segments:
-            return torch.zeros(0, 0)
-        return torch.cat([s.float() for s in self._segments])
+        """All cached embeddings as one float32 tensor, row ``i`` belonging to the string whose id is ``i``: a copy
+        of the whole table, for small caches; look rows up with :meth:`rows`."""
+        return self._table.full()
 
     def ids(self, texts: Iterable[str]) -> torch.Tensor:
         """Row ids of ``texts`` in :attr:`table`, encoding any that are missing."""
@@ -325,18 +271,36 @@ class EmbeddingCache:
         if not new:
             return 0
         log.info("encoding %d new strings with %s", len(new), self.encoder.cache_key)
-        emb = self.encoder.encode(new).half()  # the precision a reload sees, so a run and its rerun agree exactly
-        if self.folder is not None:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            # shards are named by their content, so two caches on one folder never overwrite each other
-            digest = hashlib.sha1("\n".join(new).encode()).hexdigest()[:16]
-            shard = self.folder / f"shard-{digest}.pt"
-            tmp = self.folder / f".{shard.name}.{os.getpid()}.tmp"
-            torch.save({"texts": new, "embeddings": emb}, tmp)
-            os.replace(tmp, shard)
-            self._shards.add(shard.name)
-        self._add(new, emb)
+        emb = self._encode(new)
+        if self.folder is None:
+            self._index_rows(new, self._table.append(emb))
+            return len(new)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        # shards are named by their content, so two caches on one folder never overwrite each other
+        digest = hashlib.sha1("\n".join(new).encode()).hexdigest()[:16]
+        shard = self.folder / f"shard-{digest}.pt"
+        tmp = self.folder / f".{shard.name}.{os.getpid()}.tmp"
+        torch.save({"texts": new, "embeddings": emb}, tmp)
+        os.replace(tmp, shard)
+        self._shards.add(shard.name)
+        mapped = False
+        if self.mmap_rows is not None and len(new) >= self.mmap_rows:
+            # a large new shard is mapped from its file, as a rerun sees it, and the encoded copy is let go
+            _, emb, mapped = self._open(shard)
+        self._index_rows(new, self._table.append(emb, path=shard if mapped else None))
         return len(new)
+
+    def _encode(self, texts: list[str]) -> torch.Tensor:
+        """Float16 embeddings of ``texts`` (the precision a reload sees, so a run and its rerun agree exactly),
+        encoded in blocks so that the float32 output of the encoder never holds more than one block."""
+        if len(texts) <= _ENCODE_BLOCK:
+            return self.encoder.encode(texts).half()
+        first = self.encoder.encode(texts[:_ENCODE_BLOCK]).half()
+        out = torch.empty(len(texts), first.shape[1], dtype=torch.float16)
+        out[:_ENCODE_BLOCK] = first
+        for lo in range(_ENCODE_BLOCK, len(texts), _ENCODE_BLOCK):
+            out[lo : lo + _ENCODE_BLOCK] = self.encoder.encode(texts[lo : lo + _ENCODE_BLOCK])
+        return out
 
     def embed(self, texts: Iterable[str]) -> torch.Tensor:
         """Embeddings of ``texts`` (shape ``(n, dim)``, float32), encoding the missing ones."""

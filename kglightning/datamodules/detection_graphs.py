@@ -200,7 +200,7 @@ def build_detection_graph(
     ``text_id`` maps each text to its row of the embedding table; a :class:`~kglightning.datamodules.text_rows.TextRows`
     shared by the graphs of a split looks each vocabulary string up once for all of them.
     """
-    rows = text_id if isinstance(text_id, TextRows) else TextRows(text_id)
+    rows = text_id if isinstance(text_id, TextRows) else TextRows(text_id, memo=False)  # one graph: no memo
     stats.questions += 1
     graph = as_triple_array(record.graph)
     triples, node_ids, src_arr, dst_arr = node_layout(graph)  # first appearance, an exact repeat is one edge
@@ -306,6 +306,8 @@ def compact_graph(g: Data) -> Data:
     """``g`` in about a quarter of the memory, for keeping a split's graphs between epochs: the reverse edges that
     :func:`build_detection_graph` adds (the forward edges mirrored, right after them) are dropped, and the id tensors
     are stored as ``int32`` (``edge_kind`` as ``int8``). :func:`expand_graph` gives back exactly ``g``."""
+    if "compact_reverse" in g:
+        return g
     kind = g.edge_kind
     m = int((kind == EDGE_FORWARD).sum())
     mirrored = (
@@ -320,10 +322,16 @@ def compact_graph(g: Data) -> Data:
     if mirrored:
         keep = torch.cat([torch.arange(m), torch.arange(2 * m, kind.numel())])
         out.edge_index, out.edge_text, kind = g.edge_index[:, keep], g.edge_text[keep], kind[keep]
-    out.edge_index, out.edge_text = out.edge_index.to(torch.int32), out.edge_text.to(torch.int32)
-    out.edge_kind, out.node_text = kind.to(torch.int8), g.node_text.to(torch.int32)
+    out.edge_index, out.edge_text, out.node_text = (_narrow(t) for t in (out.edge_index, out.edge_text, g.node_text))
+    out.edge_kind = kind.to(torch.int8)
     out.compact_reverse = torch.tensor(m if mirrored else -1)  # forward edges whose mirror was dropped
     return out
+
+
+def _narrow(t: Tensor) -> Tensor:
+    """``t`` as ``int32`` when every value fits (a table of 2**31 rows or more keeps ``int64``)."""
+    fits = not t.numel() or (int(t.max()) < 2**31 and int(t.min()) >= -(2**31))
+    return t.to(torch.int32) if fits else t
 
 
 def expand_graph(g: Data) -> Data:

@@ -30,6 +30,8 @@ class TextRows:
     Args:
         text_id: string -> row, e.g. ``EmbeddingCache._index``.
         max_vocabs: how many (vocabulary, kind) arrays are kept (the least recently used one is dropped first).
+        memo: keep the arrays; ``False`` looks every string up on each call, for a single graph over a large shared
+            vocabulary (an array as long as the vocabulary would cost more than the lookups it saves).
 
     Example:
         >>> v = Vocab(["Paris", "location.country.capital", "France"])
@@ -38,9 +40,10 @@ class TextRows:
         ([3, 7, 3], [5])
     """
 
-    def __init__(self, text_id: Mapping[str, int], max_vocabs: int = 8) -> None:
+    def __init__(self, text_id: Mapping[str, int], max_vocabs: int = 8, memo: bool = True) -> None:
         self.text_id = text_id
         self.max_vocabs = max_vocabs
+        self.memo = memo
         self._memo: dict[tuple[int, str], tuple[Vocab, np.ndarray]] = {}
 
     def __getitem__(self, text: str) -> int:
@@ -58,6 +61,8 @@ class TextRows:
         """The :func:`~kglightning.metrics.functional.qa.normalize`-d strings ``vocab.strings[ids]``, each string
         normalised once."""
         ids = np.asarray(ids, dtype=np.int64)
+        if not self.memo:
+            return [normalize(vocab.strings[i]) for i in ids.tolist()]
         table = self._table(vocab, "normal", object)
         out = table[ids]
         missing = np.equal(out, None)
@@ -88,17 +93,22 @@ class TextRows:
 
     def _rows(self, vocab: Vocab, ids: np.ndarray, kind: str) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
+        if not self.memo:
+            return np.asarray(self._lookup(vocab, ids.tolist(), kind), dtype=np.int64)
         table = self._table(vocab, kind, np.int64)
         out = table[ids]
         missing = out < 0
         if missing.any():
-            strings = vocab.strings
             fresh = np.unique(ids[missing])
-            texts = [strings[i] if kind == "node" else relation_text(strings[i], kind) for i in fresh.tolist()]
-            found = list(map(self.text_id.get, texts))
-            if None in found:
-                text = texts[found.index(None)]
-                raise KeyError(f"{text!r} has no row in the embedding table: embed the split's texts first")
-            table[fresh] = found
+            table[fresh] = self._lookup(vocab, fresh.tolist(), kind)
             out = table[ids]
         return out
+
+    def _lookup(self, vocab: Vocab, ids: list[int], kind: str) -> list[int]:
+        strings = vocab.strings
+        texts = [strings[i] if kind == "node" else relation_text(strings[i], kind) for i in ids]
+        found = list(map(self.text_id.get, texts))
+        if None in found:
+            text = texts[found.index(None)]
+            raise KeyError(f"{text!r} has no row in the embedding table: embed the split's texts first")
+        return found  # type: ignore[return-value]

@@ -261,7 +261,8 @@ class KGGuardRefinement(L.LightningModule):
         emb = self.detection_data.embeddings
         view = self.detection_data.relation_view
         texts = list(dict.fromkeys(t for d in dialogues for t in node_texts(d.record, view)))
-        text_id = TextRows(dict(zip(texts, emb.ids(texts).tolist())))
+        emb.add(texts)
+        text_id = TextRows(emb._index)  # one graph per dialogue over the split's vocabulary: memoised per call
         graphs, owners = [], []
         for d in dialogues:
             nodes = [a for a in d.last["answers"] if a not in d.last["unmatched"]]

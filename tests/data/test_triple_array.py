@@ -98,7 +98,7 @@ def test_embedding_cache_grows_in_place_and_keeps_its_rows(tmp_path, root):
         texts = [f"text {i}", f"text {i // 2}"]
         out = cache.embed(texts)
         seen.append((texts, out))
-        capacities.add(cache._tail.shape[0])
+        capacities.add(cache._table._tail.shape[0])
     table = cache.table
     assert table.shape == (n, 4) and len(cache) == n and enc.calls == n
     for texts, out in seen:  # every row stays what it was when first returned, across the growths
@@ -109,7 +109,7 @@ def test_embedding_cache_grows_in_place_and_keeps_its_rows(tmp_path, root):
         again = EmbeddingCache(_Count(), tmp_path)
         everything = [f"text {i}" for i in range(n)]
         assert torch.equal(again.embed(everything), cache.embed(everything))
-        assert len(again._segments) == 1  # small shards are read into the one in-memory segment
+        assert len(again._table.segments) == 1  # small shards are read into the one in-memory segment
 
 
 def test_embedding_cache_maps_large_shards_and_reads_rows_across_segments(tmp_path):
@@ -123,9 +123,9 @@ def test_embedding_cache_maps_large_shards_and_reads_rows_across_segments(tmp_pa
     reader = EmbeddingCache(_Count(), tmp_path, mmap_rows=40)
     everything = [t for b in batches for t in b]
     assert len(reader) == len(everything)
-    mapped = [seg for seg in reader._segments if seg.shape[0] in (50, 70)]
-    assert len(mapped) == 2 and all(seg.dtype == torch.float16 for seg in reader._segments)
-    assert len(reader._segments) >= 3  # in memory, mapped, ..., with the small shards' rows in between
+    mapped = [seg for seg in reader._table.segments if seg.shape[0] in (50, 70)]
+    assert len(mapped) == 2 and all(seg.dtype == torch.float16 for seg in reader._table.segments)
+    assert len(reader._table.segments) >= 3  # in memory, mapped, ..., with the small shards' rows in between
     ids = reader.ids(everything[::-1])
     assert torch.equal(reader.rows(ids), writer.embed(everything[::-1]))
     assert reader.rows(ids[:124].view(-1, 2)).shape == (62, 2, 4)
@@ -147,4 +147,4 @@ def test_embedding_cache_loads_many_shards_in_bounded_chunks(tmp_path, monkeypat
     reader = EmbeddingCache(_Count(), tmp_path, mmap_rows=10)
     everything = [t for b in batches for t in b]
     assert len(reader) == len(everything) and torch.equal(reader.embed(everything), writer.embed(everything))
-    assert sum(seg.shape[0] == 12 for seg in reader._segments) == 1  # the big shard is mapped, the rest in memory
+    assert sum(seg.shape[0] == 12 for seg in reader._table.segments) == 1  # the big shard is mapped, the rest in memory

@@ -187,6 +187,10 @@ def test_compact_graph_round_trips_exactly_in_less_memory(reverse):
     assert size(small) <= size(g) / (3 if reverse else 1.8)
     assert small.edge_index.shape[1] == (3 + 1 if reverse else g.edge_index.shape[1])  # 3 triples + 1 virtual edge
     assert expand_graph(g) is g  # a graph that is not compact is left as it is
+    assert compact_graph(small) is small and torch.equal(expand_graph(compact_graph(small)).edge_kind, g.edge_kind)
+    huge = g.clone()
+    huge.node_text = huge.node_text + 2**31  # rows past int32 stay int64
+    assert torch.equal(expand_graph(compact_graph(huge)).node_text, huge.node_text)
     odd = g.clone()
     odd.edge_index = odd.edge_index.flip(1)  # not the layout build_detection_graph writes: nothing is dropped
     assert torch.equal(expand_graph(compact_graph(odd)).edge_index, odd.edge_index)

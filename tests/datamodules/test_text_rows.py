@@ -32,6 +32,9 @@ def test_rows_are_looked_up_once_per_string_and_follow_a_growing_vocabulary():
     with pytest.raises(KeyError, match="'Mars' has no row"):
         rows.nodes(Vocab(["Mars"]), np.array([0]))
     assert rows.normal_forms(vocab, np.array([0, 1])) == ["paris", "peoplepersonnationality"]
+    plain = TextRows(text_id, memo=False)  # no arrays: the same answers
+    assert plain.nodes(vocab, np.array([3, 0])).tolist() == [1, 4] and plain.relations(vocab, [1]).tolist() == [2]
+    assert plain.normal_forms(vocab, np.array([0])) == ["paris"] and not plain._memo
 
 
 def test_least_recently_used_vocabularies_are_dropped():

@@ -3,7 +3,7 @@
 Records come from :mod:`rog_generator` (seeded, RoG format, ``--triples`` per question). Every stage runs in a
 fresh process, so its peak RSS (``VmHWM``) is its own: the records read and validated, plus the stage's work. Peak
 RSS counts the pages of memory-mapped embedding shards the stage touched, which the kernel can drop under pressure;
-*peak anon* (``RssAnon``, sampled every 50 ms) is the memory it cannot.
+*peak anon* (``RssAnon``, sampled every 50 ms, so a lower bound) is the memory it cannot.
 
 * ``read``: :func:`~kglightning.data.sources.loaders.read_records` (parse and validate); its RSS is the records';
 * ``index``: :meth:`KGIndex.from_record <kglightning.data.kg.KGIndex.from_record>` per question;
@@ -134,6 +134,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
     elif stage in ("pcst", "detector", "uag", "embed", "warm"):
         emb = EmbeddingCache(encoder, cache)
         load_s = time.perf_counter() - t0
+        extra: dict = {}
         t0 = time.perf_counter()
         if stage == "warm":
             from kglightning.conformal.uag.scores import _texts, _walks
@@ -143,9 +144,9 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
             for r in records:
                 texts.update(node_texts(r))
             emb.add(texts)
-            for r in records[: warm_questions or STAGE_LIMITS["uag"]]:
+            for r in records[: STAGE_LIMITS["uag"] if warm_questions is None else warm_questions]:
                 emb.add(_texts(r, _walks(r, KGIndex.from_record(r), 3, 5000), None))
-            for r in records[: warm_questions or STAGE_LIMITS["pcst"]]:
+            for r in records[: STAGE_LIMITS["pcst"] if warm_questions is None else warm_questions]:
                 emb.add([r.question])
         elif stage == "pcst":
             from kglightning.retrieval.pcst import PCSTRetriever
@@ -166,8 +167,9 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
                 from kglightning.datamodules.text_rows import TextRows
 
                 text_id = TextRows(emb._index)
-            except ImportError:
+            except ImportError:  # older code (a --baseline checkout); the row says so (``compat``)
                 text_id, compact_graph, expand_graph = emb._index, (lambda g: g), (lambda g: g)
+                extra["compat"] = True
             for r in records:
                 g = build_detection_graph(r, text_id, stats, True, "keep")
                 if g is not None:
@@ -189,7 +191,9 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
             for r in records:
                 emb.embed(node_texts(r))
         seconds = time.perf_counter() - t0
-        return _result(stage, records, triples, seconds, base, after_read, cache_load_s=load_s, strings=len(emb))
+        return _result(
+            stage, records, triples, seconds, base, after_read, cache_load_s=load_s, strings=len(emb), **extra
+        )
     else:
         raise ValueError(f"unknown stage {stage!r}")
     return _result(stage, records, triples, time.perf_counter() - t0, base, after_read)
@@ -237,7 +241,7 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['stage']} | {r['impl']} | {r['questions']} | {r['triples']} | {r['seconds']:.2f} | "
             f"{r['questions_per_s']} | {r['records_mib']:.0f} | {r['bytes_per_triple']:.0f} | {r['peak_rss_mib']:.0f} |"
-            f" {r.get('peak_anon_mib') or float('nan'):.0f} |"
+            f" {float('nan') if r.get('peak_anon_mib') is None else r['peak_anon_mib']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -336,6 +340,8 @@ def main() -> None:
             print(f"[{impl}] warm cache: {warm.get('strings')} strings in {warm.get('seconds')} s", flush=True)
         for stage in args.stages:
             row = _child(impl, src, stage, data, cache, STAGE_LIMITS.get(stage))
+            if impl == "current" and row.get("compat"):
+                print(f"WARNING: the {stage} stage of the current tree ran the older code path", file=sys.stderr)
             print(json.dumps(row), flush=True)
             rows.append(row)
     rows.sort(key=lambda r: (STAGES.index(r["stage"]), r["impl"]))

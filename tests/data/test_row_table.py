@@ -1,0 +1,107 @@
+"""EmbeddingCache over RowTable: which row a repeated string keeps, mapped shards from a cold run, foreign widths,
+pickling for spawned workers, and shards that cannot be mapped."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import torch
+
+import kglightning.data.embeddings as embeddings
+from kglightning.data.embeddings import EmbeddingCache
+from kglightning.data.row_table import RowTable
+
+
+class _Enc:
+    dim, cache_key = 4, "enc"
+
+    def __init__(self, value: float | None = None) -> None:
+        self.value = value
+
+    def encode(self, texts):
+        if self.value is not None:
+            return torch.full((len(texts), self.dim), self.value)
+        return torch.tensor([[len(t), 1.0, 0.5, float(sum(map(ord, t)) % 7)] for t in texts])
+
+
+class _Wide(_Enc):
+    dim, cache_key = 256, "wide"
+
+    def encode(self, texts):
+        return torch.arange(len(texts) * 256, dtype=torch.float32).view(-1, 256) % 97
+
+
+def _shard(folder, name, texts, value, dim=4):
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"texts": texts, "embeddings": torch.full((len(texts), dim), value).half()}, folder / name)
+
+
+def test_a_string_in_two_shards_keeps_the_row_of_the_first_shard_by_name_whatever_is_mapped(tmp_path):
+    folder = tmp_path / "enc"
+    _shard(folder, "shard-00big.pt", ["dup"] + [f"b{i}" for i in range(49)], 1.0)
+    _shard(folder, "shard-01small.pt", ["dup", "s"], 7.0)
+    for mmap_rows in (None, 0, 40, 10**6):
+        cache = EmbeddingCache(_Enc(), tmp_path, mmap_rows=mmap_rows)
+        assert cache.embed(["dup"]).tolist() == [[1.0] * 4], mmap_rows
+        assert cache.embed(["s"]).tolist() == [[7.0] * 4] and len(cache) == 51
+
+
+def test_a_large_shard_encoded_here_is_mapped_from_its_file(tmp_path):
+    cache = EmbeddingCache(_Enc(), tmp_path, mmap_rows=20)
+    cache.add([f"t{i}" for i in range(30)])
+    cache.add(["x", "y"])
+    table = cache._table
+    assert list(table._paths) == [0] and table.segments[0].shape[0] == 30  # mapped, not held in memory
+    again = EmbeddingCache(_Enc(), tmp_path, mmap_rows=20)
+    names = [f"t{i}" for i in range(30)] + ["x", "y"]
+    assert torch.equal(cache.embed(names), again.embed(names))
+
+
+def test_a_shard_of_another_width_is_left_out_and_the_cache_keeps_working(tmp_path, caplog):
+    folder = tmp_path / "enc"
+    _shard(folder, "shard-00.pt", [f"a{i}" for i in range(50)], 1.0)
+    _shard(folder, "shard-01.pt", ["w"], 2.0, dim=8)
+    with caplog.at_level(logging.WARNING):
+        cache = EmbeddingCache(_Enc(3.0), tmp_path, mmap_rows=40)
+    assert "width 8" in caplog.text and "w" not in cache and (folder / "shard-01.pt").exists()
+    assert cache.embed(["w", "new"]).tolist() == [[3.0] * 4] * 2 and cache.add(["newer"]) == 1
+
+
+def test_pickling_sends_a_mapped_segment_as_its_path(tmp_path):
+    cache = EmbeddingCache(_Wide(), tmp_path, mmap_rows=100)
+    names = [f"t{i}" for i in range(2000)]
+    cache.add(names)
+    cache.add(["small", "rows"])
+    blob = pickle.dumps(cache)
+    assert len(blob) < 2000 * 256 * 2 // 4  # the mapped rows (1 MB) do not travel, only their file's path
+    back = pickle.loads(blob)
+    assert torch.equal(back.embed(names + ["small", "rows"]), cache.embed(names + ["small", "rows"]))
+    back.add(["after"])  # the unpickled table keeps growing
+    assert back.embed(["after"]).shape == (1, 256)
+
+
+def test_a_shard_that_cannot_be_mapped_is_read_not_moved_aside(tmp_path, monkeypatch, caplog):
+    EmbeddingCache(_Enc(), tmp_path, mmap_rows=1).add(["a", "b"])
+    real = embeddings._read_shard
+
+    def no_mmap(shard, mmap=False):
+        if mmap:
+            raise RuntimeError("unable to mmap 1024 bytes from file: Cannot allocate memory (12)")
+        return real(shard)
+
+    monkeypatch.setattr(embeddings, "_read_shard", no_mmap)
+    with caplog.at_level(logging.WARNING):
+        cache = EmbeddingCache(_Enc(), tmp_path, mmap_rows=1)
+    assert len(cache) == 2 and "cannot be memory-mapped" in caplog.text
+    assert not list((tmp_path / "enc").glob("*.unreadable"))
+
+
+def test_row_table_rejects_another_width_before_changing_anything():
+    t = RowTable()
+    t.append(torch.ones(2, 4))
+    try:
+        t.append(torch.ones(1, 8))
+    except ValueError as err:
+        assert "width 8" in str(err)
+    assert len(t) == 2 and t.rows([1]).shape == (1, 4)
