@@ -38,3 +38,12 @@ def test_plot_draws_both_panels(tmp_path):
     out = tmp_path / "p.png"
     bench.plot(rows, out, triples=100, questions=10)
     assert out.stat().st_size > 5000
+
+
+def test_slopes_read_linear_and_quadratic_growth():
+    rows = [{"stage": "lin", "seconds": q / 10, "size_questions": q, "size_triples": 100, "triples": q * 100,
+             "questions": q} for q in (10, 20, 40)]  # fmt: skip
+    rows += [{"stage": "quad", "seconds": (q / 10) ** 2, "size_questions": q, "size_triples": 100,
+              "triples": q * 100, "questions": q} for q in (10, 20, 40)]  # fmt: skip
+    text = bench.slopes(rows, triples=100, questions=10)
+    assert "| lin | 1.0 s | 2.0 s | 4.0 s | 1.00 | n/a |" in text and "| quad | 1.0 s | 4.0 s | 16.0 s | 2.00 |" in text

@@ -47,6 +47,14 @@ ROOT = HERE.parents[1]
 STAGES = ("read", "index", "evidence", "pcst", "detector", "uag", "embed")
 STAGE_LIMITS = {"evidence": 300, "pcst": 300, "uag": 300}  # slow per-question stages: the first N questions
 _ANON: AnonPeak | None = None
+_STAGE_MODULES = (
+    "torch_geometric.data",
+    "kglightning.conformal.uag.scores",
+    "kglightning.datamodules.detection_graphs",
+    "kglightning.evidence",
+    "kglightning.nn.kgguard",
+    "kglightning.retrieval.pcst",
+)
 
 
 class HashEncoder:
@@ -107,10 +115,17 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
     import torch
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    import importlib
+
     from kglightning.data.embeddings import EmbeddingCache
     from kglightning.data.kg import KGIndex
     from kglightning.data.sources.loaders import read_records
 
+    for module in _STAGE_MODULES:  # imported before any timer starts: torch_geometric alone takes seconds
+        try:
+            importlib.import_module(module)
+        except ImportError:  # an older checkout may lack one; its stage then fails on its own import
+            pass
     base = _rss("VmRSS")
     t0 = time.perf_counter()
     records = read_records(data, report=False, limit=limit)  # a limited stage reads only its first questions
@@ -266,6 +281,31 @@ def sweep(args: argparse.Namespace, stages: list[str]) -> list[dict]:
     return rows
 
 
+def slopes(rows: list[dict], triples: int, questions: int) -> str:
+    """A Markdown table: per stage, seconds at each size and the least-squares slope of log(seconds) against
+    log(questions) (at ``triples``) and against log(triples per question) (at ``questions``); 1 is linear growth."""
+    import numpy as np
+
+    def fit(pts: list[tuple[float, float]]) -> str:
+        pts = [(x, y) for x, y in pts if y > 0]
+        if len(pts) < 2:
+            return "n/a"
+        x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+        return f"{np.polyfit(x, y, 1)[0]:.2f}"
+
+    ok = [r for r in rows if "error" not in r]
+    qs = sorted({r["size_questions"] for r in ok if r["size_triples"] == triples})
+    head = "| stage | " + " | ".join(f"{q} q" for q in qs) + " | slope vs questions | slope vs triples/question |"
+    lines = [head, "|---|" + "---:|" * (len(qs) + 2)]
+    for stage in dict.fromkeys(r["stage"] for r in ok):
+        mine = [r for r in ok if r["stage"] == stage]
+        by_q = {r["size_questions"]: r["seconds"] for r in mine if r["size_triples"] == triples}
+        by_t = [(r["triples"] / r["questions"], r["seconds"]) for r in mine if r["size_questions"] == questions]
+        cells = " | ".join(f"{by_q[q]:.1f} s" if q in by_q else "–" for q in qs)
+        lines.append(f"| {stage} | {cells} | {fit(list(by_q.items()))} | {fit(by_t)} |")
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict], path: Path, triples: int, questions: int) -> None:
     """Seconds per stage against questions (at ``triples``) and against triples per question (at ``questions``)."""
     import matplotlib
@@ -319,6 +359,7 @@ def main() -> None:
     if args.sweep_questions:
         rows = sweep(args, args.stages)
         plot(rows, args.plot, args.triples, args.sweep_questions[0])
+        print(slopes(rows, args.triples, args.sweep_questions[0]))
         if args.output:
             args.output.write_text(json.dumps(rows, indent=1))
         print(f"plot: {args.plot}")
