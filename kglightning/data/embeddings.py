@@ -24,6 +24,7 @@ __all__ = [
     "BUNDLED_MINILM",
     "EmbeddingCache",
     "SentenceEncoder",
+    "TransientEmbeddings",
     "UsesEmbeddings",
     "bundled_minilm_path",
     "default_cache_root",
@@ -305,6 +306,62 @@ class EmbeddingCache:
     def embed(self, texts: Iterable[str]) -> torch.Tensor:
         """Embeddings of ``texts`` (shape ``(n, dim)``, float32), encoding the missing ones."""
         return self.rows(self.ids(texts))
+
+
+class TransientEmbeddings:
+    """Embeddings of strings used once and never stored: texts that hold one question (UAG's step queries, ``Q ||
+    r_0 || ...``), which no other question asks for and which would grow the disk cache by every question of a
+    split (millions of rows at CWQ's size).
+
+    A string the cache holds comes from the cache; the others are encoded with the cache's encoder, each call to
+    :meth:`add` in one batch, at the cache's float16 precision, and are kept in this object only: drop it and they
+    are gone. The same texts added in the same batches give the same rows in every run.
+
+    Args:
+        cache: the cache whose encoder and rows it uses.
+
+    Example:
+        >>> class Toy:
+        ...     dim, cache_key = 2, "toy"
+        ...     def encode(self, texts):
+        ...         return torch.tensor([[len(t), 1.0] for t in texts])
+        >>> cache = EmbeddingCache(Toy(), root=None)
+        >>> scratch = TransientEmbeddings(cache)
+        >>> scratch.embed(["abc", "a"]).tolist(), len(scratch), len(cache)
+        ([[3.0, 1.0], [1.0, 1.0]], 2, 0)
+    """
+
+    def __init__(self, cache: EmbeddingCache) -> None:
+        self.cache = cache
+        self._index: dict[str, int] = {}
+        self._table = RowTable()
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, text: str) -> bool:
+        return text in self._index or text in self.cache
+
+    def add(self, texts: Iterable[str]) -> int:
+        """Encode, in one batch, the strings neither the cache nor this object holds; return how many were new."""
+        new = sorted({t for t in texts if t not in self._index and t not in self.cache})
+        if new:
+            start = self._table.append(self.cache._encode(new))
+            self._index.update((t, start + j) for j, t in enumerate(new))
+        return len(new)
+
+    def embed(self, texts: Iterable[str]) -> torch.Tensor:
+        """Embeddings of ``texts`` (``(n, dim)``, float32), encoding the missing ones first."""
+        texts = list(texts)
+        self.add(texts)
+        out = torch.empty(len(texts), self.cache.dim, dtype=torch.float32)
+        mine = [i for i, t in enumerate(texts) if t in self._index]
+        if mine:
+            out[mine] = self._table.rows([self._index[texts[i]] for i in mine])
+        if len(mine) < len(texts):
+            cached = [i for i, t in enumerate(texts) if t not in self._index]
+            out[cached] = self.cache.rows(self.cache.ids(texts[i] for i in cached))
+        return out
 
 
 class UsesEmbeddings:

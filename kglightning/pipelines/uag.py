@@ -51,7 +51,13 @@ from kglightning.conformal.uag import (
 )
 from kglightning.conformal.uag.controller import COMPONENTS, split_indices
 from kglightning.conformal.uag.evaluator import LLMEvaluator
-from kglightning.data.embeddings import BUNDLED_MINILM, EmbeddingCache, SentenceEncoder, default_cache_root
+from kglightning.data.embeddings import (
+    BUNDLED_MINILM,
+    EmbeddingCache,
+    SentenceEncoder,
+    TransientEmbeddings,
+    default_cache_root,
+)
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.fileio import atomic_write, clear_outputs, write_text_atomic
@@ -195,10 +201,18 @@ class UAGReasoner(L.LightningModule):
         """``alpha`` followed by the swept levels (no repeats)."""
         return list(dict.fromkeys([self.alpha, *self.sweep_alphas]))
 
-    def score(self, records: Sequence[KGQARecord], desc: str = "UAG scores") -> list[QuestionScores]:
-        """UAG scores of ``records`` (the LLM is asked when configured)."""
+    def score(
+        self, records: Sequence[KGQARecord], desc: str = "UAG scores", queries: TransientEmbeddings | None = None
+    ) -> list[QuestionScores]:
+        """UAG scores of ``records`` (the LLM is asked when configured); ``queries``: see :func:`score_questions`."""
         scores = score_questions(
-            records, self.cache, max_hops=self.max_hops, max_paths=self.max_paths, progress=self.progress, desc=desc
+            records,
+            self.cache,
+            max_hops=self.max_hops,
+            max_paths=self.max_paths,
+            progress=self.progress,
+            desc=desc,
+            queries=queries,
         )
         if self.llm is not None:
             self.llm.rescore(records, scores, self.cache)
@@ -367,7 +381,8 @@ class UAGReasoner(L.LightningModule):
         return out
 
     def predict_step(self, batch: list[KGQARecord], batch_idx: int) -> list[dict[str, Any]]:
-        scores = self.score(batch, desc="UAG test scores")
+        queries = TransientEmbeddings(self.cache)  # the grid's and the walk's step queries: the same rows
+        scores = self.score(batch, desc="UAG test scores", queries=queries)
         sampled: list[SampledAnswers | None] = [None] * len(batch)
         if self.sampler is not None:
             sampled = list(self.sampler.sample(batch))
@@ -376,7 +391,7 @@ class UAGReasoner(L.LightningModule):
         rows = []
         for record, s, sq in zip(batch, scores, sampled):
             kg = KGIndex.from_record(record)
-            res = traversal.run(record, *main.selected_thresholds, kg=kg, llm_answer=s.llm_answer)
+            res = traversal.run(record, *main.selected_thresholds, kg=kg, llm_answer=s.llm_answer, queries=queries)
             row: dict[str, Any] = {
                 "id": record.id,
                 "question": record.question,

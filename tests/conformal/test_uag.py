@@ -312,3 +312,61 @@ def test_llm_evaluator_prompts_and_rescoring(cache):
     assert torch.equal(scores[1].evaluator, score_question(recs[1], cache).evaluator)
     t = UAGTraversal(cache).run(recs[0], INF, INF, 0.01, llm_answer="Euro")
     assert t.answers == ["Euro"]
+
+
+class BatchDependentEncoder(HashEncoder):
+    """A text's vector moves a little with the size of the batch it is encoded in, as a padded transformer batch
+    moves it in the last digits: two encodings of one text agree only if their batches did."""
+
+    def encode(self, texts):
+        out = super().encode(texts)
+        if not len(out):
+            return out
+        out = out + 1e-3 * len(texts) * torch.ones(self.dim)
+        return out / out.norm(dim=1, keepdim=True)
+
+
+def test_step_queries_are_not_stored_and_paths_are_shared(tmp_path, embedded_records):
+    from kglightning.conformal.uag.scores import _query_texts, _walks
+    from kglightning.data.kg import KGIndex
+    from kglightning.data.text import step_query_text
+
+    recs = embedded_records[:12]
+    cache = EmbeddingCache(HashEncoder(), root=tmp_path)
+    scores = score_questions(recs, cache, max_hops=3, progress=False, chunk_size=5)
+    queries = set().union(*(_query_texts(r, _walks(r, KGIndex.from_record(r), 3, 5000)) for r in recs))
+    longer = {q for q in queries if q not in {r.question for r in recs}}  # prefix of at least one relation
+    assert longer and not longer & set(EmbeddingCache(HashEncoder(), root=tmp_path)._index)  # not on disk
+    assert not longer & set(cache._index)
+    table = scores[0].paths.table
+    assert all(s.paths.table is table for s in scores) and len(table) < sum(len(s.paths) for s in scores)
+    first = {}
+    for s in scores:
+        assert s.incidence.dtype == torch.int32
+        for p in s.paths:
+            assert first.setdefault(p, p) is p  # one tuple per distinct path across the questions
+    # the same scores as one question at a time
+    for r, s in zip(recs, scores):
+        one = score_question(r, EmbeddingCache(HashEncoder(), root=None), max_hops=3)
+        assert one.paths == s.paths and one.entities == s.entities
+        assert torch.equal(one.incidence, s.incidence) and torch.equal(one.path_score, s.path_score)
+        assert torch.equal(one.expand, s.expand) and torch.equal(one.evaluator, s.evaluator)
+    assert step_query_text("q", ()) == "q"
+
+
+def test_traversal_reads_the_step_rows_the_grid_read(embedded_records):
+    from kglightning.data.embeddings import TransientEmbeddings
+
+    cache = EmbeddingCache(BatchDependentEncoder(), root=None)
+    recs = embedded_records[:15]
+    queries = TransientEmbeddings(cache)
+    scores = score_questions(recs, cache, max_hops=3, progress=False, queries=queries)
+    assert len(queries) and not any(" | " in t for t in cache._index)
+    trav, checked = UAGTraversal(cache, max_hops=3), 0
+    for rec, s in zip(recs, scores):
+        finite = s.expand[torch.isfinite(s.expand)]
+        for q1 in finite.unique().tolist()[:4]:  # a threshold exactly at a score: any drift in a row flips it
+            want = {s.entities[e] for e in members_at(s, q1, INF, INF).nonzero().flatten().tolist()}
+            assert set(trav.run(rec, q1, INF, INF, queries=queries).answers) == want, (rec.id, q1)
+            checked += 1
+    assert checked > 10

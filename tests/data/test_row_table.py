@@ -105,3 +105,20 @@ def test_row_table_rejects_another_width_before_changing_anything():
     except ValueError as err:
         assert "width 8" in str(err)
     assert len(t) == 2 and t.rows([1]).shape == (1, 4)
+
+
+def test_transient_embeddings_read_the_cache_encode_the_rest_and_store_nothing(tmp_path):
+    from kglightning.data.embeddings import TransientEmbeddings
+
+    cache = EmbeddingCache(_Enc(), tmp_path)
+    cache.add(["kept", "also kept"])
+    files = sorted(p.name for p in (tmp_path / "enc").iterdir())
+    scratch = TransientEmbeddings(cache)
+    assert scratch.add(["once", "kept", "twice", "once"]) == 2  # the cache's strings are not encoded again
+    rows = scratch.embed(["twice", "kept", "new one", "once"])
+    assert torch.equal(rows[1], cache.embed(["kept"])[0])
+    # the new strings at the precision the cache would hold them
+    assert torch.equal(rows[0], _Enc().encode(["twice"])[0].half().float())
+    assert len(scratch) == 3 and len(cache) == 2 and "new one" in scratch and "new one" not in cache
+    assert sorted(p.name for p in (tmp_path / "enc").iterdir()) == files  # nothing written
+    assert scratch.embed([]).shape == (0, 4)

@@ -21,15 +21,16 @@ grid of thresholds at once and :mod:`.traversal` runs the breadth-first search i
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, overload
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from kglightning.data.embeddings import EmbeddingCache
+from kglightning.data.embeddings import EmbeddingCache, TransientEmbeddings
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import path_text, relation_text, step_query_text
@@ -39,6 +40,74 @@ Coverage = Literal["any", "all"]
 log = logging.getLogger(__name__)
 
 
+Path = tuple[str, ...]
+
+
+class PathTable:
+    """One object per distinct relation path, shared by the questions scored together: relation paths repeat from
+    question to question (a split has far fewer distinct paths than questions x paths), so each question keeps an
+    ``int32`` id per path (4 bytes) instead of a tuple of its own (about 70)."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+        self._ids: dict[Path, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def ids(self, paths: Iterable[Path]) -> np.ndarray:
+        """``int32`` ids of ``paths``, adding the new ones."""
+        out = []
+        for p in paths:
+            i = self._ids.get(p)
+            if i is None:
+                i = self._ids[p] = len(self.paths)
+                self.paths.append(p)
+            out.append(i)
+        return np.asarray(out, dtype=np.int32)
+
+
+class PathList(Sequence[Path]):
+    """A question's relation paths as ids into a :class:`PathTable`: reads as a list of tuples (``len``, indexing,
+    iteration, ``==`` with a list).
+
+    Example:
+        >>> table = PathTable()
+        >>> paths = PathList(table, [("r",), ("r", "s")])
+        >>> paths[1], len(paths), paths == [("r",), ("r", "s")], PathList(table, [("r",)]).ids.tolist()
+        (('r', 's'), 2, True, [0])
+    """
+
+    __slots__ = ("ids", "table")
+
+    def __init__(self, table: PathTable, paths: Iterable[Path]) -> None:
+        self.table = table
+        self.ids = table.ids(paths)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @overload
+    def __getitem__(self, i: int) -> Path: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Path]: ...
+    def __getitem__(self, i: int | slice) -> Path | list[Path]:
+        if isinstance(i, slice):
+            return [self.table.paths[j] for j in self.ids[i].tolist()]
+        return self.table.paths[int(self.ids[i])]
+
+    def __iter__(self) -> Iterator[Path]:
+        return (self.table.paths[j] for j in self.ids.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable table, compared by value
+
+    def __repr__(self) -> str:
+        return f"PathList({list(self)!r})"
+
+
 @dataclass
 class QuestionScores:
     """Every score UAG needs for one question (see the module docstring).
@@ -46,10 +115,12 @@ class QuestionScores:
     Attributes:
         qid: record id.
         entities: the candidate pool: every entity reached by a path (topic entities excluded), sorted.
-        paths: the relation paths, shortest first (``~r`` = reverse hop).
+        paths: the relation paths, shortest first (``~r`` = reverse hop); a list of tuples, or from
+            :func:`score_questions` a :class:`PathList` sharing one :class:`PathTable` across the questions.
         expand: ``(P,)`` Eq. 4 score needed to reach the start of each path's last hop.
         path_score: ``(P,)`` Eq. 5 score of each path.
-        incidence: ``(2, nnz)`` long: ``[path index, entity index]`` for each end entity of each path.
+        incidence: ``(2, nnz)`` integer (``int32`` from :func:`score_question`): ``[path index, entity index]``
+            for each end entity of each path.
         evaluator: ``(A,)`` Eq. 6 score of each entity.
         gold: ``(A,)`` bool, entity is a gold answer.
         n_gold: number of gold answers of the question (some may be outside the pool).
@@ -58,7 +129,7 @@ class QuestionScores:
 
     qid: str
     entities: list[str]
-    paths: list[tuple[str, ...]]
+    paths: Sequence[Path]
     expand: Tensor
     path_score: Tensor
     incidence: Tensor
@@ -75,7 +146,7 @@ class QuestionScores:
         """Per entity, the minimum of a per-path ``values`` over the paths reaching it (``+inf`` if none)."""
         out = torch.full((self.num_entities,), float("inf"), dtype=values.dtype, device=values.device)
         if self.incidence.numel():
-            out = out.scatter_reduce(0, self.incidence[1], values[self.incidence[0]], reduce="amin")
+            out = out.scatter_reduce(0, self.incidence[1].long(), values[self.incidence[0]], reduce="amin")
         return out
 
     def component_scores(self, coverage: Coverage = "any") -> Tensor:
@@ -106,12 +177,19 @@ def cosine_distance(a: Tensor, b: Tensor) -> Tensor:
 
 
 def step_scores(
-    cache: EmbeddingCache, question: str, prefixes: Sequence[tuple[str, ...]], relations: Sequence[str]
+    cache: EmbeddingCache,
+    question: str,
+    prefixes: Sequence[tuple[str, ...]],
+    relations: Sequence[str],
+    queries: TransientEmbeddings | None = None,
 ) -> Tensor:
-    """Eq. 4 scores ``1 - cos(Q || prefix_i, relation_i)`` for aligned lists of prefixes and next relations."""
+    """Eq. 4 scores ``1 - cos(Q || prefix_i, relation_i)`` for aligned lists of prefixes and next relations.
+
+    The ``Q || prefix`` texts hold the question, so no other question asks for them: they are embedded through
+    ``queries`` (not stored in the disk cache; a fresh :class:`TransientEmbeddings` when ``None``)."""
     if not prefixes:
         return torch.zeros(0, device="cpu")
-    left = cache.embed([step_query_text(question, p) for p in prefixes])
+    left = (queries or TransientEmbeddings(cache)).embed([step_query_text(question, p) for p in prefixes])
     return cosine_distance(left, cache.embed([relation_text(r) for r in relations]))
 
 
@@ -137,13 +215,18 @@ def _walks(record: KGQARecord, kg: KGIndex, max_hops: int, max_paths: int | None
 
 
 def _texts(record: KGQARecord, walks: dict[tuple[str, ...], set[str]], llm_answer: str | None) -> list[str]:
-    """Every string :func:`score_question` embeds for ``record``."""
+    """The strings :func:`score_question` embeds for ``record`` that the disk cache keeps (its step queries,
+    :func:`_query_texts`, are not kept)."""
     texts = [record.question, *(llm_answer.strip() for _ in [0] if llm_answer and llm_answer.strip())]
     texts += [path_text(p) for p in walks]
-    texts += [step_query_text(record.question, p[:j]) for p in walks for j in range(len(p) - 1)]
     texts += [relation_text(p[j]) for p in walks for j in range(len(p) - 1)]
     texts += sorted(set().union(*walks.values())) if walks else []
     return texts
+
+
+def _query_texts(record: KGQARecord, walks: dict[tuple[str, ...], set[str]]) -> set[str]:
+    """The Eq. 4 step queries ``Q || r_0 || ... || r_{j-1}`` of ``record``'s paths."""
+    return {step_query_text(record.question, p[:j]) for p in walks for j in range(len(p) - 1)}
 
 
 def score_question(
@@ -155,6 +238,8 @@ def score_question(
     kg: KGIndex | None = None,
     llm_answer: str | None = None,
     walks: dict[tuple[str, ...], set[str]] | None = None,
+    queries: TransientEmbeddings | None = None,
+    path_table: PathTable | None = None,
 ) -> QuestionScores:
     """All UAG scores of one question (see the module docstring).
 
@@ -167,6 +252,8 @@ def score_question(
         kg: the record's graph index, if already built.
         llm_answer: the reasoner LLM's answer over the question's paths; ``None`` or blank = no LLM answer.
         walks: the record's relation paths, if already enumerated.
+        queries: where the step queries' embeddings come from (:func:`step_scores`).
+        path_table: the table the question's :class:`PathList` refers to (shared by :func:`score_questions`).
     """
     kg = kg or KGIndex.from_record(record)
     if walks is None:
@@ -177,7 +264,7 @@ def score_question(
     q_emb = cache.embed([record.question])[0]
     # Eq. 4 scores of every hop before a path's last one
     steps = sorted({(p[:j], p[j]) for p in paths for j in range(len(p) - 1)})
-    step_values = step_scores(cache, record.question, [s[0] for s in steps], [s[1] for s in steps]).tolist()
+    step_values = step_scores(cache, record.question, [s[0] for s in steps], [s[1] for s in steps], queries).tolist()
     step_of = dict(zip(steps, step_values))
     # the traversal's scores live on the CPU, beside the embedding cache's vectors
     expand = torch.tensor(
@@ -186,16 +273,16 @@ def score_question(
         device="cpu",
     )
     pairs = [(i, eid[e]) for i, p in enumerate(paths) for e in sorted(walks[p])]
-    incidence = (
-        torch.tensor(pairs, dtype=torch.long, device="cpu").T
+    incidence = (  # int32: the pool of a full-size split holds millions of pairs
+        torch.tensor(pairs, dtype=torch.int32, device="cpu").T.contiguous()
         if pairs
-        else torch.zeros(2, 0, dtype=torch.long, device="cpu")
+        else torch.zeros(2, 0, dtype=torch.int32, device="cpu")
     )
     gold_names = set(record.a_entity)
     return QuestionScores(
         qid=record.id,
         entities=entities,
-        paths=paths,
+        paths=PathList(path_table if path_table is not None else PathTable(), paths),
         expand=expand,
         path_score=path_scores(cache, q_emb, paths),
         incidence=incidence.reshape(2, -1),
@@ -216,20 +303,56 @@ def score_questions(
     chunk_size: int = 256,
     progress: bool = True,
     desc: str = "UAG scores",
+    queries: TransientEmbeddings | None = None,
 ) -> list[QuestionScores]:
-    """:func:`score_question` for many records; the new strings of each chunk are encoded in one batch."""
+    """:func:`score_question` for many records; the new strings of each chunk are encoded in one batch.
+
+    What the disk cache keeps (questions, relation and path texts, entity names) goes to ``cache``; the step
+    queries, one set per question, are encoded per chunk and dropped with it (:class:`TransientEmbeddings`); the
+    scores share one :class:`PathTable`. So a split's pool costs about 130 bytes per path of each question,
+    whatever its size, and the disk cache grows with the split's distinct names, not with its questions.
+
+    Args:
+        records: the questions.
+        cache: text embeddings of the relation scorer's encoder.
+        max_hops: longest relation path.
+        max_paths: bound on enumerated paths per question (see :func:`score_question`).
+        llm_answers: one reasoner answer per record (``None`` = no LLM).
+        chunk_size: questions whose new strings are encoded in one batch.
+        progress: show a progress bar.
+        desc: the progress bar's label.
+        queries: where the step queries are embedded, for a caller that scores the same questions again (the
+            traversal of :meth:`UAGTraversal.run <kglightning.conformal.uag.traversal.UAGTraversal.run>` then
+            sees the same rows); by default a fresh :class:`TransientEmbeddings` per chunk.
+    """
     if llm_answers is not None and len(llm_answers) != len(records):
         raise ValueError(f"got {len(llm_answers)} LLM answers for {len(records)} records")
     answers = list(llm_answers) if llm_answers is not None else [None] * len(records)
     out: list[QuestionScores] = []
+    table = PathTable()
     bar = tqdm(total=len(records), desc=desc, disable=not progress or len(records) < 2, leave=False)
     for lo in range(0, len(records), chunk_size):
         chunk = list(zip(records[lo : lo + chunk_size], answers[lo : lo + chunk_size]))
         kgs = [KGIndex.from_record(r) for r, _ in chunk]
         walks = [_walks(r, kg, max_hops, max_paths) for (r, _), kg in zip(chunk, kgs)]
         cache.add(t for (r, a), w in zip(chunk, walks) for t in _texts(r, w, a))
+        scratch = queries if queries is not None else TransientEmbeddings(cache)
+        scratch.add(t for (r, _), w in zip(chunk, walks) for t in _query_texts(r, w))
         for (r, a), kg, w in zip(chunk, kgs, walks):
-            out.append(score_question(r, cache, max_hops=max_hops, max_paths=max_paths, kg=kg, llm_answer=a, walks=w))
+            out.append(
+                score_question(
+                    r,
+                    cache,
+                    max_hops=max_hops,
+                    max_paths=max_paths,
+                    kg=kg,
+                    llm_answer=a,
+                    walks=w,
+                    queries=scratch,
+                    path_table=table,
+                )  # fmt: skip
+            )
             bar.update()
+        del scratch, kgs, walks
     bar.close()
     return out

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from kglightning.conformal.uag.scores import evaluator_scores, path_scores, step_scores, topic_entities
-from kglightning.data.embeddings import EmbeddingCache
+from kglightning.data.embeddings import EmbeddingCache, TransientEmbeddings
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import _expand
 from kglightning.data.records import KGQARecord
@@ -75,8 +75,14 @@ class UAGTraversal:
         *,
         kg: KGIndex | None = None,
         llm_answer: str | None = None,
+        queries: TransientEmbeddings | None = None,
     ) -> TraversalResult:
-        """The prediction set of ``record`` at thresholds ``(q1, q2, q3)`` (``inf`` disables a filter)."""
+        """The prediction set of ``record`` at thresholds ``(q1, q2, q3)`` (``inf`` disables a filter).
+
+        ``queries`` embeds the step queries (:func:`~kglightning.conformal.uag.scores.step_scores`); pass the one
+        that :func:`~kglightning.conformal.uag.scores.score_questions` used for the same question, so that the
+        walk and the grid read the same rows."""
+        queries = queries if queries is not None else TransientEmbeddings(self.cache)
         kg = kg or KGIndex.from_record(record)
         topics = topic_entities(record, kg)
         start = kg._ids(topics)
@@ -97,7 +103,11 @@ class UAGTraversal:
             longer = [prefix + (r,) for r in relations]
             s5 = path_scores(self.cache, q_emb, longer).tolist()
             can_grow = len(prefix) + 1 < self.max_hops
-            s4 = step_scores(self.cache, record.question, [prefix] * len(moves), relations).tolist() if can_grow else []
+            s4 = (
+                step_scores(self.cache, record.question, [prefix] * len(moves), relations, queries).tolist()
+                if can_grow
+                else []
+            )
             for m, (path, (_, dst)) in enumerate(zip(longer, moves)):
                 if s5[m] <= q2:
                     for e in dst.tolist():
