@@ -1,7 +1,7 @@
 """Packaging for kglightning.
 
 torch is deliberately given as a range that the CPU wheel ``torch==2.13.0`` satisfies, so that installing
-this package on a machine that already has it never pulls a CUDA build (see README, "Install").
+this package on a machine that already has it never pulls a CUDA build (see docs/index.md, "Install").
 """
 
 from pathlib import Path

@@ -14,7 +14,7 @@
   environment.
 
 Why not the ``openai`` client: it follows redirects by default, its timeouts are per socket operation too, and its
-retry jitter is not seeded (README, "Security and reliability").
+retry jitter is not seeded (docs/guides/security.md, "Security and reliability").
 """
 
 from __future__ import annotations
