@@ -21,11 +21,8 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     runs with ``fast_dev_run``), so the files of an earlier real run (``best.ckpt``, ``last.ckpt``) stay byte for
     byte as they were. Outside a dry run it behaves exactly as Lightning's class. Its ``state_key`` (and so its
     entry in a checkpoint's ``callbacks``) is the same as Lightning's, so runs saved with either resume with either.
-
-    Args:
-        *args: the arguments of Lightning's ``ModelCheckpoint`` (``dirpath``, ``filename``, ``monitor``, ``mode``,
-            ``save_last``, ``enable_version_counter``, ...), unchanged.
-        **kwargs: as ``*args``.
+    It adds no ``__init__``: it takes Lightning's arguments (``dirpath``, ``filename``, ``monitor``, ``mode``,
+    ``save_last``, ``enable_version_counter``, ...) unchanged.
 
     Example:
         >>> import lightning as L

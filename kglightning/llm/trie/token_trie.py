@@ -17,7 +17,7 @@ __all__ = ["TokenTrie", "TrieNode"]
 class TrieNode:
     """One node of a :class:`TokenTrie`.
 
-    Args:
+    Attributes:
         children: next token id -> child node.
         terminal: whether a stored sequence ends at this node.
     """
