@@ -136,7 +136,7 @@ def conformalize(
 def main(argv: list[str] | None = None) -> int:
     """Run the command; returns 0, or 2 with a one-line message on stderr when the input is malformed or missing."""
     p = argparse.ArgumentParser(
-        prog="python -m kglightning conformalize",
+        prog="kglightning conformalize",
         description="Split-conformal answer sets from a calibration and a test predictions jsonl (with confidences).",
     )
     p.add_argument("--calibration", required=True, help="predictions jsonl of the calibration questions")

@@ -263,8 +263,14 @@ class EmbeddingCache:
         self.add(texts)
         return torch.tensor([self._index[t] for t in texts], dtype=torch.long)
 
-    def add(self, texts: Iterable[str]) -> int:
-        """Encode and store the strings not yet cached; return how many were new."""
+    def add(self, texts: Iterable[str], whole: bool = False) -> int:
+        """Encode and store the strings not yet cached; return how many were new.
+
+        A text encoder's output moves in its last digits with the batch a string is encoded in. ``whole=True``
+        fixes the batch: when any of ``texts`` is new, all of them are encoded together (sorted) and the new ones
+        stored, so a new string's row depends on ``texts`` alone, not on which of them the cache already held
+        (what lets :mod:`~kglightning.retrieval.prepare` give the same rows on any number of processes).
+        """
         texts = texts if isinstance(texts, (set, frozenset)) else set(texts)
         new = sorted(t for t in texts if t not in self._index)
         if new and self.refresh():  # another cache may have encoded some of them already
@@ -272,7 +278,12 @@ class EmbeddingCache:
         if not new:
             return 0
         log.info("encoding %d new strings with %s", len(new), self.encoder.cache_key)
-        emb = self._encode(new)
+        if whole and len(new) < len(texts):
+            batch = sorted(texts)
+            at = {t: i for i, t in enumerate(batch)}
+            emb = self._encode(batch)[torch.tensor([at[t] for t in new], dtype=torch.long)]
+        else:
+            emb = self._encode(new)
         if self.folder is None:
             self._index_rows(new, self._table.append(emb))
             return len(new)

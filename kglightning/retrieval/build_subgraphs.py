@@ -10,6 +10,12 @@ Example::
 benchmark's three splits are re-cut with PCST. Each split is written to ``OUT/<split>.jsonl`` with the subgraph
 statistics (KG-Guard's Table 13 and the answer recall of its Table 15) in ``OUT/subgraph_stats.json`` and a
 per-question time and size list in ``OUT/<split>.times.jsonl``.
+
+On several cores and machines (:mod:`~kglightning.retrieval.prepare`; the records do not depend on either)::
+
+    kglightning build-subgraphs ... --workers 8                # one machine, 8 processes
+    kglightning build-subgraphs ... --shard 2/4 --workers 8    # the third of 4 machines (0/4 ... 3/4)
+    kglightning build-subgraphs --merge data/my_kgqa           # the 4 machines' files gathered in one folder
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ from pathlib import Path
 
 from kglightning.data.embeddings import SentenceEncoder
 from kglightning.data.kg import KGIndex
+from kglightning.data.shards import Shard
 from kglightning.data.sources.loaders import read_questions, write_records
 from kglightning.data.sources.triples import load_kg
 from kglightning.data.splits import locate_splits
-from kglightning.fileio import atomic_write, write_text_atomic
-from kglightning.retrieval.pcst import PCSTRetriever
+from kglightning.fileio import atomic_write
+from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats
+from kglightning.retrieval.prepare import cut_records, embed_texts, merge_shards, needed_texts, write_stats
 
 __all__ = ["build_subgraphs", "embedded_kg", "main"]
 
@@ -56,25 +64,46 @@ def _question_files(specs: list[str] | None, kg_arg: str, parser: argparse.Argum
 
 
 def build_subgraphs(
-    kg: KGIndex, questions: dict[str, str], out_dir: str | Path, retriever: PCSTRetriever, limit: int | None = None
+    kg: KGIndex,
+    questions: dict[str, str],
+    out_dir: str | Path,
+    retriever: PCSTRetriever,
+    limit: int | None = None,
+    workers: int = 1,
+    shard: Shard | None = None,
+    embed_only: bool = False,
 ) -> dict[str, dict]:
-    """Cut a PCST subgraph for every question of every split and write the records; returns the stats per split."""
+    """Cut a PCST subgraph for every question of every split and write the records; returns the stats per split.
+
+    The embeddings are encoded first, in fixed blocks, then the cuts run over ``workers`` processes; ``shard``
+    cuts one slice of each split (``<split>.shard-i-of-N.jsonl``, merged by :func:`merge_shards`) and
+    ``embed_only`` stops after the embeddings (with ``shard``: its share of them). See
+    :mod:`~kglightning.retrieval.prepare`.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stats: dict[str, dict] = {}
+    raw: dict[str, SubgraphStats] = {}
+    suffix = "" if shard is None else f".{shard.suffix}"
     for split, path in questions.items():
         records = read_questions(path, limit=limit)  # a graph already there (e.g. the embedded benchmark) is ignored
-        retriever.stats = type(retriever.stats)()
-        out = list(retriever.retrieve_records(records, kg, desc=f"PCST {split}"))
-        write_records(out, out_dir / f"{split}.jsonl")
-        s = retriever.stats
-        with atomic_write(out_dir / f"{split}.times.jsonl") as f:
+        texts = needed_texts(retriever, records, kg)
+        new = embed_texts(retriever, texts, shard=shard if embed_only else None, progress=retriever.show_progress)
+        log.info("%s: %d strings to embed, %d of them new", split, len(texts), new)
+        if embed_only:
+            continue
+        part = records if shard is None else shard.take(records)
+        cuts, s = cut_records(retriever, part, kg, workers, desc=f"PCST {split}")
+        out = [r for r in cuts if r is not None]
+        write_records(out, out_dir / f"{split}{suffix}.jsonl")
+        with atomic_write(out_dir / f"{split}{suffix}.times.jsonl") as f:
             for rec, sec, n, t in zip(out, s.seconds, s.nodes, s.triples, strict=True):
                 f.write(json.dumps({"id": rec.id, "seconds": round(sec, 5), "nodes": n, "triples": t}) + "\n")
-        stats[split] = {"questions_file": str(path), **s.summary()}
-    settings = {k: getattr(retriever, k) for k in ("hops", "topk", "topk_e", "cost_e", "num_clusters", "max_degree",
-                                                   "max_nodes")}  # fmt: skip
-    write_text_atomic(out_dir / "subgraph_stats.json", json.dumps({"settings": settings, "splits": stats}, indent=2))
+        stats[split], raw[split] = {"questions_file": str(path), **s.summary()}, s
+    if not embed_only:
+        settings = {k: getattr(retriever, k) for k in ("hops", "topk", "topk_e", "cost_e", "num_clusters", "max_degree",
+                                                       "max_nodes")}  # fmt: skip
+        write_stats(out_dir / f"subgraph_stats{suffix}.json", settings, stats, raw if shard is not None else None)
     return stats
 
 
@@ -93,12 +122,12 @@ def stats_table(stats: dict[str, dict]) -> str:
 
 def main(argv: list[str] | None = None, prog: str = "kglightning build-subgraphs") -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--kg", required=True, help="triples file (.tsv/.txt: head<TAB>relation<TAB>tail; .parquet) or "
+    p.add_argument("--kg", help="triples file (.tsv/.txt: head<TAB>relation<TAB>tail; .parquet) or "
                    "'embedded' (the embedded benchmark's KG)")  # fmt: skip
     p.add_argument("--questions", action="append", metavar="[SPLIT=]FILE",
                    help="questions (.jsonl/.json/.parquet: id, question, q_entity, optional answer/a_entity); "
                    "repeat per split; a FILE alone is the test split")  # fmt: skip
-    p.add_argument("--out", required=True, help="output folder (RoG records per split, subgraph_stats.json)")
+    p.add_argument("--out", help="output folder (RoG records per split, subgraph_stats.json)")
     p.add_argument("--hops", type=int, default=2, help="neighbourhood radius around the topic entities")
     p.add_argument("--topk", type=int, default=3, help="nodes with a prize (G-Retriever: 3)")
     p.add_argument("--topk-e", type=int, default=5, help="edge scores with a prize (G-Retriever WebQSP: 5)")
@@ -110,7 +139,30 @@ def main(argv: list[str] | None = None, prog: str = "kglightning build-subgraphs
     p.add_argument("--encoder", default=None, help="a sentence-transformers folder (default: bundled MiniLM)")
     p.add_argument("--limit", type=int, default=None, help="at most this many questions per split")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the cached KG index")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes that cut subgraphs (the output does not depend on it)")  # fmt: skip
+    p.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+                   help="cut only part I (from 0) of N of each split, into SPLIT.shard-I-of-N.jsonl; --merge joins "
+                   "the parts into the file one run writes")  # fmt: skip
+    p.add_argument("--embed-only", action="store_true",
+                   help="only encode the embeddings (with --shard: its share of them), e.g. before the cuts on "
+                   "several machines that then share one cache folder")  # fmt: skip
+    p.add_argument("--merge", metavar="OUT",
+                   help="join the --shard I/N outputs in folder OUT into the files of one run, and stop")  # fmt: skip
     args = p.parse_args(argv)
+    if args.merge:
+        try:
+            stats = merge_shards(args.merge)
+        except ValueError as err:
+            p.error(str(err))
+        print(stats_table(stats))
+        print(f"merged the shards of {', '.join(stats)} in {args.merge}")
+        return 0
+    missing = [f"--{name}" for name in ("kg", "out") if getattr(args, name) is None]
+    if missing:
+        p.error(f"the following arguments are required: {', '.join(missing)}")
+    if args.workers < 1:
+        p.error(f"--workers must be at least 1, got {args.workers}")
     questions = _question_files(args.questions, args.kg, p)
     kg = embedded_kg() if args.kg == "embedded" else load_kg(args.kg, use_cache=not args.no_cache)
     print(f"KG {args.kg}: {kg}")
@@ -118,7 +170,19 @@ def main(argv: list[str] | None = None, prog: str = "kglightning build-subgraphs
     retriever = PCSTRetriever(encoder, hops=args.hops, topk=args.topk, topk_e=args.topk_e, cost_e=args.cost_e,
                               max_degree=args.max_degree, max_nodes=args.max_nodes,
                               on_missing_topic=args.on_missing_topic)  # fmt: skip
-    stats = build_subgraphs(kg, questions, args.out, retriever, limit=args.limit)
+    stats = build_subgraphs(kg, questions, args.out, retriever, limit=args.limit, workers=args.workers,
+                            shard=args.shard, embed_only=args.embed_only)  # fmt: skip
+    if args.embed_only:
+        print(f"embeddings of {', '.join(questions)} encoded into {retriever.embeddings.folder}")
+        return 0
     print(stats_table(stats))
-    print(f"wrote {', '.join(f'{s}.jsonl' for s in stats)} and subgraph_stats.json to {args.out}")
+    suffix = "" if args.shard is None else f".{args.shard.suffix}"
+    print(f"wrote {', '.join(f'{s}{suffix}.jsonl' for s in stats)} and subgraph_stats{suffix}.json to {args.out}")
     return 0
+
+
+def _shard(spec: str) -> Shard:
+    try:
+        return Shard.parse(spec)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None

@@ -65,6 +65,13 @@ class SubgraphStats:
         if answer_in_graph is not None:
             self.answer_in_graph.append(answer_in_graph)
 
+    def extend(self, other: SubgraphStats) -> None:
+        """Append ``other``'s questions after this one's (the stats of consecutive parts of one question list)."""
+        for name in ("nodes", "triples", "neighborhood_triples", "seconds", "answer_in_graph"):
+            getattr(self, name).extend(getattr(other, name))
+        for name in ("missing_topic", "partial_topic", "empty_neighborhood", "truncated"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
     def summary(self) -> dict[str, Any]:
         """Counts, average and maximum nodes and triples, answer recall (%), seconds per question."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from kglightning.cli import main
 from kglightning.data.sources.loaders import read_records
@@ -76,3 +77,87 @@ def test_embedded_kg(tmp_path, tiny_encoder_dir):
     (record,) = read_records(tmp_path / "out" / "validation.jsonl")
     assert record.graph and any("Kenya" in (h, t) for h, _, t in record.graph)
     assert record.a_entity == ["Nairobi"]
+
+
+def _cut(tmp_path, tiny_encoder_dir, monkeypatch, out: str, cache: str, *args: str) -> int:
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / cache))
+    return main(["build-subgraphs", "--encoder", tiny_encoder_dir, "--kg", "embedded", "--limit", "40",
+                 "--topk", "5", "--topk-e", "5", "--out", str(tmp_path / out), *args])  # fmt: skip
+
+
+def _stats_without_time(path) -> dict:
+    stats = json.loads(path.read_text())
+    for s in stats["splits"].values():
+        s.pop("seconds_per_question")
+        s.pop("questions_file")  # the embedded benchmark's files, under each run's own cache
+    return stats
+
+
+@pytest.mark.e2e
+def test_workers_and_shards_write_the_bytes_of_one_process(tmp_path, tiny_encoder_dir, monkeypatch, capsys):
+    from kglightning.data.embeddings import SentenceEncoder
+
+    enc = SentenceEncoder(tiny_encoder_dir, show_progress=False)  # rows move with their batch: what the blocks fix
+    alone, batched = enc.encode(["Kenya"]), enc.encode(["Kenya", "a much longer text to pad the short one with"])
+    assert not torch.equal(alone[0], batched[0])
+    assert _cut(tmp_path, tiny_encoder_dir, monkeypatch, "one", "c1") == 0
+    assert _cut(tmp_path, tiny_encoder_dir, monkeypatch, "two", "c2", "--workers", "2") == 0
+    for i in range(3):  # three machines, each with a cache of its own
+        assert (
+            _cut(tmp_path, tiny_encoder_dir, monkeypatch, "shards", f"m{i}", "--shard", f"{i}/3", "--workers", "2") == 0
+        )
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for p in (tmp_path / "shards").glob("*shard-0000[02]-of-00003*"):
+        (partial / p.name).write_bytes(p.read_bytes())
+    assert main(["build-subgraphs", "--merge", str(partial)]) == 2
+    assert "shard(s) [1] of 3 are missing" in capsys.readouterr().err
+    assert main(["build-subgraphs", "--merge", str(tmp_path / "shards")]) == 0
+    splits = sorted(p.name for p in (tmp_path / "one").glob("*.jsonl") if ".times." not in p.name)
+    assert splits == ["test.jsonl", "train.jsonl", "validation.jsonl"]
+    for name in splits:
+        one = (tmp_path / "one" / name).read_bytes()
+        assert len(read_records(tmp_path / "one" / name)) > 20
+        assert (tmp_path / "two" / name).read_bytes() == one
+        assert (tmp_path / "shards" / name).read_bytes() == one
+        times = [json.loads(x)["id"] for x in (tmp_path / "shards" / name.replace(".jsonl", ".times.jsonl")).open()]
+        assert times == [r.id for r in read_records(tmp_path / "one" / name)]
+    want = _stats_without_time(tmp_path / "one" / "subgraph_stats.json")
+    assert _stats_without_time(tmp_path / "two" / "subgraph_stats.json") == want
+    assert _stats_without_time(tmp_path / "shards" / "subgraph_stats.json") == want
+
+
+@pytest.mark.e2e
+def test_embed_only_shares_the_encoding_across_machines(tmp_path, tiny_encoder_dir, monkeypatch):
+    assert _cut(tmp_path, tiny_encoder_dir, monkeypatch, "one", "c1") == 0
+    for i in range(2):  # each machine encodes half of the blocks, into its own cache
+        assert (
+            _cut(tmp_path, tiny_encoder_dir, monkeypatch, "unused", f"m{i}", "--shard", f"{i}/2", "--embed-only") == 0
+        )
+    assert not (tmp_path / "unused").exists() or not list((tmp_path / "unused").glob("*.jsonl"))
+    shared = tmp_path / "shared" / "embeddings"
+    parts = [sorted((tmp_path / f"m{i}" / "embeddings").rglob("shard-*.pt")) for i in range(2)]
+    assert all(parts) and not {p.name for p in parts[0]} & {p.name for p in parts[1]}
+    for p in parts[0] + parts[1]:  # the machines' cache folders copied into one
+        dest = shared / p.parent.name / p.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(p.read_bytes())
+    before = sorted(p.name for p in shared.rglob("shard-*.pt"))
+    for i in range(2):
+        assert _cut(tmp_path, tiny_encoder_dir, monkeypatch, "cut", "shared", "--shard", f"{i}/2") == 0
+    assert sorted(p.name for p in shared.rglob("shard-*.pt")) == before  # nothing left to encode
+    assert main(["build-subgraphs", "--merge", str(tmp_path / "cut")]) == 0
+    for split in ("train", "validation", "test"):
+        assert (tmp_path / "cut" / f"{split}.jsonl").read_bytes() == (tmp_path / "one" / f"{split}.jsonl").read_bytes()
+
+
+def test_bad_shard_and_workers_are_usage_errors(tmp_path, user_files, tiny_encoder_dir, capsys):
+    kg, qs = user_files
+    for args, msg in ((["--shard", "3/3"], "need 0 <= i < N"), (["--shard", "a/b"], "expected i/N"),
+                      (["--workers", "0"], "--workers must be at least 1")):  # fmt: skip
+        with pytest.raises(SystemExit) as exc:
+            run(tmp_path, tiny_encoder_dir, "--kg", str(kg), "--questions", str(qs), *args)
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["build-subgraphs", "--encoder", tiny_encoder_dir, "--kg", str(kg), "--questions", str(qs)])
+    assert "required: --out" in capsys.readouterr().err

@@ -1,0 +1,216 @@
+"""PCST subgraphs cut on every core and across machines, with the output of one process.
+
+A question's cut (:meth:`PCSTRetriever.retrieve_record <kglightning.retrieval.pcst.PCSTRetriever.retrieve_record>`)
+depends on the KG, the question and the text embeddings it reads, and nothing else. The embeddings are where runs
+could part: a text encoder's output moves in its last digits with the batch a string is encoded in, and a process
+that encodes what its own questions need builds other batches than one that encodes for all of them. So the work
+runs in two phases:
+
+1. **embed** (:func:`needed_texts`, :func:`embed_texts`): every string the split's cuts will look up (the
+   neighbourhoods' node names, the KG's relation texts, the questions) is sorted and cut into fixed blocks of
+   ``block`` strings, and a block that holds any new string is encoded as one batch
+   (:meth:`EmbeddingCache.add <kglightning.data.embeddings.EmbeddingCache.add>` with ``whole=True``). The blocks
+   are the same whichever process or machine encodes them, so the rows are too (on the same kind of device).
+2. **cut** (:func:`cut_records`): the questions in contiguous chunks over ``workers`` forked processes (the KG
+   index and the embedding table are shared with them, not copied), one torch thread each, the results put back in
+   question order. Nothing is encoded in this phase (checked).
+
+``--shard i/N`` (:class:`~kglightning.data.shards.Shard`) cuts one contiguous slice of each split, and
+:func:`merge_shards` concatenates the slices' files in shard order: the file one process writes, byte for byte
+(each question's seconds aside). Phase 1 reads every question of the split on every machine, to know the blocks;
+``--embed-only`` with a shard encodes only blocks ``i, i + N, ...``, so N machines can share the encoding too and
+then copy their cache folders into one (shards are files named by their content) before the cuts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import multiprocessing as mp
+import re
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from kglightning.data.kg import KGIndex
+from kglightning.data.kg_paths import khop_ids
+from kglightning.data.records import KGQARecord
+from kglightning.data.shards import Shard
+from kglightning.data.text import relation_text
+from kglightning.fileio import atomic_write, write_text_atomic
+from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats
+
+__all__ = ["cut_records", "embed_texts", "merge_shards", "needed_texts", "write_stats"]
+
+log = logging.getLogger(__name__)
+
+#: strings encoded together in phase 1
+BLOCK = 4096
+_JOB: tuple[PCSTRetriever, Sequence[KGQARecord], KGIndex | None] | None = None
+
+
+def needed_texts(retriever: PCSTRetriever, records: Sequence[KGQARecord], kg: KGIndex) -> list[str]:
+    """Every string the cuts of ``records`` from ``kg`` embed (a superset: all of the KG's relations), sorted."""
+    texts = {relation_text(r) for r in kg.relations}
+    names = kg._entities
+    for r in records:
+        present = [e for e in r.q_entity if e in kg]
+        if present:
+            texts.add(r.question)
+            ids, _ = khop_ids(kg, present, retriever.hops, retriever.max_degree, retriever.max_nodes)
+            texts.update(names[i] for i in ids.tolist())
+    return sorted(texts)
+
+
+def embed_texts(
+    retriever: PCSTRetriever,
+    texts: Sequence[str],
+    block: int = BLOCK,
+    shard: Shard | None = None,
+    progress: bool = True,
+) -> int:
+    """Phase 1: encode the blocks of the sorted ``texts`` that hold a string the cache lacks (with ``shard``, only
+    blocks ``shard.index, shard.index + shard.count, ...``); return how many strings were new."""
+    cache = retriever.embeddings
+    starts = list(range(0, len(texts), block))
+    if shard is not None:
+        starts = starts[shard.index :: shard.count]
+    new = 0
+    for lo in tqdm(starts, desc="embedding", unit="block", disable=not progress or len(starts) < 2, leave=False):
+        new += cache.add(texts[lo : lo + block], whole=True)
+    return new
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _cut(lo: int, hi: int) -> tuple[list[KGQARecord | None], SubgraphStats]:
+    assert _JOB is not None
+    retriever, records, kg = _JOB
+    cache = retriever.embeddings
+    before = len(cache)
+    retriever.stats = SubgraphStats()
+    with _threads(1):  # the same arithmetic in every process
+        out = [retriever.retrieve_record(r, kg if kg is not None else KGIndex.from_record(r)) for r in records[lo:hi]]
+    if len(cache) != before:
+        raise RuntimeError(
+            f"{len(cache) - before} string(s) were encoded while cutting questions {lo}-{hi - 1}: phase 1 "
+            "(needed_texts, embed_texts) did not cover them, and the rows would depend on the number of processes"
+        )
+    return out, retriever.stats
+
+
+def cut_records(
+    retriever: PCSTRetriever,
+    records: Sequence[KGQARecord],
+    kg: KGIndex | None,
+    workers: int = 1,
+    chunk: int = 32,
+    desc: str = "PCST",
+) -> tuple[list[KGQARecord | None], SubgraphStats]:
+    """Phase 2: every record's cut (``None`` for a skipped question) in record order, and their stats.
+
+    Run :func:`embed_texts` first. ``workers > 1`` forks that many processes (where the platform can fork; one
+    process otherwise, with a warning); the output does not depend on ``workers``.
+    """
+    global _JOB
+    if workers > 1 and "fork" not in mp.get_all_start_methods():
+        log.warning("this platform cannot fork; cutting the subgraphs in one process")
+        workers = 1
+    spans = [(lo, min(lo + chunk, len(records))) for lo in range(0, len(records), chunk)]
+    out: list[KGQARecord | None] = []
+    stats = SubgraphStats()
+    bar = tqdm(total=len(records), desc=desc, unit="q", disable=not retriever.show_progress, leave=False)
+    _JOB = (retriever, records, kg)
+    retriever.embeddings  # noqa: B018  # opened before any fork, so the children share its table
+    try:
+        if workers <= 1:
+            parts: Iterator[tuple[list[KGQARecord | None], SubgraphStats]] = (_cut(lo, hi) for lo, hi in spans)
+            for part, st in parts:
+                out.extend(part)
+                stats.extend(st)
+                bar.update(len(part))
+        else:
+            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+                for part, st in pool.map(_cut, *zip(*spans)) if spans else ():
+                    out.extend(part)
+                    stats.extend(st)
+                    bar.update(len(part))
+    finally:
+        _JOB = None
+        bar.close()
+    retriever.stats = stats
+    return out, stats
+
+
+_SHARD_FILE = re.compile(r"^(?P<name>.+)\.shard-(?P<i>\d{5})-of-(?P<n>\d{5})(?P<ext>\.times\.jsonl|\.jsonl|\.json)$")
+
+
+def merge_shards(out_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """Concatenate ``build-subgraphs --shard i/N`` outputs in ``out_dir`` into the files of one run: each
+    ``<split>.jsonl`` and ``<split>.times.jsonl``, and ``subgraph_stats.json`` from the shards' raw stats. Returns
+    the per-split stats.
+
+    Raises:
+        FileNotFoundError: no shard files, or a shard of a set missing.
+        ValueError: shards of one output written with other settings or other numbers of shards.
+    """
+    out_dir = Path(out_dir)
+    groups: dict[tuple[str, str], dict[int, Path]] = {}
+    counts: dict[tuple[str, str], set[int]] = {}
+    for p in sorted(out_dir.iterdir()):
+        m = _SHARD_FILE.match(p.name)
+        if m:
+            key = (m["name"], m["ext"])
+            groups.setdefault(key, {})[int(m["i"])] = p
+            counts.setdefault(key, set()).add(int(m["n"]))
+    if not groups:
+        raise FileNotFoundError(f"{out_dir}: no *.shard-IIIII-of-NNNNN.* files to merge")
+    for (name, ext), parts in groups.items():
+        if len(counts[(name, ext)]) != 1:
+            raise ValueError(f"{out_dir}: {name}{ext} has shards of {sorted(counts[(name, ext)])} parts; keep one set")
+        (n,) = counts[(name, ext)]
+        missing = sorted(set(range(n)) - set(parts))
+        if missing:
+            raise FileNotFoundError(f"{out_dir}: {name}{ext}: shard(s) {missing} of {n} are missing")
+    for (name, ext), parts in groups.items():
+        if ext != ".json":
+            with atomic_write(out_dir / f"{name}{ext}", mode="wb") as f:
+                for i in sorted(parts):
+                    f.write(parts[i].read_bytes())
+    shards = [json.loads(p.read_text()) for _, p in sorted(groups.get(("subgraph_stats", ".json"), {}).items())]
+    if not shards:
+        raise FileNotFoundError(f"{out_dir}: no subgraph_stats.shard-*.json to merge the statistics from")
+    settings = shards[0]["settings"]
+    if any(s["settings"] != settings or list(s["splits"]) != list(shards[0]["splits"]) for s in shards):
+        raise ValueError(f"{out_dir}: the shards were cut with other settings or splits; cut them again with one set")
+    splits: dict[str, dict[str, Any]] = {}
+    for split, first in shards[0]["splits"].items():
+        merged = SubgraphStats()
+        for s in shards:
+            merged.extend(SubgraphStats(**s["splits"][split]["raw"]))
+        splits[split] = {"questions_file": first["questions_file"], **merged.summary()}
+    write_stats(out_dir / "subgraph_stats.json", settings, splits)
+    return splits
+
+
+def write_stats(
+    path: Path, settings: dict[str, Any], splits: dict[str, dict[str, Any]], raw: dict[str, SubgraphStats] | None = None
+) -> None:
+    """Write ``subgraph_stats.json``; a shard's keeps each split's ``raw`` stats too, which :func:`merge_shards`
+    adds up."""
+    body = {k: {**v, **({"raw": asdict(raw[k])} if raw and k in raw else {})} for k, v in splits.items()}
+    write_text_atomic(path, json.dumps({"settings": settings, "splits": body}, indent=2))
