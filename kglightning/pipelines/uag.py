@@ -202,9 +202,9 @@ class UAGReasoner(L.LightningModule):
         return list(dict.fromkeys([self.alpha, *self.sweep_alphas]))
 
     def score(
-        self, records: Sequence[KGQARecord], desc: str = "UAG scores", queries: TransientEmbeddings | None = None
+        self, records: Sequence[KGQARecord], desc: str = "UAG scores", scratch: TransientEmbeddings | None = None
     ) -> list[QuestionScores]:
-        """UAG scores of ``records`` (the LLM is asked when configured); ``queries``: see :func:`score_questions`."""
+        """UAG scores of ``records`` (the LLM is asked when configured); ``scratch``: see :func:`score_questions`."""
         scores = score_questions(
             records,
             self.cache,
@@ -212,7 +212,7 @@ class UAGReasoner(L.LightningModule):
             max_paths=self.max_paths,
             progress=self.progress,
             desc=desc,
-            queries=queries,
+            scratch=scratch,
         )
         if self.llm is not None:
             self.llm.rescore(records, scores, self.cache)
@@ -381,8 +381,8 @@ class UAGReasoner(L.LightningModule):
         return out
 
     def predict_step(self, batch: list[KGQARecord], batch_idx: int) -> list[dict[str, Any]]:
-        queries = TransientEmbeddings(self.cache)  # the grid's and the walk's step queries: the same rows
-        scores = self.score(batch, desc="UAG test scores", queries=queries)
+        scratch = TransientEmbeddings(self.cache)  # the grid's and the walk's question-only texts: the same rows
+        scores = self.score(batch, desc="UAG test scores", scratch=scratch)
         sampled: list[SampledAnswers | None] = [None] * len(batch)
         if self.sampler is not None:
             sampled = list(self.sampler.sample(batch))
@@ -391,7 +391,7 @@ class UAGReasoner(L.LightningModule):
         rows = []
         for record, s, sq in zip(batch, scores, sampled):
             kg = KGIndex.from_record(record)
-            res = traversal.run(record, *main.selected_thresholds, kg=kg, llm_answer=s.llm_answer, queries=queries)
+            res = traversal.run(record, *main.selected_thresholds, kg=kg, llm_answer=s.llm_answer, scratch=scratch)
             row: dict[str, Any] = {
                 "id": record.id,
                 "question": record.question,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -326,32 +327,33 @@ class BatchDependentEncoder(HashEncoder):
         return out / out.norm(dim=1, keepdim=True)
 
 
-def test_step_queries_are_not_stored_and_paths_are_shared(tmp_path, embedded_records):
-    from kglightning.conformal.uag.scores import _query_texts, _walks
+def test_texts_of_one_question_are_not_stored_and_paths_are_label_ids(tmp_path, embedded_records):
+    from kglightning.conformal.uag.scores import _scratch_texts, _texts, _walks
     from kglightning.data.kg import KGIndex
-    from kglightning.data.text import step_query_text
+    from kglightning.data.text import path_text
 
     recs = embedded_records[:12]
     cache = EmbeddingCache(HashEncoder(), root=tmp_path)
     scores = score_questions(recs, cache, max_hops=3, progress=False, chunk_size=5)
-    queries = set().union(*(_query_texts(r, _walks(r, KGIndex.from_record(r), 3, 5000)) for r in recs))
-    longer = {q for q in queries if q not in {r.question for r in recs}}  # prefix of at least one relation
-    assert longer and not longer & set(EmbeddingCache(HashEncoder(), root=tmp_path)._index)  # not on disk
-    assert not longer & set(cache._index)
+    walks = [_walks(r, KGIndex.from_record(r), 3, 5000) for r in recs]
+    scratch = set().union(*(_scratch_texts(r, w) for r, w in zip(recs, walks)))
+    kept = set().union(*(_texts(r, w, None) for r, w in zip(recs, walks)))  # a 1-hop path's text is its relation's
+    own = scratch - kept
+    assert len({path_text(p) for w in walks for p in w} - kept) > 100 and own
+    assert own and not own & set(EmbeddingCache(HashEncoder(), root=tmp_path)._index)  # not on disk
+    assert not own & set(cache._index)
     table = scores[0].paths.table
-    assert all(s.paths.table is table for s in scores) and len(table) < sum(len(s.paths) for s in scores)
-    first = {}
-    for s in scores:
-        assert s.incidence.dtype == torch.int32
-        for p in s.paths:
-            assert first.setdefault(p, p) is p  # one tuple per distinct path across the questions
+    assert all(s.paths.table is table for s in scores)
+    assert len(table) < 100 < sum(len(s.paths) for s in scores)  # labels are few; paths many
+    for s, w in zip(scores, walks):
+        assert s.incidence.dtype == torch.int16 and s.paths.rows.dtype == np.int16
+        assert list(s.paths) == list(w) and s.paths[1:3] == list(w)[1:3]
     # the same scores as one question at a time
     for r, s in zip(recs, scores):
         one = score_question(r, EmbeddingCache(HashEncoder(), root=None), max_hops=3)
         assert one.paths == s.paths and one.entities == s.entities
         assert torch.equal(one.incidence, s.incidence) and torch.equal(one.path_score, s.path_score)
         assert torch.equal(one.expand, s.expand) and torch.equal(one.evaluator, s.evaluator)
-    assert step_query_text("q", ()) == "q"
 
 
 def test_traversal_reads_the_step_rows_the_grid_read(embedded_records):
@@ -359,14 +361,14 @@ def test_traversal_reads_the_step_rows_the_grid_read(embedded_records):
 
     cache = EmbeddingCache(BatchDependentEncoder(), root=None)
     recs = embedded_records[:15]
-    queries = TransientEmbeddings(cache)
-    scores = score_questions(recs, cache, max_hops=3, progress=False, queries=queries)
-    assert len(queries) and not any(" | " in t for t in cache._index)
+    scratch = TransientEmbeddings(cache)
+    scores = score_questions(recs, cache, max_hops=3, progress=False, scratch=scratch)
+    assert len(scratch) and not any(" | " in t or " -> " in t for t in cache._index)
     trav, checked = UAGTraversal(cache, max_hops=3), 0
     for rec, s in zip(recs, scores):
         finite = s.expand[torch.isfinite(s.expand)]
         for q1 in finite.unique().tolist()[:4]:  # a threshold exactly at a score: any drift in a row flips it
             want = {s.entities[e] for e in members_at(s, q1, INF, INF).nonzero().flatten().tolist()}
-            assert set(trav.run(rec, q1, INF, INF, queries=queries).answers) == want, (rec.id, q1)
+            assert set(trav.run(rec, q1, INF, INF, scratch=scratch).answers) == want, (rec.id, q1)
             checked += 1
     assert checked > 10

@@ -35,7 +35,7 @@ def grid_membership(scores: QuestionScores, q1: Tensor, q2: Tensor, q3: Tensor) 
     path_ok = (scores.expand[:, None, None] <= q1[None, :, None]) & (
         scores.path_score[:, None, None] <= q2[None, None, :]
     )
-    p_idx, e_idx = scores.incidence
+    p_idx, e_idx = scores.incidence.long()
     hits = torch.zeros(A, len(q1), len(q2), dtype=torch.int32, device=device)
     hits.index_add_(0, e_idx, path_ok[p_idx].to(torch.int32))
     return (hits > 0)[..., None] & (scores.evaluator[:, None, None, None] <= q3[None, None, None, :])
@@ -52,7 +52,7 @@ def _question_outcome(s: QuestionScores, q1: Tensor, q2: Tensor, q3: Tensor) -> 
         zero = torch.zeros(n1 * n2 * n3, dtype=torch.long, device=q1.device)
         return zero, zero
     path_ok = (s.expand[:, None, None] <= q1[None, :, None]) & (s.path_score[:, None, None] <= q2[None, None, :])
-    p_idx, e_idx = s.incidence
+    p_idx, e_idx = s.incidence.long()
     hits = torch.zeros(s.num_entities, n1, n2, dtype=torch.int32, device=q1.device)
     hits.index_add_(0, e_idx, path_ok[p_idx].to(torch.int32))
     reached = (hits > 0).reshape(s.num_entities, n1 * n2).to(torch.float32)

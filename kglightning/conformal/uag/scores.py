@@ -21,7 +21,7 @@ grid of thresholds at once and :mod:`.traversal` runs the breadth-first search i
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
 
@@ -44,48 +44,53 @@ Path = tuple[str, ...]
 
 
 class PathTable:
-    """One object per distinct relation path, shared by the questions scored together: relation paths repeat from
-    question to question (a split has far fewer distinct paths than questions x paths), so each question keeps an
-    ``int32`` id per path (4 bytes) instead of a tuple of its own (about 70)."""
+    """The relation labels (``r`` and ``~r``) of the questions scored together, each stored once: a question's paths
+    are rows of label ids (:class:`PathList`), 2 or 4 bytes per hop, where a tuple of strings costs about 70 bytes
+    a path and a table of distinct paths more (paths rarely repeat from question to question)."""
 
     def __init__(self) -> None:
-        self.paths: list[Path] = []
-        self._ids: dict[Path, int] = {}
+        self.labels: list[str] = []
+        self._ids: dict[str, int] = {}
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.labels)
 
-    def ids(self, paths: Iterable[Path]) -> np.ndarray:
-        """``int32`` ids of ``paths``, adding the new ones."""
-        out = []
-        for p in paths:
-            i = self._ids.get(p)
-            if i is None:
-                i = self._ids[p] = len(self.paths)
-                self.paths.append(p)
-            out.append(i)
-        return np.asarray(out, dtype=np.int32)
+    def rows(self, paths: Sequence[Path]) -> np.ndarray:
+        """``(len(paths), longest)`` label ids, ``-1`` past a path's end; ``int16`` while the labels fit."""
+        width = max((len(p) for p in paths), default=0)
+        out = np.full((len(paths), width), -1, dtype=np.int64)
+        for i, path in enumerate(paths):
+            for j, label in enumerate(path):
+                k = self._ids.get(label)
+                if k is None:
+                    k = self._ids[label] = len(self.labels)
+                    self.labels.append(label)
+                out[i, j] = k
+        return out.astype(np.int16 if len(self.labels) < 2**15 else np.int32)
 
 
 class PathList(Sequence[Path]):
-    """A question's relation paths as ids into a :class:`PathTable`: reads as a list of tuples (``len``, indexing,
-    iteration, ``==`` with a list).
+    """A question's relation paths as rows of label ids over a :class:`PathTable`: reads as a list of tuples
+    (``len``, indexing, iteration, ``==`` with a list).
 
     Example:
         >>> table = PathTable()
-        >>> paths = PathList(table, [("r",), ("r", "s")])
-        >>> paths[1], len(paths), paths == [("r",), ("r", "s")], PathList(table, [("r",)]).ids.tolist()
-        (('r', 's'), 2, True, [0])
+        >>> paths = PathList(table, [("r",), ("r", "~s")])
+        >>> paths[1], len(paths), paths == [("r",), ("r", "~s")], paths.rows.tolist(), table.labels
+        (('r', '~s'), 2, True, [[0, -1], [0, 1]], ['r', '~s'])
     """
 
-    __slots__ = ("ids", "table")
+    __slots__ = ("rows", "table")
 
-    def __init__(self, table: PathTable, paths: Iterable[Path]) -> None:
+    def __init__(self, table: PathTable, paths: Sequence[Path]) -> None:
         self.table = table
-        self.ids = table.ids(paths)
+        self.rows = table.rows(paths)
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.rows)
+
+    def _path(self, row: list[int]) -> Path:
+        return tuple(self.table.labels[k] for k in row if k >= 0)
 
     @overload
     def __getitem__(self, i: int) -> Path: ...
@@ -93,16 +98,16 @@ class PathList(Sequence[Path]):
     def __getitem__(self, i: slice) -> list[Path]: ...
     def __getitem__(self, i: int | slice) -> Path | list[Path]:
         if isinstance(i, slice):
-            return [self.table.paths[j] for j in self.ids[i].tolist()]
-        return self.table.paths[int(self.ids[i])]
+            return [self._path(r) for r in self.rows[i].tolist()]
+        return self._path(self.rows[i].tolist())
 
     def __iter__(self) -> Iterator[Path]:
-        return (self.table.paths[j] for j in self.ids.tolist())
+        return (self._path(r) for r in self.rows.tolist())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
 
-    __hash__ = None  # type: ignore[assignment]  # mutable table, compared by value
+    __hash__ = None  # type: ignore[assignment]  # compared by value
 
     def __repr__(self) -> str:
         return f"PathList({list(self)!r})"
@@ -116,11 +121,11 @@ class QuestionScores:
         qid: record id.
         entities: the candidate pool: every entity reached by a path (topic entities excluded), sorted.
         paths: the relation paths, shortest first (``~r`` = reverse hop); a list of tuples, or from
-            :func:`score_questions` a :class:`PathList` sharing one :class:`PathTable` across the questions.
+            :func:`score_question` a :class:`PathList` (label ids over a :class:`PathTable`).
         expand: ``(P,)`` Eq. 4 score needed to reach the start of each path's last hop.
         path_score: ``(P,)`` Eq. 5 score of each path.
-        incidence: ``(2, nnz)`` integer (``int32`` from :func:`score_question`): ``[path index, entity index]``
-            for each end entity of each path.
+        incidence: ``(2, nnz)`` integer: ``[path index, entity index]`` for each end entity of each path
+            (:func:`score_question` stores ``int16`` where both counts fit, else ``int32``; use it as ``.long()``).
         evaluator: ``(A,)`` Eq. 6 score of each entity.
         gold: ``(A,)`` bool, entity is a gold answer.
         n_gold: number of gold answers of the question (some may be outside the pool).
@@ -146,7 +151,8 @@ class QuestionScores:
         """Per entity, the minimum of a per-path ``values`` over the paths reaching it (``+inf`` if none)."""
         out = torch.full((self.num_entities,), float("inf"), dtype=values.dtype, device=values.device)
         if self.incidence.numel():
-            out = out.scatter_reduce(0, self.incidence[1].long(), values[self.incidence[0]], reduce="amin")
+            p_idx, e_idx = self.incidence.long()
+            out = out.scatter_reduce(0, e_idx, values[p_idx], reduce="amin")
         return out
 
     def component_scores(self, coverage: Coverage = "any") -> Tensor:
@@ -181,21 +187,26 @@ def step_scores(
     question: str,
     prefixes: Sequence[tuple[str, ...]],
     relations: Sequence[str],
-    queries: TransientEmbeddings | None = None,
+    scratch: TransientEmbeddings | None = None,
 ) -> Tensor:
     """Eq. 4 scores ``1 - cos(Q || prefix_i, relation_i)`` for aligned lists of prefixes and next relations.
 
     The ``Q || prefix`` texts hold the question, so no other question asks for them: they are embedded through
-    ``queries`` (not stored in the disk cache; a fresh :class:`TransientEmbeddings` when ``None``)."""
+    ``scratch`` (not stored in the disk cache; a fresh :class:`TransientEmbeddings` when ``None``)."""
     if not prefixes:
         return torch.zeros(0, device="cpu")
-    left = (queries or TransientEmbeddings(cache)).embed([step_query_text(question, p) for p in prefixes])
+    left = (scratch or TransientEmbeddings(cache)).embed([step_query_text(question, p) for p in prefixes])
     return cosine_distance(left, cache.embed([relation_text(r) for r in relations]))
 
 
-def path_scores(cache: EmbeddingCache, q_emb: Tensor, paths: Sequence[tuple[str, ...]]) -> Tensor:
-    """Eq. 5 scores ``1 - cos(Q, path)`` of relation paths."""
-    return cosine_distance(cache.embed([path_text(p) for p in paths]), q_emb) if paths else torch.zeros(0, device="cpu")
+def path_scores(
+    cache: EmbeddingCache, q_emb: Tensor, paths: Sequence[tuple[str, ...]], scratch: TransientEmbeddings | None = None
+) -> Tensor:
+    """Eq. 5 scores ``1 - cos(Q, path)`` of relation paths. A question's thousands of paths seldom recur in another
+    question, so their texts go through ``scratch`` too (not stored; a fresh one when ``None``)."""
+    if not paths:
+        return torch.zeros(0, device="cpu")
+    return cosine_distance((scratch or TransientEmbeddings(cache)).embed([path_text(p) for p in paths]), q_emb)
 
 
 def evaluator_scores(cache: EmbeddingCache, entities: Sequence[str], question: str, llm_answer: str | None) -> Tensor:
@@ -215,18 +226,19 @@ def _walks(record: KGQARecord, kg: KGIndex, max_hops: int, max_paths: int | None
 
 
 def _texts(record: KGQARecord, walks: dict[tuple[str, ...], set[str]], llm_answer: str | None) -> list[str]:
-    """The strings :func:`score_question` embeds for ``record`` that the disk cache keeps (its step queries,
-    :func:`_query_texts`, are not kept)."""
+    """The strings :func:`score_question` embeds for ``record`` that the disk cache keeps (the others are
+    :func:`_scratch_texts`)."""
     texts = [record.question, *(llm_answer.strip() for _ in [0] if llm_answer and llm_answer.strip())]
-    texts += [path_text(p) for p in walks]
     texts += [relation_text(p[j]) for p in walks for j in range(len(p) - 1)]
     texts += sorted(set().union(*walks.values())) if walks else []
     return texts
 
 
-def _query_texts(record: KGQARecord, walks: dict[tuple[str, ...], set[str]]) -> set[str]:
-    """The Eq. 4 step queries ``Q || r_0 || ... || r_{j-1}`` of ``record``'s paths."""
-    return {step_query_text(record.question, p[:j]) for p in walks for j in range(len(p) - 1)}
+def _scratch_texts(record: KGQARecord, walks: dict[tuple[str, ...], set[str]]) -> set[str]:
+    """The texts of ``record`` no other question needs: its Eq. 4 step queries ``Q || r_0 || ... || r_{j-1}`` and its
+    paths' texts."""
+    out = {step_query_text(record.question, p[:j]) for p in walks for j in range(len(p) - 1)}
+    return out.union(path_text(p) for p in walks)
 
 
 def score_question(
@@ -238,7 +250,7 @@ def score_question(
     kg: KGIndex | None = None,
     llm_answer: str | None = None,
     walks: dict[tuple[str, ...], set[str]] | None = None,
-    queries: TransientEmbeddings | None = None,
+    scratch: TransientEmbeddings | None = None,
     path_table: PathTable | None = None,
 ) -> QuestionScores:
     """All UAG scores of one question (see the module docstring).
@@ -252,7 +264,7 @@ def score_question(
         kg: the record's graph index, if already built.
         llm_answer: the reasoner LLM's answer over the question's paths; ``None`` or blank = no LLM answer.
         walks: the record's relation paths, if already enumerated.
-        queries: where the step queries' embeddings come from (:func:`step_scores`).
+        scratch: where the step queries' and paths' embeddings come from (:func:`step_scores`).
         path_table: the table the question's :class:`PathList` refers to (shared by :func:`score_questions`).
     """
     kg = kg or KGIndex.from_record(record)
@@ -264,7 +276,7 @@ def score_question(
     q_emb = cache.embed([record.question])[0]
     # Eq. 4 scores of every hop before a path's last one
     steps = sorted({(p[:j], p[j]) for p in paths for j in range(len(p) - 1)})
-    step_values = step_scores(cache, record.question, [s[0] for s in steps], [s[1] for s in steps], queries).tolist()
+    step_values = step_scores(cache, record.question, [s[0] for s in steps], [s[1] for s in steps], scratch).tolist()
     step_of = dict(zip(steps, step_values))
     # the traversal's scores live on the CPU, beside the embedding cache's vectors
     expand = torch.tensor(
@@ -273,10 +285,12 @@ def score_question(
         device="cpu",
     )
     pairs = [(i, eid[e]) for i, p in enumerate(paths) for e in sorted(walks[p])]
-    incidence = (  # int32: the pool of a full-size split holds millions of pairs
-        torch.tensor(pairs, dtype=torch.int32, device="cpu").T.contiguous()
+    small = max(len(paths), len(entities)) < 2**15  # the pool of a full-size split holds millions of pairs
+    index_type = torch.int16 if small else torch.int32
+    incidence = (
+        torch.tensor(pairs, dtype=index_type, device="cpu").T.contiguous()
         if pairs
-        else torch.zeros(2, 0, dtype=torch.int32, device="cpu")
+        else torch.zeros(2, 0, dtype=index_type, device="cpu")
     )
     gold_names = set(record.a_entity)
     return QuestionScores(
@@ -284,7 +298,7 @@ def score_question(
         entities=entities,
         paths=PathList(path_table if path_table is not None else PathTable(), paths),
         expand=expand,
-        path_score=path_scores(cache, q_emb, paths),
+        path_score=path_scores(cache, q_emb, paths, scratch),
         incidence=incidence.reshape(2, -1),
         evaluator=evaluator_scores(cache, entities, record.question, llm_answer),
         gold=torch.tensor([e in gold_names for e in entities], dtype=torch.bool, device="cpu"),
@@ -303,14 +317,15 @@ def score_questions(
     chunk_size: int = 256,
     progress: bool = True,
     desc: str = "UAG scores",
-    queries: TransientEmbeddings | None = None,
+    scratch: TransientEmbeddings | None = None,
 ) -> list[QuestionScores]:
     """:func:`score_question` for many records; the new strings of each chunk are encoded in one batch.
 
-    What the disk cache keeps (questions, relation and path texts, entity names) goes to ``cache``; the step
-    queries, one set per question, are encoded per chunk and dropped with it (:class:`TransientEmbeddings`); the
-    scores share one :class:`PathTable`. So a split's pool costs about 130 bytes per path of each question,
-    whatever its size, and the disk cache grows with the split's distinct names, not with its questions.
+    What the disk cache keeps (questions, relation texts, entity names) goes to ``cache``; the texts no other
+    question needs (its step queries and path texts, thousands per question) are encoded per chunk and dropped with
+    it (:class:`TransientEmbeddings`). A question's paths are label ids (:class:`PathList`) over one
+    :class:`PathTable`. So the pool costs about 120 bytes per path of each question, and the disk cache grows with
+    the split's distinct names, not with its questions.
 
     Args:
         records: the questions.
@@ -321,9 +336,10 @@ def score_questions(
         chunk_size: questions whose new strings are encoded in one batch.
         progress: show a progress bar.
         desc: the progress bar's label.
-        queries: where the step queries are embedded, for a caller that scores the same questions again (the
-            traversal of :meth:`UAGTraversal.run <kglightning.conformal.uag.traversal.UAGTraversal.run>` then
-            sees the same rows); by default a fresh :class:`TransientEmbeddings` per chunk.
+        scratch: where the step queries and path texts are embedded, for a caller that scores the same
+            questions again (the traversal of :meth:`UAGTraversal.run
+            <kglightning.conformal.uag.traversal.UAGTraversal.run>` then reads the same rows); by default a fresh
+            :class:`TransientEmbeddings` per chunk.
     """
     if llm_answers is not None and len(llm_answers) != len(records):
         raise ValueError(f"got {len(llm_answers)} LLM answers for {len(records)} records")
@@ -336,8 +352,8 @@ def score_questions(
         kgs = [KGIndex.from_record(r) for r, _ in chunk]
         walks = [_walks(r, kg, max_hops, max_paths) for (r, _), kg in zip(chunk, kgs)]
         cache.add(t for (r, a), w in zip(chunk, walks) for t in _texts(r, w, a))
-        scratch = queries if queries is not None else TransientEmbeddings(cache)
-        scratch.add(t for (r, _), w in zip(chunk, walks) for t in _query_texts(r, w))
+        chunk_scratch = scratch if scratch is not None else TransientEmbeddings(cache)
+        chunk_scratch.add(t for (r, _), w in zip(chunk, walks) for t in _scratch_texts(r, w))
         for (r, a), kg, w in zip(chunk, kgs, walks):
             out.append(
                 score_question(
@@ -348,11 +364,11 @@ def score_questions(
                     kg=kg,
                     llm_answer=a,
                     walks=w,
-                    queries=scratch,
+                    scratch=chunk_scratch,
                     path_table=table,
                 )  # fmt: skip
             )
             bar.update()
-        del scratch, kgs, walks
+        del chunk_scratch, kgs, walks
     bar.close()
     return out

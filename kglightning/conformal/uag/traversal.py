@@ -75,14 +75,14 @@ class UAGTraversal:
         *,
         kg: KGIndex | None = None,
         llm_answer: str | None = None,
-        queries: TransientEmbeddings | None = None,
+        scratch: TransientEmbeddings | None = None,
     ) -> TraversalResult:
         """The prediction set of ``record`` at thresholds ``(q1, q2, q3)`` (``inf`` disables a filter).
 
-        ``queries`` embeds the step queries (:func:`~kglightning.conformal.uag.scores.step_scores`); pass the one
-        that :func:`~kglightning.conformal.uag.scores.score_questions` used for the same question, so that the
-        walk and the grid read the same rows."""
-        queries = queries if queries is not None else TransientEmbeddings(self.cache)
+        ``scratch`` embeds the step queries and path texts (:func:`~kglightning.conformal.uag.scores.step_scores`);
+        pass the one that :func:`~kglightning.conformal.uag.scores.score_questions` used for the same question, so
+        that the walk and the grid read the same rows."""
+        scratch = scratch if scratch is not None else TransientEmbeddings(self.cache)
         kg = kg or KGIndex.from_record(record)
         topics = topic_entities(record, kg)
         start = kg._ids(topics)
@@ -101,10 +101,10 @@ class UAGTraversal:
             relations = [r for r, _ in moves]
             scored += len(moves)
             longer = [prefix + (r,) for r in relations]
-            s5 = path_scores(self.cache, q_emb, longer).tolist()
+            s5 = path_scores(self.cache, q_emb, longer, scratch).tolist()
             can_grow = len(prefix) + 1 < self.max_hops
             s4 = (
-                step_scores(self.cache, record.question, [prefix] * len(moves), relations, queries).tolist()
+                step_scores(self.cache, record.question, [prefix] * len(moves), relations, scratch).tolist()
                 if can_grow
                 else []
             )
