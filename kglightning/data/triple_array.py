@@ -115,6 +115,14 @@ class TripleArray:
         self.vocab = vocab
 
     @classmethod
+    def view(cls, ids: np.ndarray, vocab: Vocab) -> TripleArray:
+        """A graph over ``ids`` as they are (e.g. a slice of a memory map), unchecked and uncopied: for ids this
+        package wrote itself (:mod:`~kglightning.data.record_store`); checking them would read every page."""
+        graph = cls.__new__(cls)
+        graph.ids, graph.vocab = ids, vocab
+        return graph
+
+    @classmethod
     def from_triples(cls, triples: Sequence[Sequence[str]], vocab: Vocab) -> TripleArray:
         """Encode ``triples`` (three strings each; not checked here) with ``vocab``, adding new strings to it."""
         return cls(vocab.ids(chain.from_iterable(triples)).reshape(-1, 3), vocab)

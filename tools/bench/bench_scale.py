@@ -126,6 +126,13 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
             importlib.import_module(module)
         except ImportError:  # an older checkout may lack one; its stage then fails on its own import
             pass
+    try:  # this tree: a large file's records come from the record store after its first read
+        from kglightning.data.record_store import store_folder
+
+        folder = store_folder(data, None, "raise", limit)
+        stored = folder is not None and (folder / "meta.json").is_file()
+    except ImportError:  # an older checkout (--baseline) has no store
+        stored = False
     base = _rss("VmRSS")
     t0 = time.perf_counter()
     records = read_records(data, report=False, limit=limit)  # a limited stage reads only its first questions
@@ -136,7 +143,9 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
     t0 = time.perf_counter()
     if stage == "read":
         vocab = getattr(records, "vocab", None)  # the distinct strings of the split (this tree)
-        return _result(stage, records, triples, read_s, base, after_read, strings=len(vocab) if vocab else None)
+        return _result(
+            stage, records, triples, read_s, base, after_read, strings=len(vocab) if vocab else None, stored=stored
+        )
     elif stage == "index":
         for r in records:
             KGIndex.from_record(r)

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from kglightning.data.record_store import load_store, remove_store, save_store, store_folder
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.triple_array import Vocab, graph_nodes
 
@@ -263,9 +264,34 @@ def read_records(
     """
     if on_bad_record not in ("raise", "skip"):
         raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
-    out = _read(path, split, on_bad_record, limit).count_graph_issues()
+    folder = store_folder(path, split, on_bad_record, limit)
+    out = _stored(folder) if folder is not None else None
+    if out is None:
+        out = _read(path, split, on_bad_record, limit).count_graph_issues()
+        if folder is not None:
+            try:
+                save_store(out, folder)
+            except OSError as err:  # a full or read-only cache: this run goes on, the next reads the file again
+                logger.warning("could not keep the records of %s in %s (%s)", out.source, folder, err)
     if report:
         _log_summary(out)
+    return out
+
+
+def _stored(folder: Path) -> RecordList | None:
+    """The records stored in ``folder`` (:mod:`~kglightning.data.record_store`), or ``None`` (none, or unreadable:
+    moved out of the way, and the file is read again)."""
+    if not (folder / "meta.json").is_file():
+        return None
+    out = RecordList()
+    try:
+        load_store(folder, out)
+    except Exception as err:  # a torn or foreign store: read the file instead
+        logger.warning("record store %s cannot be read (%s: %s); reading the file again", folder,
+                       type(err).__name__, err)  # fmt: skip
+        remove_store(folder)
+        return None
+    logger.info("read %d records of %s from %s", len(out), out.source, folder)
     return out
 
 

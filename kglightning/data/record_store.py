@@ -1,0 +1,141 @@
+"""Large record files read once: the validated records kept on disk in binary form, their graphs memory-mapped.
+
+Parsing and validating a RoG file is the slowest step of a run at full size (CWQ's training split, 7 GB of
+jsonl, takes about 20 minutes on 2 cores) and its graphs are most of the memory a run holds. So the first
+:func:`~kglightning.data.sources.loaders.read_records` of a local file of at least ``KGLIGHTNING_RECORD_STORE_MIN_MB``
+(default 64) MB writes what it read to ``$KGLIGHTNING_CACHE/records/<key>/``:
+
+* ``graphs.npy``: every graph's triples as one ``(n, 3)`` ``int32`` array over the split's vocabulary, and
+  ``offsets.npy`` where each record's rows start;
+* ``strings.json``: the vocabulary; ``records.jsonl``: each record without its graph; ``meta.json``: what the read
+  skipped and counted.
+
+Later reads of the same file (same path, size and modification time, same ``split``, ``on_bad_record`` and
+``limit``) load that folder instead: the graphs are views of a memory map (:class:`~kglightning.data.triple_array.
+TripleArray` over ``numpy.load(mmap_mode="r")``), so a question's triples are read from disk when a DataModule or
+a stage first looks at them and can be paged out again. ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from kglightning.data.cache import default_cache_root
+from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.triple_array import TripleArray, Vocab
+
+__all__ = ["load_store", "remove_store", "save_store", "store_folder"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+_FIELDS = ("id", "question", "answer", "q_entity", "a_entity", "prediction", "confidence", "extra")
+
+
+def _min_bytes() -> int | None:
+    value = os.environ.get("KGLIGHTNING_RECORD_STORE_MIN_MB", "64").strip().lower()
+    if value in ("off", "none", "no", "false"):
+        return None
+    try:
+        return int(float(value) * 2**20)
+    except ValueError:
+        raise ValueError(f"KGLIGHTNING_RECORD_STORE_MIN_MB={value!r}: expected a number of MB or 'off'") from None
+
+
+def store_folder(path: str | os.PathLike, split: str | None, on_bad_record: str, limit: int | None) -> Path | None:
+    """Where the records of ``path`` read with these arguments are stored; ``None`` for a path the store does not
+    keep (not a local file, smaller than the threshold, or the store turned off)."""
+    if isinstance(path, str) and path.startswith("hf:"):
+        return None
+    p = Path(path)
+    threshold = _min_bytes()
+    if threshold is None or not p.is_file():
+        return None
+    st = p.stat()
+    if st.st_size < threshold:
+        return None
+    ident = f"{FORMAT}|{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{split}|{on_bad_record}|{limit}"
+    return default_cache_root() / "records" / hashlib.sha1(ident.encode()).hexdigest()[:16]
+
+
+def save_store(records: list[KGQARecord], folder: Path) -> None:
+    """Write ``records`` (a :class:`~kglightning.data.sources.loaders.RecordList`) to ``folder``, whole or not at
+    all: into a temporary folder first, then renamed."""
+    vocab: Vocab = getattr(records, "vocab", None) or Vocab()
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        parts = [
+            r.graph.ids
+            if isinstance(r.graph, TripleArray) and r.graph.vocab is vocab
+            else vocab.ids(chain.from_iterable(r.graph)).reshape(-1, 3)
+            for r in records
+        ]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(g) for g in parts], out=offsets[1:])
+        graphs = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros((0, 3), dtype=np.int32)
+        np.save(tmp / "graphs.npy", graphs.reshape(-1, 3))
+        np.save(tmp / "offsets.npy", offsets)
+        (tmp / "strings.json").write_text(json.dumps(vocab.strings, ensure_ascii=False), encoding="utf-8")
+        with open(tmp / "records.jsonl", "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps({k: getattr(r, k) for k in _FIELDS}, ensure_ascii=False) + "\n")
+        meta = {
+            "format": FORMAT,
+            "source": getattr(records, "source", "<memory>"),
+            "split": getattr(records, "split", None),
+            "skipped": [[e.reason, e.source, e.line, e.field] for e in getattr(records, "skipped", [])],
+            "empty_graph": getattr(records, "empty_graph", []),
+            "unknown_topic": getattr(records, "unknown_topic", []),
+            "records": len(records),
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        os.replace(tmp, folder)
+    except OSError:
+        if not (folder / "meta.json").is_file():  # not another process's whole store: a real failure
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _lines(path: Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)
+
+
+def load_store(folder: Path, out: list) -> None:
+    """Fill ``out`` (an empty :class:`~kglightning.data.sources.loaders.RecordList`) with the records
+    :func:`save_store` wrote to ``folder``, their graphs views of a memory map."""
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{folder}: record store format {meta.get('format')}, expected {FORMAT}")
+    out.source, out.split = meta["source"], meta["split"]
+    out.vocab = Vocab(json.loads((folder / "strings.json").read_text(encoding="utf-8")))
+    graphs = np.load(folder / "graphs.npy", mmap_mode="r")
+    offsets = np.load(folder / "offsets.npy")
+    for i, d in enumerate(_lines(folder / "records.jsonl")):
+        graph = TripleArray.view(graphs[offsets[i] : offsets[i + 1]], out.vocab)
+        out.append(KGQARecord(d["id"], d["question"], d["answer"], d["q_entity"], d["a_entity"], graph,
+                              d["prediction"], d["confidence"], d["extra"]))  # fmt: skip
+    if len(out) != meta["records"] or len(offsets) != len(out) + 1:
+        raise ValueError(f"{folder}: {len(out)} records where {meta['records']} were stored")
+    out.skipped = [RecordError(m, source=s, line=ln, field=fd) for m, s, ln, fd in meta["skipped"]]
+    out.empty_graph, out.unknown_topic = meta["empty_graph"], meta["unknown_topic"]
+
+
+def remove_store(folder: Path) -> None:
+    """Delete a store that could not be read (it is written again by the next read)."""
+    with contextlib.suppress(OSError):
+        shutil.rmtree(folder)

@@ -1,0 +1,99 @@
+"""The record store: a large file read once, its validated records loaded from binary form with memory-mapped graphs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from kglightning.data.kg import KGIndex
+from kglightning.data.record_store import store_folder
+from kglightning.data.sources.loaders import read_records
+
+
+def _row(i: int, **kw) -> dict:
+    graph = [[f"e{i}", "r", f"e{i + 1}"], [f"e{i + 1}", "s", "hub"], ["hub", "r", f"é{i}"]]
+    return {"id": f"q{i}", "question": f"question {i}?", "answer": [f"e{i + 1}"], "q_entity": [f"e{i}"],
+            "a_entity": [f"e{i + 1}"], "graph": graph, **kw}  # fmt: skip
+
+
+@pytest.fixture
+def store_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    path = tmp_path / "train.jsonl"
+    rows = [_row(i) for i in range(6)]
+    rows[2] = _row(2, prediction=["e3"], confidence=[0.7], note={"k": [1, 2]})
+    rows[3] = _row(3, graph=[])  # an empty graph (counted)
+    rows[4] = _row(4, q_entity=["Atlantis"])  # a topic entity missing from its graph (counted)
+    lines = [json.dumps(r, ensure_ascii=False) for r in rows]
+    lines.insert(5, json.dumps({"id": "bad", "question": "?"}))  # skipped with on_bad_record="skip"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _mapped(records) -> bool:
+    def base(a):
+        while a is not None and not isinstance(a, np.memmap):
+            a = a.base
+        return a
+
+    return all(base(r.graph.ids) is not None for r in records if len(r.graph))
+
+
+def test_a_second_read_loads_the_store_with_mapped_graphs(store_env):
+    first = read_records(store_env, on_bad_record="skip")
+    folder = store_folder(store_env, None, "skip", None)
+    assert folder is not None and (folder / "meta.json").is_file() and not _mapped(first)
+    again = read_records(store_env, on_bad_record="skip")
+    assert _mapped(again) and list(again) == list(first)
+    assert [r.graph.tolist() for r in again] == [r.graph.tolist() for r in first]
+    assert again[2].extra == {"note": {"k": [1, 2]}} and again[2].confidence == [0.7]
+    assert (again.source, again.split, again.empty_graph, again.unknown_topic) == (
+        first.source, first.split, ["q3"], ["q4"]
+    )  # fmt: skip
+    assert [str(e) for e in again.skipped] == [str(e) for e in first.skipped] and len(again.skipped) == 1
+    assert again.vocab.strings == first.vocab.strings
+    for a, b in zip(again, first):
+        assert KGIndex.from_record(a).entities == KGIndex.from_record(b).entities
+        assert [x.tolist() for x in KGIndex.from_record(a).edge_ids()] == [
+            x.tolist() for x in KGIndex.from_record(b).edge_ids()
+        ]
+    clone = pickle.loads(pickle.dumps(again[0]))  # a DataLoader worker's copy
+    assert clone == first[0] and not _mapped([clone])
+
+
+def test_other_arguments_and_a_changed_file_are_other_stores(store_env):
+    read_records(store_env, on_bad_record="skip")
+    assert len(read_records(store_env, on_bad_record="skip", limit=2)) == 2
+    assert store_folder(store_env, None, "skip", 2) != store_folder(store_env, None, "skip", None)
+    with pytest.raises(Exception, match=r"train.jsonl:6: field .answer. missing"):
+        read_records(store_env)  # "raise" is not served by the "skip" store
+    store_env.write_text(store_env.read_text().replace("question 0?", "question zero?"), encoding="utf-8")
+    os.utime(store_env, ns=(1, 1))
+    assert read_records(store_env, on_bad_record="skip")[0].question == "question zero?"
+
+
+def test_a_torn_store_is_read_again_and_rewritten(store_env, caplog):
+    first = read_records(store_env, on_bad_record="skip")
+    folder = store_folder(store_env, None, "skip", None)
+    (folder / "graphs.npy").write_bytes(b"not an array")
+    with caplog.at_level(logging.WARNING):
+        again = read_records(store_env, on_bad_record="skip")
+    assert "cannot be read" in caplog.text and list(again) == list(first) and not _mapped(again)
+    assert _mapped(read_records(store_env, on_bad_record="skip"))  # written again
+
+
+def test_small_files_and_off_are_not_stored(store_env, monkeypatch):
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "1")
+    assert store_folder(store_env, None, "raise", None) is None
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "off")
+    assert store_folder(store_env, None, "raise", None) is None
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "lots")
+    with pytest.raises(ValueError, match="expected a number of MB or 'off'"):
+        store_folder(store_env, None, "raise", None)
+    assert store_folder("hf:rmanluo/RoG-webqsp", "test", "raise", None) is None
