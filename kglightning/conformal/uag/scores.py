@@ -20,6 +20,7 @@ grid of thresholds at once and :mod:`.traversal` runs the breadth-first search i
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -345,7 +346,9 @@ def score_questions(
         raise ValueError(f"got {len(llm_answers)} LLM answers for {len(records)} records")
     answers = list(llm_answers) if llm_answers is not None else [None] * len(records)
     out: list[QuestionScores] = []
-    table = PathTable()
+    score = functools.partial(
+        score_question, cache=cache, max_hops=max_hops, max_paths=max_paths, path_table=PathTable()
+    )
     bar = tqdm(total=len(records), desc=desc, disable=not progress or len(records) < 2, leave=False)
     for lo in range(0, len(records), chunk_size):
         chunk = list(zip(records[lo : lo + chunk_size], answers[lo : lo + chunk_size]))
@@ -355,19 +358,7 @@ def score_questions(
         chunk_scratch = scratch if scratch is not None else TransientEmbeddings(cache)
         chunk_scratch.add(t for (r, _), w in zip(chunk, walks) for t in _scratch_texts(r, w))
         for (r, a), kg, w in zip(chunk, kgs, walks):
-            out.append(
-                score_question(
-                    r,
-                    cache,
-                    max_hops=max_hops,
-                    max_paths=max_paths,
-                    kg=kg,
-                    llm_answer=a,
-                    walks=w,
-                    scratch=chunk_scratch,
-                    path_table=table,
-                )  # fmt: skip
-            )
+            out.append(score(r, kg=kg, llm_answer=a, walks=w, scratch=chunk_scratch))
             bar.update()
         del chunk_scratch, kgs, walks
     bar.close()
