@@ -33,8 +33,8 @@ class Shard:
     count: int = 1
 
     def __post_init__(self) -> None:
-        if self.count < 1 or not 0 <= self.index < self.count:
-            raise ValueError(f"shard {self.index}/{self.count}: need 0 <= i < N, N >= 1 (e.g. 0/4 ... 3/4)")
+        if not 1 <= self.count <= 99999 or not 0 <= self.index < self.count:
+            raise ValueError(f"shard {self.index}/{self.count}: need 0 <= i < N, 1 <= N <= 99999 (e.g. 0/4 ... 3/4)")
 
     @classmethod
     def parse(cls, spec: str) -> Shard:

@@ -128,6 +128,10 @@ class UAGReasoner(L.LightningModule):
         output_dir: where the outputs go.
         cache_dir: text-embedding cache root (default ``$KGLIGHTNING_CACHE/embeddings``).
         progress: show progress bars.
+        store_question_texts: keep each question's step queries and path texts in the embedding cache too, so a
+            rerun on the same questions encodes nothing (``configs/uag.yaml`` does, on the small embedded
+            benchmark); off, they are encoded per question and dropped, which a full-size split needs (millions of
+            rows otherwise: about 6 MB of disk per question at RoG's 5,000 paths).
 
     The fitted selections (and baselines) are in the module's ``state_dict``, keyed by the float ``alpha``: save
     with ``trainer.save_checkpoint`` after ``predict``, and ``predict --ckpt_path`` (or ``load_state_dict``)
@@ -152,6 +156,7 @@ class UAGReasoner(L.LightningModule):
         output_dir: str = "outputs/uag",
         cache_dir: str | None = None,
         progress: bool = True,
+        store_question_texts: bool = False,
     ) -> None:
         super().__init__()
         if not 0 < alpha < 1:
@@ -175,6 +180,7 @@ class UAGReasoner(L.LightningModule):
         self.output_dir = Path(output_dir)
         self.cache_dir = cache_dir
         self.progress = progress
+        self.store_question_texts = store_question_texts
         self.rows: list[dict[str, Any]] = []
         self.selections: dict[float, UAGCalibration] = {}
         self.fitted_baselines: dict[float, dict[str, SplitCP | TopK]] = {}
@@ -202,9 +208,12 @@ class UAGReasoner(L.LightningModule):
         return list(dict.fromkeys([self.alpha, *self.sweep_alphas]))
 
     def score(
-        self, records: Sequence[KGQARecord], desc: str = "UAG scores", scratch: TransientEmbeddings | None = None
+        self,
+        records: Sequence[KGQARecord],
+        desc: str = "UAG scores",
+        scratches: Sequence[TransientEmbeddings] | None = None,
     ) -> list[QuestionScores]:
-        """UAG scores of ``records`` (the LLM is asked when configured); ``scratch``: see :func:`score_questions`."""
+        """UAG scores of ``records`` (the LLM is asked when configured); ``scratches``: see :func:`score_questions`."""
         scores = score_questions(
             records,
             self.cache,
@@ -212,7 +221,8 @@ class UAGReasoner(L.LightningModule):
             max_paths=self.max_paths,
             progress=self.progress,
             desc=desc,
-            scratch=scratch,
+            store_question_texts=self.store_question_texts,
+            scratches=scratches,
         )
         if self.llm is not None:
             self.llm.rescore(records, scores, self.cache)
@@ -381,17 +391,19 @@ class UAGReasoner(L.LightningModule):
         return out
 
     def predict_step(self, batch: list[KGQARecord], batch_idx: int) -> list[dict[str, Any]]:
-        scratch = TransientEmbeddings(self.cache)  # the grid's and the walk's question-only texts: the same rows
-        scores = self.score(batch, desc="UAG test scores", scratch=scratch)
+        # each question's own texts, kept for its walk below so that the walk reads the rows the grid read
+        scratches = None if self.store_question_texts else [TransientEmbeddings(self.cache) for _ in batch]
+        scores = self.score(batch, desc="UAG test scores", scratches=scratches)
         sampled: list[SampledAnswers | None] = [None] * len(batch)
         if self.sampler is not None:
             sampled = list(self.sampler.sample(batch))
         main = self.selections[self.alpha]
         traversal = UAGTraversal(self.cache, self.max_hops)
         rows = []
-        for record, s, sq in zip(batch, scores, sampled):
+        for i, (record, s, sq) in enumerate(zip(batch, scores, sampled)):
             kg = KGIndex.from_record(record)
-            res = traversal.run(record, *main.selected_thresholds, kg=kg, llm_answer=s.llm_answer, scratch=scratch)
+            own = self.cache if scratches is None else scratches[i]
+            res = traversal.run(record, *main.selected_thresholds, kg=kg, llm_answer=s.llm_answer, scratch=own)
             row: dict[str, Any] = {
                 "id": record.id,
                 "question": record.question,

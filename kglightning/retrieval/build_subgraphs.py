@@ -11,7 +11,8 @@ benchmark's three splits are re-cut with PCST. Each split is written to ``OUT/<s
 statistics (KG-Guard's Table 13 and the answer recall of its Table 15) in ``OUT/subgraph_stats.json`` and a
 per-question time and size list in ``OUT/<split>.times.jsonl``.
 
-On several cores and machines (:mod:`~kglightning.retrieval.prepare`; the records do not depend on either)::
+On several cores and machines (:mod:`~kglightning.retrieval.prepare`; from the same starting embedding cache, the
+records do not depend on either)::
 
     kglightning build-subgraphs ... --workers 8                # one machine, 8 processes
     kglightning build-subgraphs ... --shard 2/4 --workers 8    # the third of 4 machines (0/4 ... 3/4)
@@ -75,9 +76,9 @@ def build_subgraphs(
 ) -> dict[str, dict]:
     """Cut a PCST subgraph for every question of every split and write the records; returns the stats per split.
 
-    The embeddings are encoded first, in fixed blocks, then the cuts run over ``workers`` processes; ``shard``
-    cuts one slice of each split (``<split>.shard-i-of-N.jsonl``, merged by :func:`merge_shards`) and
-    ``embed_only`` stops after the embeddings (with ``shard``: its share of them). See
+    The embeddings of every split are encoded first, in fixed blocks, then the cuts run over ``workers``
+    processes; ``shard`` cuts one slice of each split (``<split>.shard-i-of-N.jsonl``, merged by
+    :func:`merge_shards`) and ``embed_only`` stops after the embeddings (with ``shard``: its share of them). See
     :mod:`~kglightning.retrieval.prepare`.
     """
     out_dir = Path(out_dir)
@@ -85,13 +86,16 @@ def build_subgraphs(
     stats: dict[str, dict] = {}
     raw: dict[str, SubgraphStats] = {}
     suffix = "" if shard is None else f".{shard.suffix}"
-    for split, path in questions.items():
-        records = read_questions(path, limit=limit)  # a graph already there (e.g. the embedded benchmark) is ignored
-        texts = needed_texts(retriever, records, kg)
-        new = embed_texts(retriever, texts, shard=shard if embed_only else None, progress=retriever.show_progress)
-        log.info("%s: %d strings to embed, %d of them new", split, len(texts), new)
-        if embed_only:
-            continue
+    # a graph already there (e.g. the embedded benchmark) is ignored
+    splits = {split: read_questions(path, limit=limit) for split, path in questions.items()}
+    # the blocks of phase 1 over every split's strings at once: the same blocks on every machine and for any order
+    texts = needed_texts(retriever, [r for records in splits.values() for r in records], kg)
+    new = embed_texts(retriever, texts, shard=shard if embed_only else None, progress=retriever.show_progress)
+    log.info("%d strings to embed, %d of them new", len(texts), new)
+    if embed_only:
+        return stats
+    for split, records in splits.items():
+        path = questions[split]
         part = records if shard is None else shard.take(records)
         cuts, s = cut_records(retriever, part, kg, workers, desc=f"PCST {split}")
         out = [r for r in cuts if r is not None]
@@ -100,10 +104,10 @@ def build_subgraphs(
             for rec, sec, n, t in zip(out, s.seconds, s.nodes, s.triples, strict=True):
                 f.write(json.dumps({"id": rec.id, "seconds": round(sec, 5), "nodes": n, "triples": t}) + "\n")
         stats[split], raw[split] = {"questions_file": str(path), **s.summary()}, s
-    if not embed_only:
-        settings = {k: getattr(retriever, k) for k in ("hops", "topk", "topk_e", "cost_e", "num_clusters", "max_degree",
-                                                       "max_nodes")}  # fmt: skip
-        write_stats(out_dir / f"subgraph_stats{suffix}.json", settings, stats, raw if shard is not None else None)
+    settings = {k: getattr(retriever, k) for k in ("hops", "topk", "topk_e", "cost_e", "num_clusters", "max_degree",
+                                                   "max_nodes", "on_missing_topic")}  # fmt: skip
+    settings.update(encoder=retriever.encoder.cache_key, limit=limit)
+    write_stats(out_dir / f"subgraph_stats{suffix}.json", settings, stats, raw if shard is not None else None)
     return stats
 
 

@@ -6,18 +6,20 @@ could part: a text encoder's output moves in its last digits with the batch a st
 that encodes what its own questions need builds other batches than one that encodes for all of them. So the work
 runs in two phases:
 
-1. **embed** (:func:`needed_texts`, :func:`embed_texts`): every string the split's cuts will look up (the
-   neighbourhoods' node names, the KG's relation texts, the questions) is sorted and cut into fixed blocks of
+1. **embed** (:func:`needed_texts`, :func:`embed_texts`): every string the cuts of all the splits will look up
+   (the neighbourhoods' node names, the KG's relation texts, the questions) is sorted and cut into fixed blocks of
    ``block`` strings, and a block that holds any new string is encoded as one batch
    (:meth:`EmbeddingCache.add <kglightning.data.embeddings.EmbeddingCache.add>` with ``whole=True``). The blocks
-   are the same whichever process or machine encodes them, so the rows are too (on the same kind of device).
+   are the same whichever process or machine encodes them, so the rows are too, on the same kind of device and
+   **from the same starting cache**: a string the cache already holds keeps the row of whatever batch first encoded
+   it (an earlier run on other questions), so start every machine from an empty cache or from copies of one.
 2. **cut** (:func:`cut_records`): the questions in contiguous chunks over ``workers`` forked processes (the KG
    index and the embedding table are shared with them, not copied), one torch thread each, the results put back in
    question order. Nothing is encoded in this phase (checked).
 
 ``--shard i/N`` (:class:`~kglightning.data.shards.Shard`) cuts one contiguous slice of each split, and
 :func:`merge_shards` concatenates the slices' files in shard order: the file one process writes, byte for byte
-(each question's seconds aside). Phase 1 reads every question of the split on every machine, to know the blocks;
+(each question's seconds aside). Phase 1 reads every question of every split on every machine, to know the blocks;
 ``--embed-only`` with a shard encodes only blocks ``i, i + N, ...``, so N machines can share the encoding too and
 then copy their cache folders into one (shards are files named by their content) before the cuts.
 """
@@ -29,6 +31,7 @@ import json
 import logging
 import multiprocessing as mp
 import re
+import shutil
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
@@ -71,13 +74,15 @@ def needed_texts(retriever: PCSTRetriever, records: Sequence[KGQARecord], kg: KG
 def embed_texts(
     retriever: PCSTRetriever,
     texts: Sequence[str],
-    block: int = BLOCK,
+    block: int | None = None,
     shard: Shard | None = None,
     progress: bool = True,
 ) -> int:
-    """Phase 1: encode the blocks of the sorted ``texts`` that hold a string the cache lacks (with ``shard``, only
-    blocks ``shard.index, shard.index + shard.count, ...``); return how many strings were new."""
+    """Phase 1: encode the blocks (``block`` strings, default :data:`BLOCK`) of the sorted ``texts`` that hold a
+    string the cache lacks (with ``shard``, only blocks ``shard.index, shard.index + shard.count, ...``); return how
+    many strings were new."""
     cache = retriever.embeddings
+    block = block or BLOCK
     starts = list(range(0, len(texts), block))
     if shard is not None:
         starts = starts[shard.index :: shard.count]
@@ -153,6 +158,8 @@ def cut_records(
         _JOB = None
         bar.close()
     retriever.stats = stats
+    if stats.missing_topic:
+        log.warning("%d of %d question(s) skipped: no topic entity in the KG", stats.missing_topic, len(records))
     return out, stats
 
 
@@ -162,49 +169,67 @@ _SHARD_FILE = re.compile(r"^(?P<name>.+)\.shard-(?P<i>\d{5})-of-(?P<n>\d{5})(?P<
 def merge_shards(out_dir: str | Path) -> dict[str, dict[str, Any]]:
     """Concatenate ``build-subgraphs --shard i/N`` outputs in ``out_dir`` into the files of one run: each
     ``<split>.jsonl`` and ``<split>.times.jsonl``, and ``subgraph_stats.json`` from the shards' raw stats. Returns
-    the per-split stats.
+    the per-split stats. Everything is checked before anything is written.
 
     Raises:
-        FileNotFoundError: no shard files, or a shard of a set missing.
-        ValueError: shards of one output written with other settings or other numbers of shards.
+        FileNotFoundError: no shard files, or a shard of the set missing.
+        ValueError: shards of different counts, settings or splits, or record files that do not hold the questions
+            their statistics count.
     """
     out_dir = Path(out_dir)
     groups: dict[tuple[str, str], dict[int, Path]] = {}
-    counts: dict[tuple[str, str], set[int]] = {}
+    counts: set[int] = set()
     for p in sorted(out_dir.iterdir()):
         m = _SHARD_FILE.match(p.name)
         if m:
-            key = (m["name"], m["ext"])
-            groups.setdefault(key, {})[int(m["i"])] = p
-            counts.setdefault(key, set()).add(int(m["n"]))
+            groups.setdefault((m["name"], m["ext"]), {})[int(m["i"])] = p
+            counts.add(int(m["n"]))
     if not groups:
         raise FileNotFoundError(f"{out_dir}: no *.shard-IIIII-of-NNNNN.* files to merge")
-    for (name, ext), parts in groups.items():
-        if len(counts[(name, ext)]) != 1:
-            raise ValueError(f"{out_dir}: {name}{ext} has shards of {sorted(counts[(name, ext)])} parts; keep one set")
-        (n,) = counts[(name, ext)]
+    if len(counts) != 1:
+        raise ValueError(f"{out_dir}: shards of {sorted(counts)} parts; keep the files of one --shard I/N set")
+    (n,) = counts
+    stat_files = groups.pop(("subgraph_stats", ".json"), {})
+    for (name, ext), parts in [(("subgraph_stats", ".json"), stat_files), *groups.items()]:
         missing = sorted(set(range(n)) - set(parts))
         if missing:
             raise FileNotFoundError(f"{out_dir}: {name}{ext}: shard(s) {missing} of {n} are missing")
-    for (name, ext), parts in groups.items():
-        if ext != ".json":
-            with atomic_write(out_dir / f"{name}{ext}", mode="wb") as f:
-                for i in sorted(parts):
-                    f.write(parts[i].read_bytes())
-    shards = [json.loads(p.read_text()) for _, p in sorted(groups.get(("subgraph_stats", ".json"), {}).items())]
-    if not shards:
-        raise FileNotFoundError(f"{out_dir}: no subgraph_stats.shard-*.json to merge the statistics from")
-    settings = shards[0]["settings"]
-    if any(s["settings"] != settings or list(s["splits"]) != list(shards[0]["splits"]) for s in shards):
+        if max(parts) >= n:
+            raise ValueError(f"{out_dir}: {name}{ext}: shard {max(parts)} of {n} does not exist")
+    shards = [json.loads(stat_files[i].read_text()) for i in range(n)]
+    settings, split_names = shards[0]["settings"], list(shards[0]["splits"])
+    if any(s["settings"] != settings or list(s["splits"]) != split_names for s in shards):
         raise ValueError(f"{out_dir}: the shards were cut with other settings or splits; cut them again with one set")
     splits: dict[str, dict[str, Any]] = {}
-    for split, first in shards[0]["splits"].items():
+    for split in split_names:
         merged = SubgraphStats()
         for s in shards:
             merged.extend(SubgraphStats(**s["splits"][split]["raw"]))
-        splits[split] = {"questions_file": first["questions_file"], **merged.summary()}
+        for ext in (".jsonl", ".times.jsonl"):
+            parts = groups.get((split, ext))
+            if parts is None:
+                raise FileNotFoundError(f"{out_dir}: no {split}.shard-*{ext} files for split {split!r}")
+            lines = sum(_count_lines(parts[i]) for i in range(n))
+            if lines != len(merged.nodes):
+                raise ValueError(f"{out_dir}: the {split}{ext} shards hold {lines} lines; their statistics count "
+                                 f"{len(merged.nodes)} questions")  # fmt: skip
+        splits[split] = {"questions_file": shards[0]["splits"][split]["questions_file"], **merged.summary()}
+    stray = sorted(f"{name}{ext}" for name, ext in groups if name not in split_names)
+    if stray:
+        log.warning("%s: left out shard files of %s, which are not splits of the shards' statistics", out_dir, stray)
+    for split in split_names:
+        for ext in (".jsonl", ".times.jsonl"):
+            with atomic_write(out_dir / f"{split}{ext}", mode="wb") as f:
+                for i in range(n):
+                    with open(groups[(split, ext)][i], "rb") as part:
+                        shutil.copyfileobj(part, f)
     write_stats(out_dir / "subgraph_stats.json", settings, splits)
     return splits
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
 def write_stats(

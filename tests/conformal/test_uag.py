@@ -361,14 +361,39 @@ def test_traversal_reads_the_step_rows_the_grid_read(embedded_records):
 
     cache = EmbeddingCache(BatchDependentEncoder(), root=None)
     recs = embedded_records[:15]
-    scratch = TransientEmbeddings(cache)
-    scores = score_questions(recs, cache, max_hops=3, progress=False, scratch=scratch)
-    assert len(scratch) and not any(" | " in t or " -> " in t for t in cache._index)
+    scratches = [TransientEmbeddings(cache) for _ in recs]
+    scores = score_questions(recs, cache, max_hops=3, progress=False, scratches=scratches)
+    assert all(len(x) for x in scratches) and not any(" | " in t or " -> " in t for t in cache._index)
     trav, checked = UAGTraversal(cache, max_hops=3), 0
-    for rec, s in zip(recs, scores):
+    for rec, s, scratch in zip(recs, scores, scratches):
         finite = s.expand[torch.isfinite(s.expand)]
         for q1 in finite.unique().tolist()[:4]:  # a threshold exactly at a score: any drift in a row flips it
             want = {s.entities[e] for e in members_at(s, q1, INF, INF).nonzero().flatten().tolist()}
             assert set(trav.run(rec, q1, INF, INF, scratch=scratch).answers) == want, (rec.id, q1)
             checked += 1
     assert checked > 10
+
+
+def test_a_question_scores_the_same_in_any_chunk_and_stored_texts_serve_reruns(tmp_path, embedded_records):
+    recs = embedded_records[:12]
+    shared = EmbeddingCache(BatchDependentEncoder(), None)
+    score_questions(recs, shared, progress=False)  # the shared texts (questions, relations, names) now cached
+    n_shared = len(shared)
+    alone = [score_questions([r], shared, progress=False)[0] for r in recs]
+    for chunk in (5, 12):  # with the same cache, a question's own texts give the same rows in any chunk
+        together = score_questions(recs, shared, progress=False, chunk_size=chunk)
+        for a, b in zip(alone, together):
+            assert torch.equal(a.expand, b.expand) and torch.equal(a.path_score, b.path_score), chunk
+    assert len(shared) == n_shared  # and none of them was stored
+    cache = EmbeddingCache(BatchDependentEncoder(), tmp_path)
+    stored = score_questions(recs, cache, progress=False, store_question_texts=True)
+    assert any(" -> " in t for t in cache._index)
+    rerun = EmbeddingCache(BatchDependentEncoder(), tmp_path)
+    before = len(rerun)
+    again = score_questions(recs, rerun, progress=False, store_question_texts=True)
+    assert len(rerun) == before  # nothing encoded
+    assert all(
+        torch.equal(a.path_score, b.path_score) and torch.equal(a.expand, b.expand) for a, b in zip(stored, again)
+    )
+    with pytest.raises(ValueError, match="got 1 scratches for 12 records"):
+        score_questions(recs, cache, progress=False, scratches=[None])

@@ -129,6 +129,9 @@ def test_workers_and_shards_write_the_bytes_of_one_process(tmp_path, tiny_encode
 
 @pytest.mark.e2e
 def test_embed_only_shares_the_encoding_across_machines(tmp_path, tiny_encoder_dir, monkeypatch):
+    import kglightning.retrieval.prepare as prepare
+
+    monkeypatch.setattr(prepare, "BLOCK", 256)  # many blocks, strings shared by the three splits among them
     assert _cut(tmp_path, tiny_encoder_dir, monkeypatch, "one", "c1") == 0
     for i in range(2):  # each machine encodes half of the blocks, into its own cache
         assert (
@@ -161,3 +164,43 @@ def test_bad_shard_and_workers_are_usage_errors(tmp_path, user_files, tiny_encod
     with pytest.raises(SystemExit):
         main(["build-subgraphs", "--encoder", tiny_encoder_dir, "--kg", str(kg), "--questions", str(qs)])
     assert "required: --out" in capsys.readouterr().err
+
+
+def _shard_set(folder, n: int, questions: int = 2, settings: dict | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        suffix = f"shard-{i:05d}-of-{n:05d}"
+        rows = [json.dumps({"id": f"q{i}-{j}"}) + "\n" for j in range(questions)]
+        (folder / f"test.{suffix}.jsonl").write_text("".join(rows))
+        (folder / f"test.{suffix}.times.jsonl").write_text("".join(rows))
+        raw = {"nodes": [1] * questions, "triples": [1] * questions, "neighborhood_triples": [1] * questions,
+               "seconds": [0.1] * questions, "answer_in_graph": [], "missing_topic": 0, "partial_topic": 0,
+               "empty_neighborhood": 0, "truncated": 0}  # fmt: skip
+        stats = {"settings": settings or {"topk": 3}, "splits": {"test": {"questions_file": "q", "raw": raw}}}
+        (folder / f"subgraph_stats.{suffix}.json").write_text(json.dumps(stats))
+
+
+def test_merge_checks_everything_before_it_writes(tmp_path, caplog):
+    from kglightning.retrieval.prepare import merge_shards
+
+    good = tmp_path / "good"
+    _shard_set(good, 2)
+    (good / "notes.shard-00000-of-00002.jsonl").write_text("stray\n")
+    (good / "notes.shard-00001-of-00002.jsonl").write_text("stray\n")
+    assert merge_shards(good)["test"]["questions"] == 4
+    assert [json.loads(x)["id"] for x in (good / "test.jsonl").open()] == ["q0-0", "q0-1", "q1-0", "q1-1"]
+    assert not (good / "notes.jsonl").exists() and "left out shard files of ['notes.jsonl']" in caplog.text
+    for name, spoil, match in (
+        ("mixed", lambda f: _shard_set(f, 3), r"shards of \[2, 3\] parts"),
+        ("settings", lambda f: (f / "subgraph_stats.shard-00001-of-00002.json").write_text(
+            (f / "subgraph_stats.shard-00001-of-00002.json").read_text().replace('"topk": 3', '"topk": 4')),
+         "other settings"),
+        ("lines", lambda f: (f / "test.shard-00001-of-00002.jsonl").write_text('{"id": "x"}\n'),
+         r"hold 3 lines; their statistics count 4"),
+    ):  # fmt: skip
+        folder = tmp_path / name
+        _shard_set(folder, 2)
+        spoil(folder)
+        with pytest.raises(ValueError, match=match):
+            merge_shards(folder)
+        assert not (folder / "test.jsonl").exists() and not (folder / "subgraph_stats.json").exists()

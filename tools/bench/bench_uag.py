@@ -1,7 +1,8 @@
 """UAG benchmark: traversal throughput (questions/s) and grid calibration against a per-configuration loop.
 
 On the embedded benchmark (validation = calibration pool, test = traversed questions), with text embeddings
-already cached (the first, cold pass that encodes every new string is timed separately), in one run:
+already cached (the first, cold pass that encodes every new string is timed separately; the questions' own step
+queries and path texts are stored too, ``store_question_texts=True`` as ``configs/uag.yaml`` sets it), in one run:
   * **traversal**: :class:`UAGTraversal` (Algorithm 1) per test question at the configuration LTT selects for
     ``--alpha``, and with every filter off (``q = +inf``: the whole ``max_hops`` neighbourhood);
   * **scoring**: :func:`score_questions`, every relation path's Eq. 4-6 scores (what calibration needs);
@@ -68,8 +69,8 @@ def main() -> None:
 
     cached = len(cache)
     t0 = time.perf_counter()
-    pool = score_questions(pool_records, cache, max_hops=args.max_hops, progress=False)
-    score_questions(test, cache, max_hops=args.max_hops, progress=False)
+    pool = score_questions(pool_records, cache, max_hops=args.max_hops, progress=False, store_question_texts=True)
+    score_questions(test, cache, max_hops=args.max_hops, progress=False, store_question_texts=True)
     cold = time.perf_counter() - t0
     ctl = UAGController(grid_step=args.grid_step).fit(pool)
     sel = ctl.select(args.alpha)
@@ -78,11 +79,15 @@ def main() -> None:
     trav = UAGTraversal(cache, args.max_hops)
 
     rows = []
-    t_sel, results = best_time(lambda: [trav.run(r, *q, kg=kg) for r, kg in zip(test, kgs)], args.repeat)
+    t_sel, results = best_time(lambda: [trav.run(r, *q, kg=kg, scratch=cache) for r, kg in zip(test, kgs)], args.repeat)
     rows.append((f"traversal at LTT selection (alpha={args.alpha:g})", t_sel, len(test)))
-    t_full, full = best_time(lambda: [trav.run(r, math.inf, math.inf, math.inf, kg=kg) for r, kg in zip(test, kgs)], 1)
+    t_full, full = best_time(
+        lambda: [trav.run(r, math.inf, math.inf, math.inf, kg=kg, scratch=cache) for r, kg in zip(test, kgs)], 1
+    )
     rows.append(("traversal, filters off (whole neighbourhood)", t_full, len(test)))
-    t_score, scores = best_time(lambda: score_questions(test, cache, max_hops=args.max_hops, progress=False), 1)
+    t_score, scores = best_time(
+        lambda: score_questions(test, cache, max_hops=args.max_hops, progress=False, store_question_texts=True), 1
+    )
     rows.append(("scoring every path (calibration input)", t_score, len(test)))
     for res, s in zip(results, scores):
         assert set(res.answers) == {s.entities[i] for i in members_at(s, *q).nonzero().flatten().tolist()}

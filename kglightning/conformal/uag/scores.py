@@ -188,7 +188,7 @@ def step_scores(
     question: str,
     prefixes: Sequence[tuple[str, ...]],
     relations: Sequence[str],
-    scratch: TransientEmbeddings | None = None,
+    scratch: TransientEmbeddings | EmbeddingCache | None = None,
 ) -> Tensor:
     """Eq. 4 scores ``1 - cos(Q || prefix_i, relation_i)`` for aligned lists of prefixes and next relations.
 
@@ -196,18 +196,24 @@ def step_scores(
     ``scratch`` (not stored in the disk cache; a fresh :class:`TransientEmbeddings` when ``None``)."""
     if not prefixes:
         return torch.zeros(0, device="cpu")
-    left = (scratch or TransientEmbeddings(cache)).embed([step_query_text(question, p) for p in prefixes])
+    left = (scratch if scratch is not None else TransientEmbeddings(cache)).embed(
+        [step_query_text(question, p) for p in prefixes]
+    )
     return cosine_distance(left, cache.embed([relation_text(r) for r in relations]))
 
 
 def path_scores(
-    cache: EmbeddingCache, q_emb: Tensor, paths: Sequence[tuple[str, ...]], scratch: TransientEmbeddings | None = None
+    cache: EmbeddingCache,
+    q_emb: Tensor,
+    paths: Sequence[tuple[str, ...]],
+    scratch: TransientEmbeddings | EmbeddingCache | None = None,
 ) -> Tensor:
     """Eq. 5 scores ``1 - cos(Q, path)`` of relation paths. A question's thousands of paths seldom recur in another
     question, so their texts go through ``scratch`` too (not stored; a fresh one when ``None``)."""
     if not paths:
         return torch.zeros(0, device="cpu")
-    return cosine_distance((scratch or TransientEmbeddings(cache)).embed([path_text(p) for p in paths]), q_emb)
+    own = scratch if scratch is not None else TransientEmbeddings(cache)
+    return cosine_distance(own.embed([path_text(p) for p in paths]), q_emb)
 
 
 def evaluator_scores(cache: EmbeddingCache, entities: Sequence[str], question: str, llm_answer: str | None) -> Tensor:
@@ -251,7 +257,7 @@ def score_question(
     kg: KGIndex | None = None,
     llm_answer: str | None = None,
     walks: dict[tuple[str, ...], set[str]] | None = None,
-    scratch: TransientEmbeddings | None = None,
+    scratch: TransientEmbeddings | EmbeddingCache | None = None,
     path_table: PathTable | None = None,
 ) -> QuestionScores:
     """All UAG scores of one question (see the module docstring).
@@ -318,15 +324,17 @@ def score_questions(
     chunk_size: int = 256,
     progress: bool = True,
     desc: str = "UAG scores",
-    scratch: TransientEmbeddings | None = None,
+    store_question_texts: bool = False,
+    scratches: Sequence[TransientEmbeddings] | None = None,
 ) -> list[QuestionScores]:
     """:func:`score_question` for many records; the new strings of each chunk are encoded in one batch.
 
-    What the disk cache keeps (questions, relation texts, entity names) goes to ``cache``; the texts no other
-    question needs (its step queries and path texts, thousands per question) are encoded per chunk and dropped with
-    it (:class:`TransientEmbeddings`). A question's paths are label ids (:class:`PathList`) over one
-    :class:`PathTable`. So the pool costs about 120 bytes per path of each question, and the disk cache grows with
-    the split's distinct names, not with its questions.
+    What the disk cache keeps (questions, relation texts, entity names) goes to ``cache``, a chunk's new strings in one
+    batch. The texts no other question needs (its step queries and path texts, thousands per question at RoG size)
+    are encoded per question, in one batch of that question's texts alone, so its rows do not depend on which
+    questions share its chunk, batch or process, and are dropped once it is scored (:class:`TransientEmbeddings`).
+    A question's paths are label ids (:class:`PathList`) over one :class:`PathTable`. So the pool costs about 120
+    bytes per path of each question, and the disk cache grows with the split's distinct names, not its questions.
 
     Args:
         records: the questions.
@@ -334,16 +342,19 @@ def score_questions(
         max_hops: longest relation path.
         max_paths: bound on enumerated paths per question (see :func:`score_question`).
         llm_answers: one reasoner answer per record (``None`` = no LLM).
-        chunk_size: questions whose new strings are encoded in one batch.
+        chunk_size: questions whose new shared strings are encoded in one batch.
         progress: show a progress bar.
         desc: the progress bar's label.
-        scratch: where the step queries and path texts are embedded, for a caller that scores the same
-            questions again (the traversal of :meth:`UAGTraversal.run
-            <kglightning.conformal.uag.traversal.UAGTraversal.run>` then reads the same rows); by default a fresh
-            :class:`TransientEmbeddings` per chunk.
+        store_question_texts: keep the step queries and path texts in the disk cache too, as the shared texts are
+            (reruns on the same questions then encode nothing; the cache grows by thousands of rows a question).
+        scratches: one :class:`TransientEmbeddings` per record, kept by a caller that walks the same questions
+            again (the traversal of :meth:`UAGTraversal.run
+            <kglightning.conformal.uag.traversal.UAGTraversal.run>` then reads the same rows).
     """
     if llm_answers is not None and len(llm_answers) != len(records):
         raise ValueError(f"got {len(llm_answers)} LLM answers for {len(records)} records")
+    if scratches is not None and len(scratches) != len(records):
+        raise ValueError(f"got {len(scratches)} scratches for {len(records)} records")
     answers = list(llm_answers) if llm_answers is not None else [None] * len(records)
     out: list[QuestionScores] = []
     score = functools.partial(
@@ -355,11 +366,15 @@ def score_questions(
         kgs = [KGIndex.from_record(r) for r, _ in chunk]
         walks = [_walks(r, kg, max_hops, max_paths) for (r, _), kg in zip(chunk, kgs)]
         cache.add(t for (r, a), w in zip(chunk, walks) for t in _texts(r, w, a))
-        chunk_scratch = scratch if scratch is not None else TransientEmbeddings(cache)
-        chunk_scratch.add(t for (r, _), w in zip(chunk, walks) for t in _scratch_texts(r, w))
-        for (r, a), kg, w in zip(chunk, kgs, walks):
-            out.append(score(r, kg=kg, llm_answer=a, walks=w, scratch=chunk_scratch))
+        for i, ((r, a), kg, w) in enumerate(zip(chunk, kgs, walks)):
+            own: TransientEmbeddings | EmbeddingCache
+            if store_question_texts:
+                own = cache
+            else:
+                own = scratches[lo + i] if scratches is not None else TransientEmbeddings(cache)
+            own.add(_scratch_texts(r, w))  # this question's texts alone in one batch
+            out.append(score(r, kg=kg, llm_answer=a, walks=w, scratch=own))
             bar.update()
-        del chunk_scratch, kgs, walks
+        del kgs, walks
     bar.close()
     return out

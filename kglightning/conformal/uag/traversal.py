@@ -75,13 +75,13 @@ class UAGTraversal:
         *,
         kg: KGIndex | None = None,
         llm_answer: str | None = None,
-        scratch: TransientEmbeddings | None = None,
+        scratch: TransientEmbeddings | EmbeddingCache | None = None,
     ) -> TraversalResult:
         """The prediction set of ``record`` at thresholds ``(q1, q2, q3)`` (``inf`` disables a filter).
 
         ``scratch`` embeds the step queries and path texts (:func:`~kglightning.conformal.uag.scores.step_scores`);
-        pass the one that :func:`~kglightning.conformal.uag.scores.score_questions` used for the same question, so
-        that the walk and the grid read the same rows."""
+        pass the one that :func:`~kglightning.conformal.uag.scores.score_questions` filled for the same question
+        (or the cache, when it stored them), so that the walk and the grid read the same rows."""
         scratch = scratch if scratch is not None else TransientEmbeddings(self.cache)
         kg = kg or KGIndex.from_record(record)
         topics = topic_entities(record, kg)
