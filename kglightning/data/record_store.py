@@ -7,11 +7,12 @@ jsonl, takes about 20 minutes on 2 cores) and its graphs are most of the memory 
 
 * ``graphs.npy``: every graph's triples as one ``(n, 3)`` ``int32`` array over the split's vocabulary, and
   ``offsets.npy`` where each record's rows start;
-* ``strings.json``: the vocabulary; ``records.jsonl``: each record without its graph; ``meta.json``: what the read
+* ``strings.json``: the vocabulary; ``records.pkl``: each record's other fields, pickled so that any value a
+  parquet column holds (a timestamp, a map's tuples) comes back as it was read; ``meta.json``: what the read
   skipped and counted.
 
-Later reads of the same file (same path, size and modification time, same ``split``, ``on_bad_record`` and
-``limit``) load that folder instead: the graphs are views of a memory map (:class:`~kglightning.data.triple_array.
+Later reads of the same file (same path, inode, size, modification and change times, same ``split``,
+``on_bad_record`` and ``limit``, same kglightning version) load that folder instead: the graphs are views of a memory map (:class:`~kglightning.data.triple_array.
 TripleArray` over ``numpy.load(mmap_mode="r")``), so a question's triples are read from disk when a DataModule or
 a stage first looks at them and can be paged out again. ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
 """
@@ -23,8 +24,8 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import shutil
-from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
 
@@ -64,7 +65,10 @@ def store_folder(path: str | os.PathLike, split: str | None, on_bad_record: str,
     st = p.stat()
     if st.st_size < threshold:
         return None
-    ident = f"{FORMAT}|{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{split}|{on_bad_record}|{limit}"
+    from kglightning import __version__  # validation may change between versions
+
+    stamp = f"{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"  # ctime: a same-size edit that kept mtime
+    ident = f"{FORMAT}|{__version__}|{p.resolve()}|{stamp}|{split}|{on_bad_record}|{limit}"
     return default_cache_root() / "records" / hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 
@@ -84,13 +88,15 @@ def save_store(records: list[KGQARecord], folder: Path) -> None:
         ]
         offsets = np.zeros(len(parts) + 1, dtype=np.int64)
         np.cumsum([len(g) for g in parts], out=offsets[1:])
-        graphs = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros((0, 3), dtype=np.int32)
-        np.save(tmp / "graphs.npy", graphs.reshape(-1, 3))
+        graphs = np.lib.format.open_memmap(tmp / "graphs.npy", mode="w+", dtype=np.int32, shape=(int(offsets[-1]), 3))
+        for lo, g in zip(offsets.tolist(), parts):  # written part by part: no second copy of the split in memory
+            graphs[lo : lo + len(g)] = g
+        graphs.flush()
+        del graphs
         np.save(tmp / "offsets.npy", offsets)
         (tmp / "strings.json").write_text(json.dumps(vocab.strings, ensure_ascii=False), encoding="utf-8")
-        with open(tmp / "records.jsonl", "w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps({k: getattr(r, k) for k in _FIELDS}, ensure_ascii=False) + "\n")
+        with open(tmp / "records.pkl", "wb") as f:
+            pickle.dump([tuple(getattr(r, k) for k in _FIELDS) for r in records], f, protocol=5)
         meta = {
             "format": FORMAT,
             "source": getattr(records, "source", "<memory>"),
@@ -109,12 +115,6 @@ def save_store(records: list[KGQARecord], folder: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _lines(path: Path) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            yield json.loads(line)
-
-
 def load_store(folder: Path, out: list) -> None:
     """Fill ``out`` (an empty :class:`~kglightning.data.sources.loaders.RecordList`) with the records
     :func:`save_store` wrote to ``folder``, their graphs views of a memory map."""
@@ -125,10 +125,11 @@ def load_store(folder: Path, out: list) -> None:
     out.vocab = Vocab(json.loads((folder / "strings.json").read_text(encoding="utf-8")))
     graphs = np.load(folder / "graphs.npy", mmap_mode="r")
     offsets = np.load(folder / "offsets.npy")
-    for i, d in enumerate(_lines(folder / "records.jsonl")):
+    with open(folder / "records.pkl", "rb") as f:
+        fields = pickle.load(f)
+    for i, (rid, question, answer, q_entity, a_entity, prediction, confidence, extra) in enumerate(fields):
         graph = TripleArray.view(graphs[offsets[i] : offsets[i + 1]], out.vocab)
-        out.append(KGQARecord(d["id"], d["question"], d["answer"], d["q_entity"], d["a_entity"], graph,
-                              d["prediction"], d["confidence"], d["extra"]))  # fmt: skip
+        out.append(KGQARecord(rid, question, answer, q_entity, a_entity, graph, prediction, confidence, extra))
     if len(out) != meta["records"] or len(offsets) != len(out) + 1:
         raise ValueError(f"{folder}: {len(out)} records where {meta['records']} were stored")
     out.skipped = [RecordError(m, source=s, line=ln, field=fd) for m, s, ln, fd in meta["skipped"]]

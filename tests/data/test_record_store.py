@@ -97,3 +97,49 @@ def test_small_files_and_off_are_not_stored(store_env, monkeypatch):
     with pytest.raises(ValueError, match="expected a number of MB or 'off'"):
         store_folder(store_env, None, "raise", None)
     assert store_folder("hf:rmanluo/RoG-webqsp", "test", "raise", None) is None
+
+
+def test_values_json_cannot_hold_come_back_as_read(store_env, monkeypatch):
+    import datetime
+
+    from kglightning.data.records import KGQARecord
+    from kglightning.data.sources import loaders
+
+    stamp = datetime.datetime(2024, 1, 1)
+    real = KGQARecord.from_dict
+
+    def with_extras(data, **kw):  # what a parquet file's timestamp and map columns give
+        rec = real(data, **kw)
+        rec.extra.update(created=stamp, meta=[("k", 1)])
+        return rec
+
+    monkeypatch.setattr(loaders.KGQARecord, "from_dict", staticmethod(with_extras))
+    first = read_records(store_env, on_bad_record="skip")
+    again = read_records(store_env, on_bad_record="skip")
+    assert _mapped(again) and again[0].extra == {"created": stamp, "meta": [("k", 1)]} and list(again) == list(first)
+
+
+def test_a_store_that_cannot_be_loaded_now_is_kept(store_env, monkeypatch, caplog):
+    read_records(store_env, on_bad_record="skip")
+    folder = store_folder(store_env, None, "skip", None)
+    real = np.load
+
+    def no_memory(*args, **kw):
+        if kw.get("mmap_mode"):
+            raise OSError(12, "Cannot allocate memory")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(np, "load", no_memory)
+    with caplog.at_level(logging.WARNING):
+        assert len(read_records(store_env, on_bad_record="skip")) == 6
+    assert "cannot be loaded now" in caplog.text and (folder / "meta.json").is_file()  # kept for the next run
+    monkeypatch.setattr(np, "load", real)
+    assert _mapped(read_records(store_env, on_bad_record="skip"))
+
+
+def test_a_same_size_edit_that_keeps_the_modification_time_is_seen(store_env):
+    read_records(store_env, on_bad_record="skip")
+    st = store_env.stat()
+    store_env.write_text(store_env.read_text().replace("question 1?", "question 9?"), encoding="utf-8")
+    os.utime(store_env, ns=(st.st_atime_ns, st.st_mtime_ns))  # as cp -p or rsync -t leave it
+    assert read_records(store_env, on_bad_record="skip")[1].question == "question 9?"

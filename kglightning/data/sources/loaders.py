@@ -271,8 +271,9 @@ def read_records(
         if folder is not None:
             try:
                 save_store(out, folder)
-            except OSError as err:  # a full or read-only cache: this run goes on, the next reads the file again
-                logger.warning("could not keep the records of %s in %s (%s)", out.source, folder, err)
+            except Exception as err:  # a full or read-only cache, a value pickle cannot hold: go on without it
+                logger.warning("could not keep the records of %s in %s (%s: %s); the next run reads the file again",
+                               out.source, folder, type(err).__name__, err)  # fmt: skip
     if report:
         _log_summary(out)
     return out
@@ -286,7 +287,11 @@ def _stored(folder: Path) -> RecordList | None:
     out = RecordList()
     try:
         load_store(folder, out)
-    except Exception as err:  # a torn or foreign store: read the file instead
+    except (OSError, MemoryError) as err:  # the system, not the store: read the file this time, keep the store
+        logger.warning("record store %s cannot be loaded now (%s: %s); reading the file", folder,
+                       type(err).__name__, err)  # fmt: skip
+        return None
+    except Exception as err:  # a torn or foreign store: read the file instead, and write the store again
         logger.warning("record store %s cannot be read (%s: %s); reading the file again", folder,
                        type(err).__name__, err)  # fmt: skip
         remove_store(folder)
