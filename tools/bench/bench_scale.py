@@ -11,7 +11,8 @@ RSS counts the pages of memory-mapped embedding shards the stage touched, which 
 * ``pcst``: :meth:`PCSTRetriever.retrieve_record <kglightning.retrieval.PCSTRetriever.retrieve_record>` per question;
 * ``detector``: the detector's data path, records to batched graphs (``build_detection_graph``, then per batch of 32
   what ``DetectionDataModule.collate`` does: ``Batch.from_data_list``, the text-embedding lookup, the edge types);
-* ``uag``: :func:`~kglightning.conformal.uag.scores.score_questions` (UAG's candidate scores, 3 hops);
+* ``uag``: :func:`~kglightning.conformal.uag.scores.score_questions` (UAG's candidate scores, 3 hops; with
+  ``BENCH_UAG_QUESTIONS=n``, of the first ``n`` questions of all those read), and the size of the scores it keeps;
 * ``embed``: every text of each question looked up in :class:`~kglightning.data.embeddings.EmbeddingCache`.
 
 The stages after ``index`` read a warm embedding cache (``warm`` fills it first, untimed in the table). The text
@@ -208,7 +209,9 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
         elif stage == "uag":
             from kglightning.conformal.uag.scores import score_questions
 
-            score_questions(records, emb, max_hops=3, progress=False)
+            n = int(os.environ.get("BENCH_UAG_QUESTIONS", "0")) or len(records)  # score the first n (all read)
+            pool = score_questions(records[:n], emb, max_hops=3, progress=False)
+            extra.update(scored=len(pool), pool_mib=round(_pool_bytes(pool) / 2**20, 1))
         elif stage == "embed":
             from kglightning.datamodules.detection_graphs import node_texts
 
@@ -221,6 +224,16 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
     else:
         raise ValueError(f"unknown stage {stage!r}")
     return _result(stage, records, triples, time.perf_counter() - t0, base, after_read)
+
+
+def _pool_bytes(pool) -> int:
+    """The bytes of UAG's scores (arrays, and 8 per list entry), the part of the pool that grows with questions."""
+    total = 0
+    for s in pool:
+        paths = getattr(s.paths, "rows", None)
+        total += paths.nbytes if paths is not None else 80 * len(s.paths)  # older code: a tuple per path
+        total += 8 * len(s.entities) + sum(t.nbytes for t in (s.expand, s.path_score, s.incidence, s.evaluator, s.gold))
+    return total
 
 
 def _result(stage, records, triples, seconds, base, after_read, **extra) -> dict:
