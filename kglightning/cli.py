@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,14 @@ def default_t_max(config: Any) -> None:
 class KGLightningCLI(LightningCLI):
     """LightningCLI with kglightning's links between data and model, ``--version`` and the extra subcommands in
     the top-level help."""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """As LightningCLI parses, less its warning for ``args`` given while ``sys.argv`` has arguments: ``seeds``,
+        ``compare-proxies`` and in-process calls pass ``args`` on purpose, and that warning prints every argument,
+        an API key given as a value among them."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            super().parse_arguments(parser, args)
 
     def setup_parser(
         self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]

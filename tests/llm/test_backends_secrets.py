@@ -8,7 +8,9 @@ files: the CLI tests grep every file a run writes, its stdout/stderr and its log
 from __future__ import annotations
 
 import logging
+import sys
 import traceback
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -183,8 +185,11 @@ def test_cli_refuses_a_key_given_as_a_value_without_echo(server, where, monkeypa
         args = ["--config", _config(run, server), "--model.init_args.reasoner.init_args.api_key", KEY]
     else:
         args = ["--config", _config(run, server, api_key=KEY)]
-    with pytest.raises((SystemExit, ValueError)) as exc:
+    monkeypatch.setattr(sys, "argv", ["kglightning", "seeds", *args])  # as when a subcommand passes args itself
+    with pytest.raises((SystemExit, ValueError)) as exc, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         main(["predict", *args])
+    assert not [w for w in caught if KEY in str(w.message)]  # LightningCLI's warning would print every argument
     refused = capfd.readouterr()
     trace = "".join(traceback.format_exception(exc.value))
     message = refused.out + refused.err + trace
