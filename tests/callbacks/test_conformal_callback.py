@@ -122,6 +122,7 @@ def test_checkpoint_reload_restores_qhat_and_predict_emits_sets(fitted, tmp_path
                 assert ("hallucinated" in labels) == (1 - prob <= cb.qhat)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("writer_first", [True, False], ids=["writer-first", "conformal-first"])
 def test_sets_reach_the_writer_whatever_the_callback_order(fitted, tmp_path, writer_first):
     """A prediction writer listed before the callback (as ``--trainer.callbacks+=`` puts it) still writes the sets."""

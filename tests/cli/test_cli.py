@@ -43,6 +43,7 @@ def test_every_config_is_covered():
     assert runnable == set(CONFIGS), "add new configs to CONFIGS so --print_config is tested"
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_print_config_roundtrip(name, tmp_path):
     sub = CONFIGS[name]
@@ -95,6 +96,7 @@ def test_pcst_fragment_parses_on_top_of_every_method(name):
     assert sub["init_args"]["retriever"]["init_args"]["topk_e"] == 5
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", ["detector.yaml", "detector_kaping.yaml"])
 def test_paper_budget_fragment_parses_on_top_of_detectors(name):
     assert {p.name for p in (ROOT / "configs/detector").glob("*.yaml")} == {"paper_budget.yaml", "endpoint.yaml"}, (
@@ -108,6 +110,7 @@ def test_paper_budget_fragment_parses_on_top_of_detectors(name):
     assert stop["init_args"]["patience"] == 50
 
 
+@pytest.mark.heavy
 def test_endpoint_fragment_sends_every_llm_to_the_endpoint():
     printed = _print_config("fit", "--config", str(ROOT / "configs/detector_kaping.yaml"), "--config",
                             str(ROOT / "configs/detector/endpoint.yaml"))  # fmt: skip
@@ -129,6 +132,7 @@ def test_endpoint_fragment_sends_every_llm_to_the_endpoint():
     assert answerer["constrained"] is False and answerer["grounder"]["init_args"]["min_similarity"] == 0.85
 
 
+@pytest.mark.heavy
 def test_wandb_fragment_and_sweep_parameters_parse():
     base = ["fit", "--config", str(ROOT / "configs/detector.yaml")]
     printed = _print_config(*base, "--config", str(ROOT / "configs/logger/wandb.yaml"))
@@ -179,6 +183,7 @@ def test_t_max_defaults_to_max_epochs_and_a_set_value_is_kept(t_max, max_epochs,
     assert ("differs" in capsys.readouterr().err) == (t_max is not None and max_epochs is not None)
 
 
+@pytest.mark.heavy
 def test_a_config_s_t_max_reaches_the_scheduler(tmp_path, monkeypatch):
     import torch
 

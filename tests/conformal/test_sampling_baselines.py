@@ -113,6 +113,7 @@ def test_clm_abstains_when_no_configuration_is_certified():
     assert clm.member(never[0]) == {"x", "y"}
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("alpha", [0.2, 0.3])
 def test_clm_coverage_over_seeded_splits(alpha):
     covered, total, abstained, sizes = 0, 0, 0, []

@@ -119,6 +119,7 @@ def test_unreachable_gold_gives_infinite_component_scores(cache):
     assert score_question(_record(q_entity=["Atlantis"]), cache).entities == []
 
 
+@pytest.mark.heavy
 def test_traversal_gives_the_grid_sets(cache, embedded_records):
     scores = score_questions(embedded_records, cache, max_hops=3, progress=False)
     trav = UAGTraversal(cache, max_hops=3)
@@ -143,6 +144,7 @@ def test_traversal_gives_the_grid_sets(cache, embedded_records):
         }
 
 
+@pytest.mark.heavy
 def test_grid_outcomes_match_per_configuration_sets(cache, embedded_records):
     scores = score_questions(embedded_records[:20], cache, max_hops=2, progress=False)
     t1, t2, t3 = torch.tensor([0.5, INF]), torch.tensor([0.8, 1.0, INF]), torch.tensor([0.9, INF])
@@ -222,6 +224,7 @@ def test_controller_selects_the_smallest_valid_configuration():
     assert low.summary()["abstained"] is True and "selected" not in low.summary()
 
 
+@pytest.mark.heavy
 def test_uag_coverage_holds_over_random_splits():
     data = _synthetic(1500, seed=1)
     alpha, trials, low = 0.25, 25, 0
@@ -234,6 +237,7 @@ def test_uag_coverage_holds_over_random_splits():
     assert low <= 0.1 * trials + 2  # LTT: P(risk > alpha) <= delta
 
 
+@pytest.mark.heavy
 def test_paper_grid_keeps_every_component_on_and_still_covers():
     assert paper_alpha_grid(0.3).tolist() == [0.3, 0.6, 0.9] and paper_alpha_grid(0.1).tolist()[-1] == 1.0
     th = component_thresholds(torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 1.0]))
@@ -267,6 +271,7 @@ def test_evaluator_usage_counts_levels_that_keep_alpha3():
     assert use["alpha3_positive"] == len(kept) == use["filtering"]
 
 
+@pytest.mark.heavy
 def test_split_cp_and_top_k():
     pool, test = _synthetic(800, seed=2), _synthetic(2000, seed=3)
     cp = SplitCP().fit(pool, 0.2)
@@ -327,6 +332,7 @@ class BatchDependentEncoder(HashEncoder):
         return out / out.norm(dim=1, keepdim=True)
 
 
+@pytest.mark.heavy
 def test_texts_of_one_question_are_not_stored_and_paths_are_label_ids(tmp_path, embedded_records):
     from kglightning.conformal.uag.scores import _scratch_texts, _texts, _walks
     from kglightning.data.kg import KGIndex
@@ -356,6 +362,7 @@ def test_texts_of_one_question_are_not_stored_and_paths_are_label_ids(tmp_path, 
         assert torch.equal(one.expand, s.expand) and torch.equal(one.evaluator, s.evaluator)
 
 
+@pytest.mark.heavy
 def test_traversal_reads_the_step_rows_the_grid_read(embedded_records):
     from kglightning.data.embeddings import TransientEmbeddings
 
@@ -374,6 +381,7 @@ def test_traversal_reads_the_step_rows_the_grid_read(embedded_records):
     assert checked > 10
 
 
+@pytest.mark.heavy
 def test_a_question_scores_the_same_in_any_chunk_and_stored_texts_serve_reruns(tmp_path, embedded_records):
     recs = embedded_records[:12]
     shared = EmbeddingCache(BatchDependentEncoder(), None)

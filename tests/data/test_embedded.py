@@ -115,6 +115,7 @@ def test_data_quality_notes(kg):
     assert "Burundi" not in {kg.names[i] for i in kg.follow([kg.index["Gitega"]], ["~location.country.capital"])}
 
 
+@pytest.mark.heavy
 def test_question_pool(kg, questions):
     assert len(questions) >= 5000
     assert len({q.qid for q in questions}) == len(questions) == len({q.text for q in questions})
@@ -126,6 +127,7 @@ def test_question_pool(kg, questions):
     assert [(q.qid, q.answers) for q in again] == [(q.qid, q.answers) for q in questions]
 
 
+@pytest.mark.heavy
 def test_subset_build_is_deterministic_and_atomic(tmp_path, monkeypatch):
     a = _small_build(monkeypatch, tmp_path / "a", seed=0)
     b = _small_build(monkeypatch, tmp_path / "b", seed=0)
@@ -143,6 +145,7 @@ def test_subset_build_is_deterministic_and_atomic(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"]  # no half-written cache, no temp folder
 
 
+@pytest.mark.heavy
 def test_build_does_not_depend_on_the_number_of_workers(tmp_path, monkeypatch):
     one = _small_build(monkeypatch, tmp_path / "one", seed=0, n=600, workers=1)
     two = _small_build(monkeypatch, tmp_path / "two", seed=0, n=600, workers=2)  # 3 chunks over 2 processes
@@ -172,6 +175,7 @@ def test_ensure_builds_once_into_versioned_folder(tmp_path, monkeypatch, caplog)
 # ------------------------------------------------------------------------------------------ the full build
 
 
+@pytest.mark.heavy
 def test_records_validate_and_carry_extras(bench):
     paths, records, manifest = bench
     ids = set()
@@ -222,6 +226,7 @@ def test_gold_answers_are_exactly_what_the_kg_says(bench, kg):
         assert sorted(kg.names[n] for n in reached) == sorted(r["answer"]), r["question"]
 
 
+@pytest.mark.heavy
 def test_subgraphs_are_real_directed_triples_with_distractors(bench, kg):
     real = {kg.triple(t) for t in range(kg.num_triples)}
     sizes = []

@@ -76,6 +76,7 @@ def test_gold_target_from_mined_evidence_and_constraint_items():
     assert EvidenceReward()([text], gold_evidence=[[target]])[0] == pytest.approx(squash(0.85 * (2 / 3) + 0.15))
 
 
+@pytest.mark.heavy
 def test_one_grpo_step_in_trl(tiny_chat_model_dir, tmp_path, single_torch_thread):
     """The same reward runs inside one real trl.GRPOTrainer step on a tiny local model (no download, CPU).
 

@@ -226,6 +226,7 @@ def test_retry_after_parsing():
     assert parse("-1") == 0.0 and parse("nan") is None and parse("x" * 10_000) is None
 
 
+@pytest.mark.heavy
 def test_many_retries_do_not_overflow_the_backoff(serve):
     srv = serve(lambda req: Reply(500, body=b"down"))
     b = backend(srv.url, max_retries=1100, backoff_s=0.0)

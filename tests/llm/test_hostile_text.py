@@ -125,6 +125,7 @@ _json = st.recursive(
 )
 
 
+@pytest.mark.heavy
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_json)
 def test_a_chat_completion_body_parses_or_raises_a_response_error(payload):

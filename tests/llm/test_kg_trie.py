@@ -231,6 +231,7 @@ def test_dead_end_in_body_forces_close(tok, tries):
     assert _allowed(proc, tok, "Q: x\n<PATH confidence=", gen) == {close[0]} and proc.dead_ends == 1
 
 
+@pytest.mark.heavy
 def test_prompt_ending_with_open_tag_continues_in_trie(tok, tries, proxy):
     proc = KGTrieLogitsProcessor(tries[0])
     after_gt = tries[0].root.children[tok.convert_tokens_to_ids(">")]
@@ -362,6 +363,7 @@ def test_path_validity_counts(kgs):
     assert v.invalid_rate == 0.5 and PathValidity().invalid_rate != PathValidity().invalid_rate  # nan
 
 
+@pytest.mark.heavy
 def test_smollm2_sft_targets_walk_the_after_trie(kgs):
     """SmolLM2's BPE merges '><': without the space before <CONFIDENCE>, the trained tokens would leave the trie."""
     from kglightning.llm.backends.local_hf import BUNDLED_SMOLLM2, load_tokenizer

@@ -18,6 +18,7 @@ def _worker_module():
     return importlib.import_module("_ddp_worker")
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(120)
 def test_ddp_two_processes_equal_single_process(tmp_path):
     w = _worker_module()

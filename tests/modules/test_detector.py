@@ -51,6 +51,7 @@ def _trainer(tmp_path, epochs):
     )
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("encoder", [GraphTransformerEncoder, GATEncoder])
 def test_fit_lowers_loss_and_changes_parameters(encoder, detection_dir, tiny_encoder_dir, tmp_path):
     dm = _fit_ready(detection_dir, tiny_encoder_dir, tmp_path)
@@ -69,6 +70,7 @@ def test_fit_lowers_loss_and_changes_parameters(encoder, detection_dir, tiny_enc
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+@pytest.mark.heavy
 def test_threshold_tuned_on_validation_and_kept_in_checkpoint(detection_dir, tiny_encoder_dir, tmp_path):
     L.seed_everything(0)
     dm = _datamodule(detection_dir, tiny_encoder_dir, tmp_path)
@@ -136,6 +138,7 @@ def test_the_tuned_f1_is_the_logged_f1_and_ties_are_flagged():
     assert float(saturated["recall"]) == 1.0 and float(saturated["precision"]) == 0.5
 
 
+@pytest.mark.heavy
 def test_bootstrap_threshold_holds_up_on_small_validation_sets():
     # 30 validation sets of 60 nodes (20% hallucinated, overlapping scores), each threshold applied to one large test
     # set of the same distribution: the bootstrap median gives a higher and steadier test F1 than the plain best-F1
@@ -207,6 +210,7 @@ def test_detection_loss_hand_computed():
         HallucinationDetector(focal_gamma=-1.0)
 
 
+@pytest.mark.heavy
 def test_weighted_focal_fit_lowers_its_loss(detection_dir, tiny_encoder_dir, tmp_path):
     from kglightning.modules.detector import detection_loss
 
@@ -251,6 +255,7 @@ def test_answer_path_features(detection_dir, tiny_encoder_dir, tmp_path):
     "ablation",
     [{"marks": False}, {"question_node": False}, {"edge_text": False}, {"inputs": "graph"}, {"inputs": "question"}],
 )
+@pytest.mark.heavy
 def test_ablations_train_and_reload(ablation, detection_dir, tiny_encoder_dir, tmp_path):
     dm = _fit_ready(detection_dir, tiny_encoder_dir, tmp_path)
     model = HallucinationDetector(text_dim=dm.text_dim, encoder=partial(GraphTransformerEncoder, hidden_channels=32,
@@ -275,6 +280,7 @@ def test_ablations_train_and_reload(ablation, detection_dir, tiny_encoder_dir, t
         assert torch.allclose(again(batch), model(batch))
 
 
+@pytest.mark.heavy
 def test_no_hook_makes_a_tensor_on_the_default_device(detection_dir, tiny_encoder_dir, tmp_path):
     """fit (sanity check, threshold tuning, conformal calibration), test (with the baselines) and predict under the
     device trap: a metric or tensor built on the default device inside a hook would be refused on a GPU."""

@@ -106,6 +106,7 @@ def test_a_batch_with_one_kind_of_answer_still_uses_both_models(datamodule):
         assert all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.heavy
 def test_the_test_table_reports_grounded_and_all_answers(datamodule, tmp_path):
     model = _model(datamodule)
     trainer = L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -160,6 +161,7 @@ def test_a_test_batch_of_ungrounded_answers_only_and_an_old_checkpoint(datamodul
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
+@pytest.mark.heavy
 def test_best_offset_maximises_f1_over_every_answer():
     from kglightning.metrics.classification import detection_scores
     from kglightning.modules.detector_scores import best_offset
@@ -179,6 +181,7 @@ def test_best_offset_maximises_f1_over_every_answer():
     assert best_offset(g_probs >= thr, g_target, loose[:0], loose_target[:0], thr) == 0.0
 
 
+@pytest.mark.heavy
 def test_the_ungrounded_offset_is_tuned_saved_and_used_by_predictions(datamodule, tmp_path):
     model = _model(datamodule)
     trainer = L.Trainer(max_epochs=3, logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -205,6 +208,7 @@ def test_the_ungrounded_offset_is_tuned_saved_and_used_by_predictions(datamodule
     assert float(frozen.ungrounded_offset) == 0.0
 
 
+@pytest.mark.heavy
 def test_joint_thresholds_maximise_f1_over_every_answer():
     from kglightning.metrics.classification import detection_scores
     from kglightning.modules.detector_scores import best_joint_thresholds

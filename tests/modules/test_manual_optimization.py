@@ -76,6 +76,7 @@ class Linear(ProxyGRPO):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 2}}
 
 
+@pytest.mark.heavy
 def test_schedulers_step_at_their_interval_and_plateau_reads_its_metric(tiny_chat_model_dir, tmp_path):
     module = _module(tiny_chat_model_dir, Linear)
     _trainer(tmp_path, max_epochs=2, limit_val_batches=0).fit(module, _loader(module, 3))

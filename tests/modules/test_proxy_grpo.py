@@ -50,6 +50,7 @@ class FirstToken:
         return [float(bool(ids) and ids[0] == self.token) for ids in completion_ids]
 
 
+@pytest.mark.heavy
 def test_grpo_raises_the_expected_reward_on_a_toy_task_and_trains_only_the_adapter(tiny_chat_model_dir, tmp_path):
     L.seed_everything(0)
     module = ProxyGRPO(
@@ -81,6 +82,7 @@ def _completion_batch(module: ProxyGRPO) -> tuple[torch.Tensor, torch.Tensor, in
     return ids, torch.ones_like(ids), 6
 
 
+@pytest.mark.heavy
 def test_kl_to_the_sft_reference_is_zero_at_the_start_and_the_reference_stays_frozen(
     tiny_chat_model_dir, tiny_sft_adapter, capitals_dir, tmp_path
 ):
@@ -261,6 +263,7 @@ def test_logged_statistics_follow_trl(tiny_chat_model_dir):
     assert "kl" not in module.grpo_step({}, backward=lambda loss: None)[1].reduce()
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(600)
 def test_two_processes_give_the_global_statistics_and_gradients_of_one(tiny_chat_model_dir, tmp_path):
     """TRL's semantics under DDP: ``scale_rewards="batch"`` divides by the std of every process's rewards, ``dapo``
@@ -271,6 +274,7 @@ def test_two_processes_give_the_global_statistics_and_gradients_of_one(tiny_chat
     mp.spawn(w.stats_worker, args=(2, str(tmp_path / "init"), tiny_chat_model_dir, expected), nprocs=2, join=True)
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(600)
 def test_an_empty_batch_on_one_process_neither_hangs_nor_splits_ddp(tiny_chat_model_dir, tmp_path):
     import socket

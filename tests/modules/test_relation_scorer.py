@@ -78,6 +78,7 @@ def fitted(tiny_encoder_dir, tmp_path_factory):
     return module, trainer, before, loss_before, full, export_dir
 
 
+@pytest.mark.heavy
 def test_fit_lowers_the_loss_and_changes_the_weights(fitted):
     module, trainer, before, loss_before, full, _ = fitted
     assert _mse(module, full) < 0.5 * loss_before

@@ -145,6 +145,7 @@ def _walkable(rows: Sequence[dict], records: Sequence[KGQARecord]) -> bool:
     return True
 
 
+@pytest.mark.heavy
 def test_predict_with_tiny_models_writes_the_comparison(
     tiny_proxy, tiny_chat_model_dir, detection_records, tmp_path, single_torch_thread
 ):
@@ -239,6 +240,7 @@ def test_doublycal_config_runs_through_the_cli(tiny_proxy, tiny_chat_model_dir, 
     }
 
 
+@pytest.mark.heavy
 def test_write_comparison_scores_each_variant_exactly(tmp_path):
     from kglightning.pipelines.report import write_comparison
 

@@ -39,6 +39,7 @@ def _run(backend, passages_dir, tmp_path, **kwargs):
     return sgic, {r["id"]: r for r in rows}
 
 
+@pytest.mark.heavy
 def test_rounds_scores_and_minimum_uncertainty_selection(Scripted, passages_dir, tmp_path):
     backend = Scripted()
     sgic, rows = _run(backend, passages_dir, tmp_path, samples=2)
@@ -129,6 +130,7 @@ def test_kg_documents_from_records(capitals_dir, tiny_encoder_dir, tmp_path):
         SGICDataModule(source="passages")
 
 
+@pytest.mark.heavy
 def test_sgic_config_runs_through_the_cli(tiny_chat_model_dir, passages_dir, tmp_path):
     args = [
         sys.executable, "-m", "kglightning", "predict", "--config", str(ROOT / "configs/sgic.yaml"),

@@ -20,6 +20,10 @@ from kglightning.pipelines import UAGReasoner
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# every test here reads the module's embedded-benchmark build (seconds): the module is left out of the quick loop
+pytestmark = pytest.mark.heavy
+
+
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("uag_bench")
@@ -42,6 +46,7 @@ def _run(tmp_path, bench_dir, tiny_encoder_dir, **kw) -> tuple[UAGReasoner, KGQA
     return model, data
 
 
+@pytest.mark.heavy
 def test_predict_writes_sets_selection_and_sweep(tmp_path, bench_dir, tiny_encoder_dir):
     model, data = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, sweep_alphas=[0.3, 0.5])
     out = tmp_path / "out"
@@ -78,6 +83,7 @@ def test_predict_writes_sets_selection_and_sweep(tmp_path, bench_dir, tiny_encod
     assert {p for p in out.rglob("*") if p.is_file()} == {out / "ltt.json"}
 
 
+@pytest.mark.heavy
 def test_unreachable_alpha_abstains_with_the_full_pool(tmp_path, bench_dir, tiny_encoder_dir):
     model, _ = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.01)
     assert model.selections[0.01].abstained
@@ -130,6 +136,7 @@ def test_cli_predict_with_alpha_flag(devices, bench_dir, tiny_encoder_dir, tmp_p
     assert (folder / "sweep.md").exists() and (folder / "coverage_vs_alpha.png").exists()
 
 
+@pytest.mark.heavy
 def test_llm_evaluator_with_a_local_model(tmp_path, bench_dir, tiny_encoder_dir, tiny_chat_model_dir):
     """Eq. 6 with a (tiny, random) local chat model: one call per question, answers cached, a rerun reads them."""
     from kglightning.conformal.uag.evaluator import LLMEvaluator
@@ -186,6 +193,7 @@ def _unfitted(tmp_path, tiny_encoder_dir, grid_step: float, out: str) -> UAGReas
     )
 
 
+@pytest.mark.heavy
 def test_fitted_selections_live_in_the_state_dict(tmp_path, bench_dir, tiny_encoder_dir, monkeypatch):
     """A checkpoint saved after predict reproduces the sets in a fresh module without calibrating again."""
     model, data = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, sweep_alphas=[0.3])
