@@ -11,16 +11,20 @@ pages=("$@")
 browser="$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)"
 [ -n "$browser" ] || { echo "no chromium found (Debian: apt-get install chromium)" >&2; exit 1; }
 site="$(mktemp -d)"
+server=""
+trap '[ -z "$server" ] || kill "$server" 2>/dev/null; rm -rf "$site"' EXIT
 NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --site-dir "$site" >/dev/null
 port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 python -m http.server "$port" --bind 127.0.0.1 --directory "$site" >/dev/null 2>&1 &
 server=$!
-trap 'kill $server 2>/dev/null; rm -rf "$site"' EXIT
 sleep 1
 mkdir -p "$out"
 for page in "${pages[@]}"; do
     name="$(echo "${page:-home}" | tr '/' '_' | sed 's/_$//')"
-    timeout 120 "$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,1600 \
-        --screenshot="$out/$name.png" "http://127.0.0.1:$port/$page" >/dev/null 2>&1
-    echo "$out/$name.png"
+    if timeout 120 "$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,1600 \
+        --screenshot="$out/$name.png" "http://127.0.0.1:$port/$page" >/dev/null 2>&1; then
+        echo "$out/$name.png"
+    else
+        echo "screenshot failed: /$page" >&2
+    fi
 done
