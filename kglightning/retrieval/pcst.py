@@ -177,7 +177,7 @@ class PCSTRetriever(UsesEmbeddings):
         edges, nodes = pcst_cut(
             np.stack([heads, tails]),
             emb.embed(names).float(),
-            rel_emb[torch.from_numpy(rels)],
+            rel_emb[torch.from_numpy(np.array(rels, dtype=np.int64))],  # a copy: the cached index is read-only
             emb.embed([question]).float(),
             self.topk,
             self.topk_e,
