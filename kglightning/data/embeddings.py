@@ -366,11 +366,12 @@ class TransientEmbeddings:
         texts = list(texts)
         self.add(texts)
         out = torch.empty(len(texts), self.cache.dim, dtype=torch.float32)
-        mine = [i for i, t in enumerate(texts) if t in self._index]
+        rows = [self._index.get(t) for t in texts]
+        mine = [i for i, row in enumerate(rows) if row is not None]
         if mine:
-            out[mine] = self._table.rows([self._index[texts[i]] for i in mine])
+            out[mine] = self._table.rows([rows[i] for i in mine])
         if len(mine) < len(texts):
-            cached = [i for i, t in enumerate(texts) if t not in self._index]
+            cached = [i for i, row in enumerate(rows) if row is None]
             out[cached] = self.cache.rows(self.cache.ids(texts[i] for i in cached))
         return out
 

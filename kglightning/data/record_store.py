@@ -12,9 +12,10 @@ jsonl, takes about 20 minutes on 2 cores) and its graphs are most of the memory 
   skipped and counted.
 
 Later reads of the same file (same path, inode, size, modification and change times, same ``split``,
-``on_bad_record`` and ``limit``, same kglightning version) load that folder instead: the graphs are views of a memory map (:class:`~kglightning.data.triple_array.
-TripleArray` over ``numpy.load(mmap_mode="r")``), so a question's triples are read from disk when a DataModule or
-a stage first looks at them and can be paged out again. ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
+``on_bad_record`` and ``limit``, same kglightning version) load that folder instead: the graphs are views of a
+memory map (:class:`~kglightning.data.triple_array.TripleArray` over ``numpy.load(mmap_mode="r")``), so a
+question's triples are read from disk when a DataModule or a stage first looks at them and can be paged out again.
+``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
 """
 
 from __future__ import annotations
