@@ -34,9 +34,10 @@ def _expand(kg: KGIndex, ids: np.ndarray, allowed: np.ndarray | None, banned: np
     n = max(kg.num_entities, 1)
     key = np.unique(lab[pos] * n + dst[pos])
     ls, ds = key // n, key % n
-    bounds = np.flatnonzero(ls[1:] != ls[:-1]) + 1
-    for chunk_l, chunk_d in zip(np.split(ls, bounds), np.split(ds, bounds)):
-        yield int(chunk_l[0]), chunk_d
+    starts = np.flatnonzero(np.concatenate(([True], ls[1:] != ls[:-1])))
+    ends = [*starts[1:].tolist(), ls.size]
+    for label, a, b in zip(ls[starts].tolist(), starts.tolist(), ends):  # slices: np.split costs more per group
+        yield label, ds[a:b]
 
 
 def relation_paths(
@@ -68,7 +69,8 @@ def relation_paths(
     banned = np.zeros(kg.num_entities, dtype=bool)
     banned[start_ids] = True
     walks = islice(_walk(kg, start_ids, max_hops, banned), max_paths)
-    return {p: {kg._entities[i] for i in ids.tolist()} for p, ids in walks}
+    name = kg._entities.__getitem__
+    return {p: set(map(name, ids.tolist())) for p, ids in walks}
 
 
 def topic_relation_paths(

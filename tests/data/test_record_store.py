@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -143,3 +144,43 @@ def test_a_same_size_edit_that_keeps_the_modification_time_is_seen(store_env):
     store_env.write_text(store_env.read_text().replace("question 1?", "question 9?"), encoding="utf-8")
     os.utime(store_env, ns=(st.st_atime_ns, st.st_mtime_ns))  # as cp -p or rsync -t leave it
     assert read_records(store_env, on_bad_record="skip")[1].question == "question 9?"
+
+
+def test_concurrent_first_reads_parse_the_file_once(store_env, monkeypatch, caplog):
+    """Two readers of a new large file at once (DDP ranks): one parses it and writes the store, the other waits on
+    the store's lock and loads what the first wrote."""
+    from kglightning.data.sources import loaders
+
+    parses, waiting = [], threading.Event()
+    real = loaders._read
+
+    def slow_read(*args, **kwargs):
+        parses.append(threading.current_thread().name)
+        waiting.wait(timeout=30)  # hold the lock until the other reader is seen waiting for it
+        return real(*args, **kwargs)
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            if "waiting for its record store" in record.getMessage():
+                waiting.set()
+
+    monkeypatch.setattr(loaders, "_read", slow_read)
+    caplog.set_level(logging.INFO, logger=loaders.logger.name)
+    seen = Seen()
+    loaders.logger.addHandler(seen)
+    out: dict = {}
+    try:
+        threads = [
+            threading.Thread(target=lambda k=k: out.__setitem__(k, read_records(store_env, on_bad_record="skip")))
+            for k in ("rank0", "rank1")
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        loaders.logger.removeHandler(seen)
+    assert waiting.is_set() and len(parses) == 1
+    assert list(out["rank0"]) == list(out["rank1"]) and len(out["rank0"]) == 6
+    loaded = [k for k in out if _mapped(out[k])]
+    assert loaded and parses[0] not in loaded  # the waiting reader loaded the store the parsing one wrote

@@ -59,15 +59,13 @@ class PathTable:
     def rows(self, paths: Sequence[Path]) -> np.ndarray:
         """``(len(paths), longest)`` label ids, ``-1`` past a path's end; ``int16`` while the labels fit."""
         width = max((len(p) for p in paths), default=0)
-        out = np.full((len(paths), width), -1, dtype=np.int64)
-        for i, path in enumerate(paths):
-            for j, label in enumerate(path):
-                k = self._ids.get(label)
-                if k is None:
-                    k = self._ids[label] = len(self.labels)
-                    self.labels.append(label)
-                out[i, j] = k
-        return out.astype(np.int16 if len(self.labels) < 2**15 else np.int32)
+        for label in dict.fromkeys(label for path in paths for label in path):  # new labels, in order of appearance
+            if label not in self._ids:
+                self._ids[label] = len(self.labels)
+                self.labels.append(label)
+        ids, pad = self._ids, (-1,) * width
+        out = np.array([(*(ids[x] for x in path), *pad[len(path) :]) for path in paths], dtype=np.int64)
+        return out.reshape(len(paths), width).astype(np.int16 if len(self.labels) < 2**15 else np.int32)
 
 
 class PathList(Sequence[Path]):
