@@ -181,7 +181,9 @@ class EmbeddingCache:
         if self.folder is None or not self.folder.is_dir():
             return 0
         before = len(self._index)
-        fresh = [shard for shard in sorted(self.folder.glob("shard-*.pt")) if shard.name not in self._shards]
+        with os.scandir(self.folder) as entries:  # names only, known ones dropped before sorting: every add() looks
+            names = [e.name for e in entries if e.name.startswith("shard-") and e.name.endswith(".pt")]
+        fresh = [self.folder / name for name in sorted(n for n in names if n not in self._shards)]
         for lo in range(0, len(fresh), _SHARDS_AT_ONCE):  # bounded: each open shard is a memory map
             self._load(fresh[lo : lo + _SHARDS_AT_ONCE], last=lo + _SHARDS_AT_ONCE >= len(fresh))
         return len(self._index) - before

@@ -122,3 +122,14 @@ def test_transient_embeddings_read_the_cache_encode_the_rest_and_store_nothing(t
     assert len(scratch) == 3 and len(cache) == 2 and "new one" in scratch and "new one" not in cache
     assert sorted(p.name for p in (tmp_path / "enc").iterdir()) == files  # nothing written
     assert scratch.embed([]).shape == (0, 4)
+
+
+def test_a_cache_picks_up_the_shards_another_cache_wrote_and_nothing_else(tmp_path):
+    mine, other = EmbeddingCache(_Enc(1.0), tmp_path), EmbeddingCache(_Enc(2.0), tmp_path)
+    other.add(["a", "b"])
+    folder = tmp_path / "enc"
+    (folder / ".shard-x.pt.123.tmp").write_bytes(b"half written")  # another process's write in progress
+    (folder / "notes.txt").write_text("not a shard")
+    assert mine.add(["b", "c"]) == 1  # "b" came from the other cache's shard, only "c" was encoded here
+    assert mine.embed(["a", "b", "c"])[:, 0].tolist() == [2.0, 2.0, 1.0]
+    assert mine.refresh() == 0 and sorted(p.name for p in folder.glob("shard-*.pt")) == sorted(mine._shards)
