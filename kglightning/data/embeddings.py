@@ -173,6 +173,7 @@ class EmbeddingCache:
         self._index: dict[str, int] = {}
         self._table = RowTable()
         self._shards: set[str] = set()
+        self._unlisted = False
         self.refresh()
 
     def refresh(self) -> int:
@@ -181,8 +182,18 @@ class EmbeddingCache:
         if self.folder is None or not self.folder.is_dir():
             return 0
         before = len(self._index)
-        with os.scandir(self.folder) as entries:  # names only, known ones dropped before sorting: every add() looks
-            names = [e.name for e in entries if e.name.startswith("shard-") and e.name.endswith(".pt")]
+        try:  # names only, known ones dropped before sorting: every add() looks
+            with os.scandir(self.folder) as entries:
+                names = [e.name for e in entries if e.name.startswith("shard-") and e.name.endswith(".pt")]
+        except FileNotFoundError:  # removed since is_dir()
+            return 0
+        except PermissionError as err:  # a folder that cannot be listed: its shards are not read (said once)
+            if not self._unlisted:
+                self._unlisted = True
+                log.warning(
+                    "embedding cache folder %s cannot be listed (%s); its shards are not read", self.folder, err
+                )
+            return 0
         fresh = [self.folder / name for name in sorted(n for n in names if n not in self._shards)]
         for lo in range(0, len(fresh), _SHARDS_AT_ONCE):  # bounded: each open shard is a memory map
             self._load(fresh[lo : lo + _SHARDS_AT_ONCE], last=lo + _SHARDS_AT_ONCE >= len(fresh))

@@ -16,6 +16,13 @@ Later reads of the same file (same path, inode, size, modification and change ti
 memory map (:class:`~kglightning.data.triple_array.TripleArray` over ``numpy.load(mmap_mode="r")``), so a
 question's triples are read from disk when a DataModule or a stage first looks at them and can be paged out again.
 ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
+
+When several processes read a new file at once (DDP ranks, a job array), :func:`first_reader` lets one parse it and
+write the store while the others wait on ``<key>.lock`` and then load the store: the file is parsed once. A store
+that exists is loaded without the lock. The wait is bounded (``KGLIGHTNING_RECORD_STORE_WAIT_S``, default 7200 s;
+a WARNING every 10 minutes names the lock file); past it, or when no lock can be taken (a read-only cache, a file
+system without locks), or when the process that held the lock wrote no store (a full disk, a bad record), a process
+parses the file on its own, as without the lock.
 """
 
 from __future__ import annotations
@@ -27,16 +34,19 @@ import logging
 import os
 import pickle
 import shutil
+import time
+from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from kglightning.data.cache import default_cache_root
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.triple_array import TripleArray, Vocab
 
-__all__ = ["load_store", "remove_store", "save_store", "store_folder"]
+__all__ = ["first_reader", "load_store", "remove_store", "save_store", "store_folder"]
 
 log = logging.getLogger(__name__)
 
@@ -141,3 +151,57 @@ def remove_store(folder: Path) -> None:
     """Delete a store that could not be read (it is written again by the next read)."""
     with contextlib.suppress(OSError):
         shutil.rmtree(folder)
+
+
+def _wait_limit() -> float:
+    value = os.environ.get("KGLIGHTNING_RECORD_STORE_WAIT_S", "7200").strip()
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"KGLIGHTNING_RECORD_STORE_WAIT_S={value!r}: expected a number of seconds") from None
+
+
+@contextlib.contextmanager
+def first_reader(folder: Path, source: str | os.PathLike) -> Iterator[str]:
+    """Take the lock of ``folder``'s store for a process about to read ``source`` (see the module docstring).
+
+    Yields ``"first"`` when this process holds the lock without having waited (it parses and writes the store, the
+    lock held until the block ends), ``"waited"`` when it held it after another process had it (the block looks for
+    the store that process wrote; the lock is released before the block runs, so that processes that find none
+    parse at the same time, not one after another), or ``"unlocked"`` (no lock: the wait ran out, or none could be
+    taken).
+    """
+    lock = FileLock(str(folder.with_name(folder.name + ".lock")))
+    limit, start, warned = _wait_limit(), time.monotonic(), 0.0
+    state = "first"
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            waited = time.monotonic() - start
+            try:
+                lock.acquire(timeout=0 if state == "first" else min(60.0, max(limit - waited, 0.0)))
+                break
+            except Timeout:
+                if state == "first":
+                    log.info("another process is reading %s into the record store %s; waiting for it", source, folder)
+                state = "waited"
+                if waited >= limit:
+                    log.warning("waited %.0f s for the record store lock %s (KGLIGHTNING_RECORD_STORE_WAIT_S); "
+                                "reading %s without it", waited, lock.lock_file, source)  # fmt: skip
+                    state = "unlocked"
+                    break
+                if waited - warned >= 600:
+                    warned = waited
+                    log.warning("still waiting (%.0f s) for the record store lock %s; if no process is reading %s, "
+                                "delete that file", waited, lock.lock_file, source)  # fmt: skip
+    except Exception as err:  # a read-only cache, a file system without locks (filelock raises more than OSError)
+        log.warning("no lock for the record store %s (%s: %s); reading %s without one", folder,
+                    type(err).__name__, err, source)  # fmt: skip
+        state = "unlocked"
+    if state == "waited":
+        lock.release()
+    try:
+        yield state
+    finally:
+        if state == "first":
+            lock.release()

@@ -19,14 +19,20 @@ batches hold one left-padded prompt per question.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from tqdm.auto import tqdm
 
+from kglightning.data.parallel import forked_chunks
+from kglightning.data.records import KGQARecord
+from kglightning.data.relation_pairs import PROGRESS_MIN_RECORDS
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.sft_examples import (
     IGNORE_INDEX,
@@ -57,6 +63,9 @@ __all__ = [  # the example-level helpers live in kglightning.datamodules.sft_exa
 ]
 
 
+MINE_CHUNK = 64  # questions per chunk of parallel mining
+
+
 class ProxySFTDataModule(KGQADataModule):
     """(prompt, completion) batches for the proxy's SFT, mined from KGQA records.
 
@@ -77,6 +86,8 @@ class ProxySFTDataModule(KGQADataModule):
             it was trained on.
         max_length: longest prompt + completion in tokens; longer training examples are dropped (counted).
         batch_size: examples (or questions, for predict) per batch.
+        mine_workers: processes that mine the evidence (forked, in contiguous chunks of questions; the cached rows
+            are the same for any number).
         **kwargs: the record-reading arguments of :class:`~kglightning.datamodules.KGQADataModule` (``data_dir``,
             ``max_records``, ``on_bad_record``, ``predict_split``, ``cache_dir``, ...); the cache also holds the mined
             evidence.
@@ -95,9 +106,13 @@ class ProxySFTDataModule(KGQADataModule):
         prompt_format: ProxyPrompt = ProxyPrompt(),
         max_length: int = 256,
         batch_size: int = 8,
+        mine_workers: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
+        if mine_workers < 1:
+            raise ValueError(f"mine_workers must be >= 1, got {mine_workers}")
+        self.mine_workers = mine_workers
         if max_evidence is not None and max_evidence < 1:
             raise ValueError(f"max_evidence must be >= 1 or None, got {max_evidence}")
         self.tokenizer_name = tokenizer
@@ -136,8 +151,14 @@ class ProxySFTDataModule(KGQADataModule):
             with cache.open(encoding="utf-8") as f:
                 return [json.loads(line) for line in f if line.strip()]
         records = self.read_split(split)
-        rank_zero_info(f"mining evidence for {len(records)} {split} questions")
-        rows = [mine_row(r, self.builder, self.qa_max_paths) for r in records]
+        rank_zero_info(f"mining evidence for {len(records)} {split} questions on {self.mine_workers} process(es)")
+        rows: list[dict[str, Any]] = []
+        job = functools.partial(_mine_rows, records, self.builder, self.qa_max_paths)
+        with tqdm(total=len(records), desc=f"mining {split} evidence", unit="q", leave=False,
+                  disable=len(records) < PROGRESS_MIN_RECORDS) as bar:  # fmt: skip
+            for lo, hi, part in forked_chunks(job, len(records), self.mine_workers, MINE_CHUNK):
+                rows.extend(part)
+                bar.update(hi - lo)
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".tmp{os.getpid()}")
         with tmp.open("w", encoding="utf-8") as f:
@@ -222,3 +243,8 @@ class ProxySFTDataModule(KGQADataModule):
 
     def collate_predict(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         return collate_prompts(items, pad_id=self.tokenizer.pad_token_id)
+
+
+def _mine_rows(records: Sequence[KGQARecord], builder: EvidenceBuilder, qa_max_paths: int, lo: int, hi: int) -> list:
+    """:func:`mine_row` of ``records[lo:hi]`` (a chunk of :meth:`ProxySFTDataModule.rows`)."""
+    return [mine_row(r, builder, qa_max_paths) for r in records[lo:hi]]

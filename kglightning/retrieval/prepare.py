@@ -26,23 +26,21 @@ then copy their cache folders into one (shards are files named by their content)
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import logging
-import multiprocessing as mp
 import re
 import shutil
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import khop_ids
+from kglightning.data.parallel import forked_chunks, torch_threads
 from kglightning.data.records import KGQARecord
 from kglightning.data.shards import Shard
 from kglightning.data.text import relation_text
@@ -55,7 +53,6 @@ log = logging.getLogger(__name__)
 
 #: strings encoded together in phase 1
 BLOCK = 4096
-_JOB: tuple[PCSTRetriever, Sequence[KGQARecord], KGIndex | None] | None = None
 
 
 def needed_texts(retriever: PCSTRetriever, records: Sequence[KGQARecord], kg: KGIndex) -> list[str]:
@@ -92,23 +89,13 @@ def embed_texts(
     return new
 
 
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _cut(lo: int, hi: int) -> tuple[list[KGQARecord | None], SubgraphStats]:
-    assert _JOB is not None
-    retriever, records, kg = _JOB
+def _cut(
+    retriever: PCSTRetriever, records: Sequence[KGQARecord], kg: KGIndex | None, lo: int, hi: int
+) -> tuple[list[KGQARecord | None], SubgraphStats]:
     cache = retriever.embeddings
     before = len(cache)
     retriever.stats = SubgraphStats()
-    with _threads(1):  # the same arithmetic in every process
+    with torch_threads(1):  # the same arithmetic in every process
         out = [retriever.retrieve_record(r, kg if kg is not None else KGIndex.from_record(r)) for r in records[lo:hi]]
     if len(cache) != before:
         raise RuntimeError(
@@ -129,34 +116,18 @@ def cut_records(
     """Phase 2: every record's cut (``None`` for a skipped question) in record order, and their stats.
 
     Run :func:`embed_texts` first. ``workers > 1`` forks that many processes (where the platform can fork; one
-    process otherwise, with a warning); the output does not depend on ``workers``.
+    process otherwise, with a warning; :func:`~kglightning.data.parallel.forked_chunks`); the output does not
+    depend on ``workers``.
     """
-    global _JOB
-    if workers > 1 and "fork" not in mp.get_all_start_methods():
-        log.warning("this platform cannot fork; cutting the subgraphs in one process")
-        workers = 1
-    spans = [(lo, min(lo + chunk, len(records))) for lo in range(0, len(records), chunk)]
     out: list[KGQARecord | None] = []
     stats = SubgraphStats()
-    bar = tqdm(total=len(records), desc=desc, unit="q", disable=not retriever.show_progress, leave=False)
-    _JOB = (retriever, records, kg)
     retriever.embeddings  # noqa: B018  # opened before any fork, so the children share its table
-    try:
-        if workers <= 1:
-            parts: Iterator[tuple[list[KGQARecord | None], SubgraphStats]] = (_cut(lo, hi) for lo, hi in spans)
-            for part, st in parts:
-                out.extend(part)
-                stats.extend(st)
-                bar.update(len(part))
-        else:
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
-                for part, st in pool.map(_cut, *zip(*spans)) if spans else ():
-                    out.extend(part)
-                    stats.extend(st)
-                    bar.update(len(part))
-    finally:
-        _JOB = None
-        bar.close()
+    job = functools.partial(_cut, retriever, records, kg)
+    with tqdm(total=len(records), desc=desc, unit="q", disable=not retriever.show_progress, leave=False) as bar:
+        for _, _, (part, st) in forked_chunks(job, len(records), workers, chunk):
+            out.extend(part)
+            stats.extend(st)
+            bar.update(len(part))
     retriever.stats = stats
     if stats.missing_topic:
         log.warning("%d of %d question(s) skipped: no topic entity in the KG", stats.missing_topic, len(records))

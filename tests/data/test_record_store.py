@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import threading
 
 import numpy as np
@@ -161,13 +162,14 @@ def test_concurrent_first_reads_parse_the_file_once(store_env, monkeypatch, capl
 
     class Seen(logging.Handler):
         def emit(self, record):
-            if "waiting for its record store" in record.getMessage():
+            if "waiting for it" in record.getMessage():
                 waiting.set()
 
     monkeypatch.setattr(loaders, "_read", slow_read)
-    caplog.set_level(logging.INFO, logger=loaders.logger.name)
+    store_log = logging.getLogger("kglightning.data.record_store")
+    caplog.set_level(logging.INFO, logger=store_log.name)
     seen = Seen()
-    loaders.logger.addHandler(seen)
+    store_log.addHandler(seen)
     out: dict = {}
     try:
         threads = [
@@ -179,8 +181,69 @@ def test_concurrent_first_reads_parse_the_file_once(store_env, monkeypatch, capl
         for t in threads:
             t.join(timeout=60)
     finally:
-        loaders.logger.removeHandler(seen)
+        store_log.removeHandler(seen)
     assert waiting.is_set() and len(parses) == 1
     assert list(out["rank0"]) == list(out["rank1"]) and len(out["rank0"]) == 6
     loaded = [k for k in out if _mapped(out[k])]
     assert loaded and parses[0] not in loaded  # the waiting reader loaded the store the parsing one wrote
+
+
+def _lock_of(store_env):
+    from filelock import FileLock
+
+    folder = store_folder(store_env, None, "skip", None)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(folder.with_name(folder.name + ".lock")))
+
+
+def test_an_existing_store_is_loaded_without_waiting_for_the_lock(store_env, monkeypatch):
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_WAIT_S", "30")
+    first = read_records(store_env, on_bad_record="skip")
+    lock = _lock_of(store_env)
+    box: dict = {}
+    with lock:  # another process holds it (say, reading a changed file into a new store of the same key)
+        reader = threading.Thread(target=lambda: box.setdefault("r", read_records(store_env, on_bad_record="skip")))
+        reader.start()
+        reader.join(timeout=10)
+        assert not reader.is_alive() and _mapped(box["r"]) and list(box["r"]) == list(first)
+
+
+def test_when_the_lock_holder_writes_no_store_the_waiting_reader_parses_the_file(store_env, caplog):
+    lock = _lock_of(store_env)
+    box: dict = {}
+    caplog.set_level(logging.INFO, logger="kglightning.data.record_store")
+    lock.acquire()  # a process that will fail to write its store (a full disk)
+    reader = threading.Thread(target=lambda: box.setdefault("r", read_records(store_env, on_bad_record="skip")))
+    reader.start()
+    for _ in range(200):
+        if "waiting for it" in caplog.text:
+            break
+        reader.join(timeout=0.05)
+    assert "waiting for it" in caplog.text and reader.is_alive()
+    lock.release()  # gone, no store written
+    reader.join(timeout=30)
+    assert not reader.is_alive() and len(box["r"]) == 6 and not _mapped(box["r"])  # parsed, not loaded
+    assert (store_folder(store_env, None, "skip", None) / "meta.json").is_file()  # and stored for the next read
+
+
+def test_the_wait_for_the_lock_is_bounded_and_a_lock_that_cannot_be_taken_is_skipped(store_env, monkeypatch, caplog):
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_WAIT_S", "0.3")
+    lock = _lock_of(store_env)
+    with lock:  # held by a process that hangs (stopped, or on another node)
+        records = read_records(store_env, on_bad_record="skip")  # this thread: a second handle on the file
+    assert len(records) == 6 and "reading" in caplog.text and "without it" in caplog.text
+    shutil.rmtree(store_folder(store_env, None, "skip", None))
+    caplog.clear()
+
+    def no_locks(self, *args, **kwargs):
+        raise NotImplementedError("FileSystem does not appear to support flock")  # filelock 3.x on such a mount
+
+    monkeypatch.setattr("filelock.BaseFileLock.acquire", no_locks)
+    assert len(read_records(store_env, on_bad_record="skip")) == 6
+    assert "no lock for the record store" in caplog.text
+
+
+def test_a_bad_wait_setting_is_refused(store_env, monkeypatch):
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_WAIT_S", "soon")
+    with pytest.raises(ValueError, match="KGLIGHTNING_RECORD_STORE_WAIT_S"):
+        read_records(store_env, on_bad_record="skip")

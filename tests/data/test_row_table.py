@@ -133,3 +133,22 @@ def test_a_cache_picks_up_the_shards_another_cache_wrote_and_nothing_else(tmp_pa
     assert mine.add(["b", "c"]) == 1  # "b" came from the other cache's shard, only "c" was encoded here
     assert mine.embed(["a", "b", "c"])[:, 0].tolist() == [2.0, 2.0, 1.0]
     assert mine.refresh() == 0 and sorted(p.name for p in folder.glob("shard-*.pt")) == sorted(mine._shards)
+
+
+def test_a_cache_folder_that_cannot_be_listed_or_is_gone_reads_no_shards(tmp_path, monkeypatch, caplog):
+    cache = EmbeddingCache(_Enc(1.0), tmp_path)
+    cache.add(["a"])
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(embeddings.os, "scandir", denied)
+    assert cache.refresh() == 0 and cache.refresh() == 0
+    assert caplog.text.count("cannot be listed") == 1  # said once, not on every add
+    assert cache.add(["b"]) == 1 and cache.embed(["a", "b"])[:, 0].tolist() == [1.0, 1.0]
+
+    def gone(path):
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+
+    monkeypatch.setattr(embeddings.os, "scandir", gone)
+    assert cache.refresh() == 0

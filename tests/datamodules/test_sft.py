@@ -169,3 +169,33 @@ def test_qa_paths_and_the_data_file_are_in_the_cache_key(tiny_chat_model_dir, sf
     with open(train, "a") as f:
         f.write("\n")  # the data file changed (size and time)
     assert _dm(tiny_chat_model_dir, sft_dir, tmp_path).cache_path("train") != base
+
+
+def test_mining_on_forked_processes_caches_the_rows_of_one_process(tiny_chat_model_dir, sft_dir, tmp_path, monkeypatch):
+    import os
+
+    import kglightning.datamodules.sft as sft
+    import kglightning.datamodules.sft_examples as sft_examples
+
+    pids = tmp_path / "pids.txt"
+    real = sft_examples.mine_row
+
+    def mine_and_note(*args, **kwargs):
+        with pids.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "mine_row", mine_and_note)
+    monkeypatch.setattr(sft, "MINE_CHUNK", 2)
+    one = ProxySFTDataModule(tokenizer=tiny_chat_model_dir, data_dir=sft_dir, cache_dir=str(tmp_path / "a"))
+    many = ProxySFTDataModule(
+        tokenizer=tiny_chat_model_dir, data_dir=sft_dir, cache_dir=str(tmp_path / "b"), mine_workers=2
+    )
+    rows = one.rows("train")
+    pids.unlink()
+    assert len(rows) > 2 and many.rows("train") == rows
+    assert many.cache_path("train").read_bytes() == one.cache_path("train").read_bytes()
+    seen = set(pids.read_text().split())
+    assert str(os.getpid()) not in seen and len(seen) >= 1  # mined in the children
+    with pytest.raises(ValueError, match="mine_workers"):
+        ProxySFTDataModule(tokenizer=tiny_chat_model_dir, data_dir=sft_dir, mine_workers=0)

@@ -27,7 +27,6 @@ iterates and compares as the list of ``(head, relation, tail)`` tuples it stands
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -38,9 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from filelock import FileLock, Timeout
-
-from kglightning.data.record_store import load_store, remove_store, save_store, store_folder
+from kglightning.data.record_store import first_reader, load_store, remove_store, save_store, store_folder
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.triple_array import Vocab, graph_nodes
 
@@ -268,47 +265,30 @@ def read_records(
     if on_bad_record not in ("raise", "skip"):
         raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
     folder = store_folder(path, split, on_bad_record, limit)
-    with _store_lock(folder, path):  # one process parses a large file; the others wait, then load its store
-        out = _stored(folder) if folder is not None else None
-        if out is None:
-            out = _read(path, split, on_bad_record, limit).count_graph_issues()
-            if folder is not None:
-                try:
-                    save_store(out, folder)
-                except Exception as err:  # a full or read-only cache, a value pickle cannot hold: go on without it
-                    logger.warning("could not keep the records of %s in %s (%s: %s); the next run reads the file "
-                                   "again", out.source, folder, type(err).__name__, err)  # fmt: skip
+    out = _stored(folder) if folder is not None else None
+    if out is None and folder is not None:
+        with first_reader(folder, path) as state:  # one process parses a new large file; the others load its store
+            out = _stored(folder) if state != "unlocked" else None
+            if out is None and state == "first":
+                out = _read_and_store(path, split, on_bad_record, limit, folder)
+    if out is None:  # no store, or the process that held the lock wrote none
+        out = _read_and_store(path, split, on_bad_record, limit, folder)
     if report:
         _log_summary(out)
     return out
 
 
-@contextlib.contextmanager
-def _store_lock(folder: Path | None, path: str | os.PathLike) -> Iterator[None]:
-    """Hold the lock of ``folder``'s store while its file is read: when several processes (DDP ranks, a job array)
-    read the same large file for the first time, one parses it and writes the store and the others wait, then load
-    the store, instead of each parsing it (minutes, and a parse's memory, per process). No store, or a cache folder
-    where no lock can be made (read-only): no lock, each process reads the file."""
-    if folder is None:
-        yield
-        return
-    lock: FileLock | None = FileLock(str(folder.with_name(folder.name + ".lock")))
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
+def _read_and_store(
+    path: str | os.PathLike, split: str | None, on_bad_record: str, limit: int | None, folder: Path | None
+) -> RecordList:
+    out = _read(path, split, on_bad_record, limit).count_graph_issues()
+    if folder is not None:
         try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            logger.info("another process is reading %s into %s; waiting for its record store", path, folder)
-            lock.acquire()
-    except OSError as err:
-        logger.warning("no lock for the record store %s (%s: %s); reading %s without one", folder,
-                       type(err).__name__, err, path)  # fmt: skip
-        lock = None
-    try:
-        yield
-    finally:
-        if lock is not None:
-            lock.release()
+            save_store(out, folder)
+        except Exception as err:  # a full or read-only cache, a value pickle cannot hold: go on without it
+            logger.warning("could not keep the records of %s in %s (%s: %s); the next run reads the file again",
+                           out.source, folder, type(err).__name__, err)  # fmt: skip
+    return out
 
 
 def _stored(folder: Path) -> RecordList | None:
