@@ -182,9 +182,8 @@ class EmbeddingCache:
         if self.folder is None or not self.folder.is_dir():
             return 0
         before = len(self._index)
-        try:  # names only, known ones dropped before sorting: every add() looks
-            with os.scandir(self.folder) as entries:
-                names = [e.name for e in entries if e.name.startswith("shard-") and e.name.endswith(".pt")]
+        try:  # every add() looks: names only, the known ones dropped in one set difference, the rest sorted
+            names = set(os.listdir(self.folder)).difference(self._shards)
         except FileNotFoundError:  # removed since is_dir()
             return 0
         except PermissionError as err:  # a folder that cannot be listed: its shards are not read (said once)
@@ -194,7 +193,7 @@ class EmbeddingCache:
                     "embedding cache folder %s cannot be listed (%s); its shards are not read", self.folder, err
                 )
             return 0
-        fresh = [self.folder / name for name in sorted(n for n in names if n not in self._shards)]
+        fresh = [self.folder / n for n in sorted(names) if n.startswith("shard-") and n.endswith(".pt")]
         for lo in range(0, len(fresh), _SHARDS_AT_ONCE):  # bounded: each open shard is a memory map
             self._load(fresh[lo : lo + _SHARDS_AT_ONCE], last=lo + _SHARDS_AT_ONCE >= len(fresh))
         return len(self._index) - before

@@ -142,7 +142,7 @@ def test_a_cache_folder_that_cannot_be_listed_or_is_gone_reads_no_shards(tmp_pat
     def denied(path):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(embeddings.os, "scandir", denied)
+    monkeypatch.setattr(embeddings.os, "listdir", denied)
     assert cache.refresh() == 0 and cache.refresh() == 0
     assert caplog.text.count("cannot be listed") == 1  # said once, not on every add
     assert cache.add(["b"]) == 1 and cache.embed(["a", "b"])[:, 0].tolist() == [1.0, 1.0]
@@ -150,5 +150,5 @@ def test_a_cache_folder_that_cannot_be_listed_or_is_gone_reads_no_shards(tmp_pat
     def gone(path):
         raise FileNotFoundError(2, "No such file or directory", str(path))
 
-    monkeypatch.setattr(embeddings.os, "scandir", gone)
+    monkeypatch.setattr(embeddings.os, "listdir", gone)
     assert cache.refresh() == 0
