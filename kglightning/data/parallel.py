@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import pickle
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
@@ -32,9 +33,12 @@ T = TypeVar("T")
 _JOB: Callable[[int, int], Any] | None = None  # the job of the running forked_chunks; the children inherit it
 
 
-def _run(lo: int, hi: int) -> Any:
+def _run(lo: int, hi: int) -> bytes:
+    """A chunk in a child, its result pickled here: plain pickle copies tensors by value, where the pool's own
+    pickler would hand each tensor over as a shared-memory file that holds a descriptor in the parent for as long
+    as the tensor lives (thousands of graphs exhaust the process's descriptors)."""
     assert _JOB is not None, "forked_chunks: the job is set before the processes fork"
-    return _JOB(lo, hi)
+    return pickle.dumps(_JOB(lo, hi), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def forked_chunks(
@@ -43,15 +47,17 @@ def forked_chunks(
     """``(lo, hi, job(lo, hi))`` for the contiguous chunks of ``range(n)``, in order.
 
     Args:
-        job: the work on items ``lo:hi``; with ``workers > 1`` it runs in a forked child, so it sees the parent's
-            state as it was when the pool started, and its result must pickle.
+        job: the work on items ``lo:hi``; with ``workers > 1`` it runs in a forked child with one torch thread, so
+            it sees the parent's state as it was when the pool started, and its result must pickle (it is copied
+            back, tensors included). A child must not use CUDA (a forked process cannot).
         n: the number of items.
         workers: processes; ``1`` (or a platform that cannot fork, with a warning) runs the chunks here.
         chunk: items per chunk.
 
     Raises:
         ValueError: ``workers`` or ``chunk`` below 1.
-        RuntimeError: called from inside a running job with ``workers > 1`` (pools do not nest).
+        RuntimeError: ``workers > 1`` while another such call runs or is paused in this process (pools do not
+            nest).
     """
     global _JOB
     if workers < 1 or chunk < 1:
@@ -65,12 +71,16 @@ def forked_chunks(
             yield lo, hi, job(lo, hi)
         return
     if _JOB is not None:
-        raise RuntimeError("forked_chunks cannot run inside another forked_chunks job")
+        raise RuntimeError("forked_chunks cannot run while another forked_chunks job runs (or is paused) here")
     _JOB = job
     try:
-        with ProcessPoolExecutor(min(workers, len(spans)), mp_context=mp.get_context("fork")) as pool:
+        # one torch thread per child: a forked child that used the parent's OpenMP pool would hang
+        with ProcessPoolExecutor(
+            min(workers, len(spans)), mp_context=mp.get_context("fork"), initializer=torch.set_num_threads,
+            initargs=(1,),
+        ) as pool:  # fmt: skip
             for (lo, hi), part in zip(spans, pool.map(_run, *zip(*spans))):
-                yield lo, hi, part
+                yield lo, hi, pickle.loads(part)
     finally:
         _JOB = None
 

@@ -19,8 +19,8 @@ question's triples are read from disk when a DataModule or a stage first looks a
 
 When several processes read a new file at once (DDP ranks, a job array), :func:`first_reader` lets one parse it and
 write the store while the others wait on ``<key>.lock`` and then load the store: the file is parsed once. A store
-that exists is loaded without the lock. The wait is bounded (``KGLIGHTNING_RECORD_STORE_WAIT_S``, default 7200 s;
-a WARNING every 10 minutes names the lock file); past it, or when no lock can be taken (a read-only cache, a file
+that exists is loaded without the lock. The wait is bounded (``KGLIGHTNING_RECORD_STORE_WAIT_S``, default 7200 s, ``0`` for
+no lock; a WARNING every 10 minutes names the lock file); past it, or when no lock can be taken (a read-only cache, a file
 system without locks), or when the process that held the lock wrote no store (a full disk, a bad record), a process
 parses the file on its own, as without the lock.
 """
@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import pickle
 import shutil
@@ -156,9 +157,12 @@ def remove_store(folder: Path) -> None:
 def _wait_limit() -> float:
     value = os.environ.get("KGLIGHTNING_RECORD_STORE_WAIT_S", "7200").strip()
     try:
-        return float(value)
+        limit = float(value)
     except ValueError:
-        raise ValueError(f"KGLIGHTNING_RECORD_STORE_WAIT_S={value!r}: expected a number of seconds") from None
+        limit = math.nan
+    if math.isnan(limit):
+        raise ValueError(f"KGLIGHTNING_RECORD_STORE_WAIT_S={value!r}: expected a number of seconds (0: no lock)")
+    return limit
 
 
 @contextlib.contextmanager
@@ -171,8 +175,12 @@ def first_reader(folder: Path, source: str | os.PathLike) -> Iterator[str]:
     parse at the same time, not one after another), or ``"unlocked"`` (no lock: the wait ran out, or none could be
     taken).
     """
+    limit = _wait_limit()
+    if limit <= 0:  # no lock asked for: every process reads the file itself
+        yield "unlocked"
+        return
     lock = FileLock(str(folder.with_name(folder.name + ".lock")))
-    limit, start, warned = _wait_limit(), time.monotonic(), 0.0
+    start, warned = time.monotonic(), 0.0
     state = "first"
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +194,7 @@ def first_reader(folder: Path, source: str | os.PathLike) -> Iterator[str]:
                     log.info("another process is reading %s into the record store %s; waiting for it", source, folder)
                 state = "waited"
                 if waited >= limit:
-                    log.warning("waited %.0f s for the record store lock %s (KGLIGHTNING_RECORD_STORE_WAIT_S); "
+                    log.warning("waited %.1f s for the record store lock %s (KGLIGHTNING_RECORD_STORE_WAIT_S); "
                                 "reading %s without it", waited, lock.lock_file, source)  # fmt: skip
                     state = "unlocked"
                     break

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -12,6 +13,7 @@ from torch_geometric.data import Batch, Data
 
 from kglightning.data.cache import folder_name
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
+from kglightning.data.parallel import forked_chunks, torch_threads
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.text import RELATION_VIEWS, RelationView
@@ -29,6 +31,8 @@ from kglightning.nn.kgguard import edge_types
 from kglightning.retrieval.faiss_grounding import FaissGrounder
 
 log = logging.getLogger(__name__)
+
+BUILD_CHUNK = 256  # questions per chunk when graphs are built on several processes
 
 
 class DetectionDataModule(KGQADataModule):
@@ -63,6 +67,8 @@ class DetectionDataModule(KGQADataModule):
         relation_view: how relations are written for the text encoder (edge types and ``path_score``'s paths):
             ``"readable"`` (``location country capital``), ``"raw"`` (``location.country.capital``) or ``"leaf"``
             (``capital``); see :func:`~kglightning.data.text.relation_text`.
+        build_workers: processes that build a split's graphs (forked, in contiguous chunks of questions; the graphs
+            and counts are those of one process). With ``near_miss`` set the graphs are built in one process.
         **kwargs: the record-reading arguments of :class:`~kglightning.datamodules.KGQADataModule` (``data_dir``,
             ``max_records``, ``on_bad_record``, ``cache_dir``, ...).
     """
@@ -88,9 +94,13 @@ class DetectionDataModule(KGQADataModule):
         ungrounded: Literal["keep", "drop"] = "keep",
         near_miss: FaissGrounder | None = None,
         relation_view: RelationView = "readable",
+        build_workers: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
+        if build_workers < 1:
+            raise ValueError(f"build_workers must be >= 1, got {build_workers}")
+        self.build_workers = build_workers
         self.proposer = proposer
         self.baselines = list(baselines or [])
         names = [b.name for b in self.baselines]
@@ -208,15 +218,17 @@ class DetectionDataModule(KGQADataModule):
         self.prepare_split(split)
         text_id = TextRows(self.embeddings._index)  # each vocabulary string looked up once for the split
         stats = DetectionStats()
-        pairs = [  # kept for every epoch as compact graphs (a quarter of the memory); collate expands them
-            (r, compact_graph(g))
-            for r in records
-            if (
-                g := build_detection_graph(
-                    r, text_id, stats, self.add_reverse_edges, self.ungrounded, self._near(r), self.relation_view
-                )
-            )
-        ]
+        workers = self.build_workers
+        if workers > 1 and self.near_miss is not None:  # the grounder encodes answers: kept in this process
+            log.info("%s: near_miss grounding is on; building the graphs in one process", split)
+            workers = 1
+        job = functools.partial(
+            _build_chunk, records, text_id, self.add_reverse_edges, self.ungrounded, self._near, self.relation_view
+        )
+        pairs: list[tuple[KGQARecord, Data]] = []  # kept for every epoch as compact graphs; collate expands them
+        for lo, _, (part, chunk_stats) in forked_chunks(job, len(records), workers, BUILD_CHUNK):
+            pairs.extend((records[lo + i], g) for i, g in part)
+            stats.merge(chunk_stats)
         graphs = [g for _, g in pairs]
         for i, g in enumerate(graphs):  # names the graph across DDP processes (padded repeats are dropped by it)
             g.item_id = i
@@ -284,3 +296,23 @@ class DetectionDataModule(KGQADataModule):
         batch.type_text_emb = rows(type_text)
         batch.question = batch.x_text[batch.question_index][batch.batch[batch.answer_index]]
         return batch
+
+
+def _build_chunk(
+    records: Sequence[KGQARecord],
+    text_id: TextRows,
+    add_reverse_edges: bool,
+    ungrounded: str,
+    near: Callable[[KGQARecord], Callable[[str], str | None] | None],
+    relation_view: RelationView,
+    lo: int,
+    hi: int,
+) -> tuple[list[tuple[int, Data]], DetectionStats]:
+    """The compact graphs of ``records[lo:hi]`` (with their place in the chunk) and their counts."""
+    stats, part = DetectionStats(), []
+    with torch_threads(1):
+        for i, r in enumerate(records[lo:hi]):
+            g = build_detection_graph(r, text_id, stats, add_reverse_edges, ungrounded, near(r), relation_view)
+            if g:
+                part.append((i, compact_graph(g)))
+    return part, stats

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import numpy as np
@@ -57,6 +57,25 @@ class DetectionStats:
         self.hallucinated += hallucinated
         self.by_grounding[kind][0] += 1
         self.by_grounding[kind][1] += hallucinated
+
+    def merge(self, other: DetectionStats) -> None:
+        """Add the counts of ``other`` (the next chunk of the same split) to these; the examples stay the first five.
+
+        Example:
+            >>> a, b = DetectionStats(questions=2, unmatched_examples=["q1: 'x'"]), DetectionStats(questions=3)
+            >>> b.count("exact", True)
+            >>> a.merge(b)
+            >>> a.questions, a.instances, a.by_grounding["exact"]
+            (5, 1, [1, 1])
+        """
+        for f in fields(self):
+            if f.type in ("int", int):
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        self.unmatched_examples = (self.unmatched_examples + other.unmatched_examples)[:5]
+        for kind, (n, h) in other.by_grounding.items():
+            mine = self.by_grounding.setdefault(kind, [0, 0])
+            mine[0] += n
+            mine[1] += h
 
     def summary(self, split: str) -> str:
         def rate(h: int, n: int) -> str:

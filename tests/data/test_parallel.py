@@ -36,8 +36,30 @@ def test_a_failing_chunk_raises_in_the_parent_and_pools_do_not_nest():
     def nested(lo, hi):
         return list(forked_chunks(lambda a, b: a, 4, workers=2, chunk=1))
 
-    with pytest.raises(RuntimeError, match="cannot run inside"):
+    with pytest.raises(RuntimeError, match="cannot run while another"):
         list(forked_chunks(nested, 4, workers=2, chunk=2))
     assert [p for _, _, p in forked_chunks(lambda lo, hi: hi, 4, workers=2, chunk=2)] == [2, 4]  # usable again
     with pytest.raises(ValueError, match="workers"):
         list(forked_chunks(lambda lo, hi: 0, 4, workers=0))
+
+
+def test_tensors_come_back_by_value_not_as_shared_memory_files():
+    import torch
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = fds()
+    parts = list(
+        forked_chunks(lambda lo, hi: [torch.arange(i, i + 3) for i in range(lo, hi)], 600, workers=2, chunk=100)
+    )
+    got = [t for _, _, part in parts for t in part]
+    assert len(got) == 600 and torch.equal(got[599], torch.arange(599, 602))
+    assert fds() - before < 50  # the pool's own pipes at most, not one descriptor per tensor
+
+
+def test_children_run_one_torch_thread():
+    import torch
+
+    threads = [n for _, _, n in forked_chunks(lambda lo, hi: torch.get_num_threads(), 4, workers=2, chunk=2)]
+    assert threads == [1, 1]

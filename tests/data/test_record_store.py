@@ -243,7 +243,15 @@ def test_the_wait_for_the_lock_is_bounded_and_a_lock_that_cannot_be_taken_is_ski
     assert "no lock for the record store" in caplog.text
 
 
-def test_a_bad_wait_setting_is_refused(store_env, monkeypatch):
-    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_WAIT_S", "soon")
+@pytest.mark.parametrize("value", ["soon", "nan"])
+def test_a_bad_wait_setting_is_refused(store_env, monkeypatch, value):
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_WAIT_S", value)
     with pytest.raises(ValueError, match="KGLIGHTNING_RECORD_STORE_WAIT_S"):
         read_records(store_env, on_bad_record="skip")
+
+
+def test_a_wait_of_zero_takes_no_lock(store_env, monkeypatch, caplog):
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_WAIT_S", "0")
+    with _lock_of(store_env):  # held elsewhere: not waited for, not even tried
+        assert len(read_records(store_env, on_bad_record="skip")) == 6
+    assert "lock" not in caplog.text

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 from kglightning.data import SentenceEncoder
 from kglightning.data.cache import folder_name
@@ -237,3 +238,27 @@ def test_an_answer_matched_by_its_normalised_name_has_the_node_s_features(tmp_pa
     hops, score = g.answer_features[0].tolist()
     assert hops == 0.5 and score != 0.0  # one hop from France, with its path, not "unreachable"
     assert g.answer_features[1].tolist() == [1.5, 0.0]  # an ungrounded answer is unreachable, with no path
+
+
+def test_graphs_built_on_forked_processes_equal_those_of_one(splits, tmp_path, tiny_encoder_dir, monkeypatch):
+    import dataclasses
+
+    import kglightning.datamodules.detection as detection
+
+    data = _write(tmp_path / "d", splits)
+    one = _dm(data, tmp_path, tiny_encoder_dir)
+    one.setup("fit")
+    monkeypatch.setattr(detection, "BUILD_CHUNK", 5)
+    many = _dm(data, tmp_path / "many", tiny_encoder_dir, build_workers=3)  # its own cache: the same rows
+    many.setup("fit")
+    for split in ("train", "validation"):
+        a, b = one.datasets[split], many.datasets[split]
+        assert len(a) == len(b) > 0
+        for g, h in zip(a, b):
+            assert g.keys() == h.keys()
+            for key in g.keys():
+                x, y = g[key], h[key]
+                assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, (key, x, y)
+        assert dataclasses.asdict(one.stats[split]) == dataclasses.asdict(many.stats[split])
+    with pytest.raises(ValueError, match="build_workers"):
+        _dm(data, tmp_path, tiny_encoder_dir, build_workers=0)
