@@ -19,10 +19,10 @@ question's triples are read from disk when a DataModule or a stage first looks a
 
 When several processes read a new file at once (DDP ranks, a job array), :func:`first_reader` lets one parse it and
 write the store while the others wait on ``<key>.lock`` and then load the store: the file is parsed once. A store
-that exists is loaded without the lock. The wait is bounded (``KGLIGHTNING_RECORD_STORE_WAIT_S``, default 7200 s, ``0`` for
-no lock; a WARNING every 10 minutes names the lock file); past it, or when no lock can be taken (a read-only cache, a file
-system without locks), or when the process that held the lock wrote no store (a full disk, a bad record), a process
-parses the file on its own, as without the lock.
+that exists is loaded without the lock. The wait is bounded (``KGLIGHTNING_RECORD_STORE_WAIT_S``, default 7200 s,
+``0`` for no lock; a WARNING every 10 minutes names the lock file); past it, or when no lock can be taken (a
+read-only cache, a file system without locks), or when the process that held the lock wrote no store (a full disk, a
+bad record), a process parses the file on its own, as without the lock.
 """
 
 from __future__ import annotations
