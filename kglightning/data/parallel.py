@@ -1,9 +1,10 @@
 """Per-question preparation over forked processes, with the results of one process in the same order.
 
-The preparation steps that run question by question (PCST cuts, evidence mining) split the questions into
-contiguous chunks and run the chunks on ``workers`` forked processes. Forking shares what the parent holds (the
-records, a KG index, an embedding table) with the children without copying or pickling it; each chunk's result comes
-back pickled, and the chunks are put back in question order, so the output does not depend on ``workers``.
+The preparation steps that run question by question (PCST cuts, evidence mining, detector graphs) split the
+questions into contiguous chunks and run the chunks on ``workers`` forked processes. Forking shares what the parent
+holds (the records, a KG index, an embedding table) with the children without copying or pickling it; each chunk's
+result comes back pickled, and the chunks are put back in question order, so the output does not depend on
+``workers``.
 
 Example:
     >>> squares = [x * x for x in range(10)]

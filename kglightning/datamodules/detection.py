@@ -13,7 +13,7 @@ from torch_geometric.data import Batch, Data
 
 from kglightning.data.cache import folder_name
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
-from kglightning.data.parallel import forked_chunks, torch_threads
+from kglightning.data.parallel import forked_chunks
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.text import RELATION_VIEWS, RelationView
@@ -310,9 +310,8 @@ def _build_chunk(
 ) -> tuple[list[tuple[int, Data]], DetectionStats]:
     """The compact graphs of ``records[lo:hi]`` (with their place in the chunk) and their counts."""
     stats, part = DetectionStats(), []
-    with torch_threads(1):
-        for i, r in enumerate(records[lo:hi]):
-            g = build_detection_graph(r, text_id, stats, add_reverse_edges, ungrounded, near(r), relation_view)
-            if g:
-                part.append((i, compact_graph(g)))
+    for i, r in enumerate(records[lo:hi]):
+        g = build_detection_graph(r, text_id, stats, add_reverse_edges, ungrounded, near(r), relation_view)
+        if g:
+            part.append((i, compact_graph(g)))
     return part, stats
