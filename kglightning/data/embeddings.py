@@ -263,6 +263,13 @@ class EmbeddingCache:
         """The float32 embeddings of table rows ``ids`` (any shape; the result has one more dimension, ``dim``)."""
         return self._table.rows(ids)
 
+    def release_pages(self) -> int:
+        """Drop the pages of the memory-mapped shards that lookups have read from this process's resident memory
+        (:meth:`RowTable.release_pages <kglightning.data.row_table.RowTable.release_pages>`): a run that looks rows
+        up all over a large table calls it now and then, so that its RSS does not end up holding the whole file.
+        Returns the bytes released."""
+        return self._table.release_pages()
+
     @property
     def table(self) -> torch.Tensor:
         """All cached embeddings as one float32 tensor, row ``i`` belonging to the string whose id is ``i``: a copy

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from kglightning.data.mapped_pages import release_tensor
+
 __all__ = ["RowTable"]
 
 
@@ -109,6 +111,12 @@ class RowTable:
             where = torch.nonzero(seg == s).squeeze(1)
             flat_out.index_copy_(0, where, self._segments[s].index_select(0, flat[where] - self._starts[s]).float())
         return out
+
+    def release_pages(self) -> int:
+        """Drop the pages of the memory-mapped segments from this process's memory (they stay in the page cache and
+        are mapped again when a row on them is looked up; see :mod:`~kglightning.data.mapped_pages`); return the bytes
+        released. A mapped segment is a shard file that is never written, so nothing is lost."""
+        return sum(release_tensor(self._segments[k]) for k in self._paths)
 
     def full(self) -> torch.Tensor:
         """Every row, as one float32 tensor (a copy)."""

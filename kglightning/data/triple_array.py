@@ -19,6 +19,8 @@ from typing import Any, overload
 
 import numpy as np
 
+from kglightning.data.mapped_pages import release_array
+
 __all__ = ["TripleArray", "Vocab", "as_triple_array", "graph_nodes", "node_layout"]
 
 
@@ -183,6 +185,13 @@ class TripleArray:
             head = ", ".join(map(repr, self[:3]))
             return f"TripleArray([{head}, ... {len(self) - 3} more])"
         return f"TripleArray({self.tolist()!r})"
+
+    def release_pages(self) -> int:
+        """When the triples are a view of a read-only memory map (a graph of the record store), drop the pages of the
+        whole map from this process's memory (:func:`~kglightning.data.mapped_pages.release_array`): a stage that has
+        read a question's graph for the last time calls it, so that its RSS does not grow to the whole split's graphs.
+        Returns the bytes of the map, 0 for triples in memory."""
+        return release_array(self.ids)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # alone in a pickle, carry only the strings this graph uses (not the whole shared vocabulary)

@@ -13,6 +13,8 @@ RSS counts the pages of memory-mapped embedding shards the stage touched, which 
   what ``DetectionDataModule.collate`` does: ``Batch.from_data_list``, the text-embedding lookup, the edge types);
 * ``uag``: :func:`~kglightning.conformal.uag.scores.score_questions` (UAG's candidate scores, 3 hops; with
   ``BENCH_UAG_QUESTIONS=n``, of the first ``n`` questions of all those read), and the size of the scores it keeps;
+  then calibration on them (:class:`~kglightning.conformal.uag.UAGController` ``fit`` and ``select(0.1)``, its
+  seconds in ``calibrate_s``, not in ``seconds``);
 * ``embed``: every text of each question looked up in :class:`~kglightning.data.embeddings.EmbeddingCache`.
 
 The stages after ``index`` read a warm embedding cache (``warm`` fills it first, untimed in the table). The text
@@ -221,6 +223,12 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
             n = int(os.environ.get("BENCH_UAG_QUESTIONS", "0")) or len(records)  # score the first n (all read)
             pool = score_questions(records[:n], emb, max_hops=3, progress=False)
             extra.update(scored=len(pool), pool_mib=round(_pool_bytes(pool) / 2**20, 1))
+            # then what calibration does with the pool: the controller's grid outcomes and Learn-Then-Test
+            from kglightning.conformal.uag import UAGController
+
+            t_fit = time.perf_counter()
+            chosen = UAGController().fit(pool).select(0.1)
+            extra.update(calibrate_s=round(time.perf_counter() - t_fit, 1), chosen=chosen.summary().get("selected"))
         elif stage == "embed":
             from kglightning.datamodules.detection_graphs import node_texts
 

@@ -35,6 +35,7 @@ from kglightning.data.embeddings import EmbeddingCache, TransientEmbeddings
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import path_text, relation_text, step_query_text
+from kglightning.data.triple_array import TripleArray
 
 Coverage = Literal["any", "all"]
 
@@ -312,6 +313,16 @@ def score_question(
     )
 
 
+def release_pages(record: KGQARecord, cache: EmbeddingCache) -> None:
+    """Once a question is scored, drop from this process the pages of memory-mapped files it read: its graph's, when
+    the records come from the record store, and the embedding table's (:mod:`~kglightning.data.mapped_pages`). They
+    stay in the page cache; without this a pass over a full-size split ends with the whole of both files in its RSS
+    (3.3 GB on CWQ's training split), though no question needs them again. A few milliseconds a question."""
+    if isinstance(record.graph, TripleArray):
+        record.graph.release_pages()
+    cache.release_pages()
+
+
 def score_questions(
     records: Sequence[KGQARecord],
     cache: EmbeddingCache,
@@ -372,6 +383,7 @@ def score_questions(
                 own = scratches[lo + i] if scratches is not None else TransientEmbeddings(cache)
             own.add(_scratch_texts(r, w))  # this question's texts alone in one batch
             out.append(score(r, kg=kg, llm_answer=a, walks=w, scratch=own))
+            release_pages(r, cache)
             bar.update()
         del kgs, walks
     bar.close()

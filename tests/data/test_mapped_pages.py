@@ -1,0 +1,129 @@
+"""Giving back the pages of read-only memory maps: the resident pages of the mapped file leave the process (read
+from /proc/self/smaps), the values read afterwards are the same, and maps that may hold writes are left alone."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kglightning.data.embeddings import EmbeddingCache
+from kglightning.data.mapped_pages import release_array, release_tensor
+from kglightning.data.triple_array import TripleArray, Vocab
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+
+
+def _resident_kib(path: Path) -> int:
+    """KiB of ``path``'s mappings resident in this process."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+            inside = len(head) >= 6 and head[-1] == str(path)
+        elif inside and head and head[0] == "Rss:":
+            total += int(head[1])
+    return total
+
+
+def _touch(array: np.ndarray) -> int:
+    return int(np.asarray(array).sum(dtype=np.int64))
+
+
+@linux
+def test_a_read_only_memmap_gives_its_pages_back_and_reads_the_same_afterwards(tmp_path):
+    path = tmp_path / "graphs.npy"
+    np.save(path, np.arange(3 * 2**20, dtype=np.int32).reshape(-1, 3))  # 12 MiB
+    graphs = np.load(path, mmap_mode="r")
+    view = graphs[1000:2000]  # a record's slice: the whole map is released
+    before = _touch(graphs)
+    assert _resident_kib(path) > 10 * 1024
+    assert release_array(view) >= graphs.nbytes
+    assert _resident_kib(path) < 1024
+    assert _touch(graphs) == before and view[0].tolist() == [3000, 3001, 3002]
+
+
+@linux
+def test_maps_that_may_hold_writes_and_plain_arrays_are_left_alone(tmp_path):
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros(2**20, dtype=np.int32))
+    for mode in ("c", "r+"):
+        a = np.load(path, mmap_mode=mode)
+        a[:1000] = 7  # copy-on-write (c) or written through (r+): MADV_DONTNEED would lose it (c)
+        assert release_array(a) == 0 and release_array(a[10:20]) == 0
+        assert int(a[:1000].sum()) == 7000, mode
+        del a
+    assert release_array(np.ones(10)) == 0
+
+
+@linux
+def test_a_file_mapped_tensor_gives_its_pages_back(tmp_path):
+    path = tmp_path / "t.pt"
+    torch.save({"embeddings": torch.arange(4 * 2**20, dtype=torch.float32).view(-1, 64)}, path)
+    t = torch.load(path, weights_only=True, mmap=True)["embeddings"]
+    before = float(t.sum())
+    assert _resident_kib(path) > 12 * 1024
+    assert release_tensor(t) > 15 * 2**20
+    assert _resident_kib(path) < 1024
+    assert float(t.sum()) == before
+
+
+@linux
+def test_an_embedding_cache_gives_back_its_mapped_shards_pages_and_looks_up_the_same_rows(tmp_path):
+    class Enc:
+        dim, cache_key = 256, "enc"
+
+        def encode(self, texts):
+            return torch.stack([torch.full((256,), float(len(t) % 50)) for t in texts])
+
+    texts = [f"string {i}" for i in range(40_000)]  # 20 MB of float16 rows, one mapped shard
+    cache = EmbeddingCache(Enc(), tmp_path, mmap_rows=1000)
+    cache.add(texts)
+    shard = next((tmp_path / "enc").glob("shard-*.pt"))
+    first = cache.embed(texts)
+    assert _resident_kib(shard) > 15 * 1024
+    assert cache.release_pages() > 15 * 2**20
+    assert _resident_kib(shard) < 1024
+    assert torch.equal(cache.embed(texts), first)
+
+
+def test_triples_in_memory_release_nothing():
+    g = TripleArray.from_triples([("a", "r", "b")], Vocab())
+    assert g.release_pages() == 0 and g[0] == ("a", "r", "b")
+
+
+@linux
+def test_uag_scoring_leaves_no_graph_pages_of_the_record_store_in_memory(tmp_path, monkeypatch):
+    import json
+
+    from kglightning.conformal.uag.scores import score_questions
+    from kglightning.data.record_store import store_folder
+    from kglightning.data.sources.loaders import read_records
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    path = tmp_path / "train.jsonl"
+    rows = [
+        {"id": f"q{i}", "question": f"q {i}?", "answer": ["e1"], "q_entity": [f"t{i}"], "a_entity": ["e1"],
+         "graph": [[f"t{i}", f"r{j % 4}", f"e{j}"] for j in range(25_000)]}
+        for i in range(4)
+    ]  # fmt: skip
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    read_records(path)  # writes the store
+    records = read_records(path)  # graphs are views of graphs.npy (1.2 MB)
+    graphs = store_folder(path, None, "raise", None) / "graphs.npy"
+    _touch(records[0].graph.ids)
+    assert _resident_kib(graphs) > 200
+
+    class Enc:
+        dim, cache_key = 8, "enc"
+
+        def encode(self, texts):
+            return torch.nn.functional.normalize(torch.tensor([[len(t), 1.0, *[0.0] * 6] for t in texts]), dim=1)
+
+    pool = score_questions(records, EmbeddingCache(Enc()), max_hops=1, progress=False)
+    assert [s.num_entities for s in pool] == [25_000] * 4  # every graph was read
+    assert _resident_kib(graphs) < 64
