@@ -7,7 +7,9 @@ import logging
 import os
 import pickle
 import shutil
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -186,6 +188,43 @@ def test_concurrent_first_reads_parse_the_file_once(store_env, monkeypatch, capl
     assert list(out["rank0"]) == list(out["rank1"]) and len(out["rank0"]) == 6
     loaded = [k for k in out if _mapped(out[k])]
     assert loaded and parses[0] not in loaded  # the waiting reader loaded the store the parsing one wrote
+
+
+def _read_in_process(path, start, results) -> None:
+    start.wait(timeout=60)
+    records = read_records(path, on_bad_record="skip")
+    results.put((os.getpid(), [r.id for r in records], _mapped(records)))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks")
+def test_processes_reading_a_new_file_at_once_parse_it_once(store_env, monkeypatch, tmp_path):
+    """Three processes (DDP ranks on one node), not threads: the file lock is a real lock between processes."""
+    import multiprocessing as mp
+
+    from kglightning.data.sources import loaders
+
+    real, marks = loaders._read, tmp_path / "parses"
+
+    def slow_read(*args, **kwargs):
+        with open(marks, "a") as f:  # appended by whichever process parses
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.0)  # long enough for the others to find the lock taken
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loaders, "_read", slow_read)  # the forked children inherit it
+    ctx = mp.get_context("fork")
+    start, results = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_read_in_process, args=(store_env, start, results)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert all(p.exitcode == 0 for p in procs)
+    parsers = marks.read_text().split()
+    assert len(parsers) == 1  # one process parsed the file
+    assert all(ids == got[0][1] for _, ids, _ in got) and len(got[0][1]) == 6
+    assert sorted(str(pid) for pid, _, mapped in got if not mapped) == parsers  # the others loaded its store
 
 
 def _lock_of(store_env):

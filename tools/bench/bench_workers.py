@@ -1,0 +1,110 @@
+"""Evidence mining and detector graph building on 1 and more forked processes, side by side in one run: seconds,
+questions per second, speed-up, and whether the output is byte-identical.
+
+Both stages run exactly what their DataModules run per chunk of questions, through
+:func:`~kglightning.data.parallel.forked_chunks`:
+
+* ``evidence``: :class:`~kglightning.datamodules.ProxySFTDataModule`'s mining (``mine_workers``): ``mine_row`` per
+  question (:class:`~kglightning.evidence.EvidenceBuilder` with the paper's settings), ``MINE_CHUNK`` questions a
+  chunk; the output is the jsonl rows the DataModule caches.
+* ``detector``: :class:`~kglightning.datamodules.DetectionDataModule`'s graph building (``build_workers``): one
+  compact graph per question, ``BUILD_CHUNK`` questions a chunk, over a warm embedding cache (the texts are encoded
+  once beforehand, untimed, by ``bench_scale.py``'s hashing encoder); the output is the pickled graphs and counts.
+
+Records come from a RoG-format file (e.g. ``rog_generator.py --questions 300 --triples 4000``), read once.
+
+    PYTHONPATH=.:tools/bench python tools/bench/bench_workers.py --data /tmp/scale/t300.jsonl --workers 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import pickle
+import platform
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+
+def _evidence(records, workers: int) -> tuple[float, str]:
+    from kglightning.data.parallel import forked_chunks
+    from kglightning.datamodules.sft import MINE_CHUNK, _mine_rows
+    from kglightning.evidence import EvidenceBuilder
+
+    job = functools.partial(_mine_rows, records, EvidenceBuilder(), 5)
+    digest = hashlib.sha1()
+    t0 = time.perf_counter()
+    for _, _, part in forked_chunks(job, len(records), workers, MINE_CHUNK):
+        for row in part:
+            digest.update((json.dumps(row, ensure_ascii=False) + "\n").encode())
+    return time.perf_counter() - t0, digest.hexdigest()[:12]
+
+
+def _no_grounder(record):
+    return None  # DetectionDataModule without near_miss grounding (the default)
+
+
+def _detector(records, workers: int, cache_dir: Path) -> tuple[float, str]:
+    import torch
+    from bench_scale import HashEncoder
+
+    from kglightning.data.embeddings import EmbeddingCache
+    from kglightning.data.parallel import forked_chunks
+    from kglightning.datamodules.detection import BUILD_CHUNK, _build_chunk
+    from kglightning.datamodules.detection_graphs import DetectionStats, node_texts
+    from kglightning.datamodules.text_rows import TextRows
+
+    cache = EmbeddingCache(HashEncoder(), cache_dir)
+    cache.add({t for r in records for t in node_texts(r)})  # warm: encoded once, before any timing
+    text_id = TextRows(cache._index)
+    job = functools.partial(_build_chunk, records, text_id, True, "keep", _no_grounder, "readable")
+    digest, stats = hashlib.sha1(), DetectionStats()
+    t0 = time.perf_counter()
+    for lo, _, (part, chunk_stats) in forked_chunks(job, len(records), workers, BUILD_CHUNK):
+        for i, g in part:
+            digest.update(f"{lo + i}".encode())
+            for key in sorted(g.keys()):  # by value: a tensor's pickle also holds its storage's layout
+                v = g[key]
+                v = (v.dtype, tuple(v.shape), v.contiguous().numpy().tobytes()) if torch.is_tensor(v) else v
+                digest.update(pickle.dumps((key, v), protocol=5))
+        stats.merge(chunk_stats)
+    seconds = time.perf_counter() - t0
+    digest.update(repr(sorted(vars(stats).items())).encode())
+    return seconds, digest.hexdigest()[:12]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", type=Path, required=True, help="a RoG-format jsonl")
+    p.add_argument("--limit", type=int, default=None, help="first N questions")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--stages", nargs="+", default=["evidence", "detector"], choices=["evidence", "detector"])
+    p.add_argument("--cache", type=Path, default=None, help="embedding cache folder (default: a temporary one)")
+    args = p.parse_args()
+    import torch
+
+    from kglightning.data.sources.loaders import read_records
+
+    records = read_records(args.data, limit=args.limit, report=False)
+    triples = sum(len(r.graph) for r in records)
+    cache = args.cache or Path(tempfile.mkdtemp(prefix="bench_workers_"))
+    print(f"# {date.today()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+          f"{torch.__version__}; {len(records)} questions, {triples:,} triples ({args.data.name})\n")  # fmt: skip
+    print("| stage | workers | questions | seconds | questions/s | speed-up | output sha1 |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for stage in args.stages:
+        first = None
+        for w in args.workers:
+            seconds, digest = _evidence(records, w) if stage == "evidence" else _detector(records, w, cache)
+            first = first or seconds
+            print(f"| {stage} | {w} | {len(records)} | {seconds:.1f} | {len(records) / seconds:.1f} | "
+                  f"{first / seconds:.2f}x | `{digest}` |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
