@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,7 +48,7 @@ from kglightning.conformal.uag import (
     members_at,
     score_questions,
 )
-from kglightning.conformal.uag.controller import COMPONENTS, split_indices
+from kglightning.conformal.uag.controller import split_indices
 from kglightning.conformal.uag.evaluator import LLMEvaluator
 from kglightning.data.embeddings import (
     BUNDLED_MINILM,
@@ -62,43 +61,18 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.fileio import atomic_write, clear_outputs, write_text_atomic
 from kglightning.pipelines._ddp import gather_unique_rows
-from kglightning.pipelines.uag_report import METHODS, SWEEP_FILES, alpha_key, sweep_markdown, sweep_results, write_sweep
+from kglightning.pipelines.uag_report import (
+    METHODS,
+    SWEEP_FILES,
+    alpha_key,
+    describe,
+    evaluator_usage,
+    sweep_markdown,
+    sweep_results,
+    write_sweep,
+)
 
 RELATION_SCORER_HINT = "train it with `python -m kglightning fit --config configs/relation_scorer.yaml`"
-
-
-def describe(cal: UAGCalibration) -> str:
-    """One paragraph on an LTT selection, for the console."""
-    head = f"UAG at alpha={cal.alpha:g} (delta={cal.delta:g}; {int(cal.valid.sum())} of {cal.valid.numel()} valid)"
-    if cal.abstained:
-        return f"{head}: no configuration certified, so UAG abstains (full candidate pools, flagged)"
-    parts = [
-        f"{c} alpha={a:g} (threshold {q:.4f})"
-        for c, a, q in zip(COMPONENTS, cal.selected_alphas or (), cal.selected_thresholds)
-    ]
-    s = cal.summary()
-    return (
-        f"{head}: LTT selected " + ", ".join(parts) + f"; calibration error rate {s['calibration_error_rate']:.3f} "
-        f"(p={s['pvalue']:.2g}, n={cal.n_cal}), selection mean set size {s['selection_mean_set_size']:.1f}"
-    )
-
-
-def evaluator_usage(selections: dict[float, UAGCalibration]) -> dict[str, Any]:
-    """How often Learn-Then-Test keeps the candidate evaluator (Eq. 6) over the swept levels.
-
-    ``alpha3_positive``: certified levels whose selected ``alpha3 > 0``; ``filtering``: those whose evaluator
-    threshold is also finite, i.e. the evaluator removes candidates (``alpha3 > 0`` with a calibration split too small
-    for it gives ``+inf``, the component off in effect); ``selected_alpha3``: per level, ``None`` when abstaining.
-    """
-    chosen = {alpha_key(a): c.selected_alphas for a, c in sorted(selections.items())}
-    q3 = {alpha_key(a): c.selected_thresholds[2] for a, c in sorted(selections.items()) if not c.abstained}
-    return {
-        "levels": len(chosen),
-        "certified": sum(v is not None for v in chosen.values()),
-        "alpha3_positive": sum(v is not None and v[2] > 0 for v in chosen.values()),
-        "filtering": sum(v is not None and v[2] > 0 and math.isfinite(q3[k]) for k, v in chosen.items()),
-        "selected_alpha3": {k: None if v is None else v[2] for k, v in chosen.items()},
-    }
 
 
 class UAGReasoner(L.LightningModule):

@@ -1,5 +1,6 @@
-"""UAG's reports: the ECR/APSS table over alpha (UAG beside Top-K and split CP on retrieval distance, and with a
-sampler Top-K and split CP on the LLM's scores, CLM and LoFreeCP) and the coverage-vs-alpha plot.
+"""UAG's reports: the console summary of a Learn-Then-Test selection, how often the evaluator is kept, the ECR/APSS
+table over alpha (UAG beside Top-K and split CP on retrieval distance, and with a sampler Top-K and split CP on the
+LLM's scores, CLM and LoFreeCP) and the coverage-vs-alpha plot.
 
 Rows are the per-question outputs of :class:`~kglightning.pipelines.uag.UAGReasoner`: each carries, for every swept
 ``alpha`` and every method, ``[covered, set size]``. A method that abstains at some ``alpha`` (no certified
@@ -10,6 +11,7 @@ table, as the paper's ``-``, and as an empty marker in the plot; its full-pool n
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from kglightning.conformal.uag import UAGCalibration
+from kglightning.conformal.uag.controller import COMPONENTS
 from kglightning.fileio import write_text_atomic
 from kglightning.metrics.plots import save_figure  # noqa: E402
 
@@ -28,6 +32,40 @@ LABELS = {"uag": "UAG", "split_cp": "Split CP", "top_k": "Top-K", "split_cp_llm"
 
 
 SWEEP_FILES = ("sweep.json", "sweep.md", "coverage_vs_alpha.png")
+
+
+def describe(cal: UAGCalibration) -> str:
+    """One paragraph on an LTT selection, for the console."""
+    head = f"UAG at alpha={cal.alpha:g} (delta={cal.delta:g}; {int(cal.valid.sum())} of {cal.valid.numel()} valid)"
+    if cal.abstained:
+        return f"{head}: no configuration certified, so UAG abstains (full candidate pools, flagged)"
+    parts = [
+        f"{c} alpha={a:g} (threshold {q:.4f})"
+        for c, a, q in zip(COMPONENTS, cal.selected_alphas or (), cal.selected_thresholds)
+    ]
+    s = cal.summary()
+    return (
+        f"{head}: LTT selected " + ", ".join(parts) + f"; calibration error rate {s['calibration_error_rate']:.3f} "
+        f"(p={s['pvalue']:.2g}, n={cal.n_cal}), selection mean set size {s['selection_mean_set_size']:.1f}"
+    )
+
+
+def evaluator_usage(selections: dict[float, UAGCalibration]) -> dict[str, Any]:
+    """How often Learn-Then-Test keeps the candidate evaluator (Eq. 6) over the swept levels.
+
+    ``alpha3_positive``: certified levels whose selected ``alpha3 > 0``; ``filtering``: those whose evaluator
+    threshold is also finite, i.e. the evaluator removes candidates (``alpha3 > 0`` with a calibration split too small
+    for it gives ``+inf``, the component off in effect); ``selected_alpha3``: per level, ``None`` when abstaining.
+    """
+    chosen = {alpha_key(a): c.selected_alphas for a, c in sorted(selections.items())}
+    q3 = {alpha_key(a): c.selected_thresholds[2] for a, c in sorted(selections.items()) if not c.abstained}
+    return {
+        "levels": len(chosen),
+        "certified": sum(v is not None for v in chosen.values()),
+        "alpha3_positive": sum(v is not None and v[2] > 0 for v in chosen.values()),
+        "filtering": sum(v is not None and v[2] > 0 and math.isfinite(q3[k]) for k, v in chosen.items()),
+        "selected_alpha3": {k: None if v is None else v[2] for k, v in chosen.items()},
+    }
 
 
 def alpha_key(alpha: float) -> str:
