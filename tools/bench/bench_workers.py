@@ -1,7 +1,7 @@
-"""Evidence mining and detector graph building on 1 and more forked processes, side by side in one run: seconds,
-questions per second, speed-up, and whether the output is byte-identical.
+"""Evidence mining, detector graph building and PCST cuts on 1 and more forked processes, side by side in one run:
+seconds, questions per second, speed-up, and whether the output is identical.
 
-Both stages run exactly what their DataModules run per chunk of questions, through
+Each stage runs exactly what their DataModules run per chunk of questions, through
 :func:`~kglightning.data.parallel.forked_chunks`:
 
 * ``evidence``: :class:`~kglightning.datamodules.ProxySFTDataModule`'s mining (``mine_workers``): ``mine_row`` per
@@ -9,7 +9,10 @@ Both stages run exactly what their DataModules run per chunk of questions, throu
   chunk; the output is the jsonl rows the DataModule caches.
 * ``detector``: :class:`~kglightning.datamodules.DetectionDataModule`'s graph building (``build_workers``): one
   compact graph per question, ``BUILD_CHUNK`` questions a chunk, over a warm embedding cache (the texts are encoded
-  once beforehand, untimed, by ``bench_scale.py``'s hashing encoder); the output is the pickled graphs and counts.
+  once beforehand, untimed, by ``bench_scale.py``'s hashing encoder); the output is the graphs (by value) and counts.
+* ``pcst``: the PCST cuts of ``build-subgraphs`` and of a DataModule's ``subgraphs``
+  (:func:`~kglightning.retrieval.prepare.cut_records`, ``workers``), each question cut from its own graph over a
+  warm cache; the output is the cut records and their counts (not the per-cut timings they also hold).
 
 Records come from a RoG-format file (e.g. ``rog_generator.py --questions 300 --triples 4000``), read once.
 
@@ -29,6 +32,8 @@ import tempfile
 import time
 from datetime import date
 from pathlib import Path
+
+STAGES = ("evidence", "detector", "pcst")
 
 
 def _evidence(records, workers: int) -> tuple[float, str]:
@@ -78,12 +83,33 @@ def _detector(records, workers: int, cache_dir: Path) -> tuple[float, str]:
     return seconds, digest.hexdigest()[:12]
 
 
+def _pcst(records, workers: int, cache_dir: Path) -> tuple[float, str]:
+    from bench_scale import HashEncoder
+
+    from kglightning.datamodules.detection_graphs import node_texts
+    from kglightning.retrieval.pcst import PCSTRetriever
+    from kglightning.retrieval.prepare import cut_records
+
+    retriever = PCSTRetriever(HashEncoder(), cache_dir=str(cache_dir), show_progress=False)
+    # warm: every string the cuts embed (nodes, relations, questions), encoded before any timing
+    retriever.embeddings.add({t for r in records for t in (*node_texts(r), r.question)})
+    t0 = time.perf_counter()
+    cuts, stats = cut_records(retriever, records, None, workers)  # each question cut from its own graph
+    seconds = time.perf_counter() - t0
+    digest = hashlib.sha1()
+    for r in cuts:
+        digest.update(repr(None if r is None else (r.id, list(r.graph))).encode())
+    counts = {k: v for k, v in vars(stats).items() if k != "seconds"}  # the cuts' own timings differ run to run
+    digest.update(repr(sorted(counts.items())).encode())
+    return seconds, digest.hexdigest()[:12]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, required=True, help="a RoG-format jsonl")
     p.add_argument("--limit", type=int, default=None, help="first N questions")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--stages", nargs="+", default=["evidence", "detector"], choices=["evidence", "detector"])
+    p.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     p.add_argument("--cache", type=Path, default=None, help="embedding cache folder (default: a temporary one)")
     args = p.parse_args()
     import torch
@@ -100,7 +126,10 @@ def main() -> None:
     for stage in args.stages:
         first = None
         for w in args.workers:
-            seconds, digest = _evidence(records, w) if stage == "evidence" else _detector(records, w, cache)
+            if stage == "evidence":
+                seconds, digest = _evidence(records, w)
+            else:
+                seconds, digest = (_detector if stage == "detector" else _pcst)(records, w, cache)
             first = first or seconds
             print(f"| {stage} | {w} | {len(records)} | {seconds:.1f} | {len(records) / seconds:.1f} | "
                   f"{first / seconds:.2f}x | `{digest}` |", flush=True)  # fmt: skip
