@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kglightning.data.mapped_pages import release_tensor
+from kglightning.data.mapped_pages import release_tensor, seal_file_maps
 
 __all__ = ["RowTable"]
 
@@ -33,6 +33,8 @@ class RowTable:
         self._segments: list[torch.Tensor] = []
         self._starts: list[int] = []
         self._paths: dict[int, Path] = {}  # segment -> the shard file it maps
+        self._sealed: set[int] = set()  # mapped segments checked unwritten and made read-only (release_pages)
+        self._unchecked: set[int] = set()  # mapped segments not yet checked (checked together, at the next release)
         self._tail: torch.Tensor | None = None  # the buffer behind the last segment while that one is in memory
         self._rows = 0
         self.dim: int | None = None
@@ -57,6 +59,7 @@ class RowTable:
         if path is not None:
             self._end_tail()
             self._paths[len(self._segments)] = Path(path)
+            self._unchecked.add(len(self._segments))
             self._segments.append(emb)
             self._starts.append(start)
         else:
@@ -114,9 +117,16 @@ class RowTable:
 
     def release_pages(self) -> int:
         """Drop the pages of the memory-mapped segments from this process's memory (they stay in the page cache and
-        are mapped again when a row on them is looked up; see :mod:`~kglightning.data.mapped_pages`); return the bytes
-        released. A mapped segment is a shard file that is never written, so nothing is lost."""
-        return sum(release_tensor(self._segments[k]) for k in self._paths)
+        are mapped again when a row on them is looked up); return the bytes released. Only segments that
+        :func:`~kglightning.data.mapped_pages.seal_file_maps` sealed qualify: maps of their file with no written page,
+        made read-only (checked, together, at the first release after they were appended). So nothing can be lost;
+        the other segments, in memory or not, are left as they are."""
+        if self._unchecked:
+            ks = sorted(self._unchecked)
+            sealed = seal_file_maps((self._segments[k], self._paths[k]) for k in ks)
+            self._sealed.update(k for k, ok in zip(ks, sealed) if ok)
+            self._unchecked.clear()
+        return sum(release_tensor(self._segments[k]) for k in sorted(self._sealed))
 
     def full(self) -> torch.Tensor:
         """Every row, as one float32 tensor (a copy)."""
@@ -142,6 +152,7 @@ class RowTable:
             torch.load(seg, weights_only=True, mmap=True)["embeddings"] if isinstance(seg, Path) else seg
             for seg in state["_segments"]
         ]
+        self._sealed, self._unchecked = set(), set(self._paths)  # a new map of each file: checked again
         self._tail = None
         if self._segments and len(self._segments) - 1 not in self._paths:  # appending grows a copy of the last one
             self._tail = self._segments[-1]

@@ -90,6 +90,117 @@ def test_an_embedding_cache_gives_back_its_mapped_shards_pages_and_looks_up_the_
     assert torch.equal(cache.embed(texts), first)
 
 
+@linux
+def test_a_row_table_releases_only_unwritten_file_maps_and_keeps_every_row(tmp_path):
+    from kglightning.data.row_table import RowTable
+
+    path = tmp_path / "s.pt"
+    torch.save({"embeddings": torch.arange(2**21, dtype=torch.float32).view(-1, 64).half()}, path)
+    mapped = torch.load(path, weights_only=True, mmap=True)["embeddings"]
+    t = RowTable()
+    t.append(torch.full((3, 64), 5.0))  # in memory, then a mapped segment, then in memory again
+    t.append(mapped, path=path)
+    t.append(torch.full((2, 64), 7.0))
+    ids = [0, 3, 3 + 20_000, 3 + mapped.shape[0] + 1]
+    before = t.rows(ids)
+    assert _resident_kib(path) > 3 * 1024
+    assert t.release_pages() > 3 * 2**20
+    assert _resident_kib(path) < 64
+    assert torch.equal(t.rows(ids), before)
+
+
+@linux
+def test_a_written_map_or_a_tensor_in_memory_under_a_path_is_never_released(tmp_path):
+    """A private map that was written (a user's in-place edit, torch's byteswap of a shard of the other byte order)
+    would lose the write, and an in-memory tensor would read back as zeros: neither is released."""
+    from kglightning.data.row_table import RowTable
+
+    path = tmp_path / "s.pt"
+    torch.save({"embeddings": torch.ones(2**16, 64, dtype=torch.float16)}, path)
+    written = torch.load(path, weights_only=True, mmap=True)["embeddings"]
+    written[5000:6000] = 2.0
+    in_memory = torch.ones(2**16, 64, dtype=torch.float16)
+    for seg in (written, in_memory):
+        t = RowTable()
+        t.append(seg, path=path)
+        before = t.rows([5500, 100])
+        assert t.release_pages() == 0
+        assert torch.equal(t.rows([5500, 100]), before)
+
+
+@linux
+def test_a_sealed_map_faults_on_a_write_instead_of_losing_it(tmp_path):
+    import subprocess
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import torch
+        from kglightning.data.row_table import RowTable
+        torch.save({{"embeddings": torch.ones(2**16, 64, dtype=torch.float16)}}, {str(tmp_path / "s.pt")!r})
+        t = RowTable()
+        t.append(torch.load({str(tmp_path / "s.pt")!r}, weights_only=True, mmap=True)["embeddings"],
+                 path={str(tmp_path / "s.pt")!r})
+        assert t.release_pages() > 0
+        print("sealed", flush=True)
+        t.segments[0][5000:6000] = 2.0
+        print("written")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "sealed" in out.stdout and "written" not in out.stdout and out.returncode != 0
+
+
+@linux
+def test_a_refused_release_is_logged_once_and_the_run_goes_on(tmp_path, caplog, monkeypatch):
+    import ctypes
+    import mmap as mmap_module
+
+    import kglightning.data.mapped_pages as mapped_pages
+
+    monkeypatch.setattr(mapped_pages, "_refused", set())
+    libc = ctypes.CDLL(None, use_errno=True)
+    path = tmp_path / "g.npy"
+    np.save(path, np.arange(3 * 4096, dtype=np.int32).reshape(-1, 3))
+    graphs = np.load(path, mmap_mode="r")
+    page = graphs.ctypes.data - graphs.ctypes.data % mmap_module.PAGESIZE
+    if libc.mlock(ctypes.c_void_p(page), ctypes.c_size_t(mmap_module.PAGESIZE)) != 0:
+        pytest.skip("mlock is not allowed here")
+    try:
+        assert release_array(graphs) == 0 and release_array(graphs[:2]) == 0
+    finally:
+        libc.munlock(ctypes.c_void_p(page), ctypes.c_size_t(mmap_module.PAGESIZE))
+    refusals = [r for r in caplog.records if "refused to drop the pages" in r.getMessage()]
+    assert len(refusals) == 1 and graphs[1].tolist() == [3, 4, 5]
+
+
+@linux
+def test_the_detector_gives_back_the_graph_pages_of_each_chunk_it_built(tmp_path, monkeypatch):
+    import json
+
+    from kglightning.data.record_store import store_folder
+    from kglightning.data.sources.loaders import read_records
+    from kglightning.datamodules.detection import _build_chunk
+    from kglightning.datamodules.text_rows import TextRows
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    path = tmp_path / "train.jsonl"
+    rows = [
+        {"id": f"q{i}", "question": f"q {i}?", "answer": ["e1"], "q_entity": [f"t{i}"], "a_entity": ["e1"],
+         "graph": [[f"t{i}", f"r{j % 4}", f"e{j}"] for j in range(25_000)], "prediction": ["e1", "e2"]}
+        for i in range(4)
+    ]  # fmt: skip
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    read_records(path)
+    records = read_records(path)
+    graphs = store_folder(path, None, "raise", None) / "graphs.npy"
+    from kglightning.datamodules.detection_graphs import node_texts
+
+    text_id = TextRows({t: i for i, t in enumerate(dict.fromkeys(t for r in records for t in node_texts(r)))})
+    part, _ = _build_chunk(records, text_id, True, "keep", lambda r: None, "readable", 0, len(records))
+    assert len(part) == 4 and all(g.num_nodes > 25_000 for _, g in part)  # every graph was read
+    assert _resident_kib(graphs) < 64
+
+
 def test_triples_in_memory_release_nothing():
     g = TripleArray.from_triples([("a", "r", "b")], Vocab())
     assert g.release_pages() == 0 and g[0] == ("a", "r", "b")
@@ -119,11 +230,16 @@ def test_uag_scoring_leaves_no_graph_pages_of_the_record_store_in_memory(tmp_pat
     assert _resident_kib(graphs) > 200
 
     class Enc:
-        dim, cache_key = 8, "enc"
+        dim, cache_key = 256, "enc"
 
         def encode(self, texts):
-            return torch.nn.functional.normalize(torch.tensor([[len(t), 1.0, *[0.0] * 6] for t in texts]), dim=1)
+            out = torch.zeros(len(texts), 256)
+            out[:, 0], out[:, 1] = torch.tensor([float(len(t)) for t in texts]), 1.0
+            return torch.nn.functional.normalize(out, dim=1)
 
-    pool = score_questions(records, EmbeddingCache(Enc()), max_hops=1, progress=False)
-    assert [s.num_entities for s in pool] == [25_000] * 4  # every graph was read
-    assert _resident_kib(graphs) < 64
+    cache = EmbeddingCache(Enc(), tmp_path / "emb", mmap_rows=1000)
+    cache.add(f"e{j}" for j in range(25_000))  # the candidates' names: one mapped shard of 12.8 MB
+    shard = next((tmp_path / "emb" / "enc").glob("shard-*.pt"))
+    pool = score_questions(records, cache, max_hops=1, progress=False)
+    assert [s.num_entities for s in pool] == [25_000] * 4  # every graph was read, every name looked up
+    assert _resident_kib(graphs) < 64 and _resident_kib(shard) < 1024
