@@ -172,14 +172,18 @@ def test_a_refused_release_is_logged_once_and_the_run_goes_on(tmp_path, caplog, 
     assert len(refusals) == 1 and graphs[1].tolist() == [3, 4, 5]
 
 
-@linux
-def test_the_detector_gives_back_the_graph_pages_of_each_chunk_it_built(tmp_path, monkeypatch):
+def test_triples_in_memory_release_nothing():
+    g = TripleArray.from_triples([("a", "r", "b")], Vocab())
+    assert g.release_pages() == 0 and g[0] == ("a", "r", "b")
+
+
+@pytest.fixture
+def stored(tmp_path, monkeypatch):
+    """Four questions of 25,000 triples each, loaded from the record store: graphs are views of graphs.npy (1.2 MB)."""
     import json
 
     from kglightning.data.record_store import store_folder
     from kglightning.data.sources.loaders import read_records
-    from kglightning.datamodules.detection import _build_chunk
-    from kglightning.datamodules.text_rows import TextRows
 
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
@@ -190,42 +194,29 @@ def test_the_detector_gives_back_the_graph_pages_of_each_chunk_it_built(tmp_path
         for i in range(4)
     ]  # fmt: skip
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
-    read_records(path)
-    records = read_records(path)
-    graphs = store_folder(path, None, "raise", None) / "graphs.npy"
-    from kglightning.datamodules.detection_graphs import node_texts
-
-    text_id = TextRows({t: i for i, t in enumerate(dict.fromkeys(t for r in records for t in node_texts(r)))})
-    part, _ = _build_chunk(records, text_id, True, "keep", lambda r: None, "readable", 0, len(records))
-    assert len(part) == 4 and all(g.num_nodes > 25_000 for _, g in part)  # every graph was read
-    assert _resident_kib(graphs) < 64
-
-
-def test_triples_in_memory_release_nothing():
-    g = TripleArray.from_triples([("a", "r", "b")], Vocab())
-    assert g.release_pages() == 0 and g[0] == ("a", "r", "b")
+    read_records(path)  # writes the store
+    return read_records(path), store_folder(path, None, "raise", None) / "graphs.npy"
 
 
 @linux
-def test_uag_scoring_leaves_no_graph_pages_of_the_record_store_in_memory(tmp_path, monkeypatch):
-    import json
+def test_the_detector_gives_back_the_graph_pages_of_each_chunk_it_built(stored):
+    from kglightning.datamodules.detection import _build_chunk
+    from kglightning.datamodules.detection_graphs import node_texts
+    from kglightning.datamodules.text_rows import TextRows
 
+    records, graphs = stored
+    text_id = TextRows({t: i for i, t in enumerate(dict.fromkeys(t for r in records for t in node_texts(r)))})
+    assert _resident_kib(graphs) > 200  # node_texts read every graph
+    part, _ = _build_chunk(records, text_id, True, "keep", lambda r: None, "readable", 0, len(records))
+    assert len(part) == 4 and all(g.num_nodes > 25_000 for _, g in part)
+    assert _resident_kib(graphs) < 64
+
+
+@linux
+def test_uag_scoring_leaves_no_graph_pages_of_the_record_store_in_memory(stored, tmp_path):
     from kglightning.conformal.uag.scores import score_questions
-    from kglightning.data.record_store import store_folder
-    from kglightning.data.sources.loaders import read_records
 
-    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
-    path = tmp_path / "train.jsonl"
-    rows = [
-        {"id": f"q{i}", "question": f"q {i}?", "answer": ["e1"], "q_entity": [f"t{i}"], "a_entity": ["e1"],
-         "graph": [[f"t{i}", f"r{j % 4}", f"e{j}"] for j in range(25_000)]}
-        for i in range(4)
-    ]  # fmt: skip
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
-    read_records(path)  # writes the store
-    records = read_records(path)  # graphs are views of graphs.npy (1.2 MB)
-    graphs = store_folder(path, None, "raise", None) / "graphs.npy"
+    records, graphs = stored
     _touch(records[0].graph.ids)
     assert _resident_kib(graphs) > 200
 
