@@ -33,6 +33,16 @@ def _touch(array: np.ndarray) -> int:
     return int(np.asarray(array).sum(dtype=np.int64))
 
 
+def _released_and_read_back(path: Path, release, read, resident_kib: int) -> None:
+    """``read()`` (which maps ``path``) leaves more than ``resident_kib`` of it resident; ``release()`` drops them
+    (under 1 MiB left) and says so; ``read()`` then gives the same values."""
+    before = read()
+    assert _resident_kib(path) > resident_kib
+    assert release() > resident_kib * 1024
+    assert _resident_kib(path) < 1024
+    assert torch.equal(read(), before)
+
+
 @linux
 def test_a_read_only_memmap_gives_its_pages_back_and_reads_the_same_afterwards(tmp_path):
     path = tmp_path / "graphs.npy"
@@ -83,11 +93,7 @@ def test_an_embedding_cache_gives_back_its_mapped_shards_pages_and_looks_up_the_
     cache = EmbeddingCache(Enc(), tmp_path, mmap_rows=1000)
     cache.add(texts)
     shard = next((tmp_path / "enc").glob("shard-*.pt"))
-    first = cache.embed(texts)
-    assert _resident_kib(shard) > 15 * 1024
-    assert cache.release_pages() > 15 * 2**20
-    assert _resident_kib(shard) < 1024
-    assert torch.equal(cache.embed(texts), first)
+    _released_and_read_back(shard, cache.release_pages, lambda: cache.embed(texts), 15 * 1024)
 
 
 @linux
@@ -102,11 +108,7 @@ def test_a_row_table_releases_only_unwritten_file_maps_and_keeps_every_row(tmp_p
     t.append(mapped, path=path)
     t.append(torch.full((2, 64), 7.0))
     ids = [0, 3, 3 + 20_000, 3 + mapped.shape[0] + 1]
-    before = t.rows(ids)
-    assert _resident_kib(path) > 3 * 1024
-    assert t.release_pages() > 3 * 2**20
-    assert _resident_kib(path) < 64
-    assert torch.equal(t.rows(ids), before)
+    _released_and_read_back(path, t.release_pages, lambda: t.rows(ids), 3 * 1024)
 
 
 @linux
