@@ -13,10 +13,12 @@ Only maps that cannot hold a write qualify: dropping a written page of a private
   permission) and on nothing else.
 * A tensor from ``torch.load(path, mmap=True)`` is a *private, writable* map (torch maps it copy-on-write, and
   byteswaps a shard of the other byte order in place). :func:`seal_file_maps` first checks, from ``/proc/self/smaps``,
-  that the tensor's storage lies in a map of ``path`` none of whose pages has been written, then takes the write
-  permission off its pages (``mprotect``), so that a later write faults loudly instead of being dropped; only a
-  sealed tensor is ever released (:func:`release_tensor`). Where that cannot be checked (not Linux) nothing is sealed
-  and nothing released.
+  that the tensor's storage lies in maps of a file none of whose pages has been written (resident or swapped out),
+  then takes the write permission off its pages (``mprotect``), so that a later write faults loudly instead of being
+  dropped; :func:`release_tensor` releases only a tensor object it sealed. Where that cannot be checked (not Linux)
+  nothing is sealed and nothing released. Sealing splits the map in up to three (the partial pages at the storage's
+  ends stay writable and are never released), a cost only a process with tens of thousands of mapped shards would
+  notice (``vm.max_map_count``).
 
 ``madvise`` is advice: where the kernel refuses it (locked pages, ``mlockall``), it is logged once and the run goes
 on with the pages resident. Where the system has no ``madvise`` (Windows) nothing is done.
@@ -31,6 +33,7 @@ import logging
 import mmap
 import os
 import sys
+import weakref
 from collections.abc import Iterable
 
 import numpy as np
@@ -81,8 +84,9 @@ def release_arrays(arrays: Iterable[np.ndarray]) -> int:
             try:
                 mm.madvise(_MADV_DONTNEED)
             except OSError as err:
-                return _refusal("a read-only numpy memory map", err)
-            total += len(mm)
+                _refusal("a read-only numpy memory map", err)
+            else:
+                total += len(mm)
     return total
 
 
@@ -109,55 +113,81 @@ def _inner_pages(tensor: torch.Tensor) -> tuple[int, int]:
     return -(-start // page) * page, end // page * page
 
 
-def _file_maps() -> list[tuple[int, int, str, int]]:
-    """This process's maps of files: ``(start, end, path, written KiB)`` each, from ``/proc/self/smaps``."""
-    maps: list[tuple[int, int, str, int]] = []
-    with open("/proc/self/smaps", encoding="utf-8", errors="replace") as f:
-        current = None
-        for line in f:
-            head = line.split(maxsplit=5)
-            if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a map's header line
-                start, end = (int(x, 16) for x in head[0].split("-"))
-                current = (start, end, head[5].strip() if len(head) == 6 else "")
-            elif current is not None and head and head[0] == "Anonymous:":
-                maps.append((*current, int(head[1])))
-                current = None
+def _parse_smaps(lines: Iterable[bytes]) -> list[tuple[int, int, bool, int]]:
+    """Maps from the lines of an ``smaps`` file: ``(start, end, backed by a file, KiB of written pages)`` each.
+    Written pages are a private map's copies, resident (``Anonymous``) or swapped out (``Swap``)."""
+    maps: list[tuple[int, int, bool, int]] = []
+    current: list | None = None
+    for line in lines:
+        head = line.split(maxsplit=5)
+        if len(head) >= 5 and b"-" in head[0] and b":" in head[3] and not head[0].endswith(b":"):  # a map's header
+            if current is not None:
+                maps.append(tuple(current))  # type: ignore[arg-type]
+            start, end = (int(x, 16) for x in head[0].split(b"-"))
+            current = [start, end, int(head[4]) != 0, 0]  # inode 0: anonymous memory, not a file
+        elif current is not None and head and head[0] in (b"Anonymous:", b"Swap:"):
+            current[3] += int(head[1])
+    if current is not None:
+        maps.append(tuple(current))  # type: ignore[arg-type]
     return maps
 
 
-def seal_file_maps(items: Iterable[tuple[torch.Tensor, str | os.PathLike]]) -> list[bool]:
-    """For each ``(tensor, path)`` (a tensor from ``torch.load(path, mmap=True)``): check that it maps the file
-    ``path`` with none of its pages written, and make its pages read-only, so that :func:`release_tensor` can drop
-    them without losing anything (a later write into them faults). Return, per item, whether it is sealed: ``False``
-    (nothing changed) for a tensor that is not such a map, a map with written pages (e.g. a shard of the other byte
-    order, which torch byteswaps in place), storage smaller than a page, or a system where this cannot be checked
-    (not Linux). One read of ``/proc/self/smaps`` for all of them."""
-    items = list(items)
+def _maps() -> list[tuple[int, int, bool, int]]:
+    with open("/proc/self/smaps", "rb") as f:
+        return _parse_smaps(f)
+
+
+def _clean_file_range(maps: list[tuple[int, int, bool, int]], lo: int, hi: int) -> bool:
+    """Whether ``[lo, hi)`` is wholly covered by maps of files (one or several adjacent ones) without written pages."""
+    at = lo
+    for start, end, file_backed, written in sorted(m for m in maps if m[0] < hi and m[1] > lo):
+        if start > at or not file_backed or written:
+            return False
+        at = end
+    return at >= hi
+
+
+_sealed: dict[int, tuple[weakref.ref, int, int]] = {}  # id(tensor) -> (the tensor, its sealed pages [lo, hi))
+
+
+def _forget(key: int) -> None:
+    _sealed.pop(key, None)
+
+
+def seal_file_maps(tensors: Iterable[torch.Tensor]) -> list[bool]:
+    """For each tensor (from ``torch.load(path, mmap=True)``): check that its storage's pages lie in maps of a file
+    with none of their pages written, and make them read-only, so that :func:`release_tensor` can drop them without
+    losing anything (a later write into them faults). Return, per tensor, whether it is sealed: ``False`` (nothing
+    changed) for memory that is not a file map, a map with written pages (e.g. a shard of the other byte order, which
+    torch byteswaps in place), storage smaller than a page, or a system where this cannot be checked (not Linux).
+    One read of ``/proc/self/smaps`` for all of them."""
+    tensors = list(tensors)
     fns = _libc()
-    if fns is None or not items:
-        return [False] * len(items)
+    if fns is None or not tensors:
+        return [False] * len(tensors)
     try:
-        maps = _file_maps()
+        maps = _maps()
     except (OSError, ValueError):
-        return [False] * len(items)
+        return [False] * len(tensors)
     out = []
-    for tensor, path in items:
+    for tensor in tensors:
         lo, hi = _inner_pages(tensor) if tensor.device.type == "cpu" else (0, 0)
-        target = os.path.realpath(path)
-        ok = hi > lo and any(s <= lo and hi <= e and name == target and written == 0 for s, e, name, written in maps)
-        out.append(ok and fns[1](ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _PROT_READ) == 0)
+        ok = hi > lo and _clean_file_range(maps, lo, hi)
+        ok = ok and fns[1](ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _PROT_READ) == 0
+        if ok:
+            key = id(tensor)
+            _sealed[key] = (weakref.ref(tensor, lambda _, key=key: _forget(key)), lo, hi)
+        out.append(ok)
     return out
 
 
 def release_tensor(tensor: torch.Tensor) -> int:
-    """Drop from this process the pages of a tensor that :func:`seal_file_maps` sealed (the caller keeps that promise:
-    on any other memory this loses data); the next read maps them again from the file. Return the bytes released (0
-    without ``madvise``, or when the kernel refused it)."""
+    """Drop from this process the pages of ``tensor``, which :func:`seal_file_maps` must have sealed (this very tensor
+    object; any other is left alone and gives 0); the next read maps them again from the file. Return the bytes
+    released (0 as well without ``madvise``, or when the kernel refused it)."""
     fns = _libc()
-    if fns is None:
-        return 0
-    lo, hi = _inner_pages(tensor)
-    if hi <= lo:
+    ref, lo, hi = _sealed.get(id(tensor), (None, 0, 0))
+    if fns is None or ref is None or ref() is not tensor or _inner_pages(tensor) != (lo, hi):
         return 0
     if fns[0](ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED) != 0:
         err = ctypes.get_errno()

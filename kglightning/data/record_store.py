@@ -200,8 +200,9 @@ def first_reader(folder: Path, source: str | os.PathLike) -> Iterator[str]:
                     break
                 if waited - warned >= 600:
                     warned = waited
-                    log.warning("still waiting (%.0f s) for the record store lock %s; if no process is reading %s, "
-                                "delete that file", waited, lock.lock_file, source)  # fmt: skip
+                    log.warning("still waiting (%.0f s) for the record store lock %s; if no process is reading %s "
+                                "(a lock left behind on a network file system), restart with "
+                                "KGLIGHTNING_RECORD_STORE_WAIT_S=0", waited, lock.lock_file, source)  # fmt: skip
     except Exception as err:  # a read-only cache, a file system without locks (filelock raises more than OSError)
         log.warning("no lock for the record store %s (%s: %s); reading %s without one", folder,
                     type(err).__name__, err, source)  # fmt: skip

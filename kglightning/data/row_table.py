@@ -7,6 +7,8 @@ into one in-memory buffer that grows by half when full. Rows are numbered in the
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,8 @@ import torch
 from kglightning.data.mapped_pages import release_tensor, seal_file_maps
 
 __all__ = ["RowTable"]
+
+log = logging.getLogger(__name__)
 
 
 class RowTable:
@@ -33,8 +37,7 @@ class RowTable:
         self._segments: list[torch.Tensor] = []
         self._starts: list[int] = []
         self._paths: dict[int, Path] = {}  # segment -> the shard file it maps
-        self._sealed: set[int] = set()  # mapped segments checked unwritten and made read-only (release_pages)
-        self._unchecked: set[int] = set()  # mapped segments not yet checked (checked together, at the next release)
+        self._unchecked: set[int] = set()  # mapped segments not yet sealed (all checked at once, at the next release)
         self._tail: torch.Tensor | None = None  # the buffer behind the last segment while that one is in memory
         self._rows = 0
         self.dim: int | None = None
@@ -103,8 +106,8 @@ class RowTable:
     def rows(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """The float32 rows ``ids`` (any shape; the result has one more dimension, :attr:`dim`)."""
         ids = torch.as_tensor(ids, dtype=torch.long)
-        if len(self._segments) == 1:
-            return self._segments[0][ids].float()
+        if len(self._segments) == 1:  # index_select copies (indexing with one id would give a view of the map)
+            return self._segments[0].index_select(0, ids.reshape(-1)).float().reshape(*ids.shape, -1)
         out = torch.empty(*ids.shape, self.dim or 0, dtype=torch.float32)
         if not ids.numel():
             return out
@@ -123,10 +126,12 @@ class RowTable:
         the other segments, in memory or not, are left as they are."""
         if self._unchecked:
             ks = sorted(self._unchecked)
-            sealed = seal_file_maps((self._segments[k], self._paths[k]) for k in ks)
-            self._sealed.update(k for k, ok in zip(ks, sealed) if ok)
+            sealed = seal_file_maps(self._segments[k] for k in ks)
+            if not all(sealed) and sys.platform.startswith("linux"):
+                log.info("%d memory-mapped embedding shard(s) stay resident: their maps hold written pages or could "
+                         "not be checked (%s)", sealed.count(False), self._paths[ks[sealed.index(False)]])  # fmt: skip
             self._unchecked.clear()
-        return sum(release_tensor(self._segments[k]) for k in sorted(self._sealed))
+        return sum(release_tensor(self._segments[k]) for k in sorted(self._paths))
 
     def full(self) -> torch.Tensor:
         """Every row, as one float32 tensor (a copy)."""
@@ -152,7 +157,7 @@ class RowTable:
             torch.load(seg, weights_only=True, mmap=True)["embeddings"] if isinstance(seg, Path) else seg
             for seg in state["_segments"]
         ]
-        self._sealed, self._unchecked = set(), set(self._paths)  # a new map of each file: checked again
+        self._unchecked = set(self._paths)  # a new map of each file: sealed again
         self._tail = None
         if self._segments and len(self._segments) - 1 not in self._paths:  # appending grows a copy of the last one
             self._tail = self._segments[-1]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kglightning.data.embeddings import EmbeddingCache
-from kglightning.data.mapped_pages import release_array, release_tensor
+from kglightning.data.mapped_pages import release_array, release_tensor, seal_file_maps
 from kglightning.data.triple_array import TripleArray, Vocab
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
@@ -70,12 +70,16 @@ def test_maps_that_may_hold_writes_and_plain_arrays_are_left_alone(tmp_path):
 
 
 @linux
-def test_a_file_mapped_tensor_gives_its_pages_back(tmp_path):
+def test_a_sealed_file_mapped_tensor_gives_its_pages_back_and_nothing_else_is_released(tmp_path):
     path = tmp_path / "t.pt"
     torch.save({"embeddings": torch.arange(4 * 2**20, dtype=torch.float32).view(-1, 64)}, path)
     t = torch.load(path, weights_only=True, mmap=True)["embeddings"]
     before = float(t.sum())
     assert _resident_kib(path) > 12 * 1024
+    assert release_tensor(t) == 0  # not sealed: left alone
+    anonymous, untouched = torch.ones(2**22), torch.empty(2**22)  # written memory; memory never written
+    assert seal_file_maps([t, anonymous, untouched, t.view(-1)]) == [True, False, False, True]
+    assert release_tensor(anonymous) == release_tensor(untouched) == 0 and float(anonymous.sum()) == 2**22
     assert release_tensor(t) > 15 * 2**20
     assert _resident_kib(path) < 1024
     assert float(t.sum()) == before
@@ -132,6 +136,8 @@ def test_a_written_map_or_a_tensor_in_memory_under_a_path_is_never_released(tmp_
 
 @linux
 def test_a_sealed_map_faults_on_a_write_instead_of_losing_it(tmp_path):
+    import resource
+    import signal
     import subprocess
     import textwrap
 
@@ -147,8 +153,11 @@ def test_a_sealed_map_faults_on_a_write_instead_of_losing_it(tmp_path):
         t.segments[0][5000:6000] = 2.0
         print("written")
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert "sealed" in out.stdout and "written" not in out.stdout and out.returncode != 0
+    no_core = lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # noqa: E731  # no core file left behind
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, preexec_fn=no_core
+    )
+    assert "sealed" in out.stdout and "written" not in out.stdout and out.returncode == -signal.SIGSEGV
 
 
 @linux
@@ -172,6 +181,46 @@ def test_a_refused_release_is_logged_once_and_the_run_goes_on(tmp_path, caplog, 
         libc.munlock(ctypes.c_void_p(page), ctypes.c_size_t(mmap_module.PAGESIZE))
     refusals = [r for r in caplog.records if "refused to drop the pages" in r.getMessage()]
     assert len(refusals) == 1 and graphs[1].tolist() == [3, 4, 5]
+
+
+@linux
+def test_an_unpickled_row_table_seals_its_own_map_again(tmp_path):
+    import pickle
+
+    from kglightning.data.row_table import RowTable
+
+    path = tmp_path / "s.pt"
+    torch.save({"embeddings": torch.arange(2**21, dtype=torch.float32).view(-1, 64).half()}, path)
+    t = RowTable()
+    t.append(torch.load(path, weights_only=True, mmap=True)["embeddings"], path=path)
+    assert t.release_pages() > 0
+    again = pickle.loads(pickle.dumps(t))  # a spawned worker: the file mapped anew
+    _released_and_read_back(path, again.release_pages, lambda: again.rows(torch.arange(0, 2**15, 7)), 512)
+
+
+def test_pages_written_or_swapped_out_or_not_of_a_file_are_never_clean():
+    from kglightning.data.mapped_pages import _clean_file_range, _parse_smaps
+
+    smaps = b"""7f0000000000-7f0000004000 rw-p 00000000 fe:00 2148909        /data/my shard.pt (deleted)
+Rss:                  16 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+VmFlags: rd wr mr mw me ac sd
+7f0000004000-7f0000008000 r--p 00004000 fe:00 2148909        /data/my shard.pt (deleted)
+Anonymous:             0 kB
+Swap:                  4 kB
+7f0000008000-7f000000c000 rw-p 00000000 00:00 0
+Anonymous:             0 kB
+Swap:                  0 kB
+""".splitlines()
+    maps = _parse_smaps(smaps)
+    base = 0x7F0000000000
+    assert maps == [(base, base + 0x4000, True, 0), (base + 0x4000, base + 0x8000, True, 4),
+                    (base + 0x8000, base + 0xC000, False, 0)]  # fmt: skip
+    assert _clean_file_range(maps, base, base + 0x4000)  # a deleted (replaced) file with no written page
+    assert not _clean_file_range(maps, base, base + 0x8000)  # a written page swapped out
+    assert not _clean_file_range(maps, base + 0x8000, base + 0xC000)  # anonymous memory
+    assert not _clean_file_range(maps, base - 0x1000, base + 0x4000)  # partly outside any map
 
 
 def test_triples_in_memory_release_nothing():
