@@ -107,7 +107,8 @@ class RowTable:
         """The float32 rows ``ids`` (any shape; the result has one more dimension, :attr:`dim`)."""
         ids = torch.as_tensor(ids, dtype=torch.long)
         if len(self._segments) == 1:  # index_select copies (indexing with one id would give a view of the map)
-            return self._segments[0].index_select(0, ids.reshape(-1)).float().reshape(*ids.shape, -1)
+            seg = self._segments[0]
+            return seg.index_select(0, ids.reshape(-1)).float().reshape(*ids.shape, seg.shape[1])
         out = torch.empty(*ids.shape, self.dim or 0, dtype=torch.float32)
         if not ids.numel():
             return out

@@ -152,3 +152,13 @@ def test_a_cache_folder_that_cannot_be_listed_or_is_gone_reads_no_shards(tmp_pat
 
     monkeypatch.setattr(embeddings.os, "listdir", gone)
     assert cache.refresh() == 0
+
+
+def test_rows_of_no_id_one_id_and_a_grid_of_ids_have_the_shapes_asked_for():
+    t = RowTable()
+    t.append(torch.arange(12, dtype=torch.float32).view(3, 4))
+    assert t.rows([]).shape == (0, 4) and t.rows(torch.zeros(0, 5, dtype=torch.long)).shape == (0, 5, 4)
+    one = t.rows(1)
+    assert one.tolist() == [4.0, 5.0, 6.0, 7.0]
+    one += 100  # a copy, never a view of the table
+    assert t.rows([[1, 2], [0, 0]]).shape == (2, 2, 4) and t.rows(1).tolist() == [4.0, 5.0, 6.0, 7.0]
