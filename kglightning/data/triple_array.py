@@ -19,9 +19,9 @@ from typing import Any, overload
 
 import numpy as np
 
-from kglightning.data.mapped_pages import release_array
+from kglightning.data.mapped_pages import release_array, release_arrays
 
-__all__ = ["TripleArray", "Vocab", "as_triple_array", "graph_nodes", "node_layout"]
+__all__ = ["TripleArray", "Vocab", "as_triple_array", "graph_nodes", "node_layout", "release_graphs"]
 
 
 class Vocab:
@@ -202,6 +202,12 @@ class TripleArray:
 
 def _rebuild(strings: list[str], ids: np.ndarray) -> TripleArray:
     return TripleArray(ids, Vocab(strings))
+
+
+def release_graphs(graphs: Iterable[Sequence[Sequence[str]]]) -> int:
+    """:meth:`TripleArray.release_pages` once for each distinct map behind ``graphs`` (records' graphs a stage has
+    read for the last time; lists of triples are skipped); returns the bytes of the maps released."""
+    return release_arrays(g.ids for g in graphs if isinstance(g, TripleArray))
 
 
 def graph_nodes(graph: Sequence[Sequence[str]]) -> set[str]:

@@ -13,12 +13,11 @@ from torch_geometric.data import Batch, Data
 
 from kglightning.data.cache import folder_name
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
-from kglightning.data.mapped_pages import release_arrays
 from kglightning.data.parallel import forked_chunks
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.text import RELATION_VIEWS, RelationView
-from kglightning.data.triple_array import TripleArray
+from kglightning.data.triple_array import release_graphs
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.detection_graphs import (
     DetectionStats,
@@ -317,5 +316,5 @@ def _build_chunk(
         if g:
             part.append((i, compact_graph(g)))
     # the chunk's graphs are read: their pages of the record store's map leave this process (mapped_pages)
-    release_arrays(r.graph.ids for r in records[lo:hi] if isinstance(r.graph, TripleArray))
+    release_graphs(r.graph for r in records[lo:hi])
     return part, stats

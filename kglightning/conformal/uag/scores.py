@@ -35,7 +35,7 @@ from kglightning.data.embeddings import EmbeddingCache, TransientEmbeddings
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import path_text, relation_text, step_query_text
-from kglightning.data.triple_array import TripleArray
+from kglightning.data.triple_array import release_graphs
 
 Coverage = Literal["any", "all"]
 
@@ -318,8 +318,7 @@ def release_pages(record: KGQARecord, cache: EmbeddingCache) -> None:
     the records come from the record store, and the embedding table's (:mod:`~kglightning.data.mapped_pages`). They
     stay in the page cache; without this a pass over a full-size split ends with the whole of both files in its RSS
     (3.3 GB on CWQ's training split), though no question needs them again. A few milliseconds a question."""
-    if isinstance(record.graph, TripleArray):
-        record.graph.release_pages()
+    release_graphs([record.graph])
     cache.release_pages()
 
 
