@@ -17,6 +17,7 @@ import torch
 
 from kglightning.data.proposer import AnswerNodeScorer
 from kglightning.data.records import KGQARecord
+from kglightning.evidence.answer_signals import LLM_SIGNALS, AnswerSignals, LLMSignal
 from kglightning.metrics.functional.qa import is_abstention, node_matcher, normalize
 
 __all__ = ["FEATURES", "StructuralBaseline", "structural_features"]
@@ -42,15 +43,22 @@ def _hops(graph: Sequence[tuple[str, str, str]], sources: Sequence[str], limit: 
     return dist
 
 
-def structural_features(record: KGQARecord, max_hops: int = 4) -> dict[str, list[float]]:
-    """Per distinct non-abstaining answer of ``record.prediction``: the :data:`FEATURES` in order.
+def structural_features(
+    record: KGQARecord, max_hops: int = 4, signals: Sequence[LLMSignal] = ()
+) -> dict[str, list[float]]:
+    """Per distinct non-abstaining answer of ``record.prediction``: the :data:`FEATURES` in order, then ``signals``
+    (:mod:`~kglightning.evidence.answer_signals`: the LLM's votes for the answer, the paths it cited, ...).
+
+    Answers are distinct as the detector's graphs make them: two entries that name the same node (or, naming no node,
+    the same text after RoG normalisation) are one answer, keyed by its first entry's text; its signals count all its
+    entries.
 
     Example:
         >>> r = KGQARecord("q", "capital of France?", ["Paris"], ["France"], ["Paris"],
-        ...     [("France", "capital", "Paris"), ("Paris", "in", "Europe")], prediction=["Paris", "Mars"])
-        >>> f = structural_features(r, max_hops=2)
+        ...     [("France", "capital", "Paris"), ("Paris", "in", "Europe")], prediction=["Paris", "Mars", "paris"])
+        >>> f = structural_features(r, max_hops=2, signals=["votes"])
         >>> f["Paris"], f["Mars"]
-        ([0.0, 2.0, 1.0, 1.0986..., 1.0, 1.0986...], [0.5, 2.0, 0.0, 0.0, 3.0, 1.0986...])
+        ([0.0, 3.0, 1.0, 1.0986..., 1.0, 1.0986..., 0.666...], [0.333..., 3.0, 0.0, 0.0, 3.0, 1.0986..., 0.333...])
     """
     preds = record.prediction or []
     match = node_matcher(n for h, _, t in record.graph for n in (h, t))
@@ -59,21 +67,25 @@ def structural_features(record: KGQARecord, max_hops: int = 4) -> dict[str, list
         degree[h] += 1
         degree[t] += 1
     dist = _hops(record.graph, record.q_entity, max_hops)
-    out: dict[str, list[float]] = {}
-    seen: set[str] = set()  # one row per normalised answer, as the detection graphs keep one
+    groups: dict[tuple[str, str], tuple[str, str | None, list[int]]] = {}  # key -> (first text, node, entries)
     for k, answer in enumerate(preds):
-        if normalize(answer) in seen or is_abstention(answer):
+        if is_abstention(answer):
             continue
-        seen.add(normalize(answer))
         node = match(answer)
+        key = ("node", node) if node is not None else ("text", normalize(answer))
+        groups.setdefault(key, (answer, node, []))[2].append(k)
+    llm = AnswerSignals(record) if signals else None
+    out: dict[str, list[float]] = {}
+    for answer, node, entries in groups.values():
         hops = dist.get(node, max_hops + 1) if node is not None else max_hops + 1
         out[answer] = [
-            k / len(preds),
+            entries[0] / len(preds),
             float(len(preds)),
             float(node is not None),
             math.log1p(degree[node]) if node is not None else 0.0,
             float(hops),
             math.log1p(len(record.graph)),
+            *(llm.values(entries, None, signals) if llm is not None else ()),
         ]
     return out
 
@@ -86,11 +98,21 @@ class StructuralBaseline(AnswerNodeScorer):
         l2: weight of the L2 penalty on the coefficients.
         max_hops: hop distances are capped at ``max_hops + 1`` (unreachable or ungrounded).
         name: column prefix in the test table.
+        signals: what the LLM's output says of each answer, added to the counts
+            (:mod:`~kglightning.evidence.answer_signals`: ``votes``, ``first_rank``, ``log_answers``,
+            ``cited_paths``, ``cited_in_graph``); give it the signals the detector reads, so that the two are
+            compared on the same information.
     """
 
-    def __init__(self, l2: float = 1e-2, max_hops: int = 4, name: str = "structural") -> None:
+    def __init__(
+        self, l2: float = 1e-2, max_hops: int = 4, name: str = "structural", signals: list[LLMSignal] | None = None
+    ) -> None:
         if l2 < 0 or max_hops < 1:
             raise ValueError("need l2 >= 0 and max_hops >= 1")
+        self.signals = list(signals or [])
+        unknown = [x for x in self.signals if x not in LLM_SIGNALS]
+        if unknown or len(set(self.signals)) < len(self.signals):
+            raise ValueError(f"signals must be distinct names of {', '.join(LLM_SIGNALS)}; got {self.signals}")
         self.l2 = l2
         self.max_hops = max_hops
         self.name = name
@@ -101,16 +123,19 @@ class StructuralBaseline(AnswerNodeScorer):
 
     @property
     def cache_key(self) -> str:
-        return f"structural-l2{self.l2}-h{self.max_hops}-{self._fitted_on}"
+        signals = f"-s{'+'.join(self.signals)}" if self.signals else ""
+        return f"structural-l2{self.l2}-h{self.max_hops}{signals}-{self._fitted_on}"
 
     def _matrix(self, records: Sequence[KGQARecord]) -> tuple[torch.Tensor, torch.Tensor]:
         rows, labels = [], []
         for r in records:
             gold = {normalize(a) for a in [*r.answer, *r.a_entity]}
-            for answer, feats in structural_features(r, self.max_hops).items():
+            match = node_matcher(n for h, _, t in r.graph for n in (h, t))
+            for answer, feats in structural_features(r, self.max_hops, self.signals).items():
                 rows.append(feats)
-                labels.append(float(normalize(answer) not in gold))
-        x = torch.tensor(rows, dtype=torch.float64).view(-1, len(FEATURES))
+                node = match(answer)  # as the detector labels it: right when its text or its node's name is gold
+                labels.append(float(normalize(answer) not in gold and (node is None or normalize(node) not in gold)))
+        x = torch.tensor(rows, dtype=torch.float64).view(-1, len(FEATURES) + len(self.signals))
         return x, torch.tensor(labels, dtype=torch.float64)
 
     def fit(self, records: Sequence[KGQARecord]) -> StructuralBaseline:
@@ -140,7 +165,7 @@ class StructuralBaseline(AnswerNodeScorer):
             raise RuntimeError("StructuralBaseline.score before fit: fit it on the training split first")
         out = []
         for r in records:
-            feats = structural_features(r, self.max_hops)
+            feats = structural_features(r, self.max_hops, self.signals)
             if not feats:
                 out.append({})
                 continue

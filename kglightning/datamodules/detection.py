@@ -28,12 +28,19 @@ from kglightning.datamodules.detection_graphs import (
     node_texts,
 )
 from kglightning.datamodules.text_rows import TextRows
+from kglightning.evidence.answer_signals import SIGNALS
 from kglightning.nn.kgguard import edge_types
 from kglightning.retrieval.faiss_grounding import FaissGrounder
 
 log = logging.getLogger(__name__)
 
 BUILD_CHUNK = 256  # questions per chunk when graphs are built on several processes
+
+AnswerFeature = Literal[
+    "path_score", "hops", "votes", "first_rank", "log_answers", "cited_paths", "cited_in_graph", "log_degree",
+    "log_graph_size",
+]  # fmt: skip
+ANSWER_FEATURES: tuple[str, ...] = ("path_score", "hops", *SIGNALS)
 
 
 class DetectionDataModule(KGQADataModule):
@@ -54,11 +61,14 @@ class DetectionDataModule(KGQADataModule):
             :class:`~kglightning.llm.node_judges.LLMJudge`, :class:`~kglightning.llm.node_judges.SelfCheck`) that
             score the test split's answer nodes; each graph then carries ``baseline_scores`` ``(answers,
             len(baselines))`` and the detector's test table lists them as ``test/<name>/*``.
-        answer_features: extra inputs of the detector's classifier per answer node, in order: ``"path_score"``
-            (the highest cosine similarity between the question and a shortest relation path from a topic entity to
-            the answer, as text; 0 without a path) and ``"hops"`` (that path's length over ``path_max_hops``;
-            ``1 + 1 / path_max_hops`` when no topic entity reaches the answer). The CLI links their number to
-            ``model.init_args.answer_features``.
+        answer_features: extra inputs of the detector's classifiers per answer (the graph model's and the
+            ungrounded scorer's), in the order given: ``"path_score"`` (the highest cosine similarity between the
+            question and a shortest relation path from a topic entity to the answer, as text; 0 without a path),
+            ``"hops"`` (that path's length over ``path_max_hops``; ``1 + 1 / path_max_hops`` when no topic entity
+            reaches the answer), and what the LLM's output says of the answer
+            (:mod:`~kglightning.evidence.answer_signals`): ``"votes"``, ``"first_rank"``, ``"log_answers"``,
+            ``"cited_paths"``, ``"cited_in_graph"``, ``"log_degree"``, ``"log_graph_size"``. The CLI links their
+            number to ``model.init_args.answer_features``.
         path_max_hops: longest path searched for ``answer_features``.
         ungrounded: what becomes of an answer that names no node of its graph (after exact, RoG-normalised and
             ``near_miss`` matching): ``"keep"`` scores it (the detector's ``ungrounded_scorer``) and reports it in
@@ -90,7 +100,7 @@ class DetectionDataModule(KGQADataModule):
         add_reverse_edges: bool = True,
         batch_size: int = 32,
         baselines: list[AnswerNodeScorer] | None = None,
-        answer_features: list[Literal["path_score", "hops"]] | None = None,
+        answer_features: list[AnswerFeature] | None = None,
         path_max_hops: int = 3,
         ungrounded: Literal["keep", "drop"] = "keep",
         near_miss: FaissGrounder | None = None,
@@ -108,10 +118,10 @@ class DetectionDataModule(KGQADataModule):
         if len(set(names)) < len(names):
             raise ValueError(f"baseline names must be distinct, got {names}")
         self.answer_features = list(answer_features or [])
-        unknown = set(self.answer_features) - {"path_score", "hops"}
+        unknown = set(self.answer_features) - set(ANSWER_FEATURES)
         if unknown or len(set(self.answer_features)) < len(self.answer_features):
             raise ValueError(
-                f"answer_features must be distinct names of 'path_score', 'hops'; got {self.answer_features}"
+                f"answer_features must be distinct names of {', '.join(ANSWER_FEATURES)}; got {self.answer_features}"
             )
         if path_max_hops < 1:
             raise ValueError(f"path_max_hops must be >= 1, got {path_max_hops}")
@@ -199,20 +209,24 @@ class DetectionDataModule(KGQADataModule):
             self._embedded.add(split)
 
     def _attach_answer_features(self, split: str, pairs: list[tuple[KGQARecord, Data]]) -> None:
-        paths, emb, ids = self.answer_paths(split), self.embeddings, self.embeddings._index
+        wanted = self.answer_features
+        on_paths = {"path_score", "hops"} & set(wanted)  # the shortest relation paths are searched for these alone
+        paths = self.answer_paths(split) if on_paths else {}
+        emb, ids = self.embeddings, self.embeddings._index
+        column = {name: i for i, name in enumerate(SIGNALS)}
         for record, g in pairs:
-            by_name = dict(zip(dict.fromkeys(record.prediction or []), paths[record.id]))
-            question = emb.rows([ids[record.question]])[0]
+            by_name = dict(zip(dict.fromkeys(record.prediction or []), paths.get(record.id, [])))
+            question = emb.rows([ids[record.question]])[0] if "path_score" in wanted else None
             rows = []
-            for name in g.answer_names:
+            for a, name in enumerate(g.answer_names):
                 hops, texts = by_name.get(name, (None, []))
                 feats = {}  # only the features asked for: path texts are embedded for path_score alone
-                if "path_score" in self.answer_features:
+                if question is not None:
                     feats["path_score"] = float((emb.rows([ids[t] for t in texts]) @ question).max()) if texts else 0.0
-                if "hops" in self.answer_features:
+                if "hops" in wanted:
                     feats["hops"] = (hops if hops is not None else self.path_max_hops + 1) / self.path_max_hops
-                rows.append([feats[f] for f in self.answer_features])
-            g.answer_features = torch.tensor(rows, dtype=torch.float).view(-1, len(self.answer_features))
+                rows.append([feats[f] if f in feats else float(g.answer_signals[a, column[f]]) for f in wanted])
+            g.answer_features = torch.tensor(rows, dtype=torch.float).view(-1, len(wanted))
 
     def build_split(self, split: str) -> list[Data]:
         records = self.records(split)

@@ -22,6 +22,7 @@ from kglightning.data.records import KGQARecord
 from kglightning.data.text import RelationView, path_text, relation_text
 from kglightning.data.triple_array import Vocab, as_triple_array, graph_nodes, node_layout
 from kglightning.datamodules.text_rows import TextRows
+from kglightning.evidence.answer_signals import SIGNALS, AnswerSignals
 from kglightning.metrics.functional.qa import is_abstention, normalize
 from kglightning.metrics.functional.qa import node_matcher as match_node
 from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
@@ -236,6 +237,8 @@ def build_detection_graph(
     named = {k: n for k, pred in enumerate(preds) if k not in abstained and (n := match(pred)) is not None}
     grounded: list[tuple[int, str, int, int, str]] = []  # (node, answer, kind, rank, node name)
     loose: list[tuple[str, int]] = []  # (answer, rank)
+    # the entries of ``prediction`` behind each kept answer (its votes), by node or by normalised text
+    entries: dict[tuple[str, int | str], list[int]] = {}
     seen_nodes: set[int] = set()
     seen_loose: set[str] = set()
     for k, pred in enumerate(preds):
@@ -247,12 +250,14 @@ def build_detection_graph(
             if near is not None and near in node_of and node_of[near] not in seen_nodes and near not in named.values():
                 node_name, kind = near, 1
         if node_name is not None:
+            entries.setdefault(("node", node_of[node_name]), []).append(k)
             if node_of[node_name] in seen_nodes:
                 stats.duplicates += 1
                 continue
             seen_nodes.add(node_of[node_name])
             grounded.append((node_of[node_name], pred, kind, k, node_name))
             continue
+        entries.setdefault(("text", normalize(pred)), []).append(k)
         if normalize(pred) in seen_loose:
             stats.duplicates += 1
             continue
@@ -292,6 +297,11 @@ def build_detection_graph(
     rel = np.concatenate([rel, np.zeros(len(topics), dtype=np.int64)]).astype(np.int64)
     kind = np.concatenate([kind, np.full(len(topics), EDGE_VIRTUAL)]).astype(np.int64)
 
+    signals = AnswerSignals(record)
+    degree = np.bincount(np.concatenate([src_arr, dst_arr]), minlength=virtual)
+    answer_signals = [signals.values(entries["node", node], int(degree[node])) for node, *_ in grounded]
+    answer_signals += [signals.values(entries["text", normalize(name)], None) for name, _ in loose]
+
     n = virtual + 1
     topic_mask = torch.zeros(n, dtype=torch.bool)
     topic_mask[topics] = True
@@ -315,6 +325,7 @@ def build_detection_graph(
         num_answer_items=torch.tensor([len(names)]),
         y=torch.tensor(labels),
         proposer_confidence=torch.tensor(confidences),
+        answer_signals=torch.tensor(answer_signals, dtype=torch.float).view(len(names), len(SIGNALS)),
         question_index=torch.tensor([virtual]),
         qid=record.id,
         answer_names=names,

@@ -7,6 +7,8 @@
   (inference) for one record.
 * :mod:`~kglightning.evidence.verbalize`: the grounded path instances of an evidence, written for the reasoner.
 * :mod:`~kglightning.evidence.rewards`: :class:`EvidenceReward`, the RL stage's calibration-aware reward.
+* :mod:`~kglightning.evidence.answer_signals`: what an LLM's output says of each answer for free (votes, first
+  rank, cited paths and whether they are in the graph), read by the hallucination detector and its baselines.
 """
 
 from kglightning.evidence.builder import CVT_PATTERN, EvidenceBuilder

@@ -104,7 +104,7 @@ def detection_metrics(threshold: float = 0.5, prefix: str | None = None) -> Metr
     )
 
 
-def detection_scores(probs: Tensor, target: Tensor, threshold: float = 0.5) -> dict[str, Tensor]:
+def detection_scores(probs: Tensor, target: Tensor, threshold: float | Tensor = 0.5) -> dict[str, Tensor]:
     """The values of :func:`detection_metrics` computed at once, on the device of ``probs`` (no Metric states).
 
     For scores that are already gathered (e.g. a validation epoch's), where building Metric objects would put their
@@ -113,7 +113,8 @@ def detection_scores(probs: Tensor, target: Tensor, threshold: float = 0.5) -> d
     Args:
         probs: ``(N,)`` scores in ``[0, 1]``.
         target: ``(N,)`` 0/1 labels.
-        threshold: a node is flagged when its score is ``>= threshold``.
+        threshold: a node is flagged when its score is ``>= threshold``; a ``(N,)`` tensor gives each node its own
+            (e.g. one threshold per population of answers).
 
     Example:
         >>> import torch

@@ -15,13 +15,8 @@ from torch.nn import functional as F
 from kglightning.conformal.scorer import ConformalScores
 from kglightning.datamodules.detection_graphs import GROUNDING_KINDS, answer_owner
 from kglightning.metrics.classification import detection_scores
-from kglightning.modules.detector_scores import (
-    ScoreBuffer,
-    answer_keys,
-    detection_loss,
-    item_uniform,
-    tune_decision,
-)
+from kglightning.modules.detector_scores import ScoreBuffer, answer_keys, detection_loss, item_uniform
+from kglightning.modules.detector_thresholds import Decision, shifted_probs, tune_decision
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard, UngroundedAnswerScorer, nearest_nodes
 
 UNGROUNDED = 2  # index of "ungrounded" in kglightning.datamodules.detection_graphs.GROUNDING_KINDS
@@ -37,13 +32,15 @@ class HallucinationDetector(L.LightningModule):
     every metric over the grounded answers (``test/f1``...) and over all answers (``test/all/f1``...), for the
     detector and each baseline (``test/<baseline>/f1``, ``test/all/<baseline>/f1``).
 
-    The decision threshold is tuned on validation (best F1) at the end of every validation epoch and kept in the
-    ``threshold`` buffer, so it is saved in checkpoints. The majority class of validation labels is kept in the
-    ``majority`` buffer; the test run reports the MostFrequent and Random baselines beside the detector
-    (``test/mostfrequent/*``, ``test/random/*``). The two models' scores live on different scales, so the ungrounded
-    answers' logits get an offset (the ``ungrounded_offset`` buffer), tuned on validation after the threshold: with
-    it, ``p >= threshold`` is the best-F1 decision over every validation answer (``val/all/*``) while the grounded
-    answers keep their own best-F1 threshold. Tests, predictions and conformal scores use the shifted logits.
+    The decision rule is tuned on validation at the end of every validation epoch
+    (:mod:`~kglightning.modules.detector_thresholds`) and kept in buffers, so it is saved in checkpoints. The two
+    models' scores live on different scales, so the ungrounded answers' logits get an offset (``ungrounded_offset``),
+    chosen so that one probability ranks every validation answer best (average precision); each population then has
+    its own threshold: a grounded answer is flagged when ``p >= threshold``, an ungrounded one when ``p >=
+    ungrounded_threshold`` (see ``threshold_for``). Tests, predictions and conformal scores use the shifted logits.
+    The majority class of the validation labels is kept in ``majority`` (grounded answers) and ``majority_all``
+    (every answer); the test run reports the MostFrequent and Random baselines beside the detector
+    (``test/mostfrequent/*``, ``test/random/*``).
     Known limit: :class:`~kglightning.callbacks.ConformalCallback` with ``fit_on="validation"`` collects its scores
     during the validation batches, before this epoch's offset is tuned, so its ``qhat`` is fitted on the previous
     epoch's offset; with ungrounded answers, prefer ``fit_on="fit_end"``.
@@ -65,31 +62,33 @@ class HallucinationDetector(L.LightningModule):
         scheduler: learning-rate scheduler factory, stepped once per epoch (e.g.
             :class:`kglightning.modules.schedules.CosineAnnealingLR`, whose ``T_max`` defaults to the number of epochs
             in the CLI); ``None``: a constant rate.
-        threshold: initial decision threshold.
-        tune_threshold: re-tune the threshold on validation.
-        threshold_resamples: ``0``: the threshold is the best-F1 one on the validation set; ``B > 0``: the median
-            of the best-F1 thresholds of ``B`` bootstrap resamples of the validation answer nodes (seeded by
+        threshold: initial decision threshold (of both populations).
+        tune_threshold: re-tune the thresholds on validation.
+        threshold_resamples: ``0``: the grounded threshold is the best-F1 one on the validation set; ``B > 0``: the
+            median of the best-F1 thresholds of ``B`` bootstrap resamples of the validation answer nodes (seeded by
             ``baseline_seed``), which stays stable when the validation set is small
-            (:func:`bootstrap_f1_threshold`).
-        tune_ungrounded_offset: tune ``ungrounded_offset`` on validation (:func:`best_offset`); ``False`` keeps it
-            at 0, one threshold on both models' raw scores.
-        threshold_for: ``"grounded"``: the threshold is the best-F1 one over the graph model's answers, then the
-            offset the best for every answer given it; ``"all"``: both together, for the best F1 over every
-            validation answer (:func:`best_joint_thresholds`; the grounded-only F1 then comes second). Choose
-            ``"all"`` when the LLM's answers are often not graph nodes, as a real LLM's are. ``"all_ap"``: the offset
-            that ranks every validation answer best (average precision, :func:`best_ap_offset`), then the best-F1
-            threshold over every answer's shifted score.
+            (:func:`~kglightning.modules.detector_thresholds.bootstrap_f1_threshold`); with ``threshold_for:
+            grounded`` only.
+        tune_ungrounded_offset: tune ``ungrounded_offset`` on validation
+            (:func:`~kglightning.modules.detector_thresholds.best_ap_offset`); ``False`` keeps it at 0.
+        threshold_for: ``"grounded"``: the grounded threshold is the best-F1 one over the graph model's answers, then
+            the ungrounded threshold the best for F1 over every answer given it; ``"all"``: both together, for the
+            best F1 over every validation answer
+            (:func:`~kglightning.modules.detector_thresholds.best_joint_thresholds`). Choose ``"all"`` when the
+            LLM's answers are often not graph nodes, as a real LLM's are. ``"all_ap"`` is an older name of
+            ``"all"``. Ties keep the fewest flags; a population with no validation answer keeps its threshold.
         baseline_seed: seed of the Random baseline, whose score for a node is fixed by (seed, question id,
             node name), so that it is the same on one process or many.
         pos_weight: weight of the hallucinated (positive) class in the loss (``None``: 1). Below 1 when most
             answers are hallucinated, as with small LLMs; ``neg / pos`` of the training set balances the classes.
         focal_gamma: focusing parameter of the focal loss (Lin et al., 2017); ``0`` is plain binary cross-entropy.
-        answer_features: extra classifier inputs per answer node, read from ``batch.answer_features`` (the CLI
-            links it to the DataModule's ``num_answer_features``).
+        answer_features: extra classifier inputs per answer (both models'), read from ``batch.answer_features``
+            (the CLI links it to the DataModule's ``num_answer_features``).
         marks, question_node, edge_text, inputs: the paper's ablations (Tables 4-5), all on by default; see
             :class:`~kglightning.nn.KGGuard`.
-        ungrounded_scorer: the model of ungrounded answers, built as ``ungrounded_scorer(text_dim)``; name it by
-            ``class_path`` (default :class:`~kglightning.nn.UngroundedAnswerScorer`).
+        ungrounded_scorer: the model of ungrounded answers, built as ``ungrounded_scorer(text_dim)`` (and
+            ``answer_features=answer_features`` when there are any); name it by ``class_path`` (default
+            :class:`~kglightning.nn.UngroundedAnswerScorer`).
     """
 
     def __init__(
@@ -121,11 +120,9 @@ class HallucinationDetector(L.LightningModule):
             raise ValueError(f"pos_weight must be > 0, got {pos_weight}")
         if threshold_for not in ("grounded", "all", "all_ap"):
             raise ValueError(f"threshold_for must be 'grounded', 'all' or 'all_ap', got {threshold_for!r}")
-        if threshold_for != "grounded" and not (tune_threshold and tune_ungrounded_offset):
-            raise ValueError(
-                f"threshold_for={threshold_for!r} tunes the threshold and the offset: it needs "
-                "tune_threshold and tune_ungrounded_offset"
-            )
+        threshold_for = "all" if threshold_for == "all_ap" else threshold_for  # the older name
+        if threshold_for != "grounded" and not tune_threshold:
+            raise ValueError(f"threshold_for={threshold_for!r} tunes the thresholds: it needs tune_threshold")
         if threshold_for != "grounded" and threshold_resamples:
             raise ValueError(
                 "threshold_resamples (bootstrap) tunes a grounded-only threshold: use threshold_for=grounded"
@@ -138,7 +135,13 @@ class HallucinationDetector(L.LightningModule):
         self.net = KGGuard(text_dim, encoder, mark_dim=mark_dim, mlp_hidden=mlp_hidden, dropout=dropout,
                            answer_features=answer_features, marks=marks, question_node=question_node,
                            edge_text=edge_text, inputs=inputs)  # fmt: skip
-        self.ungrounded = ungrounded_scorer(text_dim)
+        # the ungrounded answers read the same answer features as the graph's (a scorer that takes none is built as
+        # before, with its text inputs alone)
+        self.ungrounded = (
+            ungrounded_scorer(text_dim, answer_features=answer_features)
+            if answer_features
+            else ungrounded_scorer(text_dim)
+        )
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.tune_threshold = tune_threshold
@@ -148,9 +151,11 @@ class HallucinationDetector(L.LightningModule):
         self.baseline_seed = baseline_seed
         self.pos_weight = pos_weight
         self.focal_gamma = focal_gamma
-        self.register_buffer("threshold", torch.tensor(float(threshold)))
-        self.register_buffer("majority", torch.tensor(1.0))
-        # added to the ungrounded answers' logits outside training, so that one threshold serves every answer
+        self.register_buffer("threshold", torch.tensor(float(threshold)))  # of the grounded answers
+        self.register_buffer("ungrounded_threshold", torch.tensor(float(threshold)))
+        self.register_buffer("majority", torch.tensor(1.0))  # MostFrequent's class over the grounded answers
+        self.register_buffer("majority_all", torch.tensor(1.0))  # ... and over every answer
+        # added to the ungrounded answers' logits outside training, so that one probability ranks every answer
         self.register_buffer("ungrounded_offset", torch.tensor(0.0))
         self.val_scores = ScoreBuffer()
         self.val_ungrounded = ScoreBuffer()  # raw logits of the ungrounded answers
@@ -171,10 +176,17 @@ class HallucinationDetector(L.LightningModule):
                 "that name no graph node get an untrained score; retrain, or set data.init_args.ungrounded: drop"
             )
             state_dict = {**state_dict, **{k: own[k] for k in missing}}
-        if "ungrounded_offset" not in state_dict and any(k.startswith("net.") for k in state_dict):
-            # saved before the offset existed: no shift, as then
-            state_dict = {**state_dict, "ungrounded_offset": torch.zeros_like(own["ungrounded_offset"])}
+        if any(k.startswith("net.") for k in state_dict):
+            # saved before these existed: no shift, one threshold for every answer, one majority, as then
+            older = {"ungrounded_offset": torch.zeros_like(own["ungrounded_offset"])}
+            older["ungrounded_threshold"] = state_dict.get("threshold", own["threshold"])
+            older["majority_all"] = state_dict.get("majority", own["majority"])
+            state_dict = {**{k: v for k, v in older.items() if k not in state_dict}, **state_dict}
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def answer_thresholds(self, grounded: Tensor) -> Tensor:
+        """``(A,)`` the threshold of each answer: ``threshold`` for a grounded one, ``ungrounded_threshold`` else."""
+        return torch.where(grounded.to(self.threshold.device), self.threshold, self.ungrounded_threshold)
 
     def forward(self, batch: Any, calibrated: bool | None = None) -> Tensor:
         """Logits ``(A,)`` for every proposed answer of the batch, in answer order (per graph: grounded answers, then
@@ -190,14 +202,12 @@ class HallucinationDetector(L.LightningModule):
         grounding = getattr(batch, "answer_grounding", None)
         loose = grounding == UNGROUNDED if grounding is not None else None
         features = getattr(batch, "answer_features", None) if self.net.answer_features else None
-        if loose is not None and features is not None:
-            features = features[~loose]
-        node_logits = self._graph_logits(batch, features)
+        node_logits = self._graph_logits(batch, features if loose is None or features is None else features[~loose])
         if loose is None:
             return node_logits
         logits = node_logits.new_zeros(loose.numel())
         logits[~loose] = node_logits[: int((~loose).sum())]
-        loose_logits = self._ungrounded_logits(batch, loose)
+        loose_logits = self._ungrounded_logits(batch, loose, None if features is None else features[loose])
         logits[loose] = loose_logits[: int(loose.sum())]
         if (not self.training if calibrated is None else calibrated) and bool(loose.any()):
             logits = logits + loose.to(logits.dtype) * self.ungrounded_offset
@@ -230,19 +240,22 @@ class HallucinationDetector(L.LightningModule):
             answer_features=features,
         )
 
-    def _ungrounded_logits(self, batch: Any, loose: Tensor) -> Tensor:
+    def _ungrounded_logits(self, batch: Any, loose: Tensor, features: Tensor | None = None) -> Tensor:
         """Logits of the ungrounded answers (or of one placeholder, to keep the model in use, when there are none)."""
         x = batch.x_text
         q_index = batch.ungrounded_question_index
         answer = getattr(batch, "ungrounded_x", None)
+        extra = {} if features is None else {"features": features}
         if q_index.numel() == 0 or answer is None:
             zero = x.new_zeros(1, x.shape[-1])
-            return self.ungrounded(zero, zero, zero, x.new_zeros(1), x.new_zeros(1))
+            if features is not None:
+                extra = {"features": x.new_zeros(1, features.shape[-1])}
+            return self.ungrounded(zero, zero, zero, x.new_zeros(1), x.new_zeros(1), **extra)
         candidates = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
         candidates[batch.question_index] = False
         idx, sim = nearest_nodes(answer, x, batch.batch, batch.batch[q_index], candidates)
         nearest = torch.where((idx >= 0)[:, None], x[idx.clamp_min(0)], torch.zeros_like(answer))
-        return self.ungrounded(answer, x[q_index], nearest, sim, batch.answer_rank[loose].to(x.dtype))
+        return self.ungrounded(answer, x[q_index], nearest, sim, batch.answer_rank[loose].to(x.dtype), **extra)
 
     def _loss(self, batch: Any, stage: str) -> tuple[Tensor, Tensor]:
         logits = self(batch, calibrated=stage == "test")  # validation tunes the offset on the raw logits
@@ -283,27 +296,37 @@ class HallucinationDetector(L.LightningModule):
         loose_logits, loose_target = self.val_ungrounded.compute()
         for buf in (self.val_scores, self.val_ungrounded):
             buf.reset()
-        if probs.numel() == 0:
+        if probs.numel() == 0 and loose_logits.numel() == 0:
             return
+        loose_target = loose_target.to(target)
         if not self.trainer.sanity_checking:
-            # MostFrequent's class: the validation majority, whether or not the threshold is tuned
-            self.majority.fill_(float(target.float().mean() >= 0.5))
-            thr, offset = tune_decision(
-                probs, target, loose_logits, loose_target, self.threshold_for, float(self.threshold),
-                float(self.ungrounded_offset), self.tune_threshold, self.tune_ungrounded_offset,
-                self.threshold_resamples, self.baseline_seed,
+            # MostFrequent's class: the validation majority, whether or not the thresholds are tuned
+            if probs.numel():
+                self.majority.fill_(float(target.float().mean() >= 0.5))
+            self.majority_all.fill_(float(torch.cat([target, loose_target]).float().mean() >= 0.5))
+            current = Decision(float(self.threshold), float(self.ungrounded_threshold), float(self.ungrounded_offset))
+            decision = tune_decision(
+                probs, target, loose_logits, loose_target, self.threshold_for, current,
+                self.tune_threshold, self.tune_ungrounded_offset, self.threshold_resamples, self.baseline_seed,
             )  # fmt: skip
-            self.threshold.fill_(thr)
-            self.ungrounded_offset.fill_(offset)
-        thr = float(self.threshold)
-        values = {f"val/{k}": v for k, v in detection_scores(probs, target, thr).items()}
+            self.threshold.fill_(decision.threshold)
+            self.ungrounded_threshold.fill_(decision.ungrounded_threshold)
+            self.ungrounded_offset.fill_(decision.offset)
+        values: dict[str, Any] = {}
+        if probs.numel():  # a validation split without a grounded answer has no grounded metrics
+            values |= {f"val/{k}": v for k, v in detection_scores(probs, target, float(self.threshold)).items()}
         # every answer (the same as val/* when every answer is a graph node), so that a monitor on val/all/* exists
-        shifted = torch.sigmoid(loose_logits.to(probs) + self.ungrounded_offset.to(probs))
-        every = detection_scores(torch.cat([probs, shifted]), torch.cat([target, loose_target.to(target)]), thr)
+        shifted = shifted_probs(loose_logits, float(self.ungrounded_offset)).to(probs)
+        thresholds = torch.cat(
+            [torch.full_like(probs, float(self.threshold)), torch.full_like(shifted, float(self.ungrounded_threshold))]
+        )
+        every = detection_scores(torch.cat([probs, shifted]), torch.cat([target, loose_target]), thresholds)
         values |= {f"val/all/{k}": v for k, v in every.items()}
         values["val/threshold"] = self.threshold.clone()
+        values["val/ungrounded_threshold"] = self.ungrounded_threshold.clone()
         values["val/ungrounded_offset"] = self.ungrounded_offset.clone()
-        self.log("val/f1", values.pop("val/f1"), prog_bar=True)
+        if "val/f1" in values:
+            self.log("val/f1", values.pop("val/f1"), prog_bar=True)
         self.log_dict(values)
 
     def setup(self, stage: str) -> None:
@@ -354,14 +377,16 @@ class HallucinationDetector(L.LightningModule):
             buf.reset()
             if bool(torch.isnan(probs).all()):  # the datamodule gave no scores for this baseline
                 continue
-            thr = float(self.threshold) if name == "" else 0.5
+            thr = self.answer_thresholds(grounded).to(probs) if name == "" else torch.full_like(probs, 0.5)
             if bool(grounded.any()):  # a split with no grounded answer leaves out the grounded metrics
-                values |= {
-                    f"test/{name}{k}": v for k, v in detection_scores(probs[grounded], target[grounded], thr).items()
-                }
+                scores = detection_scores(probs[grounded], target[grounded], thr[grounded])
+                values |= {f"test/{name}{k}": v for k, v in scores.items()}
+            if name == "mostfrequent/":  # over every answer, MostFrequent answers the majority of every answer
+                probs = torch.full_like(probs, float(self.majority_all))
             values |= {f"test/all/{name}{k}": v for k, v in detection_scores(probs, target, thr).items()}
         self.test_grounded.reset()
         values["test/threshold"] = self.threshold.clone()
+        values["test/ungrounded_threshold"] = self.ungrounded_threshold.clone()
         values["test/ungrounded_offset"] = self.ungrounded_offset.clone()
         self.log_dict(values)
 
@@ -371,18 +396,21 @@ class HallucinationDetector(L.LightningModule):
         owner = answer_owner(batch).cpu()
         grounding = getattr(batch, "answer_grounding", None)
         kinds = [GROUNDING_KINDS[k] for k in grounding.tolist()] if grounding is not None else None
-        thr = float(self.threshold)
+        loose = grounding == UNGROUNDED if grounding is not None else torch.zeros_like(owner, dtype=torch.bool)
+        flagged = (probs >= self.answer_thresholds(~loose.cpu()).cpu()).tolist()
+        thresholds = {"threshold": float(self.threshold), "ungrounded_threshold": float(self.ungrounded_threshold)}
         out = []
         for g, (qid, names) in enumerate(zip(batch.qid, batch.answer_names)):
-            p = probs[owner == g].tolist()
+            mine = (owner == g).nonzero().flatten().tolist()
+            p = probs[mine].tolist()
             out.append(
                 {
                     "id": qid,
                     "prediction": list(names),
                     "hallucination_prob": [round(x, 6) for x in p],
-                    **({"grounding": [k for k, o in zip(kinds, owner.tolist()) if o == g]} if kinds else {}),
-                    "flagged": [n for n, x in zip(names, p) if x >= thr],
-                    "threshold": thr,
+                    **({"grounding": [kinds[i] for i in mine]} if kinds else {}),
+                    "flagged": [n for n, i in zip(names, mine) if flagged[i]],
+                    **thresholds,
                 }
             )
         return out

@@ -48,29 +48,51 @@ def nearest_nodes(
 
 
 class UngroundedAnswerScorer(nn.Module):
-    """An MLP over ``[answer ‖ question ‖ nearest node ‖ answer ⊙ question ‖ similarity ‖ rank]`` -> one logit.
+    """An MLP over ``[answer ‖ question ‖ nearest node ‖ answer ⊙ question ‖ similarity ‖ rank ‖ features]`` -> one
+    logit.
 
     Args:
         text_dim: text-embedding size (the detector passes its own).
         hidden: hidden width.
         dropout: dropout after the hidden layer.
+        answer_features: extra inputs per answer (the detector passes the number its data module gives, e.g. the
+            LLM's votes for the answer; see :mod:`~kglightning.evidence.answer_signals`).
 
     Shapes: ``answer``, ``question`` and ``nearest`` ``(U, text_dim)`` (``nearest`` zero when the graph has no
-    entity), ``similarity`` and ``rank`` ``(U,)``; returns ``(U,)`` logits (hallucinated = 1).
+    entity), ``similarity`` and ``rank`` ``(U,)``, ``features`` ``(U, answer_features)``; returns ``(U,)`` logits
+    (hallucinated = 1).
 
     Example:
-        >>> scorer = UngroundedAnswerScorer(4, hidden=8)
+        >>> scorer = UngroundedAnswerScorer(4, hidden=8, answer_features=2)
         >>> e = torch.randn(3, 4)
-        >>> scorer(e, e, e, torch.zeros(3), torch.zeros(3)).shape
+        >>> scorer(e, e, e, torch.zeros(3), torch.zeros(3), torch.zeros(3, 2)).shape
         torch.Size([3])
     """
 
-    def __init__(self, text_dim: int, hidden: int = 128, dropout: float = 0.1) -> None:
+    def __init__(self, text_dim: int, hidden: int = 128, dropout: float = 0.1, answer_features: int = 0) -> None:
         super().__init__()
+        if answer_features < 0:
+            raise ValueError(f"answer_features must be >= 0, got {answer_features}")
+        self.answer_features = answer_features
         self.mlp = nn.Sequential(
-            nn.Linear(4 * text_dim + 2, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1)
+            nn.Linear(4 * text_dim + 2 + answer_features, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1)
         )
 
-    def forward(self, answer: Tensor, question: Tensor, nearest: Tensor, similarity: Tensor, rank: Tensor) -> Tensor:
-        x = torch.cat([answer, question, nearest, answer * question, similarity[:, None], rank[:, None]], dim=-1)
-        return self.mlp(x).squeeze(-1)
+    def forward(
+        self,
+        answer: Tensor,
+        question: Tensor,
+        nearest: Tensor,
+        similarity: Tensor,
+        rank: Tensor,
+        features: Tensor | None = None,
+    ) -> Tensor:
+        parts = [answer, question, nearest, answer * question, similarity[:, None], rank[:, None]]
+        if self.answer_features:
+            if features is None or features.shape != (len(answer), self.answer_features):
+                got = None if features is None else tuple(features.shape)
+                raise ValueError(
+                    f"this scorer reads {self.answer_features} features per answer, got {got} for {len(answer)} answers"
+                )
+            parts.append(features.to(answer.dtype))
+        return self.mlp(torch.cat(parts, dim=-1)).squeeze(-1)

@@ -11,7 +11,7 @@ import torch
 from kglightning.data import SentenceEncoder
 from kglightning.datamodules import DetectionDataModule
 from kglightning.modules import HallucinationDetector
-from kglightning.modules.detector_scores import best_f1_threshold, bootstrap_f1_threshold
+from kglightning.modules.detector_thresholds import best_f1_threshold, bootstrap_f1_threshold
 from kglightning.nn import GATEncoder, GraphTransformerEncoder
 
 

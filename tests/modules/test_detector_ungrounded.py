@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from functools import partial
 from pathlib import Path
 
@@ -162,26 +161,6 @@ def test_a_test_batch_of_ungrounded_answers_only_and_an_old_checkpoint(datamodul
 
 
 @pytest.mark.heavy
-def test_best_offset_maximises_f1_over_every_answer():
-    from kglightning.metrics.classification import detection_scores
-    from kglightning.modules.detector_scores import best_offset
-
-    gen = torch.Generator().manual_seed(0)
-    g_probs, g_target = torch.rand(40, generator=gen), torch.randint(0, 2, (40,), generator=gen)
-    loose, loose_target = torch.randn(30, generator=gen) * 3, torch.randint(0, 2, (30,), generator=gen)
-    thr = 0.4
-    offset = best_offset(g_probs >= thr, g_target, loose, loose_target, thr)
-
-    def f1_at(off: float) -> float:
-        scores = torch.cat([g_probs, torch.sigmoid(loose + off)])
-        return float(detection_scores(scores, torch.cat([g_target, loose_target]), thr)["f1"])
-
-    brute = max(f1_at(off) for off in torch.linspace(-12, 12, 2401).tolist())
-    assert f1_at(offset) >= brute - 1e-6
-    assert best_offset(g_probs >= thr, g_target, loose[:0], loose_target[:0], thr) == 0.0
-
-
-@pytest.mark.heavy
 def test_the_ungrounded_offset_is_tuned_saved_and_used_by_predictions(datamodule, tmp_path):
     model = _model(datamodule)
     trainer = L.Trainer(max_epochs=3, logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -197,10 +176,11 @@ def test_the_ungrounded_offset_is_tuned_saved_and_used_by_predictions(datamodule
     shift = model(batch) - model(batch, calibrated=False)
     assert torch.allclose(shift[loose], torch.full_like(shift[loose], offset)) and bool((shift[~loose] == 0).all())
     rows = [row for out in trainer.predict(model, datamodule=datamodule) for row in out]
-    for row in rows:  # one threshold over the shifted probabilities decides every answer's flag (away from ties)
-        thr = row["threshold"]
-        clear = [(n, p) for n, p in zip(row["prediction"], row["hallucination_prob"]) if abs(p - thr) > 1e-5]
-        assert [n for n, p in clear if p > thr] == [n for n, _ in clear if n in row["flagged"]]
+    for row in rows:  # each population's threshold over the shifted probabilities decides its flags (away from ties)
+        thr = {"exact": row["threshold"], "near-miss": row["threshold"], "ungrounded": row["ungrounded_threshold"]}
+        cuts = [thr[kind] for kind in row["grounding"]]
+        clear = [(n, p, t) for n, p, t in zip(row["prediction"], row["hallucination_prob"], cuts) if abs(p - t) > 1e-5]
+        assert [n for n, p, t in clear if p > t] == [n for n, _, _ in clear if n in row["flagged"]]
     frozen = _model(datamodule)
     frozen.tune_ungrounded_offset = False
     L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -208,68 +188,84 @@ def test_the_ungrounded_offset_is_tuned_saved_and_used_by_predictions(datamodule
     assert float(frozen.ungrounded_offset) == 0.0
 
 
-@pytest.mark.heavy
-def test_joint_thresholds_maximise_f1_over_every_answer():
-    from kglightning.metrics.classification import detection_scores
-    from kglightning.modules.detector_scores import best_joint_thresholds
-
-    gen = torch.Generator().manual_seed(1)
-    g_probs, g_target = torch.rand(40, generator=gen), torch.randint(0, 2, (40,), generator=gen)
-    loose = torch.randn(25, generator=gen) * 3
-    loose_target = (torch.rand(25, generator=gen) < 0.8).long()
-    thr, off = best_joint_thresholds(g_probs, g_target, loose, loose_target)
-    target = torch.cat([g_target, loose_target])
-
-    def f1(t: float, o: float) -> float:
-        return float(detection_scores(torch.cat([g_probs, torch.sigmoid(loose + o)]), target, t)["f1"])
-
-    grid = max(f1(t, o) for t in [*g_probs.tolist(), 1.01] for o in torch.linspace(-10, 10, 401).tolist())
-    assert f1(thr, off) >= grid - 1e-9
-    # it is at least as good over every answer as the grounded-best threshold with its best offset
-    from kglightning.modules.detector_scores import best_f1_threshold, best_offset
-
-    t0 = best_f1_threshold(g_probs, g_target)[0]
-    assert f1(thr, off) >= f1(t0, best_offset(g_probs >= t0, g_target, loose, loose_target, t0)) - 1e-9
+def test_threshold_for_is_checked():
     with pytest.raises(ValueError, match="threshold_for"):
         HallucinationDetector(threshold_for="some")
     with pytest.raises(ValueError, match="bootstrap"):
         HallucinationDetector(threshold_for="all", threshold_resamples=10)
-
-
-def test_joint_thresholds_that_flag_no_grounded_answer_still_flag_ungrounded_ones():
-    from kglightning.modules.detector_scores import best_joint_thresholds
-
-    probs, target = torch.tensor([0.9, 0.8, 0.7]), torch.tensor([0, 0, 0])  # every grounded answer is faithful
-    loose, loose_target = torch.tensor([1.0, 2.0, -3.0]), torch.tensor([1, 1, 0])
-    thr, off = best_joint_thresholds(probs, target, loose, loose_target)
-    assert not bool((probs >= thr).any())
-    assert torch.sigmoid(loose + off).ge(thr).tolist() == [True, True, False]
-
-
-def test_tuned_flags_are_the_flags_forward_makes_even_at_the_edges():
-    """Thresholds stay where float32 probabilities still order as the logits do, and cuts fall between logits."""
-    from kglightning.modules.detector_scores import EDGE, best_joint_thresholds, best_offset
-
-    gen = torch.Generator().manual_seed(3)
-    for _ in range(50):
-        g_logits = torch.randn(30, generator=gen) * 12  # many saturate in float32
-        g_target = torch.randint(0, 2, (30,), generator=gen)
-        loose, loose_target = torch.randn(20, generator=gen) * 12, torch.randint(0, 2, (20,), generator=gen)
-        probs = torch.sigmoid(g_logits)
-        thr, off = best_joint_thresholds(probs, g_target, loose, loose_target)
-        assert EDGE <= thr <= 1 - EDGE
-        flags = torch.sigmoid(loose + torch.tensor(off, dtype=torch.float32)) >= thr
-        assert torch.equal(flags, (loose.double() + off) >= math.log(thr / (1 - thr)))
-        off2 = best_offset(probs >= 0.5, g_target, loose, loose_target, 0.5)
-        assert torch.equal(torch.sigmoid(loose + off2) >= 0.5, (loose.double() + off2) >= 0)
+    assert HallucinationDetector(threshold_for="all_ap").threshold_for == "all"  # the older name
 
 
 def test_an_old_checkpoint_without_the_offset_loads_quietly(datamodule):
     import warnings
 
     model = _model(datamodule)
-    state = {k: v for k, v in model.state_dict().items() if k != "ungrounded_offset"}
+    model.threshold.fill_(0.3)
+    model.majority.fill_(0.0)
+    new = ("ungrounded_offset", "ungrounded_threshold", "majority_all")
+    state = {k: v for k, v in model.state_dict().items() if k not in new}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.load_state_dict(state)
-    assert float(model.ungrounded_offset) == 0.0
+    # as such a checkpoint decided: no shift, its one threshold for every answer, its one majority
+    assert float(model.ungrounded_offset) == 0.0 and float(model.ungrounded_threshold) == pytest.approx(0.3)
+    assert float(model.majority_all) == 0.0
+
+
+def _folder(tmp_path: Path, make) -> str:
+    folder = tmp_path / "data"
+    folder.mkdir(exist_ok=True)
+    for split, n in (("train", 10), ("validation", 6), ("test", 6)):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(make(split, i)) + "\n" for i in range(n)))
+    return str(folder)
+
+
+def _record(split: str, i: int, prediction: list[str]) -> dict:
+    c = COUNTRIES[i % len(COUNTRIES)]
+    graph = [[c, "location.country.capital", f"{c} City"], [c, "location.location.borders", f"{c} Hills"]]
+    return {"id": f"{split}-{i}", "question": f"What is the capital of {c}?", "answer": [f"{c} City", f"Old {c} Town"],
+            "q_entity": [c], "a_entity": [f"{c} City"], "graph": graph, "prediction": prediction}  # fmt: skip
+
+
+@pytest.mark.heavy
+def test_a_validation_split_without_grounded_answers_tunes_and_logs_every_answer(tmp_path, tiny_encoder_dir):
+    """Found by a review: with no grounded validation answer nothing was tuned or logged, and an EarlyStopping on
+    val/all/auc_pr raised."""
+
+    def make(split: str, i: int) -> dict:
+        c = COUNTRIES[i % len(COUNTRIES)]
+        grounded = [] if split == "validation" else [f"{c} City", f"{c} Hills"]
+        return _record(split, i, [*grounded, f"Old {c} Town", f"Zorblax {i}"])
+
+    dm = DetectionDataModule(data_dir=_folder(tmp_path, make), encoder=SentenceEncoder(tiny_encoder_dir,
+                             show_progress=False), cache_dir=str(tmp_path / "cache"), batch_size=4)  # fmt: skip
+    model = _model(dm)
+    model.threshold_for = "all"
+    stop = L.pytorch.callbacks.EarlyStopping(monitor="val/all/auc_pr", mode="max", patience=5)
+    trainer = L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, accelerator="cpu", callbacks=[stop])  # fmt: skip
+    trainer.fit(model, datamodule=dm)
+    assert {"val/all/f1", "val/all/auc_pr", "val/ungrounded_threshold"} <= set(trainer.callback_metrics)
+    assert "val/f1" not in trainer.callback_metrics and float(model.threshold) == 0.5  # nothing to tune it on
+    assert float(model.ungrounded_threshold) != 0.5
+
+
+@pytest.mark.heavy
+def test_mostfrequent_over_every_answer_answers_the_majority_of_every_answer(tmp_path, tiny_encoder_dir):
+    """Found by a review: the grounded answers' majority class was reused for test/all/mostfrequent/*."""
+
+    def make(split: str, i: int) -> dict:  # grounded: right; ungrounded: two wrong
+        c = COUNTRIES[i % len(COUNTRIES)]
+        return _record(split, i, [f"{c} City", f"Zorblax {i}", f"Quux {i}"])
+
+    dm = DetectionDataModule(data_dir=_folder(tmp_path, make), encoder=SentenceEncoder(tiny_encoder_dir,
+                             show_progress=False), cache_dir=str(tmp_path / "cache"), batch_size=4)  # fmt: skip
+    model = _model(dm)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, accelerator="cpu")  # fmt: skip
+    trainer.fit(model, datamodule=dm)
+    (metrics,) = trainer.test(model, datamodule=dm, verbose=False)
+    assert float(model.majority) == 0.0 and float(model.majority_all) == 1.0
+    assert metrics["test/mostfrequent/recall"] == 0.0
+    assert metrics["test/all/mostfrequent/recall"] == 1.0
+    assert metrics["test/all/mostfrequent/precision"] == pytest.approx(2 / 3)

@@ -1,0 +1,243 @@
+"""The detector's decision rule, tuned on validation: a threshold per population and the ungrounded answers' offset.
+
+Answers that name a graph node (*grounded*) are scored by the graph model, the others (*ungrounded*) by the
+ungrounded-answer scorer; the two live on different scales. The rule is:
+
+* an ungrounded answer's logit gets ``offset`` before the sigmoid, so that one probability ranks every answer
+  (the offset is chosen for the best average precision over every validation answer, :func:`best_ap_offset`);
+* a grounded answer is flagged when ``p >= threshold``, an ungrounded one when its shifted ``p >= ungrounded
+  threshold``; the two thresholds are chosen together for the best F1 over every validation answer
+  (:func:`best_joint_thresholds`), or the grounded one alone first (:func:`tune_decision`'s ``"grounded"`` mode).
+
+Every search is exact: it evaluates the flags that the stored float32 threshold gives on the float32 probabilities
+(the comparison the test and predict steps make), over every threshold in ``[EDGE, 1 - EDGE]`` that flags a
+different set; ties keep the fewest flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torchmetrics.functional.classification import binary_average_precision
+
+__all__ = [
+    "EDGE",
+    "Decision",
+    "best_ap_offset",
+    "best_f1_threshold",
+    "best_joint_thresholds",
+    "bootstrap_f1_threshold",
+    "clamp_threshold",
+    "shifted_probs",
+    "tune_decision",
+]
+
+#: thresholds are kept in ``[EDGE, 1 - EDGE]``: float32's sigmoid cannot tell logits apart past about 16.6 (it
+#: returns exactly 1.0), so a threshold nearer 0 or 1 would decide differently from the logits it was tuned on
+EDGE = 1e-4
+
+
+def clamp_threshold(threshold: float) -> float:
+    """``threshold`` moved into ``[EDGE, 1 - EDGE]``, where float32 probabilities still order as their logits do."""
+    return min(max(float(threshold), EDGE), 1 - EDGE)
+
+
+def _cuts(probs: Tensor) -> Tensor:
+    """Every float32 threshold in ``[EDGE, 1 - EDGE]`` that flags (``p >= t``) a different subset of ``probs``, in
+    descending order, so that the first one flags the fewest: the clamped values of ``probs`` and ``1 - EDGE``."""
+    p = probs.detach().float().cpu()
+    lo = torch.tensor(EDGE, dtype=torch.float32, device="cpu")
+    hi = torch.tensor(1 - EDGE, dtype=torch.float32, device="cpu")
+    return torch.unique(torch.cat([p.clamp(lo, hi), hi[None]])).flip(0)
+
+
+def _flag_counts(probs: Tensor, target: Tensor, cuts: Tensor) -> tuple[Tensor, Tensor]:
+    """``(tp, fp)`` of flagging ``probs >= cut`` for each cut (int64)."""
+    p, t = probs.detach().float().cpu(), target.detach().bool().cpu()
+    pos, neg = torch.sort(p[t]).values, torch.sort(p[~t]).values
+    tp = len(pos) - torch.searchsorted(pos, cuts, right=False)
+    fp = len(neg) - torch.searchsorted(neg, cuts, right=False)
+    return tp.long(), fp.long()
+
+
+def _f1(tp: Tensor, fp: Tensor, positives: int) -> Tensor:
+    return (2 * tp).double() / (tp + fp + positives).clamp_min(1).double()
+
+
+def best_f1_threshold(probs: Tensor, target: Tensor) -> tuple[float, float]:
+    """The threshold ``t`` in ``[EDGE, 1 - EDGE]`` (flag when ``p >= t``) with the highest F1, and that F1, as the
+    stored threshold applies it; ties keep the fewest flags.
+
+    Example:
+        >>> t, f1 = best_f1_threshold(torch.tensor([0.9, 0.8, 0.3, 0.1]), torch.tensor([1, 1, 0, 1]))
+        >>> round(t, 4), round(f1, 4)  # flagging all four (F1 0.857) beats flagging the top two (F1 0.8)
+        (0.1, 0.8571)
+        >>> best_f1_threshold(torch.tensor([1.0, 1.0, 0.2]), torch.tensor([1, 1, 0]))  # saturated scores
+        (0.9998999834060669, 1.0)
+    """
+    cuts = _cuts(probs)
+    tp, fp = _flag_counts(probs, target, cuts)
+    f1 = _f1(tp, fp, int(target.bool().sum()))
+    best = int(torch.argmax(f1))  # the first maximum: the highest threshold, the fewest flags
+    return float(cuts[best]), float(f1[best])
+
+
+def best_joint_thresholds(
+    probs: Tensor, target: Tensor, loose_probs: Tensor, loose_target: Tensor, chunk: int = 1024
+) -> tuple[float, float, float]:
+    """The grounded and the ungrounded answers' thresholds that maximise F1 over every answer, and that F1.
+
+    Every pair of cuts is tried: F1 is ``2T / (T + F + P)`` with ``T`` and ``F`` the true and false positives the two
+    cuts flag and ``P`` every hallucinated answer, ``chunk`` grounded cuts at a time (memory ``chunk x ungrounded
+    cuts``). Ties keep the fewest flags in all, then the fewest grounded flags.
+
+    Example:
+        >>> probs, target = torch.tensor([0.9, 0.6, 0.2]), torch.tensor([1, 0, 0])
+        >>> tg, tu, f1 = best_joint_thresholds(probs, target, torch.tensor([0.7, 0.3]), torch.tensor([1, 0]))
+        >>> round(tg, 4), round(tu, 4), f1  # flag 0.9 among the grounded and 0.7 among the ungrounded
+        (0.9, 0.7, 1.0)
+    """
+    g_cuts, u_cuts = _cuts(probs), _cuts(loose_probs)
+    tpg, fpg = _flag_counts(probs, target, g_cuts)
+    tpu, fpu = _flag_counts(loose_probs, loose_target, u_cuts)
+    positives = int(target.bool().sum()) + int(loose_target.bool().sum())
+    best: tuple[float, int, int, int] = (-1.0, 0, 0, 0)  # (f1, -flags, i, j)
+    for start in range(0, len(g_cuts), chunk):
+        tp = tpg[start : start + chunk, None] + tpu[None, :]
+        fp = fpg[start : start + chunk, None] + fpu[None, :]
+        f1 = _f1(tp, fp, positives)
+        top = float(f1.max())
+        if top < best[0]:
+            continue
+        ties = (f1 == top).nonzero()
+        flags = (tp + fp)[ties[:, 0], ties[:, 1]]
+        k = int(torch.argmin(flags))  # the fewest flags; among those, the first: the fewest grounded ones
+        cand = (top, -int(flags[k]), start + int(ties[k, 0]), int(ties[k, 1]))
+        if (cand[0], cand[1]) > (best[0], best[1]):
+            best = cand
+    return float(g_cuts[best[2]]), float(u_cuts[best[3]]), best[0]
+
+
+def best_ap_offset(
+    probs: Tensor, target: Tensor, loose_logits: Tensor, loose_target: Tensor, span: float = 12.0, steps: int = 241
+) -> float:
+    """The logit offset for the ungrounded answers that maximises the average precision over every answer.
+
+    The offset decides how the two populations interleave in one ranking; it is searched on a grid of ``steps``
+    values over ``[-span, span]``, then once more on a grid ten times finer around the best. Ties keep the offset
+    nearest 0. Without ungrounded or without grounded answers the ranking does not depend on it: 0.
+
+    Example:
+        >>> probs, target = torch.tensor([0.9, 0.2]), torch.tensor([1, 0])
+        >>> off = best_ap_offset(probs, target, torch.tensor([-4.0]), torch.tensor([1]))
+        >>> torch.sigmoid(torch.tensor(-4.0 + off)).item() > 0.2  # the hallucinated ungrounded answer above the faithful
+        True
+    """
+    if loose_logits.numel() == 0 or probs.numel() == 0:
+        return 0.0
+    g = torch.logit(probs.detach().double().cpu().clamp(1e-12, 1 - 1e-12))
+    u = loose_logits.detach().double().cpu()
+    y = torch.cat([target.long().cpu(), loose_target.long().cpu()])
+
+    def best_of(offsets: Tensor) -> float:
+        aps = torch.stack([binary_average_precision(torch.cat([g, u + o]), y) for o in offsets])
+        top = aps.max()
+        ties = offsets[torch.isclose(aps, top, rtol=0, atol=1e-12)]
+        return float(ties[ties.abs().argmin()])
+
+    coarse = best_of(torch.linspace(-span, span, steps, dtype=torch.float64, device="cpu"))
+    step = 2 * span / (steps - 1)
+    return best_of(torch.linspace(coarse - step, coarse + step, 21, dtype=torch.float64, device="cpu"))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The detector's tuned rule: grounded answers flagged at ``threshold``, ungrounded ones at
+    ``ungrounded_threshold`` after their logits get ``offset``."""
+
+    threshold: float
+    ungrounded_threshold: float
+    offset: float
+
+
+def shifted_probs(loose_logits: Tensor, offset: float) -> Tensor:
+    """The ungrounded answers' probabilities after the offset, computed as the detector's forward computes them
+    (float32 logits plus a float32 offset, then the sigmoid)."""
+    logits = loose_logits.detach().float()
+    return torch.sigmoid(logits + torch.tensor(offset, dtype=torch.float32, device=logits.device))
+
+
+def tune_decision(
+    probs: Tensor,
+    target: Tensor,
+    loose_logits: Tensor,
+    loose_target: Tensor,
+    threshold_for: str,
+    current: Decision,
+    tune_threshold: bool = True,
+    tune_offset: bool = True,
+    resamples: int = 0,
+    seed: int = 0,
+) -> Decision:
+    """The detector's decision rule tuned on a validation epoch.
+
+    ``probs``/``target``: the grounded answers; ``loose_logits``/``loose_target``: the ungrounded answers' raw logits.
+    ``threshold_for="grounded"``: the grounded threshold is the best-F1 one over the grounded answers (or the median
+    over ``resamples`` bootstrap resamples), then the ungrounded one the best for F1 over every answer given it;
+    ``"all"``: both together (:func:`best_joint_thresholds`). A population with no answer keeps its threshold; a
+    quantity not tuned keeps its value in ``current``.
+
+    Example:
+        >>> d = tune_decision(torch.tensor([0.9, 0.3]), torch.tensor([1, 0]), torch.tensor([2.0, -3.0]),
+        ...     torch.tensor([1, 0]), "all", Decision(0.5, 0.5, 0.0))
+        >>> round(d.threshold, 4), d.ungrounded_threshold > torch.sigmoid(torch.tensor(-3.0 + d.offset)).item()
+        (0.9, True)
+    """
+    offset = current.offset
+    if tune_offset:
+        offset = best_ap_offset(probs, target, loose_logits, loose_target) if loose_logits.numel() else offset
+    if not tune_threshold:
+        return Decision(current.threshold, current.ungrounded_threshold, offset)
+    loose_probs = shifted_probs(loose_logits, offset)
+    thr, loose_thr = current.threshold, current.ungrounded_threshold
+    if threshold_for != "grounded" and probs.numel() and loose_probs.numel():
+        thr, loose_thr, _ = best_joint_thresholds(probs, target, loose_probs, loose_target)
+        return Decision(thr, loose_thr, offset)
+    if probs.numel():
+        thr = clamp_threshold(
+            bootstrap_f1_threshold(probs, target, resamples, seed) if resamples else best_f1_threshold(probs, target)[0]
+        )
+    if loose_probs.numel():
+        flags = probs.detach().float().cpu() >= torch.tensor(thr, dtype=torch.float32, device="cpu")
+        t = target.detach().bool().cpu()
+        cuts = _cuts(loose_probs)
+        tp, fp = _flag_counts(loose_probs, loose_target, cuts)
+        tp, fp = tp + int((flags & t).sum()), fp + int((flags & ~t).sum())
+        f1 = _f1(tp, fp, int(t.sum()) + int(loose_target.bool().sum()))
+        loose_thr = float(cuts[int(torch.argmax(f1))])  # the first maximum: the fewest flags
+    return Decision(thr, loose_thr, offset)
+
+
+def bootstrap_f1_threshold(probs: Tensor, target: Tensor, resamples: int, seed: int = 0) -> float:
+    """The median of the best-F1 thresholds of ``resamples`` bootstrap resamples of ``(probs, target)``.
+
+    On a small validation set the best-F1 threshold jumps with every answer node that moves; the median over seeded
+    bootstrap resamples (drawn with replacement, same size; resamples without a positive are skipped) moves much
+    less. Falls back to :func:`best_f1_threshold` when no resample has a positive.
+
+    Example:
+        >>> probs, target = torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])
+        >>> bootstrap_f1_threshold(probs, target, 50) == bootstrap_f1_threshold(probs, target, 50)  # seeded
+        True
+    """
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    gen = torch.Generator().manual_seed(seed)
+    probs, target = probs.detach().float().cpu(), target.detach().long().cpu()
+    picks = torch.randint(len(probs), (resamples, len(probs)), generator=gen, device="cpu")
+    found = [best_f1_threshold(probs[idx], target[idx])[0] for idx in picks if bool(target[idx].any())]
+    if not found:
+        return best_f1_threshold(probs, target)[0]
+    return float(torch.tensor(found, device="cpu").median())

@@ -1,0 +1,114 @@
+"""The detector's decision rule: exact threshold searches, one threshold per population, ties to the fewest flags."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from kglightning.metrics.classification import detection_scores
+from kglightning.modules.detector_thresholds import (
+    EDGE,
+    Decision,
+    best_ap_offset,
+    best_f1_threshold,
+    best_joint_thresholds,
+    shifted_probs,
+    tune_decision,
+)
+
+
+def _f1(probs: torch.Tensor, target: torch.Tensor, threshold) -> float:
+    return float(detection_scores(probs, target, threshold)["f1"])
+
+
+def _saturating(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 probabilities of which many are exactly 1.0 or within EDGE of it, as large logits give."""
+    target = torch.randint(0, 2, (n,), generator=gen)
+    logits = torch.randn(n, generator=gen) * 12 + 6 * target
+    return torch.sigmoid(logits.float()), target
+
+
+def test_best_f1_threshold_hand_computed():
+    probs, target = torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])
+    thr, f1 = best_f1_threshold(probs, target)
+    # p >= 0.35 -> preds [0,1,1,1]: P=2/3, R=1, F1=0.8; p >= 0.8 -> P=1, R=0.5, F1=2/3
+    assert thr == pytest.approx(0.35) and f1 == pytest.approx(0.8)
+
+
+def test_ties_keep_the_fewest_flags():
+    # flagging 0.9 alone (TP 1) and flagging all four (TP 2, FP 2) both give F1 2/3: the rule flags one answer
+    probs, target = torch.tensor([0.9, 0.7, 0.6, 0.5]), torch.tensor([1, 0, 0, 1])
+    thr, f1 = best_f1_threshold(probs, target)
+    assert thr == pytest.approx(0.9) and f1 == pytest.approx(2 / 3)
+    # the same in the joint search, across populations: the fewest flags in all
+    tg, tu, f1 = best_joint_thresholds(probs, target, torch.tensor([0.8, 0.2]), torch.tensor([0, 0]))
+    assert (probs >= tg).sum() == 1 and tu > 0.8 and f1 == pytest.approx(2 / 3)
+    d = tune_decision(probs, target, torch.zeros(0), torch.zeros(0), "grounded", Decision(0.5, 0.5, 0.0))
+    assert d.threshold == pytest.approx(0.9)
+
+
+def test_the_f1_found_is_the_f1_the_stored_threshold_gives_even_when_scores_saturate():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        probs, target = _saturating(gen, 12)
+        thr, f1 = best_f1_threshold(probs, target)
+        stored = float(torch.tensor(thr, dtype=torch.float32))  # the float32 buffer keeps it exactly
+        assert stored == thr and EDGE - 1e-9 <= thr <= 1 - EDGE + 1e-9
+        assert f1 == pytest.approx(_f1(probs, target, thr), abs=1e-6)
+        # and no threshold in [EDGE, 1 - EDGE] does better
+        grid = torch.cat([probs.clamp(EDGE, 1 - EDGE), torch.linspace(EDGE, 1 - EDGE, 101)])
+        assert f1 >= max(_f1(probs, target, float(t)) for t in grid) - 1e-6
+
+
+def test_a_saturated_cut_is_not_applied_as_another_one():
+    """The old search found F1 0.8 at the cut 1.0, then clamped it to 1 - EDGE, which also flags the four faithful
+    answers at 0.99995: F1 0.44 applied. The achievable best flags down to 0.6 (F1 0.6)."""
+    probs = torch.tensor([1.0, 1.0, 0.99995, 0.99995, 0.99995, 0.99995, 0.6], dtype=torch.float32)
+    target = torch.tensor([1, 1, 0, 0, 0, 0, 1])
+    d = tune_decision(probs, target, torch.zeros(0), torch.zeros(0), "grounded", Decision(0.5, 0.5, 0.0))
+    assert _f1(probs, target, d.threshold) == pytest.approx(0.6)
+    assert best_f1_threshold(probs, target) == (pytest.approx(0.6), pytest.approx(0.6))
+
+
+def test_joint_thresholds_are_the_best_pair_by_brute_force():
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(30):
+        probs, target = _saturating(gen, 9)
+        loose, loose_target = _saturating(gen, 7)
+        tg, tu, f1 = best_joint_thresholds(probs, target, loose, loose_target)
+        both, y = torch.cat([probs, loose]), torch.cat([target, loose_target])
+
+        def at(a: float, b: float, probs=probs, loose=loose, both=both, y=y) -> float:
+            return _f1(both, y, torch.cat([torch.full_like(probs, a), torch.full_like(loose, b)]))
+
+        assert f1 == pytest.approx(at(tg, tu), abs=1e-6)
+        cuts_g = [*probs.clamp(EDGE, 1 - EDGE).tolist(), 1 - EDGE]
+        cuts_u = [*loose.clamp(EDGE, 1 - EDGE).tolist(), 1 - EDGE]
+        assert f1 >= max(at(a, b) for a, b in itertools.product(cuts_g, cuts_u)) - 1e-6
+        # at least as good over every answer as the grounded-best threshold with the best ungrounded one after it
+        d = tune_decision(probs, target, torch.logit(loose.double()).float(), loose_target, "grounded",
+                          Decision(0.5, 0.5, 0.0), tune_offset=False)  # fmt: skip
+        assert f1 >= at(d.threshold, d.ungrounded_threshold) - 1e-6
+
+
+def test_a_validation_split_without_grounded_answers_still_tunes_the_ungrounded_threshold():
+    loose, loose_target = torch.tensor([2.0, 1.0, -1.0, -3.0]), torch.tensor([1, 1, 0, 0])
+    for mode in ("grounded", "all"):
+        d = tune_decision(torch.zeros(0), torch.zeros(0, dtype=torch.long), loose, loose_target, mode,
+                          Decision(0.42, 0.5, 0.0))  # fmt: skip
+        assert d.threshold == pytest.approx(0.42)  # kept: nothing to tune it on
+        flags = shifted_probs(loose, d.offset) >= d.ungrounded_threshold
+        assert flags.tolist() == [True, True, False, False]
+    # and no grounded answer gives no reason to move the offset
+    assert best_ap_offset(torch.zeros(0), torch.zeros(0), loose, loose_target) == 0.0
+
+
+def test_untuned_quantities_keep_their_values():
+    probs, target = torch.tensor([0.9, 0.2]), torch.tensor([1, 0])
+    loose, loose_target = torch.tensor([1.0, -1.0]), torch.tensor([1, 0])
+    d = tune_decision(probs, target, loose, loose_target, "all", Decision(0.3, 0.6, 1.5), tune_threshold=False)
+    assert (d.threshold, d.ungrounded_threshold) == (0.3, 0.6) and d.offset != 1.5
+    d = tune_decision(probs, target, loose, loose_target, "all", Decision(0.3, 0.6, 1.5), tune_offset=False)
+    assert d.offset == 1.5
