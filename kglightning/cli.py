@@ -34,7 +34,8 @@ EXTRA_SUBCOMMANDS = {
     "build-benchmark": "build the embedded geography/elements KGQA benchmark into a folder",
     "build-subgraphs": "RoG records with G-Retriever PCST subgraphs from your own KG (triples) and questions",
     "conformalize": "split-conformal answer sets for any predictions jsonl with confidences",
-    "import-predictions": "RoG records with predictions from a RoG / GNN-RAG predictions jsonl (paths from its prompts)",
+    "import-predictions": "RoG records with a KGQA system's answers: RoG / GNN-RAG prompts, GCR beams, or any "
+    "predictions jsonl joined onto RoG records by id",
     "compare-proxies": "score DoublyCal evidence proxies (e.g. SFT vs GRPO adapters) on the same held-out questions",
     "seeds": "fit and test a config once per seed and report each test metric's mean and standard deviation",
 }
@@ -328,7 +329,7 @@ def _dispatch(argv: list[str], from_command_line: bool) -> int:
 
         return build_subgraphs_main(argv[1:], prog=f"{PROG} build-subgraphs")
     if argv and argv[0] == "import-predictions":
-        from kglightning.data.sources.path_prompts import main as import_main
+        from kglightning.data.sources.predictions_import import main as import_main
 
         return import_main(argv[1:], prog=f"{PROG} import-predictions")
     if argv and argv[0] == "conformalize":

@@ -51,8 +51,8 @@ __all__ = ["first_reader", "load_store", "remove_store", "save_store", "store_fo
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-_FIELDS = ("id", "question", "answer", "q_entity", "a_entity", "prediction", "confidence", "extra")
+FORMAT = 2  # 2: prediction_paths kept
+_FIELDS = ("id", "question", "answer", "q_entity", "a_entity", "prediction", "confidence", "extra", "prediction_paths")
 
 
 def _min_bytes() -> int | None:
@@ -139,9 +139,9 @@ def load_store(folder: Path, out: list) -> None:
     offsets = np.load(folder / "offsets.npy")
     with open(folder / "records.pkl", "rb") as f:
         fields = pickle.load(f)
-    for i, (rid, question, answer, q_entity, a_entity, prediction, confidence, extra) in enumerate(fields):
+    for i, (rid, question, answer, q_entity, a_entity, prediction, confidence, extra, paths) in enumerate(fields):
         graph = TripleArray.view(graphs[offsets[i] : offsets[i + 1]], out.vocab)
-        out.append(KGQARecord(rid, question, answer, q_entity, a_entity, graph, prediction, confidence, extra))
+        out.append(KGQARecord(rid, question, answer, q_entity, a_entity, graph, prediction, confidence, extra, paths))
     if len(out) != meta["records"] or len(offsets) != len(out) + 1:
         raise ValueError(f"{folder}: {len(out)} records where {meta['records']} were stored")
     out.skipped = [RecordError(m, source=s, line=ln, field=fd) for m, s, ln, fd in meta["skipped"]]

@@ -5,9 +5,11 @@ A KGQA record follows the format of the RoG datasets (``rmanluo/RoG-webqsp``, ``
     {"id": "WebQTest-0", "question": "...", "answer": ["..."], "q_entity": ["..."],
      "a_entity": ["..."], "graph": [["head", "relation", "tail"], ...]}
 
-Two optional fields carry the output of a KBQA system: ``prediction`` (the proposed answers, a list of strings)
-and ``confidence`` (one float in ``[0, 1]`` per proposed answer). Any other key is kept, untouched, in
-:attr:`KGQARecord.extra`, so that a record read and written back loses nothing.
+Three optional fields carry the output of a KBQA system: ``prediction`` (the proposed answers, a list of strings,
+one entry per beam or sample, repeats kept in order), ``confidence`` (one float in ``[0, 1]`` per entry of
+``prediction``) and ``prediction_paths`` (one entry per entry of ``prediction``: the list of reasoning paths the
+system cited for that answer, usually none or one, each path ``[e0, r1, e1, ..., rn, en]``). Any other key is kept,
+untouched, in :attr:`KGQARecord.extra`, so that a record read and written back loses nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from kglightning.data.triple_array import TripleArray, Vocab
 
 REQUIRED_FIELDS = ("id", "question", "answer", "q_entity", "a_entity", "graph")
-OPTIONAL_FIELDS = ("prediction", "confidence")
+OPTIONAL_FIELDS = ("prediction", "confidence", "prediction_paths")
 
 
 class RecordError(ValueError):
@@ -86,6 +88,31 @@ def _triples(graph_raw: list | tuple, err, vocab: Vocab | None = None) -> list[t
     raise AssertionError("unreachable: every triple passed")  # pragma: no cover
 
 
+def _cited_paths(value: Any, prediction: list[str] | None, err) -> list[list[list[str]]]:
+    """``prediction_paths`` checked against ``prediction``: one list of paths per answer, each path an odd number
+    (at least 3) of non-empty strings ``[e0, r1, e1, ..., rn, en]``."""
+    name = "prediction_paths"
+    if not isinstance(value, (list, tuple)):
+        raise err(f"expected a list of path lists, one per prediction, got {type(value).__name__}", name)
+    if prediction is None:
+        raise err("is given without 'prediction'", name)
+    if len(value) != len(prediction):
+        raise err(f"has {len(value)} entries for {len(prediction)} predictions", name)
+    out = []
+    for i, paths in enumerate(value):
+        if not isinstance(paths, (list, tuple)):
+            raise err(f"entry {i} is {type(paths).__name__}, expected a list of paths", name)
+        entry = []
+        for j, path in enumerate(paths):
+            if not isinstance(path, (list, tuple)) or not all(isinstance(x, str) and x for x in path):
+                raise err(f"entry {i} path {j} is not a list of non-empty strings", name)
+            if len(path) < 3 or len(path) % 2 == 0:
+                raise err(f"entry {i} path {j} has {len(path)} items, expected [e0, r1, e1, ...] (odd, >= 3)", name)
+            entry.append(list(path))
+        out.append(entry)
+    return out
+
+
 @dataclass
 class KGQARecord:
     """One question with its retrieved subgraph, in the RoG schema.
@@ -100,6 +127,8 @@ class KGQARecord:
         prediction: answers proposed by a KBQA system, or ``None``.
         confidence: one confidence in ``[0, 1]`` per entry of ``prediction``, or ``None``.
         extra: every other key of the source record, kept as it was.
+        prediction_paths: one entry per entry of ``prediction``, the reasoning paths the system cited for that answer
+            (usually none or one), each ``[e0, r1, e1, ..., rn, en]``; ``None`` when the system cites no paths.
 
     Example:
         >>> r = KGQARecord.from_dict({"id": "q1", "question": "capital of France?", "answer": ["Paris"],
@@ -117,6 +146,7 @@ class KGQARecord:
     prediction: list[str] | None = None
     confidence: list[float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    prediction_paths: list[list[list[str]]] | None = None
 
     @classmethod
     def from_dict(
@@ -167,10 +197,13 @@ class KGQARecord:
                     raise err(f"item {i} is {c!r}, expected a number in [0, 1]", "confidence")
                 conf.append(float(c))
             confidence = conf
+        paths = data.get("prediction_paths")
+        if paths is not None:
+            paths = _cited_paths(paths, prediction, err)
         # the graph last: its strings join ``vocab`` only once every other field is valid
         graph = graph_raw if isinstance(graph_raw, TripleArray) else _triples(graph_raw, err, vocab)
         extra = {k: v for k, v in data.items() if k not in REQUIRED_FIELDS and k not in OPTIONAL_FIELDS}
-        return cls(rid, question, answer, q_entity, a_entity, graph, prediction, confidence, extra)
+        return cls(rid, question, answer, q_entity, a_entity, graph, prediction, confidence, extra, paths)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON-ready dict in the RoG schema (optional fields only when set)."""
@@ -186,5 +219,13 @@ class KGQARecord:
             out["prediction"] = list(self.prediction)
         if self.confidence is not None:
             out["confidence"] = list(self.confidence)
+        if self.prediction_paths is not None:
+            if self.prediction is None or len(self.prediction_paths) != len(self.prediction):
+                # a copy made with dataclasses.replace(record, prediction=...) keeps the old paths: never write them
+                n = "no" if self.prediction is None else len(self.prediction)
+                raise RecordError(f"has {len(self.prediction_paths)} entries for {n} predictions (set prediction_paths "
+                                  "whenever prediction is replaced)", source=f"record {self.id!r}",
+                                  field="prediction_paths")  # fmt: skip
+            out["prediction_paths"] = [[list(p) for p in paths] for paths in self.prediction_paths]
         out.update(self.extra)
         return out

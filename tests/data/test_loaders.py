@@ -99,6 +99,7 @@ def test_json_bad_layout(tmp_path):
 
 def test_parquet_round_trip(tmp_path):
     data = [rec(0, prediction=["ans0"], confidence=[0.5]), rec(1, prediction=["x"], confidence=[1.0])]
+    data = [{**d, "prediction_paths": [[["e0", "r", "ans0"]]]} for d in data]
     path = tmp_path / "a.parquet"
     pq.write_table(pa.Table.from_pylist(data), path)
     got = read_records(path)
@@ -257,3 +258,35 @@ def test_hf_prefix_calls_load_dataset(monkeypatch):
     got = read_records("hf:rmanluo/RoG-webqsp", split="test", limit=2)
     assert calls == [("rmanluo/RoG-webqsp", "test")]
     assert got == records(RECS[:2]) and got.source == "hf:rmanluo/RoG-webqsp"
+
+
+PATHS = [[["e0", "r", "ans0"]], [["e0", "r", "ans0"]], []]
+
+
+def test_prediction_paths_survive_write_and_read(tmp_path):
+    data = [rec(0, prediction=["ans0", "ans0", "x"], prediction_paths=PATHS), rec(1)]
+    path = tmp_path / "out.jsonl"
+    write_records(records(data), path)
+    got = read_records(path)
+    assert got == records(data) and got[0].prediction_paths == PATHS and got[1].prediction_paths is None
+    assert json.loads(path.read_text(encoding="utf-8").splitlines()[0])["prediction_paths"] == PATHS
+
+
+def test_lines_json_cannot_read_are_errors_with_their_place_or_counted_skips(tmp_path):
+    """A 5,000-digit integer (Python's int limit) and 100,000 nested brackets (its recursion limit) make json raise
+    ValueError and RecursionError, not JSONDecodeError."""
+    hostile = ['{"id": "q9", "n": ' + "7" * 5000 + "}", "[" * 100_000 + "]" * 100_000]
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join([json.dumps(RECS[0]), *hostile, json.dumps(RECS[1])]) + "\n", encoding="utf-8")
+    with pytest.raises(RecordError, match="invalid JSON: a number that cannot be read") as info:
+        read_records(path)
+    assert (info.value.source, info.value.line) == (str(path), 2)
+    got = read_records(path, on_bad_record="skip")
+    assert [r.id for r in got] == ["q0", "q1"] and got.num_read == 4
+    assert [(e.line, e.reason) for e in got.skipped][1] == (3, "invalid JSON: nested too deeply to read")
+    whole = tmp_path / "a.json"
+    for text in ("[" + "7" * 5000 + "]", "[" * 100_000 + "]" * 100_000):
+        whole.write_text(text, encoding="utf-8")
+        with pytest.raises(RecordError, match="invalid JSON") as info:
+            read_records(whole)
+        assert info.value.source == str(whole)

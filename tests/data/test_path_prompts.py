@@ -84,7 +84,7 @@ def test_a_bad_line_names_the_file_the_line_and_the_field(tmp_path, over, field)
     with pytest.raises(RecordError, match="ground_truth"):
         read_prompt_predictions(path)
     path.write_text("{not json\n")
-    with pytest.raises(RecordError, match=r"predictions.jsonl:1: is not JSON"):
+    with pytest.raises(RecordError, match=r"predictions.jsonl:1: invalid JSON"):
         read_prompt_predictions(path)
 
 
@@ -127,7 +127,7 @@ def test_hostile_lines_are_refused_with_their_place(tmp_path):
         read_prompt_predictions(path)
     assert err.value.line == 2
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_row()).encode() + b"\n" + b'{"id": "\xff"}\n')
-    with pytest.raises(RecordError, match="not UTF-8"):
+    with pytest.raises(RecordError, match="predictions.jsonl:2: not valid UTF-8"):
         read_prompt_predictions(path)
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_row()).encode() + b"\n")  # a byte-order mark is fine
     assert len(read_prompt_predictions(path)) == 1

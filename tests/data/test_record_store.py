@@ -31,7 +31,8 @@ def store_env(tmp_path, monkeypatch):
     monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
     path = tmp_path / "train.jsonl"
     rows = [_row(i) for i in range(6)]
-    rows[2] = _row(2, prediction=["e3"], confidence=[0.7], note={"k": [1, 2]})
+    rows[2] = _row(2, prediction=["e3", "e3"], confidence=[0.7, 0.7], prediction_paths=[[["e2", "r", "e3"]], []],
+                   note={"k": [1, 2]})  # fmt: skip
     rows[3] = _row(3, graph=[])  # an empty graph (counted)
     rows[4] = _row(4, q_entity=["Atlantis"])  # a topic entity missing from its graph (counted)
     lines = [json.dumps(r, ensure_ascii=False) for r in rows]
@@ -56,7 +57,8 @@ def test_a_second_read_loads_the_store_with_mapped_graphs(store_env):
     again = read_records(store_env, on_bad_record="skip")
     assert _mapped(again) and list(again) == list(first)
     assert [r.graph.tolist() for r in again] == [r.graph.tolist() for r in first]
-    assert again[2].extra == {"note": {"k": [1, 2]}} and again[2].confidence == [0.7]
+    assert again[2].extra == {"note": {"k": [1, 2]}} and again[2].confidence == [0.7, 0.7]
+    assert again[2].prediction_paths == [[["e2", "r", "e3"]], []] and again[0].prediction_paths is None
     assert (again.source, again.split, again.empty_graph, again.unknown_topic) == (
         first.source, first.split, ["q3"], ["q4"]
     )  # fmt: skip

@@ -3,6 +3,7 @@
 import copy
 import math
 import pickle
+from dataclasses import replace
 
 import pytest
 
@@ -127,3 +128,47 @@ def test_record_error_pickles_unchanged():
     assert str(e2) == str(e) == "f.jsonl:3: field 'graph' bad"
     assert (e2.source, e2.line, e2.field, e2.reason) == ("f.jsonl", 3, "graph", "bad")
     assert isinstance(e2, ValueError)
+
+
+PATHS = [[["France", "location.country.capital", "Paris"]], [], [["France", "r", "m.0x", "s", "Lyon"]]]
+
+
+def test_prediction_paths_round_trip_one_entry_per_prediction():
+    data = good(prediction=["Paris", "Paris", "Lyon"], prediction_paths=PATHS)
+    r = KGQARecord.from_dict(copy.deepcopy(data))
+    assert r.prediction == ["Paris", "Paris", "Lyon"]  # repeats are votes: kept
+    assert r.prediction_paths == PATHS and r.extra == {}
+    assert r.to_dict() == data and KGQARecord.from_dict(r.to_dict()) == r
+    assert list(r.to_dict())[-1] == "prediction_paths"
+    assert "prediction_paths" not in KGQARecord.from_dict(good(prediction=["Paris"])).to_dict()
+    assert KGQARecord.from_dict(good(prediction=["Paris"], prediction_paths=None)).prediction_paths is None
+    tuples = KGQARecord.from_dict(good(prediction=["Paris"], prediction_paths=((("a", "r", "b"),),)))
+    assert tuples.prediction_paths == [[["a", "r", "b"]]]
+
+
+def test_a_copy_whose_prediction_was_replaced_without_its_paths_is_not_written():
+    r = KGQARecord.from_dict(good(prediction=["Paris", "Lyon", "Lyon"], prediction_paths=PATHS))
+    for stale in (replace(r, prediction=["Nice"]), replace(r, prediction=None)):
+        with pytest.raises(RecordError, match="set prediction_paths whenever prediction is replaced") as err:
+            stale.to_dict()
+        assert err.value.field == "prediction_paths"
+    assert replace(r, prediction=["Nice"], prediction_paths=None).to_dict()["prediction"] == ["Nice"]
+
+
+@pytest.mark.parametrize(
+    ("over", "needle"),
+    [
+        ({"prediction_paths": [[]]}, "without 'prediction'"),
+        ({"prediction": ["Paris", "Lyon"], "prediction_paths": [[]]}, "1 entries for 2 predictions"),
+        ({"prediction": ["Paris"], "prediction_paths": "France -> r -> Paris"}, "expected a list of path lists"),
+        ({"prediction": ["Paris"], "prediction_paths": [None]}, "entry 0 is NoneType"),
+        ({"prediction": ["Paris"], "prediction_paths": [["France -> r -> Paris"]]}, "entry 0 path 0 is not a list"),
+        ({"prediction": ["Paris"], "prediction_paths": [[["France", "r"]]]}, "entry 0 path 0 has 2 items"),
+        ({"prediction": ["Paris"], "prediction_paths": [[["a", "r", "b"], ["a", "r", "b", "s"]]]}, "path 1 has 4"),
+        ({"prediction": ["Paris"], "prediction_paths": [[["a", "", "b"]]]}, "non-empty strings"),
+        ({"prediction": ["Paris"], "prediction_paths": [[["a", 1, "b"]]]}, "non-empty strings"),
+    ],
+)
+def test_malformed_prediction_paths_name_the_field_and_item(over, needle):
+    e = error_of(good(**over))
+    assert (e.source, e.line, e.field) == ("f.jsonl", 7, "prediction_paths") and needle in str(e)

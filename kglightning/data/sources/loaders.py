@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from kglightning.data.record_store import first_reader, load_store, remove_store, save_store, store_folder
 from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.sources.json_lines import iter_json_lines
 from kglightning.data.triple_array import Vocab, graph_nodes
 
 logger = logging.getLogger(__name__)
@@ -105,19 +106,9 @@ class RecordList(list):
 
 
 def _iter_jsonl(path: Path, source: str) -> Iterator[tuple[int, Any]]:
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                yield lineno, RecordError(f"not valid UTF-8 ({e.reason} at byte {e.start})", source=source, line=lineno)
-                continue
-            if not text.strip():
-                continue
-            try:
-                yield lineno, json.loads(text)
-            except json.JSONDecodeError as e:
-                yield lineno, RecordError(f"invalid JSON: {e.msg} (column {e.colno})", source=source, line=lineno)
+    """``(line, value or RecordError)``: a line that cannot be read (not UTF-8, not JSON, a number too long, nesting
+    too deep) is yielded as its error, so that ``on_bad_record="skip"`` skips and counts it."""
+    return iter_json_lines(path, source)
 
 
 def _iter_json(path: Path, source: str, split: str | None) -> Iterator[tuple[int, Any]]:
@@ -126,6 +117,12 @@ def _iter_json(path: Path, source: str, split: str | None) -> Iterator[tuple[int
             data = json.load(f)
     except json.JSONDecodeError as e:
         raise RecordError(f"invalid JSON: {e.msg} (column {e.colno})", source=source, line=e.lineno) from None
+    except RecursionError:
+        raise RecordError("invalid JSON: nested too deeply to read", source=source) from None
+    except ValueError as e:  # an integer past sys.get_int_max_str_digits()
+        raise RecordError(
+            f"invalid JSON: a number that cannot be read ({str(e).split(':')[0]})", source=source
+        ) from None
     if isinstance(data, dict):
         key = split if split is not None and split in data else "data" if "data" in data else None
         if key is None:

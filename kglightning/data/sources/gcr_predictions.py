@@ -1,0 +1,130 @@
+"""GCR's predictions: k beams per question, each a reasoning path on the KG and the answer it leads to.
+
+GCR (graph-constrained reasoning) writes a ``predictions.jsonl`` with ``id``, ``question``, ``ground_truth`` (the gold
+answers) and ``prediction``: a list of k beams (repeats included: they are votes), each the text::
+
+    # Reasoning Path:
+    Jamaica -> location.country.languages_spoken -> Jamaican English
+    # Answer:
+    Jamaican English
+
+:func:`gcr_answers` makes each beam's answer one entry of the record's ``prediction`` (an answer part of several
+non-empty lines gives one entry per line, each citing the same path) and its path the matching entry of
+``prediction_paths``. A path that does not parse (an even number of ``" -> "`` parts, an empty part, none at all)
+is kept out (the entry is ``[]``) and counted; a beam with no ``# Answer:`` part is counted and skipped. Without a
+records folder, :func:`record_from_gcr` builds the record's graph from the paths GCR wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kglightning.data.records import KGQARecord
+from kglightning.data.sources.prediction_lines import (
+    ImportStats,
+    field_of,
+    gold_answers,
+    parse_path,
+    question_id,
+    record_from_paths,
+)
+
+__all__ = ["ANSWER_HEADER", "PATH_HEADER", "gcr_answers", "is_gcr_row", "parse_beam", "record_from_gcr"]
+
+ANSWER_HEADER = "# Answer:"
+PATH_HEADER = "# Reasoning Path:"
+ORIGIN = "reasoning paths GCR wrote"
+
+
+def is_gcr_row(row: dict[str, Any]) -> bool:
+    """Whether a line looks like GCR's: a ``prediction`` list with a beam holding ``# Answer:``."""
+    beams = row.get("prediction")
+    return isinstance(beams, list) and any(isinstance(b, str) and ANSWER_HEADER in b for b in beams)
+
+
+def parse_beam(text: str) -> tuple[list[str], list[str]] | None:
+    """A beam's ``(path lines, answers)``: the non-empty lines between ``# Reasoning Path:`` and ``# Answer:`` (GCR's
+    ``<PATH>``/``</PATH>`` marks taken off), and the non-empty lines after ``# Answer:``; ``None`` when the beam has
+    no ``# Answer:`` part or an empty one.
+
+    Example:
+        >>> parse_beam("# Reasoning Path:\\nJamaica -> lang.spoken -> Jamaican English\\n# Answer:\\nJamaican English")
+        (['Jamaica -> lang.spoken -> Jamaican English'], ['Jamaican English'])
+        >>> parse_beam("# Reasoning Path:\\nJamaica -> lang.spoken -> Jamaican English") is None
+        True
+    """
+    head, found, tail = text.partition(ANSWER_HEADER)
+    answers = [s.strip() for s in tail.split("\n") if s.strip()]
+    if not found or not answers:
+        return None
+    start = head.find(PATH_HEADER)
+    block = head[start + len(PATH_HEADER) :] if start >= 0 else head
+    lines = []
+    for raw in block.split("\n"):
+        s = raw.strip().removeprefix("<PATH>").removesuffix("</PATH>").strip()
+        if s:
+            lines.append(s)
+    return lines, answers
+
+
+def gcr_answers(
+    beams: str | Sequence[Any], stats: ImportStats | None = None
+) -> tuple[list[str], list[list[list[str]]]]:
+    """``(prediction, prediction_paths)`` of a line's beams, aligned: one entry per answer, in beam order, repeats
+    kept (a bare string is one beam).
+
+    Example:
+        >>> beam = "# Reasoning Path:\\nA -> r -> B\\n# Answer:\\nB"
+        >>> gcr_answers([beam, beam, "# Reasoning Path:\\nA -> r\\n# Answer:\\nC", "no answer"])
+        (['B', 'B', 'C'], [[['A', 'r', 'B']], [['A', 'r', 'B']], []])
+    """
+    prediction: list[str] = []
+    cited: list[list[list[str]]] = []
+    for beam in [beams] if isinstance(beams, str) else beams:
+        if not isinstance(beam, str):
+            if stats is not None:
+                stats.non_string_items += 1
+            continue
+        if stats is not None:
+            stats.beams += 1
+        parsed = parse_beam(beam)
+        if parsed is None:
+            if stats is not None:
+                stats.beams_without_answer += 1
+            continue
+        path_lines, answers = parsed
+        paths = []
+        for text in path_lines or [""]:  # no path at all counts as one that did not parse
+            path = parse_path(text)
+            if path is None:
+                if stats is not None:
+                    stats.unparsed_paths += 1
+                    stats.example("unparsed", text)
+                continue
+            paths.append(path)
+        if stats is not None:
+            stats.cited_paths += len(paths)
+            stats.answers += len(answers)
+        prediction += answers
+        cited += [[list(p) for p in paths] for _ in answers]
+    return prediction, cited
+
+
+def record_from_gcr(row: dict[str, Any], *, source: str = "<record>", line: int | None = None,
+                    stats: ImportStats | None = None) -> KGQARecord:  # fmt: skip
+    """One GCR line (``id``, ``question``, ``prediction`` beams, ``ground_truth``) as a record whose graph is the
+    union of the triples of the paths its beams cite, validated as
+    :func:`~kglightning.data.sources.loaders.read_records` will read it back.
+
+    Raises:
+        RecordError: naming the source, the line and the field.
+    """
+    qid = question_id(row, source=source, line=line)
+    question = field_of(row, "question", str, source=source, line=line)
+    beams = field_of(row, "prediction", (str, list), source=source, line=line)
+    gold = gold_answers(row, source=source, line=line)
+    prediction, cited = gcr_answers(beams, stats)
+    graph_paths = [p for paths in cited for p in paths]
+    return record_from_paths(qid, question, gold, graph_paths, prediction, cited, origin=ORIGIN, source=source,
+                             line=line, stats=stats)  # fmt: skip

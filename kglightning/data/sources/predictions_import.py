@@ -1,0 +1,307 @@
+"""``kglightning import-predictions``: RoG records with a KGQA system's answers, from the files such systems write.
+
+Three input formats, detected per file from its first line with a non-empty ``prediction`` (``--format auto``) or
+named with ``--format``:
+
+* ``prompt``: RoG / GNN-RAG (:mod:`~kglightning.data.sources.prompt_predictions`), a reply with one answer per line
+  and the prompt as ``input``, whose ``Reasoning Paths:`` block lists the paths the LLM was given;
+* ``gcr``: GCR (:mod:`~kglightning.data.sources.gcr_predictions`), a list of beams ``# Reasoning Path: ...
+  # Answer: ...``; each beam's answer is an entry of ``prediction`` and its path the entry of ``prediction_paths``;
+* ``plain``: any line with ``id`` and ``prediction`` (a string with one answer per line, or a list of strings).
+
+On its own a ``prompt`` or ``gcr`` line is a record whose graph is the paths it lists (the prompt's, or those the
+beams cite). With ``--records DIR`` every line is instead joined by ``id`` onto a RoG records folder: the question's
+graph, ``q_entity``, ``answer`` and ``a_entity`` come from its record (the question's full subgraph, KG-Guard's
+setting), the answers (and GCR's cited paths) from the line. Records stay in the split they came from unless
+``--resplit``; without ``--records`` the questions are split by a seeded shuffle (:func:`split_by_question`).
+
+Every record is validated before anything is written, and the three split files are written whole or not at all
+(temporary files renamed once all three are written): a failed import leaves the output folder as it was.
+
+    kglightning import-predictions --input predictions.jsonl --output data/gnn_rag_webqsp
+    kglightning import-predictions --input gcr/predictions.jsonl --records data/RoG-webqsp --output data/gcr_webqsp
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.sources.gcr_predictions import gcr_answers, is_gcr_row, record_from_gcr
+from kglightning.data.sources.loaders import read_records
+from kglightning.data.sources.prediction_lines import (
+    ImportStats,
+    field_of,
+    question_id,
+    read_json_objects,
+    split_reply,
+    validated,
+)
+from kglightning.data.sources.prompt_predictions import is_prompt_row, record_from_prompt
+from kglightning.data.splits import SPLITS, locate_splits
+from kglightning.fileio import atomic_write
+
+__all__ = ["FORMATS", "detect_format", "import_predictions", "main", "split_by_question", "write_splits"]
+
+FORMATS = ("auto", "prompt", "gcr", "plain")
+Format = Literal["auto", "prompt", "gcr", "plain"]
+#: where a record came from: (input file, line), for the messages of errors found after it was built
+Origin = dict[str, tuple[str, int]]
+
+
+def detect_format(rows: Sequence[tuple[int, dict[str, Any]]]) -> str:
+    """The format of a file's lines, decided by the first line whose ``prediction`` is not empty (or whose ``input``
+    holds a ``Reasoning Paths:`` block): ``prompt``, ``gcr``, or ``plain``."""
+    for _, row in rows:
+        if is_prompt_row(row):
+            return "prompt"
+        if is_gcr_row(row):
+            return "gcr"
+        if row.get("prediction") not in (None, "", []):
+            return "plain"
+    return "plain"
+
+
+def split_by_question(
+    records: Sequence[KGQARecord], fractions: Sequence[float], seed: int
+) -> dict[str, list[KGQARecord]]:
+    """Train / validation / test by a seeded shuffle of the distinct question ids (each id in exactly one split)."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+        raise ValueError(f"fractions must be three non-negative numbers that sum to 1, got {list(fractions)}")
+    ids = sorted({r.id for r in records})
+    random.Random(seed).shuffle(ids)
+    n_train = round(fractions[0] * len(ids))  # cumulative rounding: the three sizes add up to len(ids)
+    n_val = round((fractions[0] + fractions[1]) * len(ids)) - n_train
+    split_of = {q: "train" for q in ids[:n_train]}
+    split_of |= {q: "validation" for q in ids[n_train : n_train + n_val]}
+    split_of |= {q: "test" for q in ids[n_train + n_val :]}
+    out: dict[str, list[KGQARecord]] = {"train": [], "validation": [], "test": []}
+    for r in records:
+        out[split_of[r.id]].append(r)
+    return out
+
+
+def _read_lines(paths: Sequence[str], fmt: Format, stats: ImportStats) -> list[tuple[str, int, str, dict, str]]:
+    """``(source, line, id, row, format)`` of every line of every input; a repeated id is an error naming both."""
+    out = []
+    first: dict[str, tuple[str, int]] = {}
+    for path in paths:
+        source = str(path)
+        rows = list(read_json_objects(path, stats))
+        file_fmt = detect_format(rows) if fmt == "auto" else fmt
+        stats.formats[source] = file_fmt
+        for line, row in rows:
+            qid = question_id(row, source=source, line=line)
+            if qid in first:
+                where = first[qid][1] if first[qid][0] == source else f"{first[qid][0]}:{first[qid][1]}"
+                raise RecordError(f"repeats id {qid!r} of line {where}", source=source, line=line, field="id")
+            first[qid] = (source, line)
+            out.append((source, line, qid, row, file_fmt))
+    return out
+
+
+def _answers(row: dict, fmt: str, source: str, line: int, stats: ImportStats) -> tuple[list[str], Any]:
+    """A line's ``(prediction, prediction_paths)`` for a join (no graph is built from the line)."""
+    reply = field_of(row, "prediction", (str, list), source=source, line=line)
+    if fmt == "gcr":
+        return gcr_answers(reply, stats)
+    answers = split_reply(reply, stats)
+    stats.answers += len(answers)
+    return answers, None
+
+
+def _read_folder(folder: str, stats: ImportStats) -> tuple[dict[str, list[KGQARecord]], dict[str, str]]:
+    """The records of each split of a RoG records folder, and the split of each id (an id in two splits is an error)."""
+    splits: dict[str, list[KGQARecord]] = {}
+    split_of: dict[str, str] = {}
+    for name, (path, split) in locate_splits(folder).items():
+        records = read_records(path, split=split)
+        stats.records_read += len(records)
+        for r in records:
+            if r.id in split_of:
+                raise RecordError(f"id {r.id!r} is in split {split_of[r.id]!r} too", source=records.source,
+                                  field="id")  # fmt: skip
+            split_of[r.id] = name
+        splits[name] = records
+    return splits, split_of
+
+
+def import_predictions(
+    inputs: Sequence[str],
+    *,
+    records: str | None = None,
+    fmt: Format = "auto",
+    resplit: bool = False,
+    fractions: Sequence[float] = (0.6, 0.2, 0.2),
+    seed: int = 0,
+    on_missing: Literal["error", "skip"] = "error",
+    stats: ImportStats | None = None,
+) -> tuple[dict[str, list[KGQARecord]], Origin]:
+    """The validated records of an import, by split, and the input line each came from (see the module docstring).
+
+    Raises:
+        RecordError: naming the file, the line and the field: a line that cannot be read, a bad field, a repeated
+            id, a record that would not be read back, a line whose id is in no record (``on_missing="error"``), or
+            a ``plain`` file without ``records``.
+    """
+    stats = ImportStats() if stats is None else stats
+    lines = _read_lines(inputs, fmt, stats)
+    origin: Origin = {qid: (source, line) for source, line, qid, _, _ in lines}
+    if records is None:
+        built = []
+        for source, line, _, row, file_fmt in lines:
+            if file_fmt == "plain":
+                raise RecordError("is a plain predictions file (no paths to build a graph from): give --records DIR "
+                                  "to join its lines onto their questions' records", source=source)  # fmt: skip
+            build = record_from_prompt if file_fmt == "prompt" else record_from_gcr
+            built.append(build(row, source=source, line=line, stats=stats))
+        return split_by_question(built, fractions, seed), origin
+    folder, split_of = _read_folder(records, stats)
+    answers: dict[str, tuple[list[str], Any]] = {}
+    for source, line, qid, row, file_fmt in lines:
+        if qid not in split_of:
+            if on_missing == "skip":
+                stats.unknown_ids += 1
+                continue
+            raise RecordError(f"id {qid!r} is in no record of {records} (--on-missing skip leaves such lines out)",
+                              source=source, line=line, field="id")  # fmt: skip
+        answers[qid] = _answers(row, file_fmt, source, line, stats)
+    out: dict[str, list[KGQARecord]] = {name: [] for name in SPLITS}
+    for name, recs in folder.items():
+        for r in recs:
+            if r.id not in answers:
+                stats.records_without_prediction += 1
+                continue
+            prediction, paths = answers[r.id]
+            joined = replace(r, prediction=prediction, confidence=None, prediction_paths=paths)
+            source, line = origin[r.id]
+            validated(replace(joined, graph=[]), source=source, line=line)  # the graph was checked when read
+            out[name].append(joined)
+    if resplit:
+        out = split_by_question([r for name in SPLITS for r in out[name]], fractions, seed)
+    return out, origin
+
+
+def _encoded(record: KGQARecord, origin: Origin) -> bytes:
+    data = record.to_dict()
+    try:
+        return (json.dumps(data, ensure_ascii=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate ("\ud800" in the input's JSON)
+        bad = next((k for k, v in data.items() if not _encodes(v)), None)
+        source, line = origin.get(record.id, ("<records>", None))
+        raise RecordError(f"holds text that cannot be written as UTF-8 ({err.reason}: {err.object[err.start:err.end]!r})",
+                          source=source, line=line, field=bad) from None  # fmt: skip
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: Origin | None = None) -> None:
+    """Write ``<split>.jsonl`` for every split into ``out``, all or none: each file is written under a temporary name
+    and the three are renamed only once all are written; on any error the folder is left as it was (a folder this
+    call created is removed again).
+
+    Raises:
+        RecordError: a record holds text that cannot be encoded as UTF-8 (naming its input file, line and field).
+    """
+    out = Path(out)
+    created = not out.exists()
+    try:
+        with contextlib.ExitStack() as stack:
+            for name, rows in splits.items():
+                f = stack.enter_context(atomic_write(out / f"{name}.jsonl", "wb", fsync=True))
+                for record in rows:
+                    f.write(_encoded(record, origin or {}))
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if empty
+        raise
+
+
+def _summary(stats: ImportStats, splits: dict[str, list[KGQARecord]], out: Path, args: argparse.Namespace) -> str:
+    sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
+    how = (
+        f"kept in the splits of {args.records}"
+        if args.records is not None and not args.resplit
+        else f"split by question, seed {args.seed}"
+    )
+    used = set(stats.formats.values())
+    lines = [
+        f"wrote {out}: {sizes} questions ({how})",
+        "read " + ", ".join(f"{src} ({fmt})" for src, fmt in stats.formats.items()) + f": {stats.lines} lines",
+        f"answers: {stats.answers} kept in order (repeats kept); dropped: {stats.non_string_items} non-string items "
+        f"of a prediction list (numbers, null, objects), {stats.blank_items} blank items",
+    ]
+    if "prompt" in used and args.records is None:
+        eg = f", e.g. {stats.malformed_examples[0]!r}" if stats.malformed_examples else ""
+        lines.append(f"prompts: {stats.paths} paths, {stats.malformed_paths} lines that were not a path (skipped{eg})")
+    if "gcr" in used:
+        eg = f", e.g. {stats.unparsed_examples[0]!r}" if stats.unparsed_examples else ""
+        lines.append(
+            f"gcr: {stats.beams} beams, {stats.beams_without_answer} without an answer (skipped), "
+            f"{stats.cited_paths} cited paths kept, {stats.unparsed_paths} paths that did not parse or were missing "
+            f"(kept out of prediction_paths{eg})"
+        )
+    if args.records is None:
+        lines.append(f"{stats.without_paths} questions with no path (their answers are all ungrounded)")
+    else:
+        lines.append(
+            f"records: {stats.records_read} read from {args.records}, {stats.records_without_prediction} without a "
+            f"prediction line (left out), {stats.unknown_ids} prediction lines whose id is in no record (skipped)"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, prog: str = "import-predictions") -> int:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="RoG records with predictions (train/validation/test jsonl) from a KGQA system's predictions "
+        "jsonl: RoG / GNN-RAG (prompts listing reasoning paths), GCR (beams of reasoning path and answer) or any "
+        "file of id and prediction joined onto a RoG records folder (--records). Feed the folder to the detector: "
+        "kglightning fit --config configs/detector_real.yaml --data.init_args.data_dir OUTPUT",
+    )
+    p.add_argument("--input", required=True, nargs="+", metavar="FILE",
+                   help="predictions jsonl file(s), one line per question (ids unique across the files)")  # fmt: skip
+    p.add_argument("--output", required=True, help="folder for train.jsonl, validation.jsonl and test.jsonl")
+    p.add_argument("--format", choices=FORMATS, default="auto",
+                   help="input format; auto decides per file from its first line with a prediction: a list of "
+                   "'# Answer:' beams is gcr, an 'input' with 'Reasoning Paths:' is prompt, anything else plain "
+                   "(which needs --records)")  # fmt: skip
+    p.add_argument("--records", metavar="DIR", default=None,
+                   help="RoG records folder (train/validation/test) to join the predictions onto by id: the graph, "
+                   "q_entity, answer and a_entity come from the records, the answers from the input")  # fmt: skip
+    p.add_argument("--resplit", action="store_true",
+                   help="with --records: split the questions anew by --fractions/--seed instead of keeping each "
+                   "record's split")  # fmt: skip
+    p.add_argument("--on-missing", choices=("error", "skip"), default="error",
+                   help="with --records: a prediction line whose id is in no record is an error (default) or is "
+                   "skipped and counted")  # fmt: skip
+    p.add_argument("--fractions", type=float, nargs=3, default=[0.6, 0.2, 0.2], metavar=("TRAIN", "VAL", "TEST"),
+                   help="shares of the questions in each split, without --records or with --resplit (default: "
+                   "0.6 0.2 0.2)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the split by question (default: 0)")
+    args = p.parse_args(argv)
+    f = args.fractions
+    if any(x < 0 for x in f) or abs(sum(f) - 1) > 1e-6:
+        p.error(f"--fractions must be three non-negative numbers that sum to 1, got {f}")
+    stats = ImportStats()
+    splits, origin = import_predictions(args.input, records=args.records, fmt=args.format, resplit=args.resplit,
+                                        fractions=f, seed=args.seed, on_missing=args.on_missing,
+                                        stats=stats)  # fmt: skip
+    out = Path(args.output)
+    write_splits(splits, out, origin)
+    print(_summary(stats, splits, out, args))
+    return 0

@@ -1,0 +1,206 @@
+"""kglightning import-predictions end to end: GCR beams, joins onto a records folder, and the defects a review found."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kglightning.cli import main as cli_main
+from kglightning.data.records import RecordError
+from kglightning.data.sources import read_records, write_records
+from kglightning.data.sources.predictions_import import detect_format, import_predictions, split_by_question
+from kglightning.data.sources.prompt_predictions import record_from_prompt
+
+PROMPT = "Reasoning Paths:\nJamaica -> language.spoken -> Jamaican English\n\nQuestion:\nwhat do they speak?"
+
+
+def gcr_beam(path: str, answer: str) -> str:
+    return f"# Reasoning Path:\n{path}\n# Answer:\n{answer}"
+
+
+def prompt_row(i: int, **over) -> dict:
+    row = {"id": f"q{i}", "question": f"question {i}?", "prediction": "Jamaican English\nPatois",
+           "ground_truth": ["Jamaican English"], "input": PROMPT}  # fmt: skip
+    return {**row, **over}
+
+
+def write_lines(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = cli_main(["import-predictions", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def folder_state(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.exists() else {}
+
+
+GCR_ROWS = [
+    {"id": "WebQTest-0", "question": "what does jamaican people speak", "ground_truth": ["Jamaican English"],
+     "prediction": [gcr_beam("Jamaica -> location.country.languages_spoken -> Jamaican English", "Jamaican English"),
+                    gcr_beam("Jamaica -> location.country.languages_spoken -> Jamaican English", "Jamaican English"),
+                    gcr_beam("Jamaica -> location.country.official_language", "Patois")]},  # a path that does not parse
+    {"id": "WebQTest-1", "question": "what did james k polk do", "ground_truth": ["Governor"],
+     "prediction": [gcr_beam("James K. Polk -> people.person.profession -> Lawyer", "Lawyer"),
+                    gcr_beam("James K. Polk -> people.person.profession -> Lawyer", "Lawyer"),
+                    gcr_beam("James K. Polk -> gov.position -> m.04j60kc -> gov.title -> Governor", "Governor")],
+     "label": "kept out"},
+    {"id": "WebQTest-2", "question": "where is the eiffel tower", "ground_truth": ["Paris"],
+     "prediction": [gcr_beam("Eiffel Tower -> location.containedby -> Paris", "Paris"),
+                    "# Reasoning Path:\nEiffel Tower -> location.containedby -> France"]},  # no answer: skipped
+]  # fmt: skip
+
+
+def test_gcr_beams_become_answers_with_the_paths_they_cite(tmp_path, capsys):
+    src = write_lines(tmp_path / "gcr.jsonl", GCR_ROWS)
+    out = tmp_path / "gcr_records"
+    code, text, _ = run(capsys, "--input", src, "--output", out, "--fractions", 0.34, 0.33, 0.33)
+    assert code == 0
+    got = {r.id: r for name in ("train", "validation", "test") for r in read_records(str(out / f"{name}.jsonl"))}
+    assert sorted(got) == ["WebQTest-0", "WebQTest-1", "WebQTest-2"]
+    lang = ["Jamaica", "location.country.languages_spoken", "Jamaican English"]
+    q0 = got["WebQTest-0"]
+    assert q0.prediction == ["Jamaican English", "Jamaican English", "Patois"]  # repeats are votes: kept
+    assert q0.prediction_paths == [[lang], [lang], []]
+    assert q0.graph == [tuple(lang)] and q0.q_entity == ["Jamaica"] and q0.a_entity == ["Jamaican English"]
+    q1 = got["WebQTest-1"]
+    assert len(q1.graph) == 3 and q1.a_entity == ["Governor"] and q1.q_entity == ["James K. Polk"]
+    assert q1.extra == {"source": "reasoning paths GCR wrote"}
+    assert got["WebQTest-2"].prediction == ["Paris"] and len(got["WebQTest-2"].prediction_paths) == 1
+    assert "(gcr): 3 lines" in text and "answers: 7 kept in order" in text
+    assert "gcr: 8 beams, 1 without an answer (skipped), 6 cited paths kept, 1 paths that did not parse" in text
+    assert "'Jamaica -> location.country.official_language'" in text
+
+
+def _records_folder(tmp_path):
+    folder = tmp_path / "rog"
+    rows = {
+        "train": [("WebQTrn-0", "Jamaica", "Jamaican English"), ("WebQTrn-1", "France", "Paris")],
+        "validation": [("WebQTrn-2", "Peru", "Lima")],
+        "test": [("WebQTest-0", "Jamaica", "Jamaican English"), ("WebQTest-1", "James K. Polk", "Governor")],
+    }
+    for split, recs in rows.items():
+        write_records([{"id": i, "question": f"about {q}?", "answer": [a], "q_entity": [q], "a_entity": [a],
+                        "graph": [[q, "r", a], [q, "s", "m.0x"], ["m.0x", "t", a]], "note": split}
+                       for i, q, a in recs], folder / f"{split}.jsonl")  # fmt: skip
+    return folder
+
+
+def test_plain_predictions_join_onto_a_records_folder(tmp_path, capsys):
+    folder = _records_folder(tmp_path)
+    src = write_lines(tmp_path / "plain.jsonl", [
+        {"id": "WebQTest-1", "prediction": "Governor\nLawyer\nGovernor"},
+        {"id": "WebQTrn-0", "prediction": ["Jamaican English", 3, None, "Patois"], "question": "ignored"},
+        {"id": "WebQTrn-2", "prediction": []},
+    ])  # fmt: skip
+    out = tmp_path / "joined"
+    code, text, _ = run(capsys, "--input", src, "--records", folder, "--output", out)
+    assert code == 0
+    train, val, test = (read_records(str(out / f"{s}.jsonl")) for s in ("train", "validation", "test"))
+    assert [r.id for r in train] == ["WebQTrn-0"] and [r.id for r in val] == ["WebQTrn-2"]
+    assert [r.id for r in test] == ["WebQTest-1"]  # kept in the split it came from
+    source = {r.id: r for r in read_records(str(folder / "train.jsonl"))}["WebQTrn-0"]
+    assert (train[0].question, train[0].graph, train[0].q_entity, train[0].a_entity, train[0].extra) == (
+        source.question, source.graph, source.q_entity, source.a_entity, {"note": "train"}
+    )  # fmt: skip
+    assert train[0].prediction == ["Jamaican English", "Patois"] and train[0].prediction_paths is None
+    assert test[0].prediction == ["Governor", "Lawyer", "Governor"] and val[0].prediction == []
+    assert "train 1, validation 1, test 1 questions (kept in the splits of" in text
+    assert "dropped: 2 non-string items" in text
+    assert "records: 5 read from" in text and "2 without a prediction line (left out)" in text
+
+    resplit = tmp_path / "resplit"
+    assert run(capsys, "--input", src, "--records", folder, "--output", resplit, "--resplit", "--seed", "1")[0] == 0
+    ids = sorted(r.id for s in ("train", "validation", "test") for r in read_records(str(resplit / f"{s}.jsonl")))
+    assert ids == ["WebQTest-1", "WebQTrn-0", "WebQTrn-2"]
+
+
+def test_a_prediction_for_no_record_is_an_error_unless_skipped(tmp_path, capsys):
+    folder = _records_folder(tmp_path)
+    src = write_lines(tmp_path / "plain.jsonl", [{"id": "WebQTest-1", "prediction": "Governor"},
+                                                 {"id": "WebQTest-99", "prediction": "Mars"}])  # fmt: skip
+    out = tmp_path / "joined"
+    code, _, err = run(capsys, "--input", src, "--records", folder, "--output", out)
+    assert code == 2 and f"{src}:2: field 'id' id 'WebQTest-99' is in no record" in err and not out.exists()
+    code, text, _ = run(capsys, "--input", src, "--records", folder, "--output", out, "--on-missing", "skip")
+    assert code == 0 and "1 prediction lines whose id is in no record (skipped)" in text
+    code, _, err = run(capsys, "--input", src, "--output", tmp_path / "alone")
+    assert code == 2 and "is a plain predictions file" in err and "--records" in err
+
+
+def test_gcr_beams_join_with_their_paths_and_the_records_graph(tmp_path, capsys):
+    folder = _records_folder(tmp_path)
+    src = write_lines(tmp_path / "gcr.jsonl", GCR_ROWS[:2])
+    out = tmp_path / "joined"
+    code, text, _ = run(capsys, "--input", src, "--records", folder, "--output", out)
+    assert code == 0 and "(gcr)" in text
+    test = read_records(str(out / "test.jsonl"))
+    assert [r.id for r in test] == ["WebQTest-0", "WebQTest-1"]
+    assert test[0].graph == [("Jamaica", "r", "Jamaican English"), ("Jamaica", "s", "m.0x"),
+                             ("m.0x", "t", "Jamaican English")]  # fmt: skip
+    assert test[0].prediction == ["Jamaican English", "Jamaican English", "Patois"]
+    assert test[0].prediction_paths[2] == [] and len(test[0].prediction_paths[0]) == 1
+
+
+def test_the_format_is_detected_per_file_from_its_first_line_with_a_prediction():
+    gcr = [(1, {"id": "a", "prediction": []}), (2, GCR_ROWS[0])]
+    assert detect_format(gcr) == "gcr"
+    assert detect_format([(1, prompt_row(0))]) == "prompt"
+    assert detect_format([(1, {"id": "a", "prediction": ""}), (2, {"id": "b", "prediction": ["x"]})]) == "plain"
+    assert detect_format([]) == "plain"
+
+
+def test_ids_repeated_across_files_name_both_places(tmp_path):
+    a = write_lines(tmp_path / "a.jsonl", [prompt_row(1)])
+    b = write_lines(tmp_path / "b.jsonl", [prompt_row(2), prompt_row(1)])
+    with pytest.raises(RecordError, match=r"b.jsonl:2: field 'id' repeats id 'q1' of line .*a.jsonl:1"):
+        import_predictions([a, b])
+
+
+# the four defects a review reproduced; each test fails on the code before this change
+
+
+@pytest.mark.parametrize(
+    "hostile", ['{"id": "q9", "n": ' + "7" * 5000 + "}", "[" * 100_000 + "]" * 100_000], ids=["long_int", "nested"]
+)
+def test_a_line_json_cannot_read_is_an_error_naming_the_file_and_line(tmp_path, capsys, hostile):
+    src = tmp_path / "predictions.jsonl"
+    src.write_text(json.dumps(prompt_row(1)) + "\n" + hostile + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    code, _, err = run(capsys, "--input", src, "--output", out)
+    assert code == 2 and f"{src}:2: invalid JSON" in err and not out.exists()
+
+
+def test_a_failed_write_leaves_the_output_folder_as_it_was(tmp_path, capsys):
+    rows = [prompt_row(i) for i in range(10)]
+    out = tmp_path / "out"
+    assert run(capsys, "--input", write_lines(tmp_path / "a.jsonl", rows), "--output", out)[0] == 0
+    before = folder_state(out)
+    test_id = split_by_question([record_from_prompt(r) for r in rows], [0.6, 0.2, 0.2], seed=0)["test"][-1].id
+    rows = [prompt_row(i, prediction="new answer") for i in range(10)]
+    rows[int(test_id[1:])]["ground_truth"] = ["Jamaican English", "\ud800"]  # a lone surrogate: no UTF-8 for it
+    src = write_lines(tmp_path / "b.jsonl", rows)
+    code, _, err = run(capsys, "--input", src, "--output", out)
+    assert code == 2 and f"{src}:{int(test_id[1:]) + 1}: field 'answer'" in err and "UTF-8" in err
+    assert folder_state(out) == before  # no new train/validation beside the old test, no temporary files
+    fresh = tmp_path / "fresh"
+    assert run(capsys, "--input", src, "--output", fresh)[0] == 2 and not fresh.exists()
+
+
+def test_a_record_that_would_not_be_read_back_is_refused_at_import(tmp_path, capsys):
+    src = write_lines(tmp_path / "predictions.jsonl", [prompt_row(1), prompt_row(2, question="  ")])
+    out = tmp_path / "out"
+    code, _, err = run(capsys, "--input", src, "--output", out)
+    assert code == 2 and f"{src}:2: field 'question' expected a non-empty string" in err and not out.exists()
+
+
+def test_items_of_a_prediction_list_that_are_not_strings_are_counted(tmp_path, capsys):
+    src = write_lines(tmp_path / "p.jsonl", [prompt_row(1, prediction=["Jamaican English", 3, None, {"a": 1}, " "])])
+    code, text, _ = run(capsys, "--input", src, "--output", tmp_path / "out", "--fractions", 1, 0, 0)
+    assert code == 0 and "dropped: 3 non-string items of a prediction list" in text and "1 blank items" in text
+    assert read_records(str(tmp_path / "out" / "train.jsonl"))[0].prediction == ["Jamaican English"]
