@@ -24,7 +24,6 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import kglightning
 from kglightning.data.records import RecordError
-from kglightning.fileio import write_text_atomic
 
 PROG = "kglightning"
 
@@ -37,14 +36,15 @@ EXTRA_SUBCOMMANDS = {
     "import-predictions": "RoG records with a KGQA system's answers: RoG / GNN-RAG prompts, GCR beams, or any "
     "predictions jsonl joined onto RoG records by id",
     "compare-proxies": "score DoublyCal evidence proxies (e.g. SFT vs GRPO adapters) on the same held-out questions",
-    "seeds": "fit and test a config once per seed and report each test metric's mean and standard deviation",
+    "seeds": "fit and test a config once per seed (--folds K: per fold and seed) and report each test metric's mean "
+    "and standard deviation",
 }
 
 DESCRIPTION = (
     "kglightning: trustworthy question answering over knowledge graphs with LLMs. fit / validate / test / predict "
     "run a LightningModule and a LightningDataModule named by class_path in a YAML config (--config); evaluate, "
     "build-benchmark, build-subgraphs, conformalize and import-predictions work on files; compare-proxies scores DoublyCal evidence proxies; "
-    "seeds repeats a fit over seeds. Run any "
+    "seeds repeats a fit over seeds (and folds). Run any "
     "subcommand with --help for its options."
 )
 
@@ -257,59 +257,91 @@ def _compare_proxies(argv: list[str]) -> int:
 def _seeds(argv: list[str]) -> int:
     import argparse
     import shutil
-    import statistics
+
+    from kglightning.metrics.cv_runs import RunLog, config_arguments
+    from kglightning.metrics.cv_table import progress_line
 
     p = argparse.ArgumentParser(
         prog=f"{PROG} seeds",
-        description="Fit a config once per seed, test the best checkpoint of each run, and report every test "
-        "metric's mean and standard deviation over the seeds, with the validation score the checkpoint was chosen by "
-        "(best/<monitor>). Options not listed here go to the config, as for fit.",
+        description="Fit a config once per seed (with --folds K: once per fold and seed, K-fold cross-validation by "
+        "question), test the best checkpoint of each run, and report every test metric's mean and standard deviation "
+        "(over folds with --folds), with the validation score the checkpoint was chosen by (best/<monitor>), and a "
+        "table of the detector beside each baseline. Options not listed here go to the config, as for fit.",
     )
     p.add_argument("--config", required=True, action="append",
                    help="a fit config (e.g. configs/detector.yaml); repeat it to add fragments on top, as for fit")  # fmt: skip
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--folds", type=int, default=None, metavar="K",
+                   help="K-fold cross-validation by question: run every fold 0..K-1 with every seed, setting the data "
+                   "module's folds (data.init_args.folds, kglightning.data.folds.KFold)")  # fmt: skip
+    p.add_argument("--fold-seed", type=int, default=None, help="with --folds: the seed of the fold assignment "
+                   "(default: the config's folds.seed, else 0)")  # fmt: skip
+    p.add_argument("--fold-pool", nargs="+", default=None, choices=["train", "validation", "test"],
+                   help="with --folds: the published splits pooled before folding, e.g. train validation to keep the "
+                   "test split untouched (default: the config's folds.pool, else all three)")  # fmt: skip
+    p.add_argument("--validation-fraction", type=float, default=None, help="with --folds: the share of each "
+                   "fold's non-test questions that validates (default: the config's, else 0.2)")  # fmt: skip
     p.add_argument(
         "--output",
         default=None,
-        help="a .json file for the per-seed metrics and the summary, and a .png "
-        "beside it with F1 and AUC-PR per method (mean, std), when the test metrics have them",
+        help="a .json file of every run's metrics and the summary (written after every run), a .md beside it with "
+        "the tables, and a .png with F1 and AUC-PR per method (mean, std), when the test metrics have them",
     )
+    p.add_argument("--resume", action="store_true",
+                   help="skip the runs the --output json already holds (written with the same config and options)")  # fmt: skip
     args, overrides = p.parse_known_args(argv)
-    runs: dict[int, dict[str, float]] = {}
-    for seed in args.seeds:
+    fold_options = {"seed": args.fold_seed, "pool": args.fold_pool, "validation_fraction": args.validation_fraction}
+    if args.folds is None and any(v is not None for v in fold_options.values()):
+        p.error("--fold-seed, --fold-pool and --validation-fraction need --folds")
+    if args.folds is not None and args.folds < 2:
+        p.error(f"--folds must be at least 2, got {args.folds}")
+    if args.resume and not args.output:
+        p.error("--resume needs --output: the json file of the runs done so far")
+    arguments = config_arguments(args.config, overrides, folds=args.folds, seeds=args.seeds,
+                                 **{f"fold_{k}": v for k, v in fold_options.items()})  # fmt: skip
+    try:
+        log = RunLog.resume(args.output, arguments) if args.resume else RunLog(arguments, args.output)
+    except ValueError as err:  # written with other arguments: say so, as for any bad option
+        p.error(str(err))
+    fold_args = [x for k, v in fold_options.items() if v is not None
+                 for x in (f"--data.init_args.folds.{k}", json.dumps(v))]  # fmt: skip
+    pairs, configs = log.pairs(), [x for c in args.config for x in ("--config", c)]
+    for n, (fold, seed) in enumerate(pairs, start=1):
+        label = f"[{n}/{len(pairs)}] " + (f"fold {fold}/{args.folds}, " if fold is not None else "") + f"seed {seed}"
+        if log.has(fold, seed):
+            print(progress_line(f"{label} (done before, kept)", log.run(fold, seed)), flush=True)
+            continue
+        folding = [] if fold is None else ["--data.init_args.folds.k", str(args.folds),
+                                           "--data.init_args.folds.fold", str(fold), *fold_args]  # fmt: skip
         cli = _configured(
             "seeds",
             save_config_kwargs={"overwrite": True},
-            args=[*(x for c in args.config for x in ("--config", c)), *overrides, "--seed_everything", str(seed)],
+            args=[*configs, *overrides, *folding, "--seed_everything", str(seed)],
         )
+        folds = getattr(cli.datamodule, "folds", None)
+        if fold is not None and (folds is None or (folds.k, folds.fold) != (args.folds, fold)):
+            name = type(cli.datamodule).__name__
+            raise ValueError(f"--folds needs a data module with folds (a KGQADataModule); {name} serves {folds!r}")
+        if folds is not None:  # what the folds are, from the config and the options (the fold itself per run)
+            log.fold_settings = {k: v for k, v in vars(folds).items() if k != "fold" or fold is None}
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         best_path = getattr(cli.trainer.checkpoint_callback, "best_model_path", "")
         best = "best" if best_path else None
         (metrics,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
-        if best_path and cli.trainer.is_global_zero:  # the next seed overwrites best.ckpt: keep this one beside it
-            shutil.copyfile(best_path, Path(best_path).with_name(f"{Path(best_path).stem}-seed{seed}.ckpt"))
-        runs[seed] = {k: float(v) for k, v in metrics.items()}
+        if best_path and cli.trainer.is_global_zero:  # the next run overwrites best.ckpt: keep this one beside it
+            tag = f"fold{fold}-seed{seed}" if fold is not None else f"seed{seed}"
+            shutil.copyfile(best_path, Path(best_path).with_name(f"{Path(best_path).stem}-{tag}.ckpt"))
+        result = {k: float(v) for k, v in metrics.items()}
         monitor = getattr(cli.trainer.checkpoint_callback, "monitor", None)
         if best_path and monitor and cli.trainer.checkpoint_callback.best_model_score is not None:
             # what the checkpoint was chosen by: compare configs on it, not on the test metrics
-            runs[seed][f"best/{monitor}"] = float(cli.trainer.checkpoint_callback.best_model_score)
-    names = sorted(set.intersection(*(set(m) for m in runs.values())))
-    summary = {
-        k: {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0}
-        for k in names
-        if (v := [runs[s][k] for s in args.seeds])
-    }
-    print(f"| metric | mean | std (over seeds {', '.join(map(str, args.seeds))}) |\n|---|---:|---:|")
-    for k, r in summary.items():
-        print(f"| {k} | {r['mean']:.4f} | {r['std']:.4f} |")
+            result[f"best/{monitor}"] = float(cli.trainer.checkpoint_callback.best_model_score)
+        log.add(fold, seed, result)  # written now: a later run that fails loses nothing done
+        print(progress_line(label, result), flush=True)
+    print(log.tables())
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(args.output, json.dumps({"seeds": runs, "summary": summary}, indent=2) + "\n")
-        from kglightning.metrics.plots import plot_seed_summary
-
-        title = f"{' + '.join(Path(c).stem for c in args.config)}, seeds {', '.join(map(str, args.seeds))}"
-        plot = plot_seed_summary(summary, Path(args.output).with_suffix(".png"), title=title)
-        print(f"wrote {args.output}" + (f" and {plot}" if plot else ""))
+        files = log.write_outputs(title=" + ".join(Path(c).stem for c in args.config))
+        print("wrote " + ", ".join(map(str, files)))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 SPLITS = ("train", "validation", "test")
@@ -10,7 +11,10 @@ _SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 def locate_splits(
-    data_dir: str | None, benchmark_seed: int = 0, cache_dir: str | None = None
+    data_dir: str | None,
+    benchmark_seed: int = 0,
+    cache_dir: str | None = None,
+    required: Sequence[str] = SPLITS,
 ) -> dict[str, tuple[str, str | None]]:
     """Map each split to ``(path, split_name)``, the arguments of :func:`read_records`.
 
@@ -21,6 +25,8 @@ def locate_splits(
             ``hf:owner/name`` to load from the hub (needs network).
         benchmark_seed: the embedded benchmark's seed.
         cache_dir: root of the embedded benchmark cache (default ``$KGLIGHTNING_CACHE``).
+        required: the splits whose files must exist in a folder of split files (the others are mapped when found);
+            e.g. only the pooled splits of a cross-validation (:class:`~kglightning.data.folds.KFold`).
     """
     if data_dir is None:
         from kglightning.data.sources.embedded import ensure_embedded_benchmark
@@ -40,7 +46,7 @@ def locate_splits(
         found += [root / n for n in names if (root / n / "dataset_info.json").exists()]
         if found:
             out[split] = (str(found[0]), None)
-    missing = [s for s in SPLITS if s not in out]
+    missing = [s for s in required if s not in out]
     if missing:
         raise FileNotFoundError(
             f"no file for split(s) {missing} in {data_dir!r}: expected e.g. train.jsonl, validation.jsonl, "

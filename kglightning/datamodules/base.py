@@ -17,9 +17,11 @@ from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from kglightning.data.cache import default_cache_root, files_stamp
+from kglightning.data.folds import KFold
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.loaders import HF_PREFIX, RecordList, hub_fingerprint, read_records
 from kglightning.data.splits import SPLITS, locate_splits
@@ -84,6 +86,11 @@ class KGQADataModule(L.LightningDataModule):
         subgraphs: re-cut every record's graph with G-Retriever's PCST (:class:`~kglightning.retrieval.PCSTSubgraphs`:
             from the record's own graph, the embedded KG or a triples file; cached under the cache root), for every
             method that reads this data module; ``None`` keeps the graphs as read.
+        folds: K-fold cross-validation by question (:class:`~kglightning.data.folds.KFold`): the questions of the
+            pooled published splits are cut into ``k`` folds, fold ``fold`` is served as ``test``, and the rest as
+            ``validation`` (a seeded fraction) and ``train``; splits outside the pool are not read. ``max_records``
+            and ``on_bad_record`` apply to the published files as read, before pooling. ``None`` serves the
+            published splits.
 
     Example:
         >>> import json, os, tempfile
@@ -123,6 +130,7 @@ class KGQADataModule(L.LightningDataModule):
         benchmark_seed: int = 0,
         cache_dir: str | None = None,
         subgraphs: PCSTSubgraphs | None = None,
+        folds: KFold | None = None,
     ) -> None:
         super().__init__()
         if on_bad_record not in ("raise", "skip"):
@@ -136,15 +144,20 @@ class KGQADataModule(L.LightningDataModule):
         self.benchmark_seed = benchmark_seed
         self.cache_dir = cache_dir
         self.subgraphs = subgraphs
+        if folds is not None and not isinstance(folds, KFold):
+            raise TypeError(f"folds must be a KFold (kglightning.data.folds) or None, got {type(folds).__name__}")
+        self.folds = folds
         self.datasets: dict[str, Sequence[Any]] = {}
         self._read: dict[str, RecordList] = {}
+        self._published: dict[str, Sequence[Any]] = {}
 
     def __repr__(self) -> str:
         # Lightning's own __str__ calls every dataloader method, which builds (and for some subclasses computes)
         # every split; jsonargparse prints data modules in its messages, so keep this cheap
         return (
             f"{type(self).__name__}(data_dir={self.data_dir!r}, batch_size={self.batch_size}, "
-            f"max_records={self.max_records!r}, predict_split={self.predict_split!r})"
+            f"max_records={self.max_records!r}, predict_split={self.predict_split!r}"
+            + (f", folds={self.folds!r})" if self.folds is not None else ")")
         )
 
     __str__ = __repr__
@@ -156,8 +169,10 @@ class KGQADataModule(L.LightningDataModule):
         return Path(self.cache_dir) if self.cache_dir is not None else default_cache_root()
 
     def files(self) -> dict[str, tuple[str, str | None]]:
-        """``split -> (path, dataset split name)`` (see :func:`~kglightning.data.splits.locate_splits`)."""
-        return locate_splits(self.data_dir, self.benchmark_seed, str(self.cache_root))
+        """``split -> (path, dataset split name)`` of the published splits (see
+        :func:`~kglightning.data.splits.locate_splits`; with ``folds``, only the pooled splits must exist)."""
+        required = SPLITS if self.folds is None else self.folds.pool
+        return locate_splits(self.data_dir, self.benchmark_seed, str(self.cache_root), required=required)
 
     def limit(self, split: str) -> int | None:
         """How many records of ``split`` are read at most (``None``: all)."""
@@ -166,12 +181,27 @@ class KGQADataModule(L.LightningDataModule):
         return self.max_records
 
     def read_split(self, split: str) -> RecordList:
-        """The split's records as read from the data (once per process).
+        """The split's records (once per process): the published split as read, or with ``folds`` the split of the
+        chosen fold (see :class:`~kglightning.data.folds.KFold`).
+
+        Raises:
+            RecordError: a bad record (``on_bad_record="raise"``), or a split with no record left.
+            ValueError: with ``folds``, a question id in two pooled splits, or too few questions to fold.
+        """
+        if split not in self._read:
+            if self.folds is None:
+                self._read[split] = self.read_published(split)
+            else:
+                self._read.update(self._fold(self.folds))
+        return self._read[split]
+
+    def read_published(self, split: str) -> RecordList:
+        """The published split's records as read from its file (once per process; PCST-cut with ``subgraphs``).
 
         Raises:
             RecordError: a bad record (``on_bad_record="raise"``), or a split with no record left.
         """
-        if split not in self._read:
+        if split not in self._published:
             path, name = self.files()[split]
             records = read_records(path, split=name, on_bad_record=self.on_bad_record, limit=self.limit(split))
             if not records:
@@ -179,12 +209,29 @@ class KGQADataModule(L.LightningDataModule):
                 raise RecordError(f"split {split!r} is empty: {why}", source=records.source)
             if self.subgraphs is not None:
                 records = self._cut(split, records)
-            self._read[split] = records
-        return self._read[split]
+            self._published[split] = records
+        return self._published[split]  # type: ignore[return-value]
+
+    def _fold(self, folds: KFold) -> dict[str, RecordList]:
+        """The three splits of ``folds``' fold, from the pooled published splits."""
+        pooled = {split: self.read_published(split) for split in folds.pool}
+        files = self.files()
+        sources = {split: getattr(items, "source", None) or files[split][0] for split, items in pooled.items()}
+        parts = folds.assign({split: [item.id for item in items] for split, items in pooled.items()}, sources)
+        by_id = {item.id: item for items in pooled.values() for item in items}
+        where = ", ".join(f"{split} {sources[split]}" for split in folds.pool)
+        of_records = all(isinstance(items, RecordList) for items in pooled.values())  # not e.g. SGIC's passages
+        out: dict[str, RecordList] = {}
+        for split, ids in parts.items():
+            records = RecordList((by_id[qid] for qid in ids), source=f"fold {folds.fold}/{folds.k} of {where}")
+            records.split = split
+            out[split] = records.count_graph_issues() if of_records else records
+        rank_zero_info(folds.describe({split: len(records) for split, records in out.items()}))
+        return out
 
     def _cut(self, split: str, records: RecordList) -> RecordList:
         assert self.subgraphs is not None
-        cache = self.cache_root / "pcst_subgraphs" / f"{split}-{self.dataset_key(split)}.jsonl"
+        cache = self.cache_root / "pcst_subgraphs" / f"{split}-{self._published_key(split)}.jsonl"
         cut = RecordList(self.subgraphs.apply(records, cache), source=f"{records.source} (PCST)", split=records.split)
         cut.skipped = records.skipped
         return cut.count_graph_issues()  # of the cut graphs: a topic may have been left out, a graph emptied
@@ -196,8 +243,15 @@ class KGQADataModule(L.LightningDataModule):
     def dataset_key(self, split: str) -> str:
         """A short hash of what ``split``'s records are: the dataset (for a local file or folder, its path and its
         files' sizes and times, :func:`~kglightning.data.cache.files_stamp`),
-        the split, ``max_records``, ``on_bad_record`` and the ``subgraphs`` settings. Caches of work derived from the
-        records use it."""
+        the split, ``max_records``, ``on_bad_record`` and the ``subgraphs`` settings; with ``folds``, those of every
+        pooled split and the fold settings (:attr:`~kglightning.data.folds.KFold.cache_key`), so no cache mixes two
+        folds. Caches of work derived from the records use it."""
+        if self.folds is None:
+            return self._published_key(split)
+        pooled = ":".join(self._published_key(s) for s in self.folds.pool)
+        return hashlib.sha1(f"{pooled}:{self.folds.cache_key}:{split}".encode()).hexdigest()[:12]
+
+    def _published_key(self, split: str) -> str:
         key = self._source_key(split)
         if self.subgraphs is None:
             return key

@@ -41,9 +41,9 @@ class SGICDataModule(KGQADataModule):
         self.documents = PathDocuments() if documents is None and source == "kg" else documents
         self._passages: dict[str, list[PassageExample]] = {}
 
-    def read_split(self, split: str) -> Any:
+    def read_published(self, split: str) -> Any:
         if self.source == "kg":
-            return super().read_split(split)
+            return super().read_published(split)
         if split not in self._passages:
             path, name = self.files()[split]
             self._passages[split] = read_passage_examples(

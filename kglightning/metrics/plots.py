@@ -110,12 +110,14 @@ def plot_seed_summary(
     path: str | Path,
     metrics: Sequence[str] = ("f1", "auc_pr"),
     title: str | None = None,
+    over: str = "seeds",
 ) -> Path | None:
     """Write a grouped bar chart of test metrics over seeds: one group per method, mean with a ±1 std error bar.
 
     ``summary`` maps metric names to ``{"mean", "std"}``, as ``python -m kglightning seeds`` writes them:
     ``test/<metric>`` is the trained model, ``test/<method>/<metric>`` a baseline scored beside it. Methods without
-    any of ``metrics`` are left out; when no method has one, nothing is written and ``None`` is returned.
+    any of ``metrics`` are left out; when no method has one, nothing is written and ``None`` is returned. ``over``
+    names what the standard deviation is over in the labels (``"seeds"``, or ``"folds"`` for cross-validation).
 
     Example:
         >>> import tempfile, os
@@ -147,8 +149,8 @@ def plot_seed_summary(
         ax.bar(xs, means, width=width, yerr=stds, capsize=3, label=metric, edgecolor="black")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_ylim(0, 1)
-    ax.set_ylabel("test score (mean ± std over seeds)")
+    ax.set_ylabel(f"test score (mean ± std over {over})")
     ax.legend(loc="lower right", fontsize="small")
-    ax.set_title(title or "Test metrics over seeds")
+    ax.set_title(title or f"Test metrics over {over}")
     ax.grid(axis="y", alpha=0.3)
     return save_figure(fig, path)

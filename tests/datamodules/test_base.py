@@ -221,3 +221,78 @@ def test_a_resumed_run_sees_each_epoch_s_own_order(tmp_path):
     assert whole[0] != whole[1] != whole[2]  # every epoch its own order
     resumed = run(ckpt_path=str(tmp_path / "ckpt" / "epoch=0.ckpt"))
     assert set(resumed) == {1, 2} and resumed[1] == whole[1] and resumed[2] == whole[2]
+
+
+# ---------------------------------------------------------------------- K-fold cross-validation by question
+
+
+def _ids(dm: KGQADataModule) -> dict[str, list[str]]:
+    return {s: [r.id for r in dm.split_records(s)] for s in ("train", "validation", "test")}
+
+
+def test_folds_serve_the_pooled_questions_as_three_disjoint_splits(tmp_path, caplog):
+    from kglightning.data.folds import KFold
+
+    folder = _write(tmp_path, {"train": 20, "validation": 6, "test": 8})
+    published = {s: [r.id for r in KGQADataModule(data_dir=folder).split_records(s)] for s in ("train", "validation",
+                 "test")}  # fmt: skip
+    tests = []
+    for fold in range(3):
+        dm = KGQADataModule(data_dir=folder, folds=KFold(k=3, fold=fold, seed=1, validation_fraction=0.25))
+        with caplog.at_level("INFO"):
+            dm.prepare_data()
+        parts = _ids(dm)
+        assert sorted(q for ids in parts.values() for q in ids) == sorted(q for ids in published.values() for q in ids)
+        assert parts == KFold(k=3, fold=fold, seed=1, validation_fraction=0.25).assign(published)
+        tests.append(set(parts["test"]))
+        sizes = {s: len(v) for s, v in parts.items()}
+        assert f"fold {fold}/3 (seed 1, pool train+validation+test): {sizes['train']} train, " in caplog.text
+        dm.setup("test")
+        assert [r.id for batch in dm.test_dataloader() for r in batch] == parts["test"]
+    assert set.union(*tests) == {q for ids in published.values() for q in ids} and sum(map(len, tests)) == 34
+
+
+def test_splits_outside_the_pool_are_not_read(tmp_path, monkeypatch):
+    import kglightning.datamodules.base as base
+    from kglightning.data.folds import KFold
+
+    folder = _write(tmp_path, {"train": 10, "validation": 4})  # no test file at all
+    calls = []
+    real = base.read_records
+    monkeypatch.setattr(base, "read_records", lambda *a, **k: calls.append(Path(a[0]).name) or real(*a, **k))
+    dm = KGQADataModule(data_dir=folder, folds=KFold(k=2, fold=1, pool=["train", "validation"]))
+    dm.prepare_data()
+    assert sorted(calls) == ["train.jsonl", "validation.jsonl"]
+    assert sum(len(v) for v in _ids(dm).values()) == 14
+    with pytest.raises(FileNotFoundError, match=r"no file for split\(s\) \['test'\]"):
+        KGQADataModule(data_dir=folder).split_records("train")  # without folds every split is needed, as before
+
+
+def test_an_id_in_two_pooled_files_is_an_error_naming_both(tmp_path):
+    from kglightning.data.folds import KFold
+
+    folder = _write(tmp_path, {"train": 4, "validation": 2, "test": 2})
+    (tmp_path / "test.jsonl").write_text(json.dumps(_record("train-3")) + "\n" + json.dumps(_record("x")) + "\n")
+    with pytest.raises(ValueError, match=r"'train-3' is in two pooled splits: train \(.*train.jsonl\) and test "
+                       r"\(.*test.jsonl\)"):  # fmt: skip
+        KGQADataModule(data_dir=folder, folds=KFold(k=2)).split_records("train")
+    # the test file left out of the pool: no clash
+    dm = KGQADataModule(data_dir=folder, folds=KFold(k=2, pool=["train", "validation"]))
+    assert len(dm.split_records("train")) + len(dm.split_records("validation")) + len(dm.split_records("test")) == 6
+
+
+def test_dataset_key_differs_per_fold_and_fold_settings(tmp_path):
+    from kglightning.data.folds import KFold
+
+    folder = _write(tmp_path, {"train": 10, "validation": 4, "test": 4})
+    plain = KGQADataModule(data_dir=folder)
+    settings = [KFold(), KFold(fold=1), KFold(k=4), KFold(seed=1), KFold(validation_fraction=0.3),
+                KFold(pool=["train", "validation"])]  # fmt: skip
+    keys = {(i, s): KGQADataModule(data_dir=folder, folds=f).dataset_key(s)
+            for i, f in enumerate(settings) for s in ("train", "validation", "test")}  # fmt: skip
+    assert len(set(keys.values())) == len(keys)  # no two folds, settings or splits share a cache
+    assert not set(keys.values()) & {plain.dataset_key(s) for s in ("train", "validation", "test")}
+    assert KGQADataModule(data_dir=folder, folds=KFold(fold=1)).dataset_key("train") == keys[1, "train"]
+    assert KGQADataModule(data_dir=folder, max_records=5, folds=KFold()).dataset_key("train") != keys[0, "train"]
+    with pytest.raises(TypeError, match="folds must be a KFold"):
+        KGQADataModule(data_dir=folder, folds={"k": 5})  # type: ignore[arg-type]

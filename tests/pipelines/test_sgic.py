@@ -209,3 +209,14 @@ def test_doublycal_evidence_as_documents(tmp_path):
         EvidenceDocuments(str(path))(recs)
     with pytest.raises(FileNotFoundError, match="no such evidence file"):
         EvidenceDocuments(str(tmp_path / "none.jsonl"))
+
+
+def test_passages_are_folded_like_records(passages_dir):
+    from kglightning.data.folds import KFold
+
+    dm = SGICDataModule(source="passages", data_dir=passages_dir, folds=KFold(k=2, fold=1, validation_fraction=0.5))
+    parts = {s: [e.id for e in dm.build_split(s)] for s in ("train", "validation", "test")}
+    assert sorted(q for ids in parts.values() for q in ids) == sorted(
+        ["train:line-1", "train:line-2", "validation:line-1", "validation:line-2", "fr", "jp"]
+    )
+    assert [len(parts[s]) for s in ("train", "validation", "test")] == [1, 2, 3]
