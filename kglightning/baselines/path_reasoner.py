@@ -133,7 +133,7 @@ class EmbeddingPathReasoner(AnswerProposer, UsesEmbeddings):
                     pred, conf, evidence = [], [], []
                     self.num_abstained += 1
                 extra = dict(record.extra, evidence=evidence)
-                out.append(replace(record, prediction=pred, confidence=conf, extra=extra))
+                out.append(replace(record, prediction=pred, confidence=conf, prediction_paths=None, extra=extra))
             bar.update(len(chunk))
         bar.close()
         if self.num_abstained:

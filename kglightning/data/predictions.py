@@ -19,7 +19,6 @@ out instead, logged at WARNING and kept in :attr:`PredictionList.skipped`; nothi
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kglightning.data.records import RecordError
+from kglightning.data.sources.json_lines import decode_json_line
 from kglightning.data.sources.loaders import _iter_jsonl
 
 __all__ = [
@@ -150,10 +150,7 @@ def parse_prediction_line(
         ...     print(e)
         p.jsonl:7: field 'prediction' expected a string or a list of strings, got int
     """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RecordError(f"invalid JSON: {e.msg} (column {e.colno})", source=source, line=line) from None
+    data = decode_json_line(text, source=source, line=line)  # type: ignore[arg-type]  # None: no line in the message
     return PredictionLine.from_dict(data, source=source, line=line, require_confidence=require_confidence)
 
 

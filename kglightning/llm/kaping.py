@@ -287,7 +287,7 @@ class KAPINGAnswerer(AnswerProposer, UsesEmbeddings):
                         scored = (sum(gen.token_logprobs), len(gen.token_logprobs))
                     info |= {"logprob": scored[0], "tokens": scored[1]}
                 extra = dict(record.extra, kaping=info, **reasons.get(k, {}))
-                out.append(replace(record, prediction=names, confidence=None, extra=extra))
+                out.append(replace(record, prediction=names, confidence=None, prediction_paths=None, extra=extra))
             bar.update(len(chunk))
         bar.close()
         c = self.counts

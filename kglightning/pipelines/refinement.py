@@ -266,7 +266,7 @@ class KGGuardRefinement(L.LightningModule):
         graphs, owners = [], []
         for d in dialogues:
             nodes = [a for a in d.last["answers"] if a not in d.last["unmatched"]]
-            record = replace(d.record, prediction=nodes, confidence=None)
+            record = replace(d.record, prediction=nodes, confidence=None, prediction_paths=None)
             if nodes and (
                 g := build_detection_graph(
                     record, text_id, DetectionStats(), self.detection_data.add_reverse_edges, relation_view=view

@@ -160,3 +160,9 @@ def test_parse_prediction_line_and_pickle():
         parse_prediction_line("{", "x.jsonl", 4)
     err = pickle.loads(pickle.dumps(info.value))
     assert str(err).startswith("x.jsonl:4: invalid JSON")
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"id": 1' + "0" * 5000 + "}"])
+def test_a_line_json_cannot_read_is_a_record_error_naming_its_place(text):
+    with pytest.raises(RecordError, match=r"p\.jsonl:3: invalid JSON"):
+        parse_prediction_line(text, "p.jsonl", 3)

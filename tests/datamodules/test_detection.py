@@ -240,6 +240,25 @@ def test_an_answer_matched_by_its_normalised_name_has_the_node_s_features(tmp_pa
     assert g.answer_features[1].tolist() == [1.5, 0.0]  # an ungrounded answer is unreachable, with no path
 
 
+def test_the_llm_signals_are_answer_features_of_both_populations(tmp_path, tiny_encoder_dir):
+    rows = _two_hop_split(["Paris", "Mars", "paris", "Europe", "mars"])
+    rows[0]["prediction_paths"] = [[["France", "location.country.capital", "Paris"]], [["France", "moon", "Mars"]],
+                                   [], [], [["France", "moon", "Mars"]]]  # fmt: skip
+    folder = _write(tmp_path / "d", {s: rows for s in ("train", "validation", "test")})
+    dm = _dm(folder, tmp_path, tiny_encoder_dir, answer_features=["votes", "hops", "cited_in_graph", "first_rank"],
+             path_max_hops=2)  # fmt: skip
+    assert dm.num_answer_features == 4
+    dm.prepare_data()
+    dm.setup("fit")
+    (g,) = dm.datasets["train"]
+    assert g.answer_names == ["Paris", "Europe", "Mars"] and g.answer_grounding.tolist() == [0, 0, 2]
+    # Paris: two of five entries, its one path in the graph; Europe: one entry, first at 3; Mars: two, made-up path
+    want = torch.tensor([[0.4, 0.5, 1.0, 0.0], [0.2, 1.0, 0.0, 0.6], [0.4, 1.5, 0.0, 0.2]])
+    assert torch.allclose(g.answer_features, want)
+    with pytest.raises(ValueError, match="answer_features must be distinct names"):
+        _dm(folder, tmp_path, tiny_encoder_dir, answer_features=["beams"])
+
+
 def test_graphs_built_on_forked_processes_equal_those_of_one(splits, tmp_path, tiny_encoder_dir, monkeypatch):
     import dataclasses
 
