@@ -27,6 +27,7 @@ from kglightning.datamodules.detection_graphs import (
     expand_graph,
     node_texts,
 )
+from kglightning.datamodules.relation_prior import RelationPrior
 from kglightning.datamodules.text_rows import TextRows
 from kglightning.evidence.answer_signals import SIGNALS
 from kglightning.nn.kgguard import edge_types
@@ -37,10 +38,11 @@ log = logging.getLogger(__name__)
 BUILD_CHUNK = 256  # questions per chunk when graphs are built on several processes
 
 AnswerFeature = Literal[
-    "path_score", "hops", "votes", "first_rank", "log_answers", "cited_paths", "cited_in_graph", "log_degree",
-    "log_graph_size",
+    "path_score", "hops", "relation_prior", "votes", "first_rank", "log_answers", "cited_paths", "cited_in_graph",
+    "log_degree", "log_graph_size",
 ]  # fmt: skip
-ANSWER_FEATURES: tuple[str, ...] = ("path_score", "hops", *SIGNALS)
+ANSWER_FEATURES: tuple[str, ...] = ("path_score", "hops", "relation_prior", *SIGNALS)
+ON_PATHS = frozenset({"path_score", "hops", "relation_prior"})  # features that need the answers' relation paths
 
 
 class DetectionDataModule(KGQADataModule):
@@ -65,11 +67,15 @@ class DetectionDataModule(KGQADataModule):
             ungrounded scorer's), in the order given: ``"path_score"`` (the highest cosine similarity between the
             question and a shortest relation path from a topic entity to the answer, as text; 0 without a path),
             ``"hops"`` (that path's length over ``path_max_hops``; ``1 + 1 / path_max_hops`` when no topic entity
-            reaches the answer), and what the LLM's output says of the answer
+            reaches the answer), ``"relation_prior"`` (how often the training questions most like this one were
+            answered along one of the relation paths that reach this answer,
+            :class:`~kglightning.datamodules.relation_prior.RelationPrior` over ``prior_neighbours`` questions of the
+            train split), and what the LLM's output says of the answer
             (:mod:`~kglightning.evidence.answer_signals`): ``"votes"``, ``"first_rank"``, ``"log_answers"``,
             ``"cited_paths"``, ``"cited_in_graph"``, ``"log_degree"``, ``"log_graph_size"``. The CLI links their
             number to ``model.init_args.answer_features``.
         path_max_hops: longest path searched for ``answer_features``.
+        prior_neighbours: how many training questions vote in ``"relation_prior"``.
         ungrounded: what becomes of an answer that names no node of its graph (after exact, RoG-normalised and
             ``near_miss`` matching): ``"keep"`` scores it (the detector's ``ungrounded_scorer``) and reports it in
             ``test/all/*``; ``"drop"`` leaves it out (counted), as KG-Guard's node-level task does.
@@ -102,6 +108,7 @@ class DetectionDataModule(KGQADataModule):
         baselines: list[AnswerNodeScorer] | None = None,
         answer_features: list[AnswerFeature] | None = None,
         path_max_hops: int = 3,
+        prior_neighbours: int = 10,
         ungrounded: Literal["keep", "drop"] = "keep",
         near_miss: FaissGrounder | None = None,
         relation_view: RelationView = "readable",
@@ -126,6 +133,10 @@ class DetectionDataModule(KGQADataModule):
         if path_max_hops < 1:
             raise ValueError(f"path_max_hops must be >= 1, got {path_max_hops}")
         self.path_max_hops = path_max_hops
+        self.prior_neighbours = prior_neighbours
+        self._prior: RelationPrior | None = None
+        if prior_neighbours < 1:
+            raise ValueError(f"prior_neighbours must be >= 1, got {prior_neighbours}")
         if ungrounded not in ("keep", "drop"):
             raise ValueError(f"ungrounded must be 'keep' or 'drop', got {ungrounded!r}")
         self.ungrounded = ungrounded
@@ -210,12 +221,18 @@ class DetectionDataModule(KGQADataModule):
 
     def _attach_answer_features(self, split: str, pairs: list[tuple[KGQARecord, Data]]) -> None:
         wanted = self.answer_features
-        on_paths = {"path_score", "hops"} & set(wanted)  # the shortest relation paths are searched for these alone
-        paths = self.answer_paths(split) if on_paths else {}
+        paths = self.answer_paths(split) if ON_PATHS & set(wanted) else {}  # the path search, for these alone
         emb, ids = self.embeddings, self.embeddings._index
         column = {name: i for i, name in enumerate(SIGNALS)}
-        for record, g in pairs:
-            by_name = dict(zip(dict.fromkeys(record.prediction or []), paths.get(record.id, [])))
+        by_record = [dict(zip(dict.fromkeys(r.prediction or []), paths.get(r.id, []))) for r, _ in pairs]
+        prior: list[list[float]] = []
+        if "relation_prior" in wanted:
+            questions = emb.rows([ids[r.question] for r, _ in pairs])
+            answers = [[set(by_name.get(n, (None, []))[1]) for n in g.answer_names] for by_name, (_, g) in
+                       zip(by_record, pairs)]  # fmt: skip
+            prior = self.relation_prior().score(questions, answers, [r.id for r, _ in pairs])
+        for i, (record, g) in enumerate(pairs):
+            by_name = by_record[i]
             question = emb.rows([ids[record.question]])[0] if "path_score" in wanted else None
             rows = []
             for a, name in enumerate(g.answer_names):
@@ -225,8 +242,25 @@ class DetectionDataModule(KGQADataModule):
                     feats["path_score"] = float((emb.rows([ids[t] for t in texts]) @ question).max()) if texts else 0.0
                 if "hops" in wanted:
                     feats["hops"] = (hops if hops is not None else self.path_max_hops + 1) / self.path_max_hops
+                if prior:
+                    feats["relation_prior"] = prior[i][a]
                 rows.append([feats[f] if f in feats else float(g.answer_signals[a, column[f]]) for f in wanted])
             g.answer_features = torch.tensor(rows, dtype=torch.float).view(-1, len(wanted))
+
+    def relation_prior(self) -> RelationPrior:
+        """The ``"relation_prior"`` feature's model, fitted on the train split once: each training question's
+        embedding and the relation paths that reach its gold answers (``answer`` and ``a_entity``)."""
+        if self._prior is None:
+            train = self.records("train")
+            self.embeddings.add({r.question for r in train})  # only the questions: a test run embeds no more
+            gold = [
+                {t for _, texts in answer_paths(r, list(dict.fromkeys([*r.answer, *r.a_entity])), self.path_max_hops,
+                                                relation_view=self.relation_view) for t in texts}
+                for r in train
+            ]  # fmt: skip
+            questions = self.embeddings.rows([self.embeddings._index[r.question] for r in train])
+            self._prior = RelationPrior(self.prior_neighbours).fit(questions, gold, [r.id for r in train])
+        return self._prior
 
     def build_split(self, split: str) -> list[Data]:
         records = self.records(split)

@@ -16,7 +16,7 @@ from kglightning.conformal.scorer import ConformalScores
 from kglightning.datamodules.detection_graphs import GROUNDING_KINDS, answer_owner
 from kglightning.metrics.classification import detection_scores
 from kglightning.modules.detector_scores import ScoreBuffer, answer_keys, detection_loss, item_uniform
-from kglightning.modules.detector_thresholds import Decision, shifted_probs, tune_decision
+from kglightning.modules.detector_thresholds import Decision, calibrated_logits, tune_decision
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard, UngroundedAnswerScorer, nearest_nodes
 
 UNGROUNDED = 2  # index of "ungrounded" in kglightning.datamodules.detection_graphs.GROUNDING_KINDS
@@ -75,8 +75,12 @@ class HallucinationDetector(L.LightningModule):
             the ungrounded threshold the best for F1 over every answer given it; ``"all"``: both together, for the
             best F1 over every validation answer
             (:func:`~kglightning.modules.detector_thresholds.best_joint_thresholds`). Choose ``"all"`` when the
-            LLM's answers are often not graph nodes, as a real LLM's are. ``"all_ap"`` is an older name of
-            ``"all"``. Ties keep the fewest flags; a population with no validation answer keeps its threshold.
+            LLM's answers are often not graph nodes, as a real LLM's are. ``"calibrated"``: each population's
+            logits are Platt-scaled on validation (the ``grounded_scale``, ``grounded_bias``, ``ungrounded_scale``
+            and ``ungrounded_offset`` buffers), and one threshold, half the best F1 over every validation answer,
+            serves both (:func:`~kglightning.modules.detector_thresholds.half_best_f1_threshold`; it moves less with
+            a small validation set than a searched threshold). ``"all_ap"`` is an older name of ``"all"``. Ties keep
+            the fewest flags; a population with no validation answer keeps its threshold.
         baseline_seed: seed of the Random baseline, whose score for a node is fixed by (seed, question id,
             node name), so that it is the same on one process or many.
         pos_weight: weight of the hallucinated (positive) class in the loss (``None``: 1). Below 1 when most
@@ -104,7 +108,7 @@ class HallucinationDetector(L.LightningModule):
         tune_threshold: bool = True,
         threshold_resamples: int = 0,
         tune_ungrounded_offset: bool = True,
-        threshold_for: Literal["grounded", "all", "all_ap"] = "grounded",
+        threshold_for: Literal["grounded", "all", "calibrated", "all_ap"] = "grounded",
         baseline_seed: int = 0,
         pos_weight: float | None = None,
         focal_gamma: float = 0.0,
@@ -118,8 +122,8 @@ class HallucinationDetector(L.LightningModule):
         super().__init__()
         if pos_weight is not None and pos_weight <= 0:
             raise ValueError(f"pos_weight must be > 0, got {pos_weight}")
-        if threshold_for not in ("grounded", "all", "all_ap"):
-            raise ValueError(f"threshold_for must be 'grounded', 'all' or 'all_ap', got {threshold_for!r}")
+        if threshold_for not in ("grounded", "all", "calibrated", "all_ap"):
+            raise ValueError(f"threshold_for must be 'grounded', 'all' or 'calibrated', got {threshold_for!r}")
         threshold_for = "all" if threshold_for == "all_ap" else threshold_for  # the older name
         if threshold_for != "grounded" and not tune_threshold:
             raise ValueError(f"threshold_for={threshold_for!r} tunes the thresholds: it needs tune_threshold")
@@ -157,6 +161,10 @@ class HallucinationDetector(L.LightningModule):
         self.register_buffer("majority_all", torch.tensor(1.0))  # ... and over every answer
         # added to the ungrounded answers' logits outside training, so that one probability ranks every answer
         self.register_buffer("ungrounded_offset", torch.tensor(0.0))
+        # Platt scaling of each population's logits (threshold_for="calibrated"; else the identity)
+        self.register_buffer("grounded_scale", torch.tensor(1.0))
+        self.register_buffer("grounded_bias", torch.tensor(0.0))
+        self.register_buffer("ungrounded_scale", torch.tensor(1.0))
         self.val_scores = ScoreBuffer()
         self.val_ungrounded = ScoreBuffer()  # raw logits of the ungrounded answers
         # the test run's scores per scorer (the detector, then its baselines), over every answer with its item key, so
@@ -179,10 +187,22 @@ class HallucinationDetector(L.LightningModule):
         if any(k.startswith("net.") for k in state_dict):
             # saved before these existed: no shift, one threshold for every answer, one majority, as then
             older = {"ungrounded_offset": torch.zeros_like(own["ungrounded_offset"])}
+            older |= {k: own[k].clone().fill_(v) for k, v in (("grounded_scale", 1.0), ("grounded_bias", 0.0),
+                                                              ("ungrounded_scale", 1.0))}  # fmt: skip
             older["ungrounded_threshold"] = state_dict.get("threshold", own["threshold"])
             older["majority_all"] = state_dict.get("majority", own["majority"])
             state_dict = {**{k: v for k, v in older.items() if k not in state_dict}, **state_dict}
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _calibration(self) -> tuple[Tensor, Tensor]:
+        """``(scale, bias)``, each ``(2,)``: of the grounded answers' logits, then of the ungrounded answers'."""
+        scale = torch.stack([self.grounded_scale, self.ungrounded_scale])
+        return scale, torch.stack([self.grounded_bias, self.ungrounded_offset])
+
+    def decision(self) -> Decision:
+        """The tuned decision rule (thresholds, offset and calibration) held in this module's buffers."""
+        return Decision(float(self.threshold), float(self.ungrounded_threshold), float(self.ungrounded_offset),
+                        float(self.grounded_scale), float(self.grounded_bias), float(self.ungrounded_scale))  # fmt: skip
 
     def answer_thresholds(self, grounded: Tensor) -> Tensor:
         """``(A,)`` the threshold of each answer: ``threshold`` for a grounded one, ``ungrounded_threshold`` else."""
@@ -192,8 +212,9 @@ class HallucinationDetector(L.LightningModule):
         """Logits ``(A,)`` for every proposed answer of the batch, in answer order (per graph: grounded answers, then
         ungrounded ones).
 
-        ``calibrated`` (default: outside training) adds the validation-tuned ``ungrounded_offset`` to the ungrounded
-        answers' logits, so that the one ``threshold`` is the best-F1 decision over every answer.
+        ``calibrated`` (default: outside training) applies the validation-tuned rule's logit transform: the
+        ``ungrounded_offset`` on the ungrounded answers' logits (and, with ``threshold_for="calibrated"``, each
+        population's Platt scaling), so that the logits are those the thresholds were tuned on.
 
         Edge features come per edge type (``type_text_emb``, ``type_kind``, ``edge_type``, as
         :meth:`~kglightning.datamodules.DetectionDataModule.collate` builds them) or per edge (``edge_text_emb``,
@@ -203,14 +224,16 @@ class HallucinationDetector(L.LightningModule):
         loose = grounding == UNGROUNDED if grounding is not None else None
         features = getattr(batch, "answer_features", None) if self.net.answer_features else None
         node_logits = self._graph_logits(batch, features if loose is None or features is None else features[~loose])
-        if loose is None:
-            return node_logits
+        if loose is None:  # graphs built before ungrounded answers existed: every answer is a node
+            if self.training if calibrated is None else not calibrated:
+                return node_logits
+            return calibrated_logits(node_logits, torch.zeros_like(node_logits, dtype=torch.bool), *self._calibration())
         logits = node_logits.new_zeros(loose.numel())
         logits[~loose] = node_logits[: int((~loose).sum())]
         loose_logits = self._ungrounded_logits(batch, loose, None if features is None else features[loose])
         logits[loose] = loose_logits[: int(loose.sum())]
-        if (not self.training if calibrated is None else calibrated) and bool(loose.any()):
-            logits = logits + loose.to(logits.dtype) * self.ungrounded_offset
+        if not self.training if calibrated is None else calibrated:
+            logits = calibrated_logits(logits, loose, *self._calibration())
         # under DDP every parameter must take part in every step: a batch without one kind of answer adds a zero
         # that depends on the other model's output
         if node_logits.numel() > int((~loose).sum()) or loose_logits.numel() > int(loose.sum()):
@@ -286,45 +309,49 @@ class HallucinationDetector(L.LightningModule):
         grounding = getattr(batch, "answer_grounding", None)
         grounded = grounding != UNGROUNDED if grounding is not None else torch.ones_like(batch.y, dtype=torch.bool)
         pick = (lambda m: None) if keys is None else (lambda m: keys[m])  # noqa: E731
-        # threshold, majority and val/* are over the graph model's answers, as test/*; the ungrounded answers' raw
-        # logits tune their offset (updated every step, empty or not, so every process holds the state)
-        self.val_scores.update(torch.sigmoid(logits[grounded]), batch.y[grounded], pick(grounded))
+        # the raw logits of each population tune the decision rule (updated every step, empty or not, so every
+        # process holds the state); val/* is over the graph model's answers, as test/*
+        self.val_scores.update(logits[grounded], batch.y[grounded], pick(grounded))
         self.val_ungrounded.update(logits[~grounded], batch.y[~grounded], pick(~grounded))
 
     def on_validation_epoch_end(self) -> None:
-        probs, target = self.val_scores.compute()
+        logits, target = self.val_scores.compute()
         loose_logits, loose_target = self.val_ungrounded.compute()
         for buf in (self.val_scores, self.val_ungrounded):
             buf.reset()
-        if probs.numel() == 0 and loose_logits.numel() == 0:
+        if logits.numel() == 0 and loose_logits.numel() == 0:
             return
         loose_target = loose_target.to(target)
         if not self.trainer.sanity_checking:
             # MostFrequent's class: the validation majority, whether or not the thresholds are tuned
-            if probs.numel():
+            if logits.numel():
                 self.majority.fill_(float(target.float().mean() >= 0.5))
             self.majority_all.fill_(float(torch.cat([target, loose_target]).float().mean() >= 0.5))
-            current = Decision(float(self.threshold), float(self.ungrounded_threshold), float(self.ungrounded_offset))
             decision = tune_decision(
-                probs, target, loose_logits, loose_target, self.threshold_for, current,
+                logits, target, loose_logits, loose_target, self.threshold_for, self.decision(),
                 self.tune_threshold, self.tune_ungrounded_offset, self.threshold_resamples, self.baseline_seed,
             )  # fmt: skip
-            self.threshold.fill_(decision.threshold)
-            self.ungrounded_threshold.fill_(decision.ungrounded_threshold)
+            for name in ("threshold", "ungrounded_threshold", "grounded_scale", "grounded_bias", "ungrounded_scale"):
+                getattr(self, name).fill_(getattr(decision, name))
             self.ungrounded_offset.fill_(decision.offset)
+        # the probabilities the test and predict steps give these answers
+        scale, bias = self._calibration()
+        both = torch.cat([logits, loose_logits.to(logits)])
+        loose = torch.cat([torch.zeros_like(target, dtype=torch.bool), torch.ones_like(loose_target, dtype=torch.bool)])
+        probs = torch.sigmoid(calibrated_logits(both, loose, scale, bias))
         values: dict[str, Any] = {}
-        if probs.numel():  # a validation split without a grounded answer has no grounded metrics
-            values |= {f"val/{k}": v for k, v in detection_scores(probs, target, float(self.threshold)).items()}
+        if logits.numel():  # a validation split without a grounded answer has no grounded metrics
+            grounded = detection_scores(probs[~loose], target, float(self.threshold))
+            values |= {f"val/{k}": v for k, v in grounded.items()}
         # every answer (the same as val/* when every answer is a graph node), so that a monitor on val/all/* exists
-        shifted = shifted_probs(loose_logits, float(self.ungrounded_offset)).to(probs)
-        thresholds = torch.cat(
-            [torch.full_like(probs, float(self.threshold)), torch.full_like(shifted, float(self.ungrounded_threshold))]
-        )
-        every = detection_scores(torch.cat([probs, shifted]), torch.cat([target, loose_target]), thresholds)
+        every = detection_scores(probs, torch.cat([target, loose_target]), self.answer_thresholds(~loose).to(probs))
         values |= {f"val/all/{k}": v for k, v in every.items()}
-        values["val/threshold"] = self.threshold.clone()
-        values["val/ungrounded_threshold"] = self.ungrounded_threshold.clone()
-        values["val/ungrounded_offset"] = self.ungrounded_offset.clone()
+        for name in ("threshold", "ungrounded_threshold", "ungrounded_offset"):
+            values[f"val/{name}"] = getattr(self, name).clone()
+        if self.threshold_for == "calibrated":
+            values |= {
+                f"val/{n}": getattr(self, n).clone() for n in ("grounded_scale", "grounded_bias", "ungrounded_scale")
+            }
         if "val/f1" in values:
             self.log("val/f1", values.pop("val/f1"), prog_bar=True)
         self.log_dict(values)

@@ -7,7 +7,9 @@ ungrounded-answer scorer; the two live on different scales. The rule is:
   (the offset is chosen for the best average precision over every validation answer, :func:`best_ap_offset`);
 * a grounded answer is flagged when ``p >= threshold``, an ungrounded one when its shifted ``p >= ungrounded
   threshold``; the two thresholds are chosen together for the best F1 over every validation answer
-  (:func:`best_joint_thresholds`), or the grounded one alone first (:func:`tune_decision`'s ``"grounded"`` mode).
+  (:func:`best_joint_thresholds`), or the grounded one alone first (:func:`tune_decision`'s ``"grounded"`` mode);
+* or (``"calibrated"``) each population is Platt-scaled to calibrated probabilities, and one threshold, half the
+  best F1 over every validation answer, decides both (:func:`half_best_f1_threshold`).
 
 Every search is exact: it evaluates the flags that the stored float32 threshold gives on the float32 probabilities
 (the comparison the test and predict steps make), over every threshold in ``[EDGE, 1 - EDGE]`` that flags a
@@ -29,7 +31,10 @@ __all__ = [
     "best_f1_threshold",
     "best_joint_thresholds",
     "bootstrap_f1_threshold",
+    "calibrated_logits",
     "clamp_threshold",
+    "half_best_f1_threshold",
+    "platt",
     "shifted_probs",
     "tune_decision",
 ]
@@ -154,23 +159,92 @@ def best_ap_offset(
 
 @dataclass(frozen=True)
 class Decision:
-    """The detector's tuned rule: grounded answers flagged at ``threshold``, ungrounded ones at
-    ``ungrounded_threshold`` after their logits get ``offset``."""
+    """The detector's tuned rule. A grounded answer's logit ``l`` becomes ``grounded_scale * l + grounded_bias``, an
+    ungrounded one's ``ungrounded_scale * l + offset``; the first is flagged when its sigmoid is ``>= threshold``, the
+    second when it is ``>= ungrounded_threshold``. The scales and the grounded bias stay 1 and 0 but with
+    ``threshold_for="calibrated"`` (Platt scaling per population)."""
 
     threshold: float
     ungrounded_threshold: float
     offset: float
+    grounded_scale: float = 1.0
+    grounded_bias: float = 0.0
+    ungrounded_scale: float = 1.0
+
+
+def calibrated_logits(logits: Tensor, loose: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+    """``logits * scale[k] + bias[k]`` with ``k`` 1 for an ungrounded answer (``loose``) and 0 for a grounded one:
+    the arithmetic of the detector's forward, shared by the tuning so that both flag the same answers.
+
+    Example:
+        >>> calibrated_logits(torch.tensor([2.0, 2.0]), torch.tensor([False, True]), torch.tensor([1.0, 0.5]),
+        ...                   torch.tensor([0.0, -1.0])).tolist()
+        [2.0, 0.0]
+    """
+    k = loose.long()
+    return logits * scale.to(logits)[k] + bias.to(logits)[k]
+
+
+def _calibrated_probs(logits: Tensor, loose: bool, d: Decision) -> Tensor:
+    """The probabilities the detector's forward gives one population's raw ``logits`` under ``d`` (float32)."""
+    x = logits.detach().float().cpu()
+    scale = torch.tensor([d.grounded_scale, d.ungrounded_scale], dtype=torch.float32, device="cpu")
+    bias = torch.tensor([d.grounded_bias, d.offset], dtype=torch.float32, device="cpu")
+    return torch.sigmoid(calibrated_logits(x, torch.full_like(x, loose, dtype=torch.bool), scale, bias))
 
 
 def shifted_probs(loose_logits: Tensor, offset: float) -> Tensor:
-    """The ungrounded answers' probabilities after the offset, computed as the detector's forward computes them
-    (float32 logits plus a float32 offset, then the sigmoid)."""
-    logits = loose_logits.detach().float()
-    return torch.sigmoid(logits + torch.tensor(offset, dtype=torch.float32, device=logits.device))
+    """The ungrounded answers' probabilities after the offset (scale 1), as the detector's forward computes them."""
+    return _calibrated_probs(loose_logits, True, Decision(0.5, 0.5, offset))
+
+
+def platt(logits: Tensor, target: Tensor) -> tuple[float, float]:
+    """Platt scaling: ``(a, b)`` such that ``sigmoid(a * logit + b)`` fits ``target`` (maximum likelihood), shrunk
+    towards the identity by a penalty ``((a - 1)^2 + 0.01 b^2) / n``, so that a small population keeps nearly its
+    own scale and a one-class population a finite bias rather than a degenerate fit.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> y = (torch.rand(2000, generator=g) < 0.3).long()
+        >>> a, b = platt(3.0 * (2.0 * y - 1.0) + torch.randn(2000, generator=g) * 3.0, y)  # over-confident logits
+        >>> 0.2 < a < 0.9
+        True
+    """
+    x, y = logits.detach().double().cpu(), target.detach().double().cpu()
+    n = max(len(x), 1)
+    w = torch.tensor([1.0, 0.0], dtype=torch.float64, device="cpu", requires_grad=True)
+    opt = torch.optim.LBFGS([w], lr=1.0, max_iter=100, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        fit = torch.nn.functional.binary_cross_entropy_with_logits(w[0] * x + w[1], y, reduction="sum")
+        loss = (fit + (w[0] - 1) ** 2 + 1e-2 * w[1] ** 2) / n
+        loss.backward()
+        return loss
+
+    if len(x):
+        opt.step(closure)
+    a, b = w.detach().tolist()
+    return float(a), float(b)
+
+
+def half_best_f1_threshold(probs: Tensor, target: Tensor) -> float:
+    """Half the best F1 over ``probs``, as a threshold (flag ``p >= t``) in ``[EDGE, 1 - EDGE]``.
+
+    For calibrated probabilities the F1-optimal threshold is half the optimal F1 (Lipton, Elkan and Narayanaswamy,
+    2014). The rule depends on the level of the best F1 rather than on where the maximum falls, so on a small
+    validation set it moves much less than the best-F1 threshold, which chases the noise of a few answers.
+
+    Example:
+        >>> half_best_f1_threshold(torch.tensor([0.9, 0.8, 0.4, 0.3, 0.1]), torch.tensor([1, 1, 1, 0, 0]))
+        0.5
+    """
+    best = best_f1_threshold(probs, target)[1]
+    return float(torch.tensor(clamp_threshold(best / 2), dtype=torch.float32, device="cpu"))
 
 
 def tune_decision(
-    probs: Tensor,
+    logits: Tensor,
     target: Tensor,
     loose_logits: Tensor,
     loose_target: Tensor,
@@ -183,18 +257,29 @@ def tune_decision(
 ) -> Decision:
     """The detector's decision rule tuned on a validation epoch.
 
-    ``probs``/``target``: the grounded answers; ``loose_logits``/``loose_target``: the ungrounded answers' raw logits.
-    ``threshold_for="grounded"``: the grounded threshold is the best-F1 one over the grounded answers (or the median
-    over ``resamples`` bootstrap resamples), then the ungrounded one the best for F1 over every answer given it;
-    ``"all"``: both together (:func:`best_joint_thresholds`). A population with no answer keeps its threshold; a
-    quantity not tuned keeps its value in ``current``.
+    ``logits``/``target``: the grounded answers' raw logits; ``loose_logits``/``loose_target``: the ungrounded
+    answers'. The modes (``threshold_for``):
+
+    * ``"grounded"``: the ungrounded logits get the offset that ranks every answer best (:func:`best_ap_offset`);
+      the grounded threshold is the best-F1 one over the grounded answers (or the median over ``resamples`` bootstrap
+      resamples), then the ungrounded one the best for F1 over every answer given it;
+    * ``"all"``: the same offset; both thresholds together (:func:`best_joint_thresholds`);
+    * ``"calibrated"``: each population's logits are Platt-scaled (:func:`platt`), so that both give calibrated
+      probabilities of one scale, and one threshold, half the best F1 over every answer
+      (:func:`half_best_f1_threshold`), serves both.
+
+    A population with no answer keeps its threshold (and calibration); a quantity not tuned keeps its value in
+    ``current``.
 
     Example:
-        >>> d = tune_decision(torch.tensor([0.9, 0.3]), torch.tensor([1, 0]), torch.tensor([2.0, -3.0]),
+        >>> d = tune_decision(torch.tensor([2.2, -0.8]), torch.tensor([1, 0]), torch.tensor([2.0, -3.0]),
         ...     torch.tensor([1, 0]), "all", Decision(0.5, 0.5, 0.0))
-        >>> round(d.threshold, 4), d.ungrounded_threshold > torch.sigmoid(torch.tensor(-3.0 + d.offset)).item()
+        >>> round(d.threshold, 3), d.ungrounded_threshold > torch.sigmoid(torch.tensor(-3.0 + d.offset)).item()
         (0.9, True)
     """
+    if threshold_for == "calibrated":
+        return _tune_calibrated(logits, target, loose_logits, loose_target, current, tune_threshold, tune_offset)
+    probs = _calibrated_probs(logits, False, Decision(0.5, 0.5, 0.0))
     offset = current.offset
     if tune_offset:
         offset = best_ap_offset(probs, target, loose_logits, loose_target) if loose_logits.numel() else offset
@@ -210,7 +295,7 @@ def tune_decision(
             bootstrap_f1_threshold(probs, target, resamples, seed) if resamples else best_f1_threshold(probs, target)[0]
         )
     if loose_probs.numel():
-        flags = probs.detach().float().cpu() >= torch.tensor(thr, dtype=torch.float32, device="cpu")
+        flags = probs >= torch.tensor(thr, dtype=torch.float32, device="cpu")
         t = target.detach().bool().cpu()
         cuts = _cuts(loose_probs)
         tp, fp = _flag_counts(loose_probs, loose_target, cuts)
@@ -218,6 +303,29 @@ def tune_decision(
         f1 = _f1(tp, fp, int(t.sum()) + int(loose_target.bool().sum()))
         loose_thr = float(cuts[int(torch.argmax(f1))])  # the first maximum: the fewest flags
     return Decision(thr, loose_thr, offset)
+
+
+def _tune_calibrated(
+    logits: Tensor,
+    target: Tensor,
+    loose_logits: Tensor,
+    loose_target: Tensor,
+    current: Decision,
+    tune_threshold: bool,
+    tune_calibration: bool,
+) -> Decision:
+    gs, gb, us, off = current.grounded_scale, current.grounded_bias, current.ungrounded_scale, current.offset
+    if tune_calibration:
+        if logits.numel():
+            gs, gb = platt(logits, target)
+        if loose_logits.numel():
+            us, off = platt(loose_logits, loose_target)
+    d = Decision(current.threshold, current.ungrounded_threshold, off, gs, gb, us)
+    if not tune_threshold or not (logits.numel() or loose_logits.numel()):
+        return d
+    probs = torch.cat([_calibrated_probs(logits, False, d), _calibrated_probs(loose_logits, True, d)])
+    t = half_best_f1_threshold(probs, torch.cat([target.long().cpu(), loose_target.long().cpu()]))
+    return Decision(t, t, off, gs, gb, us)
 
 
 def bootstrap_f1_threshold(probs: Tensor, target: Tensor, resamples: int, seed: int = 0) -> float:

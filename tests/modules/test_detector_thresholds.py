@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -45,7 +46,7 @@ def test_ties_keep_the_fewest_flags():
     # the same in the joint search, across populations: the fewest flags in all
     tg, tu, f1 = best_joint_thresholds(probs, target, torch.tensor([0.8, 0.2]), torch.tensor([0, 0]))
     assert (probs >= tg).sum() == 1 and tu > 0.8 and f1 == pytest.approx(2 / 3)
-    d = tune_decision(probs, target, torch.zeros(0), torch.zeros(0), "grounded", Decision(0.5, 0.5, 0.0))
+    d = tune_decision(torch.logit(probs), target, torch.zeros(0), torch.zeros(0), "grounded", Decision(0.5, 0.5, 0.0))
     assert d.threshold == pytest.approx(0.9)
 
 
@@ -65,11 +66,13 @@ def test_the_f1_found_is_the_f1_the_stored_threshold_gives_even_when_scores_satu
 def test_a_saturated_cut_is_not_applied_as_another_one():
     """The old search found F1 0.8 at the cut 1.0, then clamped it to 1 - EDGE, which also flags the four faithful
     answers at 0.99995: F1 0.44 applied. The achievable best flags down to 0.6 (F1 0.6)."""
-    probs = torch.tensor([1.0, 1.0, 0.99995, 0.99995, 0.99995, 0.99995, 0.6], dtype=torch.float32)
     target = torch.tensor([1, 1, 0, 0, 0, 0, 1])
-    d = tune_decision(probs, target, torch.zeros(0), torch.zeros(0), "grounded", Decision(0.5, 0.5, 0.0))
+    logits = torch.tensor([20.0, 20.0, 9.9, 9.9, 9.9, 9.9, 0.4])  # float32's sigmoid: 1.0, 1.0, 0.99995, ...
+    probs = torch.sigmoid(logits)
+    assert probs[:2].tolist() == [1.0, 1.0] and 1 - 1e-4 < float(probs[2]) < 1.0
+    d = tune_decision(logits, target, torch.zeros(0), torch.zeros(0), "grounded", Decision(0.5, 0.5, 0.0))
     assert _f1(probs, target, d.threshold) == pytest.approx(0.6)
-    assert best_f1_threshold(probs, target) == (pytest.approx(0.6), pytest.approx(0.6))
+    assert best_f1_threshold(probs, target)[1] == pytest.approx(0.6)
 
 
 def test_joint_thresholds_are_the_best_pair_by_brute_force():
@@ -88,8 +91,8 @@ def test_joint_thresholds_are_the_best_pair_by_brute_force():
         cuts_u = [*loose.clamp(EDGE, 1 - EDGE).tolist(), 1 - EDGE]
         assert f1 >= max(at(a, b) for a, b in itertools.product(cuts_g, cuts_u)) - 1e-6
         # at least as good over every answer as the grounded-best threshold with the best ungrounded one after it
-        d = tune_decision(probs, target, torch.logit(loose.double()).float(), loose_target, "grounded",
-                          Decision(0.5, 0.5, 0.0), tune_offset=False)  # fmt: skip
+        d = tune_decision(torch.logit(probs.double()).float(), target, torch.logit(loose.double()).float(),
+                          loose_target, "grounded", Decision(0.5, 0.5, 0.0), tune_offset=False)  # fmt: skip
         assert f1 >= at(d.threshold, d.ungrounded_threshold) - 1e-6
 
 
@@ -106,9 +109,29 @@ def test_a_validation_split_without_grounded_answers_still_tunes_the_ungrounded_
 
 
 def test_untuned_quantities_keep_their_values():
-    probs, target = torch.tensor([0.9, 0.2]), torch.tensor([1, 0])
+    probs, target = torch.tensor([2.2, -1.4]), torch.tensor([1, 0])
     loose, loose_target = torch.tensor([1.0, -1.0]), torch.tensor([1, 0])
     d = tune_decision(probs, target, loose, loose_target, "all", Decision(0.3, 0.6, 1.5), tune_threshold=False)
     assert (d.threshold, d.ungrounded_threshold) == (0.3, 0.6) and d.offset != 1.5
     d = tune_decision(probs, target, loose, loose_target, "all", Decision(0.3, 0.6, 1.5), tune_offset=False)
     assert d.offset == 1.5
+
+
+def test_calibrated_mode_platt_scales_each_population_and_uses_half_the_best_f1():
+    gen = torch.Generator().manual_seed(0)
+    y = (torch.rand(600, generator=gen) < 0.3).long()
+    logits = 4.0 * (2.0 * y - 1.0) + torch.randn(600, generator=gen) * 4.0  # over-confident: Platt shrinks them
+    loose_y = (torch.rand(300, generator=gen) < 0.8).long()
+    loose = (2.0 * loose_y - 1.0) + torch.randn(300, generator=gen) - 3.0  # on another scale, too low
+    d = tune_decision(logits, y, loose, loose_y, "calibrated", Decision(0.5, 0.5, 0.0))
+    assert 0 < d.grounded_scale < 1 and d.threshold == d.ungrounded_threshold and d.offset > 0
+    # each population's calibrated probabilities average to its rate of hallucinations
+    p = torch.sigmoid(logits * d.grounded_scale + d.grounded_bias)
+    q = torch.sigmoid(loose * d.ungrounded_scale + d.offset)
+    assert abs(float(p.mean()) - float(y.float().mean())) < 0.02
+    assert abs(float(q.mean()) - float(loose_y.float().mean())) < 0.02
+    f1 = best_f1_threshold(torch.cat([p, q]), torch.cat([y, loose_y]))[1]
+    assert d.threshold == pytest.approx(f1 / 2, abs=1e-6)
+    # a one-class population keeps finite calibration (shrunk towards the identity)
+    one = tune_decision(logits, y, loose, torch.ones_like(loose_y), "calibrated", Decision(0.5, 0.5, 0.0))
+    assert math.isfinite(one.offset) and math.isfinite(one.ungrounded_scale)
