@@ -16,7 +16,7 @@ from kglightning.conformal.scorer import ConformalScores
 from kglightning.datamodules.detection_graphs import GROUNDING_KINDS, answer_owner
 from kglightning.metrics.classification import detection_scores
 from kglightning.modules.detector_scores import ScoreBuffer, answer_keys, detection_loss, item_uniform
-from kglightning.modules.detector_thresholds import Decision, calibrated_logits, tune_decision
+from kglightning.modules.detector_thresholds import Decision, shifted_probs, tune_decision
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard, UngroundedAnswerScorer, nearest_nodes
 
 UNGROUNDED = 2  # index of "ungrounded" in kglightning.datamodules.detection_graphs.GROUNDING_KINDS
@@ -76,10 +76,9 @@ class HallucinationDetector(L.LightningModule):
             best F1 over every validation answer
             (:func:`~kglightning.modules.detector_thresholds.best_joint_thresholds`). Choose ``"all"`` when the
             LLM's answers are often not graph nodes, as a real LLM's are. ``"calibrated"``: each population's
-            logits are Platt-scaled on validation (the ``grounded_scale``, ``grounded_bias``, ``ungrounded_scale``
-            and ``ungrounded_offset`` buffers), and one threshold, half the best F1 over every validation answer,
-            serves both (:func:`~kglightning.modules.detector_thresholds.half_best_f1_threshold`; it moves less with
-            a small validation set than a searched threshold). ``"all_ap"`` is an older name of ``"all"``. Ties keep
+            threshold is where its Platt-calibrated probability (fitted on validation) reaches half the best
+            validation F1 (:func:`~kglightning.modules.detector_thresholds.half_best_f1_threshold`); it moves less
+            with a small validation set than a searched threshold. ``"all_ap"`` is an older name of ``"all"``. Ties keep
             the fewest flags; a population with no validation answer keeps its threshold.
         baseline_seed: seed of the Random baseline, whose score for a node is fixed by (seed, question id,
             node name), so that it is the same on one process or many.
@@ -161,10 +160,6 @@ class HallucinationDetector(L.LightningModule):
         self.register_buffer("majority_all", torch.tensor(1.0))  # ... and over every answer
         # added to the ungrounded answers' logits outside training, so that one probability ranks every answer
         self.register_buffer("ungrounded_offset", torch.tensor(0.0))
-        # Platt scaling of each population's logits (threshold_for="calibrated"; else the identity)
-        self.register_buffer("grounded_scale", torch.tensor(1.0))
-        self.register_buffer("grounded_bias", torch.tensor(0.0))
-        self.register_buffer("ungrounded_scale", torch.tensor(1.0))
         self.val_scores = ScoreBuffer()
         self.val_ungrounded = ScoreBuffer()  # raw logits of the ungrounded answers
         # the test run's scores per scorer (the detector, then its baselines), over every answer with its item key, so
@@ -187,22 +182,14 @@ class HallucinationDetector(L.LightningModule):
         if any(k.startswith("net.") for k in state_dict):
             # saved before these existed: no shift, one threshold for every answer, one majority, as then
             older = {"ungrounded_offset": torch.zeros_like(own["ungrounded_offset"])}
-            older |= {k: own[k].clone().fill_(v) for k, v in (("grounded_scale", 1.0), ("grounded_bias", 0.0),
-                                                              ("ungrounded_scale", 1.0))}  # fmt: skip
             older["ungrounded_threshold"] = state_dict.get("threshold", own["threshold"])
             older["majority_all"] = state_dict.get("majority", own["majority"])
             state_dict = {**{k: v for k, v in older.items() if k not in state_dict}, **state_dict}
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
-    def _calibration(self) -> tuple[Tensor, Tensor]:
-        """``(scale, bias)``, each ``(2,)``: of the grounded answers' logits, then of the ungrounded answers'."""
-        scale = torch.stack([self.grounded_scale, self.ungrounded_scale])
-        return scale, torch.stack([self.grounded_bias, self.ungrounded_offset])
-
     def decision(self) -> Decision:
-        """The tuned decision rule (thresholds, offset and calibration) held in this module's buffers."""
-        return Decision(float(self.threshold), float(self.ungrounded_threshold), float(self.ungrounded_offset),
-                        float(self.grounded_scale), float(self.grounded_bias), float(self.ungrounded_scale))  # fmt: skip
+        """The tuned decision rule (thresholds and offset) held in this module's buffers."""
+        return Decision(float(self.threshold), float(self.ungrounded_threshold), float(self.ungrounded_offset))
 
     def answer_thresholds(self, grounded: Tensor) -> Tensor:
         """``(A,)`` the threshold of each answer: ``threshold`` for a grounded one, ``ungrounded_threshold`` else."""
@@ -212,9 +199,8 @@ class HallucinationDetector(L.LightningModule):
         """Logits ``(A,)`` for every proposed answer of the batch, in answer order (per graph: grounded answers, then
         ungrounded ones).
 
-        ``calibrated`` (default: outside training) applies the validation-tuned rule's logit transform: the
-        ``ungrounded_offset`` on the ungrounded answers' logits (and, with ``threshold_for="calibrated"``, each
-        population's Platt scaling), so that the logits are those the thresholds were tuned on.
+        ``calibrated`` (default: outside training) adds the validation-tuned ``ungrounded_offset`` to the ungrounded
+        answers' logits, so that one probability ranks every answer (each population then has its own threshold).
 
         Edge features come per edge type (``type_text_emb``, ``type_kind``, ``edge_type``, as
         :meth:`~kglightning.datamodules.DetectionDataModule.collate` builds them) or per edge (``edge_text_emb``,
@@ -225,15 +211,13 @@ class HallucinationDetector(L.LightningModule):
         features = getattr(batch, "answer_features", None) if self.net.answer_features else None
         node_logits = self._graph_logits(batch, features if loose is None or features is None else features[~loose])
         if loose is None:  # graphs built before ungrounded answers existed: every answer is a node
-            if self.training if calibrated is None else not calibrated:
-                return node_logits
-            return calibrated_logits(node_logits, torch.zeros_like(node_logits, dtype=torch.bool), *self._calibration())
+            return node_logits
         logits = node_logits.new_zeros(loose.numel())
         logits[~loose] = node_logits[: int((~loose).sum())]
         loose_logits = self._ungrounded_logits(batch, loose, None if features is None else features[loose])
         logits[loose] = loose_logits[: int(loose.sum())]
-        if not self.training if calibrated is None else calibrated:
-            logits = calibrated_logits(logits, loose, *self._calibration())
+        if (not self.training if calibrated is None else calibrated) and bool(loose.any()):
+            logits = logits + loose.to(logits.dtype) * self.ungrounded_offset
         # under DDP every parameter must take part in every step: a batch without one kind of answer adds a zero
         # that depends on the other model's output
         if node_logits.numel() > int((~loose).sum()) or loose_logits.numel() > int(loose.sum()):
@@ -331,14 +315,13 @@ class HallucinationDetector(L.LightningModule):
                 logits, target, loose_logits, loose_target, self.threshold_for, self.decision(),
                 self.tune_threshold, self.tune_ungrounded_offset, self.threshold_resamples, self.baseline_seed,
             )  # fmt: skip
-            for name in ("threshold", "ungrounded_threshold", "grounded_scale", "grounded_bias", "ungrounded_scale"):
-                getattr(self, name).fill_(getattr(decision, name))
+            self.threshold.fill_(decision.threshold)
+            self.ungrounded_threshold.fill_(decision.ungrounded_threshold)
             self.ungrounded_offset.fill_(decision.offset)
         # the probabilities the test and predict steps give these answers
-        scale, bias = self._calibration()
-        both = torch.cat([logits, loose_logits.to(logits)])
+        shifted = shifted_probs(loose_logits, float(self.ungrounded_offset)).to(logits)
+        probs = torch.cat([torch.sigmoid(logits), shifted])
         loose = torch.cat([torch.zeros_like(target, dtype=torch.bool), torch.ones_like(loose_target, dtype=torch.bool)])
-        probs = torch.sigmoid(calibrated_logits(both, loose, scale, bias))
         values: dict[str, Any] = {}
         if logits.numel():  # a validation split without a grounded answer has no grounded metrics
             grounded = detection_scores(probs[~loose], target, float(self.threshold))
@@ -348,10 +331,6 @@ class HallucinationDetector(L.LightningModule):
         values |= {f"val/all/{k}": v for k, v in every.items()}
         for name in ("threshold", "ungrounded_threshold", "ungrounded_offset"):
             values[f"val/{name}"] = getattr(self, name).clone()
-        if self.threshold_for == "calibrated":
-            values |= {
-                f"val/{n}": getattr(self, n).clone() for n in ("grounded_scale", "grounded_bias", "ungrounded_scale")
-            }
         if "val/f1" in values:
             self.log("val/f1", values.pop("val/f1"), prog_bar=True)
         self.log_dict(values)

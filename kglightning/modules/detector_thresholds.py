@@ -8,8 +8,9 @@ ungrounded-answer scorer; the two live on different scales. The rule is:
 * a grounded answer is flagged when ``p >= threshold``, an ungrounded one when its shifted ``p >= ungrounded
   threshold``; the two thresholds are chosen together for the best F1 over every validation answer
   (:func:`best_joint_thresholds`), or the grounded one alone first (:func:`tune_decision`'s ``"grounded"`` mode);
-* or (``"calibrated"``) each population is Platt-scaled to calibrated probabilities, and one threshold, half the
-  best F1 over every validation answer, decides both (:func:`half_best_f1_threshold`).
+* or (``"calibrated"``) each population is Platt-scaled to calibrated probabilities, one threshold, half the best
+  F1 over every validation answer, is taken on them (:func:`half_best_f1_threshold`), and each population's
+  threshold is where its calibrated probability reaches it.
 
 Every search is exact: it evaluates the flags that the stored float32 threshold gives on the float32 probabilities
 (the comparison the test and predict steps make), over every threshold in ``[EDGE, 1 - EDGE]`` that flags a
@@ -18,6 +19,7 @@ different set; ties keep the fewest flags.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +33,6 @@ __all__ = [
     "best_f1_threshold",
     "best_joint_thresholds",
     "bootstrap_f1_threshold",
-    "calibrated_logits",
     "clamp_threshold",
     "half_best_f1_threshold",
     "platt",
@@ -159,43 +160,19 @@ def best_ap_offset(
 
 @dataclass(frozen=True)
 class Decision:
-    """The detector's tuned rule. A grounded answer's logit ``l`` becomes ``grounded_scale * l + grounded_bias``, an
-    ungrounded one's ``ungrounded_scale * l + offset``; the first is flagged when its sigmoid is ``>= threshold``, the
-    second when it is ``>= ungrounded_threshold``. The scales and the grounded bias stay 1 and 0 but with
-    ``threshold_for="calibrated"`` (Platt scaling per population)."""
+    """The detector's tuned rule: ungrounded answers' logits get ``offset``; a grounded answer is flagged when its
+    probability is ``>= threshold``, an ungrounded one when its shifted probability is ``>= ungrounded_threshold``."""
 
     threshold: float
     ungrounded_threshold: float
     offset: float
-    grounded_scale: float = 1.0
-    grounded_bias: float = 0.0
-    ungrounded_scale: float = 1.0
-
-
-def calibrated_logits(logits: Tensor, loose: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
-    """``logits * scale[k] + bias[k]`` with ``k`` 1 for an ungrounded answer (``loose``) and 0 for a grounded one:
-    the arithmetic of the detector's forward, shared by the tuning so that both flag the same answers.
-
-    Example:
-        >>> calibrated_logits(torch.tensor([2.0, 2.0]), torch.tensor([False, True]), torch.tensor([1.0, 0.5]),
-        ...                   torch.tensor([0.0, -1.0])).tolist()
-        [2.0, 0.0]
-    """
-    k = loose.long()
-    return logits * scale.to(logits)[k] + bias.to(logits)[k]
-
-
-def _calibrated_probs(logits: Tensor, loose: bool, d: Decision) -> Tensor:
-    """The probabilities the detector's forward gives one population's raw ``logits`` under ``d`` (float32)."""
-    x = logits.detach().float().cpu()
-    scale = torch.tensor([d.grounded_scale, d.ungrounded_scale], dtype=torch.float32, device="cpu")
-    bias = torch.tensor([d.grounded_bias, d.offset], dtype=torch.float32, device="cpu")
-    return torch.sigmoid(calibrated_logits(x, torch.full_like(x, loose, dtype=torch.bool), scale, bias))
 
 
 def shifted_probs(loose_logits: Tensor, offset: float) -> Tensor:
-    """The ungrounded answers' probabilities after the offset (scale 1), as the detector's forward computes them."""
-    return _calibrated_probs(loose_logits, True, Decision(0.5, 0.5, offset))
+    """The ungrounded answers' probabilities after the offset, computed as the detector's forward computes them
+    (float32 logits plus a float32 offset, then the sigmoid)."""
+    logits = loose_logits.detach().float()
+    return torch.sigmoid(logits + torch.tensor(offset, dtype=torch.float32, device=logits.device))
 
 
 def platt(logits: Tensor, target: Tensor) -> tuple[float, float]:
@@ -264,9 +241,11 @@ def tune_decision(
       the grounded threshold is the best-F1 one over the grounded answers (or the median over ``resamples`` bootstrap
       resamples), then the ungrounded one the best for F1 over every answer given it;
     * ``"all"``: the same offset; both thresholds together (:func:`best_joint_thresholds`);
-    * ``"calibrated"``: each population's logits are Platt-scaled (:func:`platt`), so that both give calibrated
-      probabilities of one scale, and one threshold, half the best F1 over every answer
-      (:func:`half_best_f1_threshold`), serves both.
+    * ``"calibrated"``: the same offset; each population's logits are Platt-scaled (:func:`platt`) to calibrated
+      probabilities, one threshold ``t``, half the best F1 over every answer's calibrated probability
+      (:func:`half_best_f1_threshold`), is taken on them, and each population's threshold is the probability the
+      detector reports where its calibrated probability reaches ``t``. It moves less with a small validation set
+      than a searched threshold.
 
     A population with no answer keeps its threshold (and calibration); a quantity not tuned keeps its value in
     ``current``.
@@ -279,7 +258,7 @@ def tune_decision(
     """
     if threshold_for == "calibrated":
         return _tune_calibrated(logits, target, loose_logits, loose_target, current, tune_threshold, tune_offset)
-    probs = _calibrated_probs(logits, False, Decision(0.5, 0.5, 0.0))
+    probs = torch.sigmoid(logits.detach().float().cpu())
     offset = current.offset
     if tune_offset:
         offset = best_ap_offset(probs, target, loose_logits, loose_target) if loose_logits.numel() else offset
@@ -312,20 +291,27 @@ def _tune_calibrated(
     loose_target: Tensor,
     current: Decision,
     tune_threshold: bool,
-    tune_calibration: bool,
+    tune_offset: bool,
 ) -> Decision:
-    gs, gb, us, off = current.grounded_scale, current.grounded_bias, current.ungrounded_scale, current.offset
-    if tune_calibration:
-        if logits.numel():
-            gs, gb = platt(logits, target)
-        if loose_logits.numel():
-            us, off = platt(loose_logits, loose_target)
-    d = Decision(current.threshold, current.ungrounded_threshold, off, gs, gb, us)
+    probs = torch.sigmoid(logits.detach().float().cpu())
+    offset = current.offset
+    if tune_offset and loose_logits.numel():
+        offset = best_ap_offset(probs, target, loose_logits, loose_target)
     if not tune_threshold or not (logits.numel() or loose_logits.numel()):
-        return d
-    probs = torch.cat([_calibrated_probs(logits, False, d), _calibrated_probs(loose_logits, True, d)])
-    t = half_best_f1_threshold(probs, torch.cat([target.long().cpu(), loose_target.long().cpu()]))
-    return Decision(t, t, off, gs, gb, us)
+        return Decision(current.threshold, current.ungrounded_threshold, offset)
+    # each population's Platt scaling, then one threshold over every answer's calibrated probability
+    fits = [platt(x, y) if x.numel() else (1.0, 0.0) for x, y in ((logits, target), (loose_logits, loose_target))]
+    calibrated = torch.cat(
+        [torch.sigmoid(a * x.detach().double().cpu() + b) for (a, b), x in zip(fits, (logits, loose_logits))]
+    )
+    t = half_best_f1_threshold(calibrated.float(), torch.cat([target.long().cpu(), loose_target.long().cpu()]))
+    # the raw logit where each population's calibrated probability reaches t, as a threshold on the probabilities
+    # the detector reports (the grounded logits as they are, the ungrounded ones shifted by the offset)
+    cuts = [(math.log(t / (1 - t)) - b) / max(a, 1e-6) for a, b in fits]
+    thr = clamp_threshold(float(torch.sigmoid(torch.tensor(cuts[0], dtype=torch.float64, device="cpu"))))
+    loose_thr = clamp_threshold(float(torch.sigmoid(torch.tensor(cuts[1] + offset, dtype=torch.float64, device="cpu"))))
+    keep = (current.threshold, current.ungrounded_threshold)
+    return Decision(thr if logits.numel() else keep[0], loose_thr if loose_logits.numel() else keep[1], offset)
 
 
 def bootstrap_f1_threshold(probs: Tensor, target: Tensor, resamples: int, seed: int = 0) -> float:

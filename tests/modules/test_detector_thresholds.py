@@ -15,6 +15,7 @@ from kglightning.modules.detector_thresholds import (
     best_ap_offset,
     best_f1_threshold,
     best_joint_thresholds,
+    platt,
     shifted_probs,
     tune_decision,
 )
@@ -117,21 +118,24 @@ def test_untuned_quantities_keep_their_values():
     assert d.offset == 1.5
 
 
-def test_calibrated_mode_platt_scales_each_population_and_uses_half_the_best_f1():
+def test_calibrated_mode_flags_where_each_population_s_platt_probability_reaches_half_the_best_f1():
     gen = torch.Generator().manual_seed(0)
     y = (torch.rand(600, generator=gen) < 0.3).long()
     logits = 4.0 * (2.0 * y - 1.0) + torch.randn(600, generator=gen) * 4.0  # over-confident: Platt shrinks them
     loose_y = (torch.rand(300, generator=gen) < 0.8).long()
     loose = (2.0 * loose_y - 1.0) + torch.randn(300, generator=gen) - 3.0  # on another scale, too low
     d = tune_decision(logits, y, loose, loose_y, "calibrated", Decision(0.5, 0.5, 0.0))
-    assert 0 < d.grounded_scale < 1 and d.threshold == d.ungrounded_threshold and d.offset > 0
-    # each population's calibrated probabilities average to its rate of hallucinations
-    p = torch.sigmoid(logits * d.grounded_scale + d.grounded_bias)
-    q = torch.sigmoid(loose * d.ungrounded_scale + d.offset)
-    assert abs(float(p.mean()) - float(y.float().mean())) < 0.02
-    assert abs(float(q.mean()) - float(loose_y.float().mean())) < 0.02
-    f1 = best_f1_threshold(torch.cat([p, q]), torch.cat([y, loose_y]))[1]
-    assert d.threshold == pytest.approx(f1 / 2, abs=1e-6)
-    # a one-class population keeps finite calibration (shrunk towards the identity)
+    (ag, bg), (au, bu) = platt(logits, y), platt(loose, loose_y)
+    assert 0 < ag < 1
+    pg, pu = torch.sigmoid(ag * logits.double() + bg), torch.sigmoid(au * loose.double() + bu)
+    # calibrated: each population's probabilities average to its rate of hallucinations
+    assert abs(float(pg.mean()) - float(y.float().mean())) < 0.01
+    assert abs(float(pu.mean()) - float(loose_y.float().mean())) < 0.01
+    t = best_f1_threshold(torch.cat([pg, pu]).float(), torch.cat([y, loose_y]))[1] / 2
+    # each population's threshold on the reported probabilities flags what its calibrated probability >= t flags
+    away = lambda p: (p - t).abs() > 1e-4  # noqa: E731
+    flags_g, flags_u = torch.sigmoid(logits) >= d.threshold, shifted_probs(loose, d.offset) >= d.ungrounded_threshold
+    assert torch.equal(flags_g[away(pg)], (pg >= t)[away(pg)]) and torch.equal(flags_u[away(pu)], (pu >= t)[away(pu)])
+    # a one-class population keeps a finite threshold (its Platt fit is shrunk towards the identity)
     one = tune_decision(logits, y, loose, torch.ones_like(loose_y), "calibrated", Decision(0.5, 0.5, 0.0))
-    assert math.isfinite(one.offset) and math.isfinite(one.ungrounded_scale)
+    assert math.isfinite(one.ungrounded_threshold) and EDGE - 1e-9 <= one.ungrounded_threshold <= 1 - EDGE + 1e-9
