@@ -241,14 +241,18 @@ def build_detection_graph(
     entries: dict[tuple[str, int | str], list[int]] = {}
     seen_nodes: set[int] = set()
     seen_loose: set[str] = set()
+    near_of_text: dict[str, str] = {}  # normalised text of a near-miss answer -> its node
     for k, pred in enumerate(preds):
         if k in abstained:
             continue
         node_name, kind = named.get(k), 0
-        if node_name is None and near_miss is not None and node_of:
+        if node_name is None and normalize(pred) in near_of_text:  # a repeat of a near miss: another vote for its node
+            node_name, kind = near_of_text[normalize(pred)], 1
+        elif node_name is None and near_miss is not None and node_of:
             near = near_miss(pred)
             if near is not None and near in node_of and node_of[near] not in seen_nodes and near not in named.values():
                 node_name, kind = near, 1
+                near_of_text[normalize(pred)] = near
         if node_name is not None:
             entries.setdefault(("node", node_of[node_name]), []).append(k)
             if node_of[node_name] in seen_nodes:

@@ -13,8 +13,9 @@ ungrounded-answer scorer; the two live on different scales. The rule is:
   threshold is where its calibrated probability reaches it.
 
 Every search is exact: it evaluates the flags that the stored float32 threshold gives on the float32 probabilities
-(the comparison the test and predict steps make), over every threshold in ``[EDGE, 1 - EDGE]`` that flags a
-different set; ties keep the fewest flags.
+(the comparison the test and predict steps make), over every threshold in ``[EDGE, 1 - EDGE]`` (logits within about
+±16.6) that flags a different set; ties keep the fewest flags. The offset is chosen on the same float32
+probabilities, so that an offset which would saturate them loses the ranking it destroys.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "EDGE",
     "Decision",
     "best_ap_offset",
+    "best_f1_offset",
     "best_f1_threshold",
     "best_joint_thresholds",
     "bootstrap_f1_threshold",
@@ -40,9 +42,10 @@ __all__ = [
     "tune_decision",
 ]
 
-#: thresholds are kept in ``[EDGE, 1 - EDGE]``: float32's sigmoid cannot tell logits apart past about 16.6 (it
-#: returns exactly 1.0), so a threshold nearer 0 or 1 would decide differently from the logits it was tuned on
-EDGE = 1e-4
+#: thresholds are kept in ``[EDGE, 1 - EDGE]`` (``2**-24``: logits within about ±16.6, where float32's sigmoid still
+#: tells them apart; past that it returns exactly 1.0, and no threshold in (0, 1] separates saturated answers), so a
+#: stored threshold is a float32 number strictly between 0 and 1
+EDGE = 2.0**-24
 
 
 def clamp_threshold(threshold: float) -> float:
@@ -126,6 +129,40 @@ def best_joint_thresholds(
     return float(g_cuts[best[2]]), float(u_cuts[best[3]]), best[0]
 
 
+def best_f1_offset(
+    grounded_flags: Tensor, grounded_target: Tensor, loose_logits: Tensor, loose_target: Tensor, threshold: float
+) -> float:
+    """The logit offset that maximises F1 over every answer when the ungrounded answers are flagged at a given
+    ``threshold`` (``sigmoid(logit + offset) >= threshold``) and the grounded answers' flags are fixed.
+
+    The cut on the raw logits is searched over the values seen and "flag none", and placed halfway to the next lower
+    value; the offset moves it onto the threshold's logit. Ties keep the fewest flags.
+
+    Example:
+        >>> flags, target = torch.tensor([1, 0, 0]), torch.tensor([1, 0, 1])
+        >>> loose, loose_target = torch.tensor([-3.0, -1.0, 2.0]), torch.tensor([1, 1, 0])
+        >>> off = best_f1_offset(flags, target, loose, loose_target, threshold=0.5)
+        >>> (loose + off).ge(0).tolist()  # higher logits flag first: all three (F1 0.75) beats -1 and 2 (0.57)
+        [True, True, True]
+    """
+    if loose_logits.numel() == 0:
+        return 0.0
+    g_flags, g_target = grounded_flags.bool().cpu(), grounded_target.bool().cpu()
+    raw, t = loose_logits.detach().double().cpu(), loose_target.detach().bool().cpu()
+    values = torch.unique(raw).flip(0)  # descending; cut j flags the answers >= values[j - 1] (j = 0: none)
+    tp = torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), (raw[None, :] >= values[:, None])[:, t].sum(1)])
+    fp = torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), (raw[None, :] >= values[:, None])[:, ~t].sum(1)])
+    tp, fp = tp + int((g_flags & g_target).sum()), fp + int((g_flags & ~g_target).sum())
+    best = int(torch.argmax(_f1(tp, fp, int(g_target.sum()) + int(t.sum()))))  # the first maximum: fewest flags
+    if best == 0:
+        cut = float(values[0]) + 1.0
+    else:
+        lower = float(values[best]) if best < values.numel() else float(values[best - 1]) - 2.0
+        cut = (float(values[best - 1]) + lower) / 2
+    thr = clamp_threshold(threshold)
+    return math.log(thr / (1 - thr)) - cut
+
+
 def best_ap_offset(
     probs: Tensor, target: Tensor, loose_logits: Tensor, loose_target: Tensor, span: float = 12.0, steps: int = 241
 ) -> float:
@@ -143,12 +180,14 @@ def best_ap_offset(
     """
     if loose_logits.numel() == 0 or probs.numel() == 0:
         return 0.0
-    g = torch.logit(probs.detach().double().cpu().clamp(1e-12, 1 - 1e-12))
-    u = loose_logits.detach().double().cpu()
+    g = probs.detach().float().cpu()
     y = torch.cat([target.long().cpu(), loose_target.long().cpu()])
 
     def best_of(offsets: Tensor) -> float:
-        aps = torch.stack([binary_average_precision(torch.cat([g, u + o]), y) for o in offsets])
+        # the average precision of the float32 probabilities the forward pass gives at each offset
+        aps = torch.stack(
+            [binary_average_precision(torch.cat([g, shifted_probs(loose_logits.cpu(), float(o))]), y) for o in offsets]
+        )
         top = aps.max()
         ties = offsets[torch.isclose(aps, top, rtol=0, atol=1e-12)]
         return float(ties[ties.abs().argmin()])
@@ -217,6 +256,8 @@ def half_best_f1_threshold(probs: Tensor, target: Tensor) -> float:
         0.5
     """
     best = best_f1_threshold(probs, target)[1]
+    if best == 0:  # no hallucinated answer, or none flaggable: the fewest flags, as the other rules
+        return float(torch.tensor(1 - EDGE, dtype=torch.float32, device="cpu"))
     return float(torch.tensor(clamp_threshold(best / 2), dtype=torch.float32, device="cpu"))
 
 
@@ -260,10 +301,13 @@ def tune_decision(
         return _tune_calibrated(logits, target, loose_logits, loose_target, current, tune_threshold, tune_offset)
     probs = torch.sigmoid(logits.detach().float().cpu())
     offset = current.offset
+    if not tune_threshold:  # the thresholds as given: the offset that best fits the ungrounded answers to theirs
+        if tune_offset and loose_logits.numel():
+            flags = probs >= torch.tensor(current.threshold, dtype=torch.float32, device="cpu")
+            offset = best_f1_offset(flags, target, loose_logits, loose_target, current.ungrounded_threshold)
+        return Decision(current.threshold, current.ungrounded_threshold, offset)
     if tune_offset:
         offset = best_ap_offset(probs, target, loose_logits, loose_target) if loose_logits.numel() else offset
-    if not tune_threshold:
-        return Decision(current.threshold, current.ungrounded_threshold, offset)
     loose_probs = shifted_probs(loose_logits, offset)
     thr, loose_thr = current.threshold, current.ungrounded_threshold
     if threshold_for != "grounded" and probs.numel() and loose_probs.numel():

@@ -153,6 +153,9 @@ def test_the_format_is_detected_per_file_from_its_first_line_with_a_prediction()
     assert detect_format([(1, prompt_row(0))]) == "prompt"
     assert detect_format([(1, {"id": "a", "prediction": ""}), (2, {"id": "b", "prediction": ["x"]})]) == "plain"
     assert detect_format([]) == "plain"
+    # a first question whose beams were all cut before "# Answer:" does not make a GCR file plain
+    cut = [(1, {"id": "a", "prediction": ["# Reasoning Path:\nA -> r -> B"]}), (2, GCR_ROWS[0])]
+    assert detect_format(cut) == "gcr"
 
 
 def test_ids_repeated_across_files_name_both_places(tmp_path):
@@ -190,6 +193,33 @@ def test_a_failed_write_leaves_the_output_folder_as_it_was(tmp_path, capsys):
     assert folder_state(out) == before  # no new train/validation beside the old test, no temporary files
     fresh = tmp_path / "fresh"
     assert run(capsys, "--input", src, "--output", fresh)[0] == 2 and not fresh.exists()
+
+
+def test_a_failed_rename_puts_the_old_files_back(tmp_path, capsys, monkeypatch):
+    """Found by a review: the files were renamed one at a time as each was closed, so a failure at the second
+    rename left a new test file beside the old train file."""
+    import os
+
+    from kglightning.data.sources import predictions_import
+
+    rows = [prompt_row(i) for i in range(10)]
+    out = tmp_path / "out"
+    assert run(capsys, "--input", write_lines(tmp_path / "a.jsonl", rows), "--output", out)[0] == 0
+    before = folder_state(out)
+    calls = []
+    real = os.replace
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if str(dst).endswith("validation.jsonl") and ".tmp" in str(src):  # the second new file fails to land
+            raise OSError("disk gone")
+        return real(src, dst)
+
+    monkeypatch.setattr(predictions_import.os, "replace", flaky)
+    new = [record_from_prompt(prompt_row(i, prediction="new answer")) for i in range(10)]
+    with pytest.raises(OSError, match="disk gone"):
+        predictions_import.write_splits(split_by_question(new, [0.6, 0.2, 0.2], seed=0), out)
+    assert folder_state(out) == before and calls  # the old three files, and nothing else
 
 
 def test_a_record_that_would_not_be_read_back_is_refused_at_import(tmp_path, capsys):

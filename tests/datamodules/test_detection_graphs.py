@@ -99,6 +99,12 @@ def test_near_miss_grounding_and_a_graph_with_only_ungrounded_answers():
     rec = _record(prediction=["Pariss", "Paris"])
     g = build_detection_graph(rec, _ids(rec), stats, ungrounded="keep", near_miss=near)
     assert g.answer_names == ["Paris", "Pariss"] and g.answer_grounding.tolist() == [0, 2]
+    # a repeated near miss (any spelling that normalises alike) is one answer with its votes, not a second answer
+    stats = DetectionStats()
+    rec = _record(prediction=["Pariss", "Pariss", "Euro", "PARISS"])
+    g = build_detection_graph(rec, _ids(rec), stats, ungrounded="keep", near_miss=near)
+    assert g.answer_names == ["Pariss", "Euro"] and g.answer_grounding.tolist() == [1, 0] and stats.duplicates == 2
+    assert g.answer_signals[:, 0].tolist() == pytest.approx([0.75, 0.25])  # votes
     empty = _record(graph=[], prediction=["Paris"])
     g = build_detection_graph(empty, _ids(empty), stats, ungrounded="keep")
     assert g.num_nodes == 1 and g.answer_index.numel() == 0 and g.y.tolist() == [0.0]

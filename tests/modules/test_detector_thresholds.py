@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from torchmetrics.functional.classification import binary_average_precision
 
 from kglightning.metrics.classification import detection_scores
 from kglightning.modules.detector_thresholds import (
@@ -64,16 +65,15 @@ def test_the_f1_found_is_the_f1_the_stored_threshold_gives_even_when_scores_satu
         assert f1 >= max(_f1(probs, target, float(t)) for t in grid) - 1e-6
 
 
-def test_a_saturated_cut_is_not_applied_as_another_one():
-    """The old search found F1 0.8 at the cut 1.0, then clamped it to 1 - EDGE, which also flags the four faithful
-    answers at 0.99995: F1 0.44 applied. The achievable best flags down to 0.6 (F1 0.6)."""
+def test_a_saturated_cut_is_applied_as_tuned():
+    """The old search found F1 0.8 at the cut 1.0, then clamped it to 1 - 1e-4, which also flagged the four faithful
+    answers just below 1.0: F1 0.44 applied. Tuned and applied F1 are now the same number."""
+    logits = torch.tensor([20.0, 20.0, 16.0, 16.0, 16.0, 16.0, 0.4])  # float32's sigmoid: 1.0, 1.0, 1 - 2**-23, ...
     target = torch.tensor([1, 1, 0, 0, 0, 0, 1])
-    logits = torch.tensor([20.0, 20.0, 9.9, 9.9, 9.9, 9.9, 0.4])  # float32's sigmoid: 1.0, 1.0, 0.99995, ...
     probs = torch.sigmoid(logits)
-    assert probs[:2].tolist() == [1.0, 1.0] and 1 - 1e-4 < float(probs[2]) < 1.0
+    assert probs[:2].tolist() == [1.0, 1.0] and float(probs[2]) == 1 - 2**-23
     d = tune_decision(logits, target, torch.zeros(0), torch.zeros(0), "grounded", Decision(0.5, 0.5, 0.0))
-    assert _f1(probs, target, d.threshold) == pytest.approx(0.6)
-    assert best_f1_threshold(probs, target)[1] == pytest.approx(0.6)
+    assert _f1(probs, target, d.threshold) == pytest.approx(best_f1_threshold(probs, target)[1]) == pytest.approx(0.8)
 
 
 def test_joint_thresholds_are_the_best_pair_by_brute_force():
@@ -139,3 +139,42 @@ def test_calibrated_mode_flags_where_each_population_s_platt_probability_reaches
     # a one-class population keeps a finite threshold (its Platt fit is shrunk towards the identity)
     one = tune_decision(logits, y, loose, torch.ones_like(loose_y), "calibrated", Decision(0.5, 0.5, 0.0))
     assert math.isfinite(one.ungrounded_threshold) and EDGE - 1e-9 <= one.ungrounded_threshold <= 1 - EDGE + 1e-9
+
+
+def test_thresholds_reach_logits_up_to_float32_saturation():
+    """Found by a review: a window of [1e-4, 1 - 1e-4] could not separate logits 12 and 10 (both above 9.2)."""
+    logits, target = torch.tensor([12.0, 12.0, 10.0, 10.0, 10.0, 10.0]), torch.tensor([1, 1, 0, 0, 0, 0])
+    thr, f1 = best_f1_threshold(torch.sigmoid(logits), target)
+    assert f1 == 1.0 and _f1(torch.sigmoid(logits), target, thr) == pytest.approx(1.0)
+
+
+def test_the_ap_offset_is_chosen_on_the_probabilities_the_forward_pass_gives():
+    """Found by a review: chosen on float64 logits, the offset could saturate the float32 probabilities it is
+    applied to, flattening the ungrounded answers' ranking."""
+    gen = torch.Generator().manual_seed(0)
+    y = (torch.rand(200, generator=gen) < 0.3).long()
+    probs = torch.sigmoid((4.0 * (2.0 * y - 1.0) + torch.randn(200, generator=gen) * 6.0).float())
+    loose_y = (torch.rand(40, generator=gen) < 0.8).long()
+    loose = (8.0 * (2.0 * loose_y - 1.0) + torch.randn(40, generator=gen) * 4.0).float()
+    off = best_ap_offset(probs, y, loose, loose_y)
+    ap_at = lambda o: float(
+        binary_average_precision(torch.cat([probs, shifted_probs(loose, o)]), torch.cat([y, loose_y]))
+    )  # noqa: E731
+    assert ap_at(off) >= max(ap_at(float(o)) for o in torch.linspace(-12, 12, 241)) - 1e-9
+
+
+def test_fixed_thresholds_get_the_offset_that_fits_the_ungrounded_answers_to_them():
+    """Found by a review: with tune_threshold=False the AP offset was applied to the fixed threshold, which could
+    flag none of a perfectly ranked set."""
+    loose, loose_y = torch.tensor([4.0, 3.0, -2.0, -3.0]), torch.tensor([1, 1, 0, 0])
+    d = tune_decision(torch.zeros(0), torch.zeros(0, dtype=torch.long), loose, loose_y, "grounded",
+                      Decision(0.5, 0.5, 0.0), tune_threshold=False)  # fmt: skip
+    assert (shifted_probs(loose, d.offset) >= 0.5).tolist() == [True, True, False, False]
+
+
+def test_calibrated_mode_without_a_hallucinated_answer_keeps_the_fewest_flags():
+    logits, loose = torch.tensor([1.0, -1.0]), torch.tensor([0.5, -0.5])
+    zeros = torch.zeros(2, dtype=torch.long)
+    d = tune_decision(logits, zeros, loose, zeros, "calibrated", Decision(0.5, 0.5, 0.0))
+    assert not (torch.sigmoid(logits) >= d.threshold).any()
+    assert not (shifted_probs(loose, d.offset) >= d.ungrounded_threshold).any()

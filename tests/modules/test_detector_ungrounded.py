@@ -269,3 +269,41 @@ def test_mostfrequent_over_every_answer_answers_the_majority_of_every_answer(tmp
     assert metrics["test/mostfrequent/recall"] == 0.0
     assert metrics["test/all/mostfrequent/recall"] == 1.0
     assert metrics["test/all/mostfrequent/precision"] == pytest.approx(2 / 3)
+
+
+def test_a_checkpoint_whose_ungrounded_scorer_predates_answer_features_loads_with_its_scores(datamodule):
+    """Found by a review: the scorer now reads the answer features, so an older checkpoint's first layer was too
+    narrow to load."""
+    L.seed_everything(0)
+    kwargs = dict(text_dim=datamodule.text_dim, encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=2),
+                  mlp_hidden=16, dropout=0.0, answer_features=2)  # fmt: skip
+    model = HallucinationDetector(**kwargs)
+    state = model.state_dict()
+    old_first = state["ungrounded.mlp.0.weight"][:, :-2].clone()
+    state["ungrounded.mlp.0.weight"] = old_first  # as saved before the scorer read the 2 features
+    fresh = HallucinationDetector(**kwargs)
+    with pytest.warns(UserWarning, match="predates its 2 answer features"):
+        fresh.load_state_dict(state)
+    x = torch.randn(3, 4 * datamodule.text_dim + 2)
+    feats = torch.randn(3, 2)
+    with torch.no_grad():  # the old layer's outputs, whatever the features
+        want = x @ old_first.T + state["ungrounded.mlp.0.bias"]
+        got = fresh.ungrounded.mlp[0](torch.cat([x, feats], dim=1))
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_an_ungrounded_scorer_written_before_answer_features_still_builds(datamodule):
+    from kglightning.nn import UngroundedAnswerScorer
+
+    class OldScorer(UngroundedAnswerScorer):
+        def __init__(self, text_dim: int, hidden: int = 8) -> None:
+            super().__init__(text_dim, hidden=hidden)
+
+    with pytest.warns(UserWarning, match="takes no answer_features"):
+        model = HallucinationDetector(text_dim=datamodule.text_dim, answer_features=2, ungrounded_scorer=OldScorer,
+                                      encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=2))  # fmt: skip
+    assert model.ungrounded.answer_features == 0
+    datamodule.setup("fit")
+    batch = datamodule.collate(datamodule.datasets["train"][:2])
+    batch.answer_features = torch.zeros(batch.y.numel(), 2)
+    assert model(batch).shape == batch.y.shape

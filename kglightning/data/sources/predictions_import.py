@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
+import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -46,7 +48,6 @@ from kglightning.data.sources.prediction_lines import (
 )
 from kglightning.data.sources.prompt_predictions import is_prompt_row, record_from_prompt
 from kglightning.data.splits import SPLITS, locate_splits
-from kglightning.fileio import atomic_write
 
 __all__ = ["FORMATS", "detect_format", "import_predictions", "main", "split_by_question", "write_splits"]
 
@@ -57,15 +58,13 @@ Origin = dict[str, tuple[str, int]]
 
 
 def detect_format(rows: Sequence[tuple[int, dict[str, Any]]]) -> str:
-    """The format of a file's lines, decided by the first line whose ``prediction`` is not empty (or whose ``input``
-    holds a ``Reasoning Paths:`` block): ``prompt``, ``gcr``, or ``plain``."""
-    for _, row in rows:
-        if is_prompt_row(row):
-            return "prompt"
-        if is_gcr_row(row):
-            return "gcr"
-        if row.get("prediction") not in (None, "", []):
-            return "plain"
+    """The format of a file's lines: ``prompt`` when a line's ``input`` holds a ``Reasoning Paths:`` block, else
+    ``gcr`` when any line's ``prediction`` holds a GCR beam (``# Answer:``; a first question whose beams were all cut
+    short does not make the file plain), else ``plain``."""
+    if any(is_prompt_row(row) for _, row in rows):
+        return "prompt"
+    if any(is_gcr_row(row) for _, row in rows):
+        return "gcr"
     return "plain"
 
 
@@ -209,26 +208,61 @@ def _encodes(value: Any) -> bool:
 
 
 def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: Origin | None = None) -> None:
-    """Write ``<split>.jsonl`` for every split into ``out``, all or none: each file is written under a temporary name
-    and the three are renamed only once all are written; on any error the folder is left as it was (a folder this
-    call created is removed again).
+    """Write ``<split>.jsonl`` for every split into ``out``, all or none.
+
+    Every record is encoded first (so a record that cannot be written fails before any file is touched); each file is
+    then written and synced under a temporary name; only when all are written are the old files moved aside, the new
+    ones renamed into place and the old ones deleted. A failure at any step puts the old files back and removes the
+    temporary ones (and a folder this call created).
 
     Raises:
         RecordError: a record holds text that cannot be encoded as UTF-8 (naming its input file, line and field).
     """
     out = Path(out)
+    encoded = {name: b"".join(_encoded(r, origin or {}) for r in rows) for name, rows in splits.items()}
     created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    temps = {name: out / f".{name}.jsonl.{tag}.tmp" for name in encoded}
+    backups = {name: out / f".{name}.jsonl.{tag}.old" for name in encoded}
+    moved: list[str] = []  # old files moved aside
+    placed: list[str] = []  # new files renamed into place
     try:
-        with contextlib.ExitStack() as stack:
-            for name, rows in splits.items():
-                f = stack.enter_context(atomic_write(out / f"{name}.jsonl", "wb", fsync=True))
-                for record in rows:
-                    f.write(_encoded(record, origin or {}))
+        for name, data in encoded.items():
+            with open(temps[name], "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        for name in encoded:
+            if (out / f"{name}.jsonl").exists():
+                os.replace(out / f"{name}.jsonl", backups[name])
+                moved.append(name)
+        for name in encoded:
+            os.replace(temps[name], out / f"{name}.jsonl")
+            placed.append(name)
     except BaseException:
+        for name in placed:
+            with contextlib.suppress(OSError):
+                os.unlink(out / f"{name}.jsonl")
+        for name in moved:
+            with contextlib.suppress(OSError):
+                os.replace(backups[name], out / f"{name}.jsonl")
+        for path in temps.values():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         if created:
             with contextlib.suppress(OSError):
                 out.rmdir()  # only if empty
         raise
+    for name in moved:
+        with contextlib.suppress(OSError):
+            os.unlink(backups[name])
+    with contextlib.suppress(OSError):  # the renames themselves survive a crash once the folder is synced
+        fd = os.open(out, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _summary(stats: ImportStats, splits: dict[str, list[KGQARecord]], out: Path, args: argparse.Namespace) -> str:
