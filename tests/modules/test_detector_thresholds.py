@@ -157,9 +157,10 @@ def test_the_ap_offset_is_chosen_on_the_probabilities_the_forward_pass_gives():
     loose_y = (torch.rand(40, generator=gen) < 0.8).long()
     loose = (8.0 * (2.0 * loose_y - 1.0) + torch.randn(40, generator=gen) * 4.0).float()
     off = best_ap_offset(probs, y, loose, loose_y)
-    ap_at = lambda o: float(
-        binary_average_precision(torch.cat([probs, shifted_probs(loose, o)]), torch.cat([y, loose_y]))
-    )  # noqa: E731
+
+    def ap_at(o: float) -> float:
+        return float(binary_average_precision(torch.cat([probs, shifted_probs(loose, o)]), torch.cat([y, loose_y])))
+
     assert ap_at(off) >= max(ap_at(float(o)) for o in torch.linspace(-12, 12, 241)) - 1e-9
 
 
