@@ -44,8 +44,8 @@ def mistake_kind(record, name: str, grounded: bool) -> str:
     if hops is None:
         return "unreachable"
     gold = extra.get("hops")
-    if gold is None:
-        return "?"
+    if gold is None:  # records without the gold path's length (real LLM answers): no kind to read
+        return "a graph node (no gold path to compare)"
     if hops != gold:
         return "shorter path" if hops < gold else "longer path"
     return "same length, other relations"
