@@ -155,8 +155,9 @@ def compare_scorers(runs: Runs, unit: str = "folds") -> dict[str, object]:
         unit: what a group is, for the sign counts (``"folds"`` or ``"seeds"``).
 
     Returns:
-        ``{"unit", "groups", "scores", "differences"}``: ``scores[scorer][column]`` is ``{"mean", "std", "runs"}``
-        over every run; ``differences[baseline][column]`` is ``{"mean", "positive"}``: the mean over runs of the
+        ``{"unit", "groups", "scores", "differences"}``: ``scores[scorer][column]`` is ``{"mean", "std", "runs"}``,
+        the mean and the sample standard deviation of the groups' means (the spread across folds, as the summary's
+        headline) and the number of runs; ``differences[baseline][column]`` is ``{"mean", "positive"}``: the mean over runs of the
         detector's score minus the baseline's (same run), and in how many groups that difference's mean is above
         zero.
 
@@ -174,12 +175,15 @@ def compare_scorers(runs: Runs, unit: str = "folds") -> dict[str, object]:
         if parsed is not None:
             found.setdefault(parsed[0], {})[parsed[1]] = name
     order = [s for s in _KNOWN if s in found] + sorted(s for s in found if s not in _KNOWN)
+    filled = [group for group in runs.values() if group]
+
+    def spread(name: str) -> dict[str, float]:
+        # as the summary's headline: the mean and the sample std of the groups' means (the spread across folds)
+        means = [statistics.fmean(m[name] for m in group.values()) for group in filled]
+        return {"mean": statistics.fmean(means), "std": _std(means), "runs": sum(len(g) for g in filled)}
+
     scores = {
-        scorer: {
-            column: {"mean": statistics.fmean(v), "std": _std(v), "runs": len(v)}
-            for column in COLUMNS
-            if column in found[scorer] and (v := [m[found[scorer][column]] for m in flat])
-        }
+        scorer: {column: spread(found[scorer][column]) for column in COLUMNS if column in found[scorer]}
         for scorer in order
     }
     differences: dict[str, dict[str, dict[str, float]]] = {}
@@ -201,8 +205,8 @@ def compare_scorers(runs: Runs, unit: str = "folds") -> dict[str, object]:
 
 
 def comparison_table(comparison: Mapping[str, object]) -> str:
-    """A markdown table of :func:`compare_scorers`: one row per scorer (mean ± std over runs per column), then one
-    row per baseline with the detector's mean difference and in how many groups it is positive.
+    """A markdown table of :func:`compare_scorers`: one row per scorer (mean ± std of the groups' means per column),
+    then one row per baseline with the detector's mean difference and in how many groups it is positive.
 
     Example:
         >>> runs = {"0": {"0": {"test/f1": 0.9, "test/random/f1": 0.5}}, "1": {"0": {"test/f1": 0.6,
