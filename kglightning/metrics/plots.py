@@ -115,7 +115,8 @@ def plot_seed_summary(
     """Write a grouped bar chart of test metrics over seeds: one group per method, mean with a ±1 std error bar.
 
     ``summary`` maps metric names to ``{"mean", "std"}``, as ``python -m kglightning seeds`` writes them:
-    ``test/<metric>`` is the trained model, ``test/<method>/<metric>`` a baseline scored beside it. Methods without
+    ``test/<metric>`` is the trained model, ``test/<method>/<metric>`` a baseline scored beside it, and
+    ``test/all/...`` the same over every answer (a bar of its own per metric, beside the graph nodes'). Methods without
     any of ``metrics`` are left out; when no method has one, nothing is written and ``None`` is returned. ``over``
     names what the standard deviation is over in the labels (``"seeds"``, or ``"folds"`` for cross-validation).
 
@@ -129,28 +130,36 @@ def plot_seed_summary(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    methods: dict[str, dict[str, dict[str, float]]] = {}
+    # test/<metric> and test/<method>/<metric> over the graph nodes; test/all/... over every answer
+    methods: dict[str, dict[tuple[str, str], dict[str, float]]] = {}
     for key, value in summary.items():
         parts = key.split("/")
-        if parts[0] != "test" or parts[-1] not in metrics or len(parts) not in (2, 3):
+        if parts[0] != "test" or len(parts) < 2:
             continue
-        methods.setdefault("model" if len(parts) == 2 else parts[1], {})[parts[-1]] = value
+        population, rest = ("every answer", parts[2:]) if parts[1] == "all" else ("nodes", parts[1:])
+        if not rest or rest[-1] not in metrics or len(rest) > 2:
+            continue
+        methods.setdefault("model" if len(rest) == 1 else rest[0], {})[(population, rest[-1])] = value
     if not methods:
         return None
     names = ["model", *sorted(m for m in methods if m != "model")] if "model" in methods else sorted(methods)
-    width = 0.8 / len(metrics)
-    fig = Figure(figsize=(max(5.0, 1.1 * len(names) + 1), 4), dpi=100)
+    present = {series for m in methods.values() for series in m}
+    populations = [p for p in ("every answer", "nodes") if any(q == p for q, _ in present)]
+    series = [(p, m) for p in populations for m in metrics if (p, m) in present]
+    width = 0.8 / len(series)
+    fig = Figure(figsize=(max(5.0, 1.1 * len(names) * max(1, len(series) / 2) + 1), 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    for k, metric in enumerate(metrics):
-        xs = [i + (k - (len(metrics) - 1) / 2) * width for i in range(len(names))]
-        means = [methods[n].get(metric, {}).get("mean", float("nan")) for n in names]
-        stds = [methods[n].get(metric, {}).get("std", 0.0) for n in names]
-        ax.bar(xs, means, width=width, yerr=stds, capsize=3, label=metric, edgecolor="black")
+    for k, key in enumerate(series):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(names))]
+        means = [methods[n].get(key, {}).get("mean", float("nan")) for n in names]
+        stds = [methods[n].get(key, {}).get("std", 0.0) for n in names]
+        label = key[1] if len(populations) == 1 else f"{key[1]} ({key[0]})"
+        ax.bar(xs, means, width=width, yerr=stds, capsize=3, label=label, edgecolor="black")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.12)  # room for the legend above the bars
     ax.set_ylabel(f"test score (mean ± std over {over})")
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="upper center", ncol=len(series), fontsize="small", frameon=False)
     ax.set_title(title or f"Test metrics over {over}")
     ax.grid(axis="y", alpha=0.3)
     return save_figure(fig, path)

@@ -30,3 +30,19 @@ def test_no_pyplot_state(tmp_path):
         import matplotlib.pyplot as plt
 
         assert plt.get_fignums() == []
+
+
+def test_the_seed_summary_plot_draws_every_answer_beside_the_graph_nodes(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from kglightning.metrics.plots import plot_seed_summary
+
+    bars = []
+    real = Axes.bar
+    monkeypatch.setattr(Axes, "bar", lambda self, xs, means, **kw: bars.append((kw["label"], list(means))) or real(
+        self, xs, means, **kw))  # fmt: skip
+    summary = {"test/f1": {"mean": 0.3, "std": 0.1}, "test/all/f1": {"mean": 0.7, "std": 0.1},
+               "test/all/structural/f1": {"mean": 0.6, "std": 0.1}, "test/structural/f1": {"mean": 0.0, "std": 0.0}}  # fmt: skip
+    assert plot_seed_summary(summary, tmp_path / "s.png", metrics=("f1",)) is not None
+    # one group per method (no "all" method), one bar per population
+    assert bars == [("f1 (every answer)", [0.7, 0.6]), ("f1 (nodes)", [0.3, 0.0])]
