@@ -17,13 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_seeds_report_mean_and_spread(detection_dir, tiny_encoder_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
-    overrides = [
-        "--data.init_args.data_dir", detection_dir, "--data.init_args.proposer", "null",
-        "--data.init_args.encoder", "kglightning.data.SentenceEncoder",
-        "--data.init_args.encoder.init_args.model", tiny_encoder_dir, "--data.init_args.batch_size", "8",
-        "--model.init_args.encoder.init_args.hidden_channels", "16", "--model.init_args.encoder.init_args.heads", "4",
-        "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false",
-    ]  # fmt: skip
+    overrides = _overrides(detection_dir, tiny_encoder_dir)
     out = tmp_path / "seeds.json"
     code = main(["seeds", "--config", str(ROOT / "configs/detector.yaml"), "--seeds", "0", "1", "--output", str(out),
                  *overrides])  # fmt: skip
