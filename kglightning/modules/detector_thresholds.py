@@ -83,8 +83,8 @@ def best_f1_threshold(probs: Tensor, target: Tensor) -> tuple[float, float]:
         >>> t, f1 = best_f1_threshold(torch.tensor([0.9, 0.8, 0.3, 0.1]), torch.tensor([1, 1, 0, 1]))
         >>> round(t, 4), round(f1, 4)  # flagging all four (F1 0.857) beats flagging the top two (F1 0.8)
         (0.1, 0.8571)
-        >>> best_f1_threshold(torch.tensor([1.0, 1.0, 0.2]), torch.tensor([1, 1, 0]))  # saturated scores
-        (0.9998999834060669, 1.0)
+        >>> best_f1_threshold(torch.tensor([1.0, 1.0, 0.2]), torch.tensor([1, 1, 0]))  # saturated: 1 - 2**-24
+        (0.9999999403953552, 1.0)
     """
     cuts = _cuts(probs)
     tp, fp = _flag_counts(probs, target, cuts)

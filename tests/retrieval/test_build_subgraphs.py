@@ -97,9 +97,13 @@ def _stats_without_time(path) -> dict:
 def test_workers_and_shards_write_the_bytes_of_one_process(tmp_path, tiny_encoder_dir, monkeypatch, capsys):
     from kglightning.data.embeddings import SentenceEncoder
 
-    enc = SentenceEncoder(tiny_encoder_dir, show_progress=False)  # rows move with their batch: what the blocks fix
+    # On some torch/transformers builds the tiny model's rows move with their batch (padding changes the last bits),
+    # which is what the fixed encoding blocks are for; on others they do not (this project's install of 2026-11-27,
+    # where the same test at commit fefd120 failed on its old precondition), and the byte identity below then checks
+    # the workers' and shards' cuts and merge alone.
+    enc = SentenceEncoder(tiny_encoder_dir, show_progress=False)
     alone, batched = enc.encode(["Kenya"]), enc.encode(["Kenya", "a much longer text to pad the short one with"])
-    assert not torch.equal(alone[0], batched[0])
+    assert torch.allclose(alone[0], batched[0], atol=1e-5)  # the same text, whatever its batch, up to rounding
     assert _cut(tmp_path, tiny_encoder_dir, monkeypatch, "one", "c1") == 0
     assert _cut(tmp_path, tiny_encoder_dir, monkeypatch, "two", "c2", "--workers", "2") == 0
     for i in range(3):  # three machines, each with a cache of its own
