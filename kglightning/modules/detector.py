@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -16,6 +15,7 @@ from torch.nn import functional as F
 from kglightning.conformal.scorer import ConformalScores
 from kglightning.datamodules.detection_graphs import GROUNDING_KINDS, answer_owner
 from kglightning.metrics.classification import detection_scores
+from kglightning.modules.detector_compat import build_ungrounded_scorer, upgrade_state_dict
 from kglightning.modules.detector_scores import ScoreBuffer, answer_keys, detection_loss, item_uniform
 from kglightning.modules.detector_thresholds import Decision, shifted_probs, tune_decision
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard, UngroundedAnswerScorer, nearest_nodes
@@ -141,7 +141,7 @@ class HallucinationDetector(L.LightningModule):
                            edge_text=edge_text, inputs=inputs)  # fmt: skip
         # the ungrounded answers read the same answer features as the graph's (a scorer that takes none is built as
         # before, with its text inputs alone)
-        self.ungrounded = _build_ungrounded_scorer(ungrounded_scorer, text_dim, answer_features)
+        self.ungrounded = build_ungrounded_scorer(ungrounded_scorer, text_dim, answer_features)
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.tune_threshold = tune_threshold
@@ -166,38 +166,12 @@ class HallucinationDetector(L.LightningModule):
         self.llm_baseline_names: list[str] = []  # the datamodule's baselines, set in setup("test")
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """``nn.Module.load_state_dict``; a checkpoint from before ungrounded answers existed (no ``ungrounded.*``
-        weights) loads, keeping this module's fresh ungrounded scorer, with a warning."""
+        """``nn.Module.load_state_dict``; a checkpoint saved by an older version loads as that version decided
+        (:func:`~kglightning.modules.detector_compat.upgrade_state_dict`, with a warning where it lacks weights)."""
         own = super().state_dict()
-        state_dict = self._widen_old_ungrounded_input(state_dict, own)
-        missing = [k for k in own if k.startswith("ungrounded.") and k not in state_dict]
-        if missing and any(k.startswith("net.") for k in state_dict):
-            rank_zero_warn(
-                "this checkpoint has no weights for the ungrounded-answer scorer (saved before it existed): answers "
-                "that name no graph node get an untrained score; retrain, or set data.init_args.ungrounded: drop"
-            )
-            state_dict = {**state_dict, **{k: own[k] for k in missing}}
-        if any(k.startswith("net.") for k in state_dict):
-            # saved before these existed: no shift, one threshold for every answer, one majority, as then
-            older = {"ungrounded_offset": torch.zeros_like(own["ungrounded_offset"])}
-            older["ungrounded_threshold"] = state_dict.get("threshold", own["threshold"])
-            older["majority_all"] = state_dict.get("majority", own["majority"])
-            state_dict = {**{k: v for k, v in older.items() if k not in state_dict}, **state_dict}
+        width = int(self.hparams.get("answer_features", 0) or 0)
+        state_dict = upgrade_state_dict(state_dict, own, width)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
-
-    def _widen_old_ungrounded_input(self, state_dict: Any, own: dict[str, Tensor]) -> Any:
-        """A checkpoint saved before the ungrounded scorer read the answer features has a first layer narrower by
-        ``answer_features`` columns: zero columns for them give exactly its old outputs (with a warning)."""
-        key, width = "ungrounded.mlp.0.weight", int(self.hparams.get("answer_features", 0) or 0)
-        old, new = state_dict.get(key), own.get(key)
-        if width and old is not None and new is not None and old.shape[1] + width == new.shape[1]:
-            rank_zero_warn(
-                f"this checkpoint's ungrounded-answer scorer predates its {width} answer features: they enter with "
-                "zero weights, so its scores are the checkpoint's; retrain to use them"
-            )
-            pad = old.new_zeros(old.shape[0], width)
-            state_dict = {**state_dict, key: torch.cat([old, pad], dim=1)}
-        return state_dict
 
     def decision(self) -> Decision:
         """The tuned decision rule (thresholds and offset) held in this module's buffers."""
@@ -467,27 +441,3 @@ class HallucinationDetector(L.LightningModule):
         if self.scheduler is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.scheduler(optimizer), "interval": "epoch"}}
-
-
-def _build_ungrounded_scorer(
-    factory: Callable[..., UngroundedAnswerScorer], text_dim: int, answer_features: int
-) -> UngroundedAnswerScorer:
-    """``factory(text_dim, answer_features=...)``, or ``factory(text_dim)`` for a scorer that takes no answer
-    features (written before they existed), which then reads its text inputs alone, with a warning."""
-    if not answer_features:
-        return factory(text_dim)
-    target = getattr(factory, "func", factory)  # a partial (jsonargparse builds one) names the class in func
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):  # a builtin or an object without a signature: try the keyword
-        params = {"answer_features": None}
-    takes = "answer_features" in params or any(
-        getattr(p, "kind", None) is inspect.Parameter.VAR_KEYWORD for p in params.values()
-    )
-    if takes:
-        return factory(text_dim, answer_features=answer_features)
-    rank_zero_warn(
-        f"{getattr(target, '__name__', target)!s} takes no answer_features: the ungrounded answers are scored "
-        f"without the {answer_features} answer features the graph model reads"
-    )
-    return factory(text_dim)
