@@ -208,7 +208,8 @@ def build_detection_graph(
     ``(h, r, t)`` gives an edge ``h → t`` (and, with ``add_reverse_edges``, an explicit reverse edge ``t → h`` of
     kind ``EDGE_REVERSE``); the virtual node has an edge to each topic entity found in the graph. Each proposed
     answer is matched to a node by exact name, else by RoG-normalised name, else (once every answer has been matched
-    by name) by ``near_miss`` (answer -> node name or ``None``; a node another answer names is not taken); its label
+    by name) by ``near_miss`` (answer -> node name or ``None``; an answer whose near miss is a node another answer
+    names, before or after it, is a repeat of that answer, a vote for it, not a second answer); its label
     is 1 (hallucinated) when neither its text nor its node's name matches a gold answer (``answer`` ∪ ``a_entity``)
     after normalisation. An answer that matches no node is kept as an *ungrounded* answer
     (``ungrounded="keep"``: its text is its only input, ``ungrounded_text``) or dropped and counted.
@@ -241,18 +242,24 @@ def build_detection_graph(
     entries: dict[tuple[str, int | str], list[int]] = {}
     seen_nodes: set[int] = set()
     seen_loose: set[str] = set()
-    near_of_text: dict[str, str] = {}  # normalised text of a near-miss answer -> its node
+    near_of_text: dict[str, str | None] = {}  # normalised text of an answer sent to near_miss -> what it returned
+    named_nodes = set(named.values())
     for k, pred in enumerate(preds):
         if k in abstained:
             continue
         node_name, kind = named.get(k), 0
-        if node_name is None and normalize(pred) in near_of_text:  # a repeat of a near miss: another vote for its node
-            node_name, kind = near_of_text[normalize(pred)], 1
-        elif node_name is None and near_miss is not None and node_of:
-            near = near_miss(pred)
-            if near is not None and near in node_of and node_of[near] not in seen_nodes and near not in named.values():
+        if node_name is None and near_miss is not None and node_of:
+            key = normalize(pred)
+            near = near_of_text[key] if key in near_of_text else near_miss(pred)  # a repeat is not looked up again
+            near_of_text[key] = near
+            if near is not None and near in node_of:
+                if node_of[near] in seen_nodes or near in named_nodes:
+                    # a vote for a node another answer names (before or after it), not a second answer: it never
+                    # takes the node of an exact answer, and it is labelled as that node
+                    entries.setdefault(("node", node_of[near]), []).append(k)
+                    stats.duplicates += 1
+                    continue
                 node_name, kind = near, 1
-                near_of_text[normalize(pred)] = near
         if node_name is not None:
             entries.setdefault(("node", node_of[node_name]), []).append(k)
             if node_of[node_name] in seen_nodes:
@@ -265,13 +272,13 @@ def build_detection_graph(
         if normalize(pred) in seen_loose:
             stats.duplicates += 1
             continue
+        seen_loose.add(normalize(pred))  # before the drop: a dropped answer's repeats are repeats, counted as such
         stats.unmatched += 1
         if len(stats.unmatched_examples) < 5:
             stats.unmatched_examples.append(f"{record.id}: {pred!r}")
         if ungrounded == "drop":
             stats.dropped += 1
             continue
-        seen_loose.add(normalize(pred))
         loose.append((pred, k))
     if not grounded and not loose:
         stats.no_instance += 1

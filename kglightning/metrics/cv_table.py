@@ -12,6 +12,7 @@ without folds, one group per seed. A metric counts only when every run has it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -37,6 +38,9 @@ _PROGRESS = ("test/all/f1", "test/all/auc_pr", "test/f1", "test/auc_pr")
 
 
 def _std(values: Sequence[float]) -> float:
+    """The sample standard deviation; NaN when a value is NaN (a diverged run), rather than an error."""
+    if any(math.isnan(v) for v in values):
+        return math.nan
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
@@ -157,9 +161,9 @@ def compare_scorers(runs: Runs, unit: str = "folds") -> dict[str, object]:
     Returns:
         ``{"unit", "groups", "scores", "differences"}``: ``scores[scorer][column]`` is ``{"mean", "std", "runs"}``,
         the mean and the sample standard deviation of the groups' means (the spread across folds, as the summary's
-        headline) and the number of runs; ``differences[baseline][column]`` is ``{"mean", "positive"}``: the mean over runs of the
-        detector's score minus the baseline's (same run), and in how many groups that difference's mean is above
-        zero.
+        headline) and the number of runs; ``differences[baseline][column]`` is ``{"mean", "positive"}``: the mean of the
+        detector's score minus the baseline's (same run), averaged within each group then over the groups (as the
+        scores), and in how many groups that difference's mean is above zero.
 
     Example:
         >>> runs = {"0": {"0": {"test/f1": 0.9, "test/random/f1": 0.5}}, "1": {"0": {"test/f1": 0.6,
@@ -197,7 +201,7 @@ def compare_scorers(runs: Runs, unit: str = "folds") -> dict[str, object]:
             a, b = mine[column], found[scorer][column]
             per_group = [[m[a] - m[b] for m in group.values()] for group in runs.values() if group]
             differences.setdefault(scorer, {})[column] = {
-                "mean": statistics.fmean(d for g in per_group for d in g),
+                "mean": statistics.fmean(statistics.fmean(g) for g in per_group),  # as the scores: of group means
                 "positive": sum(statistics.fmean(g) > 0 for g in per_group),
             }
     groups = sum(1 for group in runs.values() if group)

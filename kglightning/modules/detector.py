@@ -202,8 +202,9 @@ class HallucinationDetector(L.LightningModule):
         logits[~loose] = node_logits[: int((~loose).sum())]
         loose_logits = self._ungrounded_logits(batch, loose, None if features is None else features[loose])
         logits[loose] = loose_logits[: int(loose.sum())]
-        if (not self.training if calibrated is None else calibrated) and bool(loose.any()):
-            logits = logits + loose.to(logits.dtype) * self.ungrounded_offset
+        if not self.training if calibrated is None else calibrated:
+            # in float32 (also under bf16 autocast), as the validation epoch tuned the rule on them
+            logits = logits.float() + loose.float() * self.ungrounded_offset.float()
         # under DDP every parameter must take part in every step: a batch without one kind of answer adds a zero
         # that depends on the other model's output
         if node_logits.numel() > int((~loose).sum()) or loose_logits.numel() > int(loose.sum()):

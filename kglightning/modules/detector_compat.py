@@ -37,8 +37,6 @@ def upgrade_state_dict(state_dict: Any, own: dict[str, Tensor], answer_features:
         >>> float(new["ungrounded_threshold"]), float(new["majority_all"]), float(new["ungrounded_offset"])
         (0.30000001192092896, 0.0, 0.0)
     """
-    if not any(k.startswith("net.") for k in state_dict):
-        return state_dict
     old, new = state_dict.get(FIRST_LAYER), own.get(FIRST_LAYER)
     if answer_features and old is not None and new is not None and old.shape[1] + answer_features == new.shape[1]:
         rank_zero_warn(
@@ -46,16 +44,17 @@ def upgrade_state_dict(state_dict: Any, own: dict[str, Tensor], answer_features:
             "with zero weights, so its scores are the checkpoint's; retrain to use them"
         )
         state_dict = {**state_dict, FIRST_LAYER: torch.cat([old, old.new_zeros(old.shape[0], answer_features)], dim=1)}
-    missing = [k for k in own if k.startswith("ungrounded.") and k not in state_dict]
-    if missing:
+    if "threshold" not in state_dict or not any(k.startswith("net.") for k in state_dict):
+        return state_dict  # a part of a state dict (strict=False): what it leaves out stays as it is
+    if not any(k.startswith("ungrounded.") for k in state_dict):
         rank_zero_warn(
             "this checkpoint has no weights for the ungrounded-answer scorer (saved before it existed): answers "
             "that name no graph node get an untrained score; retrain, or set data.init_args.ungrounded: drop"
         )
-        state_dict = {**state_dict, **{k: own[k] for k in missing}}
+        state_dict = {**state_dict, **{k: v for k, v in own.items() if k.startswith("ungrounded.")}}
     # saved before these existed: no shift, one threshold for every answer, one majority, as then
     older = {"ungrounded_offset": torch.zeros_like(own["ungrounded_offset"])}
-    older["ungrounded_threshold"] = state_dict.get("threshold", own["threshold"])
+    older["ungrounded_threshold"] = state_dict["threshold"]
     older["majority_all"] = state_dict.get("majority", own["majority"])
     return {**{k: v for k, v in older.items() if k not in state_dict}, **state_dict}
 
@@ -64,15 +63,16 @@ def build_ungrounded_scorer(
     factory: Callable[..., UngroundedAnswerScorer], text_dim: int, answer_features: int
 ) -> UngroundedAnswerScorer:
     """``factory(text_dim, answer_features=...)``, or ``factory(text_dim)`` for a scorer that takes no answer
-    features (written before they existed), which then reads its text inputs alone, with a warning.
+    features (written before they existed), which then reads its text inputs alone, with a warning, and for one whose
+    config sets ``answer_features`` itself (that number stands).
 
     Example:
         >>> build_ungrounded_scorer(UngroundedAnswerScorer, 4, 2).answer_features
         2
     """
-    if not answer_features:
-        return factory(text_dim)
-    target = getattr(factory, "func", factory)  # a partial (jsonargparse builds one) names the class in func
+    if not answer_features or "answer_features" in (getattr(factory, "keywords", None) or {}):
+        return factory(text_dim)  # none to read, or the config sets the scorer's own number: it stands
+    target = _class_of(factory)
     try:
         params = inspect.signature(target).parameters
     except (TypeError, ValueError):  # a builtin or an object without a signature: try the keyword
@@ -87,3 +87,12 @@ def build_ungrounded_scorer(
         f"without the {answer_features} answer features the graph model reads"
     )
     return factory(text_dim)
+
+
+def _class_of(factory: Callable[..., Any]) -> Any:
+    """The class a factory builds: the factory itself, a partial's ``func``, or, for the partial jsonargparse makes
+    of a ``class_path`` (``partial(instantiator, ..., cls, **init_args)``), the class among its arguments."""
+    if isinstance(factory, type):
+        return factory
+    classes = [a for a in getattr(factory, "args", ()) if isinstance(a, type)]
+    return classes[-1] if classes else getattr(factory, "func", factory)

@@ -136,7 +136,9 @@ def best_f1_offset(
     ``threshold`` (``sigmoid(logit + offset) >= threshold``) and the grounded answers' flags are fixed.
 
     The cut on the raw logits is searched over the values seen and "flag none", and placed halfway to the next lower
-    value; the offset moves it onto the threshold's logit. Ties keep the fewest flags.
+    value; the offset moves it onto the threshold's logit. Ties keep the fewest flags. Exact but for float32's
+    rounding: two answers whose shifted probabilities differ by less than float32 can tell apart near the threshold
+    (about ``1e-7`` at 0.5, ``1e-4`` at 0.9999) may be flagged together.
 
     Example:
         >>> flags, target = torch.tensor([1, 0, 0]), torch.tensor([1, 0, 1])
@@ -215,9 +217,11 @@ def shifted_probs(loose_logits: Tensor, offset: float) -> Tensor:
 
 
 def platt(logits: Tensor, target: Tensor) -> tuple[float, float]:
-    """Platt scaling: ``(a, b)`` such that ``sigmoid(a * logit + b)`` fits ``target`` (maximum likelihood), shrunk
-    towards the identity by a penalty ``((a - 1)^2 + 0.01 b^2) / n``, so that a small population keeps nearly its
-    own scale and a one-class population a finite bias rather than a degenerate fit.
+    """Platt scaling: ``(a, b)`` such that ``sigmoid(a * logit + b)`` fits ``target`` (maximum likelihood), with
+    ``a = exp(u) > 0`` so that the map keeps the scores' order, shrunk towards the identity by a penalty
+    ``((a - 1)^2 + 0.01 b^2) / n``, so that a small population keeps nearly its own scale and a one-class population
+    a finite bias rather than a degenerate fit. (Scores ranked backwards get a slope near 0: their calibrated
+    probability is then about their population's rate, whatever the score.)
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -228,20 +232,21 @@ def platt(logits: Tensor, target: Tensor) -> tuple[float, float]:
     """
     x, y = logits.detach().double().cpu(), target.detach().double().cpu()
     n = max(len(x), 1)
-    w = torch.tensor([1.0, 0.0], dtype=torch.float64, device="cpu", requires_grad=True)
+    w = torch.tensor([0.0, 0.0], dtype=torch.float64, device="cpu", requires_grad=True)  # (log a, b)
     opt = torch.optim.LBFGS([w], lr=1.0, max_iter=100, line_search_fn="strong_wolfe")
 
     def closure() -> Tensor:
         opt.zero_grad()
-        fit = torch.nn.functional.binary_cross_entropy_with_logits(w[0] * x + w[1], y, reduction="sum")
-        loss = (fit + (w[0] - 1) ** 2 + 1e-2 * w[1] ** 2) / n
+        a = w[0].clamp(max=30.0).exp()
+        fit = torch.nn.functional.binary_cross_entropy_with_logits(a * x + w[1], y, reduction="sum")
+        loss = (fit + (a - 1) ** 2 + 1e-2 * w[1] ** 2) / n
         loss.backward()
         return loss
 
     if len(x):
         opt.step(closure)
-    a, b = w.detach().tolist()
-    return float(a), float(b)
+    u, b = w.detach().tolist()
+    return float(math.exp(min(u, 30.0))), float(b)
 
 
 def half_best_f1_threshold(probs: Tensor, target: Tensor) -> float:
@@ -345,17 +350,36 @@ def _tune_calibrated(
         return Decision(current.threshold, current.ungrounded_threshold, offset)
     # each population's Platt scaling, then one threshold over every answer's calibrated probability
     fits = [platt(x, y) if x.numel() else (1.0, 0.0) for x, y in ((logits, target), (loose_logits, loose_target))]
-    calibrated = torch.cat(
-        [torch.sigmoid(a * x.detach().double().cpu() + b) for (a, b), x in zip(fits, (logits, loose_logits))]
-    )
+    calibrated = torch.cat([torch.sigmoid(a_b(x, fit)) for fit, x in zip(fits, (logits, loose_logits))])
     t = half_best_f1_threshold(calibrated.float(), torch.cat([target.long().cpu(), loose_target.long().cpu()]))
-    # the raw logit where each population's calibrated probability reaches t, as a threshold on the probabilities
-    # the detector reports (the grounded logits as they are, the ungrounded ones shifted by the offset)
-    cuts = [(math.log(t / (1 - t)) - b) / max(a, 1e-6) for a, b in fits]
-    thr = clamp_threshold(float(torch.sigmoid(torch.tensor(cuts[0], dtype=torch.float64, device="cpu"))))
-    loose_thr = clamp_threshold(float(torch.sigmoid(torch.tensor(cuts[1] + offset, dtype=torch.float64, device="cpu"))))
+    # each population's threshold on the probabilities the detector reports (the grounded logits as they are, the
+    # ungrounded ones shifted by the offset): where its calibrated probability reaches t, as float32 can store it
+    cuts = [(math.log(t / (1 - t)) - b) / a for a, b in fits]
+    thr = _representable(probs, torch.sigmoid(a_b(logits, fits[0])) >= t, cuts[0])
+    loose_thr = _representable(shifted_probs(loose_logits, offset), torch.sigmoid(a_b(loose_logits, fits[1])) >= t,
+                               cuts[1] + offset)  # fmt: skip
     keep = (current.threshold, current.ungrounded_threshold)
     return Decision(thr if logits.numel() else keep[0], loose_thr if loose_logits.numel() else keep[1], offset)
+
+
+def a_b(logits: Tensor, fit: tuple[float, float]) -> Tensor:
+    """``a * logit + b`` in float64 on the CPU."""
+    return fit[0] * logits.detach().double().cpu() + fit[1]
+
+
+def _representable(probs: Tensor, wanted: Tensor, cut_logit: float) -> float:
+    """The float32 threshold on ``probs`` (flag ``p >= thr``) that flags ``wanted`` (the answers whose logits reach
+    ``cut_logit``): ``sigmoid(cut_logit)`` when it does, else, where float32 saturation or rounding merges answers
+    across the cut, the achievable threshold that flags the set nearest to ``wanted`` (fewest flags on ties)."""
+    p, wanted = probs.detach().float().cpu(), wanted.cpu()
+    thr = float(torch.tensor(clamp_threshold(1 / (1 + math.exp(-max(min(cut_logit, 700.0), -700.0)))),
+                             dtype=torch.float32, device="cpu"))  # fmt: skip
+    if p.numel() == 0 or torch.equal(p >= thr, wanted):
+        return thr
+    cuts = _cuts(p)  # descending: fewest flags first
+    tp, fp = _flag_counts(p, wanted, cuts)  # flagged and wanted, flagged and not wanted
+    wrong = fp + (int(wanted.sum()) - tp)
+    return float(cuts[int(torch.argmin(wrong))])
 
 
 def bootstrap_f1_threshold(probs: Tensor, target: Tensor, resamples: int, seed: int = 0) -> float:

@@ -234,3 +234,20 @@ def test_items_of_a_prediction_list_that_are_not_strings_are_counted(tmp_path, c
     code, text, _ = run(capsys, "--input", src, "--output", tmp_path / "out", "--fractions", 1, 0, 0)
     assert code == 0 and "dropped: 3 non-string items of a prediction list" in text and "1 blank items" in text
     assert read_records(str(tmp_path / "out" / "train.jsonl"))[0].prediction == ["Jamaican English"]
+
+
+def test_a_killed_import_leaves_backups_named_and_temporaries_removed_and_modes_kept(tmp_path, capsys, caplog):
+    from kglightning.data.sources import predictions_import
+
+    rows = [prompt_row(i) for i in range(10)]
+    out = tmp_path / "out"
+    assert run(capsys, "--input", write_lines(tmp_path / "a.jsonl", rows), "--output", out)[0] == 0
+    (out / "train.jsonl").chmod(0o600)
+    (out / ".test.jsonl.1-dead.tmp").write_text("half")  # as a process killed while writing leaves them
+    (out / ".validation.jsonl.1-dead.old").write_text("the old validation")
+    new = [record_from_prompt(prompt_row(i, prediction="new answer")) for i in range(10)]
+    with caplog.at_level("WARNING"):
+        predictions_import.write_splits(split_by_question(new, [0.6, 0.2, 0.2], seed=0), out)
+    assert not (out / ".test.jsonl.1-dead.tmp").exists() and (out / ".validation.jsonl.1-dead.old").exists()
+    assert ".validation.jsonl.1-dead.old" in caplog.text
+    assert (out / "train.jsonl").stat().st_mode & 0o777 == 0o600

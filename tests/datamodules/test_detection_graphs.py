@@ -74,17 +74,18 @@ def test_ungrounded_answers_are_kept_scored_and_counted():
     near = {"Pariss": "Paris", "Mars": None}.get
     ids = _ids(rec)
     g = build_detection_graph(rec, ids, stats, ungrounded="keep", near_miss=lambda a: near(a))
-    # grounded first (prediction order), then ungrounded; "Pariss" is near Paris, which "paris" already names
-    assert g.answer_names == ["paris", "Euro", "Atlantis", "Mars", "Pariss"]
-    assert g.answer_grounding.tolist() == [0, 0, 2, 2, 2] and g.answer_index.tolist() == [1, 2]
-    assert g.y.tolist() == [0.0, 1.0, 1.0, 1.0, 1.0]
-    assert g.answer_rank.tolist() == pytest.approx([1 / 7, 2 / 7, 0.0, 4 / 7, 6 / 7])
-    assert g.num_answer_items.tolist() == [5]
-    assert g.ungrounded_text.tolist() == [ids["Atlantis"], ids["Mars"], ids["Pariss"]]
-    assert g.ungrounded_question_index.tolist() == [4, 4, 4]  # the virtual question node
-    assert stats.by_grounding == {"exact": [2, 1], "near_miss": [0, 0], "ungrounded": [3, 3]}
-    assert stats.unmatched == 3 and stats.duplicates == 1 and stats.dropped == 0 and stats.abstained == 1
-    assert "3 ungrounded (100.0% hallucinated)" in stats.summary("test") and "1 repeats" in stats.summary("test")
+    # grounded first (prediction order), then ungrounded; "Pariss" is near Paris, which "paris" already names: a vote
+    assert g.answer_names == ["paris", "Euro", "Atlantis", "Mars"]
+    assert g.answer_grounding.tolist() == [0, 0, 2, 2] and g.answer_index.tolist() == [1, 2]
+    assert g.y.tolist() == [0.0, 1.0, 1.0, 1.0]
+    assert g.answer_rank.tolist() == pytest.approx([1 / 7, 2 / 7, 0.0, 4 / 7])
+    assert g.num_answer_items.tolist() == [4]
+    assert g.ungrounded_text.tolist() == [ids["Atlantis"], ids["Mars"]]
+    assert g.ungrounded_question_index.tolist() == [4, 4]  # the virtual question node
+    assert stats.by_grounding == {"exact": [2, 1], "near_miss": [0, 0], "ungrounded": [2, 2]}
+    assert stats.unmatched == 2 and stats.duplicates == 2 and stats.dropped == 0 and stats.abstained == 1
+    assert "2 ungrounded (100.0% hallucinated)" in stats.summary("test") and "2 repeats" in stats.summary("test")
+    assert g.answer_signals[0, 0].item() == pytest.approx(2 / 7)  # "paris" and "Pariss" vote for Paris
 
 
 def test_near_miss_grounding_and_a_graph_with_only_ungrounded_answers():
@@ -95,10 +96,18 @@ def test_near_miss_grounding_and_a_graph_with_only_ungrounded_answers():
     assert g.answer_names == ["Pariss", "Mars"] and g.answer_grounding.tolist() == [1, 2]
     assert g.y.tolist() == [0.0, 1.0]  # "Pariss" is the node Paris, a gold answer
     assert g.proposer_confidence.tolist() == pytest.approx([0.9, 0.2])
-    # a misspelling never takes the node of a later exact answer: it is left ungrounded
-    rec = _record(prediction=["Pariss", "Paris"])
+    # a misspelling never takes the node of a later exact answer: it is a vote for it, not a second answer (found by
+    # a review: it was an ungrounded answer, labelled hallucinated by its text while its node is gold)
+    rec = _record(prediction=["Pariss", "Paris", "Parris"])
+    near = {"Pariss": "Paris", "Parris": "Paris"}.get
     g = build_detection_graph(rec, _ids(rec), stats, ungrounded="keep", near_miss=near)
-    assert g.answer_names == ["Paris", "Pariss"] and g.answer_grounding.tolist() == [0, 2]
+    assert g.answer_names == ["Paris"] and g.answer_grounding.tolist() == [0] and g.y.tolist() == [0.0]
+    assert g.answer_signals[0, 0].item() == pytest.approx(1.0)  # all three entries vote for Paris
+    # in drop mode a dropped answer's repeat is a repeat, as in keep mode
+    drop = DetectionStats()
+    rec = _record(prediction=["Atlantis", "atlantis", "Paris"])
+    build_detection_graph(rec, _ids(rec), drop, ungrounded="drop")
+    assert (drop.unmatched, drop.duplicates, drop.dropped) == (1, 1, 1)
     # a repeated near miss (any spelling that normalises alike) is one answer with its votes, not a second answer
     stats = DetectionStats()
     rec = _record(prediction=["Pariss", "Pariss", "Euro", "PARISS"])

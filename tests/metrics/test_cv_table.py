@@ -118,3 +118,24 @@ def test_progress_line_shows_the_headline_metrics():
     assert line == ("fold 2/5, seed 0: test/all/f1 0.6900, test/all/auc_pr 0.7000, test/f1 0.7000, test/auc_pr "
                     "0.7500, best/val/auc_pr 0.8000")  # fmt: skip
     assert progress_line("seed 1", {"test/acc": 0.5, "test/hit": 0.25}) == "seed 1: test/acc 0.5000, test/hit 0.2500"
+
+
+def test_differences_average_group_means_as_the_scores_do_and_nan_runs_do_not_crash():
+    """Found by a review: with unequal seeds per fold the difference row was a mean over runs while the score rows
+    were means of fold means (0.700 and 0.600 with a difference of +0.250); a NaN metric crashed stdev."""
+    from kglightning.metrics.cv_table import compare_scorers, summarize_folds
+
+    runs = {"0": {"0": {"test/f1": 0.9, "test/random/f1": 0.5}, "1": {"test/f1": 0.9, "test/random/f1": 0.5},
+                  "2": {"test/f1": 0.9, "test/random/f1": 0.5}},
+            "1": {"0": {"test/f1": 0.5, "test/random/f1": 0.7}}}  # fmt: skip
+    c = compare_scorers(runs)
+    det, rnd = c["scores"]["detector"]["f1"]["mean"], c["scores"]["random"]["f1"]["mean"]
+    assert c["differences"]["random"]["f1"]["mean"] == pytest.approx(det - rnd)
+    for group in runs.values():
+        for run in group.values():
+            run["test/loss"] = 0.3
+    runs["1"]["0"]["test/loss"] = float("nan")
+    summary, _ = summarize_folds(runs)  # no error; the NaN shows
+    assert (
+        summary["test/f1"]["mean"] == pytest.approx(0.7) and summary["test/loss"]["std"] != summary["test/loss"]["std"]
+    )

@@ -179,3 +179,38 @@ def test_calibrated_mode_without_a_hallucinated_answer_keeps_the_fewest_flags():
     d = tune_decision(logits, zeros, loose, zeros, "calibrated", Decision(0.5, 0.5, 0.0))
     assert not (torch.sigmoid(logits) >= d.threshold).any()
     assert not (shifted_probs(loose, d.offset) >= d.ungrounded_threshold).any()
+
+
+def test_calibrated_mode_with_a_backwards_population_keeps_the_rule_monotone():
+    """Found by a review: a negative Platt slope made 'calibrated >= t' a lower tail, which p >= thr cannot express,
+    and the clamp flagged none of the answers the rule meant."""
+    gen = torch.Generator().manual_seed(1)
+    y = (torch.rand(300, generator=gen) < 0.5).long()
+    logits = 2.0 * (2.0 * y - 1.0) + torch.randn(300, generator=gen)
+    loose_y = (torch.rand(200, generator=gen) < 0.7).long()
+    loose = -2.0 * (2.0 * loose_y - 1.0) + torch.randn(200, generator=gen)  # ranked backwards
+    a, _ = platt(loose, loose_y)
+    assert 0 < a < 0.05  # a slope near 0, never below
+    d = tune_decision(logits, y, loose, loose_y, "calibrated", Decision(0.5, 0.5, 0.0))
+    (ag, bg), (au, bu) = platt(logits, y), (a, platt(loose, loose_y)[1])
+    pg, pu = torch.sigmoid(ag * logits.double() + bg), torch.sigmoid(au * loose.double() + bu)
+    t = best_f1_threshold(torch.cat([pg, pu]).float(), torch.cat([y, loose_y]))[1] / 2
+    assert torch.equal(shifted_probs(loose, d.offset) >= d.ungrounded_threshold, pu >= t)
+    assert torch.equal(torch.sigmoid(logits) >= d.threshold, pg >= t)
+
+
+def test_calibrated_cuts_past_float32_saturation_flag_the_nearest_achievable_set():
+    """Found by a review: a cut past logit 16.6 was clamped, so the stored threshold flagged answers the rule did
+    not mean to flag (24 of 75 there)."""
+    gen = torch.Generator().manual_seed(2)
+    y = (torch.rand(400, generator=gen) < 0.3).long()
+    logits = 20.0 + 3.0 * (2.0 * y - 1.0) + torch.randn(400, generator=gen) * 2.0  # many saturate at 1.0
+    d = tune_decision(logits, y, torch.zeros(0), torch.zeros(0, dtype=torch.long), "calibrated",
+                      Decision(0.5, 0.5, 0.0))  # fmt: skip
+    a, b = platt(logits, y)
+    p = torch.sigmoid(a * logits.double() + b)
+    t = best_f1_threshold(p.float(), y)[1] / 2
+    wanted, got = p >= t, torch.sigmoid(logits) >= d.threshold
+    probs = torch.sigmoid(logits)
+    best = min(int(((probs >= c) != wanted).sum()) for c in [*probs.unique().tolist(), 1 - EDGE])
+    assert int((got != wanted).sum()) == best  # as near the rule as a float32 threshold on p can get

@@ -307,3 +307,65 @@ def test_an_ungrounded_scorer_written_before_answer_features_still_builds(datamo
     batch = datamodule.collate(datamodule.datasets["train"][:2])
     batch.answer_features = torch.zeros(batch.y.numel(), 2)
     assert model(batch).shape == batch.y.shape
+
+
+def test_an_old_scorer_named_by_class_path_still_builds(monkeypatch):
+    """Found by a review: jsonargparse's partial of a class_path hides the class in its args, and the old scorer got
+    answer_features= and failed."""
+    import sys
+    import types
+    from collections.abc import Callable
+
+    from jsonargparse import ArgumentParser
+
+    from kglightning.modules.detector_compat import build_ungrounded_scorer
+    from kglightning.nn import UngroundedAnswerScorer
+
+    class OldScorer(UngroundedAnswerScorer):
+        def __init__(self, text_dim: int, hidden: int = 8) -> None:
+            super().__init__(text_dim, hidden=hidden)
+
+    module = types.ModuleType("_kgl_old_scorers")
+    module.OldScorer = OldScorer
+    OldScorer.__module__ = "_kgl_old_scorers"
+    monkeypatch.setitem(sys.modules, "_kgl_old_scorers", module)
+    parser = ArgumentParser()
+    parser.add_argument("--s", type=Callable[[int], UngroundedAnswerScorer])
+    factory = parser.instantiate(parser.parse_args(["--s", '{"class_path": "_kgl_old_scorers.OldScorer"}'])).s
+    with pytest.warns(UserWarning, match="takes no answer_features"):
+        assert build_ungrounded_scorer(factory, 4, 3).answer_features == 0
+    # a scorer whose config sets its own number keeps it
+    factory = parser.instantiate(parser.parse_args(["--s", '{"class_path": "kglightning.nn.UngroundedAnswerScorer", '
+                                                           '"init_args": {"answer_features": 0}}'])).s  # fmt: skip
+    assert build_ungrounded_scorer(factory, 4, 3).answer_features == 0
+
+
+def test_a_partial_state_dict_leaves_the_tuned_rule_alone_and_an_old_layer_alone_widens(datamodule):
+    """Found by a review: strict=False loads of a part rewrote buffers they did not carry, and a state dict of the
+    ungrounded scorer alone was not widened."""
+    kwargs = dict(text_dim=datamodule.text_dim, encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=2),
+                  mlp_hidden=16, dropout=0.0, answer_features=2)  # fmt: skip
+    model = HallucinationDetector(**kwargs)
+    for name, value in (("threshold", 0.3), ("ungrounded_threshold", 0.8), ("ungrounded_offset", 4.0),
+                        ("majority_all", 0.0)):  # fmt: skip
+        getattr(model, name).fill_(value)
+    net_only = {k: v for k, v in model.state_dict().items() if k.startswith("net.")}
+    model.load_state_dict(net_only, strict=False)
+    assert (float(model.ungrounded_threshold), float(model.ungrounded_offset), float(model.majority_all)) == (
+        pytest.approx(0.8), 4.0, 0.0)  # fmt: skip
+    old = {k: v for k, v in model.state_dict().items() if k.startswith("ungrounded.")}
+    old["ungrounded.mlp.0.weight"] = old["ungrounded.mlp.0.weight"][:, :-2]
+    with pytest.warns(UserWarning, match="predates its 2 answer features"):
+        model.load_state_dict(old, strict=False)
+
+
+def test_the_forward_pass_decides_on_float32_logits_under_bf16_autocast(datamodule):
+    """Found by a review: under bf16 autocast the offset and the sigmoid ran in bf16, while the rule was tuned on
+    float32 numbers."""
+    datamodule.setup("fit")
+    model = _model(datamodule).eval()
+    model.ungrounded_offset.fill_(1.2345678)
+    batch = datamodule.collate(datamodule.datasets["validation"])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(batch)
+    assert logits.dtype == torch.float32

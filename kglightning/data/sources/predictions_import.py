@@ -1,7 +1,8 @@
 """``kglightning import-predictions``: RoG records with a KGQA system's answers, from the files such systems write.
 
-Three input formats, detected per file from its first line with a non-empty ``prediction`` (``--format auto``) or
-named with ``--format``:
+Three input formats, detected per file from all its lines (``--format auto``: a line whose ``input`` holds a
+``Reasoning Paths:`` block makes the file ``prompt``, else a line with a GCR beam makes it ``gcr``, else ``plain``),
+or named with ``--format``:
 
 * ``prompt``: RoG / GNN-RAG (:mod:`~kglightning.data.sources.prompt_predictions`), a reply with one answer per line
   and the prompt as ``input``, whose ``Reasoning Paths:`` block lists the paths the LLM was given;
@@ -27,8 +28,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import random
+import shutil
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -48,6 +51,8 @@ from kglightning.data.sources.prediction_lines import (
 )
 from kglightning.data.sources.prompt_predictions import is_prompt_row, record_from_prompt
 from kglightning.data.splits import SPLITS, locate_splits
+
+log = logging.getLogger(__name__)
 
 __all__ = ["FORMATS", "detect_format", "import_predictions", "main", "split_by_question", "write_splits"]
 
@@ -212,8 +217,10 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
 
     Every record is encoded first (so a record that cannot be written fails before any file is touched); each file is
     then written and synced under a temporary name; only when all are written are the old files moved aside, the new
-    ones renamed into place and the old ones deleted. A failure at any step puts the old files back and removes the
-    temporary ones (and a folder this call created).
+    ones renamed into place and the old ones deleted, the new ones keeping the old ones' file modes. A failure at any
+    step puts the old files back and removes the temporary ones (and a folder this call created). A process killed
+    between the renames can leave a mix; the next import into the folder removes its temporary files and names the
+    old splits it kept as ``.<split>.jsonl.<tag>.old`` in a WARNING.
 
     Raises:
         RecordError: a record holds text that cannot be encoded as UTF-8 (naming its input file, line and field).
@@ -222,6 +229,7 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
     encoded = {name: b"".join(_encoded(r, origin or {}) for r in rows) for name, rows in splits.items()}
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    _clean_stale(out, list(encoded))
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     temps = {name: out / f".{name}.jsonl.{tag}.tmp" for name in encoded}
     backups = {name: out / f".{name}.jsonl.{tag}.old" for name in encoded}
@@ -235,6 +243,7 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
                 os.fsync(f.fileno())
         for name in encoded:
             if (out / f"{name}.jsonl").exists():
+                shutil.copymode(out / f"{name}.jsonl", temps[name])  # the new file keeps the old one's mode
                 os.replace(out / f"{name}.jsonl", backups[name])
                 moved.append(name)
         for name in encoded:
@@ -263,6 +272,18 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _clean_stale(out: Path, names: list[str]) -> None:
+    """Temporary files a killed earlier import left in ``out`` are removed; its backups of older splits (``.old``)
+    are kept and named in a WARNING, as they may be the only copy of a split it replaced."""
+    for name in names:
+        for path in out.glob(f".{name}.jsonl.*.tmp"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+        for path in out.glob(f".{name}.jsonl.*.old"):
+            log.warning("%s: a backup left by an import that was killed while renaming; %s is the split it replaced",
+                        path, out / f"{name}.jsonl")  # fmt: skip
 
 
 def _summary(stats: ImportStats, splits: dict[str, list[KGQARecord]], out: Path, args: argparse.Namespace) -> str:
@@ -311,9 +332,8 @@ def main(argv: list[str] | None = None, prog: str = "import-predictions") -> int
                    help="predictions jsonl file(s), one line per question (ids unique across the files)")  # fmt: skip
     p.add_argument("--output", required=True, help="folder for train.jsonl, validation.jsonl and test.jsonl")
     p.add_argument("--format", choices=FORMATS, default="auto",
-                   help="input format; auto decides per file from its first line with a prediction: a list of "
-                   "'# Answer:' beams is gcr, an 'input' with 'Reasoning Paths:' is prompt, anything else plain "
-                   "(which needs --records)")  # fmt: skip
+                   help="input format; auto decides per file from all its lines: an 'input' with 'Reasoning Paths:' "
+                   "makes it prompt, else a list of '# Answer:' beams gcr, else plain (which needs --records)")  # fmt: skip
     p.add_argument("--records", metavar="DIR", default=None,
                    help="RoG records folder (train/validation/test) to join the predictions onto by id: the graph, "
                    "q_entity, answer and a_entity come from the records, the answers from the input")  # fmt: skip
