@@ -63,15 +63,17 @@ def build_ungrounded_scorer(
     factory: Callable[..., UngroundedAnswerScorer], text_dim: int, answer_features: int
 ) -> UngroundedAnswerScorer:
     """``factory(text_dim, answer_features=...)``, or ``factory(text_dim)`` for a scorer that takes no answer
-    features (written before they existed), which then reads its text inputs alone, with a warning, and for one whose
-    config sets ``answer_features`` itself (that number stands).
+    features (written before they existed), which then reads its text inputs alone, with a warning. The detector's
+    ``answer_features`` replaces one in the scorer's config.
 
     Example:
         >>> build_ungrounded_scorer(UngroundedAnswerScorer, 4, 2).answer_features
         2
     """
-    if not answer_features or "answer_features" in (getattr(factory, "keywords", None) or {}):
-        return factory(text_dim)  # none to read, or the config sets the scorer's own number: it stands
+    if not answer_features:
+        return factory(text_dim)
+    # the detector's number always wins: jsonargparse's partial of a class_path carries every init argument, the
+    # defaults included, so an answer_features in it cannot be told from one a user wrote
     target = _class_of(factory)
     try:
         params = inspect.signature(target).parameters

@@ -198,3 +198,19 @@ def test_a_config_s_t_max_reaches_the_scheduler(tmp_path, monkeypatch):
     default = KGLightningCLI(args=["--config", str(ROOT / "configs/detector.yaml"), "--trainer.max_epochs", "7",
                                    "--trainer.logger", "false"], run=False)  # fmt: skip
     assert default.model.scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)).T_max == 7
+
+
+def test_detector_real_builds_an_ungrounded_scorer_that_reads_the_answer_features(tmp_path, tiny_encoder_dir):
+    """The scorer named by class_path in configs/detector_real.yaml reads the data module's answer features: a build
+    rule that let the partial's default answer_features=0 stand once built it blind to them, without a word."""
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from kglightning.cli import KGLightningCLI
+
+    cli = KGLightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                         run=False, args=["--config", str(ROOT / "configs/detector_real.yaml"), "--data.init_args.data_dir",
+                                          str(tmp_path), "--data.init_args.encoder", "kglightning.data.SentenceEncoder",
+                                          "--data.init_args.encoder.init_args.model", tiny_encoder_dir])  # fmt: skip
+    features = len(cli.datamodule.answer_features)
+    assert features == 3 and cli.model.net.answer_features == features
+    assert cli.model.ungrounded.answer_features == features

@@ -334,10 +334,11 @@ def test_an_old_scorer_named_by_class_path_still_builds(monkeypatch):
     factory = parser.instantiate(parser.parse_args(["--s", '{"class_path": "_kgl_old_scorers.OldScorer"}'])).s
     with pytest.warns(UserWarning, match="takes no answer_features"):
         assert build_ungrounded_scorer(factory, 4, 3).answer_features == 0
-    # a scorer whose config sets its own number keeps it
+    # the default scorer by class_path (its partial carries answer_features=0, a default) reads the detector's 3
     factory = parser.instantiate(parser.parse_args(["--s", '{"class_path": "kglightning.nn.UngroundedAnswerScorer", '
-                                                           '"init_args": {"answer_features": 0}}'])).s  # fmt: skip
-    assert build_ungrounded_scorer(factory, 4, 3).answer_features == 0
+                                                           '"init_args": {"hidden": 32}}'])).s  # fmt: skip
+    assert factory.keywords.get("answer_features") == 0  # what made telling a default from a user's choice impossible
+    assert build_ungrounded_scorer(factory, 4, 3).answer_features == 3
 
 
 def test_a_partial_state_dict_leaves_the_tuned_rule_alone_and_an_old_layer_alone_widens(datamodule):
