@@ -350,19 +350,19 @@ def _tune_calibrated(
         return Decision(current.threshold, current.ungrounded_threshold, offset)
     # each population's Platt scaling, then one threshold over every answer's calibrated probability
     fits = [platt(x, y) if x.numel() else (1.0, 0.0) for x, y in ((logits, target), (loose_logits, loose_target))]
-    calibrated = torch.cat([torch.sigmoid(a_b(x, fit)) for fit, x in zip(fits, (logits, loose_logits))])
+    calibrated = torch.cat([torch.sigmoid(_platt_logits(x, fit)) for fit, x in zip(fits, (logits, loose_logits))])
     t = half_best_f1_threshold(calibrated.float(), torch.cat([target.long().cpu(), loose_target.long().cpu()]))
     # each population's threshold on the probabilities the detector reports (the grounded logits as they are, the
     # ungrounded ones shifted by the offset): where its calibrated probability reaches t, as float32 can store it
     cuts = [(math.log(t / (1 - t)) - b) / a for a, b in fits]
-    thr = _representable(probs, torch.sigmoid(a_b(logits, fits[0])) >= t, cuts[0])
-    loose_thr = _representable(shifted_probs(loose_logits, offset), torch.sigmoid(a_b(loose_logits, fits[1])) >= t,
+    thr = _representable(probs, torch.sigmoid(_platt_logits(logits, fits[0])) >= t, cuts[0])
+    loose_thr = _representable(shifted_probs(loose_logits, offset), torch.sigmoid(_platt_logits(loose_logits, fits[1])) >= t,
                                cuts[1] + offset)  # fmt: skip
     keep = (current.threshold, current.ungrounded_threshold)
     return Decision(thr if logits.numel() else keep[0], loose_thr if loose_logits.numel() else keep[1], offset)
 
 
-def a_b(logits: Tensor, fit: tuple[float, float]) -> Tensor:
+def _platt_logits(logits: Tensor, fit: tuple[float, float]) -> Tensor:
     """``a * logit + b`` in float64 on the CPU."""
     return fit[0] * logits.detach().double().cpu() + fit[1]
 
