@@ -33,6 +33,8 @@ EXTRA_SUBCOMMANDS = {
     "build-benchmark": "build the embedded geography/elements KGQA benchmark into a folder",
     "build-subgraphs": "RoG records with G-Retriever PCST subgraphs from your own KG (triples) and questions",
     "conformalize": "split-conformal answer sets for any predictions jsonl with confidences",
+    "select": "keep the answers of a scored predictions jsonl so that at most alpha of the kept are hallucinated "
+    "(FDR, Learn-Then-Test or per question, per group), or check such a rule over random splits",
     "import-predictions": "RoG records with a KGQA system's answers: RoG / GNN-RAG prompts, GCR beams, or any "
     "predictions jsonl joined onto RoG records by id",
     "compare-proxies": "score DoublyCal evidence proxies (e.g. SFT vs GRPO adapters) on the same held-out questions",
@@ -43,7 +45,7 @@ EXTRA_SUBCOMMANDS = {
 DESCRIPTION = (
     "kglightning: trustworthy question answering over knowledge graphs with LLMs. fit / validate / test / predict "
     "run a LightningModule and a LightningDataModule named by class_path in a YAML config (--config); evaluate, "
-    "build-benchmark, build-subgraphs, conformalize and import-predictions work on files; compare-proxies scores DoublyCal evidence proxies; "
+    "build-benchmark, build-subgraphs, conformalize, select and import-predictions work on files; compare-proxies scores DoublyCal evidence proxies; "
     "seeds repeats a fit over seeds (and folds). Run any "
     "subcommand with --help for its options."
 )
@@ -368,6 +370,10 @@ def _dispatch(argv: list[str], from_command_line: bool) -> int:
         from kglightning.conformal.offline import main as conformalize_main
 
         return int(conformalize_main(argv[1:]) or 0)
+    if argv and argv[0] == "select":
+        from kglightning.conformal.select_cli import main as select_main
+
+        return select_main(argv[1:], prog=f"{PROG} select")
     KGLightningCLI(
         LightningModule,
         LightningDataModule,

@@ -10,5 +10,17 @@ from kglightning.conformal.clm import CLM, CLMConfig
 from kglightning.conformal.functional import *  # noqa: F403  (the names of ``_functional.__all__``)
 from kglightning.conformal.lofree import LoFreeCP
 from kglightning.conformal.sampling import SampledAnswers
+from kglightning.conformal.selection import AnswerSelector, GroupSelection, ScoredAnswers, Selection, calibration_floor
 
-__all__ = [*_functional.__all__, "CLM", "CLMConfig", "LoFreeCP", "SampledAnswers"]
+__all__ = [
+    *_functional.__all__,
+    "CLM",
+    "CLMConfig",
+    "LoFreeCP",
+    "SampledAnswers",
+    "AnswerSelector",
+    "GroupSelection",
+    "ScoredAnswers",
+    "Selection",
+    "calibration_floor",
+]

@@ -107,6 +107,7 @@ def test_threshold_tuned_on_validation_and_kept_in_checkpoint(detection_dir, tin
     tp = fp = fn = 0
     for g in dm.datasets["test"]:
         row = by_id[g.qid]
+        assert row["hallucinated"] == [bool(y) for y in g.y.tolist()]  # the labels `kglightning select` reads
         for p, y in zip(row["hallucination_prob"], g.y.tolist()):
             flag = p >= row["threshold"]
             tp, fp, fn = tp + (flag and y == 1), fp + (flag and y == 0), fn + (not flag and y == 1)

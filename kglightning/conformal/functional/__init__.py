@@ -1,18 +1,34 @@
 """Pure torch conformal prediction and Learn-Then-Test functions (vectorised over configuration grids)."""
 
 from kglightning.conformal.functional.ltt import LTTResult, bonferroni, fixed_sequence, ltt_select
-from kglightning.conformal.functional.pvalues import binomial_cdf, binomial_tail_pvalue, hoeffding_bentkus_pvalue
+from kglightning.conformal.functional.pvalues import (
+    betting_pvalue,
+    binomial_cdf,
+    binomial_tail_pvalue,
+    hoeffding_bentkus_pvalue,
+)
 from kglightning.conformal.functional.quantile import conformal_quantile, conformal_rank, prediction_sets
+from kglightning.conformal.functional.selection import (
+    benjamini_hochberg,
+    conformal_pvalues,
+    kept_rate_pvalues,
+    question_cutoff,
+)
 
 __all__ = [
     "LTTResult",
+    "benjamini_hochberg",
+    "betting_pvalue",
     "binomial_cdf",
     "binomial_tail_pvalue",
     "bonferroni",
+    "conformal_pvalues",
     "conformal_quantile",
     "conformal_rank",
     "fixed_sequence",
     "hoeffding_bentkus_pvalue",
+    "kept_rate_pvalues",
     "ltt_select",
     "prediction_sets",
+    "question_cutoff",
 ]

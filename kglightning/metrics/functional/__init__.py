@@ -26,6 +26,7 @@ from kglightning.metrics.functional.qa import (
     rog_answer_scores,
     strict_answer_scores,
 )
+from kglightning.metrics.functional.selection import grouped_selection_metrics, selection_metrics
 from kglightning.metrics.functional.squad import normalize_squad, squad_exact_match, squad_f1
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "calibration_error_from_bin_sums",
     "covered",
     "expected_calibration_error",
+    "grouped_selection_metrics",
     "extract_topk_prediction",
     "match",
     "maximum_calibration_error",
@@ -52,6 +54,7 @@ __all__ = [
     "reliability_bins",
     "rog_answer_metrics",
     "rog_answer_scores",
+    "selection_metrics",
     "set_coverage",
     "set_sizes",
     "strict_answer_scores",

@@ -1,0 +1,157 @@
+"""The ``select`` command: keep the answers of a scored predictions file under a guarantee, or check a rule on data.
+
+Two modes (the file format is in :mod:`kglightning.conformal.selection_io`)::
+
+    # calibrate on labelled questions, keep the test answers
+    kglightning select --calibration cal.jsonl --predictions test.jsonl --rule fdr --alpha 0.1 --group-by grounding
+    # check rules on a labelled pool: 20 random calibration/test splits by question, a report with a plot
+    kglightning select --pool scored.jsonl --repeats 20 --rule fdr kept_rate question --alpha 0.1 0.2 \\
+        --group-by grounding --report-dir outputs/trust/check
+
+The first writes each row with ``kept`` (the answers kept, in their order), ``kept_scores``, ``dropped``,
+``abstained`` (no answer kept) and ``selection`` (the rule, alpha and the row's group cut), default
+``<predictions>.selected.jsonl``, and a summary JSON beside it with each group's calibration size, ``too_small`` flag
+and, when the test rows are labelled, what the selection achieved. Input problems exit with status 2 and one
+``FILE:LINE: field 'NAME' ...`` line on stderr before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kglightning.conformal.selection import AnswerSelector
+from kglightning.conformal.selection_io import ScoredFile, read_scored
+from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
+from kglightning.data.predictions import add_on_bad_record_argument
+from kglightning.data.records import RecordError
+from kglightning.fileio import atomic_write, write_text_atomic
+from kglightning.metrics.functional.selection import grouped_selection_metrics
+
+
+def _read(path: str, args: argparse.Namespace) -> ScoredFile:
+    return read_scored(path, args.score, args.sense, args.group_by, args.on_bad_record)
+
+
+def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
+    """Calibrate on ``--calibration``, select on ``--predictions``, write the rows and the summary."""
+    cal, test = _read(args.calibration, args), _read(args.predictions, args)
+    if not cal.labelled:
+        raise RecordError(
+            "every calibration row needs labels ('hallucinated', or gold answers)", source=args.calibration
+        )
+    selector = AnswerSelector(
+        args.rule[0], args.alpha[0], args.delta, args.min_calibration, args.grid, args.start, args.chains, args.seed
+    )
+    sel = selector.select(cal.answers, test.answers)
+    keep = sel.keep.tolist()
+    scores, groups = test.answers.scores.tolist(), test.answers.groups()
+    rows, i = [], 0
+    for row, names in zip(test.rows, test.names):
+        mine = range(i, i + len(names))
+        i += len(names)
+        info = {g: sel.groups[g].cut for g in dict.fromkeys(groups[j] for j in mine)}
+        rows.append(
+            {
+                **row,
+                "kept": [names[j - mine.start] for j in mine if keep[j]],
+                "kept_scores": [scores[j] for j in mine if keep[j]],
+                "dropped": [names[j - mine.start] for j in mine if not keep[j]],
+                "abstained": not any(keep[j] for j in mine),
+                "selection": {"rule": selector.rule, "alpha": selector.alpha, "cuts": info},
+            }
+        )
+    out = Path(args.output) if args.output else Path(args.predictions).with_suffix(".selected.jsonl")
+    summary: dict[str, Any] = {
+        "rule": selector.rule,
+        "alpha": selector.alpha,
+        "delta": selector.delta,
+        "groups": {g: vars(s) for g, s in sel.groups.items()},
+        "n_calibration_skipped": len(cal.skipped),
+        "n_test_skipped": len(test.skipped),
+        "output": str(out),
+    }
+    if test.labelled:
+        t = test.answers
+        summary["achieved"] = grouped_selection_metrics(sel.keep, t.hallucinated, t.question, t.group)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out) as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    write_text_atomic(out.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def check_rules(args: argparse.Namespace) -> Path:
+    """Repeated random splits of ``--pool``; write the report."""
+    pool = _read(args.pool, args)
+    if not pool.labelled:
+        raise RecordError("every pool row needs labels ('hallucinated', or gold answers)", source=args.pool)
+    kw = {"grid": args.grid, "start": args.start, "chains": args.chains, "min_calibration": args.min_calibration}
+    rows = repeated_selection(pool.answers, args.rule, args.alpha, args.delta, args.repeats, args.calibration_share,
+                              args.seed, **kw)  # fmt: skip
+    summary = summarize(rows, args.delta)
+    out = Path(args.report_dir)
+    title = f"Selection on {Path(args.pool).name}: {args.repeats} random calibration/test splits by question"
+    write_report(summary, out, title, args.delta, pool=args.pool, repeats=args.repeats, seed=args.seed,
+                 calibration_share=args.calibration_share, group_by=args.group_by, score=args.score)  # fmt: skip
+    write_text_atomic(out / "splits.json", json.dumps(rows) + "\n")
+    return out
+
+
+def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--predictions", help="the scored predictions jsonl whose answers to select (with --calibration)")
+    mode.add_argument("--pool", help="a labelled scored jsonl to check the rules on, by repeated random splits")
+    p.add_argument("--calibration", help="labelled scored jsonl of the calibration questions (with --predictions)")
+    p.add_argument("--rule", nargs="+", default=["fdr"], choices=("fdr", "kept_rate", "question"),
+                   help="fdr: expected hallucinated share of the kept answers <= alpha (answers exchangeable); "
+                        "kept_rate: the hallucinated share of the kept answers, each question weighing one, <= alpha "
+                        "with probability >= 1 - delta (Learn-Then-Test); question: P(a question keeps a "
+                        "hallucinated answer) <= alpha")  # fmt: skip
+    p.add_argument("--alpha", nargs="+", type=float, default=[0.1], help="level(s) in (0, 1)")
+    p.add_argument("--delta", type=float, default=0.1, help="kept_rate: probability the bound may fail")
+    p.add_argument("--group-by", default=None, help="key of a per-answer list or per-row value (dotted for nested)")
+    p.add_argument("--score", default="hallucination_prob", help="the per-answer score column")
+    p.add_argument("--sense", default="hallucination", choices=("hallucination", "confidence"),
+                   help="hallucination: higher = more likely wrong; confidence: higher = more likely right")  # fmt: skip
+    p.add_argument("--min-calibration", type=int, default=None, help="fewest calibration items a group needs")
+    p.add_argument("--grid", type=int, default=100, help="kept_rate: thresholds tested")
+    p.add_argument("--start", type=float, default=0.1, help="kept_rate: share of test answers the strictest keeps")
+    p.add_argument("--chains", type=int, default=4, help="kept_rate: fixed sequences, Bonferroni over them")
+    p.add_argument("--seed", type=int, default=0, help="tie-breaking and split seed")
+    p.add_argument("--output", default=None, help="selected rows (default <predictions>.selected.jsonl)")
+    p.add_argument("--repeats", type=int, default=20, help="--pool: random splits")
+    p.add_argument("--calibration-share", type=float, default=0.5, help="--pool: share of questions calibrating")
+    p.add_argument("--report-dir", default="outputs/selection", help="--pool: where report.md/json/png go")
+    add_on_bad_record_argument(p)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "kglightning select") -> int:
+    args = build_parser(prog).parse_args(argv)
+    try:
+        if args.predictions is not None:
+            if args.calibration is None:
+                raise ValueError("--predictions needs --calibration")
+            if len(args.rule) > 1 or len(args.alpha) > 1:
+                raise ValueError("--predictions takes one --rule and one --alpha (several are for --pool)")
+            s = apply_selection(args)
+            for g, info in s["groups"].items():
+                flag = " (too few calibration items: nothing kept)" if info["too_small"] else ""
+                print(f"group {g}: kept {info['n_kept']} of {info['n_test']} answers{flag}")
+            if "achieved" in s:
+                a = s["achieved"]["all"]
+                print(f"test: FDR {a['fdr']:.4f}, power {a['power']:.4f}, abstention {a['abstention']:.4f}")
+            print(f"wrote {s['output']}")
+        else:
+            out = check_rules(args)
+            print((out / "report.md").read_text())
+            print(f"wrote {out}/report.md, report.json, selection.png, splits.json")
+    except (RecordError, ValueError, OSError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,248 @@
+"""Keep an LLM's answers with a guarantee on how many of the kept ones are hallucinated, per group (Mondrian).
+
+:class:`AnswerSelector` takes per-answer hallucination scores (a detector's probabilities, or any score where higher
+means more likely wrong) of labelled calibration answers and of test answers, and returns which test answers to
+keep under one of three rules (the statistics are in :mod:`kglightning.conformal.functional.selection`):
+
+* ``"fdr"``: conformal p-values and Benjamini-Hochberg; ``E[hallucinated kept / kept] <= alpha`` over every kept
+  answer. Needs exchangeable *answers*: it can fail when the answers of a question depend on each other.
+* ``"kept_rate"``: Learn-Then-Test over score thresholds (betting p-values on one loss per question, fixed
+  sequences from a few starting thresholds towards keeping everything, Bonferroni over them); with probability ``>= 1 - delta`` the hallucinated share of the kept
+  answers, each question weighing one (spread over its answers), is ``<= alpha``. Questions exchangeable.
+* ``"question"``: split conformal on each question's lowest hallucinated score;
+  ``P(a question keeps a hallucinated answer) <= alpha``. Questions exchangeable.
+
+With groups (``ScoredAnswers.group``: grounded or not, hop count, the answering LLM ...) each group is calibrated on
+its own calibration answers only, so each guarantee holds within each group (Mondrian conformal), with the
+exchangeability it needs holding within the group. A group with fewer calibration items than the rule needs to
+keep anything (``min_calibration``) is flagged ``too_small`` and keeps nothing: a warning, never a guarantee that
+the data cannot give.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from kglightning.conformal.functional.ltt import fixed_sequence
+from kglightning.conformal.functional.quantile import conformal_rank
+from kglightning.conformal.functional.selection import (
+    benjamini_hochberg,
+    conformal_pvalues,
+    kept_rate_pvalues,
+    question_cutoff,
+)
+
+log = logging.getLogger(__name__)
+
+Rule = Literal["fdr", "kept_rate", "question"]
+ALL = "all"  # the one group of a selection without groups
+
+
+@dataclass
+class ScoredAnswers:
+    """Answers with a hallucination score each, the question they answer, an optional group and label.
+
+    Args:
+        scores: ``(N,)`` hallucination scores, higher = more likely hallucinated; finite.
+        question: ``(N,)`` integer ids of the answers' questions (the exchangeable unit of the ``"question"`` rule).
+        group: ``N`` group names, or ``None`` for one group.
+        hallucinated: ``(N,)`` booleans (``True`` = hallucinated); required for calibration answers.
+    """
+
+    scores: Tensor
+    question: Tensor
+    group: list[str] | None = None
+    hallucinated: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.scores = torch.as_tensor(self.scores, dtype=torch.float64, device="cpu").flatten()
+        self.question = torch.as_tensor(self.question, dtype=torch.long, device="cpu").flatten()
+        n = self.scores.numel()
+        if not bool(torch.isfinite(self.scores).all()):
+            raise ValueError("scores must be finite (no NaN or inf)")
+        if self.question.numel() != n:
+            raise ValueError(f"question has {self.question.numel()} entries for {n} scores")
+        if self.group is not None and len(self.group) != n:
+            raise ValueError(f"group has {len(self.group)} entries for {n} scores")
+        if self.hallucinated is not None:
+            self.hallucinated = torch.as_tensor(self.hallucinated, device="cpu").flatten().bool()
+            if self.hallucinated.numel() != n:
+                raise ValueError(f"hallucinated has {self.hallucinated.numel()} entries for {n} scores")
+
+    def __len__(self) -> int:
+        return self.scores.numel()
+
+    def groups(self) -> list[str]:
+        return [ALL] * len(self) if self.group is None else [str(g) for g in self.group]
+
+    def mask(self, group: str) -> Tensor:
+        return torch.tensor([g == group for g in self.groups()], dtype=torch.bool)
+
+
+@dataclass
+class GroupSelection:
+    """What one group's calibration allowed.
+
+    Attributes:
+        group: the group's name.
+        n_calibration: calibration answers (``"fdr"``) or questions (``"kept_rate"``, ``"question"``) of the group.
+        min_calibration: the fewest the rule needs to keep anything.
+        too_small: ``n_calibration < min_calibration``: nothing of the group is kept.
+        cut: the score cut (``"kept_rate"``: kept when ``score <= cut``; ``"question"``: when ``score < cut``); ``None``
+            for ``"fdr"`` (BH has no fixed cut) and when nothing is kept by ``"kept_rate"``.
+        n_test: test answers of the group; ``n_kept``: how many are kept.
+    """
+
+    group: str
+    n_calibration: int
+    min_calibration: int
+    too_small: bool
+    cut: float | None
+    n_test: int
+    n_kept: int
+
+
+@dataclass
+class Selection:
+    """The answers to keep (``keep``, one boolean per test answer) and each group's :class:`GroupSelection`."""
+
+    keep: Tensor
+    groups: dict[str, GroupSelection] = field(default_factory=dict)
+
+
+def calibration_floor(rule: Rule, alpha: float, delta: float) -> int:
+    """The fewest calibration items with which ``rule`` can keep anything at all.
+
+    ``"fdr"`` and ``"question"``: the smallest ``n`` with ``(n + 1) alpha >= 1`` (below it the best p-value without
+    luck in the tie-break, ``1 / (n + 1)``, exceeds ``alpha``, and the conformal rank exceeds ``n``).
+    ``"kept_rate"``: the smallest ``n`` whose best case can reach ``1 / delta`` wealth: ``n`` questions that keep every
+    answer, none hallucinated (each loss 0), each bet at its cap, ``(1 + alpha / (2 (1 - alpha))) ** n >= 1 / delta``.
+
+    Example:
+        >>> calibration_floor("fdr", 0.1, 0.1), calibration_floor("kept_rate", 0.1, 0.1)
+        (9, 43)
+    """
+    n = 1
+    if rule == "kept_rate":
+        return max(1, math.ceil(math.log(1 / delta) / math.log1p(0.5 * alpha / (1 - alpha)) - 1e-9))
+    while int(conformal_rank(n, alpha)) > n:
+        n += 1
+    return n
+
+
+class AnswerSelector:
+    """Chooses the test answers to keep under a guarantee, per group; see the module docstring.
+
+    Args:
+        rule: ``"fdr"``, ``"kept_rate"`` or ``"question"``.
+        alpha: the tolerated hallucinated share (FDR), rate (kept_rate) or per-question probability (question).
+        delta: ``"kept_rate"`` only: the probability that the calibration draw breaks the bound.
+        min_calibration: the fewest calibration items a group needs (default and floor: the least with which the
+            rule can keep anything, :func:`calibration_floor`); smaller groups keep nothing and are flagged.
+        grid: ``"kept_rate"`` only: how many thresholds to test, at evenly spaced quantiles of the group's test
+            scores from ``start`` to 1 (the test scores do not depend on the calibration draw, so the order is
+            fixed before it is seen).
+        start: ``"kept_rate"`` only: the share of the group's test answers that the strictest threshold keeps (the
+            fixed sequence runs from it towards keeping everything and stops at the first threshold it cannot
+            certify; thresholds that keep few answers are hard to certify, so a start above 0 can help).
+        chains: ``"kept_rate"`` only: fixed sequences started at evenly spaced points of the grid, each run at
+            ``delta / chains`` (Bonferroni), so that a strict threshold with too little evidence does not end every
+            test (a single chain from ``start`` stops there).
+        seed: seeds the random tie-breaking of the FDR rule's p-values and the order in which the ``kept_rate``
+            rule's betting p-values visit the calibration questions.
+    """
+
+    def __init__(
+        self,
+        rule: Rule = "fdr",
+        alpha: float = 0.1,
+        delta: float = 0.1,
+        min_calibration: int | None = None,
+        grid: int = 100,
+        start: float = 0.1,
+        chains: int = 4,
+        seed: int = 0,
+    ) -> None:
+        if rule not in ("fdr", "kept_rate", "question"):
+            raise ValueError(f"rule must be 'fdr', 'kept_rate' or 'question', got {rule!r}")
+        for name, v in (("alpha", alpha), ("delta", delta)):
+            if not 0.0 < v < 1.0:
+                raise ValueError(f"{name} must lie in (0, 1), got {v}")
+        if grid < 1:
+            raise ValueError(f"grid must be >= 1, got {grid}")
+        if not 0.0 <= start <= 1.0:
+            raise ValueError(f"start must lie in [0, 1], got {start}")
+        if not 1 <= chains <= grid:
+            raise ValueError(f"chains must lie in [1, grid], got {chains}")
+        self.rule, self.alpha, self.delta, self.grid, self.start, self.seed = rule, alpha, delta, grid, start, seed
+        self.chains = chains
+        floor = calibration_floor(rule, alpha, delta)
+        if min_calibration is not None and min_calibration < floor:
+            raise ValueError(f"min_calibration must be >= {floor} for rule {rule!r} at alpha={alpha}, delta={delta}")
+        self.min_calibration = floor if min_calibration is None else min_calibration
+
+    def select(self, calibration: ScoredAnswers, test: ScoredAnswers) -> Selection:
+        """The test answers to keep, calibrated on ``calibration`` (which must carry ``hallucinated``)."""
+        if calibration.hallucinated is None:
+            raise ValueError("calibration answers need hallucinated labels")
+        if len(calibration) == 0:
+            raise ValueError("calibration set is empty")
+        keep = torch.zeros(len(test), dtype=torch.bool)
+        out = Selection(keep)
+        gen = torch.Generator().manual_seed(self.seed)
+        for g in sorted(set(test.groups())):
+            cm, tm = calibration.mask(g), test.mask(g)
+            cal_s, cal_y, cal_q = calibration.scores[cm], calibration.hallucinated[cm], calibration.question[cm]
+            n_cal = int(cm.sum()) if self.rule == "fdr" else int(torch.unique(cal_q).numel())
+            too_small = n_cal < self.min_calibration
+            cut: float | None = None
+            kept = torch.zeros(int(tm.sum()), dtype=torch.bool)
+            if not too_small:
+                kept, cut = self._select_group(cal_s, cal_y, cal_q, test.scores[tm], gen)
+            keep[tm] = kept
+            out.groups[g] = GroupSelection(
+                g, n_cal, self.min_calibration, too_small, cut, int(tm.sum()), int(kept.sum())
+            )
+            if too_small:
+                log.warning(
+                    "AnswerSelector: group %r has %d calibration %s, fewer than the %d that rule %r needs at alpha=%g: "
+                    "none of its %d test answers is kept",
+                    g, n_cal, "answers" if self.rule == "fdr" else "questions", self.min_calibration, self.rule,
+                    self.alpha, int(tm.sum()),
+                )  # fmt: skip
+            elif not bool(kept.any()) and bool(tm.any()):
+                log.warning(
+                    "AnswerSelector: rule %r at alpha=%g keeps none of group %r's %d test answers (the scores cannot "
+                    "certify any of them); they are abstentions",
+                    self.rule, self.alpha, g, int(tm.sum()),
+                )  # fmt: skip
+        return out
+
+    def _select_group(
+        self, cal_s: Tensor, cal_y: Tensor, cal_q: Tensor, test_s: Tensor, gen: torch.Generator
+    ) -> tuple[Tensor, float | None]:
+        if test_s.numel() == 0:
+            return torch.zeros(0, dtype=torch.bool), None
+        if self.rule == "fdr":
+            return benjamini_hochberg(conformal_pvalues(cal_s, cal_y, test_s, gen), self.alpha), None
+        if self.rule == "question":
+            cut = question_cutoff(cal_s, cal_y, cal_q, self.alpha)
+            return test_s < cut, cut
+        levels = torch.linspace(self.start, 1.0, self.grid, dtype=torch.float64)
+        thresholds = torch.quantile(test_s, levels)
+        level = self.delta / self.chains  # Bonferroni over the chains
+        p, _ = kept_rate_pvalues(cal_s, cal_y, cal_q, thresholds, self.alpha, "betting", level, gen)
+        valid = torch.zeros(self.grid, dtype=torch.bool)
+        for c in range(self.chains):  # chain c tests from its start towards keeping everything
+            first = c * self.grid // self.chains
+            valid[first:] |= fixed_sequence(p[first:], level)
+        if not bool(valid.any()):
+            return torch.zeros(test_s.numel(), dtype=torch.bool), None
+        cut = float(thresholds[valid.nonzero().max()])
+        return test_s <= cut, cut

@@ -1,0 +1,178 @@
+"""Scored answers from a predictions jsonl: one score per answer, its label, its group.
+
+A row is a JSON object with ``id``, ``prediction`` (a list of answers, or RoG's newline-joined string) and a score
+column aligned with it (by default ``hallucination_prob``, what ``predict`` with a detector writes). The label of each
+answer is the row's ``hallucinated`` list when there is one, else whether it fails to RoG-match every answer of
+``ground_truth`` (or ``answer``); a row with neither is unlabelled (fine for the answers to select, not for
+calibration). ``group_by`` names a key whose value is a list aligned with the answers (``grounding``) or one value
+for the row (``hops``, a dotted path such as ``extra.type``, the LLM that answered).
+
+Problems raise :class:`~kglightning.data.records.RecordError` naming the file, the line and the field; with
+``on_bad_record="skip"`` such rows are left out, logged and counted (:attr:`ScoredFile.skipped`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from kglightning.conformal.selection import ScoredAnswers
+from kglightning.data.records import RecordError
+from kglightning.data.sources.json_lines import iter_json_lines
+from kglightning.metrics.functional.qa import answer_correctness
+
+log = logging.getLogger(__name__)
+
+Sense = Literal["hallucination", "confidence"]
+
+
+@dataclass
+class ScoredFile:
+    """The answers of a file (:class:`ScoredAnswers`, question ``i`` = the ``i``-th kept row), the kept rows, each
+    row's answers, whether every row is labelled, and the skipped rows' errors."""
+
+    answers: ScoredAnswers
+    rows: list[dict[str, Any]]
+    names: list[list[str]]
+    labelled: bool
+    skipped: list[RecordError] = field(default_factory=list)
+
+
+def _lookup(row: dict[str, Any], key: str) -> Any:
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(key)
+        value = value[part]
+    return value
+
+
+def _row(
+    row: Any, score: str, sense: Sense, group_by: str | None, err
+) -> tuple[list[str], list[float], list[bool] | None, list[str] | None]:
+    if not isinstance(row, dict):
+        raise err(f"expected a JSON object, got {type(row).__name__}")
+    if "id" not in row or isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)) or row["id"] == "":
+        raise err("missing, or not a non-empty string or integer", "id")
+    pred = row.get("prediction")
+    names = pred.split("\n") if isinstance(pred, str) else pred
+    if not isinstance(names, list) or not all(isinstance(p, str) for p in names):
+        raise err("expected a list of strings or a newline-joined string", "prediction")
+    values = row.get(score)
+    if not isinstance(values, list) or len(values) != len(names):
+        got = f"{len(values)} values" if isinstance(values, list) else type(values).__name__
+        raise err(f"expected a list of {len(names)} numbers (one per answer), got {got}", score)
+    bad = [
+        i
+        for i, v in enumerate(values)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+    ]
+    if bad:
+        raise err(f"item {bad[0]} is {values[bad[0]]!r}, expected a finite number", score)
+    scores = [float(v) if sense == "hallucination" else 1.0 - float(v) for v in values]
+    labels: list[bool] | None = None
+    if "hallucinated" in row:
+        lab = row["hallucinated"]
+        if not isinstance(lab, list) or len(lab) != len(names) or not all(v in (0, 1) for v in lab):
+            raise err(f"expected a list of {len(names)} booleans (one per answer)", "hallucinated")
+        labels = [bool(v) for v in lab]
+    else:
+        gold = row.get("ground_truth", row.get("answer"))
+        gold = [gold] if isinstance(gold, str) else gold
+        if gold is not None and (not isinstance(gold, list) or not all(isinstance(a, str) for a in gold)):
+            raise err("expected a list of strings", "ground_truth")
+        if gold:
+            labels = [not ok for ok in answer_correctness(names, gold)]
+    groups: list[str] | None = None
+    if group_by is not None:
+        try:
+            g = _lookup(row, group_by)
+        except KeyError:
+            raise err("missing (named by group_by)", group_by) from None
+        if isinstance(g, list):
+            if len(g) != len(names) or not all(isinstance(x, (str, int, bool)) for x in g):
+                raise err(f"expected one value per answer ({len(names)}) or one for the row", group_by)
+            groups = [str(x) for x in g]
+        elif isinstance(g, (str, int, bool)):
+            groups = [str(g)] * len(names)
+        else:
+            raise err(f"expected a string, number or boolean, got {type(g).__name__}", group_by)
+    return names, scores, labels, groups
+
+
+def read_scored(
+    path: str | os.PathLike,
+    score: str = "hallucination_prob",
+    sense: Sense = "hallucination",
+    group_by: str | None = None,
+    on_bad_record: Literal["raise", "skip"] = "raise",
+) -> ScoredFile:
+    """Read the scored answers of a predictions jsonl (see the module docstring).
+
+    Args:
+        path: the jsonl file.
+        score: the per-answer score column.
+        sense: ``"hallucination"`` (higher = more likely wrong) or ``"confidence"`` (higher = more likely right;
+            the score used is ``1 - confidence``).
+        group_by: the key (dotted for nested objects) whose value groups the answers, or ``None``.
+        on_bad_record: ``"raise"`` or ``"skip"`` (logged and counted).
+
+    Raises:
+        FileNotFoundError, RecordError: a missing file; a bad row (``"raise"``), a repeated ``id``, no row left.
+    """
+    source = str(path)
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{source}: no such file")
+    if sense not in ("hallucination", "confidence"):
+        raise ValueError(f"sense must be 'hallucination' or 'confidence', got {sense!r}")
+    scores: list[float] = []
+    question: list[int] = []
+    labels: list[bool] = []
+    groups: list[str] = []
+    rows, names, skipped, seen = [], [], [], {}
+    labelled = True
+    for line, raw in iter_json_lines(path, source):
+
+        def err(message: str, name: str | None = None, line: int = line) -> RecordError:
+            return RecordError(message, source=source, line=line, field=name)
+
+        try:
+            if isinstance(raw, RecordError):
+                raise raw
+            ans, s, y, g = _row(raw, score, sense, group_by, err)
+            key = str(raw["id"])
+            if key in seen:
+                raise err(f"duplicate id {raw['id']!r} (first seen at line {seen[key]})", "id")
+        except RecordError as e:
+            if on_bad_record == "raise":
+                raise
+            skipped.append(e)
+            log.warning("skipping scored row: %s", e)
+            continue
+        seen[key] = line
+        question += [len(rows)] * len(ans)
+        rows.append(raw)
+        names.append(ans)
+        scores += s
+        labelled = labelled and y is not None
+        labels += y if y is not None else [False] * len(ans)
+        groups += g if g is not None else []
+    if skipped:
+        why = Counter(f"field '{e.field}'" if e.field else e.reason for e in skipped)
+        log.warning("skipped %d rows of %s: %s", len(skipped), source, ", ".join(f"{n} x {r}" for r, n in why.items()))
+    if not rows:
+        raise RecordError("no scored rows (the file is empty, or every row was skipped)", source=source)
+    answers = ScoredAnswers(
+        torch.tensor(scores, dtype=torch.float64),
+        torch.tensor(question, dtype=torch.long),
+        groups if group_by is not None else None,
+        torch.tensor(labels, dtype=torch.bool) if labelled else None,
+    )
+    return ScoredFile(answers, rows, names, labelled, skipped)

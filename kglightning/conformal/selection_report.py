@@ -1,0 +1,230 @@
+"""Checking a selection rule on data: many random calibration/test splits by question, a table and a plot.
+
+:func:`repeated_selection` splits the questions of a labelled pool at random (seeded) into calibration and test
+questions ``repeats`` times, runs :class:`~kglightning.conformal.selection.AnswerSelector` for every rule and
+``alpha``, and measures on the test answers what it achieved (:func:`~kglightning.metrics.functional.selection_metrics`)
+over every answer and per group, beside keeping every answer. :func:`summarize` averages over the splits and
+:func:`write_report` writes ``report.md``, ``report.json`` and ``selection.png``.
+
+What each rule promises, and so what to read in the table: ``fdr``, the *mean* achieved FDR over splits ``<= alpha``;
+``kept_rate``, the hallucinated share of the kept answers with each question weighing one, ``<= alpha`` in at least
+``1 - delta`` of calibration draws (the table's share of splits whose *test* value is within ``alpha`` estimates it,
+with the test split's own noise on top); ``question``, the mean share of test questions that keep a hallucinated answer ``<= alpha``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kglightning.conformal.selection import AnswerSelector, Rule, ScoredAnswers
+from kglightning.fileio import write_text_atomic
+from kglightning.metrics.functional.selection import grouped_selection_metrics
+
+KEEP_ALL = "keep_all"
+_TARGET = {"fdr": "fdr", "kept_rate": "weighted_fdr", "question": "question_error", KEEP_ALL: "fdr"}
+
+
+def subset(answers: ScoredAnswers, mask: torch.Tensor) -> ScoredAnswers:
+    """The answers where ``mask`` is ``True``."""
+    return ScoredAnswers(
+        answers.scores[mask],
+        answers.question[mask],
+        [g for g, m in zip(answers.group, mask.tolist()) if m] if answers.group is not None else None,
+        answers.hallucinated[mask] if answers.hallucinated is not None else None,
+    )
+
+
+def split_by_question(answers: ScoredAnswers, calibration_share: float, seed: int) -> torch.Tensor:
+    """A seeded random split by question: ``True`` for the answers of the calibration questions."""
+    if not 0.0 < calibration_share < 1.0:
+        raise ValueError(f"calibration_share must lie in (0, 1), got {calibration_share}")
+    ids = torch.unique(answers.question)
+    if ids.numel() < 2:
+        raise ValueError(f"need at least 2 questions to split, got {ids.numel()}")
+    n_cal = min(max(1, round(calibration_share * ids.numel())), ids.numel() - 1)
+    perm = torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(seed))
+    return torch.isin(answers.question, ids[perm[:n_cal]])
+
+
+def repeated_selection(
+    answers: ScoredAnswers,
+    rules: Sequence[Rule],
+    alphas: Sequence[float],
+    delta: float = 0.1,
+    repeats: int = 20,
+    calibration_share: float = 0.5,
+    seed: int = 0,
+    **selector: Any,
+) -> list[dict[str, Any]]:
+    """One row per (split, rule, alpha, group) with what the selection achieved on the split's test answers.
+
+    Split ``r`` is drawn with seed ``seed + r`` (the selector's tie-breaking too); ``selector`` holds further
+    :class:`AnswerSelector` arguments (``grid``, ``start``, ``min_calibration``). Rows of rule ``"keep_all"`` keep
+    every test answer, the baseline the power is paid against.
+    """
+    if answers.hallucinated is None:
+        raise ValueError("the pool needs labels (hallucinated, or gold answers) to check a rule")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    rows: list[dict[str, Any]] = []
+    for r in range(repeats):
+        cal_mask = split_by_question(answers, calibration_share, seed + r)
+        cal, test = subset(answers, cal_mask), subset(answers, ~cal_mask)
+        all_kept = torch.ones(len(test), dtype=torch.bool)
+        base = grouped_selection_metrics(all_kept, test.hallucinated, test.question, test.group)
+        rows += [{"split": r, "rule": KEEP_ALL, "alpha": None, "group": g, **m} for g, m in base.items()]
+        for rule in rules:
+            for alpha in alphas:
+                out = AnswerSelector(rule=rule, alpha=alpha, delta=delta, seed=seed + r, **selector).select(cal, test)
+                metrics = grouped_selection_metrics(out.keep, test.hallucinated, test.question, test.group)
+                for g, m in metrics.items():
+                    info = out.groups.get(g)
+                    rows.append(
+                        {
+                            "split": r,
+                            "rule": rule,
+                            "alpha": alpha,
+                            "group": g,
+                            **m,
+                            "too_small": bool(info.too_small)
+                            if info
+                            else any(i.too_small for i in out.groups.values()),
+                            "n_calibration": info.n_calibration if info else None,
+                        }
+                    )
+    return rows
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    v = [x for x in values if not math.isnan(x)]
+    if not v:
+        return float("nan"), float("nan")
+    mean = sum(v) / len(v)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in v) / max(len(v) - 1, 1))
+
+
+def summarize(rows: list[dict[str, Any]], delta: float = 0.1) -> list[dict[str, Any]]:
+    """Per (rule, alpha, group): means and standard deviations over the splits, and whether the promise held.
+
+    ``achieved`` is the quantity the rule bounds (FDR, or the share of questions keeping a hallucinated answer);
+    ``within`` the share of splits where it is ``<= alpha``; ``holds`` reads the promise within two standard errors
+    of the splits' own noise: mean ``- 2 std / sqrt(splits) <= alpha`` for ``fdr`` and ``question``, ``within >= 1 -
+    delta - 2 sqrt(delta (1 - delta) / splits)`` for ``kept_rate``. With groups the promise is each group's
+    (``holds`` is ``None`` on the ``"all"`` rows): every group keeps its bound, but the union of the groups is not
+    promised one (a question can keep a hallucinated answer in each of two groups, each with probability alpha).
+    """
+    cells: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    grouped = any(row["group"] != "all" for row in rows)
+    for row in rows:
+        cells[(row["rule"], row["alpha"], row["group"])].append(row)
+    out = []
+    for (rule, alpha, group), rs in cells.items():
+        key = _TARGET[rule]
+        achieved, achieved_std = _mean_std([r[key] for r in rs])
+        cell: dict[str, Any] = {"rule": rule, "alpha": alpha, "group": group, "splits": len(rs)}
+        cell |= {"achieved": achieved, "achieved_std": achieved_std}
+        for name in ("power", "abstention", "kept_share", "fdr", "weighted_fdr", "question_error", "base_rate"):
+            cell[name], cell[f"{name}_std"] = _mean_std([r[name] for r in rs])
+        cell["answers"] = sum(r["answers"] for r in rs) / len(rs)
+        cell["too_small"] = sum(bool(r.get("too_small")) for r in rs)
+        if alpha is not None:
+            cell["within"] = sum(r[key] <= alpha for r in rs) / len(rs)
+            n = len(rs)
+            if rule == "kept_rate":
+                cell["holds"] = cell["within"] >= 1 - delta - 2 * math.sqrt(delta * (1 - delta) / n)
+            else:
+                cell["holds"] = achieved - 2 * achieved_std / math.sqrt(n) <= alpha
+            if grouped and group == "all":  # Mondrian: each group is promised its bound, the union is not
+                cell["holds"] = None
+        out.append(cell)
+    order = {KEEP_ALL: 0, "fdr": 1, "kept_rate": 2, "question": 3}
+    return sorted(out, key=lambda c: (order[c["rule"]], c["alpha"] or 0, c["group"] != "all", c["group"]))
+
+
+def _fmt(mean: float, std: float) -> str:
+    return "-" if math.isnan(mean) else f"{mean:.3f} ± {std:.3f}"
+
+
+def report_markdown(summary: list[dict[str, Any]], title: str, delta: float) -> str:
+    """The summary as a markdown table, one line per (rule, alpha, group)."""
+    lines = [
+        f"# {title}",
+        "",
+        "| rule | alpha | group | answers | achieved (mean ± std) | splits within alpha | promise | power | "
+        "abstention | kept share | calibration too small |",
+        "|---|---:|---|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for c in summary:
+        alpha = "-" if c["alpha"] is None else f"{c['alpha']:g}"
+        within = "-" if c["alpha"] is None else f"{c['within']:.2f}"
+        promise = {None: "per group", True: "holds", False: "**broken**"}[c["holds"]] if c["alpha"] is not None else "-"
+        lines.append(
+            f"| {c['rule']} | {alpha} | {c['group']} | {c['answers']:.0f} | {_fmt(c['achieved'], c['achieved_std'])} | "
+            f"{within} | {promise} | {_fmt(c['power'], c['power_std'])} | "
+            f"{_fmt(c['abstention'], c['abstention_std'])} | {_fmt(c['kept_share'], c['kept_share_std'])} | "
+            f"{c['too_small']} |"
+        )
+    lines += [
+        "",
+        "achieved: the FDR (share of hallucinated answers among the kept ones) for fdr and keep_all; the same share "
+        "with each question weighing one (spread over its answers) for kept_rate; the share of questions "
+        "that keep a hallucinated answer for question. Promise, read within two standard errors "
+        "of the splits' noise: mean <= alpha for fdr and "
+        f"question; splits within alpha >= 1 - delta = {1 - delta:g} for kept_rate (its bound is on the rate of the "
+        "population, so a finite test split adds its own noise); with groups, each group is promised its bound and "
+        "the all rows are reported, not promised ('per group'). Power: share of the right answers kept; "
+        "abstention: share of questions that keep no answer.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot_selection(summary: list[dict[str, Any]], path: str | Path) -> Path:
+    """Achieved rate and power against alpha, one line per rule and group, beside keeping every answer."""
+    from matplotlib.figure import Figure
+
+    from kglightning.metrics.plots import save_figure
+
+    fig = Figure(figsize=(10, 4))
+    ax_rate, ax_power = fig.subplots(1, 2)
+    alphas = sorted({c["alpha"] for c in summary if c["alpha"] is not None})
+    series: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for c in summary:
+        if c["alpha"] is not None:
+            series[(c["rule"], c["group"])].append(c)
+    for (rule, group), cs in sorted(series.items()):
+        cs = sorted(cs, key=lambda c: c["alpha"])
+        xs = [c["alpha"] for c in cs]
+        style = "-" if group == "all" else "--"
+        label = rule if group == "all" else f"{rule} ({group})"
+        ax_rate.errorbar(xs, [c["achieved"] for c in cs], yerr=[c["achieved_std"] for c in cs], fmt=style + "o",
+                         capsize=3, label=label, markersize=4)  # fmt: skip
+        ax_power.plot(xs, [c["power"] for c in cs], style + "o", label=label, markersize=4)
+    if alphas:
+        ax_rate.plot([0, max(alphas)], [0, max(alphas)], color="grey", linewidth=1, label="target (alpha)")
+    for c in summary:
+        if c["rule"] == KEEP_ALL and c["group"] == "all":
+            ax_rate.axhline(c["achieved"], color="black", linestyle=":", label="keep every answer")
+    ax_rate.set(xlabel="alpha", ylabel="achieved rate on test (mean ± std)", title="What the rule bounds")
+    ax_power.set(xlabel="alpha", ylabel="share of right answers kept", title="What it costs", ylim=(0, 1.02))
+    ax_rate.legend(fontsize=7)
+    ax_power.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def write_report(summary: list[dict[str, Any]], out_dir: str | Path, title: str, delta: float, **meta: Any) -> Path:
+    """``report.md``, ``report.json`` (the summary and ``meta``) and ``selection.png`` in ``out_dir``; returns it."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "report.md", report_markdown(summary, title, delta))
+    clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in c.items()} for c in summary]
+    write_text_atomic(out / "report.json", json.dumps({**meta, "delta": delta, "summary": clean}, indent=2) + "\n")
+    plot_selection(summary, out / "selection.png")
+    return out

@@ -1,0 +1,170 @@
+"""The ``select`` command and its reader (kglightning.conformal.selection_io, select_cli, selection_report)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from kglightning.cli import main
+from kglightning.conformal.selection_io import read_scored
+from kglightning.conformal.selection_report import repeated_selection, split_by_question, summarize
+from kglightning.data.records import RecordError
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _pool(n: int, seed: int = 0) -> list[dict]:
+    """Questions with 1-4 answers; a hallucinated answer scores high (but not always), grounded or not."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        k = rng.randint(1, 4)
+        bad = [rng.random() < 0.3 for _ in range(k)]
+        probs = [round(min(1.0, max(0.0, rng.gauss(0.75 if b else 0.25, 0.2))), 4) for b in bad]
+        grounding = [rng.choice(["exact", "ungrounded"]) for _ in range(k)]
+        rows.append({"id": f"q{i}", "prediction": [f"a{i}_{j}" for j in range(k)], "hallucination_prob": probs,
+                     "hallucinated": bad, "grounding": grounding, "extra": {"hops": rng.randint(1, 2)}})  # fmt: skip
+    return rows
+
+
+def test_read_scored_labels_groups_and_senses(tmp_path):
+    rows = [
+        {"id": "a", "prediction": ["Paris", "Lyon"], "confidence": [0.9, 0.2], "ground_truth": ["Paris"], "llm": "x"},
+        {"id": 7, "prediction": "Rome\nOslo", "confidence": [0.6, 0.1], "answer": "Oslo", "llm": "y"},
+    ]
+    f = read_scored(_write(tmp_path / "p.jsonl", rows), score="confidence", sense="confidence", group_by="llm")
+    assert f.answers.scores.tolist() == pytest.approx([0.1, 0.8, 0.4, 0.9])
+    assert f.answers.hallucinated.tolist() == [False, True, True, False]
+    assert f.answers.question.tolist() == [0, 0, 1, 1] and f.answers.group == ["x", "x", "y", "y"]
+    assert f.labelled and f.names == [["Paris", "Lyon"], ["Rome", "Oslo"]]
+    g = read_scored(_write(tmp_path / "q.jsonl", _pool(3)), group_by="extra.hops")
+    assert set(g.answers.group) <= {"1", "2"}
+    unlabelled = read_scored(
+        _write(tmp_path / "u.jsonl", [{"id": 1, "prediction": ["x"], "hallucination_prob": [0.3]}])
+    )
+    assert not unlabelled.labelled and unlabelled.answers.hallucinated is None
+
+
+@pytest.mark.parametrize(
+    ("row", "field", "words"),
+    [
+        ({"id": "a", "prediction": ["x", "y"], "hallucination_prob": [0.1]}, "hallucination_prob", "list of 2 numbers"),
+        ({"id": "a", "prediction": ["x"], "hallucination_prob": ["high"]}, "hallucination_prob", "finite number"),
+        ({"id": "a", "prediction": ["x"], "hallucination_prob": [float("nan")]}, "hallucination_prob", "finite"),
+        (
+            {"id": "a", "prediction": ["x"], "hallucination_prob": [0.1], "hallucinated": [2]},
+            "hallucinated",
+            "booleans",
+        ),
+        ({"id": "a", "prediction": 3, "hallucination_prob": [0.1]}, "prediction", "list of strings"),
+        ({"id": "", "prediction": ["x"], "hallucination_prob": [0.1]}, "id", "non-empty"),
+        (
+            {"id": "a", "prediction": ["x"], "hallucination_prob": [0.1], "grounding": ["a", "b"]},
+            "grounding",
+            "one value",
+        ),
+        ({"id": "a", "prediction": ["x"], "hallucination_prob": [0.1]}, "grounding", "missing"),
+    ],
+)
+def test_bad_rows_name_file_line_and_field(tmp_path, row, field, words):
+    good = {"id": "g", "prediction": ["x"], "hallucination_prob": [0.1], "grounding": ["exact"]}
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(row).replace("NaN", "NaN") + "\n")
+    with pytest.raises(RecordError, match=words) as e:
+        read_scored(path, group_by="grounding")
+    assert e.value.line == 2 and e.value.field == field and e.value.source == str(path)
+    skipped = read_scored(path, group_by="grounding", on_bad_record="skip")  # counted, the good row kept
+    assert len(skipped.rows) == 1 and len(skipped.skipped) == 1
+
+
+def test_hostile_json_and_duplicates(tmp_path):
+    path = tmp_path / "h.jsonl"
+    good = json.dumps({"id": "g", "prediction": ["x"], "hallucination_prob": [0.1]})
+    path.write_text(good + "\n" + "[" * 100000 + "\n" + '{"id": 1' + "0" * 5000 + "}\n" + good + "\n")
+    with pytest.raises(RecordError) as e:
+        read_scored(path)
+    assert e.value.line == 2
+    f = read_scored(path, on_bad_record="skip")
+    assert len(f.rows) == 1 and len(f.skipped) == 3 and "duplicate id" in str(f.skipped[-1])
+
+
+def test_split_by_question_keeps_questions_whole():
+    f = torch.tensor([0, 0, 1, 2, 2, 2, 3])
+    from kglightning.conformal.selection import ScoredAnswers
+
+    a = ScoredAnswers(torch.rand(7), f)
+    m = split_by_question(a, 0.5, 0)
+    for q in range(4):
+        assert m[f == q].all() or (~m[f == q]).all()
+    assert torch.equal(m, split_by_question(a, 0.5, 0)) and 0 < int(m.sum()) < 7
+    with pytest.raises(ValueError, match="calibration_share"):
+        split_by_question(a, 1.0, 0)
+
+
+def test_repeated_selection_holds_on_exchangeable_data(tmp_path):
+    f = read_scored(_write(tmp_path / "p.jsonl", _pool(400)), group_by="grounding")
+    rows = repeated_selection(f.answers, ["fdr", "question", "kept_rate"], [0.1, 0.2], repeats=20)
+    summary = summarize(rows)
+    cells = {(c["rule"], c["alpha"], c["group"]): c for c in summary}
+    assert cells[("keep_all", None, "all")]["power"] == 1.0
+    for alpha in (0.1, 0.2):
+        for g in ("all", "exact", "ungrounded"):
+            assert cells[("fdr", alpha, g)]["achieved"] <= alpha + 0.03  # mean of 20 splits: a little noise
+            assert cells[("fdr", alpha, g)]["power"] > 0.3
+            assert cells[("question", alpha, g)]["achieved"] <= alpha + 0.04 or g == "all"
+        # per group only: the union of two groups' bounds is up to twice alpha, and the report does not promise it
+        assert cells[("question", alpha, "all")]["achieved"] <= 2 * alpha + 0.04
+        assert cells[("question", alpha, "all")]["holds"] is None and cells[("fdr", alpha, "exact")]["holds"]
+    assert len(rows) == 20 * (3 + 3 * 2 * 3)
+
+
+def test_cli_apply_and_check(tmp_path, capsys):
+    pool = _pool(300)
+    cal, test = _write(tmp_path / "cal.jsonl", pool[:150]), _write(tmp_path / "test.jsonl", pool[150:])
+    out = tmp_path / "kept.jsonl"
+    argv = [
+        "select",
+        "--calibration",
+        str(cal),
+        "--predictions",
+        str(test),
+        "--alpha",
+        "0.2",
+        "--group-by",
+        "grounding",
+    ]
+    assert main([*argv, "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.open()]
+    assert len(rows) == 150
+    for r in rows:
+        assert sorted(r["kept"] + r["dropped"]) == sorted(r["prediction"]) and r["abstained"] == (not r["kept"])
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert set(summary["groups"]) == {"exact", "ungrounded"} and summary["achieved"]["all"]["kept"] > 0
+    assert "test: FDR" in capsys.readouterr().out
+    report = tmp_path / "report"
+    pool_path = _write(tmp_path / "pool.jsonl", pool)
+    args = ["select", "--pool", str(pool_path), "--repeats", "3", "--rule", "fdr", "question", "--alpha", "0.1", "0.2"]
+    assert main([*args, "--report-dir", str(report)]) == 0
+    assert (report / "selection.png").stat().st_size > 0 and "| fdr | 0.1 | all |" in (report / "report.md").read_text()
+    assert len(json.loads((report / "report.json").read_text())["summary"]) == 5
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    unlabelled = _write(tmp_path / "u.jsonl", [{"id": 1, "prediction": ["x"], "hallucination_prob": [0.3]}])
+    assert main(["select", "--calibration", str(unlabelled), "--predictions", str(unlabelled)]) == 2
+    assert "needs labels" in capsys.readouterr().err
+    assert main(["select", "--predictions", str(unlabelled)]) == 2
+    assert "needs --calibration" in capsys.readouterr().err
+    assert main(["select", "--pool", str(tmp_path / "missing.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    out = tmp_path / "never.jsonl"
+    bad = _write(tmp_path / "b.jsonl", [{"id": 1, "prediction": ["x"], "hallucination_prob": [2, 3]}])
+    assert main(["select", "--calibration", str(bad), "--predictions", str(bad), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "b.jsonl:1: field 'hallucination_prob'" in err and not out.exists()
