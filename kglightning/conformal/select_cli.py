@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kglightning.conformal.selection import AnswerSelector
-from kglightning.conformal.selection_io import ScoredFile, read_scored
+from kglightning.conformal.selection_io import ScoredFile, read_scored, selected_rows
 from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
 from kglightning.data.predictions import add_on_bad_record_argument
 from kglightning.data.records import RecordError
@@ -47,23 +47,7 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
         args.rule[0], args.alpha[0], args.delta, args.min_calibration, args.grid, args.start, args.chains, args.seed
     )
     sel = selector.select(cal.answers, test.answers)
-    keep = sel.keep.tolist()
-    scores, groups = test.answers.scores.tolist(), test.answers.groups()
-    rows, i = [], 0
-    for row, names in zip(test.rows, test.names):
-        mine = range(i, i + len(names))
-        i += len(names)
-        info = {g: sel.groups[g].cut for g in dict.fromkeys(groups[j] for j in mine)}
-        rows.append(
-            {
-                **row,
-                "kept": [names[j - mine.start] for j in mine if keep[j]],
-                "kept_scores": [scores[j] for j in mine if keep[j]],
-                "dropped": [names[j - mine.start] for j in mine if not keep[j]],
-                "abstained": not any(keep[j] for j in mine),
-                "selection": {"rule": selector.rule, "alpha": selector.alpha, "cuts": info},
-            }
-        )
+    rows = selected_rows(test.rows, test.names, test.answers, sel, selector)
     out = Path(args.output) if args.output else Path(args.predictions).with_suffix(".selected.jsonl")
     summary: dict[str, Any] = {
         "rule": selector.rule,
@@ -91,12 +75,13 @@ def check_rules(args: argparse.Namespace) -> Path:
         raise RecordError("every pool row needs labels ('hallucinated', or gold answers)", source=args.pool)
     kw = {"grid": args.grid, "start": args.start, "chains": args.chains, "min_calibration": args.min_calibration}
     rows = repeated_selection(pool.answers, args.rule, args.alpha, args.delta, args.repeats, args.calibration_share,
-                              args.seed, **kw)  # fmt: skip
+                              args.seed, args.one_per_question, **kw)  # fmt: skip
     summary = summarize(rows, args.delta)
     out = Path(args.report_dir)
     title = f"Selection on {Path(args.pool).name}: {args.repeats} random calibration/test splits by question"
     write_report(summary, out, title, args.delta, pool=args.pool, repeats=args.repeats, seed=args.seed,
-                 calibration_share=args.calibration_share, group_by=args.group_by, score=args.score)  # fmt: skip
+                 calibration_share=args.calibration_share, group_by=args.group_by, score=args.score,
+                 one_per_question=args.one_per_question)  # fmt: skip
     write_text_atomic(out / "splits.json", json.dumps(rows) + "\n")
     return out
 
@@ -126,6 +111,8 @@ def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, help="selected rows (default <predictions>.selected.jsonl)")
     p.add_argument("--repeats", type=int, default=20, help="--pool: random splits")
     p.add_argument("--calibration-share", type=float, default=0.5, help="--pool: share of questions calibrating")
+    p.add_argument("--one-per-question", action="store_true",
+                   help="--pool: keep one random answer per question in every split (answers then exchangeable)")  # fmt: skip
     p.add_argument("--report-dir", default="outputs/selection", help="--pool: where report.md/json/png go")
     add_on_bad_record_argument(p)
     return p

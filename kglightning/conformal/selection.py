@@ -82,7 +82,7 @@ class ScoredAnswers:
         return [ALL] * len(self) if self.group is None else [str(g) for g in self.group]
 
     def mask(self, group: str) -> Tensor:
-        return torch.tensor([g == group for g in self.groups()], dtype=torch.bool)
+        return torch.tensor([g == group for g in self.groups()], dtype=torch.bool, device="cpu")
 
 
 @dataclass
@@ -186,6 +186,13 @@ class AnswerSelector:
         if min_calibration is not None and min_calibration < floor:
             raise ValueError(f"min_calibration must be >= {floor} for rule {rule!r} at alpha={alpha}, delta={delta}")
         self.min_calibration = floor if min_calibration is None else min_calibration
+        self._given_min_calibration = min_calibration
+
+    def with_alpha(self, alpha: float) -> AnswerSelector:
+        """The same selector at another ``alpha`` (a ``min_calibration`` left to its default follows the new floor)."""
+        return AnswerSelector(
+            self.rule, alpha, self.delta, self._given_min_calibration, self.grid, self.start, self.chains, self.seed
+        )
 
     def select(self, calibration: ScoredAnswers, test: ScoredAnswers) -> Selection:
         """The test answers to keep, calibrated on ``calibration`` (which must carry ``hallucinated``)."""
@@ -193,7 +200,7 @@ class AnswerSelector:
             raise ValueError("calibration answers need hallucinated labels")
         if len(calibration) == 0:
             raise ValueError("calibration set is empty")
-        keep = torch.zeros(len(test), dtype=torch.bool)
+        keep = torch.zeros(len(test), dtype=torch.bool, device="cpu")
         out = Selection(keep)
         gen = torch.Generator().manual_seed(self.seed)
         for g in sorted(set(test.groups())):
@@ -202,7 +209,7 @@ class AnswerSelector:
             n_cal = int(cm.sum()) if self.rule == "fdr" else int(torch.unique(cal_q).numel())
             too_small = n_cal < self.min_calibration
             cut: float | None = None
-            kept = torch.zeros(int(tm.sum()), dtype=torch.bool)
+            kept = torch.zeros(int(tm.sum()), dtype=torch.bool, device="cpu")
             if not too_small:
                 kept, cut = self._select_group(cal_s, cal_y, cal_q, test.scores[tm], gen)
             keep[tm] = kept
@@ -228,21 +235,21 @@ class AnswerSelector:
         self, cal_s: Tensor, cal_y: Tensor, cal_q: Tensor, test_s: Tensor, gen: torch.Generator
     ) -> tuple[Tensor, float | None]:
         if test_s.numel() == 0:
-            return torch.zeros(0, dtype=torch.bool), None
+            return torch.zeros(0, dtype=torch.bool, device="cpu"), None
         if self.rule == "fdr":
             return benjamini_hochberg(conformal_pvalues(cal_s, cal_y, test_s, gen), self.alpha), None
         if self.rule == "question":
             cut = question_cutoff(cal_s, cal_y, cal_q, self.alpha)
             return test_s < cut, cut
-        levels = torch.linspace(self.start, 1.0, self.grid, dtype=torch.float64)
+        levels = torch.linspace(self.start, 1.0, self.grid, dtype=torch.float64, device="cpu")
         thresholds = torch.quantile(test_s, levels)
         level = self.delta / self.chains  # Bonferroni over the chains
         p, _ = kept_rate_pvalues(cal_s, cal_y, cal_q, thresholds, self.alpha, "betting", level, gen)
-        valid = torch.zeros(self.grid, dtype=torch.bool)
+        valid = torch.zeros(self.grid, dtype=torch.bool, device="cpu")
         for c in range(self.chains):  # chain c tests from its start towards keeping everything
             first = c * self.grid // self.chains
             valid[first:] |= fixed_sequence(p[first:], level)
         if not bool(valid.any()):
-            return torch.zeros(test_s.numel(), dtype=torch.bool), None
+            return torch.zeros(test_s.numel(), dtype=torch.bool, device="cpu"), None
         cut = float(thresholds[valid.nonzero().max()])
         return test_s <= cut, cut

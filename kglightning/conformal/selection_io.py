@@ -17,13 +17,14 @@ import logging
 import math
 import os
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from kglightning.conformal.selection import ScoredAnswers
+from kglightning.conformal.selection import AnswerSelector, ScoredAnswers, Selection
 from kglightning.data.records import RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
 from kglightning.metrics.functional.qa import answer_correctness
@@ -130,6 +131,18 @@ def read_scored(
     source = str(path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"{source}: no such file")
+    return scored_rows(iter_json_lines(path, source), source, score, sense, group_by, on_bad_record)
+
+
+def scored_rows(
+    items: Iterable[tuple[int, Any]],
+    source: str,
+    score: str = "hallucination_prob",
+    sense: Sense = "hallucination",
+    group_by: str | None = None,
+    on_bad_record: Literal["raise", "skip"] = "raise",
+) -> ScoredFile:
+    """:func:`read_scored` over ``(line, row)`` pairs already in memory (a row may be a :class:`RecordError`)."""
     if sense not in ("hallucination", "confidence"):
         raise ValueError(f"sense must be 'hallucination' or 'confidence', got {sense!r}")
     scores: list[float] = []
@@ -138,7 +151,7 @@ def read_scored(
     groups: list[str] = []
     rows, names, skipped, seen = [], [], [], {}
     labelled = True
-    for line, raw in iter_json_lines(path, source):
+    for line, raw in items:
 
         def err(message: str, name: str | None = None, line: int = line) -> RecordError:
             return RecordError(message, source=source, line=line, field=name)
@@ -170,9 +183,34 @@ def read_scored(
     if not rows:
         raise RecordError("no scored rows (the file is empty, or every row was skipped)", source=source)
     answers = ScoredAnswers(
-        torch.tensor(scores, dtype=torch.float64),
-        torch.tensor(question, dtype=torch.long),
+        torch.tensor(scores, dtype=torch.float64, device="cpu"),
+        torch.tensor(question, dtype=torch.long, device="cpu"),
         groups if group_by is not None else None,
-        torch.tensor(labels, dtype=torch.bool) if labelled else None,
+        torch.tensor(labels, dtype=torch.bool, device="cpu") if labelled else None,
     )
     return ScoredFile(answers, rows, names, labelled, skipped)
+
+
+def selected_rows(
+    rows: list[dict[str, Any]], names: list[list[str]], answers: ScoredAnswers, selection: Selection,
+    selector: AnswerSelector,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Each row with what the selection did to its answers: ``kept`` (in their order), ``kept_scores``, ``dropped``,
+    ``abstained`` (no answer kept) and ``selection`` (the rule, alpha and the cut of each of the row's groups)."""
+    keep, scores, groups = selection.keep.tolist(), answers.scores.tolist(), answers.groups()
+    out, i = [], 0
+    for row, ans in zip(rows, names):
+        mine = range(i, i + len(ans))
+        i += len(ans)
+        cuts = {g: selection.groups[g].cut for g in dict.fromkeys(groups[j] for j in mine)}
+        out.append(
+            {
+                **row,
+                "kept": [ans[j - mine.start] for j in mine if keep[j]],
+                "kept_scores": [scores[j] for j in mine if keep[j]],
+                "dropped": [ans[j - mine.start] for j in mine if not keep[j]],
+                "abstained": not any(keep[j] for j in mine),
+                "selection": {"rule": selector.rule, "alpha": selector.alpha, "cuts": cuts},
+            }
+        )
+    return out

@@ -342,6 +342,11 @@ class KGQADataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return self._loader("validation")
 
+    def split_dataloader(self, split: str) -> DataLoader:
+        """An unshuffled loader of any split (``train``, ``validation``, ``test``), built on first use; callbacks
+        that calibrate on a split of their choice read it here."""
+        return self._loader(split)
+
     def test_dataloader(self) -> DataLoader:
         return self._loader("test")
 

@@ -27,6 +27,7 @@ CONFIGS = {
     "uag.yaml": "predict",
     "sgic.yaml": "predict",
     "sgic_finetune.yaml": "fit",
+    "trust.yaml": "predict",
 }
 
 
@@ -108,6 +109,30 @@ def test_paper_budget_fragment_parses_on_top_of_detectors(name):
     assert cfg["trainer"]["max_epochs"] == 300
     (stop,) = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("EarlyStopping")]
     assert stop["init_args"]["patience"] == 50
+
+
+@pytest.mark.heavy
+def test_trust_fragment_adds_the_selection_to_a_detector_config():
+    assert {p.name for p in (ROOT / "configs/trust").glob("*.yaml")} == {"select.yaml"}, "test new fragments here"
+    printed = _print_config("predict", "--config", str(ROOT / "configs/detector_real.yaml"), "--config",
+                            str(ROOT / "configs/trust/select.yaml"))  # fmt: skip
+    cfg = yaml.safe_load(printed)
+    (cb,) = cfg["trainer"]["callbacks"]
+    assert cb["class_path"] == "kglightning.callbacks.SelectionCallback"
+    assert cb["init_args"]["selector"]["init_args"]["rule"] == "fdr" and cfg["trainer"]["logger"] is False
+    trust = yaml.safe_load(_print_config("predict", "--config", str(ROOT / "configs/trust.yaml")))
+    main_job = yaml.safe_load(_print_config("fit", "--config", str(ROOT / "configs/detector.yaml")))
+    drop = {"optimizer", "scheduler"}  # training only; the architecture must be the checkpoint's
+    assert {k: v for k, v in trust["model"]["init_args"].items() if k not in drop} == {
+        k: v for k, v in main_job["model"]["init_args"].items() if k not in drop
+    }
+    assert trust["data"]["init_args"]["proposer"] == main_job["data"]["init_args"]["proposer"]
+    # an LLM behind an endpoint answers first, the detector scores, the selection keeps: one predict run
+    chained = yaml.safe_load(_print_config("predict", "--config", str(ROOT / "configs/detector_kaping.yaml"), "--config",
+                             str(ROOT / "configs/detector/endpoint.yaml"), "--config", str(ROOT / "configs/trust/select.yaml")))  # fmt: skip
+    assert chained["data"]["init_args"]["proposer"]["init_args"]["backend"]["class_path"].endswith("OpenAIChatBackend")
+    assert [c["class_path"] for c in chained["trainer"]["callbacks"]] == ["kglightning.callbacks.SelectionCallback"]
+    assert trust["ckpt_path"].endswith("best.ckpt")
 
 
 @pytest.mark.heavy

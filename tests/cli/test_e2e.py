@@ -185,6 +185,13 @@ def test_main_job_on_embedded_subset(tmp_path):
     assert "test/mostfrequent/f1" in proc.stdout and "test/random/auc_pr" in proc.stdout
     metrics = _metrics(tmp_path, "main")
     _check_consistent(metrics)
+    # configs/trust.yaml on the same checkpoint: the kept answers of every test question and the report
+    _cli(tmp_path, "predict", "--config", str(ROOT / "configs/trust.yaml"), *bound[:2], *bound[4:6])
+    rows = [json.loads(line) for line in (tmp_path / "outputs/trust/trusted_answers.jsonl").open()]
+    assert rows and all(set(r["kept"]) | set(r["dropped"]) == set(r["prediction"]) for r in rows)
+    report = json.loads((tmp_path / "outputs/trust/report.json").read_text())
+    assert report["questions"] == len(rows) and report["rule"] == "fdr" and "achieved" in report
+    assert (tmp_path / "outputs/trust/selection.png").exists() and (tmp_path / "outputs/trust/reliability.png").exists()
 
 
 def test_conformal_callback_through_the_cli_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
@@ -246,3 +253,24 @@ def test_threshold_and_qhat_do_not_depend_on_the_number_of_processes(detection_d
         saved[name] = (float(ckpt["state_dict"]["threshold"]), conformal["qhat"], conformal["n_cal"])
     assert saved["two"] == saved["one"]
     assert saved["one"][2] > 15  # every answer node of the 15 questions, each once
+
+
+def test_selection_callback_is_the_same_on_one_and_two_processes(detection_dir, tiny_encoder_dir, tmp_path):
+    """predict with configs/trust/select.yaml: 2 DDP processes gather the rows (a padded shard counted once) and
+    write the same kept answers as 1 process."""
+    _cli(tmp_path, "fit", *_fixture_args(detection_dir, tiny_encoder_dir, "sfit"))
+    ckpt = tmp_path / "outputs/detector/graph_transformer/checkpoints/best.ckpt"
+    odd = _odd_test_split(detection_dir, tmp_path)
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    written = {}
+    for name, extra in (("one", []), ("two", ddp)):
+        out = tmp_path / name
+        trust = [
+            "--config",
+            str(ROOT / "configs/trust/select.yaml"),
+            "--trainer.callbacks.init_args.output_dir",
+            str(out),
+        ]
+        _cli(tmp_path, "predict", *_fixture_args(odd, tiny_encoder_dir, name), *trust, *extra, "--ckpt_path", str(ckpt))
+        written[name] = sorted((out / "trusted_answers.jsonl").read_text().splitlines())
+    assert written["one"] == written["two"] and len(written["one"]) == 15

@@ -168,3 +168,19 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["select", "--calibration", str(bad), "--predictions", str(bad), "--output", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "b.jsonl:1: field 'hallucination_prob'" in err and not out.exists()
+
+
+def test_one_per_question_keeps_one_seeded_answer_of_every_question():
+    from kglightning.conformal.selection import ScoredAnswers
+    from kglightning.conformal.selection_report import one_per_question
+
+    q = torch.tensor([3, 3, 1, 2, 2, 2, 9])
+    a = ScoredAnswers(torch.rand(7), q)
+    picks = {tuple(one_per_question(a, s).tolist()) for s in range(20)}
+    for p in picks:
+        m = torch.tensor(p)
+        assert sorted(q[m].tolist()) == [1, 2, 3, 9]
+    assert len(picks) > 1 and one_per_question(a, 4).tolist() == one_per_question(a, 4).tolist()
+    rows = repeated_selection(a.__class__(a.scores, q, None, torch.rand(7) < 0.5), ["fdr"], [0.2], repeats=2,
+                              single_answer=True)  # fmt: skip
+    assert all(r["answers"] <= 4 for r in rows)

@@ -39,9 +39,11 @@ def selection_metrics(keep: Tensor, hallucinated: Tensor, question: Tensor) -> d
     good = int((~bad).sum())
     ids, unit = torch.unique(q, return_inverse=True)
     nq = ids.numel()
-    size = torch.zeros(nq, dtype=torch.long).scatter_add_(0, unit, torch.ones_like(keep, dtype=torch.long))
-    n_kept = torch.zeros(nq, dtype=torch.long).scatter_add_(0, unit, keep.long())
-    n_kept_bad = torch.zeros(nq, dtype=torch.long).scatter_add_(0, unit, (keep & bad).long())
+    size = torch.zeros(nq, dtype=torch.long, device="cpu").scatter_add_(
+        0, unit, torch.ones_like(keep, dtype=torch.long)
+    )
+    n_kept = torch.zeros(nq, dtype=torch.long, device="cpu").scatter_add_(0, unit, keep.long())
+    n_kept_bad = torch.zeros(nq, dtype=torch.long, device="cpu").scatter_add_(0, unit, (keep & bad).long())
     kept_any, kept_bad = n_kept > 0, n_kept_bad > 0
     return {
         "answers": n,
@@ -78,6 +80,6 @@ def grouped_selection_metrics(
         if len(group) != keep.numel():
             raise ValueError(f"group has {len(group)} entries for {keep.numel()} answers")
         for g in sorted(set(group)):
-            m = torch.tensor([x == g for x in group], dtype=torch.bool)
+            m = torch.tensor([x == g for x in group], dtype=torch.bool, device="cpu")
             out[str(g)] = selection_metrics(keep[m], hallucinated[m], question[m])
     return out

@@ -1,0 +1,205 @@
+"""One ``predict`` run that keeps an LLM's answers with a guarantee: calibrate, select, write the answers and a report.
+
+:class:`SelectionCallback` works with any module whose ``predict_step`` returns, per question, a dict with ``id``,
+``prediction`` (its answers), a per-answer score column (``hallucination_prob`` for
+:class:`~kglightning.modules.HallucinationDetector`) and, on labelled data, ``hallucinated``. When ``predict``
+starts it runs ``predict_step`` over a labelled calibration split of the datamodule (the validation split by
+default), and when ``predict`` ends it keeps each predicted question's answers with its
+:class:`~kglightning.conformal.AnswerSelector` and writes, in ``output_dir``:
+
+* ``trusted_answers.jsonl``: per question its answers, scores and groups, ``kept``, ``kept_scores``, ``dropped``,
+  ``abstained`` and ``selection`` (rule, alpha, the cut of each group);
+* ``report.md`` and ``report.json``: what was kept per group (calibration size, ``too_small`` flags) and, when the
+  predicted split is labelled, the achieved FDR, power, abstention and per-question error per group, and a sweep
+  of ``report_alphas`` (``selection.png``: achieved rate and power against alpha);
+* ``reliability.png``: the reliability diagram of the scores (``1 - score`` against being right) on the predicted
+  split when it is labelled, else on the calibration split.
+
+The guarantee assumes the calibration and predicted questions exchangeable (drawn alike); a checkpoint chosen on the
+calibration split (early stopping on validation) bends that a little, so calibrate on a split that chose nothing
+when there is one (``calibration_split``). Under DDP every process calibrates on the whole calibration loader,
+the predicted rows are gathered (each question once) and process 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from kglightning.conformal.selection import AnswerSelector
+from kglightning.conformal.selection_io import ScoredFile, scored_rows, selected_rows
+from kglightning.conformal.selection_report import report_markdown, summarize, write_report
+from kglightning.data.devices import all_gather_objects
+from kglightning.fileio import atomic_write, write_text_atomic
+from kglightning.metrics.functional.selection import grouped_selection_metrics
+
+log = logging.getLogger(__name__)
+
+GroupBy = Literal["grounded", "grounding", "none"]
+GROUP_KEY = "selection_group"
+
+
+def _with_groups(rows: list[dict[str, Any]], group_by: GroupBy) -> list[dict[str, Any]]:
+    """Rows with a per-answer ``selection_group``: grounded or not (``grounded``), the grounding kind, or none."""
+    if group_by == "none":
+        return rows
+    out = []
+    for row in rows:
+        kinds = row.get("grounding")
+        if not isinstance(kinds, list):
+            raise ValueError(
+                f"group_by={group_by!r} needs a 'grounding' list in every predicted row (id {row.get('id')!r})"
+            )
+        names = kinds if group_by == "grounding" else ["ungrounded" if k == "ungrounded" else "grounded" for k in kinds]
+        out.append({**row, GROUP_KEY: names})
+    return out
+
+
+class SelectionCallback(Callback):
+    """Calibrates an answer selector when ``predict`` starts; keeps answers and writes a report when it ends.
+
+    Args:
+        output_dir: the folder for ``trusted_answers.jsonl``, ``report.md``, ``report.json``, ``selection.png`` and
+            ``reliability.png``.
+        selector: the rule and its levels (default: ``AnswerSelector()``, FDR at 0.1).
+        group_by: ``"grounded"`` (grounded answers and ungrounded ones calibrated apart), ``"grounding"`` (each
+            grounding kind apart) or ``"none"``.
+        calibration_split: the labelled split of the datamodule to calibrate on.
+        score: the per-answer score column of ``predict_step``'s rows (higher = more likely hallucinated).
+        report_alphas: the levels of the report's sweep (on a labelled predicted split).
+    """
+
+    def __init__(
+        self,
+        output_dir: str = "outputs/trust",
+        selector: AnswerSelector | None = None,
+        group_by: GroupBy = "grounded",
+        calibration_split: str = "validation",
+        score: str = "hallucination_prob",
+        report_alphas: list[float] | None = None,
+    ) -> None:
+        super().__init__()
+        if group_by not in ("grounded", "grounding", "none"):
+            raise ValueError(f"group_by must be 'grounded', 'grounding' or 'none', got {group_by!r}")
+        self.output_dir = Path(output_dir)
+        self.selector = selector if selector is not None else AnswerSelector()
+        self.group_by, self.calibration_split, self.score = group_by, calibration_split, score
+        self.report_alphas = list(report_alphas) if report_alphas is not None else [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
+        if not all(0.0 < a < 1.0 for a in self.report_alphas):
+            raise ValueError(f"report_alphas must lie in (0, 1), got {self.report_alphas}")
+        self.calibration: ScoredFile | None = None
+        self._rows: list[dict[str, Any]] = []
+
+    def _scored(self, rows: list[dict[str, Any]], source: str) -> ScoredFile:
+        group = None if self.group_by == "none" else GROUP_KEY
+        return scored_rows(enumerate(_with_groups(rows, self.group_by), 1), source, self.score, group_by=group)
+
+    @torch.no_grad()
+    def calibrate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> ScoredFile:
+        """Run ``predict_step`` over the calibration split and keep its scored, labelled answers."""
+        dm = trainer.datamodule
+        if dm is None or not hasattr(dm, "split_dataloader"):
+            raise RuntimeError("SelectionCallback needs a kglightning datamodule (split_dataloader) to calibrate on")
+        was_training = pl_module.training
+        pl_module.eval()
+        rows: list[dict[str, Any]] = []
+        try:
+            for i, batch in enumerate(dm.split_dataloader(self.calibration_split)):
+                rows += pl_module.predict_step(pl_module.transfer_batch_to_device(batch, pl_module.device, 0), i)
+        finally:
+            pl_module.train(was_training)
+        if not rows:
+            raise RuntimeError(
+                f"SelectionCallback: the {self.calibration_split!r} split has no question to calibrate on"
+            )
+        cal = self._scored(rows, f"<{self.calibration_split} split>")
+        if not cal.labelled:
+            raise RuntimeError(
+                f"SelectionCallback: predict_step gave no 'hallucinated' labels on the {self.calibration_split!r} "
+                "split; calibration needs labelled questions"
+            )
+        return cal
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._rows = []
+        self.calibration = self.calibrate(trainer, pl_module)
+        log.info(
+            "SelectionCallback: calibrated on %d answers of %d questions (%s split)",
+            len(self.calibration.answers), len(self.calibration.rows), self.calibration_split,
+        )  # fmt: skip
+
+    def on_predict_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        self._rows += list(outputs)
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        gathered = all_gather_objects(self._rows)  # every process takes part
+        self._rows = []
+        if trainer.global_rank != 0:
+            return
+        rows = list({str(r["id"]): r for part in gathered for r in part}.values())  # padding repeats once
+        if not rows:
+            log.warning("SelectionCallback: no predicted question; nothing written")
+            return
+        self.write(rows)
+
+    def write(self, rows: list[dict[str, Any]]) -> Path:
+        """Select on ``rows`` (predicted questions) with the fitted calibration and write every output."""
+        if self.calibration is None:
+            raise RuntimeError("SelectionCallback has not calibrated yet (predict must start first)")
+        test = self._scored(rows, "<predicted split>")
+        sel = self.selector.select(self.calibration.answers, test.answers)
+        out = self.output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_write(out / "trusted_answers.jsonl") as f:
+            f.writelines(
+                json.dumps(r) + "\n" for r in selected_rows(test.rows, test.names, test.answers, sel, self.selector)
+            )
+        s = self.selector
+        meta: dict[str, Any] = {
+            "rule": s.rule, "alpha": s.alpha, "delta": s.delta, "calibration_split": self.calibration_split,
+            "questions": len(test.rows), "answers": len(test.answers), "kept": int(sel.keep.sum()),
+            "groups": {g: vars(info) for g, info in sel.groups.items()},
+        }  # fmt: skip
+        lines = [
+            f"Rule {s.rule} at alpha {s.alpha:g} (delta {s.delta:g}), calibrated on the {self.calibration_split} split "
+            f"({len(self.calibration.rows)} questions); {meta['kept']} of {meta['answers']} answers kept over "
+            f"{meta['questions']} questions.",
+            "",
+            "| group | calibration | too small | test answers | kept |",
+            "|---|---:|---|---:|---:|",
+            *(f"| {g} | {i.n_calibration} | {'**yes**' if i.too_small else 'no'} | {i.n_test} | {i.n_kept} |"
+              for g, i in sel.groups.items()),
+            "",
+        ]  # fmt: skip
+        labelled = test.answers if test.labelled else self.calibration.answers
+        if test.labelled:
+            t = test.answers
+            meta["achieved"] = grouped_selection_metrics(sel.keep, t.hallucinated, t.question, t.group)
+            sweep = []
+            for alpha in self.report_alphas:
+                keep = s.with_alpha(alpha).select(self.calibration.answers, t).keep
+                metrics = grouped_selection_metrics(keep, t.hallucinated, t.question, t.group)
+                sweep += [{"split": 0, "rule": s.rule, "alpha": alpha, "group": g, **m} for g, m in metrics.items()]
+            summary = summarize(sweep, s.delta)
+            title = "Trusted answers: one calibration, the predicted split, achieved against alpha"
+            write_report(summary, out, title, s.delta, **{k: v for k, v in meta.items() if k != "delta"})
+            table = report_markdown(summary, title, s.delta)
+            write_text_atomic(out / "report.md", "\n".join([f"# {title}", "", *lines, *table.split("\n")[2:]]))
+        else:
+            write_text_atomic(out / "report.md", "\n".join(["# Trusted answers", "", *lines]))
+            write_text_atomic(out / "report.json", json.dumps(meta, indent=2) + "\n")
+        from kglightning.metrics.plots import plot_reliability_diagram
+
+        plot_reliability_diagram(1 - labelled.scores, ~labelled.hallucinated, out / "reliability.png",
+                                 title="Detector probabilities (1 - hallucination probability) against being right")  # fmt: skip
+        log.info("SelectionCallback: wrote %s (kept %d of %d answers)", out, meta["kept"], meta["answers"])
+        return out

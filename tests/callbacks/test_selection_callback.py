@@ -1,0 +1,95 @@
+"""SelectionCallback: one predict run calibrates on validation, keeps test answers, writes answers and a report."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import lightning as L
+import pytest
+import torch
+
+from kglightning.callbacks import SelectionCallback
+from kglightning.conformal import AnswerSelector, ScoredAnswers
+from kglightning.data import SentenceEncoder
+from kglightning.datamodules import DetectionDataModule
+from kglightning.modules import HallucinationDetector
+from kglightning.nn import GraphTransformerEncoder
+
+ENCODER = partial(GraphTransformerEncoder, hidden_channels=16, heads=4)
+
+
+def _trainer(tmp_path, callbacks, epochs=2):
+    return L.Trainer(max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                     enable_checkpointing=False, default_root_dir=tmp_path, accelerator="cpu", callbacks=callbacks)  # fmt: skip
+
+
+@pytest.fixture
+def fitted(detection_dir, tiny_encoder_dir, tmp_path):
+    L.seed_everything(0)
+    dm = DetectionDataModule(data_dir=detection_dir, encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+                             cache_dir=str(tmp_path / "cache"), batch_size=8)  # fmt: skip
+    model = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
+    _trainer(tmp_path, []).fit(model, dm)
+    return model, dm
+
+
+def _rows(model, loader):
+    model.eval()
+    with torch.no_grad():
+        return [row for i, b in enumerate(loader) for row in model.predict_step(b, i)]
+
+
+@pytest.mark.parametrize("rule", ["fdr", "question"])
+def test_predict_writes_the_selection_an_independent_selector_makes(fitted, tmp_path, rule):
+    model, dm = fitted
+    out = tmp_path / "trust"
+    selector = AnswerSelector(rule=rule, alpha=0.3, seed=3)
+    cb = SelectionCallback(output_dir=str(out), selector=selector, group_by="none", report_alphas=[0.2, 0.3])
+    _trainer(tmp_path, [cb]).predict(model, dm)
+    # the same selection, computed from the model's own rows
+    cal, test = _rows(model, dm.split_dataloader("validation")), _rows(model, dm.predict_dataloader())
+
+    def answers(rows):
+        q = [i for i, r in enumerate(rows) for _ in r["prediction"]]
+        flat = [(p, y) for r in rows for p, y in zip(r["hallucination_prob"], r["hallucinated"])]
+        return ScoredAnswers([p for p, _ in flat], q, None, [y for _, y in flat])
+
+    keep = AnswerSelector(rule=rule, alpha=0.3, seed=3).select(answers(cal), answers(test)).keep.tolist()
+    written = [json.loads(line) for line in (out / "trusted_answers.jsonl").open()]
+    assert [r["id"] for r in written] == [r["id"] for r in test]
+    i = 0
+    for r in written:
+        k = keep[i : i + len(r["prediction"])]
+        i += len(r["prediction"])
+        assert r["kept"] == [a for a, kk in zip(r["prediction"], k) if kk]
+        assert r["abstained"] == (not any(k)) and r["selection"]["rule"] == rule
+    report = json.loads((out / "report.json").read_text())
+    assert report["kept"] == sum(keep) and report["questions"] == len(test)
+    assert {c["alpha"] for c in report["summary"]} == {0.2, 0.3}
+    for name in ("report.md", "selection.png", "reliability.png"):
+        assert (out / name).stat().st_size > 0
+    assert "one run" in (out / "report.md").read_text()
+
+
+def test_groups_are_grounded_or_not_and_unlabelled_calibration_is_refused(fitted, tmp_path):
+    model, dm = fitted
+    cb = SelectionCallback(output_dir=str(tmp_path / "t"), group_by="grounded")
+    _trainer(tmp_path, [cb]).predict(model, dm)
+    report = json.loads((tmp_path / "t" / "report.json").read_text())
+    assert set(report["groups"]) <= {"grounded", "ungrounded"} and report["groups"]
+
+    class Unlabelled(HallucinationDetector):
+        def predict_step(self, batch, batch_idx):
+            return [
+                {k: v for k, v in row.items() if k != "hallucinated"} for row in super().predict_step(batch, batch_idx)
+            ]
+
+    bare = Unlabelled(text_dim=32, encoder=ENCODER, mlp_hidden=16)
+    bare.load_state_dict(model.state_dict())
+    with pytest.raises(RuntimeError, match="no 'hallucinated' labels"):
+        _trainer(tmp_path, [SelectionCallback(output_dir=str(tmp_path / "u"))]).predict(bare, dm)
+    with pytest.raises(ValueError, match="group_by"):
+        SelectionCallback(group_by="hops")
+    with pytest.raises(ValueError, match="report_alphas"):
+        SelectionCallback(report_alphas=[1.5])
