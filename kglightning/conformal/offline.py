@@ -19,6 +19,11 @@ Output: the predictions with ``conformal_set``, ``conformal_qhat`` (``null`` whe
 ``n_calibration``, the skipped-line counts and, when the test file has gold answers, the empirical coverage (ECR)
 and average set size (APSS).
 
+With ``--group-by KEY`` (a per-question value of the rows: ``hops``, a dotted path such as ``extra.type``, the LLM
+that answered) every group gets its own ``qhat`` from its own calibration questions (Mondrian conformal), so the
+coverage holds within each group; a group whose calibration questions are too few for ``alpha`` (or none) gets full
+sets and is flagged, and the summary reports ``qhat``, the calibration size, ECR and APSS per group.
+
 Input problems (bytes that are not UTF-8, invalid JSON, a bad or missing field, a missing ``confidence``, a repeated
 ``id``, an empty file) stop the command with one ``FILE:LINE: field 'NAME' ...`` line on stderr and exit status 2,
 before anything is written; ``--on-bad-record skip`` leaves such lines out instead (logged, and counted in the
@@ -37,6 +42,7 @@ from typing import Any, Literal
 import torch
 
 from kglightning.conformal.functional import conformal_quantile
+from kglightning.conformal.selection_io import lookup_key
 from kglightning.data.predictions import PredictionLine, add_on_bad_record_argument, read_predictions
 from kglightning.data.records import RecordError
 from kglightning.fileio import atomic_write, write_text_atomic
@@ -64,12 +70,27 @@ def calibration_score(rec: PredictionLine, source: str) -> float:
     return min((s for s, ok in zip(nonconf, correct) if ok), default=math.inf)
 
 
+def row_group(rec: PredictionLine, key: str, source: str) -> str:
+    """The row's group: the value at ``key`` (dotted for nested objects), a string, number or boolean."""
+    try:
+        value = lookup_key(rec.row, key)
+    except KeyError:
+        raise RecordError("missing (named by --group-by)", source=source, line=rec.line, field=key) from None
+    if isinstance(value, (list, dict)) or value is None:
+        raise RecordError(
+            f"expected one string, number or boolean per question, got {type(value).__name__}",
+            source=source, line=rec.line, field=key,
+        )  # fmt: skip
+    return str(value)
+
+
 def conformalize(
     calibration: str | Path,
     predictions: str | Path,
     alpha: float,
     output: str | Path | None = None,
     on_bad_record: Literal["raise", "skip"] = "raise",
+    group_by: str | None = None,
 ) -> dict[str, Any]:
     """Fit ``qhat`` on ``calibration`` and write the sets of ``predictions`` (see the module docstring).
 
@@ -84,6 +105,7 @@ def conformalize(
         output: the output jsonl; defaults to ``<predictions>.conformal.jsonl``.
         on_bad_record: ``"raise"`` on the first malformed line, or ``"skip"`` such lines (logged and counted in
             the summary's ``n_calibration_skipped`` / ``n_test_skipped``).
+        group_by: a per-question key; each group is calibrated on its own questions (see the module docstring).
 
     Raises:
         RecordError: a malformed line (naming file, line and field) or an empty file.
@@ -93,36 +115,50 @@ def conformalize(
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     cal = read_predictions(calibration, on_bad_record=on_bad_record, require_confidence=True)
     test = read_predictions(predictions, on_bad_record=on_bad_record, require_confidence=True)
-    scores = torch.tensor([calibration_score(r, str(calibration)) for r in cal], dtype=torch.float64, device="cpu")
-    qhat = float(conformal_quantile(scores, alpha))
-    covered, sizes, n_gold = 0, 0, 0
+    groups_cal = [row_group(r, group_by, str(calibration)) if group_by else "all" for r in cal]
+    groups_test = [row_group(r, group_by, str(predictions)) if group_by else "all" for r in test]
+    by_group: dict[str, list[float]] = {g: [] for g in dict.fromkeys(groups_cal + groups_test)}
+    for r, g in zip(cal, groups_cal):
+        by_group[g].append(calibration_score(r, str(calibration)))
+    qhats = {g: _qhat(v, alpha) for g, v in by_group.items()}
+    stats = {g: {"covered": 0, "sizes": 0, "n_gold": 0, "n_test": 0} for g in by_group}
     rows = []
-    for rec in test:
+    for rec, g in zip(test, groups_test):
+        qhat = qhats[g]
         answers, nonconf, correct = scored_answers(rec, str(predictions))
         keep = [i for i, s in enumerate(nonconf) if s <= qhat]
-        sizes += len(keep)
+        st = stats[g]
+        st["sizes"] += len(keep)
+        st["n_test"] += 1
         if rec.ground_truth:
-            n_gold += 1
-            covered += any(correct[i] for i in keep)
+            st["n_gold"] += 1
+            st["covered"] += any(correct[i] for i in keep)
         rows.append(
             {
                 **rec.row,
                 "conformal_set": [answers[i] for i in keep],
                 "conformal_qhat": None if math.isinf(qhat) else qhat,  # strict JSON has no Infinity
                 "conformal_full_set": math.isinf(qhat),
+                **({"conformal_group": g} if group_by else {}),
             }
         )
+    covered = sum(v["covered"] for v in stats.values())
+    n_gold = sum(v["n_gold"] for v in stats.values())
+    sizes = sum(v["sizes"] for v in stats.values())
+    qhat = qhats.get("all", math.nan)
+    scores = torch.tensor([x for v in by_group.values() for x in v], dtype=torch.float64, device="cpu")
     out_path = Path(output) if output else Path(predictions).with_suffix(".conformal.jsonl")
     summary = {
         "alpha": alpha,
-        "qhat": None if math.isinf(qhat) else qhat,
-        "full_sets": math.isinf(qhat),
+        "qhat": None if math.isinf(qhat) or math.isnan(qhat) else qhat,  # grouped: per group, under "groups"
+        "full_sets": any(math.isinf(q) for q in qhats.values()),
         "n_calibration": len(cal),
         "calibration_missed": int(torch.isinf(scores).sum()),
         "n_test": len(test),
         "ecr": covered / n_gold if n_gold else None,
         "apss": sizes / len(test),
         "n_calibration_skipped": len(cal.skipped),
+        **({"group_by": group_by, "groups": _group_summary(by_group, qhats, stats)} if group_by else {}),
         "n_test_skipped": len(test.skipped),
         "output": str(out_path),
     }
@@ -131,6 +167,27 @@ def conformalize(
         f.writelines(json.dumps(row) + "\n" for row in rows)
     write_text_atomic(out_path.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _qhat(scores: list[float], alpha: float) -> float:
+    """The group's threshold; ``+inf`` (full sets) for a group with no calibration question."""
+    if not scores:
+        return math.inf
+    return float(conformal_quantile(torch.tensor(scores, dtype=torch.float64, device="cpu"), alpha))
+
+
+def _group_summary(by_group: dict, qhats: dict, stats: dict) -> dict[str, dict[str, Any]]:
+    return {
+        g: {
+            "qhat": None if math.isinf(qhats[g]) else qhats[g],
+            "full_sets": math.isinf(qhats[g]),
+            "n_calibration": len(by_group[g]),
+            "n_test": st["n_test"],
+            "ecr": st["covered"] / st["n_gold"] if st["n_gold"] else None,
+            "apss": st["sizes"] / st["n_test"] if st["n_test"] else None,
+        }
+        for g, st in stats.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,18 +200,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--predictions", required=True, help="predictions jsonl to add sets to")
     p.add_argument("--alpha", type=float, required=True, help="miscoverage level in (0, 1)")
     p.add_argument("--output", default=None, help="output jsonl (default: <predictions>.conformal.jsonl)")
+    p.add_argument("--group-by", default=None, help="a per-question key (dotted for nested): one qhat per group")
     add_on_bad_record_argument(p)
     args = p.parse_args(argv)
     try:
-        s = conformalize(args.calibration, args.predictions, args.alpha, args.output, args.on_bad_record)
+        s = conformalize(args.calibration, args.predictions, args.alpha, args.output, args.on_bad_record, args.group_by)
     except (RecordError, ValueError, OSError) as e:
         print(f"kglightning conformalize: error: {e}", file=sys.stderr)
         return 2
+    qhat = "per group" if s.get("groups") else s["qhat"] if s["qhat"] is None else format(s["qhat"], ".6g")
     print(
-        f"qhat={s['qhat'] if s['qhat'] is None else format(s['qhat'], '.6g')} from {s['n_calibration']} calibration questions "
+        f"qhat={qhat} from {s['n_calibration']} calibration questions "
         f"({s['calibration_missed']} with no correct proposed answer)"
     )
-    if s["full_sets"]:
+    for g, info in s.get("groups", {}).items():
+        flag = " (too few calibration questions: full sets, flagged)" if info["full_sets"] else ""
+        ecr = "" if info["ecr"] is None else f", test ECR {info['ecr']:.4f}, APSS {info['apss']:.2f}"
+        print(f"group {g}: qhat={info['qhat']} from {info['n_calibration']} calibration questions{ecr}{flag}")
+    if s["full_sets"] and not s.get("groups"):
         print(f"alpha={args.alpha:g} cannot be reached with these proposals: every set is the full list (flagged)")
     if s["ecr"] is not None:
         print(f"test: ECR {s['ecr']:.4f}, APSS {s['apss']:.2f} over {s['n_test']} questions")

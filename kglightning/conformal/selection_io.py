@@ -46,7 +46,8 @@ class ScoredFile:
     skipped: list[RecordError] = field(default_factory=list)
 
 
-def _lookup(row: dict[str, Any], key: str) -> Any:
+def lookup_key(row: dict[str, Any], key: str) -> Any:
+    """The value at ``key`` in ``row``, a dotted key reading nested objects (``extra.type``); ``KeyError`` if absent."""
     value: Any = row
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
@@ -94,7 +95,7 @@ def _row(
     groups: list[str] | None = None
     if group_by is not None:
         try:
-            g = _lookup(row, group_by)
+            g = lookup_key(row, group_by)
         except KeyError:
             raise err("missing (named by group_by)", group_by) from None
         if isinstance(g, list):

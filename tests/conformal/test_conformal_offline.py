@@ -136,3 +136,43 @@ def test_skip_bad_rows_on_request(tmp_path, capsys):
     assert [r["id"] for r in rows] == ["q0", "q1", "q2"]  # the repeated q0 is written once
     summary = json.loads((tmp_path / "test.conformal.summary.json").read_text())
     assert summary["n_calibration"] == 10 and summary["n_calibration_skipped"] == 2 and summary["n_test_skipped"] == 1
+
+
+def test_group_by_calibrates_each_group_on_its_own(tmp_path, capsys):
+    """Two kinds of question whose scores differ: pooled, one qhat undercovers the hard kind; grouped, each kind
+    reaches 1 - alpha on its own, and a kind with no calibration question gets full sets, flagged."""
+    rng = random.Random(0)
+
+    def rows(n, first):
+        out = []
+        for i in range(first, first + n):
+            hard = i % 2 == 0
+            right = rng.random() * (0.5 if hard else 1.0) + (0.0 if hard else 0.0)
+            conf = [round(right if hard else 0.5 + right / 2, 4), round(rng.random() * (0.9 if hard else 0.4), 4)]
+            out.append({"id": f"q{i}", "prediction": ["right", "wrong"], "confidence": conf, "answer": ["right"],
+                        "extra": {"kind": "hard" if hard else "easy"}})  # fmt: skip
+        return out
+
+    cal, test = _write(tmp_path / "cal.jsonl", rows(400, 0)), _write(tmp_path / "test.jsonl", rows(2000, 1000))
+    pooled = conformalize(cal, test, alpha=0.2, output=tmp_path / "p.jsonl")
+    grouped = conformalize(cal, test, alpha=0.2, output=tmp_path / "g.jsonl", group_by="extra.kind")
+    assert "groups" not in pooled
+    pooled_rows = [json.loads(line) for line in (tmp_path / "p.jsonl").open()]
+    hard_pooled = [("right" in r["conformal_set"]) for r in pooled_rows if r["extra"]["kind"] == "hard"]
+    assert sum(hard_pooled) / len(hard_pooled) < 0.7  # one qhat for both kinds: the hard one is under-covered
+    hard, easy = grouped["groups"]["hard"], grouped["groups"]["easy"]
+    assert hard["n_calibration"] == easy["n_calibration"] == 200
+    assert abs(hard["ecr"] - 0.8) < 0.04 and abs(easy["ecr"] - 0.8) < 0.04 and hard["qhat"] != easy["qhat"]
+    first = json.loads((tmp_path / "g.jsonl").open().readline())
+    assert first["conformal_group"] in ("hard", "easy")
+    # a group only the test file has: full sets, flagged; a row without the key: an error naming file, line, field
+    lone = _write(tmp_path / "lone.jsonl", [{**rows(1, 5000)[0], "extra": {"kind": "new"}}])
+    s = conformalize(cal, lone, alpha=0.2, output=tmp_path / "l.jsonl", group_by="extra.kind")
+    assert s["groups"]["new"]["full_sets"] and s["groups"]["new"]["n_calibration"] == 0 and s["full_sets"]
+    bare = _write(tmp_path / "bare.jsonl", [{k: v for k, v in rows(1, 6000)[0].items() if k != "extra"}])
+    with pytest.raises(RecordError, match="extra.kind") as e:
+        conformalize(cal, bare, alpha=0.2, group_by="extra.kind")
+    assert e.value.line == 1 and e.value.field == "extra.kind"
+    assert offline_main(["--calibration", str(cal), "--predictions", str(test), "--alpha", "0.2",
+                         "--group-by", "extra.kind", "--output", str(tmp_path / "m.jsonl")]) == 0  # fmt: skip
+    assert "group hard: qhat=" in capsys.readouterr().out
