@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import BasePredictionWriter, Callback
+from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
+from kglightning.callbacks.conformal_items import _gather_items, _writers_before, ahead_of_writers, attach_sets
 from kglightning.conformal.functional import conformal_quantile
 from kglightning.conformal.scorer import ConformalScorer, ConformalScores
-from kglightning.data.devices import all_gather_objects
-from kglightning.metrics.functional import unique_by_key
 from kglightning.metrics.functional.coverage import covered, set_sizes
 
 log = logging.getLogger(__name__)
@@ -71,11 +70,18 @@ class ConformalCallback(Callback):
     ``"fit_end"``/``"manual"`` every rank scores the whole loader it is given (a datamodule's loader is not sharded)
     and gets the same ``qhat``.
 
+    Groups (Mondrian): with ``by_group=True`` the module's ``ConformalScores.groups`` (e.g. the detector's grounded
+    and ungrounded answers) each get a ``qhat`` fitted on their own calibration items (``group_qhat``, beside the
+    pooled ``qhat``), so the coverage holds within every group. A group with too few items for ``alpha`` gets
+    ``+inf`` (full sets, logged); a group met in ``predict`` or ``test`` that calibration never saw gets full sets
+    too. ``test`` then also logs ``test/conformal_coverage/<group>`` and ``test/conformal_set_size/<group>``.
+
     Args:
         alpha: miscoverage level in ``(0, 1)``.
         calibration: the calibration split; only ``"val"`` for now.
         coverage: ``"all"`` (every true candidate in the set) or ``"any"`` (at least one).
         fit_on: when to fit, see above.
+        by_group: one ``qhat`` per group of ``ConformalScores.groups`` (see above).
     """
 
     def __init__(
@@ -84,6 +90,7 @@ class ConformalCallback(Callback):
         calibration: Literal["val"] = "val",
         coverage: Literal["all", "any"] = "all",
         fit_on: Literal["fit_end", "validation", "manual"] = "fit_end",
+        by_group: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 < alpha < 1.0:
@@ -95,20 +102,26 @@ class ConformalCallback(Callback):
         if fit_on not in ("fit_end", "validation", "manual"):
             raise ValueError(f"fit_on must be 'fit_end', 'validation' or 'manual', got {fit_on!r}")
         self.alpha, self.calibration, self.coverage, self.fit_on = alpha, calibration, coverage, fit_on
+        self.by_group = by_group
         self.qhat: float | None = None
         self.n_cal: int = 0
+        self.group_qhat: dict[int, float] = {}
+        self.group_n_cal: dict[int, int] = {}
+        self.group_names: dict[int, str] = {}
         self._restored = False  # load_state_dict ran since the last setup: the loaded checkpoint held a qhat
         self._val_scores: list[Tensor] = []
         self._val_keys: list[Tensor | None] = []
-        self._test_items: list[tuple[Tensor, Tensor, Tensor | None]] = []  # (covered, set size, key) per batch
+        self._val_groups: list[Tensor] = []
+        self._test_items: list[tuple[Tensor, Tensor, Tensor, Tensor | None]] = []  # covered, size, group, key
 
     # ---------------------------------------------------------------- fitting
     @property
     def fitted(self) -> bool:
         return self.qhat is not None
 
-    def fit_scores(self, calibration_scores: Tensor) -> float:
-        """Set ``qhat`` from per-item calibration scores ``(n,)`` and return it."""
+    def fit_scores(self, calibration_scores: Tensor, groups: Tensor | None = None) -> float:
+        """Set ``qhat`` from per-item calibration scores ``(n,)`` (and, with ``by_group``, one per group of the
+        ``(n,)`` integer ``groups``); return the pooled ``qhat``."""
         s = calibration_scores.detach().double().flatten().cpu()
         if s.numel() == 0:
             raise ValueError("calibration set is empty: the validation data gave no item to calibrate on")
@@ -121,7 +134,42 @@ class ConformalCallback(Callback):
                 self.alpha,
                 math.ceil(1 / self.alpha - 1),
             )
+        if self.by_group:
+            if groups is None:
+                raise ValueError("by_group=True needs ConformalScores.groups from the module's conformal_scores(batch)")
+            g = groups.detach().long().flatten().cpu()
+            self.group_qhat, self.group_n_cal = {}, {}
+            for gid in torch.unique(g).tolist():
+                mine = s[g == gid]
+                self.group_qhat[gid] = float(conformal_quantile(mine, self.alpha))
+                self.group_n_cal[gid] = int(mine.numel())
+                if math.isinf(self.group_qhat[gid]):
+                    log.warning(
+                        "ConformalCallback: group %s has %d calibration items, too few for alpha=%g: its sets are the "
+                        "full candidate sets", self._name(gid), mine.numel(), self.alpha,
+                    )  # fmt: skip
         return self.qhat
+
+    def _name(self, gid: int) -> str:
+        return self.group_names.get(gid, str(gid))
+
+    def item_qhat(self, cs: ConformalScores) -> float | Tensor:
+        """The threshold of each item: the pooled ``qhat``, or with ``by_group`` its group's (``(N,)`` float64; a group
+        calibration never saw gets ``+inf``, full sets)."""
+        if not self.by_group:
+            return self.qhat
+        if cs.groups is None:
+            raise ValueError("by_group=True needs ConformalScores.groups from the module's conformal_scores(batch)")
+        if cs.group_names is not None:
+            self.group_names.update(enumerate(cs.group_names))
+        ids = cs.groups.detach().long().cpu().tolist()
+        unseen = sorted({i for i in ids if i not in self.group_qhat})
+        if unseen:
+            log.warning(
+                "ConformalCallback: groups %s have no calibration item: their sets are the full candidate sets",
+                [self._name(i) for i in unseen],
+            )
+        return torch.tensor([self.group_qhat.get(i, math.inf) for i in ids], dtype=torch.float64, device="cpu")
 
     @torch.no_grad()
     def fit(self, trainer: L.Trainer | None, pl_module: L.LightningModule, dataloader: Iterable | None = None) -> float:
@@ -134,23 +182,29 @@ class ConformalCallback(Callback):
         was_training = pl_module.training
         pl_module.eval()
         try:
-            scores = [
+            parts = [
                 pl_module.conformal_scores(pl_module.transfer_batch_to_device(batch, pl_module.device, 0))
-                .calibration_scores(self.coverage)
-                .cpu()
                 for loader in loaders
                 for batch in loader
             ]
         finally:
             pl_module.train(was_training)
-        return self.fit_scores(torch.cat(scores) if scores else torch.empty(0, device="cpu"))
+        scores = [p.calibration_scores(self.coverage).cpu() for p in parts]
+        groups = [p.groups.detach().long().cpu() for p in parts if p.groups is not None]
+        for p in parts[:1]:
+            if p.group_names is not None:
+                self.group_names.update(enumerate(p.group_names))
+        return self.fit_scores(
+            torch.cat(scores) if scores else torch.empty(0, device="cpu"),
+            torch.cat(groups) if self.by_group and groups and len(groups) == len(parts) else None,
+        )
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.fit_on == "fit_end":
             self.fit(trainer, pl_module)
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_scores, self._val_keys = [], []
+        self._val_scores, self._val_keys, self._val_groups = [], [], []
 
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
@@ -162,11 +216,19 @@ class ConformalCallback(Callback):
             # keys name items within one loader: the loader's index keeps two loaders' items apart
             keys = None if cs.keys is None else cs.keys.detach().long().cpu() + (dataloader_idx << 48)
             self._val_keys.append(keys)
+            if self.by_group:
+                if cs.groups is None:
+                    raise ValueError("by_group=True needs ConformalScores.groups from conformal_scores(batch)")
+                self._val_groups.append(cs.groups.detach().long().cpu())
+                if cs.group_names is not None:
+                    self.group_names.update(enumerate(cs.group_names))
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # every process takes part in the gather, with or without scores of its own
-        (scores,), keyed = _gather_items([self._val_scores], self._val_keys, (torch.float64,))
-        self._val_scores, self._val_keys = [], []
+        columns = [self._val_scores, self._val_groups] if self.by_group else [self._val_scores]
+        gathered, keyed = _gather_items(columns, self._val_keys, (torch.float64, torch.long)[: len(columns)])
+        scores, groups = gathered[0], (gathered[1] if self.by_group else None)
+        self._val_scores, self._val_keys, self._val_groups = [], [], []
         if not scores.numel():
             return
         if not keyed and trainer.world_size > 1:
@@ -174,7 +236,7 @@ class ConformalCallback(Callback):
                 "ConformalCallback: conformal_scores(batch) gives no keys, so the items a distributed sampler repeats "
                 "to pad the last shard are calibrated on twice; set ConformalScores.keys to drop them"
             )
-        self.fit_scores(scores)
+        self.fit_scores(scores, groups)
 
     # ---------------------------------------------------------------- checks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -229,14 +291,16 @@ class ConformalCallback(Callback):
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
         cs = pl_module.conformal_scores(batch)
-        members = cs.sets(self.qhat).cpu()
+        qhat = self.item_qhat(cs)
+        members = cs.sets(qhat).cpu()
         names = cs.candidates
         sets = [[names[j] if names is not None else j for j in row.nonzero().flatten().tolist()] for row in members]
+        qhat = qhat.tolist() if isinstance(qhat, Tensor) else qhat  # one per item with groups
         attach = getattr(pl_module, "attach_conformal_sets", None)
         if attach is not None:
-            attach(outputs, batch, sets, self.qhat)
+            attach(outputs, batch, sets, qhat)
         else:
-            attach_sets(outputs, sets, self.qhat)
+            attach_sets(outputs, sets, qhat)
 
     def on_test_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
@@ -245,27 +309,38 @@ class ConformalCallback(Callback):
         cs = pl_module.conformal_scores(batch)
         if cs.labels is None:
             return
-        members = cs.sets(self.qhat).cpu()
+        members = cs.sets(self.item_qhat(cs)).cpu()
         hit = covered(members, (cs.labels.bool() & cs.valid).cpu(), self.coverage)
         keys = None if cs.keys is None else cs.keys.detach().long().cpu() + (dataloader_idx << 48)
-        self._test_items.append((hit.cpu(), set_sizes(members).cpu(), keys))
+        groups = cs.groups.detach().long().cpu() if cs.groups is not None else torch.zeros_like(hit, dtype=torch.long)
+        self._test_items.append((hit.cpu(), set_sizes(members).cpu(), groups, keys))
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """``test/conformal_coverage`` and ``test/conformal_set_size`` over every process's items, each item once by
         its key (the repeats a distributed sampler pads the last shard with are not counted twice)."""
         items, self._test_items = self._test_items, []
-        hits, sizes, keys = ([list(c) for c in zip(*items)]) if items else ([], [], [])
-        (hit, size), _ = _gather_items([hits, sizes], keys, (torch.bool, torch.long))
+        hits, sizes, groups, keys = ([list(c) for c in zip(*items)]) if items else ([], [], [], [])
+        (hit, size, group), _ = _gather_items([hits, sizes, groups], keys, (torch.bool, torch.long, torch.long))
         if not hit.numel():
             return
         pl_module.log("test/conformal_coverage", float(hit.float().mean()))
         pl_module.log("test/conformal_set_size", float(size.float().mean()))
+        if self.by_group:
+            for gid in sorted(set(self.group_qhat) | set(torch.unique(group).tolist())):
+                mine = group == gid
+                if mine.any():
+                    pl_module.log(f"test/conformal_coverage/{self._name(gid)}", float(hit[mine].float().mean()))
+                    pl_module.log(f"test/conformal_set_size/{self._name(gid)}", float(size[mine].float().mean()))
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         if not self.fitted:
             return {}
-        return {"qhat": self.qhat, "n_cal": self.n_cal, "alpha": self.alpha, "coverage": self.coverage}
+        return {
+            "qhat": self.qhat, "n_cal": self.n_cal, "alpha": self.alpha, "coverage": self.coverage,
+            "group_qhat": dict(self.group_qhat), "group_n_cal": dict(self.group_n_cal),
+            "group_names": dict(self.group_names),
+        }  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
@@ -281,68 +356,11 @@ class ConformalCallback(Callback):
                 )
         self.qhat, self.n_cal = float(state_dict["qhat"]), int(state_dict["n_cal"])
         self.alpha, self.coverage = float(state_dict["alpha"]), state_dict["coverage"]
-
-
-def _gather_items(
-    columns: Sequence[list[Tensor]], keys: list[Tensor | None], dtypes: Sequence[torch.dtype]
-) -> tuple[list[Tensor], bool]:
-    """Every process's per-item columns (lists of CPU batch tensors, empty lists allowed), each concatenated, with
-    one entry per item key when every batch of every process has keys (the repeats a distributed sampler pads the
-    last shard with are dropped); and whether they all had keys. Every process must call it.
-
-    Objects, not tensors, are gathered: the shards differ in length, and none of these tensors is on the device.
-    """
-    local = [torch.cat(c) if c else torch.zeros(0, dtype=d, device="cpu") for c, d in zip(columns, dtypes)]
-    keyed = all(k is not None for k in keys)
-    local_keys = (torch.cat(keys) if keys else torch.zeros(0, dtype=torch.long, device="cpu")) if keyed else None
-    parts = all_gather_objects((local, local_keys))
-    out = [torch.cat([p[0][i] for p in parts]) for i in range(len(local))]
-    keyed = all(p[1] is not None for p in parts)
-    if keyed:
-        keep = unique_by_key(torch.cat([p[1] for p in parts]))
-        out = [c[keep] for c in out]
-    return out, keyed
-
-
-def attach_sets(outputs: Any, sets: list[list[Any]], qhat: float) -> None:
-    """Write sets into ``predict_step`` outputs: a list of one dict per item, or one dict for the batch."""
-    full = math.isinf(qhat)
-    if isinstance(outputs, dict):
-        outputs.update(conformal_set=sets, conformal_qhat=qhat, conformal_full_set=full)
-    elif isinstance(outputs, list) and len(outputs) == len(sets) and all(isinstance(o, dict) for o in outputs):
-        for out, s in zip(outputs, sets):
-            out.update(conformal_set=s, conformal_qhat=qhat, conformal_full_set=full)
-    else:
-        raise TypeError(
-            "ConformalCallback cannot place the sets in these predict outputs (a dict, or a list of one dict per "
-            "item, is expected); implement attach_conformal_sets(outputs, batch, sets, qhat) on the module"
-        )
-
-
-def ahead_of_writers(callback: Callback, callbacks: list[Callback]) -> list[Callback]:
-    """``callbacks`` with ``callback`` moved just before the first prediction writer that precedes it.
-
-    Lightning calls ``on_predict_batch_end`` in list order, so a :class:`BasePredictionWriter` listed earlier would
-    write a batch before ``callback`` adds its sets. Returns ``callbacks`` itself when nothing has to move, else a
-    new list in which every other callback keeps its order.
-
-    Example:
-        >>> from lightning.pytorch.callbacks import BasePredictionWriter, Callback
-        >>> a, w, c = Callback(), BasePredictionWriter(), Callback()
-        >>> ahead_of_writers(c, [a, w, c]) == [a, c, w]
-        True
-    """
-    late = _writers_before(callback, callbacks)
-    if not late:
-        return callbacks
-    out = [cb for cb in callbacks if cb is not callback]
-    out.insert(next(i for i, cb in enumerate(out) if cb is late[0]), callback)
-    return out
-
-
-def _writers_before(callback: Callback, callbacks: list[Callback]) -> list[Callback]:
-    index = next((i for i, cb in enumerate(callbacks) if cb is callback), 0)
-    return [cb for cb in callbacks[:index] if isinstance(cb, BasePredictionWriter)]
+        self.group_qhat = {int(k): float(v) for k, v in state_dict.get("group_qhat", {}).items()}
+        self.group_n_cal = {int(k): int(v) for k, v in state_dict.get("group_n_cal", {}).items()}
+        self.group_names = {int(k): str(v) for k, v in state_dict.get("group_names", {}).items()}
+        if self.by_group and not self.group_qhat:
+            log.warning("ConformalCallback: by_group=True, but the checkpoint holds no group thresholds; refit them")
 
 
 def _check_scorer(pl_module: L.LightningModule) -> None:

@@ -33,6 +33,9 @@ class ConformalScores:
             item's index in its split);
             under DDP the calibration keeps one score per key, so the repeats a distributed sampler pads the last
             shard with do not enter the quantile. ``None``: no keys (the repeats then count).
+        groups: ``(N,)`` integer group ids for Mondrian calibration (``ConformalCallback(by_group=True)`` fits one
+            ``qhat`` per group), e.g. grounded or not; ``None``: one group.
+        group_names: the names of the group ids (``group_names[i]`` names id ``i``), for logs and metric names.
 
     Example:
         >>> cs = ConformalScores(torch.tensor([[0.2, 0.8], [0.6, 0.4]]), labels=torch.tensor([[1, 0], [0, 1]]).bool())
@@ -45,6 +48,8 @@ class ConformalScores:
     mask: Tensor | None = None
     candidates: Sequence[str] | None = None
     keys: Tensor | None = None
+    groups: Tensor | None = None
+    group_names: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if self.scores.dim() != 2:
@@ -55,6 +60,8 @@ class ConformalScores:
                 raise ValueError(f"{name} must have the shape of scores {tuple(self.scores.shape)}")
         if self.keys is not None and self.keys.shape != self.scores.shape[:1]:
             raise ValueError(f"keys must have shape ({self.scores.shape[0]},), got {tuple(self.keys.shape)}")
+        if self.groups is not None and self.groups.shape != self.scores.shape[:1]:
+            raise ValueError(f"groups must have shape ({self.scores.shape[0]},), got {tuple(self.groups.shape)}")
         if self.candidates is not None and len(self.candidates) != self.scores.shape[1]:
             raise ValueError(f"got {len(self.candidates)} candidate names for {self.scores.shape[1]} candidates")
 
@@ -77,9 +84,15 @@ class ConformalScores:
             return torch.where(gold, s, torch.full_like(s, -math.inf)).amax(dim=1)
         return torch.where(gold, s, torch.full_like(s, math.inf)).amin(dim=1)
 
-    def sets(self, qhat: float) -> Tensor:
-        """``(N, C)`` bool membership of the prediction sets at threshold ``qhat`` (padding excluded)."""
-        return prediction_sets(self.scores.detach().double(), qhat) & self.valid
+    def sets(self, qhat: float | Tensor) -> Tensor:
+        """``(N, C)`` bool membership of the prediction sets at threshold ``qhat`` (padding excluded): one threshold,
+        or an ``(N,)`` tensor of one per item (a group's ``qhat`` for each of its items)."""
+        s = self.scores.detach().double()
+        if isinstance(qhat, Tensor) and qhat.dim() == 1:
+            if qhat.shape[0] != s.shape[0]:
+                raise ValueError(f"per-item qhat must have shape ({s.shape[0]},), got {tuple(qhat.shape)}")
+            return (s <= qhat.to(device=s.device, dtype=s.dtype)[:, None]) & self.valid
+        return prediction_sets(s, qhat) & self.valid
 
 
 @runtime_checkable

@@ -416,27 +416,35 @@ class HallucinationDetector(L.LightningModule):
 
     def conformal_scores(self, batch: Any) -> ConformalScores:
         """For :class:`~kglightning.callbacks.ConformalCallback`: each answer node is an item with the candidate labels
-        ``("faithful", "hallucinated")`` and non-conformity ``1 - p(label)``; ``labels`` one-hot of ``batch.y``."""
+        ``("faithful", "hallucinated")`` and non-conformity ``1 - p(label)``; ``labels`` one-hot of ``batch.y``; the
+        groups are grounded (0) and ungrounded (1) answers, for ``ConformalCallback(by_group=True)``."""
         p = torch.sigmoid(self(batch)).double()
         y = getattr(batch, "y", None)
         labels = F.one_hot(y.long(), 2).bool() if y is not None else None
+        grounding = getattr(batch, "answer_grounding", None)
+        groups = (grounding == UNGROUNDED).long() if grounding is not None else torch.zeros_like(p, dtype=torch.long)
         return ConformalScores(
             torch.stack([p, 1 - p], dim=1),
             labels=labels,
             candidates=("faithful", "hallucinated"),
             keys=answer_keys(batch),
+            groups=groups,
+            group_names=("grounded", "ungrounded"),
         )
 
     def attach_conformal_sets(
-        self, outputs: list[dict[str, Any]], batch: Any, sets: list[list[str]], qhat: float
+        self, outputs: list[dict[str, Any]], batch: Any, sets: list[list[str]], qhat: float | list[float]
     ) -> None:
         """Adds ``conformal_set`` (one label set per proposed answer), ``conformal_qhat`` and ``conformal_full_set``
-        to each question's dict of :meth:`predict_step`."""
+        to each question's dict of :meth:`predict_step`; with a threshold per answer (groups), both are lists."""
         owner = answer_owner(batch).tolist()
         for g, out in enumerate(outputs):
             out["conformal_set"] = [s for s, o in zip(sets, owner) if o == g]
-            out["conformal_qhat"] = qhat
-            out["conformal_full_set"] = qhat == float("inf")
+            if isinstance(qhat, list):
+                mine = [q for q, o in zip(qhat, owner) if o == g]
+                out["conformal_qhat"], out["conformal_full_set"] = mine, [q == float("inf") for q in mine]
+            else:
+                out["conformal_qhat"], out["conformal_full_set"] = qhat, qhat == float("inf")
 
     def configure_optimizers(self) -> Any:
         if self.optimizer is None:

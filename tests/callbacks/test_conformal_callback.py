@@ -242,3 +242,71 @@ def test_fit_end_qhat_is_refitted_for_the_checkpoint_that_is_tested(
     best = HallucinationDetector.load_from_checkpoint(first.best_model_path, encoder=ENCODER)
     expected = float(conformal_quantile(_scores(best, dm.val_dataloader()).calibration_scores("all"), 0.2))
     assert cb.qhat == pytest.approx(expected) and cb.qhat != pytest.approx(last_qhat)
+
+
+class _GroupedScorer(L.LightningModule):
+    """Items of two groups whose true candidate scores differ: group 1's are much less conforming."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+    def conformal_scores(self, batch):
+        s, g = batch
+        scores = torch.stack([s.double(), 1 - s.double()], dim=1)  # candidate 0 is the true one
+        labels = torch.zeros_like(scores, dtype=torch.bool)
+        labels[:, 0] = True
+        return ConformalScores(scores, labels=labels, candidates=("a", "b"), groups=g, group_names=("easy", "hard"))
+
+    def predict_step(self, batch, batch_idx):
+        return [{} for _ in range(batch[0].shape[0])]
+
+    def test_step(self, batch, batch_idx):
+        return None
+
+
+def _grouped_loader(n, seed, groups=(0, 1)):
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.tensor(groups)[torch.randint(0, len(groups), (n,), generator=gen)]
+    s = torch.where(g == 0, 0.3 * torch.rand(n, generator=gen), 0.4 + 0.6 * torch.rand(n, generator=gen))
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(s, g), batch_size=64)
+
+
+def test_by_group_fits_a_qhat_per_group_and_covers_each(tmp_path, caplog):
+    model = _GroupedScorer()
+    cal = _grouped_loader(400, 0)
+    pooled, grouped = (
+        ConformalCallback(alpha=0.1, fit_on="manual"),
+        ConformalCallback(alpha=0.1, fit_on="manual", by_group=True),
+    )
+    pooled.fit(None, model, cal)
+    grouped.fit(None, model, cal)
+    s, g = (torch.cat(t) for t in zip(*list(cal)))
+    for gid in (0, 1):
+        assert grouped.group_qhat[gid] == float(conformal_quantile(s[g == gid].double(), 0.1))
+        assert grouped.group_n_cal[gid] == int((g == gid).sum())
+    assert grouped.qhat == pooled.qhat and grouped.group_names == {0: "easy", 1: "hard"}
+    test_s, test_g = (torch.cat(t) for t in zip(*list(_grouped_loader(20000, 1))))
+    cs = model.conformal_scores((test_s, test_g))
+    hit_grouped = cs.sets(grouped.item_qhat(cs))[:, 0]
+    hit_pooled = cs.sets(pooled.item_qhat(cs))[:, 0]
+    for gid in (0, 1):
+        assert abs(float(hit_grouped[test_g == gid].float().mean()) - 0.9) < 0.02  # each group at 1 - alpha
+    assert float(hit_pooled[test_g == 1].float().mean()) < 0.87  # pooled: the hard group falls short
+    # test logs each group's coverage; a checkpoint round trip keeps the group thresholds
+    trainer = _trainer(tmp_path, [grouped])
+    trainer.test(model, _grouped_loader(200, 2), verbose=False)
+    assert {"test/conformal_coverage/easy", "test/conformal_coverage/hard"} <= set(trainer.callback_metrics)
+    loader = _grouped_loader(100, 3)
+    rows = [r for batch in _trainer(tmp_path, [grouped]).predict(model, loader) for r in batch]
+    want = [grouped.group_qhat[int(x)] for x in torch.cat([b[1] for b in loader])]
+    assert [r["conformal_qhat"] for r in rows] == want
+    again = ConformalCallback(alpha=0.1, by_group=True)
+    again.load_state_dict(grouped.state_dict())
+    assert again.group_qhat == grouped.group_qhat and again.group_names == grouped.group_names
+    # a group calibration never saw gets full sets, with a warning
+    with caplog.at_level(logging.WARNING):
+        q = grouped.item_qhat(ConformalScores(torch.zeros(2, 2), groups=torch.tensor([0, 5])))
+    assert q[1] == math.inf and "no calibration item" in caplog.text
+    with pytest.raises(ValueError, match="groups"):
+        ConformalCallback(by_group=True).fit_scores(torch.rand(10))
