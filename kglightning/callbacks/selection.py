@@ -33,7 +33,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from kglightning.conformal.selection import AnswerSelector
-from kglightning.conformal.selection_io import ScoredFile, scored_rows, selected_rows
+from kglightning.conformal.selection_io import ScoredFile, json_number, scored_rows, selected_rows
 from kglightning.conformal.selection_report import report_markdown, summarize, write_report
 from kglightning.data.devices import all_gather_objects
 from kglightning.fileio import atomic_write, write_text_atomic
@@ -59,6 +59,28 @@ def _with_groups(rows: list[dict[str, Any]], group_by: GroupBy) -> list[dict[str
         names = kinds if group_by == "grounding" else ["ungrounded" if k == "ungrounded" else "grounded" for k in kinds]
         out.append({**row, GROUP_KEY: names})
     return out
+
+
+def _dataset_order(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The rows of every process in dataset order, each question once.
+
+    A distributed sampler without shuffling gives process ``r`` of ``W`` the items ``r, r + W, r + 2W, ...`` and
+    pads the last shard with repeats; interleaving the parts restores the order, and a repeat (the same row again)
+    is dropped. Two different rows with one id are an error, not a repeat.
+    """
+    width = len(parts)
+    ordered = [
+        r for i in range(max((len(p) for p in parts), default=0)) for p in parts[:width] if i < len(p) for r in [p[i]]
+    ]
+    seen: dict[str, dict[str, Any]] = {}
+    for row in ordered:
+        key = str(row["id"])
+        if key in seen:
+            if seen[key] != row:
+                raise RuntimeError(f"SelectionCallback: two different predicted rows for question id {row['id']!r}")
+            continue
+        seen[key] = row
+    return list(seen.values())
 
 
 class SelectionCallback(Callback):
@@ -109,9 +131,19 @@ class SelectionCallback(Callback):
         was_training = pl_module.training
         pl_module.eval()
         rows: list[dict[str, Any]] = []
+        transfer = getattr(
+            pl_module, "_apply_batch_transfer_handler", None
+        )  # Lightning's own: the hooks, then the move
         try:
-            for i, batch in enumerate(dm.split_dataloader(self.calibration_split)):
-                rows += pl_module.predict_step(pl_module.transfer_batch_to_device(batch, pl_module.device, 0), i)
+            # as Lightning's predict loop runs predict_step: under the precision plugin's context (bf16 autocast),
+            # so that calibration and test scores are computed alike
+            with trainer.precision_plugin.predict_step_context():
+                for i, batch in enumerate(dm.split_dataloader(self.calibration_split)):
+                    if transfer is not None:
+                        batch = transfer(batch, pl_module.device, 0)
+                    else:
+                        batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
+                    rows += pl_module.predict_step(batch, i)
         finally:
             pl_module.train(was_training)
         if not rows:
@@ -145,25 +177,22 @@ class SelectionCallback(Callback):
         self._rows = []
         if trainer.global_rank != 0:
             return
-        rows = list({str(r["id"]): r for part in gathered for r in part}.values())  # padding repeats once
+        rows = _dataset_order(gathered)
         if not rows:
             log.warning("SelectionCallback: no predicted question; nothing written")
             return
         self.write(rows)
 
     def write(self, rows: list[dict[str, Any]]) -> Path:
-        """Select on ``rows`` (predicted questions) with the fitted calibration and write every output."""
+        """Select on ``rows`` (predicted questions) with the fitted calibration and write every output.
+
+        Everything is computed first and written after, so that an error leaves no partial output behind."""
         if self.calibration is None:
             raise RuntimeError("SelectionCallback has not calibrated yet (predict must start first)")
         test = self._scored(rows, "<predicted split>")
-        sel = self.selector.select(self.calibration.answers, test.answers)
-        out = self.output_dir
-        out.mkdir(parents=True, exist_ok=True)
-        with atomic_write(out / "trusted_answers.jsonl") as f:
-            f.writelines(
-                json.dumps(r) + "\n" for r in selected_rows(test.rows, test.names, test.answers, sel, self.selector)
-            )
         s = self.selector
+        sel = s.select(self.calibration.answers, test.answers)
+        selected = selected_rows(test.rows, test.names, test.answers, sel, s)
         meta: dict[str, Any] = {
             "rule": s.rule, "alpha": s.alpha, "delta": s.delta, "calibration_split": self.calibration_split,
             "questions": len(test.rows), "answers": len(test.answers), "kept": int(sel.keep.sum()),
@@ -180,7 +209,7 @@ class SelectionCallback(Callback):
               for g, i in sel.groups.items()),
             "",
         ]  # fmt: skip
-        labelled = test.answers if test.labelled else self.calibration.answers
+        summary: list[dict[str, Any]] | None = None
         if test.labelled:
             t = test.answers
             meta["achieved"] = grouped_selection_metrics(sel.keep, t.hallucinated, t.question, t.group)
@@ -190,16 +219,27 @@ class SelectionCallback(Callback):
                 metrics = grouped_selection_metrics(keep, t.hallucinated, t.question, t.group)
                 sweep += [{"split": 0, "rule": s.rule, "alpha": alpha, "group": g, **m} for g, m in metrics.items()]
             summary = summarize(sweep, s.delta)
+        elif test.labelled_rows:
+            log.warning(
+                "SelectionCallback: %d of %d predicted questions have gold answers, so what the selection achieved is "
+                "not reported", test.labelled_rows, len(test.rows),
+            )  # fmt: skip
+        out = self.output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_write(out / "trusted_answers.jsonl") as f:
+            f.writelines(json.dumps(json_number(r), allow_nan=False) + "\n" for r in selected)
+        if summary is not None:
             title = "Trusted answers: one calibration, the predicted split, achieved against alpha"
             write_report(summary, out, title, s.delta, **{k: v for k, v in meta.items() if k != "delta"})
             table = report_markdown(summary, title, s.delta)
             write_text_atomic(out / "report.md", "\n".join([f"# {title}", "", *lines, *table.split("\n")[2:]]))
         else:
             write_text_atomic(out / "report.md", "\n".join(["# Trusted answers", "", *lines]))
-            write_text_atomic(out / "report.json", json.dumps(meta, indent=2) + "\n")
+            write_text_atomic(out / "report.json", json.dumps(json_number(meta), indent=2, allow_nan=False) + "\n")
         from kglightning.metrics.plots import plot_reliability_diagram
 
-        plot_reliability_diagram(1 - labelled.scores, ~labelled.hallucinated, out / "reliability.png",
-                                 title="Detector probabilities (1 - hallucination probability) against being right")  # fmt: skip
+        shown, where = (test, "predicted") if test.labelled else (self.calibration, self.calibration_split)
+        plot_reliability_diagram(1 - shown.answers.scores, ~shown.answers.hallucinated, out / "reliability.png",
+                                 title=f"1 - hallucination probability against being right ({where} split)")  # fmt: skip
         log.info("SelectionCallback: wrote %s (kept %d of %d answers)", out, meta["kept"], meta["answers"])
         return out

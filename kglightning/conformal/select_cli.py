@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from kglightning.conformal.selection import AnswerSelector
-from kglightning.conformal.selection_io import ScoredFile, read_scored, selected_rows
+from kglightning.conformal.selection_io import ScoredFile, json_number, read_scored, selected_rows
 from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
 from kglightning.data.predictions import add_on_bad_record_argument
 from kglightning.data.records import RecordError
 from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.metrics.functional.selection import grouped_selection_metrics
+
+log = logging.getLogger(__name__)
 
 
 def _read(path: str, args: argparse.Namespace) -> ScoredFile:
@@ -41,8 +44,9 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
     cal, test = _read(args.calibration, args), _read(args.predictions, args)
     if not cal.labelled:
         raise RecordError(
-            "every calibration row needs labels ('hallucinated', or gold answers)", source=args.calibration
-        )
+            "every calibration row needs labels ('hallucinated', or gold answers); this one has none",
+            source=args.calibration, line=cal.first_unlabelled, field="hallucinated",
+        )  # fmt: skip
     selector = AnswerSelector(
         args.rule[0], args.alpha[0], args.delta, args.min_calibration, args.grid, args.start, args.chains, args.seed
     )
@@ -61,10 +65,18 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
     if test.labelled:
         t = test.answers
         summary["achieved"] = grouped_selection_metrics(sel.keep, t.hallucinated, t.question, t.group)
+    elif test.labelled_rows:
+        log.warning(
+            "%s: %d of %d rows have labels, so what the selection achieved is not reported (first unlabelled: "
+            "line %s)", args.predictions, test.labelled_rows, len(test.rows), test.first_unlabelled,
+        )  # fmt: skip
+        summary["labelled_rows"] = test.labelled_rows
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(out) as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    write_text_atomic(out.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
+        f.writelines(json.dumps(json_number(r), allow_nan=False) + "\n" for r in rows)
+    write_text_atomic(
+        out.with_suffix(".summary.json"), json.dumps(json_number(summary), indent=2, allow_nan=False) + "\n"
+    )
     return summary
 
 
@@ -72,7 +84,10 @@ def check_rules(args: argparse.Namespace) -> Path:
     """Repeated random splits of ``--pool``; write the report."""
     pool = _read(args.pool, args)
     if not pool.labelled:
-        raise RecordError("every pool row needs labels ('hallucinated', or gold answers)", source=args.pool)
+        raise RecordError(
+            "every pool row needs labels ('hallucinated', or gold answers); this one has none",
+            source=args.pool, line=pool.first_unlabelled, field="hallucinated",
+        )  # fmt: skip
     kw = {"grid": args.grid, "start": args.start, "chains": args.chains, "min_calibration": args.min_calibration}
     rows = repeated_selection(pool.answers, args.rule, args.alpha, args.delta, args.repeats, args.calibration_share,
                               args.seed, args.one_per_question, **kw)  # fmt: skip
@@ -82,7 +97,7 @@ def check_rules(args: argparse.Namespace) -> Path:
     write_report(summary, out, title, args.delta, pool=args.pool, repeats=args.repeats, seed=args.seed,
                  calibration_share=args.calibration_share, group_by=args.group_by, score=args.score,
                  one_per_question=args.one_per_question)  # fmt: skip
-    write_text_atomic(out / "splits.json", json.dumps(rows) + "\n")
+    write_text_atomic(out / "splits.json", json.dumps(json_number(rows), allow_nan=False) + "\n")
     return out
 
 

@@ -21,6 +21,7 @@ the data cannot give.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -53,12 +54,16 @@ class ScoredAnswers:
         question: ``(N,)`` integer ids of the answers' questions (the exchangeable unit of the ``"question"`` rule).
         group: ``N`` group names, or ``None`` for one group.
         hallucinated: ``(N,)`` booleans (``True`` = hallucinated); required for calibration answers.
+        keys: ``N`` stable names of the answers (e.g. ``"<question id>#<position>"``): the FDR rule then draws each
+            answer's tie-break from its name and the seed, so the selection does not depend on the answers' order
+            (as after a DDP gather). ``None``: draws in order from the seed.
     """
 
     scores: Tensor
     question: Tensor
     group: list[str] | None = None
     hallucinated: Tensor | None = None
+    keys: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.scores = torch.as_tensor(self.scores, dtype=torch.float64, device="cpu").flatten()
@@ -70,6 +75,10 @@ class ScoredAnswers:
             raise ValueError(f"question has {self.question.numel()} entries for {n} scores")
         if self.group is not None and len(self.group) != n:
             raise ValueError(f"group has {len(self.group)} entries for {n} scores")
+        if self.group is not None and ALL in self.group:
+            raise ValueError(f"the group name {ALL!r} is reserved for every answer together; rename that group")
+        if self.keys is not None and len(self.keys) != n:
+            raise ValueError(f"keys has {len(self.keys)} entries for {n} scores")
         if self.hallucinated is not None:
             self.hallucinated = torch.as_tensor(self.hallucinated, device="cpu").flatten().bool()
             if self.hallucinated.numel() != n:
@@ -80,6 +89,17 @@ class ScoredAnswers:
 
     def groups(self) -> list[str]:
         return [ALL] * len(self) if self.group is None else [str(g) for g in self.group]
+
+    def draws(self, seed: int, mask: Tensor) -> Tensor | None:
+        """Tie-break draws in ``[0, 1)`` for the answers in ``mask``, from their keys and ``seed`` (``None`` without
+        keys): the first 53 bits of ``blake2b(seed, key)``."""
+        if self.keys is None:
+            return None
+        picked = [k for k, m in zip(self.keys, mask.tolist()) if m]
+        return torch.tensor(
+            [int.from_bytes(hashlib.blake2b(f"{seed}\x00{k}".encode(), digest_size=8).digest(), "big") >> 11 for k in picked],
+            dtype=torch.float64, device="cpu",
+        ) / float(2**53)  # fmt: skip
 
     def mask(self, group: str) -> Tensor:
         return torch.tensor([g == group for g in self.groups()], dtype=torch.bool, device="cpu")
@@ -116,21 +136,22 @@ class Selection:
     groups: dict[str, GroupSelection] = field(default_factory=dict)
 
 
-def calibration_floor(rule: Rule, alpha: float, delta: float) -> int:
+def calibration_floor(rule: Rule, alpha: float, delta: float, chains: int = 1) -> int:
     """The fewest calibration items with which ``rule`` can keep anything at all.
 
     ``"fdr"`` and ``"question"``: the smallest ``n`` with ``(n + 1) alpha >= 1`` (below it the best p-value without
     luck in the tie-break, ``1 / (n + 1)``, exceeds ``alpha``, and the conformal rank exceeds ``n``).
-    ``"kept_rate"``: the smallest ``n`` whose best case can reach ``1 / delta`` wealth: ``n`` questions that keep every
-    answer, none hallucinated (each loss 0), each bet at its cap, ``(1 + alpha / (2 (1 - alpha))) ** n >= 1 / delta``.
+    ``"kept_rate"``: the smallest ``n`` whose best case can reach the wealth of a chain's test, ``chains / delta``:
+    ``n`` questions that keep every answer, none hallucinated (each loss 0), each bet at its cap, ``(1 + alpha / (2
+    (1 - alpha))) ** n >= chains / delta``.
 
     Example:
-        >>> calibration_floor("fdr", 0.1, 0.1), calibration_floor("kept_rate", 0.1, 0.1)
-        (9, 43)
+        >>> calibration_floor("fdr", 0.1, 0.1), calibration_floor("kept_rate", 0.1, 0.1, chains=4)
+        (9, 69)
     """
     n = 1
     if rule == "kept_rate":
-        return max(1, math.ceil(math.log(1 / delta) / math.log1p(0.5 * alpha / (1 - alpha)) - 1e-9))
+        return max(1, math.ceil(math.log(chains / delta) / math.log1p(0.5 * alpha / (1 - alpha)) - 1e-9))
     while int(conformal_rank(n, alpha)) > n:
         n += 1
     return n
@@ -182,17 +203,19 @@ class AnswerSelector:
             raise ValueError(f"chains must lie in [1, grid], got {chains}")
         self.rule, self.alpha, self.delta, self.grid, self.start, self.seed = rule, alpha, delta, grid, start, seed
         self.chains = chains
-        floor = calibration_floor(rule, alpha, delta)
+        floor = calibration_floor(rule, alpha, delta, chains)
         if min_calibration is not None and min_calibration < floor:
             raise ValueError(f"min_calibration must be >= {floor} for rule {rule!r} at alpha={alpha}, delta={delta}")
         self.min_calibration = floor if min_calibration is None else min_calibration
         self._given_min_calibration = min_calibration
 
     def with_alpha(self, alpha: float) -> AnswerSelector:
-        """The same selector at another ``alpha`` (a ``min_calibration`` left to its default follows the new floor)."""
-        return AnswerSelector(
-            self.rule, alpha, self.delta, self._given_min_calibration, self.grid, self.start, self.chains, self.seed
-        )
+        """The same selector at another ``alpha``; a ``min_calibration`` below the new ``alpha``'s floor is raised to
+        it (the floor is the least with which the rule can keep anything)."""
+        given = self._given_min_calibration
+        if given is not None:
+            given = max(given, calibration_floor(self.rule, alpha, self.delta, self.chains))
+        return AnswerSelector(self.rule, alpha, self.delta, given, self.grid, self.start, self.chains, self.seed)
 
     def select(self, calibration: ScoredAnswers, test: ScoredAnswers) -> Selection:
         """The test answers to keep, calibrated on ``calibration`` (which must carry ``hallucinated``)."""
@@ -211,7 +234,7 @@ class AnswerSelector:
             cut: float | None = None
             kept = torch.zeros(int(tm.sum()), dtype=torch.bool, device="cpu")
             if not too_small:
-                kept, cut = self._select_group(cal_s, cal_y, cal_q, test.scores[tm], gen)
+                kept, cut = self._select_group(cal_s, cal_y, cal_q, test.scores[tm], gen, test.draws(self.seed, tm))
             keep[tm] = kept
             out.groups[g] = GroupSelection(
                 g, n_cal, self.min_calibration, too_small, cut, int(tm.sum()), int(kept.sum())
@@ -232,12 +255,12 @@ class AnswerSelector:
         return out
 
     def _select_group(
-        self, cal_s: Tensor, cal_y: Tensor, cal_q: Tensor, test_s: Tensor, gen: torch.Generator
+        self, cal_s: Tensor, cal_y: Tensor, cal_q: Tensor, test_s: Tensor, gen: torch.Generator, u: Tensor | None
     ) -> tuple[Tensor, float | None]:
         if test_s.numel() == 0:
             return torch.zeros(0, dtype=torch.bool, device="cpu"), None
         if self.rule == "fdr":
-            return benjamini_hochberg(conformal_pvalues(cal_s, cal_y, test_s, gen), self.alpha), None
+            return benjamini_hochberg(conformal_pvalues(cal_s, cal_y, test_s, gen, u), self.alpha), None
         if self.rule == "question":
             cut = question_cutoff(cal_s, cal_y, cal_q, self.alpha)
             return test_s < cut, cut

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from kglightning.conformal.selection import AnswerSelector, ScoredAnswers, Selection
+from kglightning.conformal.selection import ALL, AnswerSelector, ScoredAnswers, Selection
 from kglightning.data.records import RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
 from kglightning.metrics.functional.qa import answer_correctness
@@ -37,13 +37,16 @@ Sense = Literal["hallucination", "confidence"]
 @dataclass
 class ScoredFile:
     """The answers of a file (:class:`ScoredAnswers`, question ``i`` = the ``i``-th kept row), the kept rows, each
-    row's answers, whether every row is labelled, and the skipped rows' errors."""
+    row's answers, whether every row is labelled (and how many are, and the line of the first that is not), and the
+    skipped rows' errors."""
 
     answers: ScoredAnswers
     rows: list[dict[str, Any]]
     names: list[list[str]]
     labelled: bool
     skipped: list[RecordError] = field(default_factory=list)
+    labelled_rows: int = 0
+    first_unlabelled: int | None = None
 
 
 def lookup_key(row: dict[str, Any], key: str) -> Any:
@@ -54,6 +57,20 @@ def lookup_key(row: dict[str, Any], key: str) -> Any:
             raise KeyError(key)
         value = value[part]
     return value
+
+
+def _finite(v: Any) -> bool:
+    """A number that is not a boolean and converts to a finite float (a 400-digit integer does not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _group_value(v: Any) -> bool:
+    return isinstance(v, (str, bool)) or (isinstance(v, (int, float)) and _finite(v))
 
 
 def _row(
@@ -67,15 +84,14 @@ def _row(
     names = pred.split("\n") if isinstance(pred, str) else pred
     if not isinstance(names, list) or not all(isinstance(p, str) for p in names):
         raise err("expected a list of strings or a newline-joined string", "prediction")
+    blank = [i for i, p in enumerate(names) if not p.strip()]
+    if blank:
+        raise err(f"answer {blank[0]} is blank", "prediction")
     values = row.get(score)
     if not isinstance(values, list) or len(values) != len(names):
         got = f"{len(values)} values" if isinstance(values, list) else type(values).__name__
         raise err(f"expected a list of {len(names)} numbers (one per answer), got {got}", score)
-    bad = [
-        i
-        for i, v in enumerate(values)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-    ]
+    bad = [i for i, v in enumerate(values) if not _finite(v)]
     if bad:
         raise err(f"item {bad[0]} is {values[bad[0]]!r}, expected a finite number", score)
     scores = [float(v) if sense == "hallucination" else 1.0 - float(v) for v in values]
@@ -99,13 +115,15 @@ def _row(
         except KeyError:
             raise err("missing (named by group_by)", group_by) from None
         if isinstance(g, list):
-            if len(g) != len(names) or not all(isinstance(x, (str, int, bool)) for x in g):
+            if len(g) != len(names) or not all(_group_value(x) for x in g):
                 raise err(f"expected one value per answer ({len(names)}) or one for the row", group_by)
             groups = [str(x) for x in g]
-        elif isinstance(g, (str, int, bool)):
+        elif _group_value(g):
             groups = [str(g)] * len(names)
         else:
-            raise err(f"expected a string, number or boolean, got {type(g).__name__}", group_by)
+            raise err(f"expected a string, finite number or boolean, got {type(g).__name__}", group_by)
+        if ALL in groups:
+            raise err(f"the group name {ALL!r} is reserved for every answer together", group_by)
     return names, scores, labels, groups
 
 
@@ -150,8 +168,8 @@ def scored_rows(
     question: list[int] = []
     labels: list[bool] = []
     groups: list[str] = []
-    rows, names, skipped, seen = [], [], [], {}
-    labelled = True
+    rows, names, skipped, seen, keys = [], [], [], {}, []
+    labelled, labelled_rows, first_unlabelled = True, 0, None
     for line, raw in items:
 
         def err(message: str, name: str | None = None, line: int = line) -> RecordError:
@@ -176,6 +194,9 @@ def scored_rows(
         names.append(ans)
         scores += s
         labelled = labelled and y is not None
+        labelled_rows += y is not None
+        first_unlabelled = line if y is None and first_unlabelled is None else first_unlabelled
+        keys += [f"{key}#{i}" for i in range(len(ans))]
         labels += y if y is not None else [False] * len(ans)
         groups += g if g is not None else []
     if skipped:
@@ -188,8 +209,21 @@ def scored_rows(
         torch.tensor(question, dtype=torch.long, device="cpu"),
         groups if group_by is not None else None,
         torch.tensor(labels, dtype=torch.bool, device="cpu") if labelled else None,
+        keys,
     )
-    return ScoredFile(answers, rows, names, labelled, skipped)
+    return ScoredFile(answers, rows, names, labelled, skipped, labelled_rows, first_unlabelled)
+
+
+def json_number(x: Any) -> Any:
+    """``x`` as strict JSON allows: a non-finite float becomes ``"inf"``, ``"-inf"`` or ``None`` (NaN), recursively
+    through dicts and lists."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: json_number(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_number(v) for v in x]
+    return x
 
 
 def selected_rows(
@@ -203,7 +237,7 @@ def selected_rows(
     for row, ans in zip(rows, names):
         mine = range(i, i + len(ans))
         i += len(ans)
-        cuts = {g: selection.groups[g].cut for g in dict.fromkeys(groups[j] for j in mine)}
+        cuts = {g: json_number(selection.groups[g].cut) for g in dict.fromkeys(groups[j] for j in mine)}
         out.append(
             {
                 **row,

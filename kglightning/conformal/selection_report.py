@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from kglightning.conformal.selection import AnswerSelector, Rule, ScoredAnswers
+from kglightning.conformal.selection_io import json_number
 from kglightning.fileio import write_text_atomic
 from kglightning.metrics.functional.selection import grouped_selection_metrics
 
@@ -245,7 +246,7 @@ def write_report(summary: list[dict[str, Any]], out_dir: str | Path, title: str,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "report.md", report_markdown(summary, title, delta))
-    clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in c.items()} for c in summary]
-    write_text_atomic(out / "report.json", json.dumps({**meta, "delta": delta, "summary": clean}, indent=2) + "\n")
+    report = json_number({**meta, "delta": delta, "summary": summary})
+    write_text_atomic(out / "report.json", json.dumps(report, indent=2, allow_nan=False) + "\n")
     plot_selection(summary, out / "selection.png")
     return out

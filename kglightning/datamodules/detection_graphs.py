@@ -335,6 +335,7 @@ def build_detection_graph(
         answer_rank=torch.tensor([r / max(len(preds), 1) for r in ranks]),
         num_answer_items=torch.tensor([len(names)]),
         y=torch.tensor(labels),
+        labelled=torch.tensor([bool(gold)]),  # False: the record has no gold answer, so y says nothing
         proposer_confidence=torch.tensor(confidences),
         answer_signals=torch.tensor(answer_signals, dtype=torch.float).view(len(names), len(SIGNALS)),
         question_index=torch.tensor([virtual]),

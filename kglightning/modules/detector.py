@@ -387,8 +387,8 @@ class HallucinationDetector(L.LightningModule):
 
     def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
         """Per question: the proposed answers with their hallucination probability and flag, and ``hallucinated``,
-        each answer's label against the record's gold answers (what ``kglightning select`` calibrates on; every
-        answer is hallucinated for a record without gold answers)."""
+        each answer's label against the record's gold answers (what ``kglightning select`` calibrates on; left out
+        for a record without gold answers, which has nothing to label against)."""
         probs = torch.sigmoid(self(batch)).cpu()
         owner = answer_owner(batch).cpu()
         grounding = getattr(batch, "answer_grounding", None)
@@ -397,6 +397,8 @@ class HallucinationDetector(L.LightningModule):
         flagged = (probs >= self.answer_thresholds(~loose.cpu()).cpu()).tolist()
         thresholds = {"threshold": float(self.threshold), "ungrounded_threshold": float(self.ungrounded_threshold)}
         labels = batch.y.bool().cpu().tolist() if getattr(batch, "y", None) is not None else None
+        labelled = getattr(batch, "labelled", None)  # absent from graphs built before it existed: labelled
+        labelled = labelled.cpu().tolist() if labelled is not None else [True] * len(batch.qid)
         out = []
         for g, (qid, names) in enumerate(zip(batch.qid, batch.answer_names)):
             mine = (owner == g).nonzero().flatten().tolist()
@@ -407,7 +409,7 @@ class HallucinationDetector(L.LightningModule):
                     "prediction": list(names),
                     "hallucination_prob": [round(x, 6) for x in p],
                     **({"grounding": [kinds[i] for i in mine]} if kinds else {}),
-                    **({"hallucinated": [labels[i] for i in mine]} if labels is not None else {}),
+                    **({"hallucinated": [labels[i] for i in mine]} if labels is not None and labelled[g] else {}),
                     "flagged": [n for n, i in zip(names, mine) if flagged[i]],
                     **thresholds,
                 }

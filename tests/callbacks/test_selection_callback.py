@@ -93,3 +93,35 @@ def test_groups_are_grounded_or_not_and_unlabelled_calibration_is_refused(fitted
         SelectionCallback(group_by="hops")
     with pytest.raises(ValueError, match="report_alphas"):
         SelectionCallback(report_alphas=[1.5])
+
+
+def test_rows_come_back_in_dataset_order_once_and_conflicts_are_errors():
+    from kglightning.callbacks.selection import _dataset_order
+
+    rows = [{"id": i, "p": [i]} for i in range(5)]
+    parts = [[rows[0], rows[2], rows[4]], [rows[1], rows[3], rows[0]]]  # rank 1 padded with a repeat of item 0
+    assert _dataset_order(parts) == rows
+    with pytest.raises(RuntimeError, match="two different predicted rows"):
+        _dataset_order([[rows[0]], [{"id": 0, "p": [9]}]])
+
+
+def test_records_without_gold_answers_carry_no_labels(tiny_encoder_dir):
+    from collections import defaultdict
+
+    from conftest import make_detection_records
+
+    from kglightning.data.records import KGQARecord
+    from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph
+
+    class Rows(defaultdict):  # every text has row 0
+        def __missing__(self, key):
+            return 0
+
+        def get(self, key, default=None):
+            return 0
+
+    rec = make_detection_records(1, 0)[0]
+    labelled = build_detection_graph(KGQARecord.from_dict(rec), Rows(), DetectionStats())
+    rec["answer"], rec["a_entity"] = [], []
+    bare = build_detection_graph(KGQARecord.from_dict(rec), Rows(), DetectionStats())
+    assert labelled.labelled.tolist() == [True] and bare.labelled.tolist() == [False]

@@ -203,6 +203,7 @@ def test_conformal_callback_through_the_cli_and_ddp(detection_dir, tiny_encoder_
         "--trainer.callbacks+=kglightning.callbacks.ConformalCallback",
         "--trainer.callbacks.alpha=0.2",
         "--trainer.callbacks.fit_on=validation",
+        "--trainer.callbacks.by_group=true",
     ]
     ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
     ckpt = tmp_path / "outputs/detector/graph_transformer/checkpoints/last.ckpt"
@@ -210,6 +211,7 @@ def test_conformal_callback_through_the_cli_and_ddp(detection_dir, tiny_encoder_
     state = torch.load(ckpt, weights_only=False)["callbacks"]
     (key,) = [k for k in state if "ConformalCallback" in k]
     assert state[key]["alpha"] == 0.2 and state[key]["n_cal"] > 0
+    assert state[key]["group_qhat"] and state[key]["group_names"][0] == "grounded"  # gathered by group on 2 processes
 
     results = {}
     odd = _odd_test_split(detection_dir, tmp_path)  # a padded test shard on 2 processes
@@ -224,7 +226,7 @@ def test_conformal_callback_through_the_cli_and_ddp(detection_dir, tiny_encoder_
             str(ckpt),
         )
         results[name] = _metrics(tmp_path, name)
-    for metric in ("test/conformal_coverage", "test/conformal_set_size"):
+    for metric in ("test/conformal_coverage", "test/conformal_set_size", "test/conformal_coverage/grounded"):
         assert results["c2"][metric] == pytest.approx(results["c1"][metric], abs=1e-6), metric
     assert 0.0 <= results["c1"]["test/conformal_coverage"] <= 1.0
     assert 0.0 <= results["c1"]["test/conformal_set_size"] <= 2.0

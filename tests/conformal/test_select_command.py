@@ -70,6 +70,9 @@ def test_read_scored_labels_groups_and_senses(tmp_path):
             "one value",
         ),
         ({"id": "a", "prediction": ["x"], "hallucination_prob": [0.1]}, "grounding", "missing"),
+        ({"id": "a", "prediction": ["x"], "hallucination_prob": [int("1" * 400)]}, "hallucination_prob", "finite"),
+        ({"id": "a", "prediction": ["x"], "hallucination_prob": [0.1], "grounding": ["all"]}, "grounding", "reserved"),
+        ({"id": "a", "prediction": ["x", " "], "hallucination_prob": [0.1, 0.2]}, "prediction", "blank"),
     ],
 )
 def test_bad_rows_name_file_line_and_field(tmp_path, row, field, words):
@@ -184,3 +187,28 @@ def test_one_per_question_keeps_one_seeded_answer_of_every_question():
     rows = repeated_selection(a.__class__(a.scores, q, None, torch.rand(7) < 0.5), ["fdr"], [0.2], repeats=2,
                               single_answer=True)  # fmt: skip
     assert all(r["answers"] <= 4 for r in rows)
+
+
+def test_infinite_cuts_are_strict_json_and_float_groups_are_read(tmp_path):
+    # no calibration answer is hallucinated: the question rule's cut is +inf, written as "inf" in strict JSON
+    cal = [{"id": f"c{i}", "prediction": ["a"], "hallucination_prob": [0.2], "hallucinated": [False], "t": 1.5}
+           for i in range(30)]  # fmt: skip
+    test = [{"id": "t0", "prediction": ["a", "b"], "hallucination_prob": [0.1, 0.9], "t": 1.5}]
+    c, t, out = _write(tmp_path / "c.jsonl", cal), _write(tmp_path / "t.jsonl", test), tmp_path / "o.jsonl"
+    args = ["select", "--calibration", str(c), "--predictions", str(t), "--rule", "question", "--group-by", "t"]
+    assert main([*args, "--output", str(out)]) == 0
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"non-standard JSON constant {name}"))
+
+    row = strict(out.read_text())
+    assert row["selection"]["cuts"] == {"1.5": "inf"} and row["kept"] == ["a", "b"]
+    assert strict(out.with_suffix(".summary.json").read_text())["groups"]["1.5"]["cut"] == "inf"
+
+
+def test_unlabelled_calibration_row_is_named_by_line(tmp_path, capsys):
+    rows = _pool(5)
+    del rows[3]["hallucinated"]
+    cal = _write(tmp_path / "cal.jsonl", rows)
+    assert main(["select", "--calibration", str(cal), "--predictions", str(cal)]) == 2
+    assert "cal.jsonl:4: field 'hallucinated'" in capsys.readouterr().err

@@ -94,8 +94,8 @@ def test_unreachable_alpha_abstains_with_a_warning(caplog):
     cal, test = draw(gen, 100), draw(gen, 30, first=1000)
     hard = ScoredAnswers(test.scores, test.question, None)
     calh = ScoredAnswers(cal.scores, cal.question, None, torch.ones(len(cal), dtype=torch.bool))  # all wrong
-    for rule, alpha, message in (("fdr", 0.05, "keeps none"), ("kept_rate", 0.05, "keeps none"),
-                                 ("question", 0.005, "fewer than the 199")):  # fmt: skip
+    for rule, alpha, message in (("fdr", 0.05, "keeps none"), ("kept_rate", 0.1, "keeps none"),
+                                 ("kept_rate", 0.05, "fewer than the 143"), ("question", 0.005, "fewer than the 199")):  # fmt: skip
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             out = AnswerSelector(rule=rule, alpha=alpha).select(calh, hard)
@@ -130,3 +130,39 @@ def test_calibration_floor_and_arguments():
         ScoredAnswers([float("nan")], [0])
     with pytest.raises(ValueError, match="group has 1 entries for 2"):
         ScoredAnswers([0.1, 0.2], [0, 1], ["a"])
+
+
+def test_fdr_selection_with_keys_does_not_depend_on_the_order_of_the_test_answers():
+    """As after a DDP gather: the same answers in another order keep the same set when each answer's tie-break is
+    drawn from its name; drawn in order from the seed, the kept set can change."""
+    gen = torch.Generator().manual_seed(21)
+    cal, test = draw(gen, 200), draw(gen, 40, first=1000)
+    keys = [f"q{int(q)}#{i}" for i, q in enumerate(test.question.tolist())]
+    perm = torch.randperm(len(test), generator=gen)
+    moved = ScoredAnswers(test.scores[perm], test.question[perm], [test.group[i] for i in perm.tolist()],
+                          test.hallucinated[perm], [keys[i] for i in perm.tolist()])  # fmt: skip
+    keyed = ScoredAnswers(test.scores, test.question, test.group, test.hallucinated, keys)
+    for seed in range(10):
+        a = AnswerSelector(alpha=0.3, seed=seed).select(cal, keyed).keep
+        b = AnswerSelector(alpha=0.3, seed=seed).select(cal, moved).keep
+        assert torch.equal(a[perm], b)
+    draws = keyed.draws(5, torch.ones(len(test), dtype=torch.bool))
+    assert torch.equal(draws[perm], moved.draws(5, torch.ones(len(test), dtype=torch.bool)))
+    assert 0 <= float(draws.min()) and float(draws.max()) < 1 and draws.unique().numel() == len(test)
+
+
+def test_kept_rate_floor_counts_the_chains_and_with_alpha_follows_the_floor():
+    """The floor is where the best case (every calibration question keeps all, none wrong) can first be certified."""
+    floor = calibration_floor("kept_rate", 0.1, 0.1, chains=4)
+    for n, kept in ((floor - 1, False), (floor, True)):
+        cal = ScoredAnswers(torch.full((n,), 0.05), torch.arange(n), None, torch.zeros(n, dtype=torch.bool))
+        out = AnswerSelector(rule="kept_rate", alpha=0.1, chains=4).select(cal, ScoredAnswers([0.1] * 30, range(30)))
+        assert out.groups["all"].too_small is not kept and bool(out.keep.any()) is kept
+    sel = AnswerSelector(rule="fdr", alpha=0.1, min_calibration=10)
+    assert sel.with_alpha(0.05).min_calibration == calibration_floor("fdr", 0.05, 0.1)  # raised to the new floor
+    assert sel.with_alpha(0.2).min_calibration == 10
+
+
+def test_the_group_name_all_is_reserved():
+    with pytest.raises(ValueError, match="reserved"):
+        ScoredAnswers([0.1, 0.2], [0, 1], ["all", "x"])

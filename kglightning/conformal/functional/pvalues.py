@@ -163,7 +163,7 @@ def betting_pvalue(
     L = _losses(losses, binary=False)
     n = L.shape[-1]
     if generator is not None:
-        L = L[..., torch.randperm(n, generator=generator).to(L.device)]
+        L = L[..., torch.randperm(n, generator=generator, device="cpu").to(L.device)]
     i = torch.arange(1, n + 1, dtype=torch.float64, device=L.device)
     mean = (0.5 + torch.cumsum(L, dim=-1)) / (i + 1)  # running mean with a prior point at 1/2
     prev_mean = torch.cat([torch.full_like(mean[..., :1], 0.5), mean[..., :-1]], dim=-1)

@@ -54,6 +54,7 @@ def conformal_pvalues(
     cal_null: Tensor | Sequence,
     test_scores: Tensor | Sequence,
     generator: torch.Generator | None = None,
+    u: Tensor | None = None,
 ) -> Tensor:
     """Conformal p-values for ``H0_j: test answer j is hallucinated`` (Jin & Candes 2023, the clipped score).
 
@@ -68,6 +69,8 @@ def conformal_pvalues(
         cal_null: ``(n,)`` booleans, ``True`` = hallucinated.
         test_scores: ``(m,)`` hallucination scores of the test answers.
         generator: seeds the tie-breaking draws ``U`` (pass one for reproducible selections).
+        u: the draws ``U`` themselves, ``(m,)`` in ``[0, 1)``, instead of ``generator`` (e.g. derived from each
+            answer's identity, so that the p-values do not depend on the order of the test answers).
 
     Returns:
         ``(m,)`` float64 p-values in ``(0, 1]``.
@@ -85,7 +88,11 @@ def conformal_pvalues(
     nulls = torch.sort(cs[null.to(cs.device)]).values
     below = torch.searchsorted(nulls, ts, right=False)
     ties = torch.searchsorted(nulls, ts, right=True) - below
-    u = torch.rand(ts.shape, generator=generator, dtype=torch.float64, device="cpu").to(ts.device)
+    if u is None:
+        u = torch.rand(ts.shape, generator=generator, dtype=torch.float64, device="cpu")
+    elif u.shape != ts.shape or not bool(((u >= 0) & (u < 1)).all()):
+        raise ValueError(f"u must hold one draw in [0, 1) per test score, shape {tuple(ts.shape)}")
+    u = u.to(device=ts.device, dtype=torch.float64)
     return (below + u * (1 + ties)) / (cs.numel() + 1)
 
 
@@ -176,7 +183,7 @@ def kept_rate_pvalues(
     _, unit = torch.unique(q, return_inverse=True)
     n_q = int(unit.max()) + 1
     # one visiting order for every threshold (and chunk): drawn once, before any loss is seen
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator)) if generator is not None else 0
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device="cpu")) if generator is not None else 0
     size = torch.zeros(n_q, dtype=torch.float64, device=cs.device).scatter_add_(0, unit, torch.ones_like(cs))
     weight = (1.0 / size)[unit]  # each question weighs one, spread over its answers
     p = torch.empty(t.shape, dtype=torch.float64, device=cs.device)
