@@ -7,8 +7,9 @@ starts it runs ``predict_step`` over a labelled calibration split of the datamod
 default), and when ``predict`` ends it keeps each predicted question's answers with its
 :class:`~kglightning.conformal.AnswerSelector` and writes, in ``output_dir``:
 
-* ``trusted_answers.jsonl``: per question its answers, scores and groups, ``kept``, ``kept_scores``, ``dropped``,
-  ``abstained`` and ``selection`` (rule, alpha, the cut of each group);
+* ``trusted_answers.jsonl``: per question (in dataset order) its answers, scores and groups, ``kept``,
+  ``kept_scores``, ``dropped``, ``abstained`` and ``selection`` (rule, alpha, the cut of each group), and, when the
+  records carry ``prediction_paths``, ``cited_paths`` per answer and ``kept_paths`` per kept answer;
 * ``report.md`` and ``report.json``: what was kept per group (calibration size, ``too_small`` flags) and, when the
   predicted split is labelled, the achieved FDR, power, abstention and per-question error per group, and a sweep
   of ``report_alphas`` (``selection.png``: achieved rate and power against alpha);
@@ -33,21 +34,23 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from kglightning.conformal.selection import AnswerSelector
-from kglightning.conformal.selection_io import ScoredFile, json_number, scored_rows, selected_rows
+from kglightning.conformal.selection_io import ScoredFile, json_number, lookup_key, scored_rows, selected_rows
 from kglightning.conformal.selection_report import report_markdown, summarize, write_report
 from kglightning.data.devices import all_gather_objects
+from kglightning.data.records import RecordError
 from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.metrics.functional.selection import grouped_selection_metrics
 
 log = logging.getLogger(__name__)
 
-GroupBy = Literal["grounded", "grounding", "none"]
+GroupBy = Literal["grounded", "grounding", "record", "none"]
 GROUP_KEY = "selection_group"
 
 
 def _with_groups(rows: list[dict[str, Any]], group_by: GroupBy) -> list[dict[str, Any]]:
-    """Rows with a per-answer ``selection_group``: grounded or not (``grounded``), the grounding kind, or none."""
-    if group_by == "none":
+    """Rows with a per-answer ``selection_group``: grounded or not (``grounded``), the grounding kind, or as given
+    (``record`` and ``none``)."""
+    if group_by in ("none", "record"):
         return rows
     out = []
     for row in rows:
@@ -91,7 +94,9 @@ class SelectionCallback(Callback):
             ``reliability.png``.
         selector: the rule and its levels (default: ``AnswerSelector()``, FDR at 0.1).
         group_by: ``"grounded"`` (grounded answers and ungrounded ones calibrated apart), ``"grounding"`` (each
-            grounding kind apart) or ``"none"``.
+            grounding kind apart), ``"record"`` (by ``group_field`` of each question's record) or ``"none"``.
+        group_field: with ``group_by="record"``, the record field (dotted for nested values) whose value groups the
+            questions: a field of the records' own (``extra``) such as a question type or the LLM that answered.
         calibration_split: the labelled split of the datamodule to calibrate on.
         score: the per-answer score column of ``predict_step``'s rows (higher = more likely hallucinated).
         report_alphas: the levels of the report's sweep (on a labelled predicted split).
@@ -102,13 +107,17 @@ class SelectionCallback(Callback):
         output_dir: str = "outputs/trust",
         selector: AnswerSelector | None = None,
         group_by: GroupBy = "grounded",
+        group_field: str | None = None,
         calibration_split: str = "validation",
         score: str = "hallucination_prob",
         report_alphas: list[float] | None = None,
     ) -> None:
         super().__init__()
-        if group_by not in ("grounded", "grounding", "none"):
-            raise ValueError(f"group_by must be 'grounded', 'grounding' or 'none', got {group_by!r}")
+        if group_by not in ("grounded", "grounding", "record", "none"):
+            raise ValueError(f"group_by must be 'grounded', 'grounding', 'record' or 'none', got {group_by!r}")
+        if (group_by == "record") != (group_field is not None):
+            raise ValueError("group_field names the record field to group by, and only with group_by='record'")
+        self.group_field = group_field
         self.output_dir = Path(output_dir)
         self.selector = selector if selector is not None else AnswerSelector()
         self.group_by, self.calibration_split, self.score = group_by, calibration_split, score
@@ -117,6 +126,38 @@ class SelectionCallback(Callback):
             raise ValueError(f"report_alphas must lie in (0, 1), got {self.report_alphas}")
         self.calibration: ScoredFile | None = None
         self._rows: list[dict[str, Any]] = []
+
+    def _from_records(self, trainer: L.Trainer, split: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each row with what its record holds: ``cited_paths`` (per answer, the paths the LLM cited for it, when
+        the records carry ``prediction_paths``) and, with ``group_by="record"``, its group."""
+        dm = trainer.datamodule
+        getter = getattr(dm, "records", None) or getattr(dm, "split_records", None)
+        if getter is None:
+            if self.group_by == "record":
+                raise RuntimeError("group_by='record' needs a datamodule with records(split) or split_records(split)")
+            return rows
+        by_id = {str(r.id): r for r in getter(split)}
+        out = []
+        for row in rows:
+            rec = by_id.get(str(row["id"]))
+            if rec is None:
+                raise RuntimeError(f"SelectionCallback: no record of the {split!r} split has id {row['id']!r}")
+            extra: dict[str, Any] = {}
+            if rec.prediction_paths is not None and rec.prediction is not None:
+                cited: dict[str, list] = {}
+                for entry, paths in zip(rec.prediction, rec.prediction_paths):
+                    cited.setdefault(entry, []).extend(p for p in paths if p not in cited.get(entry, []))
+                extra["cited_paths"] = [cited.get(name, []) for name in row["prediction"]]
+            if self.group_by == "record":
+                fields = {"id": rec.id, "question": rec.question, **rec.extra}
+                try:
+                    value = lookup_key(fields, self.group_field)
+                except KeyError:
+                    raise RecordError("missing (named by group_field)", source=f"{split} split, record {rec.id!r}",
+                                      field=self.group_field) from None  # fmt: skip
+                extra[GROUP_KEY] = value if isinstance(value, list) else [value] * len(row["prediction"])
+            out.append({**row, **extra})
+        return out
 
     def _scored(self, rows: list[dict[str, Any]], source: str) -> ScoredFile:
         group = None if self.group_by == "none" else GROUP_KEY
@@ -146,6 +187,7 @@ class SelectionCallback(Callback):
                     rows += pl_module.predict_step(batch, i)
         finally:
             pl_module.train(was_training)
+        rows = self._from_records(trainer, self.calibration_split, rows)
         if not rows:
             raise RuntimeError(
                 f"SelectionCallback: the {self.calibration_split!r} split has no question to calibrate on"
@@ -181,6 +223,7 @@ class SelectionCallback(Callback):
         if not rows:
             log.warning("SelectionCallback: no predicted question; nothing written")
             return
+        rows = self._from_records(trainer, getattr(trainer.datamodule, "predict_split", "test"), rows)
         self.write(rows)
 
     def write(self, rows: list[dict[str, Any]]) -> Path:

@@ -230,8 +230,9 @@ def selected_rows(
     rows: list[dict[str, Any]], names: list[list[str]], answers: ScoredAnswers, selection: Selection,
     selector: AnswerSelector,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """Each row with what the selection did to its answers: ``kept`` (in their order), ``kept_scores``, ``dropped``,
-    ``abstained`` (no answer kept) and ``selection`` (the rule, alpha and the cut of each of the row's groups)."""
+    """Each row with what the selection did to its answers: ``kept`` (in their order), ``kept_scores``, ``kept_paths``
+    (when the row has ``cited_paths``, one list of paths per answer), ``dropped``, ``abstained`` (no answer kept) and
+    ``selection`` (the rule, alpha and the cut of each of the row's groups)."""
     keep, scores, groups = selection.keep.tolist(), answers.scores.tolist(), answers.groups()
     out, i = [], 0
     for row, ans in zip(rows, names):
@@ -243,6 +244,11 @@ def selected_rows(
                 **row,
                 "kept": [ans[j - mine.start] for j in mine if keep[j]],
                 "kept_scores": [scores[j] for j in mine if keep[j]],
+                **(
+                    {"kept_paths": [row["cited_paths"][j - mine.start] for j in mine if keep[j]]}
+                    if isinstance(row.get("cited_paths"), list) and len(row["cited_paths"]) == len(ans)
+                    else {}
+                ),  # fmt: skip
                 "dropped": [ans[j - mine.start] for j in mine if not keep[j]],
                 "abstained": not any(keep[j] for j in mine),
                 "selection": {"rule": selector.rule, "alpha": selector.alpha, "cuts": cuts},

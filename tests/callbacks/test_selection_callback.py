@@ -125,3 +125,38 @@ def test_records_without_gold_answers_carry_no_labels(tiny_encoder_dir):
     rec["answer"], rec["a_entity"] = [], []
     bare = build_detection_graph(KGQARecord.from_dict(rec), Rows(), DetectionStats())
     assert labelled.labelled.tolist() == [True] and bare.labelled.tolist() == [False]
+
+
+def test_record_groups_and_cited_paths_reach_the_output(detection_dir, tiny_encoder_dir, tmp_path):
+    """group_by='record' groups questions by a field of their records; cited paths of kept answers are written."""
+    from pathlib import Path
+
+    data = tmp_path / "cited"
+    data.mkdir()
+    for split in ("train", "validation", "test"):
+        rows = [json.loads(line) for line in Path(detection_dir, f"{split}.jsonl").open()]
+        for i, r in enumerate(rows):
+            r["kind"] = "even" if i % 2 == 0 else "odd"
+            r["prediction_paths"] = [[[r["q_entity"][0], "cites", p]] for p in r["prediction"]]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    L.seed_everything(0)
+    dm = DetectionDataModule(data_dir=str(data), encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+                             cache_dir=str(tmp_path / "cache"), batch_size=8)  # fmt: skip
+    model = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
+    _trainer(tmp_path, []).fit(model, dm)
+    out = tmp_path / "t"
+    cb = SelectionCallback(output_dir=str(out), selector=AnswerSelector(rule="question", alpha=0.5),
+                           group_by="record", group_field="kind", report_alphas=[0.5])  # fmt: skip
+    _trainer(tmp_path, [cb]).predict(model, dm)
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["groups"]) == {"even", "odd"}
+    rows = [json.loads(line) for line in (out / "trusted_answers.jsonl").open()]
+    topic = {r["id"]: r["q_entity"][0] for r in map(json.loads, (data / "test.jsonl").open())}
+    assert any(r["kept"] for r in rows)
+    for r in rows:  # each kept answer with the path its record cites for it
+        assert r["kept_paths"] == [[[topic[r["id"]], "cites", a]] for a in r["kept"]]
+        assert len(r["cited_paths"]) == len(r["prediction"])
+    with pytest.raises(ValueError, match="group_field"):
+        SelectionCallback(group_by="record")
+    with pytest.raises(ValueError, match="group_field"):
+        SelectionCallback(group_field="kind")
