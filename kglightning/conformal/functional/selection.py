@@ -49,6 +49,20 @@ def _labels(null: Tensor | Sequence, n: int, name: str = "cal_null") -> Tensor:
     return y
 
 
+def _calibration(
+    cal_scores: Tensor | Sequence, cal_null: Tensor | Sequence, cal_question: Tensor | Sequence
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Validated calibration scores, labels and question ids, on the scores' device; never empty."""
+    cs = _scores(cal_scores, "cal_scores")
+    null = _labels(cal_null, cs.numel()).to(cs.device)
+    q = torch.as_tensor(cal_question, device=cs.device).flatten()
+    if q.numel() != cs.numel():
+        raise ValueError(f"cal_question has {q.numel()} entries for {cs.numel()} calibration scores")
+    if cs.numel() == 0:
+        raise ValueError("calibration set is empty")
+    return cs, null, q
+
+
 def conformal_pvalues(
     cal_scores: Tensor | Sequence,
     cal_null: Tensor | Sequence,
@@ -170,13 +184,7 @@ def kept_rate_pvalues(
         tensor([0.0000, 0.4167], dtype=torch.float64)
     """
     check_level(alpha, "alpha")
-    cs = _scores(cal_scores, "cal_scores")
-    null = _labels(cal_null, cs.numel()).to(cs.device)
-    q = torch.as_tensor(cal_question, device=cs.device).flatten()
-    if q.numel() != cs.numel():
-        raise ValueError(f"cal_question has {q.numel()} entries for {cs.numel()} calibration scores")
-    if cs.numel() == 0:
-        raise ValueError("calibration set is empty")
+    cs, null, q = _calibration(cal_scores, cal_null, cal_question)
     if pvalue not in ("betting", "hoeffding_bentkus"):
         raise ValueError(f"pvalue must be 'betting' or 'hoeffding_bentkus', got {pvalue!r}")
     t = as_float_tensor(thresholds, "thresholds", dtype=torch.float64).flatten().to(cs.device)
@@ -232,14 +240,8 @@ def question_cutoff(
         -inf
     """
     check_level(alpha, "alpha")
-    cs = _scores(cal_scores, "cal_scores")
-    null = _labels(cal_null, cs.numel()).to(cs.device)
-    q = torch.as_tensor(cal_question, device=cs.device).flatten()
-    if q.numel() != cs.numel():
-        raise ValueError(f"cal_question has {q.numel()} entries for {cs.numel()} calibration scores")
+    cs, null, q = _calibration(cal_scores, cal_null, cal_question)
     ids, unit = torch.unique(q, return_inverse=True)
-    if ids.numel() == 0:
-        raise ValueError("calibration set is empty")
     lowest = torch.full((ids.numel(),), math.inf, dtype=torch.float64, device=cs.device)
     lowest = lowest.scatter_reduce(0, unit[null], cs[null], reduce="amin", include_self=True)
     return -float(conformal_quantile(-lowest, alpha))
