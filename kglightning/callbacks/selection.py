@@ -195,8 +195,9 @@ class SelectionCallback(Callback):
         cal = self._scored(rows, f"<{self.calibration_split} split>")
         if not cal.labelled:
             raise RuntimeError(
-                f"SelectionCallback: predict_step gave no 'hallucinated' labels on the {self.calibration_split!r} "
-                "split; calibration needs labelled questions"
+                f"SelectionCallback: {len(cal.rows) - cal.labelled_rows} of {len(cal.rows)} questions of the "
+                f"{self.calibration_split!r} split have no 'hallucinated' labels from predict_step (no gold answers); "
+                "calibration needs every question labelled"
             )
         return cal
 

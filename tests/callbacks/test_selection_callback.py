@@ -87,7 +87,7 @@ def test_groups_are_grounded_or_not_and_unlabelled_calibration_is_refused(fitted
 
     bare = Unlabelled(text_dim=32, encoder=ENCODER, mlp_hidden=16)
     bare.load_state_dict(model.state_dict())
-    with pytest.raises(RuntimeError, match="no 'hallucinated' labels"):
+    with pytest.raises(RuntimeError, match="16 of 16 questions of the 'validation' split have no 'hallucinated'"):
         _trainer(tmp_path, [SelectionCallback(output_dir=str(tmp_path / "u"))]).predict(bare, dm)
     with pytest.raises(ValueError, match="group_by"):
         SelectionCallback(group_by="hops")
