@@ -105,10 +105,8 @@ def test_rows_come_back_in_dataset_order_once_and_conflicts_are_errors():
         _dataset_order([[rows[0]], [{"id": 0, "p": [9]}]])
 
 
-def test_records_without_gold_answers_carry_no_labels(tiny_encoder_dir):
+def test_records_without_gold_answers_carry_no_labels(detection_records):
     from collections import defaultdict
-
-    from conftest import make_detection_records
 
     from kglightning.data.records import KGQARecord
     from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph
@@ -120,7 +118,7 @@ def test_records_without_gold_answers_carry_no_labels(tiny_encoder_dir):
         def get(self, key, default=None):
             return 0
 
-    rec = make_detection_records(1, 0)[0]
+    rec = detection_records(1, 0)[0]
     labelled = build_detection_graph(KGQARecord.from_dict(rec), Rows(), DetectionStats())
     rec["answer"], rec["a_entity"] = [], []
     bare = build_detection_graph(KGQARecord.from_dict(rec), Rows(), DetectionStats())
