@@ -108,6 +108,8 @@ class ConformalCallback(Callback):
         self.group_qhat: dict[int, float] = {}
         self.group_n_cal: dict[int, int] = {}
         self.group_names: dict[int, str] = {}
+        self._warned: set[int] = set()  # unseen groups already warned about
+        self._unlabelled_warned = False
         self._restored = False  # load_state_dict ran since the last setup: the loaded checkpoint held a qhat
         self._val_scores: list[Tensor] = []
         self._val_keys: list[Tensor | None] = []
@@ -134,7 +136,9 @@ class ConformalCallback(Callback):
                 self.alpha,
                 math.ceil(1 / self.alpha - 1),
             )
-        if self.by_group:
+        if not self.by_group:
+            self.group_qhat, self.group_n_cal = {}, {}  # thresholds of an earlier grouped fit no longer apply
+        else:
             if groups is None:
                 raise ValueError("by_group=True needs ConformalScores.groups from the module's conformal_scores(batch)")
             g = groups.detach().long().flatten().cpu()
@@ -163,7 +167,8 @@ class ConformalCallback(Callback):
         if cs.group_names is not None:
             self.group_names.update(enumerate(cs.group_names))
         ids = cs.groups.detach().long().cpu().tolist()
-        unseen = sorted({i for i in ids if i not in self.group_qhat})
+        unseen = sorted({i for i in ids if i not in self.group_qhat} - self._warned)
+        self._warned |= set(unseen)
         if unseen:
             log.warning(
                 "ConformalCallback: groups %s have no calibration item: their sets are the full candidate sets",
@@ -181,22 +186,22 @@ class ConformalCallback(Callback):
         loaders = [dataloader] if dataloader is not None else _val_loaders(trainer)
         was_training = pl_module.training
         pl_module.eval()
+        scores: list[Tensor] = []
+        groups: list[Tensor | None] = []
         try:
-            parts = [
-                pl_module.conformal_scores(pl_module.transfer_batch_to_device(batch, pl_module.device, 0))
-                for loader in loaders
-                for batch in loader
-            ]
+            for loader in loaders:
+                for batch in loader:  # each batch reduced to its calibration scores at once (memory)
+                    cs = pl_module.conformal_scores(pl_module.transfer_batch_to_device(batch, pl_module.device, 0))
+                    scores.append(cs.calibration_scores(self.coverage).cpu())
+                    groups.append(cs.groups.detach().long().cpu() if cs.groups is not None else None)
+                    if cs.group_names is not None:
+                        self.group_names.update(enumerate(cs.group_names))
         finally:
             pl_module.train(was_training)
-        scores = [p.calibration_scores(self.coverage).cpu() for p in parts]
-        groups = [p.groups.detach().long().cpu() for p in parts if p.groups is not None]
-        for p in parts[:1]:
-            if p.group_names is not None:
-                self.group_names.update(enumerate(p.group_names))
+        every = bool(groups) and all(g is not None for g in groups)
         return self.fit_scores(
             torch.cat(scores) if scores else torch.empty(0, device="cpu"),
-            torch.cat(groups) if self.by_group and groups and len(groups) == len(parts) else None,
+            torch.cat(groups) if self.by_group and every else None,  # type: ignore[arg-type]
         )
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -308,6 +313,12 @@ class ConformalCallback(Callback):
     ) -> None:  # fmt: skip
         cs = pl_module.conformal_scores(batch)
         if cs.labels is None:
+            if not self._unlabelled_warned:
+                self._unlabelled_warned = True
+                log.warning(
+                    "ConformalCallback: a test batch has no labels (records without gold answers): its items are not "
+                    "counted in test/conformal_coverage"
+                )
             return
         members = cs.sets(self.item_qhat(cs)).cpu()
         hit = covered(members, (cs.labels.bool() & cs.valid).cpu(), self.coverage)
@@ -360,7 +371,9 @@ class ConformalCallback(Callback):
         self.group_n_cal = {int(k): int(v) for k, v in state_dict.get("group_n_cal", {}).items()}
         self.group_names = {int(k): str(v) for k, v in state_dict.get("group_names", {}).items()}
         if self.by_group and not self.group_qhat:
-            log.warning("ConformalCallback: by_group=True, but the checkpoint holds no group thresholds; refit them")
+            # as for a checkpoint without qhat: the thresholds are fitted again, by group, for the loaded weights
+            self._restored = False
+            log.warning("ConformalCallback: by_group=True, but the checkpoint holds no group thresholds; fitting them")
 
 
 def _check_scorer(pl_module: L.LightningModule) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,6 +69,18 @@ def _tracks_indices(trainer: L.Trainer, dataloader_idx: int) -> bool:
     except (AttributeError, IndexError, TypeError):
         return False
     return isinstance(getattr(loader, "batch_sampler", None), _IndexBatchSamplerWrapper)
+
+
+def _strict(x: Any) -> Any:
+    """``x`` as strict JSON allows: a non-finite float (an infinite conformal threshold, whose set is flagged full
+    beside it) becomes ``None``, through dicts and lists."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    return x
 
 
 class JsonlPredictionWriter(BasePredictionWriter):
@@ -134,7 +147,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
             row = item.to_dict() if isinstance(item, KGQARecord) else dict(item)
             if indices is not None:
                 row[_INDEX] = [dataloader_idx, int(indices[j])]
-            self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+            self._file.write(json.dumps(_strict(row), ensure_ascii=False, allow_nan=False) + "\n")
             self.num_written += 1
         self._file.flush()
 

@@ -64,6 +64,24 @@ def _with_groups(rows: list[dict[str, Any]], group_by: GroupBy) -> list[dict[str
     return out
 
 
+def _cited(row: dict[str, Any], prediction: list[str], paths: list[list[list[str]]]) -> list[list[list[str]]]:
+    """Per answer of ``row``, the distinct paths the record cites for the prediction entries behind it: by
+    ``prediction_entries`` (the detector's: repeats and other spellings of one node), else by the answer's text."""
+    names = row["prediction"].split("\n") if isinstance(row["prediction"], str) else list(row["prediction"])
+    behind = row.get("prediction_entries")
+    if not (isinstance(behind, list) and len(behind) == len(names)):
+        behind = [[k for k, entry in enumerate(prediction) if entry == name] for name in names]
+    out = []
+    for ks in behind:
+        cited: list[list[str]] = []
+        for k in ks:
+            for p in paths[k] if 0 <= k < len(paths) else []:
+                if p not in cited:
+                    cited.append(p)
+        out.append(cited)
+    return out
+
+
 def _dataset_order(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The rows of every process in dataset order, each question once.
 
@@ -144,18 +162,18 @@ class SelectionCallback(Callback):
                 raise RuntimeError(f"SelectionCallback: no record of the {split!r} split has id {row['id']!r}")
             extra: dict[str, Any] = {}
             if rec.prediction_paths is not None and rec.prediction is not None:
-                cited: dict[str, list] = {}
-                for entry, paths in zip(rec.prediction, rec.prediction_paths):
-                    cited.setdefault(entry, []).extend(p for p in paths if p not in cited.get(entry, []))
-                extra["cited_paths"] = [cited.get(name, []) for name in row["prediction"]]
+                extra["cited_paths"] = _cited(row, rec.prediction, rec.prediction_paths)
             if self.group_by == "record":
                 fields = {"id": rec.id, "question": rec.question, **rec.extra}
+                where = f"{split} split, record {rec.id!r}"
                 try:
                     value = lookup_key(fields, self.group_field)
                 except KeyError:
-                    raise RecordError("missing (named by group_field)", source=f"{split} split, record {rec.id!r}",
-                                      field=self.group_field) from None  # fmt: skip
-                extra[GROUP_KEY] = value if isinstance(value, list) else [value] * len(row["prediction"])
+                    raise RecordError("missing (named by group_field)", source=where, field=self.group_field) from None
+                if isinstance(value, (list, dict)) or value is None:
+                    raise RecordError(f"expected one string, number or boolean per question, got "
+                                      f"{type(value).__name__}", source=where, field=self.group_field)  # fmt: skip
+                extra[GROUP_KEY] = value  # one value for the row: the reader spreads it over the answers
             out.append({**row, **extra})
         return out
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from pathlib import Path
@@ -42,8 +43,8 @@ from typing import Any, Literal
 import torch
 
 from kglightning.conformal.functional import conformal_quantile
-from kglightning.conformal.selection_io import lookup_key
-from kglightning.data.predictions import PredictionLine, add_on_bad_record_argument, read_predictions
+from kglightning.conformal.selection_io import group_name, group_value, lookup_key
+from kglightning.data.predictions import PredictionLine, PredictionList, add_on_bad_record_argument, read_predictions
 from kglightning.data.records import RecordError
 from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.metrics.functional.evaluation import AnswerError, confidence_pairs
@@ -76,12 +77,12 @@ def row_group(rec: PredictionLine, key: str, source: str) -> str:
         value = lookup_key(rec.row, key)
     except KeyError:
         raise RecordError("missing (named by --group-by)", source=source, line=rec.line, field=key) from None
-    if isinstance(value, (list, dict)) or value is None:
+    if not group_value(value):
         raise RecordError(
-            f"expected one string, number or boolean per question, got {type(value).__name__}",
+            f"expected one string, finite number or boolean per question, got {value!r}",
             source=source, line=rec.line, field=key,
         )  # fmt: skip
-    return str(value)
+    return group_name(value)
 
 
 def conformalize(
@@ -115,8 +116,11 @@ def conformalize(
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     cal = read_predictions(calibration, on_bad_record=on_bad_record, require_confidence=True)
     test = read_predictions(predictions, on_bad_record=on_bad_record, require_confidence=True)
-    groups_cal = [row_group(r, group_by, str(calibration)) if group_by else "all" for r in cal]
-    groups_test = [row_group(r, group_by, str(predictions)) if group_by else "all" for r in test]
+    if group_by:
+        cal, groups_cal = _grouped(cal, group_by, str(calibration), on_bad_record)
+        test, groups_test = _grouped(test, group_by, str(predictions), on_bad_record)
+    else:
+        groups_cal, groups_test = ["all"] * len(cal), ["all"] * len(test)
     by_group: dict[str, list[float]] = {g: [] for g in dict.fromkeys(groups_cal + groups_test)}
     for r, g in zip(cal, groups_cal):
         by_group[g].append(calibration_score(r, str(calibration)))
@@ -145,7 +149,7 @@ def conformalize(
     covered = sum(v["covered"] for v in stats.values())
     n_gold = sum(v["n_gold"] for v in stats.values())
     sizes = sum(v["sizes"] for v in stats.values())
-    qhat = qhats.get("all", math.nan)
+    qhat = math.nan if group_by else qhats["all"]  # grouped: one qhat per group, under "groups"
     scores = torch.tensor([x for v in by_group.values() for x in v], dtype=torch.float64, device="cpu")
     out_path = Path(output) if output else Path(predictions).with_suffix(".conformal.jsonl")
     summary = {
@@ -167,6 +171,26 @@ def conformalize(
         f.writelines(json.dumps(row) + "\n" for row in rows)
     write_text_atomic(out_path.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _grouped(rows: PredictionList, key: str, source: str, on_bad_record: str) -> tuple[PredictionList, list[str]]:
+    """The rows whose group can be read and their groups; a row without one raises, or with ``"skip"`` is left out,
+    logged and counted with the other skipped rows."""
+    kept, groups = PredictionList(source=rows.source), []
+    kept.skipped = list(rows.skipped)
+    for rec in rows:
+        try:
+            groups.append(row_group(rec, key, source))
+        except RecordError as e:
+            if on_bad_record == "raise":
+                raise
+            kept.skipped.append(e)
+            logging.getLogger(__name__).warning("skipping prediction row: %s", e)
+            continue
+        kept.append(rec)
+    if not kept:
+        raise RecordError(f"no row has a usable {key!r} (every row skipped)", source=source)
+    return kept, groups
 
 
 def _qhat(scores: list[float], alpha: float) -> float:

@@ -69,8 +69,21 @@ def _finite(v: Any) -> bool:
         return False
 
 
-def _group_value(v: Any) -> bool:
+def group_value(v: Any) -> bool:
+    """Whether ``v`` can name a group: a string, a boolean or a finite number."""
     return isinstance(v, (str, bool)) or (isinstance(v, (int, float)) and _finite(v))
+
+
+def group_name(v: Any) -> str:
+    """A group value as a name; a whole float is named as the integer it equals (hops 2 and 2.0 are one group).
+
+    Example:
+        >>> group_name(2.0), group_name(2), group_name(2.5), group_name(True)
+        ('2', '2', '2.5', 'True')
+    """
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
 
 
 def _row(
@@ -115,11 +128,11 @@ def _row(
         except KeyError:
             raise err("missing (named by group_by)", group_by) from None
         if isinstance(g, list):
-            if len(g) != len(names) or not all(_group_value(x) for x in g):
+            if len(g) != len(names) or not all(group_value(x) for x in g):
                 raise err(f"expected one value per answer ({len(names)}) or one for the row", group_by)
-            groups = [str(x) for x in g]
-        elif _group_value(g):
-            groups = [str(g)] * len(names)
+            groups = [group_name(x) for x in g]
+        elif group_value(g):
+            groups = [group_name(g)] * len(names)
         else:
             raise err(f"expected a string, finite number or boolean, got {type(g).__name__}", group_by)
         if ALL in groups:

@@ -312,6 +312,8 @@ def build_detection_graph(
     degree = np.bincount(np.concatenate([src_arr, dst_arr]), minlength=virtual)
     answer_signals = [signals.values(entries["node", node], int(degree[node])) for node, *_ in grounded]
     answer_signals += [signals.values(entries["text", normalize(name)], None) for name, _ in loose]
+    answer_entries = [sorted(entries["node", node]) for node, *_ in grounded]
+    answer_entries += [sorted(entries["text", normalize(name)]) for name, _ in loose]
 
     n = virtual + 1
     topic_mask = torch.zeros(n, dtype=torch.bool)
@@ -341,6 +343,7 @@ def build_detection_graph(
         question_index=torch.tensor([virtual]),
         qid=record.id,
         answer_names=names,
+        answer_entries=answer_entries,  # per answer, the entries of record.prediction behind it
     )
 
 

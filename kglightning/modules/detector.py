@@ -388,7 +388,8 @@ class HallucinationDetector(L.LightningModule):
     def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
         """Per question: the proposed answers with their hallucination probability and flag, and ``hallucinated``,
         each answer's label against the record's gold answers (what ``kglightning select`` calibrates on; left out
-        for a record without gold answers, which has nothing to label against)."""
+        for a record without gold answers, which has nothing to label against), and ``prediction_entries``: per
+        answer, the indices of the record's ``prediction`` entries behind it (repeats, spellings of one node)."""
         probs = torch.sigmoid(self(batch)).cpu()
         owner = answer_owner(batch).cpu()
         grounding = getattr(batch, "answer_grounding", None)
@@ -399,6 +400,7 @@ class HallucinationDetector(L.LightningModule):
         labels = batch.y.bool().cpu().tolist() if getattr(batch, "y", None) is not None else None
         labelled = getattr(batch, "labelled", None)  # absent from graphs built before it existed: labelled
         labelled = labelled.cpu().tolist() if labelled is not None else [True] * len(batch.qid)
+        entries = getattr(batch, "answer_entries", None)  # absent from graphs built before it existed
         out = []
         for g, (qid, names) in enumerate(zip(batch.qid, batch.answer_names)):
             mine = (owner == g).nonzero().flatten().tolist()
@@ -410,6 +412,7 @@ class HallucinationDetector(L.LightningModule):
                     "hallucination_prob": [round(x, 6) for x in p],
                     **({"grounding": [kinds[i] for i in mine]} if kinds else {}),
                     **({"hallucinated": [labels[i] for i in mine]} if labels is not None and labelled[g] else {}),
+                    **({"prediction_entries": entries[g]} if entries is not None else {}),
                     "flagged": [n for n, i in zip(names, mine) if flagged[i]],
                     **thresholds,
                 }
@@ -418,10 +421,14 @@ class HallucinationDetector(L.LightningModule):
 
     def conformal_scores(self, batch: Any) -> ConformalScores:
         """For :class:`~kglightning.callbacks.ConformalCallback`: each answer node is an item with the candidate labels
-        ``("faithful", "hallucinated")`` and non-conformity ``1 - p(label)``; ``labels`` one-hot of ``batch.y``; the
+        ``("faithful", "hallucinated")`` and non-conformity ``1 - p(label)``; ``labels`` one-hot of ``batch.y`` (``None``
+        when a record of the batch has no gold answers); the
         groups are grounded (0) and ungrounded (1) answers, for ``ConformalCallback(by_group=True)``."""
         p = torch.sigmoid(self(batch)).double()
         y = getattr(batch, "y", None)
+        labelled = getattr(batch, "labelled", None)  # a record without gold answers has no labels to calibrate on
+        if labelled is not None and not bool(labelled.all()):
+            y = None
         labels = F.one_hot(y.long(), 2).bool() if y is not None else None
         grounding = getattr(batch, "answer_grounding", None)
         groups = (grounding == UNGROUNDED).long() if grounding is not None else torch.zeros_like(p, dtype=torch.long)

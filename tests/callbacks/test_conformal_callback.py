@@ -310,3 +310,40 @@ def test_by_group_fits_a_qhat_per_group_and_covers_each(tmp_path, caplog):
     assert q[1] == math.inf and "no calibration item" in caplog.text
     with pytest.raises(ValueError, match="groups"):
         ConformalCallback(by_group=True).fit_scores(torch.rand(10))
+
+
+def test_group_state_follows_the_mode_and_unseen_groups_warn_once(caplog):
+    grouped = ConformalCallback(alpha=0.2, fit_on="manual", by_group=True)
+    grouped.fit_scores(torch.rand(50, dtype=torch.float64), torch.arange(50) % 2)
+    plain = ConformalCallback(alpha=0.2, fit_on="manual")
+    plain.load_state_dict(grouped.state_dict())
+    plain.fit_scores(torch.rand(50, dtype=torch.float64))
+    assert plain.group_qhat == {} and plain.state_dict()["group_qhat"] == {}  # no stale group thresholds
+    # a grouped callback loading an ungrouped checkpoint fits its groups again rather than using +inf everywhere
+    late = ConformalCallback(alpha=0.2, by_group=True)
+    late.load_state_dict(plain.state_dict())
+    assert late._restored is False
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            grouped.item_qhat(ConformalScores(torch.zeros(2, 2), groups=torch.tensor([0, 7])))
+    assert caplog.text.count("have no calibration item") == 1
+
+
+def test_detector_gives_no_labels_for_records_without_gold_answers(detection_dir, tiny_encoder_dir, tmp_path):
+    import json as _json
+    from pathlib import Path
+
+    data = tmp_path / "nogold"
+    data.mkdir()
+    for split in ("train", "validation", "test"):
+        rows = [_json.loads(line) for line in Path(detection_dir, f"{split}.jsonl").open()]
+        if split == "validation":
+            rows[0]["answer"], rows[0]["a_entity"] = [], []
+        (data / f"{split}.jsonl").write_text("".join(_json.dumps(r) + "\n" for r in rows))
+    dm = _dm(str(data), tiny_encoder_dir, tmp_path, batch_size=64)
+    dm.setup("fit")
+    model = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
+    (batch,) = list(dm.val_dataloader())
+    assert model.conformal_scores(batch).labels is None  # not one made-up "hallucinated" label per answer
+    with pytest.raises(ValueError, match="calibration needs labels"):
+        ConformalCallback(alpha=0.2, fit_on="manual").fit(None, model, dm.val_dataloader())

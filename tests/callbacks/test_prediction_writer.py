@@ -103,3 +103,18 @@ def test_ddp_with_an_iterable_second_loader_loses_no_row(tmp_path: Path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     ids = [r["id"] for r in rows(out)]
     assert ids[:4] == [0, 1, 2, 3] and sorted(ids[4:]) == list(range(100, 108))
+
+
+class Unbounded(L.LightningModule):
+    """Predicts a row with an infinite threshold, as a conformal set that is the full candidate set."""
+
+    def predict_step(self, batch, batch_idx):
+        return [{"id": int(i), "conformal_qhat": [0.3, float("inf")], "score": float("nan")} for i in batch]
+
+
+def test_rows_are_strict_json(tmp_path: Path):
+    out = tmp_path / "preds.jsonl"
+    predict(out, Unbounded(), n=3)
+    for line in out.open():
+        row = json.loads(line, parse_constant=lambda name: pytest.fail(f"non-standard JSON constant {name}"))
+        assert row["conformal_qhat"] == [0.3, None] and row["score"] is None

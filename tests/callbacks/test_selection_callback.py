@@ -158,3 +158,34 @@ def test_record_groups_and_cited_paths_reach_the_output(detection_dir, tiny_enco
         SelectionCallback(group_by="record")
     with pytest.raises(ValueError, match="group_field"):
         SelectionCallback(group_field="kind")
+
+
+def test_cited_paths_merge_every_entry_behind_an_answer(detection_records):
+    """Repeats and spellings of one node are one answer: its cited paths are those of all its entries."""
+    from collections import defaultdict
+
+    from kglightning.callbacks.selection import _cited
+    from kglightning.data.records import KGQARecord
+    from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph
+
+    class Rows(defaultdict):  # every text has row 0
+        def __missing__(self, key):
+            return 0
+
+        def get(self, key, default=None):
+            return 0
+
+    rec = detection_records(1, 0)[0]
+    node = rec["graph"][0][2]
+    rec["prediction"] = [node, node.lower(), node]
+    rec.pop("confidence", None)
+    rec["prediction_paths"] = [[["a", "r1", node]], [["a", "r2", node]], [["a", "r1", node]]]
+    g = build_detection_graph(KGQARecord.from_dict(rec), Rows(), DetectionStats())
+    assert g.answer_names == [node] and g.answer_entries == [[0, 1, 2]]
+    row = {"prediction": g.answer_names, "prediction_entries": g.answer_entries}
+    assert _cited(row, rec["prediction"], rec["prediction_paths"]) == [[["a", "r1", node], ["a", "r2", node]]]
+    # without the detector's entries: by exact text; a newline-joined prediction is split first
+    assert _cited({"prediction": "x\ny"}, ["x", "y", "x"], [[["a", "r", "x"]], [], [["b", "r", "x"]]]) == [
+        [["a", "r", "x"], ["b", "r", "x"]],
+        [],
+    ]

@@ -176,3 +176,20 @@ def test_group_by_calibrates_each_group_on_its_own(tmp_path, capsys):
     assert offline_main(["--calibration", str(cal), "--predictions", str(test), "--alpha", "0.2",
                          "--group-by", "extra.kind", "--output", str(tmp_path / "m.jsonl")]) == 0  # fmt: skip
     assert "group hard: qhat=" in capsys.readouterr().out
+
+
+def test_group_by_edges_reserved_skip_and_whole_floats(tmp_path):
+    def row(i, kind):
+        return {"id": f"q{i}", "prediction": ["right", "wrong"], "confidence": [0.9, 0.1], "answer": ["right"],
+                "kind": kind}  # fmt: skip
+
+    cal = _write(tmp_path / "cal.jsonl", [row(i, 2 if i % 2 else 2.0) for i in range(20)])
+    test = _write(tmp_path / "test.jsonl", [row(100, 2), {k: v for k, v in row(101, 1).items() if k != "kind"}])
+    s = conformalize(cal, test, alpha=0.2, output=tmp_path / "o.jsonl", group_by="kind", on_bad_record="skip")
+    assert list(s["groups"]) == ["2"] and s["groups"]["2"]["n_calibration"] == 20  # 2 and 2.0: one group
+    assert s["n_test_skipped"] == 1 and s["n_test"] == 1 and s["qhat"] is None  # the row without 'kind': skipped
+    named_all = _write(tmp_path / "all.jsonl", [row(i, "all") for i in range(20)])
+    assert conformalize(named_all, named_all, alpha=0.2, output=tmp_path / "a.jsonl", group_by="kind")["qhat"] is None
+    bad = _write(tmp_path / "nan.jsonl", [row(0, float("nan"))])
+    with pytest.raises(RecordError, match="finite"):
+        conformalize(cal, bad, alpha=0.2, group_by="kind")
