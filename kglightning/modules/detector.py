@@ -386,11 +386,14 @@ class HallucinationDetector(L.LightningModule):
         self.log_dict(values)
 
     def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
-        """Per question: the proposed answers with their hallucination probability and flag, and ``hallucinated``,
-        each answer's label against the record's gold answers (what ``kglightning select`` calibrates on; left out
-        for a record without gold answers, which has nothing to label against), and ``prediction_entries``: per
-        answer, the indices of the record's ``prediction`` entries behind it (repeats, spellings of one node)."""
-        probs = torch.sigmoid(self(batch)).cpu()
+        """Per question: the proposed answers with their hallucination probability and flag,
+        ``hallucination_logit`` (the same ranking without float32 saturation), ``hallucinated``, each answer's label
+        against the record's gold answers (what ``kglightning select`` calibrates on; left out for a record without
+        gold answers, which has nothing to label against), and ``prediction_entries``: per answer, the indices of
+        the record's ``prediction`` entries behind it (repeats, spellings of one node)."""
+        raw = self(batch)
+        probs = torch.sigmoid(raw).cpu()  # on the module's device, as the thresholds were tuned
+        logits = raw.float().cpu()
         owner = answer_owner(batch).cpu()
         grounding = getattr(batch, "answer_grounding", None)
         kinds = [GROUNDING_KINDS[k] for k in grounding.tolist()] if grounding is not None else None
@@ -410,6 +413,8 @@ class HallucinationDetector(L.LightningModule):
                     "id": qid,
                     "prediction": list(names),
                     "hallucination_prob": [round(x, 6) for x in p],
+                    # the same order without saturation: past logit ~16 float32 probabilities tie at 1
+                    "hallucination_logit": [round(float(logits[i]), 6) for i in mine],
                     **({"grounding": [kinds[i] for i in mine]} if kinds else {}),
                     **({"hallucinated": [labels[i] for i in mine]} if labels is not None and labelled[g] else {}),
                     **({"prediction_entries": entries[g]} if entries is not None else {}),

@@ -108,6 +108,8 @@ def test_threshold_tuned_on_validation_and_kept_in_checkpoint(detection_dir, tin
     for g in dm.datasets["test"]:
         row = by_id[g.qid]
         assert row["hallucinated"] == [bool(y) for y in g.y.tolist()]  # the labels `kglightning select` reads
+        logit = torch.tensor(row["hallucination_logit"])
+        assert torch.allclose(torch.sigmoid(logit), torch.tensor(row["hallucination_prob"]), atol=1e-5)
         for p, y in zip(row["hallucination_prob"], g.y.tolist()):
             flag = p >= row["threshold"]
             tp, fp, fn = tp + (flag and y == 1), fp + (flag and y == 0), fn + (not flag and y == 1)
