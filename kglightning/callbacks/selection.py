@@ -82,6 +82,21 @@ def _cited(row: dict[str, Any], prediction: list[str], paths: list[list[list[str
     return out
 
 
+def _probabilities(scored: ScoredFile) -> torch.Tensor | None:
+    """The answers' hallucination probabilities: the scores when they are ones, else the rows' ``hallucination_prob``
+    (a selection on logits), else ``None``."""
+    s = scored.answers.scores
+    if bool(((s >= 0) & (s <= 1)).all()):
+        return s
+    flat = []
+    for row, names in zip(scored.rows, scored.names):
+        p = row.get("hallucination_prob")
+        if not isinstance(p, list) or len(p) != len(names):
+            return None
+        flat += p
+    return torch.tensor(flat, dtype=torch.float64, device="cpu")
+
+
 def _dataset_order(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The rows of every process in dataset order, each question once.
 
@@ -301,7 +316,12 @@ class SelectionCallback(Callback):
         from kglightning.metrics.plots import plot_reliability_diagram
 
         shown, where = (test, "predicted") if test.labelled else (self.calibration, self.calibration_split)
-        plot_reliability_diagram(1 - shown.answers.scores, ~shown.answers.hallucinated, out / "reliability.png",
-                                 title=f"1 - hallucination probability against being right ({where} split)")  # fmt: skip
+        probs = _probabilities(shown)
+        if probs is None:
+            log.info("SelectionCallback: the scores are not probabilities and the rows have no hallucination_prob: "
+                     "no reliability diagram")  # fmt: skip
+        else:
+            plot_reliability_diagram(1 - probs, ~shown.answers.hallucinated, out / "reliability.png",
+                                     title=f"1 - hallucination probability against being right ({where} split)")  # fmt: skip
         log.info("SelectionCallback: wrote %s (kept %d of %d answers)", out, meta["kept"], meta["answers"])
         return out

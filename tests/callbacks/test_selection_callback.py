@@ -189,3 +189,18 @@ def test_cited_paths_merge_every_entry_behind_an_answer(detection_records):
         [["a", "r", "x"], ["b", "r", "x"]],
         [],
     ]
+
+
+def test_reliability_uses_probabilities_when_selecting_on_logits():
+    from kglightning.callbacks.selection import _probabilities
+    from kglightning.conformal.selection_io import scored_rows
+
+    rows = [{"id": 1, "prediction": ["a", "b"], "hallucination_logit": [-2.0, 3.0], "hallucination_prob": [0.12, 0.95],
+             "hallucinated": [False, True]}]  # fmt: skip
+    on_logits = scored_rows(enumerate(rows, 1), "<rows>", score="hallucination_logit")
+    assert _probabilities(on_logits).tolist() == [0.12, 0.95]
+    on_probs = scored_rows(enumerate(rows, 1), "<rows>", score="hallucination_prob")
+    assert _probabilities(on_probs).tolist() == [0.12, 0.95]
+    bare = scored_rows(enumerate([{k: v for k, v in rows[0].items() if k != "hallucination_prob"}], 1), "<rows>",
+                       score="hallucination_logit")  # fmt: skip
+    assert _probabilities(bare) is None
