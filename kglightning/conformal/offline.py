@@ -50,6 +50,8 @@ from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.metrics.functional.evaluation import AnswerError, confidence_pairs
 from kglightning.metrics.functional.qa import prepare_prediction
 
+log = logging.getLogger(__name__)
+
 
 def scored_answers(rec: PredictionLine, source: str) -> tuple[list[str], list[float], list[bool]]:
     """The question's distinct non-empty answers, their non-conformity ``1 - confidence`` and correctness."""
@@ -185,7 +187,7 @@ def _grouped(rows: PredictionList, key: str, source: str, on_bad_record: str) ->
             if on_bad_record == "raise":
                 raise
             kept.skipped.append(e)
-            logging.getLogger(__name__).warning("skipping prediction row: %s", e)
+            log.warning("skipping prediction row: %s", e)
             continue
         kept.append(rec)
     if not kept:

@@ -105,23 +105,26 @@ def test_rows_come_back_in_dataset_order_once_and_conflicts_are_errors():
         _dataset_order([[rows[0]], [{"id": 0, "p": [9]}]])
 
 
-def test_records_without_gold_answers_carry_no_labels(detection_records):
-    from collections import defaultdict
-
+def _graph(record: dict):
+    """The detector's graph of one record dict, every text on embedding row 0 (no encoder needed)."""
     from kglightning.data.records import KGQARecord
     from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph
 
-    class Rows(defaultdict):  # every text has row 0
+    class Rows(dict):
         def __missing__(self, key):
             return 0
 
         def get(self, key, default=None):
             return 0
 
+    return build_detection_graph(KGQARecord.from_dict(record), Rows(), DetectionStats())
+
+
+def test_records_without_gold_answers_carry_no_labels(detection_records):
     rec = detection_records(1, 0)[0]
-    labelled = build_detection_graph(KGQARecord.from_dict(rec), Rows(), DetectionStats())
+    labelled = _graph(rec)
     rec["answer"], rec["a_entity"] = [], []
-    bare = build_detection_graph(KGQARecord.from_dict(rec), Rows(), DetectionStats())
+    bare = _graph(rec)
     assert labelled.labelled.tolist() == [True] and bare.labelled.tolist() == [False]
 
 
@@ -162,25 +165,14 @@ def test_record_groups_and_cited_paths_reach_the_output(detection_dir, tiny_enco
 
 def test_cited_paths_merge_every_entry_behind_an_answer(detection_records):
     """Repeats and spellings of one node are one answer: its cited paths are those of all its entries."""
-    from collections import defaultdict
-
     from kglightning.callbacks.selection import _cited
-    from kglightning.data.records import KGQARecord
-    from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph
-
-    class Rows(defaultdict):  # every text has row 0
-        def __missing__(self, key):
-            return 0
-
-        def get(self, key, default=None):
-            return 0
 
     rec = detection_records(1, 0)[0]
     node = rec["graph"][0][2]
     rec["prediction"] = [node, node.lower(), node]
     rec.pop("confidence", None)
     rec["prediction_paths"] = [[["a", "r1", node]], [["a", "r2", node]], [["a", "r1", node]]]
-    g = build_detection_graph(KGQARecord.from_dict(rec), Rows(), DetectionStats())
+    g = _graph(rec)
     assert g.answer_names == [node] and g.answer_entries == [[0, 1, 2]]
     row = {"prediction": g.answer_names, "prediction_entries": g.answer_entries}
     assert _cited(row, rec["prediction"], rec["prediction_paths"]) == [[["a", "r1", node], ["a", "r2", node]]]
