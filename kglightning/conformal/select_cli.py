@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kglightning.conformal.selection import AnswerSelector
+from kglightning.conformal.selection import RULES, AnswerSelector
 from kglightning.conformal.selection_io import ScoredFile, json_number, read_scored, selected_rows
 from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
 from kglightning.data.predictions import add_on_bad_record_argument
@@ -107,8 +107,10 @@ def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
     mode.add_argument("--predictions", help="the scored predictions jsonl whose answers to select (with --calibration)")
     mode.add_argument("--pool", help="a labelled scored jsonl to check the rules on, by repeated random splits")
     p.add_argument("--calibration", help="labelled scored jsonl of the calibration questions (with --predictions)")
-    p.add_argument("--rule", nargs="+", default=["fdr"], choices=("fdr", "kept_rate", "question"),
+    p.add_argument("--rule", nargs="+", default=["fdr"], choices=RULES,
                    help="fdr: expected hallucinated share of the kept answers <= alpha (answers exchangeable); "
+                        "top: the same on each question's best answer, at most one kept per question (questions "
+                        "exchangeable); "
                         "kept_rate: the hallucinated share of the kept answers, each question weighing one, <= alpha "
                         "with probability >= 1 - delta (Learn-Then-Test); question: P(a question keeps a "
                         "hallucinated answer) <= alpha")  # fmt: skip

@@ -5,7 +5,10 @@ means more likely wrong) of labelled calibration answers and of test answers, an
 keep under one of three rules (the statistics are in :mod:`kglightning.conformal.functional.selection`):
 
 * ``"fdr"``: conformal p-values and Benjamini-Hochberg; ``E[hallucinated kept / kept] <= alpha`` over every kept
-  answer. Needs exchangeable *answers*: it can fail when the answers of a question depend on each other.
+  answer. Needs exchangeable *answers*: it can fail when the answers of a question depend on each other (it does on
+  an LLM's answer lists, whose errors cluster by question).
+* ``"top"``: the same on one answer per question, its lowest-scored one; ``E[hallucinated kept / kept] <= alpha``
+  with questions exchangeable, at most one answer kept per question (per group). The FDR rule for answer lists.
 * ``"kept_rate"``: Learn-Then-Test over score thresholds (betting p-values on one loss per question, fixed
   sequences from a few starting thresholds towards keeping everything, Bonferroni over them); with probability ``>= 1 - delta`` the hallucinated share of the kept
   answers, each question weighing one (spread over its answers), is ``<= alpha``. Questions exchangeable.
@@ -34,6 +37,7 @@ from kglightning.conformal.functional.ltt import fixed_sequence
 from kglightning.conformal.functional.quantile import conformal_rank
 from kglightning.conformal.functional.selection import (
     benjamini_hochberg,
+    best_per_question,
     conformal_pvalues,
     kept_rate_pvalues,
     question_cutoff,
@@ -41,7 +45,8 @@ from kglightning.conformal.functional.selection import (
 
 log = logging.getLogger(__name__)
 
-Rule = Literal["fdr", "kept_rate", "question"]
+Rule = Literal["fdr", "top", "kept_rate", "question"]
+RULES = ("fdr", "top", "kept_rate", "question")
 ALL = "all"  # the one group of a selection without groups
 
 
@@ -90,14 +95,16 @@ class ScoredAnswers:
     def groups(self) -> list[str]:
         return [ALL] * len(self) if self.group is None else [str(g) for g in self.group]
 
-    def draws(self, seed: int, mask: Tensor) -> Tensor | None:
+    def draws(self, seed: int, mask: Tensor, salt: str = "") -> Tensor | None:
         """Tie-break draws in ``[0, 1)`` for the answers in ``mask``, from their keys and ``seed`` (``None`` without
-        keys): the first 53 bits of ``blake2b(seed, key)``."""
+        keys): the first 53 bits of ``blake2b(seed, salt, key)``; another ``salt`` gives independent draws."""
         if self.keys is None:
             return None
-        picked = [k for k, m in zip(self.keys, mask.tolist()) if m]
+        picked = [
+            f"{seed}\x00{salt}\x00{k}" if salt else f"{seed}\x00{k}" for k, m in zip(self.keys, mask.tolist()) if m
+        ]
         return torch.tensor(
-            [int.from_bytes(hashlib.blake2b(f"{seed}\x00{k}".encode(), digest_size=8).digest(), "big") >> 11 for k in picked],
+            [int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8).digest(), "big") >> 11 for k in picked],
             dtype=torch.float64, device="cpu",
         ) / float(2**53)  # fmt: skip
 
@@ -111,11 +118,11 @@ class GroupSelection:
 
     Attributes:
         group: the group's name.
-        n_calibration: calibration answers (``"fdr"``) or questions (``"kept_rate"``, ``"question"``) of the group.
+        n_calibration: calibration answers (``"fdr"``) or questions (the other rules) of the group.
         min_calibration: the fewest the rule needs to keep anything.
         too_small: ``n_calibration < min_calibration``: nothing of the group is kept.
         cut: the score cut (``"kept_rate"``: kept when ``score <= cut``; ``"question"``: when ``score < cut``); ``None``
-            for ``"fdr"`` (BH has no fixed cut) and when nothing is kept by ``"kept_rate"``.
+            for ``"fdr"`` and ``"top"`` (BH has no fixed cut) and when nothing is kept by ``"kept_rate"``.
         n_test: test answers of the group; ``n_kept``: how many are kept.
     """
 
@@ -139,7 +146,7 @@ class Selection:
 def calibration_floor(rule: Rule, alpha: float, delta: float, chains: int = 1) -> int:
     """The fewest calibration items with which ``rule`` can keep anything at all.
 
-    ``"fdr"`` and ``"question"``: the smallest ``n`` with ``(n + 1) alpha >= 1`` (below it the best p-value without
+    ``"fdr"``, ``"top"`` and ``"question"``: the smallest ``n`` with ``(n + 1) alpha >= 1`` (below it the best p-value without
     luck in the tie-break, ``1 / (n + 1)``, exceeds ``alpha``, and the conformal rank exceeds ``n``).
     ``"kept_rate"``: the smallest ``n`` whose best case can reach the wealth of a chain's test, ``chains / delta``:
     ``n`` questions that keep every answer, none hallucinated (each loss 0), each bet at its cap, ``(1 + alpha / (2
@@ -161,8 +168,8 @@ class AnswerSelector:
     """Chooses the test answers to keep under a guarantee, per group; see the module docstring.
 
     Args:
-        rule: ``"fdr"``, ``"kept_rate"`` or ``"question"``.
-        alpha: the tolerated hallucinated share (FDR), rate (kept_rate) or per-question probability (question).
+        rule: ``"fdr"``, ``"top"``, ``"kept_rate"`` or ``"question"``.
+        alpha: the tolerated hallucinated share (fdr, top), rate (kept_rate) or per-question probability (question).
         delta: ``"kept_rate"`` only: the probability that the calibration draw breaks the bound.
         min_calibration: the fewest calibration items a group needs (default and floor: the least with which the
             rule can keep anything, :func:`calibration_floor`); smaller groups keep nothing and are flagged.
@@ -175,7 +182,8 @@ class AnswerSelector:
         chains: ``"kept_rate"`` only: fixed sequences started at evenly spaced points of the grid, each run at
             ``delta / chains`` (Bonferroni), so that a strict threshold with too little evidence does not end every
             test (a single chain from ``start`` stops there).
-        seed: seeds the random tie-breaking of the FDR rule's p-values and the order in which the ``kept_rate``
+        seed: seeds the random tie-breaking of the p-values (and of each question's best answer for ``"top"``) and
+            the order in which the ``kept_rate``
             rule's betting p-values visit the calibration questions.
     """
 
@@ -190,8 +198,8 @@ class AnswerSelector:
         chains: int = 4,
         seed: int = 0,
     ) -> None:
-        if rule not in ("fdr", "kept_rate", "question"):
-            raise ValueError(f"rule must be 'fdr', 'kept_rate' or 'question', got {rule!r}")
+        if rule not in RULES:
+            raise ValueError(f"rule must be one of {', '.join(map(repr, RULES))}, got {rule!r}")
         for name, v in (("alpha", alpha), ("delta", delta)):
             if not 0.0 < v < 1.0:
                 raise ValueError(f"{name} must lie in (0, 1), got {v}")
@@ -233,7 +241,9 @@ class AnswerSelector:
             too_small = n_cal < self.min_calibration
             cut: float | None = None
             kept = torch.zeros(int(tm.sum()), dtype=torch.bool, device="cpu")
-            if not too_small:
+            if not too_small and self.rule == "top":
+                kept = self._select_top(calibration, cm, test, tm, gen)
+            elif not too_small:
                 kept, cut = self._select_group(cal_s, cal_y, cal_q, test.scores[tm], gen, test.draws(self.seed, tm))
             keep[tm] = kept
             out.groups[g] = GroupSelection(
@@ -253,6 +263,23 @@ class AnswerSelector:
                     self.rule, self.alpha, g, int(tm.sum()),
                 )  # fmt: skip
         return out
+
+    def _select_top(
+        self, cal: ScoredAnswers, cm: Tensor, test: ScoredAnswers, tm: Tensor, gen: torch.Generator
+    ) -> Tensor:
+        """``"top"``: BH on the p-values of each test question's best answer against each calibration question's."""
+        kept = torch.zeros(int(tm.sum()), dtype=torch.bool, device="cpu")
+        if not bool(tm.any()):
+            return kept
+        best_c = best_per_question(cal.scores[cm], cal.question[cm], cal.draws(self.seed, cm, "best"), gen)
+        best_t = best_per_question(test.scores[tm], test.question[tm], test.draws(self.seed, tm, "best"), gen)
+        u = test.draws(self.seed, tm)
+        p = conformal_pvalues(
+            cal.scores[cm][best_c], cal.hallucinated[cm][best_c], test.scores[tm][best_t], gen,
+            None if u is None else u[best_t],
+        )  # fmt: skip
+        kept[best_t] = benjamini_hochberg(p, self.alpha)
+        return kept
 
     def _select_group(
         self, cal_s: Tensor, cal_y: Tensor, cal_q: Tensor, test_s: Tensor, gen: torch.Generator, u: Tensor | None

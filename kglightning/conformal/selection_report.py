@@ -6,7 +6,8 @@ questions ``repeats`` times, runs :class:`~kglightning.conformal.selection.Answe
 over every answer and per group, beside keeping every answer. :func:`summarize` averages over the splits and
 :func:`write_report` writes ``report.md``, ``report.json`` and ``selection.png``.
 
-What each rule promises, and so what to read in the table: ``fdr``, the *mean* achieved FDR over splits ``<= alpha``;
+What each rule promises, and so what to read in the table: ``fdr`` and ``top``, the *mean* achieved FDR over splits
+``<= alpha``;
 ``kept_rate``, the hallucinated share of the kept answers with each question weighing one, ``<= alpha`` in at least
 ``1 - delta`` of calibration draws (the table's share of splits whose *test* value is within ``alpha`` estimates it,
 with the test split's own noise on top); ``question``, the mean share of test questions that keep a hallucinated answer ``<= alpha``.
@@ -29,7 +30,7 @@ from kglightning.fileio import write_text_atomic
 from kglightning.metrics.functional.selection import grouped_selection_metrics
 
 KEEP_ALL = "keep_all"
-_TARGET = {"fdr": "fdr", "kept_rate": "weighted_fdr", "question": "question_error", KEEP_ALL: "fdr"}
+_TARGET = {"fdr": "fdr", "top": "fdr", "kept_rate": "weighted_fdr", "question": "question_error", KEEP_ALL: "fdr"}
 
 
 def subset(answers: ScoredAnswers, mask: torch.Tensor) -> ScoredAnswers:
@@ -163,7 +164,7 @@ def summarize(rows: list[dict[str, Any]], delta: float = 0.1) -> list[dict[str, 
             if grouped and group == "all":  # Mondrian: each group is promised its bound, the union is not
                 cell["holds"] = None
         out.append(cell)
-    order = {KEEP_ALL: 0, "fdr": 1, "kept_rate": 2, "question": 3}
+    order = {KEEP_ALL: 0, "fdr": 1, "top": 2, "kept_rate": 3, "question": 4}
     return sorted(out, key=lambda c: (order[c["rule"]], c["alpha"] or 0, c["group"] != "all", c["group"]))
 
 
@@ -194,10 +195,10 @@ def report_markdown(summary: list[dict[str, Any]], title: str, delta: float) -> 
         )
     lines += [
         "",
-        "achieved: the FDR (share of hallucinated answers among the kept ones) for fdr and keep_all; the same share "
+        "achieved: the FDR (share of hallucinated answers among the kept ones) for fdr, top and keep_all; the same share "
         "with each question weighing one (spread over its answers) for kept_rate; the share of questions "
         "that keep a hallucinated answer for question. Promise, read within two standard errors "
-        "of the splits' noise: mean <= alpha for fdr and "
+        "of the splits' noise: mean <= alpha for fdr, top and "
         f"question; splits within alpha >= 1 - delta = {1 - delta:g} for kept_rate (its bound is on the rate of the "
         "population, so a finite test split adds its own noise); with groups, each group is promised its bound and "
         "the all rows are reported, not promised ('per group'); a single run ('one run') shows one draw of a "

@@ -119,7 +119,7 @@ def test_trust_fragment_adds_the_selection_to_a_detector_config():
     cfg = yaml.safe_load(printed)
     (cb,) = cfg["trainer"]["callbacks"]
     assert cb["class_path"] == "kglightning.callbacks.SelectionCallback"
-    assert cb["init_args"]["selector"]["init_args"]["rule"] == "fdr" and cfg["trainer"]["logger"] is False
+    assert cb["init_args"]["selector"]["init_args"]["rule"] == "top" and cfg["trainer"]["logger"] is False
     trust = yaml.safe_load(_print_config("predict", "--config", str(ROOT / "configs/trust.yaml")))
     main_job = yaml.safe_load(_print_config("fit", "--config", str(ROOT / "configs/detector.yaml")))
     drop = {"optimizer", "scheduler"}  # training only; the architecture must be the checkpoint's

@@ -166,3 +166,92 @@ def test_kept_rate_floor_counts_the_chains_and_with_alpha_follows_the_floor():
 def test_the_group_name_all_is_reserved():
     with pytest.raises(ValueError, match="reserved"):
         ScoredAnswers([0.1, 0.2], [0, 1], ["all", "x"])
+
+
+def _clustered(gen: torch.Generator, questions: int, first: int = 0) -> ScoredAnswers:
+    """One question in ten is "confused": ten answers, every one hallucinated, scored alike and often low; the rest
+    give 1-3 answers, 20% hallucinated, fairly well scored. Answers cluster by question, as an LLM's lists do."""
+    confused_q = torch.rand(questions, generator=gen) < 0.1
+    sizes = torch.where(confused_q, 10, torch.randint(1, 4, (questions,), generator=gen))
+    q = torch.repeat_interleave(torch.arange(first, first + questions), sizes)
+    confused = confused_q[q - first]
+    u = torch.rand(q.numel(), generator=gen, dtype=torch.float64)
+    level = torch.rand(questions, generator=gen, dtype=torch.float64)[q - first]
+    bad = confused | (torch.rand(q.numel(), generator=gen) < 0.2)
+    s = torch.where(confused, 0.5 * level + 0.05 * u, torch.where(bad, 0.3 + 0.7 * u, 0.6 * u))
+    return ScoredAnswers(s, q, None, bad)
+
+
+def test_top_rule_holds_on_clustered_answers_where_the_fdr_rule_breaks():
+    gen = torch.Generator().manual_seed(3)
+    fdp = {"fdr": [], "top": []}
+    answered = []
+    for r in range(300):
+        cal, test = _clustered(gen, 100), _clustered(gen, 100, first=1000)
+        for rule in fdp:
+            out = AnswerSelector(rule=rule, alpha=0.2, seed=r).select(cal, test)
+            fdp[rule].append(selection_metrics(out.keep, test.hallucinated, test.question)["fdr"])
+            if rule == "top":
+                per_q = torch.zeros(2000, dtype=torch.long).scatter_add_(0, test.question, out.keep.long())
+                assert int(per_q.max()) <= 1  # at most one answer per question
+                answered.append(int((per_q > 0).sum()) / 100)
+    mean, err = {k: np.mean(v) for k, v in fdp.items()}, {k: np.std(v) / math.sqrt(len(v)) for k, v in fdp.items()}
+    assert mean["top"] <= 0.2 + 3 * err["top"], mean
+    assert mean["fdr"] > 0.2 + 3 * err["fdr"], mean  # the answers are not exchangeable: BH over answers breaks
+    assert np.mean(answered) > 0.5  # and the rule has power: most questions keep their best answer
+
+
+def _top_under_global_null(calibrate_on_every_answer: bool, reps: int, alpha: float = 0.1) -> float:
+    """Every answer hallucinated, 19 calibration questions and one test question of 1-4 answers each: FDR = P(the
+    test question keeps its best answer), exactly alpha when each question's best answer is its unit."""
+    from kglightning.conformal.functional import benjamini_hochberg, best_per_question, conformal_pvalues
+
+    gen = torch.Generator().manual_seed(1)
+    kept = 0
+    for r in range(reps):
+        cs, cq = _null_questions(gen, 19)
+        cal = ScoredAnswers(cs, cq, None, torch.ones(cs.numel(), dtype=torch.bool))
+        test = ScoredAnswers(*_null_questions(gen, 1))
+        if calibrate_on_every_answer:  # the anti-conservative shortcut: a question's best is no random answer
+            best = best_per_question(test.scores, test.question, None, gen)
+            kept += int(benjamini_hochberg(conformal_pvalues(cal.scores, cal.hallucinated, test.scores[best], gen),
+                                           alpha).sum())  # fmt: skip
+        else:
+            kept += int(AnswerSelector(rule="top", alpha=alpha, seed=r).select(cal, test).keep.sum())
+    return kept / reps
+
+
+def _null_questions(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    sizes = torch.randint(1, 5, (n,), generator=gen)
+    q = torch.repeat_interleave(torch.arange(n), sizes)
+    return torch.rand(q.numel(), generator=gen, dtype=torch.float64), q
+
+
+def test_top_rule_is_exact_under_the_global_null_and_breaks_calibrated_on_every_answer():
+    reps = 3000
+    se = math.sqrt(0.1 * 0.9 / reps)
+    assert abs(_top_under_global_null(False, reps) - 0.1) <= 4 * se  # tight: the bound is attained
+    assert _top_under_global_null(True, reps) > 0.1 + 4 * se
+
+
+def test_best_per_question_and_top_selection_do_not_depend_on_answer_order():
+    from kglightning.conformal.functional import best_per_question
+
+    s, q = torch.tensor([0.5, 0.2, 0.9, 0.2]), torch.tensor([7, 7, 3, 7])
+    assert best_per_question(s, q, torch.tensor([0.0, 0.9, 0.0, 0.1])).tolist() == [2, 3]
+    assert best_per_question(s, q, torch.tensor([0.0, 0.1, 0.0, 0.9])).tolist() == [2, 1]
+    with pytest.raises(ValueError, match="question has 3 entries for 4"):
+        best_per_question(s, q[:3])
+    gen = torch.Generator().manual_seed(22)
+    cal, test = draw(gen, 200), draw(gen, 60, first=1000)
+    test.scores = (test.scores * 4).round() / 4  # many ties inside questions: the pick rests on the draws
+    keys = [f"q{int(q)}#{i}" for i, q in enumerate(test.question.tolist())]
+    perm = torch.randperm(len(test), generator=gen)
+    keyed = ScoredAnswers(test.scores, test.question, test.group, None, keys)
+    moved = ScoredAnswers(test.scores[perm], test.question[perm], [test.group[i] for i in perm.tolist()], None,
+                          [keys[i] for i in perm.tolist()])  # fmt: skip
+    for seed in range(5):
+        a = AnswerSelector(rule="top", alpha=0.3, seed=seed).select(cal, keyed)
+        b = AnswerSelector(rule="top", alpha=0.3, seed=seed).select(cal, moved)
+        assert torch.equal(a.keep[perm], b.keep) and bool(a.keep.any())
+        assert a.groups["easy"].n_calibration == int(torch.unique(cal.question[cal.mask("easy")]).numel())

@@ -10,6 +10,7 @@ from kglightning.conformal.functional.pvalues import (
 from kglightning.conformal.functional.quantile import conformal_quantile, conformal_rank, prediction_sets
 from kglightning.conformal.functional.selection import (
     benjamini_hochberg,
+    best_per_question,
     conformal_pvalues,
     kept_rate_pvalues,
     question_cutoff,
@@ -18,6 +19,7 @@ from kglightning.conformal.functional.selection import (
 __all__ = [
     "LTTResult",
     "benjamini_hochberg",
+    "best_per_question",
     "betting_pvalue",
     "binomial_cdf",
     "binomial_tail_pvalue",

@@ -9,6 +9,9 @@ is hallucinated. Three guarantees, each under the exchangeability it names:
   i.i.d. (exchangeable) draws. The answers of one question are seldom independent of each other (one question's
   long list is mostly wrong, another's mostly right), and then this guarantee can fail; the other two rules take the
   question as their unit.
+* :func:`best_per_question`, then the same two steps on one answer per question (each question's lowest score): the
+  expected share of hallucinated answers among the kept ones is at most ``alpha`` when the *questions* are
+  exchangeable, since each question is one unit; at most one answer is kept per question.
 * :func:`kept_rate_pvalues` + :func:`~kglightning.conformal.functional.fixed_sequence` (Learn-Then-Test, Angelopoulos
   et al. 2021): with probability at least ``1 - delta`` over the calibration draw, the hallucinated share of the
   kept answers, each question weighing one, is at most ``alpha``; questions exchangeable.
@@ -139,6 +142,46 @@ def benjamini_hochberg(pvalues: Tensor | Sequence, alpha: float) -> Tensor:
         return torch.zeros(m, dtype=torch.bool, device=p.device)
     k = int(ok.max()) + 1
     return p <= alpha * k / m
+
+
+def best_per_question(
+    scores: Tensor | Sequence,
+    question: Tensor | Sequence,
+    u: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """The index of each question's best answer: its lowest score, ties broken by the lowest draw ``u``.
+
+    The draws must be independent of the ones the p-values use later (a pick that favoured low p-value draws would
+    make the tied answers' p-values too small).
+
+    Args:
+        scores: ``(n,)`` hallucination scores.
+        question: ``(n,)`` integer question ids.
+        u: ``(n,)`` tie-break draws; ``None``: drawn uniformly from ``generator``.
+        generator: seeds the draws when ``u`` is ``None``.
+
+    Returns:
+        ``(n_questions,)`` long indices into ``scores``, one per distinct question id, in increasing id order.
+
+    Example:
+        >>> best_per_question(torch.tensor([0.5, 0.2, 0.9, 0.2]), torch.tensor([7, 7, 3, 7]), torch.tensor([0., 0.9, 0., 0.1]))
+        tensor([2, 3])
+    """
+    s = _scores(scores, "scores")
+    q = torch.as_tensor(question, device=s.device).flatten()
+    if q.numel() != s.numel():
+        raise ValueError(f"question has {q.numel()} entries for {s.numel()} scores")
+    if u is None:
+        u = torch.rand(s.shape, generator=generator, dtype=torch.float64, device="cpu")
+    elif u.shape != s.shape:
+        raise ValueError(f"u must hold one draw per score, shape {tuple(s.shape)}")
+    order = torch.argsort(u.to(s.device), stable=True)
+    order = order[torch.argsort(s[order], stable=True)]
+    order = order[torch.argsort(q[order], stable=True)]  # by question, then score, then draw
+    first = torch.ones(order.numel(), dtype=torch.bool, device=s.device)
+    first[1:] = q[order][1:] != q[order][:-1]
+    return order[first]
 
 
 def kept_rate_pvalues(
