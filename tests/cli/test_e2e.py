@@ -277,3 +277,66 @@ def test_selection_callback_is_the_same_on_one_and_two_processes(detection_dir, 
         _cli(tmp_path, "predict", *_fixture_args(odd, tiny_encoder_dir, name), *trust, *extra, "--ckpt_path", str(ckpt))
         written[name] = sorted((out / "trusted_answers.jsonl").read_text().splitlines())
     assert written["one"] == written["two"] and len(written["one"]) == 15
+
+
+def test_trust_run_with_an_openai_compatible_endpoint_answering_first(detection_dir, tiny_encoder_dir, tmp_path):
+    """configs/trust/select.yaml with the KAPING answerer behind a real loopback endpoint: the endpoint answers the
+    calibration and test questions, the detector scores the answers, the selection keeps some, in one predict run.
+    The endpoint's LLM is scripted (it names the tails of the first two facts it is shown, and one name that is in
+    no fact, which the answerer drops and counts): what is tested is the run, not an LLM."""
+    from kglightning.llm.backends import ChatCompletionServer, Generation, LLMBackend
+
+    class FactReader(LLMBackend):
+        name = "fact-reader"
+
+        def __init__(self) -> None:
+            self.replies: dict[str, list[list[str]]] = {}  # question -> replies (one question text, several graphs)
+
+        def _generate_uncached(self, batch, params, on_result) -> None:
+            for i, messages in enumerate(batch):
+                lines = messages[-1]["content"].splitlines()
+                facts = [ln for ln in lines if ln.startswith("(") and ln.endswith(")")]
+                tails = list(dict.fromkeys(f[1:-1].rsplit(", ", 1)[1] for f in facts[:2]))
+                question = lines[-1].removeprefix("Question: ")
+                self.replies.setdefault(question, []).append(tails)
+                on_result(i, Generation(text="\n".join([*tails, "Atlantis of the Nowhere"]), completion_tokens=5))
+
+    _cli(tmp_path, "fit", *_fixture_args(detection_dir, tiny_encoder_dir, "efit"))
+    ckpt = tmp_path / "outputs/detector/graph_transformer/checkpoints/best.ckpt"
+    asking = tmp_path / "unanswered"  # the calibration and test questions without answers: the endpoint gives them
+    asking.mkdir()
+    for split in ("train", "validation", "test"):
+        records = [json.loads(line) for line in Path(detection_dir, f"{split}.jsonl").read_text().splitlines()]
+        if split != "train":
+            records = [{k: v for k, v in r.items() if k not in ("prediction", "confidence")} for r in records]
+        (asking / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    llm = FactReader()
+    with ChatCompletionServer(llm, port=0, model_name="fact-reader") as server:
+        endpoint = tmp_path / "endpoint.yaml"
+        endpoint.write_text(json.dumps({"data": {"init_args": {"proposer": {
+            "class_path": "kglightning.llm.kaping.KAPINGAnswerer",
+            "init_args": {
+                "backend": {"class_path": "kglightning.llm.OpenAIChatBackend", "init_args": {
+                    "base_url": server.url, "model": "fact-reader", "show_progress": False,
+                    "cache_dir": str(tmp_path / "llm_cache")}},
+                "encoder": {"class_path": "kglightning.data.SentenceEncoder", "init_args": {"model": tiny_encoder_dir}},
+                "cache_dir": str(tmp_path / "kaping"), "constrained": False, "top_triples": 3, "show_progress": False,
+            },
+        }}}}))  # fmt: skip
+        out = tmp_path / "trust_endpoint"
+        _cli(tmp_path, "predict", *_fixture_args(str(asking), tiny_encoder_dir, "epred"), "--config", str(endpoint),
+             "--config", str(ROOT / "configs/trust/select.yaml"), "--trainer.callbacks.init_args.output_dir", str(out),
+             "--ckpt_path", str(ckpt))  # fmt: skip
+        asked = server.request_count
+    rows = [json.loads(line) for line in (out / "trusted_answers.jsonl").open()]
+    n_test = len(Path(detection_dir, "test.jsonl").read_text().splitlines())
+    n_val = len(Path(detection_dir, "validation.jsonl").read_text().splitlines())
+    # the endpoint answered the calibration and test questions (identical conversations once: the response cache)
+    assert len(rows) == n_test and n_test < asked <= n_test + n_val
+    assert not any("Atlantis of the Nowhere" in r["prediction"] for r in rows)  # in no fact: dropped
+    answered = [r for r in rows if r["prediction"]]
+    asked_of = {r["id"]: r["question"] for r in map(json.loads, (asking / "test.jsonl").read_text().splitlines())}
+    assert answered and all(r["prediction"] in llm.replies[asked_of[r["id"]]] for r in answered)
+    assert all(set(r["kept"]) | set(r["dropped"]) == set(r["prediction"]) for r in rows)
+    report = json.loads((out / "report.json").read_text())
+    assert report["rule"] == "top" and report["questions"] == n_test
