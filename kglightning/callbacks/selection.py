@@ -125,7 +125,8 @@ class SelectionCallback(Callback):
     Args:
         output_dir: the folder for ``trusted_answers.jsonl``, ``report.md``, ``report.json``, ``selection.png`` and
             ``reliability.png``.
-        selector: the rule and its levels (default: ``AnswerSelector()``, FDR at 0.1).
+        selector: the rule and its levels (default: ``AnswerSelector(rule="top")``: each question's best answer, FDR
+            at 0.1 over questions).
         group_by: ``"grounded"`` (grounded answers and ungrounded ones calibrated apart), ``"grounding"`` (each
             grounding kind apart), ``"record"`` (by ``group_field`` of each question's record) or ``"none"``.
         group_field: with ``group_by="record"``, the record field (dotted for nested values) whose value groups the
@@ -152,7 +153,7 @@ class SelectionCallback(Callback):
             raise ValueError("group_field names the record field to group by, and only with group_by='record'")
         self.group_field = group_field
         self.output_dir = Path(output_dir)
-        self.selector = selector if selector is not None else AnswerSelector()
+        self.selector = selector if selector is not None else AnswerSelector(rule="top")
         self.group_by, self.calibration_split, self.score = group_by, calibration_split, score
         self.report_alphas = list(report_alphas) if report_alphas is not None else [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
         if not all(0.0 < a < 1.0 for a in self.report_alphas):

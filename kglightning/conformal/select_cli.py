@@ -3,9 +3,9 @@
 Two modes (the file format is in :mod:`kglightning.conformal.selection_io`)::
 
     # calibrate on labelled questions, keep the test answers
-    kglightning select --calibration cal.jsonl --predictions test.jsonl --rule fdr --alpha 0.1 --group-by grounding
+    kglightning select --calibration cal.jsonl --predictions test.jsonl --rule top --alpha 0.1 --group-by grounding
     # check rules on a labelled pool: 20 random calibration/test splits by question, a report with a plot
-    kglightning select --pool scored.jsonl --repeats 20 --rule fdr kept_rate question --alpha 0.1 0.2 \\
+    kglightning select --pool scored.jsonl --repeats 20 --rule fdr top kept_rate question --alpha 0.1 0.2 \\
         --group-by grounding --report-dir outputs/trust/check
 
 The first writes each row with ``kept`` (the answers kept, in their order), ``kept_scores``, ``dropped``,
@@ -107,7 +107,7 @@ def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
     mode.add_argument("--predictions", help="the scored predictions jsonl whose answers to select (with --calibration)")
     mode.add_argument("--pool", help="a labelled scored jsonl to check the rules on, by repeated random splits")
     p.add_argument("--calibration", help="labelled scored jsonl of the calibration questions (with --predictions)")
-    p.add_argument("--rule", nargs="+", default=["fdr"], choices=RULES,
+    p.add_argument("--rule", nargs="+", default=["top"], choices=RULES,
                    help="fdr: expected hallucinated share of the kept answers <= alpha (answers exchangeable); "
                         "top: the same on each question's best answer, at most one kept per question (questions "
                         "exchangeable); "

@@ -2,7 +2,7 @@
 
 :class:`AnswerSelector` takes per-answer hallucination scores (a detector's probabilities, or any score where higher
 means more likely wrong) of labelled calibration answers and of test answers, and returns which test answers to
-keep under one of three rules (the statistics are in :mod:`kglightning.conformal.functional.selection`):
+keep under one of four rules (the statistics are in :mod:`kglightning.conformal.functional.selection`):
 
 * ``"fdr"``: conformal p-values and Benjamini-Hochberg; ``E[hallucinated kept / kept] <= alpha`` over every kept
   answer. Needs exchangeable *answers*: it can fail when the answers of a question depend on each other (it does on
@@ -59,8 +59,8 @@ class ScoredAnswers:
         question: ``(N,)`` integer ids of the answers' questions (the exchangeable unit of the ``"question"`` rule).
         group: ``N`` group names, or ``None`` for one group.
         hallucinated: ``(N,)`` booleans (``True`` = hallucinated); required for calibration answers.
-        keys: ``N`` stable names of the answers (e.g. ``"<question id>#<position>"``): the FDR rule then draws each
-            answer's tie-break from its name and the seed, so the selection does not depend on the answers' order
+        keys: ``N`` stable names of the answers (e.g. ``"<question id>#<position>"``): the FDR rules then draw each
+            answer's tie-breaks from its name and the seed, so the selection does not depend on the answers' order
             (as after a DDP gather). ``None``: draws in order from the seed.
     """
 

@@ -133,7 +133,7 @@ def summarize(rows: list[dict[str, Any]], delta: float = 0.1) -> list[dict[str, 
 
     ``achieved`` is the quantity the rule bounds (FDR, or the share of questions keeping a hallucinated answer);
     ``within`` the share of splits where it is ``<= alpha``; ``holds`` reads the promise within two standard errors
-    of the splits' own noise: mean ``- 2 std / sqrt(splits) <= alpha`` for ``fdr`` and ``question``, ``within >= 1 -
+    of the splits' own noise: mean ``- 2 std / sqrt(splits) <= alpha`` for ``fdr``, ``top`` and ``question``, ``within >= 1 -
     delta - 2 sqrt(delta (1 - delta) / splits)`` for ``kept_rate``. With groups the promise is each group's
     (``holds`` is ``None`` on the ``"all"`` rows): every group keeps its bound, but the union of the groups is not
     promised one (a question can keep a hallucinated answer in each of two groups, each with probability alpha).

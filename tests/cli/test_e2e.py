@@ -281,7 +281,8 @@ def test_selection_callback_is_the_same_on_one_and_two_processes(detection_dir, 
 
 def test_trust_run_with_an_openai_compatible_endpoint_answering_first(detection_dir, tiny_encoder_dir, tmp_path):
     """configs/trust/select.yaml with the KAPING answerer behind a real loopback endpoint: the endpoint answers the
-    calibration and test questions, the detector scores the answers, the selection keeps some, in one predict run.
+    calibration and test questions, the detector scores the answers, the selection keeps or drops each, in one predict
+    run.
     The endpoint's LLM is scripted (it names the tails of the first two facts it is shown, and one name that is in
     no fact, which the answerer drops and counts): what is tested is the run, not an LLM."""
     from kglightning.llm.backends import ChatCompletionServer, Generation, LLMBackend

@@ -2,7 +2,7 @@
 
 Every function here takes per-answer *hallucination scores* (higher = more likely hallucinated, e.g. a detector's
 probability) and keeps answers with **low** scores. Calibration answers carry a label, ``null = True`` when the answer
-is hallucinated. Three guarantees, each under the exchangeability it names:
+is hallucinated. Four guarantees, each under the exchangeability it names:
 
 * :func:`conformal_pvalues` + :func:`benjamini_hochberg` (Jin & Candes 2023, conformal selection): the expected share
   of hallucinated answers among the kept ones (the FDR) is at most ``alpha``, when calibration and test answers are
@@ -174,8 +174,8 @@ def best_per_question(
         raise ValueError(f"question has {q.numel()} entries for {s.numel()} scores")
     if u is None:
         u = torch.rand(s.shape, generator=generator, dtype=torch.float64, device="cpu")
-    elif u.shape != s.shape:
-        raise ValueError(f"u must hold one draw per score, shape {tuple(s.shape)}")
+    elif u.shape != s.shape or not bool(((u >= 0) & (u < 1)).all()):
+        raise ValueError(f"u must hold one draw in [0, 1) per score, shape {tuple(s.shape)}")
     order = torch.argsort(u.to(s.device), stable=True)
     order = order[torch.argsort(s[order], stable=True)]
     order = order[torch.argsort(q[order], stable=True)]  # by question, then score, then draw
