@@ -116,19 +116,19 @@ class KGIndex:
         self._build(h, r, np.fromiter(map(eid, tails), dtype=np.int64, count=m))
 
     def _from_ids(self, triples: TripleArray, entities: Iterable[str]) -> None:
-        ids, strings, extra = triples.ids, triples.vocab.strings, list(entities)
+        ids, vocab, extra = triples.ids, triples.vocab, list(entities)
         ent_v = np.unique(np.concatenate([ids[:, 0], ids[:, 2]]))  # vocabulary ids, ascending
         rel_v = np.unique(ids[:, 1])
         rank = triples.vocab.sort_rank() if len(ids) and not extra else None
         if rank is not None and int(ids.max()) < len(rank):  # name order from the vocabulary's sort: no string compared
             ent_order, rel_order = np.argsort(rank[ent_v]), np.argsort(rank[rel_v])
-            names = [strings[i] for i in ent_v[ent_order].tolist()]
-            rel_names = [strings[i] for i in rel_v[rel_order].tolist()]
+            names = vocab.take(ent_v[ent_order])
+            rel_names = vocab.take(rel_v[rel_order])
             ent_pos, rel_pos = np.empty_like(ent_order), np.empty_like(rel_order)
             ent_pos[ent_order], rel_pos[rel_order] = np.arange(len(ent_v)), np.arange(len(rel_v))
         else:  # strings the sort does not cover yet, or extra entities: sort the names themselves
-            names = sorted({strings[i] for i in ent_v.tolist()}.union(extra))
-            rel_names = sorted(strings[i] for i in rel_v.tolist())
+            names = sorted(set(vocab.take(ent_v)).union(extra))
+            rel_names = sorted(vocab.take(rel_v))
             ent_pos, rel_pos = None, None
         bad = [r for r in rel_names if is_reverse(r)]
         if bad:
@@ -136,8 +136,8 @@ class KGIndex:
         self._set_names(names, rel_names)
         if ent_pos is None or rel_pos is None:
             look = self._eid.__getitem__
-            ent_pos = np.fromiter((look(strings[i]) for i in ent_v.tolist()), dtype=np.int64, count=len(ent_v))
-            rel_pos = np.fromiter((self._rid[strings[i]] for i in rel_v.tolist()), dtype=np.int64, count=len(rel_v))
+            ent_pos = np.fromiter(map(look, vocab.take(ent_v)), dtype=np.int64, count=len(ent_v))
+            rel_pos = np.fromiter(map(self._rid.__getitem__, vocab.take(rel_v)), dtype=np.int64, count=len(rel_v))
         self._build(
             ent_pos[np.searchsorted(ent_v, ids[:, 0])],
             rel_pos[np.searchsorted(rel_v, ids[:, 1])],

@@ -1,21 +1,33 @@
-"""Large record files read once: the validated records kept on disk in binary form, their graphs memory-mapped.
+"""Large record files read once: the validated records kept on disk as Arrow, their graphs memory-mapped.
 
 Parsing and validating a RoG file is the slowest step of a run at full size (CWQ's training split, 7 GB of
 jsonl, takes about 20 minutes on 2 cores) and its graphs are most of the memory a run holds. So the first
 :func:`~kglightning.data.sources.loaders.read_records` of a local file of at least ``KGLIGHTNING_RECORD_STORE_MIN_MB``
-(default 64) MB writes what it read to ``$KGLIGHTNING_CACHE/records/<key>/``:
+(default 64) MB writes what it read to ``$KGLIGHTNING_CACHE/records/<key>/``, as Apache Arrow IPC streams written
+with ordinary file writes (the format of ``datasets``' cache files):
 
-* ``graphs.npy``: every graph's triples as one ``(n, 3)`` ``int32`` array over the split's vocabulary, and
-  ``offsets.npy`` where each record's rows start;
-* ``strings.json``: the vocabulary; ``records.pkl``: each record's other fields, pickled so that any value a
-  parquet column holds (a timestamp, a map's tuples) comes back as it was read; ``meta.json``: what the read
-  skipped and counted.
+* ``records.arrow``: one row per record: ``id``, ``question``, ``answer``, ``q_entity``, ``a_entity``,
+  ``prediction``, ``confidence`` and ``prediction_paths`` as Arrow strings and lists, ``graph`` as a list of
+  ``[h, r, t]`` ``int32`` ids into the vocabulary, ``extra`` as JSON text;
+* ``vocab.arrow``: the split's strings, one ``large_string`` column (``string``), in id order;
+* ``meta.json``: what the read skipped and counted.
 
-Later reads of the same file (same path, inode, size, modification and change times, same ``split``,
-``on_bad_record`` and ``limit``, same kglightning version) load that folder instead: the graphs are views of a
-memory map (:class:`~kglightning.data.triple_array.TripleArray` over ``numpy.load(mmap_mode="r")``), so a
-question's triples are read from disk when a DataModule or a stage first looks at them and can be paged out again.
-``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
+Nothing in the store is executable (no pickle): a folder someone else could write can at worst hold wrong records.
+The files open with any Arrow reader, e.g. ``datasets.Dataset.from_file(".../records.arrow")``,
+``pyarrow.ipc.open_stream(...).read_pandas()``, or DuckDB over that table (see the data guide).
+
+The key is the file's *content* (a BLAKE2 digest, remembered per path and ``stat`` stamp so that an unchanged file
+is not hashed again), :data:`FORMAT`, :data:`~kglightning.data.records.VALIDATION_VERSION`, ``on_bad_record`` and
+``limit`` (and ``split`` for a ``.json`` file, the one local format that holds several): touching or copying a file
+finds the same store. Later reads load the store: the graphs are views of a read-only memory map of
+``records.arrow`` (:class:`~kglightning.data.triple_array.TripleArray`), and the vocabulary stays in Arrow's flat
+buffers (:meth:`~kglightning.data.triple_array.Vocab.from_arrow`), so a question's triples are read from disk when
+a stage first looks at them and can be paged out again. ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
+
+A store is written into ``.<key>.<host>.<pid>.tmp`` and renamed when whole; a writer first removes the temporary
+folders that killed writers left for its key (their process gone, or a day old). A write that fails (a full disk, a
+value JSON cannot hold) leaves nothing behind and the records are returned as read, with a warning. The cache
+folders are created ``0700``.
 
 When several processes read a new file at once (DDP ranks, a job array), :func:`first_reader` lets one parse it and
 write the store while the others wait on ``<key>.lock`` and then load the store: the file is parsed once. A store
@@ -28,13 +40,14 @@ bad record), a process parses the file on its own, as without the lock.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import math
 import os
-import pickle
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from itertools import chain
@@ -43,16 +56,17 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock, Timeout
 
-from kglightning.data.cache import default_cache_root
-from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.cache import default_cache_root, private_dir
+from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
 from kglightning.data.triple_array import TripleArray, Vocab
 
 __all__ = ["first_reader", "load_store", "remove_store", "save_store", "store_folder"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # 2: prediction_paths kept
-_FIELDS = ("id", "question", "answer", "q_entity", "a_entity", "prediction", "confidence", "extra", "prediction_paths")
+FORMAT = 3  # 3: Arrow IPC streams, keyed by content (2: npy + pickle, keyed by path and stat)
+_BATCH_RECORDS, _BATCH_TRIPLES = 1024, 1 << 22  # a record batch ends at whichever comes first
+_ORPHAN_AGE_S = 86400.0
 
 
 def _min_bytes() -> int | None:
@@ -65,6 +79,33 @@ def _min_bytes() -> int | None:
         raise ValueError(f"KGLIGHTNING_RECORD_STORE_MIN_MB={value!r}: expected a number of MB or 'off'") from None
 
 
+def _root() -> Path:
+    return default_cache_root() / "records"
+
+
+def content_digest(path: Path) -> str:
+    """The BLAKE2b-128 hex digest of the file at ``path``, remembered under ``records/stamps/`` per resolved path and
+    ``stat`` stamp (inode, size, modification and change times), so that an unchanged file is hashed once."""
+    st = path.stat()
+    stamp = f"{path.resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    memo = _root() / "stamps" / hashlib.sha1(stamp.encode()).hexdigest()[:20]
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        known = memo.read_text(encoding="ascii").strip()
+        if len(known) == 32 and all(c in "0123456789abcdef" for c in known):
+            return known
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            digest.update(chunk)
+    out = digest.hexdigest()
+    with contextlib.suppress(OSError):  # a read-only cache: hash again next time
+        private_dir(memo.parent)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+        tmp.write_text(out, encoding="ascii")
+        os.replace(tmp, memo)
+    return out
+
+
 def store_folder(path: str | os.PathLike, split: str | None, on_bad_record: str, limit: int | None) -> Path | None:
     """Where the records of ``path`` read with these arguments are stored; ``None`` for a path the store does not
     keep (not a local file, smaller than the threshold, or the store turned off)."""
@@ -74,77 +115,231 @@ def store_folder(path: str | os.PathLike, split: str | None, on_bad_record: str,
     threshold = _min_bytes()
     if threshold is None or not p.is_file():
         return None
-    st = p.stat()
-    if st.st_size < threshold:
+    if p.stat().st_size < threshold:
         return None
-    from kglightning import __version__  # validation may change between versions
+    split_key = split if p.suffix.lower() == ".json" else None  # .jsonl and .parquet hold one split
+    ident = f"{FORMAT}|{VALIDATION_VERSION}|{content_digest(p)}|{split_key}|{on_bad_record}|{limit}"
+    return _root() / hashlib.sha1(ident.encode()).hexdigest()[:16]
 
-    stamp = f"{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"  # ctime: a same-size edit that kept mtime
-    ident = f"{FORMAT}|{__version__}|{p.resolve()}|{stamp}|{split}|{on_bad_record}|{limit}"
-    return default_cache_root() / "records" / hashlib.sha1(ident.encode()).hexdigest()[:16]
+
+def _schema():
+    import pyarrow as pa
+
+    strings = pa.list_(pa.string())
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("question", pa.string()),
+            ("answer", strings),
+            ("q_entity", strings),
+            ("a_entity", strings),
+            ("graph", pa.list_(pa.list_(pa.int32(), 3))),
+            ("prediction", strings),
+            ("confidence", pa.list_(pa.float64())),
+            ("prediction_paths", pa.list_(pa.list_(strings))),
+            ("extra", pa.string()),
+        ]
+    )
+
+
+def _batch(records: list[KGQARecord], vocab: Vocab, schema):
+    import pyarrow as pa
+
+    parts = [
+        r.graph.ids
+        if isinstance(r.graph, TripleArray) and r.graph.vocab is vocab
+        else vocab.ids(chain.from_iterable(r.graph)).reshape(-1, 3)
+        for r in records
+    ]
+    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+    np.cumsum([len(g) for g in parts], out=offsets[1:])
+    flat = (
+        np.concatenate([np.asarray(g, dtype=np.int32).reshape(-1) for g in parts]) if parts else np.zeros(0, np.int32)
+    )
+    graph = pa.ListArray.from_arrays(pa.array(offsets), pa.FixedSizeListArray.from_arrays(pa.array(flat), 3))
+    extra = []
+    for r in records:
+        try:
+            extra.append(json.dumps(r.extra, ensure_ascii=False))
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"record {r.id!r}: field 'extra' holds a value JSON cannot keep ({err})") from None
+    cols = {
+        "id": [r.id for r in records],
+        "question": [r.question for r in records],
+        "answer": [r.answer for r in records],
+        "q_entity": [r.q_entity for r in records],
+        "a_entity": [r.a_entity for r in records],
+        "prediction": [r.prediction for r in records],
+        "confidence": [r.confidence for r in records],
+        "prediction_paths": [r.prediction_paths for r in records],
+        "extra": extra,
+    }
+    arrays = [graph if f.name == "graph" else pa.array(cols[f.name], type=f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _chunks(records: list[KGQARecord]) -> Iterator[list[KGQARecord]]:
+    chunk: list[KGQARecord] = []
+    triples = 0
+    for r in records:
+        chunk.append(r)
+        triples += len(r.graph)
+        if len(chunk) >= _BATCH_RECORDS or triples >= _BATCH_TRIPLES:
+            yield chunk
+            chunk, triples = [], 0
+    if chunk:
+        yield chunk
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_orphans(folder: Path) -> int:
+    """Remove the temporary folders that writers of ``folder``'s store left when killed: on this host, those whose
+    process is gone; on any host, those untouched for a day. Returns how many were removed."""
+    host = socket.gethostname()
+    removed = 0
+    for tmp in folder.parent.glob(f".{folder.name}.*.tmp"):
+        rest = tmp.name[len(folder.name) + 2 : -len(".tmp")]
+        owner, _, pid = rest.rpartition(".")
+        try:
+            stale = time.time() - tmp.stat().st_mtime > _ORPHAN_AGE_S
+        except OSError:
+            continue
+        if stale or (owner == host and pid.isdigit() and not _alive(int(pid))):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed += 1
+            log.info("removed %s, left by a record store writer that did not finish", tmp)
+    return removed
 
 
 def save_store(records: list[KGQARecord], folder: Path) -> None:
     """Write ``records`` (a :class:`~kglightning.data.sources.loaders.RecordList`) to ``folder``, whole or not at
-    all: into a temporary folder first, then renamed."""
+    all: into a temporary folder first, then renamed. Raises what the write raised (nothing is left behind)."""
+    import pyarrow as pa
+
     vocab: Vocab = getattr(records, "vocab", None) or Vocab()
-    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    private_dir(folder.parent)
+    remove_orphans(folder)
+    tmp = folder.with_name(f".{folder.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp.mkdir(mode=0o700)
     try:
-        parts = [
-            r.graph.ids
-            if isinstance(r.graph, TripleArray) and r.graph.vocab is vocab
-            else vocab.ids(chain.from_iterable(r.graph)).reshape(-1, 3)
-            for r in records
-        ]
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([len(g) for g in parts], out=offsets[1:])
-        graphs = np.lib.format.open_memmap(tmp / "graphs.npy", mode="w+", dtype=np.int32, shape=(int(offsets[-1]), 3))
-        for lo, g in zip(offsets.tolist(), parts):  # written part by part: no second copy of the split in memory
-            graphs[lo : lo + len(g)] = g
-        graphs.flush()
-        del graphs
-        np.save(tmp / "offsets.npy", offsets)
-        (tmp / "strings.json").write_text(json.dumps(vocab.strings, ensure_ascii=False), encoding="utf-8")
-        with open(tmp / "records.pkl", "wb") as f:
-            pickle.dump([tuple(getattr(r, k) for k in _FIELDS) for r in records], f, protocol=5)
+        schema = _schema()
+        n = triples = 0
+        with pa.OSFile(str(tmp / "records.arrow"), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            for chunk in _chunks(records):  # batch by batch: no second copy of the split's graphs in memory
+                writer.write_batch(_batch(chunk, vocab, schema))
+                n += len(chunk)
+                triples += sum(len(r.graph) for r in chunk)
+        strings = vocab.to_arrow()  # after the batches: they may add the strings of graphs given as tuples
+        table = pa.table({"string": strings})
+        with pa.OSFile(str(tmp / "vocab.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
         meta = {
             "format": FORMAT,
+            "validation": VALIDATION_VERSION,
             "source": getattr(records, "source", "<memory>"),
             "split": getattr(records, "split", None),
             "skipped": [[e.reason, e.source, e.line, e.field] for e in getattr(records, "skipped", [])],
             "empty_graph": getattr(records, "empty_graph", []),
             "unknown_topic": getattr(records, "unknown_topic", []),
-            "records": len(records),
+            "records": n,
+            "triples": triples,
+            "strings": len(strings),
         }
         (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
-        os.replace(tmp, folder)
-    except OSError:
-        if not (folder / "meta.json").is_file():  # not another process's whole store: a real failure
-            raise
+        try:
+            os.replace(tmp, folder)
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not (folder / "meta.json").is_file():
+                raise  # not another process's whole store: a real failure
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_store(folder: Path, out: list) -> None:
+def _mapped(path: Path) -> tuple[np.memmap, object]:
+    """A read-only memory map of an Arrow stream file and its reader over the map (zero-copy)."""
+    import pyarrow as pa
+
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    return raw, pa.ipc.open_stream(pa.py_buffer(raw))
+
+
+def _triples(raw: np.memmap, graph) -> np.ndarray:
+    """The ``(n, 3)`` ``int32`` triples of a batch's ``graph`` column, as a view of ``raw`` (so that
+    :func:`~kglightning.data.mapped_pages.release_array` can give their pages back)."""
+    fixed = graph.values
+    values = fixed.values
+    buf = values.buffers()[1]
+    start = buf.address - raw.ctypes.data
+    if not 0 <= start <= raw.size - buf.size or start % 4:
+        raise ValueError("the graph column is not an aligned part of the mapped file")
+    ids = raw[start : start + buf.size].view(np.int32)[values.offset :]
+    return ids[: 3 * (fixed.offset + len(fixed))].reshape(-1, 3)[fixed.offset :]
+
+
+def load_store(folder: Path, out: list, source: str | None = None) -> None:
     """Fill ``out`` (an empty :class:`~kglightning.data.sources.loaders.RecordList`) with the records
-    :func:`save_store` wrote to ``folder``, their graphs views of a memory map."""
+    :func:`save_store` wrote to ``folder``, their graphs views of a memory map; ``source`` (the path being read)
+    replaces the one stored, in ``out.source`` and in the skipped records' errors."""
     meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{folder}: record store format {meta.get('format')}, expected {FORMAT}")
-    out.source, out.split = meta["source"], meta["split"]
-    out.vocab = Vocab(json.loads((folder / "strings.json").read_text(encoding="utf-8")))
-    graphs = np.load(folder / "graphs.npy", mmap_mode="r")
-    offsets = np.load(folder / "offsets.npy")
-    with open(folder / "records.pkl", "rb") as f:
-        fields = pickle.load(f)
-    for i, (rid, question, answer, q_entity, a_entity, prediction, confidence, extra, paths) in enumerate(fields):
-        graph = TripleArray.view(graphs[offsets[i] : offsets[i + 1]], out.vocab)
-        out.append(KGQARecord(rid, question, answer, q_entity, a_entity, graph, prediction, confidence, extra, paths))
-    if len(out) != meta["records"] or len(offsets) != len(out) + 1:
-        raise ValueError(f"{folder}: {len(out)} records where {meta['records']} were stored")
-    out.skipped = [RecordError(m, source=s, line=ln, field=fd) for m, s, ln, fd in meta["skipped"]]
+    if meta.get("format") != FORMAT or meta.get("validation") != VALIDATION_VERSION:
+        raise ValueError(f"{folder}: record store format {meta.get('format')}/{meta.get('validation')}, expected "
+                         f"{FORMAT}/{VALIDATION_VERSION}")  # fmt: skip
+    stored_source = meta["source"]
+    out.source, out.split = source or stored_source, meta["split"]
+    _, vocab_reader = _mapped(folder / "vocab.arrow")
+    vocab = Vocab.from_arrow(vocab_reader.read_all().column("string"))
+    out.vocab = vocab
+    raw, reader = _mapped(folder / "records.arrow")
+    for batch in reader:
+        graph = batch.column("graph")
+        triples = _triples(raw, graph)
+        offsets = graph.offsets.to_numpy()
+        cols = {
+            name: batch.column(name).to_pylist()
+            for name in (
+                "id",
+                "question",
+                "answer",
+                "q_entity",
+                "a_entity",
+                "prediction",
+                "confidence",
+                "prediction_paths",
+                "extra",
+            )  # fmt: skip
+        }
+        for i in range(batch.num_rows):
+            out.append(
+                KGQARecord(
+                    cols["id"][i],
+                    cols["question"][i],
+                    cols["answer"][i],
+                    cols["q_entity"][i],
+                    cols["a_entity"][i],
+                    TripleArray.view(triples[offsets[i] : offsets[i + 1]], vocab),
+                    cols["prediction"][i],
+                    cols["confidence"][i],
+                    json.loads(cols["extra"][i]),
+                    cols["prediction_paths"][i],
+                )  # fmt: skip
+            )
+    if len(out) != meta["records"] or len(vocab) != meta["strings"]:
+        raise ValueError(f"{folder}: {len(out)} records and {len(vocab)} strings where {meta['records']} and "
+                         f"{meta['strings']} were stored")  # fmt: skip
+    where = out.source
+    out.skipped = [
+        RecordError(m, source=where if s == stored_source else s, line=ln, field=fd) for m, s, ln, fd in meta["skipped"]
+    ]
     out.empty_graph, out.unknown_topic = meta["empty_graph"], meta["unknown_topic"]
 
 
@@ -183,7 +378,7 @@ def first_reader(folder: Path, source: str | os.PathLike) -> Iterator[str]:
     start, warned = time.monotonic(), 0.0
     state = "first"
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(folder.parent)
         while True:
             waited = time.monotonic() - start
             try:

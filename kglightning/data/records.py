@@ -21,6 +21,11 @@ from typing import Any
 
 from kglightning.data.triple_array import TripleArray, Vocab
 
+#: The version of what validation makes of a record (:meth:`KGQARecord.from_dict`): bump it with any change of what
+#: is accepted, refused, normalised or counted, so that records kept from an earlier read (the record store) are not
+#: reused.
+VALIDATION_VERSION = 1
+
 REQUIRED_FIELDS = ("id", "question", "answer", "q_entity", "a_entity", "graph")
 OPTIONAL_FIELDS = ("prediction", "confidence", "prediction_paths")
 

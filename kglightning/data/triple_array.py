@@ -21,69 +21,179 @@ import numpy as np
 
 from kglightning.data.mapped_pages import release_array, release_arrays
 
-__all__ = ["TripleArray", "Vocab", "as_triple_array", "graph_nodes", "node_layout", "release_graphs"]
+__all__ = ["ArrowStrings", "TripleArray", "Vocab", "as_triple_array", "graph_nodes", "node_layout", "release_graphs"]
 
 
 class Vocab:
     """Strings and their ``int32`` ids, in order of first appearance.
 
+    A vocabulary read from a record store (:meth:`from_arrow`) keeps its strings in an Arrow array (flat buffers,
+    memory-mapped: no Python object per string) until a string must be looked up or added (:meth:`ids`,
+    :meth:`get`); reading ids back to strings (:meth:`take`, :attr:`strings`) never needs more.
+
     Example:
         >>> v = Vocab()
         >>> v.ids(["Paris", "capital", "Paris"]).tolist(), v.strings, len(v)
         ([0, 1, 0], ['Paris', 'capital'], 2)
+        >>> v.take(np.array([1, 0])), Vocab.from_arrow(v.to_arrow()).take([1])
+        (['capital', 'Paris'], ['capital'])
     """
 
-    __slots__ = ("_ids", "_rank", "strings")
+    __slots__ = ("_arrow", "_ids", "_list", "_rank")
 
     def __init__(self, strings: Iterable[str] = ()) -> None:
-        self.strings: list[str] = []
-        self._ids: dict[str, int] = {}
+        self._list: list[str] = []
+        self._ids: dict[str, int] | None = {}
+        self._arrow: ArrowStrings | None = None
         self._rank: np.ndarray | None = None
         self.ids(strings)
 
+    @classmethod
+    def from_arrow(cls, array: Any) -> Vocab:
+        """A vocabulary over an Arrow ``string``/``large_string`` array (no nulls), used as it is."""
+        v = cls.__new__(cls)
+        v._list, v._ids, v._rank = [], None, None
+        v._arrow = ArrowStrings(array)
+        return v
+
+    def to_arrow(self) -> Any:
+        """The strings as an Arrow ``large_string`` array."""
+        import pyarrow as pa
+
+        if self._arrow is not None:
+            return self._arrow.array
+        return pa.array(self._list, type=pa.large_string())
+
+    @property
+    def strings(self) -> Sequence[str]:
+        """The strings in id order (a list, or a read-only view of the Arrow array)."""
+        return self._arrow if self._arrow is not None else self._list
+
     def __len__(self) -> int:
-        return len(self.strings)
+        return len(self._arrow) if self._arrow is not None else len(self._list)
+
+    def _table(self) -> dict[str, int]:
+        """The string-to-id map, built (and the strings made a list) on first need."""
+        if self._ids is None:
+            assert self._arrow is not None
+            self._list = self._arrow.array.to_pylist()
+            self._arrow = None
+            self._ids = {s: i for i, s in enumerate(self._list)}
+        return self._ids
 
     def ids(self, strings: Iterable[str]) -> np.ndarray:
         """The ids of ``strings`` (new strings are added), as an ``int32`` array."""
         strings = strings if isinstance(strings, list) else list(strings)
-        table = self._ids
+        if not strings:
+            return np.zeros(0, dtype=np.int32)
+        table = self._table()
         out = list(map(table.get, strings))  # known strings in one C-level pass
         if None in out:  # add the new ones in first-appearance order, then look every string up again
             fresh = dict.fromkeys(s for s, i in zip(strings, out) if i is None)
-            table.update(zip(fresh, range(len(self.strings), len(self.strings) + len(fresh))))
-            self.strings.extend(fresh)
+            table.update(zip(fresh, range(len(self._list), len(self._list) + len(fresh))))
+            self._list.extend(fresh)
             out = list(map(table.__getitem__, strings))
-        if len(self.strings) > np.iinfo(np.int32).max:
+        if len(self._list) > np.iinfo(np.int32).max:
             raise OverflowError("a vocabulary holds at most 2**31 - 1 strings")
         return np.asarray(out, dtype=np.int32)
 
     def get(self, string: str) -> int | None:
         """The id of ``string``, or ``None`` when the vocabulary does not hold it (nothing is added)."""
-        return self._ids.get(string)
+        return self._table().get(string)
+
+    def take(self, ids: np.ndarray | Sequence[int]) -> list[str]:
+        """The strings of ``ids``, in their order."""
+        if self._arrow is not None:
+            return self._arrow.take(ids)
+        s = self._list
+        return [s[i] for i in (ids.tolist() if isinstance(ids, np.ndarray) else ids)]
 
     def sort_rank(self) -> np.ndarray:
         """``rank[i]``: the place of ``strings[i]`` in sorted order, for ``i`` below ``len(rank)``.
 
         Sorting per graph by these integers gives the order ``sorted`` gives the strings, without comparing strings
         (scattered over a large heap, that is most of the cost). Computed once, and again when the vocabulary has
-        doubled since; strings added after it are not covered (callers compare those as strings).
+        doubled since; strings added after it are not covered (callers compare those as strings). An Arrow
+        vocabulary sorts in Arrow (UTF-8 byte order, which is code point order: the order of ``sorted``).
         """
-        n = len(self.strings)
+        n = len(self)
         if self._rank is None or n > 2 * len(self._rank):
-            order = np.array(sorted(range(n), key=self.strings.__getitem__), dtype=np.int64)
+            if self._arrow is not None:
+                import pyarrow.compute as pc
+
+                order = pc.array_sort_indices(self._arrow.array).to_numpy().astype(np.int64)
+            else:
+                order = np.array(sorted(range(n), key=self._list.__getitem__), dtype=np.int64)
             rank = np.empty(n, dtype=np.int64)
             rank[order] = np.arange(n, dtype=np.int64)
             self._rank = rank
         return self._rank
 
     def __getstate__(self) -> list[str]:
-        return self.strings
+        return list(self._list) if self._arrow is None else self._arrow.array.to_pylist()
 
     def __setstate__(self, strings: list[str]) -> None:
-        self.strings = list(strings)
-        self._ids = {s: i for i, s in enumerate(self.strings)}
+        self._list = list(strings)
+        self._arrow = None
+        self._ids = {s: i for i, s in enumerate(self._list)}
         self._rank = None
+
+
+class ArrowStrings(Sequence):
+    """A read-only ``Sequence[str]`` over an Arrow string array: an item is decoded from the array's flat buffers
+    when asked for; :meth:`take` decodes many at once."""
+
+    __slots__ = ("array", "_data", "_offsets")
+
+    def __init__(self, array: Any) -> None:
+        import pyarrow as pa
+
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        if array.type == pa.string():
+            array = array.cast(pa.large_string())
+        if array.type != pa.large_string() or array.null_count:
+            raise ValueError(
+                f"expected an Arrow string array without nulls, got {array.type} ({array.null_count} nulls)"
+            )
+        self.array = array
+        _, offsets, data = array.buffers()
+        self._offsets = np.frombuffer(offsets, dtype=np.int64)[array.offset : array.offset + len(array) + 1]
+        self._data = memoryview(data) if data is not None else memoryview(b"")
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.take(range(*i.indices(len(self))))
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("vocabulary index out of range")
+        return str(self._data[self._offsets[i] : self._offsets[i + 1]], "utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.array.to_pylist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ArrowStrings):
+            return self.array.equals(other.array)
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self) and self.array.to_pylist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ArrowStrings({len(self)} strings)"
+
+    def take(self, ids: np.ndarray | Sequence[int]) -> list[str]:
+        import pyarrow as pa
+
+        idx = np.asarray(ids, dtype=np.int64)
+        return self.array.take(pa.array(idx)).to_pylist() if idx.size else []
 
 
 class TripleArray:
@@ -133,8 +243,8 @@ class TripleArray:
         return self.ids.shape[0]
 
     def _tuples(self, rows: np.ndarray) -> list[tuple[str, str, str]]:
-        s = self.vocab.strings
-        return [(s[h], s[r], s[t]) for h, r, t in rows.tolist()]
+        flat = self.vocab.take(rows.reshape(-1))
+        return list(zip(flat[0::3], flat[1::3], flat[2::3]))
 
     @overload
     def __getitem__(self, i: int) -> tuple[str, str, str]: ...
@@ -143,9 +253,8 @@ class TripleArray:
     def __getitem__(self, i):
         if isinstance(i, slice):  # a slice is a plain list, as slicing the list of tuples would give
             return self._tuples(self.ids[i])
-        h, r, t = self.ids[i].tolist()
-        s = self.vocab.strings
-        return s[h], s[r], s[t]
+        h, r, t = self.vocab.take(self.ids[i])
+        return h, r, t
 
     def __iter__(self) -> Iterator[tuple[str, str, str]]:
         return iter(self._tuples(self.ids))
@@ -156,7 +265,7 @@ class TripleArray:
     def __contains__(self, triple: object) -> bool:
         if not isinstance(triple, tuple) or len(triple) != 3 or not all(isinstance(x, str) for x in triple):
             return False  # as for the list of string tuples: nothing else is an element
-        ids = [self.vocab._ids.get(x) for x in triple]
+        ids = [self.vocab.get(x) for x in triple]
         return None not in ids and bool((self.ids == np.asarray(ids, dtype=np.int32)).all(axis=1).any())
 
     def tolist(self) -> list[tuple[str, str, str]]:
@@ -196,7 +305,7 @@ class TripleArray:
     def __reduce__(self) -> tuple[Any, ...]:
         # alone in a pickle, carry only the strings this graph uses (not the whole shared vocabulary)
         used, local = np.unique(self.ids, return_inverse=True)
-        strings = [self.vocab.strings[i] for i in used.tolist()]
+        strings = self.vocab.take(used)
         return (_rebuild, (strings, local.reshape(-1, 3).astype(np.int32)))
 
 
@@ -219,8 +328,7 @@ def graph_nodes(graph: Sequence[Sequence[str]]) -> set[str]:
         (['France', 'Paris'], ['France', 'Paris'])
     """
     if isinstance(graph, TripleArray):
-        s = graph.vocab.strings
-        return {s[i] for i in np.unique(graph.ids[:, [0, 2]]).tolist()}
+        return set(graph.vocab.take(np.unique(graph.ids[:, [0, 2]])))
     return {n for t in graph for n in (t[0], t[2])}
 
 

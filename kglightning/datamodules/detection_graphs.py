@@ -97,11 +97,10 @@ def node_texts(record: KGQARecord, relation_view: RelationView = "readable") -> 
     """The distinct strings of a record that its detection graph refers to: the question, the proposed answers (an
     ungrounded answer's text is its input), node labels and relation texts (written as ``relation_view``)."""
     graph = as_triple_array(record.graph)
-    s = graph.vocab.strings
-    nodes = np.unique(graph.ids[:, [0, 2]]).tolist() if len(graph) else []
-    rels = np.unique(graph.ids[:, 1]).tolist() if len(graph) else []
-    out = [record.question, *(record.prediction or []), *(s[i] for i in nodes)]
-    out += [relation_text(s[i], relation_view) for i in rels]
+    nodes = graph.vocab.take(np.unique(graph.ids[:, [0, 2]])) if len(graph) else []
+    rels = graph.vocab.take(np.unique(graph.ids[:, 1])) if len(graph) else []
+    out = [record.question, *(record.prediction or []), *nodes]
+    out += [relation_text(r, relation_view) for r in rels]
     return list(dict.fromkeys(out))
 
 
@@ -187,8 +186,7 @@ class _GraphNodes:
         if answer in self:
             return answer
         if self._full is None:
-            strings = self.vocab.strings
-            names = [strings[v] for v in self.node_ids.tolist()]
+            names = self.vocab.take(self.node_ids)
             self._full = match_node(names, self.rows.normal_forms(self.vocab, self.node_ids))
         return self._full(answer)
 

@@ -62,14 +62,13 @@ class TextRows:
         normalised once."""
         ids = np.asarray(ids, dtype=np.int64)
         if not self.memo:
-            return [normalize(vocab.strings[i]) for i in ids.tolist()]
+            return [normalize(s) for s in vocab.take(ids)]
         table = self._table(vocab, "normal", object)
         out = table[ids]
         missing = np.equal(out, None)
         if missing.any():
             fresh = np.unique(ids[missing])
-            strings = vocab.strings
-            table[fresh] = [normalize(strings[i]) for i in fresh.tolist()]
+            table[fresh] = [normalize(s) for s in vocab.take(fresh)]
             out = table[ids]
         return out.tolist()
 
@@ -105,8 +104,8 @@ class TextRows:
         return out
 
     def _lookup(self, vocab: Vocab, ids: list[int], kind: str) -> list[int]:
-        strings = vocab.strings
-        texts = [strings[i] if kind == "node" else relation_text(strings[i], kind) for i in ids]
+        strings = vocab.take(ids)
+        texts = strings if kind == "node" else [relation_text(s, kind) for s in strings]
         found = list(map(self.text_id.get, texts))
         if None in found:
             text = texts[found.index(None)]

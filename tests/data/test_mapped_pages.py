@@ -230,7 +230,7 @@ def test_triples_in_memory_release_nothing():
 
 @pytest.fixture
 def stored(tmp_path, monkeypatch):
-    """Four questions of 25,000 triples each, loaded from the record store: graphs are views of graphs.npy (1.2 MB)."""
+    """Four questions of 25,000 triples each, loaded from the record store: graphs are views of records.arrow (1.2 MB)."""
     import json
 
     from kglightning.data.record_store import store_folder
@@ -246,7 +246,7 @@ def stored(tmp_path, monkeypatch):
     ]  # fmt: skip
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     read_records(path)  # writes the store
-    return read_records(path), store_folder(path, None, "raise", None) / "graphs.npy"
+    return read_records(path), store_folder(path, None, "raise", None) / "records.arrow"
 
 
 @linux

@@ -262,10 +262,10 @@ def read_records(
     if on_bad_record not in ("raise", "skip"):
         raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
     folder = store_folder(path, split, on_bad_record, limit)
-    out = _stored(folder) if folder is not None else None
+    out = _stored(folder, path) if folder is not None else None
     if out is None and folder is not None:
         with first_reader(folder, path) as state:  # one process parses a new large file; the others load its store
-            out = _stored(folder) if state != "unlocked" else None
+            out = _stored(folder, path) if state != "unlocked" else None
             if out is None and state == "first":
                 out = _read_and_store(path, split, on_bad_record, limit, folder)
     if out is None:  # no store, or the process that held the lock wrote none
@@ -282,20 +282,20 @@ def _read_and_store(
     if folder is not None:
         try:
             save_store(out, folder)
-        except Exception as err:  # a full or read-only cache, a value pickle cannot hold: go on without it
+        except Exception as err:  # a full or read-only cache, a value JSON cannot hold: go on without it
             logger.warning("could not keep the records of %s in %s (%s: %s); the next run reads the file again",
                            out.source, folder, type(err).__name__, err)  # fmt: skip
     return out
 
 
-def _stored(folder: Path) -> RecordList | None:
+def _stored(folder: Path, path: str | os.PathLike) -> RecordList | None:
     """The records stored in ``folder`` (:mod:`~kglightning.data.record_store`), or ``None`` (none, or unreadable:
     moved out of the way, and the file is read again)."""
     if not (folder / "meta.json").is_file():
         return None
     out = RecordList()
     try:
-        load_store(folder, out)
+        load_store(folder, out, str(path))
     except (OSError, MemoryError) as err:  # the system, not the store: read the file this time, keep the store
         logger.warning("record store %s cannot be loaded now (%s: %s); reading the file", folder,
                        type(err).__name__, err)  # fmt: skip

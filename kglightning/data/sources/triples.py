@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kglightning.data.cache import default_cache_root
+from kglightning.data.cache import default_cache_root, private_dir, unsafe_to_unpickle
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import RecordError
 
@@ -130,7 +130,11 @@ def load_kg(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
     if not path.is_file():
         raise FileNotFoundError(f"KG file {path} does not exist")
     cached = _cache_file(path, Path(cache_dir) if cache_dir is not None else default_cache_root() / "kg")
-    if use_cache and cached.is_file():
+    unsafe = unsafe_to_unpickle(cached) if use_cache and cached.is_file() else None
+    if unsafe:
+        log.warning("not loading the KG index cache %s: %s, and unpickling runs code; indexing %s again", cached,
+                    unsafe, path)  # fmt: skip
+    elif use_cache and cached.is_file():
         try:
             with open(cached, "rb") as f:
                 kg = pickle.load(f)
@@ -144,10 +148,11 @@ def load_kg(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
             return kg
     kg = KGIndex.from_triples(read_triples(path))
     log.info("KG %s: %s", path, kg)
-    if use_cache:
-        cached.parent.mkdir(parents=True, exist_ok=True)
+    if use_cache and not unsafe:
+        private_dir(cached.parent)
         tmp = cached.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb") as f:  # 0600 under any umask: only this user may replace what is unpickled
+            os.chmod(tmp, 0o600)
             pickle.dump(kg, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, cached)
     return kg

@@ -1,0 +1,144 @@
+"""The record store's defects that a review reproduced, each reproduced here: a full cache disk, a planted pickle, a
+killed writer's folder, duplicate stores of one file, and a key that did not change with validation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kglightning.data import record_store
+from kglightning.data.record_store import store_folder
+from kglightning.data.sources.loaders import read_records
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _write(path: Path, questions: int = 6, triples: int = 3) -> Path:
+    rows = [
+        {"id": f"q{i}", "question": f"question {i}?", "answer": [f"e{i}"], "q_entity": ["t"], "a_entity": [f"e{i}"],
+         "graph": [["t", f"r{j % 7}", f"e{i}-{j}"] for j in range(triples)]}
+        for i in range(questions)
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    return root
+
+
+def _stores(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "records").iterdir() if p.is_dir() and (p / "meta.json").is_file())
+
+
+class _Plant:
+    """A pickle payload that leaves a file behind when it is unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_full_cache_disk_gives_a_warning_and_the_records(tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        data = _write(tmp_path / "big.jsonl", questions=20, triples=2000)  # a store of about 1 MB: no room for it
+        code = "from kglightning.data.sources.loaders import read_records; print(len(read_records(__import__('sys').argv[1])))"
+        env = dict(os.environ, KGLIGHTNING_CACHE=str(small), KGLIGHTNING_RECORD_STORE_MIN_MB="0", PYTHONPATH=str(ROOT))
+        proc = subprocess.run([sys.executable, "-c", code, str(data)], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"  # not killed by SIGBUS
+        assert proc.stdout.strip() == "20" and "could not keep the records" in proc.stderr
+        leftovers = [p.name for p in (small / "records").iterdir() if p.name.endswith(".tmp")]
+        assert leftovers == []  # the failed write left nothing behind
+    finally:
+        subprocess.run(["umount", str(small)], capture_output=True)
+
+
+def test_no_pickle_is_read_from_the_store(cache, tmp_path):
+    path = _write(tmp_path / "train.jsonl")
+    first = read_records(path)
+    folder = store_folder(path, None, "raise", None)
+    marker = tmp_path / "planted"
+    (folder / "records.pkl").write_bytes(pickle.dumps(_Plant(marker)))  # where the old store kept its pickle
+    again = read_records(path)
+    assert not marker.exists() and list(again) == list(first)
+    assert {p.name for p in folder.iterdir()} >= {"records.arrow", "vocab.arrow", "meta.json"}
+    for p in (cache, cache / "records", folder):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o700, p
+
+
+def test_a_kg_index_pickle_others_can_write_is_not_loaded(cache, tmp_path, caplog):
+    from kglightning.data.sources.triples import _cache_file, load_kg
+
+    kg_file = tmp_path / "kg.tsv"
+    kg_file.write_text("a\tr\tb\nb\ts\tc\n", encoding="utf-8")
+    kg = load_kg(kg_file)
+    cached = _cache_file(kg_file, cache / "kg")
+    assert cached.is_file() and stat.S_IMODE(cached.stat().st_mode) == 0o600
+    assert stat.S_IMODE(cached.parent.stat().st_mode) == 0o700
+    marker = tmp_path / "planted"
+    cached.write_bytes(pickle.dumps(_Plant(marker)))
+    os.chmod(cached, 0o666)  # as another user's (or a shared group's) write would leave it
+    with caplog.at_level(logging.WARNING):
+        again = load_kg(kg_file)
+    assert not marker.exists() and "writable by other users" in caplog.text
+    assert again.triples() == kg.triples()
+
+
+def test_a_killed_writers_folder_is_removed_by_the_next_writer(cache, tmp_path):
+    path = _write(tmp_path / "train.jsonl")
+    folder = store_folder(path, None, "raise", None)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = folder.with_name(f".{folder.name}.{socket.gethostname()}.{int(dead.stdout)}.tmp")  # its writer is gone
+    other_host = folder.with_name(f".{folder.name}.elsewhere.{os.getpid()}.tmp")  # may still be writing
+    for o in (orphan, other_host):
+        o.mkdir(parents=True)
+        (o / "records.arrow").write_bytes(b"\0" * 4096)
+    read_records(path)  # the next writer
+    assert not orphan.exists() and other_host.exists() and _stores(cache) == [folder]
+    os.utime(other_host, (0, 0))  # a day old: its writer is gone too, wherever it ran
+    assert record_store.remove_orphans(folder) == 1 and not other_host.exists()
+
+
+def test_one_file_has_one_store_however_it_is_touched_or_named(cache, tmp_path):
+    path = _write(tmp_path / "train.jsonl")
+    read_records(path)
+    os.utime(path, ns=(10**18, 10**18))  # touched: a new modification time, the same content
+    read_records(path)
+    read_records(path, split="train")  # a split means nothing for a .jsonl
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(path.read_bytes())
+    again = read_records(copy)
+    assert len(_stores(cache)) == 1 and again.source == str(copy)
+    path.write_text(path.read_text().replace("question 1?", "question one?"), encoding="utf-8")
+    assert read_records(path)[1].question == "question one?" and len(_stores(cache)) == 2  # new content: new store
+
+
+def test_the_store_key_follows_the_validation_version(cache, tmp_path, monkeypatch):
+    path = _write(tmp_path / "train.jsonl")
+    before = store_folder(path, None, "raise", None)
+    read_records(path)
+    monkeypatch.setattr(record_store, "VALIDATION_VERSION", record_store.VALIDATION_VERSION + 1)
+    after = store_folder(path, None, "raise", None)
+    assert after != before and not after.exists()
+    read_records(path)
+    assert after.exists()
