@@ -38,6 +38,8 @@ EXTRA_SUBCOMMANDS = {
     "import-predictions": "RoG records with a KGQA system's answers: RoG / GNN-RAG prompts, GCR beams, or any "
     "predictions jsonl joined onto RoG records by id",
     "compare-proxies": "score DoublyCal evidence proxies (e.g. SFT vs GRPO adapters) on the same held-out questions",
+    "cache": "list the cache's entries, their sizes (du), or clean what killed runs left and what is old or over a "
+    "size",
     "seeds": "fit and test a config once per seed (--folds K: per fold and seed) and report each test metric's mean "
     "and standard deviation",
 }
@@ -370,6 +372,10 @@ def _dispatch(argv: list[str], from_command_line: bool) -> int:
         from kglightning.conformal.offline import main as conformalize_main
 
         return int(conformalize_main(argv[1:]) or 0)
+    if argv and argv[0] == "cache":
+        from kglightning.data.cache_admin import main as cache_main
+
+        return cache_main(argv[1:], prog=f"{PROG} cache")
     if argv and argv[0] == "select":
         from kglightning.conformal.select_cli import main as select_main
 

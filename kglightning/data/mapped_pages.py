@@ -35,9 +35,12 @@ import os
 import sys
 import weakref
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is only handled here, never needed: reading records must not import it
+    import torch
 
 __all__ = ["release_array", "release_arrays", "release_tensor", "seal_file_maps"]
 

@@ -57,6 +57,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from kglightning.data.cache import default_cache_root, private_dir
+from kglightning.data.cache_admin import clean, stale_temporary
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
 from kglightning.data.triple_array import TripleArray, Vocab
 
@@ -66,7 +67,6 @@ log = logging.getLogger(__name__)
 
 FORMAT = 3  # 3: Arrow IPC streams, keyed by content (2: npy + pickle, keyed by path and stat)
 _BATCH_RECORDS, _BATCH_TRIPLES = 1024, 1 << 22  # a record batch ends at whichever comes first
-_ORPHAN_AGE_S = 86400.0
 
 
 def _min_bytes() -> int | None:
@@ -191,33 +191,30 @@ def _chunks(records: list[KGQARecord]) -> Iterator[list[KGQARecord]]:
         yield chunk
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
-
-
 def remove_orphans(folder: Path) -> int:
     """Remove the temporary folders that writers of ``folder``'s store left when killed: on this host, those whose
-    process is gone; on any host, those untouched for a day. Returns how many were removed."""
-    host = socket.gethostname()
+    process is gone; on any host, those untouched for a day (:func:`~kglightning.data.cache_admin.stale_temporary`).
+    Returns how many were removed."""
     removed = 0
     for tmp in folder.parent.glob(f".{folder.name}.*.tmp"):
-        rest = tmp.name[len(folder.name) + 2 : -len(".tmp")]
-        owner, _, pid = rest.rpartition(".")
-        try:
-            stale = time.time() - tmp.stat().st_mtime > _ORPHAN_AGE_S
-        except OSError:
-            continue
-        if stale or (owner == host and pid.isdigit() and not _alive(int(pid))):
+        if stale_temporary(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
             removed += 1
             log.info("removed %s, left by a record store writer that did not finish", tmp)
     return removed
+
+
+def _cap(folder: Path) -> None:
+    """Apply ``KGLIGHTNING_CACHE_MAX_GB`` to the record stores, keeping ``folder`` (just written)."""
+    value = os.environ.get("KGLIGHTNING_CACHE_MAX_GB", "").strip()
+    if not value:
+        return
+    try:
+        cap = float(value)
+    except ValueError:
+        raise ValueError(f"KGLIGHTNING_CACHE_MAX_GB={value!r}: expected a number of GB") from None
+    for e in clean(max_bytes=int(cap * 2**30), kinds=["records"], keep=folder):
+        log.info("removed the record store %s (%d MB; KGLIGHTNING_CACHE_MAX_GB=%s)", e.path, e.bytes >> 20, value)
 
 
 def save_store(records: list[KGQARecord], folder: Path) -> None:
@@ -263,6 +260,7 @@ def save_store(records: list[KGQARecord], folder: Path) -> None:
                 raise  # not another process's whole store: a real failure
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _cap(folder)
 
 
 def _mapped(path: Path) -> tuple[np.memmap, object]:
@@ -333,6 +331,8 @@ def load_store(folder: Path, out: list, source: str | None = None) -> None:
                     cols["prediction_paths"][i],
                 )  # fmt: skip
             )
+    with contextlib.suppress(OSError):  # last used now: what `kglightning cache clean` removes last
+        os.utime(folder)
     if len(out) != meta["records"] or len(vocab) != meta["strings"]:
         raise ValueError(f"{folder}: {len(out)} records and {len(vocab)} strings where {meta['records']} and "
                          f"{meta['strings']} were stored")  # fmt: skip

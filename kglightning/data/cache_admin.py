@@ -1,0 +1,225 @@
+"""``kglightning cache list|du|clean``: what the cache holds, how much, and removing what is no longer used.
+
+The cache (``$KGLIGHTNING_CACHE``, default ``~/.cache/kglightning``) holds one folder per kind of thing built once:
+``records`` (record stores, :mod:`~kglightning.data.record_store`), ``kg`` (KG indexes), ``embeddings``,
+``proposals-v2`` and the others that data modules write. Each child of a kind folder is one *entry*; its age is the
+time it was last written or, for a record store, last loaded.
+
+``clean`` removes, in every kind or in ``--kind``:
+
+* always: temporary folders that killed writers left (their process gone on this host, or a day old) and lock files
+  with no entry beside them that are an hour old;
+* ``--older-than DAYS``: entries not used for that long;
+* ``--max-size GB``: the least recently used entries until the kind's total (or the cache's) is under the size.
+
+Removing an entry a running process has open is safe on POSIX systems (the process keeps its open files); the next
+run builds the entry again. ``KGLIGHTNING_CACHE_MAX_GB`` applies ``--max-size`` to the record stores each time one is
+written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kglightning.data.cache import default_cache_root
+
+__all__ = ["CacheEntry", "clean", "entries", "main"]
+
+_TMP_AGE_S, _LOCK_AGE_S = 86400.0, 3600.0
+
+
+@dataclass
+class CacheEntry:
+    """One thing the cache holds: ``kind`` (its top folder), ``path``, ``bytes`` on disk, and ``used`` (a Unix time:
+    last written or loaded)."""
+
+    kind: str
+    path: Path
+    bytes: int
+    used: float
+
+
+def _size(path: Path) -> int:
+    if path.is_symlink() or path.is_file():
+        with contextlib.suppress(OSError):
+            return path.lstat().st_size
+        return 0
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return total
+
+
+def _used(path: Path) -> float:
+    """The entry's modification time: set when it was written, and when a record store is loaded (access times are
+    not used: reading a folder, even to measure it, may move them)."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _is_aux(path: Path) -> bool:
+    """A lock file or a writer's temporary folder: not an entry of its own."""
+    return path.name.endswith(".lock") or (path.name.startswith(".") and path.name.endswith(".tmp"))
+
+
+def entries(root: Path | None = None, kinds: list[str] | None = None) -> list[CacheEntry]:
+    """The cache's entries (see the module docstring), oldest use first."""
+    root = default_cache_root() if root is None else root
+    out: list[CacheEntry] = []
+    if not root.is_dir():
+        return out
+    for kind_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        if kinds and kind_dir.name not in kinds:
+            continue
+        for child in kind_dir.iterdir():
+            if not _is_aux(child):
+                out.append(CacheEntry(kind_dir.name, child, _size(child), _used(child)))
+    return sorted(out, key=lambda e: e.used)
+
+
+def _remove(path: Path, dry_run: bool) -> None:
+    if dry_run:
+        return
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _stale_aux(root: Path, kinds: list[str] | None, now: float) -> list[Path]:
+    host = socket.gethostname()
+    stale = []
+    for kind_dir in (p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
+        if kinds and kind_dir.name not in kinds:
+            continue
+        for child in kind_dir.iterdir():
+            try:
+                age = now - child.stat().st_mtime
+            except OSError:
+                continue
+            if child.name.endswith(".lock"):
+                if age > _LOCK_AGE_S and not child.with_name(child.name[: -len(".lock")]).exists():
+                    stale.append(child)
+            elif stale_temporary(child, now, host):
+                stale.append(child)
+    return stale
+
+
+def stale_temporary(path: Path, now: float | None = None, host: str | None = None) -> bool:
+    """Whether ``path`` is a writer's temporary folder (``.<name>.<host>.<pid>.tmp``) that no writer will finish: its
+    process is gone (on this host), or it has not changed for a day (on any host)."""
+    name = path.name
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return False
+    try:
+        age = (time.time() if now is None else now) - path.stat().st_mtime
+    except OSError:
+        return False
+    owner, _, pid = name[: -len(".tmp")].rpartition(".")
+    gone = owner.endswith("." + (host or socket.gethostname())) and pid.isdigit() and not _alive(int(pid))
+    return gone or age > _TMP_AGE_S
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def clean(
+    root: Path | None = None,
+    older_than_s: float | None = None,
+    max_bytes: int | None = None,
+    kinds: list[str] | None = None,
+    dry_run: bool = False,
+    keep: Path | None = None,
+) -> list[CacheEntry]:
+    """Remove stale temporary folders and lock files, then the entries unused for ``older_than_s`` seconds, then the
+    least recently used ones until the total is at most ``max_bytes`` (over ``kinds``, default every kind); ``keep``
+    is never removed (the entry just written). Returns the entries removed (``dry_run``: that would be)."""
+    root = default_cache_root() if root is None else root
+    now = time.time()
+    for aux in _stale_aux(root, kinds, now):
+        _remove(aux, dry_run)
+    current = entries(root, kinds)
+    gone: list[CacheEntry] = []
+    if older_than_s is not None:
+        gone += [e for e in current if now - e.used > older_than_s and e.path != keep]
+    if max_bytes is not None:
+        left = [e for e in current if e not in gone]
+        total = sum(e.bytes for e in left)
+        for e in left:  # oldest use first
+            if total <= max_bytes:
+                break
+            if e.path != keep:
+                gone.append(e)
+                total -= e.bytes
+    for e in gone:
+        _remove(e.path, dry_run)
+    return gone
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def main(argv: list[str] | None = None, prog: str = "kglightning cache") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    p.add_argument("action", choices=("list", "du", "clean"))
+    p.add_argument("--kind", nargs="+", default=None, help="only these top folders (records, kg, embeddings, ...)")
+    p.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="clean: entries unused this long")
+    p.add_argument("--max-size", type=float, default=None, metavar="GB", help="clean: keep at most this much")
+    p.add_argument("--dry-run", action="store_true", help="clean: say what would go, remove nothing")
+    args = p.parse_args(argv)
+    root = default_cache_root()
+    if args.action == "list":
+        now = time.time()
+        print(f"{root}")
+        for e in entries(root, args.kind):
+            days = (now - e.used) / 86400
+            print(f"{e.kind:14s} {_human(e.bytes):>10s} {days:7.1f} d  {e.path.name}")
+        return 0
+    if args.action == "du":
+        totals: dict[str, int] = {}
+        for e in entries(root, args.kind):
+            totals[e.kind] = totals.get(e.kind, 0) + e.bytes
+        for kind, n in sorted(totals.items()):
+            print(f"{kind:14s} {_human(n):>10s}")
+        print(f"{'total':14s} {_human(sum(totals.values())):>10s}  ({root})")
+        return 0
+    if args.older_than is not None and args.older_than < 0 or args.max_size is not None and args.max_size < 0:
+        print(f"{prog}: error: --older-than and --max-size must be >= 0", file=sys.stderr)
+        return 2
+    gone = clean(
+        root,
+        None if args.older_than is None else args.older_than * 86400,
+        None if args.max_size is None else int(args.max_size * 2**30),
+        args.kind,
+        args.dry_run,
+    )
+    verb = "would remove" if args.dry_run else "removed"
+    for e in gone:
+        print(f"{verb} {e.kind}/{e.path.name} ({_human(e.bytes)})")
+    print(f"{verb} {len(gone)} entries, {_human(sum(e.bytes for e in gone))}")
+    return 0

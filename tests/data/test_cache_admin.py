@@ -1,0 +1,101 @@
+"""kglightning cache list|du|clean: entries, sizes, what killed runs left, age and size limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kglightning.cli import main
+from kglightning.data.cache_admin import clean, entries
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch) -> Path:
+    r = tmp_path / "cache"
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(r))
+    now = time.time()
+    for kind, name, size, age_days in (
+        ("records", "aaaa", 3000, 40), ("records", "bbbb", 2000, 1), ("kg", "kg-x.pkl", 500, 10),
+        ("embeddings", "shard0", 1000, 0),
+    ):  # fmt: skip
+        p = r / kind / name
+        if name.endswith(".pkl"):
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(b"\0" * size)
+        else:
+            p.mkdir(parents=True)
+            (p / "data").write_bytes(b"\0" * size)
+        os.utime(p, (now - age_days * 86400, now - age_days * 86400))
+    return r
+
+
+def test_entries_are_listed_oldest_first_with_their_sizes(root):
+    got = [(e.kind, e.path.name, e.bytes) for e in entries(root)]
+    assert got == [("records", "aaaa", 3000), ("kg", "kg-x.pkl", 500), ("records", "bbbb", 2000),
+                   ("embeddings", "shard0", 1000)]  # fmt: skip
+    assert [e.path.name for e in entries(root, ["kg"])] == ["kg-x.pkl"]
+
+
+def test_clean_by_age_and_by_size_least_recently_used_first(root):
+    assert [e.path.name for e in clean(root, older_than_s=30 * 86400, dry_run=True)] == ["aaaa"]
+    assert (root / "records/aaaa").exists()  # a dry run removes nothing
+    gone = clean(root, max_bytes=3000)  # 6500 bytes: the oldest go until 3000 or less are left
+    assert [e.path.name for e in gone] == ["aaaa", "kg-x.pkl"]
+    assert not (root / "records/aaaa").exists() and (root / "records/bbbb").exists()
+    assert clean(root, max_bytes=0, kinds=["records"], keep=root / "records/bbbb") == []
+
+
+def test_clean_removes_what_killed_writers_left(root):
+    recs = root / "records"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = recs / f".bbbb.{socket.gethostname()}.{int(dead.stdout)}.tmp"
+    running = recs / f".cccc.{socket.gethostname()}.{os.getpid()}.tmp"
+    old_lock, fresh_lock, held_lock = recs / "dddd.lock", recs / "eeee.lock", recs / "bbbb.lock"
+    for p in (orphan, running):
+        p.mkdir()
+    for p in (old_lock, fresh_lock, held_lock):
+        p.write_text("")
+    os.utime(old_lock, (0, 0))
+    os.utime(held_lock, (0, 0))
+    clean(root)
+    assert not orphan.exists() and running.exists()  # this process is alive
+    assert not old_lock.exists() and fresh_lock.exists() and held_lock.exists()  # bbbb's store is there
+    assert all(not e.path.name.startswith(".") and not e.path.name.endswith(".lock") for e in entries(root))
+
+
+def test_the_cache_command(root, capsys):
+    assert main(["cache", "du"]) == 0
+    out = capsys.readouterr().out
+    assert "records" in out and "4.9 KiB" in out and "total" in out  # 5000 bytes of records
+    assert main(["cache", "list", "--kind", "kg"]) == 0
+    assert "kg-x.pkl" in capsys.readouterr().out
+    assert main(["cache", "clean", "--older-than", "5", "--dry-run"]) == 0
+    assert "would remove 2 entries" in capsys.readouterr().out and (root / "kg/kg-x.pkl").exists()
+    assert main(["cache", "clean", "--older-than", "5"]) == 0
+    assert not (root / "kg/kg-x.pkl").exists() and (root / "records/bbbb").exists()
+    assert main(["cache", "clean", "--max-size", "-1"]) == 2
+
+
+def test_a_size_cap_evicts_older_record_stores_when_one_is_written(tmp_path, monkeypatch):
+    from kglightning.data.record_store import store_folder
+    from kglightning.data.sources.loaders import read_records
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", str(1 / 2**30))  # one byte: only the newest store stays
+    paths = []
+    for i in range(2):
+        p = tmp_path / f"s{i}.jsonl"
+        p.write_text(json.dumps({"id": f"q{i}", "question": "?", "answer": [], "q_entity": ["a"], "a_entity": [],
+                                 "graph": [["a", "r", f"b{i}"]]}) + "\n")  # fmt: skip
+        read_records(p)
+        paths.append(p)
+    first, second = (store_folder(p, None, "raise", None) for p in paths)
+    assert not first.exists() and (second / "meta.json").is_file()
