@@ -7,8 +7,10 @@ time it was last written or, for a record store, last loaded.
 
 ``clean`` removes, in every kind or in ``--kind``:
 
-* always: temporary folders that killed writers left (their process gone on this host, or a day old) and lock files
-  with no entry beside them that are an hour old;
+* always: temporary folders that killed writers left (their process gone on this host and nothing written in them
+  for ten minutes, or a day old), record stores torn by a killed removal (no ``meta.json``, an hour old), lock files
+  with no entry beside them that are a day old and that no process holds, and ``stat`` memos of the record store
+  (``records/stamps``) a month old;
 * ``--older-than DAYS``: entries not used for that long;
 * ``--max-size GB``: the least recently used entries until the kind's total (or the cache's) is under the size.
 
@@ -33,7 +35,8 @@ from kglightning.data.cache import default_cache_root
 
 __all__ = ["CacheEntry", "clean", "entries", "main"]
 
-_TMP_AGE_S, _LOCK_AGE_S = 86400.0, 3600.0
+_TMP_AGE_S, _QUIET_S, _LOCK_AGE_S, _TORN_AGE_S, _STAMP_AGE_S = 86400.0, 600.0, 86400.0, 3600.0, 30 * 86400.0
+_NOT_ENTRIES = {("records", "stamps")}  # bookkeeping of a kind, not an entry
 
 
 @dataclass
@@ -70,8 +73,12 @@ def _used(path: Path) -> float:
 
 
 def _is_aux(path: Path) -> bool:
-    """A lock file or a writer's temporary folder: not an entry of its own."""
-    return path.name.endswith(".lock") or (path.name.startswith(".") and path.name.endswith(".tmp"))
+    """A lock file, a writer's temporary folder or a kind's bookkeeping: not an entry of its own."""
+    return (
+        path.name.endswith(".lock")
+        or (path.name.startswith(".") and path.name.endswith(".tmp"))
+        or (path.parent.name, path.name) in _NOT_ENTRIES
+    )
 
 
 def entries(root: Path | None = None, kinds: list[str] | None = None) -> list[CacheEntry]:
@@ -115,7 +122,36 @@ def _stale_aux(root: Path, kinds: list[str] | None, now: float) -> list[Path]:
                     stale.append(child)
             elif stale_temporary(child, now, host):
                 stale.append(child)
+            elif kind_dir.name == "records" and child.name == "stamps" and child.is_dir():
+                stale += [m for m in child.iterdir() if _age(m, now) > _STAMP_AGE_S]
+            elif kind_dir.name == "records" and child.is_dir() and not child.name.startswith("."):
+                if not (child / "meta.json").exists() and age > _TORN_AGE_S:  # a removal killed part-way
+                    stale.append(child)
     return stale
+
+
+def _age(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _remove_lock(path: Path, dry_run: bool) -> None:
+    """Remove a lock file only while holding it: a process that holds it, or waits on it, keeps it."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except (Timeout, OSError):
+        return
+    try:
+        if not dry_run:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    finally:
+        lock.release()
 
 
 def stale_temporary(path: Path, now: float | None = None, host: str | None = None) -> bool:
@@ -130,7 +166,17 @@ def stale_temporary(path: Path, now: float | None = None, host: str | None = Non
         return False
     owner, _, pid = name[: -len(".tmp")].rpartition(".")
     gone = owner.endswith("." + (host or socket.gethostname())) and pid.isdigit() and not _alive(int(pid))
+    if gone:  # a container sharing the host name sees other pids: also ask that nothing was written lately
+        newest = max((_mtime(f) for f in path.iterdir()), default=0.0) if path.is_dir() else 0.0
+        gone = (time.time() if now is None else now) - max(newest, path.stat().st_mtime) > _QUIET_S
     return gone or age > _TMP_AGE_S
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _alive(pid: int) -> bool:
@@ -150,14 +196,18 @@ def clean(
     kinds: list[str] | None = None,
     dry_run: bool = False,
     keep: Path | None = None,
+    leftovers: bool = True,
 ) -> list[CacheEntry]:
-    """Remove stale temporary folders and lock files, then the entries unused for ``older_than_s`` seconds, then the
+    """Remove what killed runs left (``leftovers``), then the entries unused for ``older_than_s`` seconds, then the
     least recently used ones until the total is at most ``max_bytes`` (over ``kinds``, default every kind); ``keep``
     is never removed (the entry just written). Returns the entries removed (``dry_run``: that would be)."""
     root = default_cache_root() if root is None else root
     now = time.time()
-    for aux in _stale_aux(root, kinds, now):
-        _remove(aux, dry_run)
+    for aux in _stale_aux(root, kinds, now) if leftovers else ():
+        if aux.name.endswith(".lock"):
+            _remove_lock(aux, dry_run)
+        else:
+            _remove(aux, dry_run)
     current = entries(root, kinds)
     gone: list[CacheEntry] = []
     if older_than_s is not None:

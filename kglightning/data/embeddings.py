@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from kglightning.data.cache import default_cache_root, files_stamp
+from kglightning.data.cache import default_cache_root, files_stamp, private_dir
 from kglightning.data.row_table import RowTable
 
 __all__ = [
@@ -306,7 +306,7 @@ class EmbeddingCache:
         if self.folder is None:
             self._index_rows(new, self._table.append(emb))
             return len(new)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_dir(self.folder)
         # shards are named by their content, so two caches on one folder never overwrite each other
         digest = hashlib.sha1("\n".join(new).encode()).hexdigest()[:16]
         shard = self.folder / f"shard-{digest}.pt"

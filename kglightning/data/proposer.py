@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from kglightning.data.cache import private_dir
 from kglightning.data.records import KGQARecord
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def save_proposals(originals: Sequence[KGQARecord], proposed: Sequence[KGQARecor
     ``extra`` keys it added or changed (one jsonl row each, written atomically). The graphs are not repeated, so
     :func:`load_proposals` is cheap."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tmp.open("w", encoding="utf-8") as f:
         for before, after in zip(originals, proposed, strict=True):

@@ -159,10 +159,10 @@ def _batch(records: list[KGQARecord], vocab: Vocab, schema):
     graph = pa.ListArray.from_arrays(pa.array(offsets), pa.FixedSizeListArray.from_arrays(pa.array(flat), 3))
     extra = []
     for r in records:
-        try:
-            extra.append(json.dumps(r.extra, ensure_ascii=False))
-        except (TypeError, ValueError) as err:
-            raise TypeError(f"record {r.id!r}: field 'extra' holds a value JSON cannot keep ({err})") from None
+        bad = _not_json(r.extra)
+        if bad is not None:
+            raise TypeError(f"record {r.id!r}: field 'extra' holds a value JSON cannot keep as it is ({bad})")
+        extra.append(json.dumps(r.extra, ensure_ascii=False))
     cols = {
         "id": [r.id for r in records],
         "question": [r.question for r in records],
@@ -176,6 +176,20 @@ def _batch(records: list[KGQARecord], vocab: Vocab, schema):
     }
     arrays = [graph if f.name == "graph" else pa.array(cols[f.name], type=f.type) for f in schema]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _not_json(value: object) -> str | None:
+    """What in ``value`` would not come back from JSON as it is (a tuple would come back a list, a timestamp not at
+    all), or ``None``."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return None
+    if isinstance(value, list):
+        return next((b for b in map(_not_json, value) if b is not None), None)
+    if isinstance(value, dict):
+        if any(not isinstance(k, str) for k in value):
+            return "a key that is not a string"
+        return next((b for b in map(_not_json, value.values()) if b is not None), None)
+    return f"a {type(value).__name__}"
 
 
 def _chunks(records: list[KGQARecord]) -> Iterator[list[KGQARecord]]:
@@ -213,7 +227,7 @@ def _cap(folder: Path) -> None:
         cap = float(value)
     except ValueError:
         raise ValueError(f"KGLIGHTNING_CACHE_MAX_GB={value!r}: expected a number of GB") from None
-    for e in clean(max_bytes=int(cap * 2**30), kinds=["records"], keep=folder):
+    for e in clean(max_bytes=int(cap * 2**30), kinds=["records"], keep=folder, leftovers=False):
         log.info("removed the record store %s (%d MB; KGLIGHTNING_CACHE_MAX_GB=%s)", e.path, e.bytes >> 20, value)
 
 
@@ -253,6 +267,8 @@ def save_store(records: list[KGQARecord], folder: Path) -> None:
             "strings": len(strings),
         }
         (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        if folder.is_dir() and not (folder / "meta.json").exists():  # torn by a killed removal: never a store
+            shutil.rmtree(folder, ignore_errors=True)
         try:
             os.replace(tmp, folder)
         except OSError as err:
@@ -277,6 +293,8 @@ def _triples(raw: np.memmap, graph) -> np.ndarray:
     fixed = graph.values
     values = fixed.values
     buf = values.buffers()[1]
+    if buf is None or buf.size == 0:  # only empty graphs in this batch: Arrow maps no buffer for them
+        return np.zeros((0, 3), dtype=np.int32)
     start = buf.address - raw.ctypes.data
     if not 0 <= start <= raw.size - buf.size or start % 4:
         raise ValueError("the graph column is not an aligned part of the mapped file")

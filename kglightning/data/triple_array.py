@@ -65,6 +65,12 @@ class Vocab:
         return pa.array(self._list, type=pa.large_string())
 
     @property
+    def has_table(self) -> bool:
+        """Whether the string-to-id map exists (``False`` for a vocabulary still kept in Arrow: :meth:`ids` and
+        :meth:`get` would build it, a Python string per name)."""
+        return self._ids is not None
+
+    @property
     def strings(self) -> Sequence[str]:
         """The strings in id order (a list, or a read-only view of the Arrow array)."""
         return self._arrow if self._arrow is not None else self._list
@@ -148,8 +154,8 @@ class ArrowStrings(Sequence):
     def __init__(self, array: Any) -> None:
         import pyarrow as pa
 
-        if isinstance(array, pa.ChunkedArray):
-            array = array.combine_chunks()
+        if isinstance(array, pa.ChunkedArray):  # one chunk is used as it is (combine_chunks would copy it)
+            array = array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
         if array.type == pa.string():
             array = array.cast(pa.large_string())
         if array.type != pa.large_string() or array.null_count:
@@ -193,7 +199,14 @@ class ArrowStrings(Sequence):
         import pyarrow as pa
 
         idx = np.asarray(ids, dtype=np.int64)
+        if idx.size and int(idx.min()) < 0:  # negative ids count from the end, as a list's do
+            idx = np.where(idx < 0, idx + len(self), idx)
         return self.array.take(pa.array(idx)).to_pylist() if idx.size else []
+
+    def __contains__(self, value: object) -> bool:
+        import pyarrow.compute as pc
+
+        return isinstance(value, str) and pc.index(self.array, value).as_py() >= 0
 
 
 class TripleArray:

@@ -162,8 +162,15 @@ class _GraphNodes:
     def __init__(self, vocab: Vocab, node_ids: np.ndarray, rows: TextRows) -> None:
         self.vocab, self.node_ids, self.rows = vocab, node_ids, rows
         self._full: Callable[[str], str | None] | None = None
+        self._names: dict[str, int] | None = None
 
     def position(self, name: str) -> int | None:
+        if not self.vocab.has_table:  # a vocabulary kept in Arrow: look among this graph's names, not every name
+            if self._names is None:
+                self._names = {}
+                for k, n in enumerate(self.vocab.take(self.node_ids)):
+                    self._names.setdefault(n, k)
+            return self._names.get(name)
         v = self.vocab.get(name)
         if v is None:
             return None

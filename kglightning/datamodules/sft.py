@@ -30,6 +30,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from tqdm.auto import tqdm
 
+from kglightning.data.cache import private_dir
 from kglightning.data.parallel import forked_chunks
 from kglightning.data.records import KGQARecord
 from kglightning.data.relation_pairs import PROGRESS_MIN_RECORDS
@@ -159,7 +160,7 @@ class ProxySFTDataModule(KGQADataModule):
             for lo, hi, part in forked_chunks(job, len(records), self.mine_workers, MINE_CHUNK):
                 rows.extend(part)
                 bar.update(hi - lo)
-        cache.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(cache.parent)
         tmp = cache.with_suffix(f".tmp{os.getpid()}")
         with tmp.open("w", encoding="utf-8") as f:
             for row in rows:

@@ -31,7 +31,7 @@ def root(tmp_path, monkeypatch) -> Path:
             p.write_bytes(b"\0" * size)
         else:
             p.mkdir(parents=True)
-            (p / "data").write_bytes(b"\0" * size)
+            (p / ("meta.json" if kind == "records" else "data")).write_bytes(b"\0" * size)  # a store has its meta
         os.utime(p, (now - age_days * 86400, now - age_days * 86400))
     return r
 
@@ -60,11 +60,31 @@ def test_clean_removes_what_killed_writers_left(root):
     old_lock, fresh_lock, held_lock = recs / "dddd.lock", recs / "eeee.lock", recs / "bbbb.lock"
     for p in (orphan, running):
         p.mkdir()
+        os.utime(p, (time.time() - 900, time.time() - 900))  # nothing written for 15 minutes
+    torn = recs / "ffff"  # a store whose removal was killed: no meta.json
+    torn.mkdir()
+    (torn / "records.arrow").write_bytes(b"\0")
+    os.utime(torn, (time.time() - 7200, time.time() - 7200))
+    (recs / "stamps").mkdir()
+    (recs / "stamps/old").write_text("0" * 32)
+    (recs / "stamps/new").write_text("0" * 32)
+    os.utime(recs / "stamps/old", (0, 0))
     for p in (old_lock, fresh_lock, held_lock):
         p.write_text("")
     os.utime(old_lock, (0, 0))
     os.utime(held_lock, (0, 0))
-    clean(root)
+    from filelock import FileLock
+
+    held = FileLock(str(recs / "gggg.lock"))  # held by a reader still parsing: no store yet, and kept
+    held.acquire()
+    os.utime(recs / "gggg.lock", (0, 0))
+    try:
+        clean(root)
+    finally:
+        held.release()
+    assert (recs / "gggg.lock").exists() and not torn.exists()
+    assert not (recs / "stamps/old").exists() and (recs / "stamps/new").exists()
+    assert "stamps" not in [e.path.name for e in entries(root)]
     assert not orphan.exists() and running.exists()  # this process is alive
     assert not old_lock.exists() and fresh_lock.exists() and held_lock.exists()  # bbbb's store is there
     assert all(not e.path.name.startswith(".") and not e.path.name.endswith(".lock") for e in entries(root))

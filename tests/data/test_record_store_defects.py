@@ -11,6 +11,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -113,8 +114,13 @@ def test_a_killed_writers_folder_is_removed_by_the_next_writer(cache, tmp_path):
     for o in (orphan, other_host):
         o.mkdir(parents=True)
         (o / "records.arrow").write_bytes(b"\0" * 4096)
+        quiet = time.time() - 900  # nothing written for 15 minutes (a live writer in a container sharing the host
+        os.utime(o / "records.arrow", (quiet, quiet))  # name would still be writing)
+        os.utime(o, (quiet, quiet))
+    fresh = folder.with_name(f".{folder.name}.{socket.gethostname()}.{int(dead.stdout)}1.tmp")
+    fresh.mkdir()  # a pid that looks gone, but written to just now: not removed yet
     read_records(path)  # the next writer
-    assert not orphan.exists() and other_host.exists() and _stores(cache) == [folder]
+    assert not orphan.exists() and other_host.exists() and fresh.exists() and _stores(cache) == [folder]
     os.utime(other_host, (0, 0))  # a day old: its writer is gone too, wherever it ran
     assert record_store.remove_orphans(folder) == 1 and not other_host.exists()
 
@@ -142,3 +148,83 @@ def test_the_store_key_follows_the_validation_version(cache, tmp_path, monkeypat
     assert after != before and not after.exists()
     read_records(path)
     assert after.exists()
+
+
+def test_a_batch_of_only_empty_graphs_loads(cache, tmp_path, monkeypatch):
+    """1,025 records whose last (a record batch of its own) has an empty graph, and a file with no graph at all."""
+    calls = []
+    real = record_store.save_store
+    monkeypatch.setattr("kglightning.data.sources.loaders.save_store", lambda *a: calls.append(1) or real(*a))
+    path = _write(tmp_path / "train.jsonl", questions=1025, triples=1)
+    lines = path.read_text().splitlines()
+    last = json.loads(lines[-1])
+    lines[-1] = json.dumps({**last, "graph": []})
+    path.write_text("\n".join(lines) + "\n")
+    empty = _write(tmp_path / "empty.jsonl", questions=3, triples=0)
+    for p, n in ((path, 1025), (empty, 3)):
+        first = read_records(p)
+        for _ in range(2):
+            again = read_records(p)
+            assert len(again) == n and list(again) == list(first)
+    assert len(calls) == 2  # each file stored once, then loaded
+
+
+def test_a_loaded_vocabulary_stays_in_the_map_and_the_detector_path_does_not_unpack_it(cache, tmp_path):
+    from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph
+
+    path = _write(tmp_path / "train.jsonl", questions=4, triples=50)
+    read_records(path)
+    records = read_records(path)
+    vocab = records.vocab
+    data = vocab.strings.array.buffers()[2]
+    maps = [ln.split() for ln in Path("/proc/self/maps").read_text().splitlines() if ln.endswith("vocab.arrow")]
+    if not maps:
+        pytest.skip("no /proc/self/maps here")
+    spans = [tuple(int(x, 16) for x in m[0].split("-")) for m in maps]
+    assert any(lo <= data.address < hi for lo, hi in spans)  # the strings are the file's pages, not a copy
+    texts = {t for r in records for t in (r.question, *(n for tr in r.graph for n in tr))}
+
+    class Rows(dict):
+        def __missing__(self, key):
+            self[key] = len(self)
+            return self[key]
+
+    rows = Rows({t: i for i, t in enumerate(sorted(texts))})
+    for r in records:
+        r.prediction = [r.graph[0][2], "Nowhere"]
+        assert build_detection_graph(r, rows, DetectionStats(), True, "keep") is not None
+    assert not vocab.has_table  # answers were found among each graph's names, not through a map of every name
+
+
+def test_a_folder_left_half_removed_at_a_stores_place_is_replaced(cache, tmp_path):
+    path = _write(tmp_path / "train.jsonl")
+    folder = store_folder(path, None, "raise", None)
+    folder.mkdir(parents=True)
+    (folder / "records.arrow").write_bytes(b"half")  # meta.json went first, then the removal was killed
+    read_records(path)
+    assert (folder / "meta.json").is_file() and len(read_records(path)) == 6
+
+
+def test_a_stored_file_has_the_split_it_is_read_as(cache, tmp_path):
+    path = _write(tmp_path / "train.jsonl")
+    assert read_records(path, split="train").split == "train"
+    assert read_records(path, split="test").split == "test" and read_records(path).split is None
+
+
+def test_values_json_would_change_are_not_stored(cache, tmp_path, monkeypatch, caplog):
+    from kglightning.data.records import KGQARecord
+    from kglightning.data.sources import loaders
+
+    real = KGQARecord.from_dict
+
+    def with_a_map(data, **kw):  # a parquet map column: tuples, which JSON would give back as lists
+        rec = real(data, **kw)
+        rec.extra["attrs"] = [("k", 1)]
+        return rec
+
+    monkeypatch.setattr(loaders.KGQARecord, "from_dict", staticmethod(with_a_map))
+    path = _write(tmp_path / "train.jsonl")
+    with caplog.at_level(logging.WARNING):
+        first = read_records(path)
+    assert "a tuple" in caplog.text and not (store_folder(path, None, "raise", None) / "meta.json").exists()
+    assert read_records(path)[0].extra == {"attrs": [("k", 1)]} == first[0].extra

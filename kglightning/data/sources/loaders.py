@@ -262,10 +262,10 @@ def read_records(
     if on_bad_record not in ("raise", "skip"):
         raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
     folder = store_folder(path, split, on_bad_record, limit)
-    out = _stored(folder, path) if folder is not None else None
+    out = _stored(folder, path, split) if folder is not None else None
     if out is None and folder is not None:
         with first_reader(folder, path) as state:  # one process parses a new large file; the others load its store
-            out = _stored(folder, path) if state != "unlocked" else None
+            out = _stored(folder, path, split) if state != "unlocked" else None
             if out is None and state == "first":
                 out = _read_and_store(path, split, on_bad_record, limit, folder)
     if out is None:  # no store, or the process that held the lock wrote none
@@ -288,7 +288,7 @@ def _read_and_store(
     return out
 
 
-def _stored(folder: Path, path: str | os.PathLike) -> RecordList | None:
+def _stored(folder: Path, path: str | os.PathLike, split: str | None) -> RecordList | None:
     """The records stored in ``folder`` (:mod:`~kglightning.data.record_store`), or ``None`` (none, or unreadable:
     moved out of the way, and the file is read again)."""
     if not (folder / "meta.json").is_file():
@@ -296,6 +296,8 @@ def _stored(folder: Path, path: str | os.PathLike) -> RecordList | None:
     out = RecordList()
     try:
         load_store(folder, out, str(path))
+        if Path(path).suffix.lower() != ".json":  # one split per file: the split is the caller's name for it
+            out.split = split
     except (OSError, MemoryError) as err:  # the system, not the store: read the file this time, keep the store
         logger.warning("record store %s cannot be loaded now (%s: %s); reading the file", folder,
                        type(err).__name__, err)  # fmt: skip
