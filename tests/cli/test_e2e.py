@@ -31,10 +31,10 @@ METRICS = (
 )
 
 
-def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _cli(tmp_path: Path, *args: str, cache: str = "cache") -> subprocess.CompletedProcess:
     env = dict(
         os.environ,
-        KGLIGHTNING_CACHE=str(tmp_path / "cache"),
+        KGLIGHTNING_CACHE=str(tmp_path / cache),
         WANDB_MODE="offline",
         HF_HUB_OFFLINE="1",
         PYTHONPATH=str(ROOT),
@@ -185,6 +185,13 @@ def test_main_job_on_embedded_subset(tmp_path):
     assert "test/mostfrequent/f1" in proc.stdout and "test/random/auc_pr" in proc.stdout
     metrics = _metrics(tmp_path, "main")
     _check_consistent(metrics)
+    # the same test from an empty cache (benchmark, embeddings and records built again): the same numbers
+    cold = [*bound[:-1], "main_cold"]
+    _cli(
+        tmp_path, "test", "--config", str(ROOT / "configs/detector.yaml"), *cold, "--ckpt_path", str(ckpt), cache="cold"
+    )
+    tested = {k: v for k, v in metrics.items() if k.startswith("test/")}
+    assert {k: v for k, v in _metrics(tmp_path, "main_cold").items() if k.startswith("test/")} == tested
     # configs/trust.yaml on the same checkpoint: the kept answers of every test question and the report
     _cli(tmp_path, "predict", "--config", str(ROOT / "configs/trust.yaml"), *bound[:2], *bound[4:6])
     rows = [json.loads(line) for line in (tmp_path / "outputs/trust/trusted_answers.jsonl").open()]
