@@ -61,7 +61,7 @@ from kglightning.data.cache_admin import clean, stale_temporary
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
 from kglightning.data.triple_array import TripleArray, Vocab
 
-__all__ = ["first_reader", "load_store", "remove_store", "save_store", "store_folder"]
+__all__ = ["dataset_store_folder", "first_reader", "load_store", "remove_store", "save_store", "store_folder"]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,18 @@ def store_folder(path: str | os.PathLike, split: str | None, on_bad_record: str,
         return None
     split_key = split if p.suffix.lower() == ".json" else None  # .jsonl and .parquet hold one split
     ident = f"{FORMAT}|{VALIDATION_VERSION}|{content_digest(p)}|{split_key}|{on_bad_record}|{limit}"
+    return _root() / hashlib.sha1(ident.encode()).hexdigest()[:16]
+
+
+def dataset_store_folder(
+    fingerprint: str, nbytes: int, split: str | None, on_bad_record: str, limit: int | None
+) -> Path | None:
+    """Where the records of a ``datasets`` split (a hub dataset, a dataset folder) with this ``fingerprint`` are
+    stored; ``None`` below the size threshold (``nbytes``, the split's Arrow data) or with the store turned off."""
+    threshold = _min_bytes()
+    if threshold is None or nbytes < threshold or not fingerprint:
+        return None
+    ident = f"{FORMAT}|{VALIDATION_VERSION}|dataset:{fingerprint}|{split}|{on_bad_record}|{limit}"
     return _root() / hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 

@@ -299,3 +299,23 @@ def test_a_wait_of_zero_takes_no_lock(store_env, monkeypatch, caplog):
     with _lock_of(store_env):  # held elsewhere: not waited for, not even tried
         assert len(read_records(store_env, on_bad_record="skip")) == 6
     assert "lock" not in caplog.text
+
+
+def test_a_dataset_folder_is_stored_by_its_fingerprint(tmp_path, monkeypatch):
+    """A split of a ``datasets`` folder (as a hub dataset is read) is validated once, then loaded from the store;
+    other data saved at the same place has another fingerprint, so another store."""
+    import datasets
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    folder = tmp_path / "rog"
+    rows = [_row(i) for i in range(4)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:3]), "test": datasets.Dataset.from_list(rows[3:])}
+                         ).save_to_disk(str(folder))  # fmt: skip
+    first = read_records(folder, split="train")
+    again = read_records(folder, split="train")
+    assert not _mapped(first) and _mapped(again) and list(again) == list(first) and again.split == "train"
+    assert [r.id for r in read_records(folder, split="test")] == ["q3"]
+    shutil.rmtree(folder)
+    datasets.DatasetDict({"train": datasets.Dataset.from_list([_row(7)])}).save_to_disk(str(folder))
+    assert [r.id for r in read_records(folder, split="train")] == ["q7"]

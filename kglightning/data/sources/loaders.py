@@ -37,7 +37,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from kglightning.data.record_store import first_reader, load_store, remove_store, save_store, store_folder
+from kglightning.data.record_store import (
+    dataset_store_folder,
+    first_reader,
+    load_store,
+    remove_store,
+    save_store,
+    store_folder,
+)
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
 from kglightning.data.triple_array import Vocab, graph_nodes
@@ -187,27 +194,39 @@ def hub_fingerprint(path: str, split: str | None) -> str:
     return str(loaded._fingerprint)
 
 
+def _is_dataset(path: str | os.PathLike) -> bool:
+    return (isinstance(path, str) and path.startswith(HF_PREFIX)) or Path(path).is_dir()
+
+
+def _open_dataset(path: str | os.PathLike, split: str | None) -> tuple[str, Any, str | None]:
+    """``(source, dataset split, split name)`` of a hub dataset or a dataset folder."""
+    import datasets
+
+    if isinstance(path, str) and path.startswith(HF_PREFIX):
+        ds, split = _pick_split(datasets.load_dataset(path[len(HF_PREFIX) :], split=split), split, path)
+        return path, ds, split
+    p, source = Path(path), str(path)
+    if (p / "dataset_dict.json").exists() or (p / "state.json").exists():
+        loaded = datasets.load_from_disk(str(p))
+    elif any(p.rglob("*.parquet")) or any(p.rglob("*.jsonl")) or any(p.rglob("*.json")):
+        loaded = datasets.load_dataset(str(p))  # all splits, then pick: one error message for both cases
+    else:
+        raise ValueError(f"{source}: directory holds no dataset (supported inputs: {SUPPORTED_FORMATS})")
+    ds, split = _pick_split(loaded, split, source)
+    return source, ds, split
+
+
 def _open(path: str | os.PathLike, split: str | None) -> tuple[str, Iterator[tuple[int, Any]], str | None]:
     """Resolve ``path`` to ``(source, iterator of (line, raw record or RecordError), split)``."""
     if isinstance(path, str) and path.startswith(HF_PREFIX):
-        import datasets
-
-        ds, split = _pick_split(datasets.load_dataset(path[len(HF_PREFIX) :], split=split), split, path)
-        return path, _iter_dataset(ds), split
+        source, ds, split = _open_dataset(path, split)
+        return source, _iter_dataset(ds), split
     p = Path(path)
     source = str(path)
     if not p.exists():
         raise FileNotFoundError(f"{source}: no such file or directory (supported inputs: {SUPPORTED_FORMATS})")
     if p.is_dir():
-        import datasets
-
-        if (p / "dataset_dict.json").exists() or (p / "state.json").exists():
-            loaded = datasets.load_from_disk(str(p))
-        elif any(p.rglob("*.parquet")) or any(p.rglob("*.jsonl")) or any(p.rglob("*.json")):
-            loaded = datasets.load_dataset(str(p))  # all splits, then pick: one error message for both cases
-        else:
-            raise ValueError(f"{source}: directory holds no dataset (supported inputs: {SUPPORTED_FORMATS})")
-        ds, split = _pick_split(loaded, split, source)
+        source, ds, split = _open_dataset(path, split)
         return source, _iter_dataset(ds), split
     suffix = p.suffix.lower()
     if suffix == ".jsonl":
@@ -261,7 +280,7 @@ def read_records(
     """
     if on_bad_record not in ("raise", "skip"):
         raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
-    folder = store_folder(path, split, on_bad_record, limit)
+    folder = store_folder(path, split, on_bad_record, limit) or _dataset_folder(path, split, on_bad_record, limit)
     out = _stored(folder, path, split) if folder is not None else None
     if out is None and folder is not None:
         with first_reader(folder, path) as state:  # one process parses a new large file; the others load its store
@@ -288,6 +307,21 @@ def _read_and_store(
     return out
 
 
+def _dataset_folder(path: str | os.PathLike, split: str | None, on_bad_record: str, limit: int | None) -> Path | None:
+    """The store of a hub dataset's or a dataset folder's split, keyed by its ``datasets`` fingerprint (``None`` for
+    other paths, a streamed dataset, or one that cannot be opened here: the read below says why)."""
+    if not (isinstance(path, str) and path.startswith(HF_PREFIX)) and not Path(path).is_dir():
+        return None
+    try:
+        _, ds, picked = _open_dataset(path, split)
+    except Exception:  # noqa: BLE001 (the read itself raises it with the file, the split and the reason)
+        return None
+    data = getattr(ds, "data", None)
+    if data is None or not hasattr(ds, "_fingerprint"):
+        return None
+    return dataset_store_folder(str(ds._fingerprint), int(data.nbytes), picked, on_bad_record, limit)
+
+
 def _stored(folder: Path, path: str | os.PathLike, split: str | None) -> RecordList | None:
     """The records stored in ``folder`` (:mod:`~kglightning.data.record_store`), or ``None`` (none, or unreadable:
     moved out of the way, and the file is read again)."""
@@ -296,7 +330,7 @@ def _stored(folder: Path, path: str | os.PathLike, split: str | None) -> RecordL
     out = RecordList()
     try:
         load_store(folder, out, str(path))
-        if Path(path).suffix.lower() != ".json":  # one split per file: the split is the caller's name for it
+        if Path(str(path)).suffix.lower() != ".json" and not _is_dataset(path):  # one split per file: the caller's
             out.split = split
     except (OSError, MemoryError) as err:  # the system, not the store: read the file this time, keep the store
         logger.warning("record store %s cannot be loaded now (%s: %s); reading the file", folder,
