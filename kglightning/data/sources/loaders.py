@@ -280,24 +280,32 @@ def read_records(
     """
     if on_bad_record not in ("raise", "skip"):
         raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
-    folder = store_folder(path, split, on_bad_record, limit) or _dataset_folder(path, split, on_bad_record, limit)
+    folder = store_folder(path, split, on_bad_record, limit)
+    opened = None
+    if folder is None and _is_dataset(path):  # opened once: for its fingerprint, and to read it when not stored
+        opened, folder = _dataset_folder(path, split, on_bad_record, limit)
     out = _stored(folder, path, split) if folder is not None else None
     if out is None and folder is not None:
         with first_reader(folder, path) as state:  # one process parses a new large file; the others load its store
             out = _stored(folder, path, split) if state != "unlocked" else None
             if out is None and state == "first":
-                out = _read_and_store(path, split, on_bad_record, limit, folder)
+                out = _read_and_store(path, split, on_bad_record, limit, folder, opened)
     if out is None:  # no store, or the process that held the lock wrote none
-        out = _read_and_store(path, split, on_bad_record, limit, folder)
+        out = _read_and_store(path, split, on_bad_record, limit, folder, opened)
     if report:
         _log_summary(out)
     return out
 
 
 def _read_and_store(
-    path: str | os.PathLike, split: str | None, on_bad_record: str, limit: int | None, folder: Path | None
+    path: str | os.PathLike,
+    split: str | None,
+    on_bad_record: str,
+    limit: int | None,
+    folder: Path | None,
+    opened: tuple[str, Any, str | None] | None = None,
 ) -> RecordList:
-    out = _read(path, split, on_bad_record, limit).count_graph_issues()
+    out = _read(path, split, on_bad_record, limit, opened=opened).count_graph_issues()
     if folder is not None:
         try:
             save_store(out, folder)
@@ -307,19 +315,20 @@ def _read_and_store(
     return out
 
 
-def _dataset_folder(path: str | os.PathLike, split: str | None, on_bad_record: str, limit: int | None) -> Path | None:
-    """The store of a hub dataset's or a dataset folder's split, keyed by its ``datasets`` fingerprint (``None`` for
-    other paths, a streamed dataset, or one that cannot be opened here: the read below says why)."""
-    if not (isinstance(path, str) and path.startswith(HF_PREFIX)) and not Path(path).is_dir():
-        return None
+def _dataset_folder(
+    path: str | os.PathLike, split: str | None, on_bad_record: str, limit: int | None
+) -> tuple[tuple[str, Any, str | None] | None, Path | None]:
+    """A hub dataset's or a dataset folder's split opened (``None`` when it cannot be: the read says why) and its
+    store, keyed by its ``datasets`` fingerprint (``None`` for a streamed dataset, or below the threshold)."""
     try:
-        _, ds, picked = _open_dataset(path, split)
-    except Exception:  # noqa: BLE001 (the read itself raises it with the file, the split and the reason)
-        return None
+        opened = _open_dataset(path, split)
+    except Exception:  # noqa: BLE001 (the read raises it again, with the file, the split and the reason)
+        return None, None
+    ds = opened[1]
     data = getattr(ds, "data", None)
     if data is None or not hasattr(ds, "_fingerprint"):
-        return None
-    return dataset_store_folder(str(ds._fingerprint), int(data.nbytes), picked, on_bad_record, limit)
+        return opened, None
+    return opened, dataset_store_folder(str(ds._fingerprint), int(data.nbytes), opened[2], on_bad_record, limit)
 
 
 def _stored(folder: Path, path: str | os.PathLike, split: str | None) -> RecordList | None:
@@ -367,10 +376,16 @@ def read_questions(path: str | os.PathLike, *, split: str | None = None, limit: 
 
 
 def _read(
-    path: str | os.PathLike, split: str | None, on_bad_record: str, limit: int | None, as_question: bool = False
+    path: str | os.PathLike,
+    split: str | None,
+    on_bad_record: str,
+    limit: int | None,
+    as_question: bool = False,
+    opened: tuple[str, Any, str | None] | None = None,
 ) -> RecordList:
-    """Validated records in file order (``as_question``: no graph, default answers, a topic entity required)."""
-    source, rows, split = _open(path, split)
+    """Validated records in file order (``as_question``: no graph, default answers, a topic entity required);
+    ``opened``: the dataset split :func:`_open_dataset` gave for ``path``, read instead of opening it again."""
+    source, rows, split = _open(path, split) if opened is None else (opened[0], _iter_dataset(opened[1]), opened[2])
     out = RecordList(source=source, split=split)
     vocab = out.vocab
     first_seen: dict[str, int | None] = {}
