@@ -160,23 +160,20 @@ def stale_temporary(path: Path, now: float | None = None, host: str | None = Non
     name = path.name
     if not (name.startswith(".") and name.endswith(".tmp")):
         return False
+    now = time.time() if now is None else now
     try:
-        age = (time.time() if now is None else now) - path.stat().st_mtime
+        written = path.stat().st_mtime
     except OSError:
         return False
     owner, _, pid = name[: -len(".tmp")].rpartition(".")
     gone = owner.endswith("." + (host or socket.gethostname())) and pid.isdigit() and not _alive(int(pid))
     if gone:  # a container sharing the host name sees other pids: also ask that nothing was written lately
-        newest = max((_mtime(f) for f in path.iterdir()), default=0.0) if path.is_dir() else 0.0
-        gone = (time.time() if now is None else now) - max(newest, path.stat().st_mtime) > _QUIET_S
-    return gone or age > _TMP_AGE_S
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+        try:
+            newest = max((_used(f) for f in path.iterdir()), default=0.0) if path.is_dir() else 0.0
+        except OSError:  # removed meanwhile (its writer finished, or another clean)
+            return False
+        gone = now - max(newest, written) > _QUIET_S
+    return gone or now - written > _TMP_AGE_S
 
 
 def _alive(pid: int) -> bool:

@@ -218,16 +218,13 @@ def _open_dataset(path: str | os.PathLike, split: str | None) -> tuple[str, Any,
 
 def _open(path: str | os.PathLike, split: str | None) -> tuple[str, Iterator[tuple[int, Any]], str | None]:
     """Resolve ``path`` to ``(source, iterator of (line, raw record or RecordError), split)``."""
-    if isinstance(path, str) and path.startswith(HF_PREFIX):
+    if _is_dataset(path):  # a hub dataset or a dataset folder
         source, ds, split = _open_dataset(path, split)
         return source, _iter_dataset(ds), split
     p = Path(path)
     source = str(path)
     if not p.exists():
         raise FileNotFoundError(f"{source}: no such file or directory (supported inputs: {SUPPORTED_FORMATS})")
-    if p.is_dir():
-        source, ds, split = _open_dataset(path, split)
-        return source, _iter_dataset(ds), split
     suffix = p.suffix.lower()
     if suffix == ".jsonl":
         return source, _iter_jsonl(p, source), split
