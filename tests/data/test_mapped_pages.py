@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kglightning.data.embeddings import EmbeddingCache
-from kglightning.data.mapped_pages import release_array, release_tensor, seal_file_maps
+from kglightning.data.mapped_pages import release_array
 from kglightning.data.triple_array import TripleArray, Vocab
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
@@ -70,22 +70,6 @@ def test_maps_that_may_hold_writes_and_plain_arrays_are_left_alone(tmp_path):
 
 
 @linux
-def test_a_sealed_file_mapped_tensor_gives_its_pages_back_and_nothing_else_is_released(tmp_path):
-    path = tmp_path / "t.pt"
-    torch.save({"embeddings": torch.arange(4 * 2**20, dtype=torch.float32).view(-1, 64)}, path)
-    t = torch.load(path, weights_only=True, mmap=True)["embeddings"]
-    before = float(t.sum())
-    assert _resident_kib(path) > 12 * 1024
-    assert release_tensor(t) == 0  # not sealed: left alone
-    anonymous, untouched = torch.ones(2**22), torch.empty(2**22)  # written memory; memory never written
-    assert seal_file_maps([t, anonymous, untouched, t.view(-1)]) == [True, False, False, True]
-    assert release_tensor(anonymous) == release_tensor(untouched) == 0 and float(anonymous.sum()) == 2**22
-    assert release_tensor(t) > 15 * 2**20
-    assert _resident_kib(path) < 1024
-    assert float(t.sum()) == before
-
-
-@linux
 def test_an_embedding_cache_gives_back_its_mapped_shards_pages_and_looks_up_the_same_rows(tmp_path):
     class Enc:
         dim, cache_key = 256, "enc"
@@ -96,68 +80,30 @@ def test_an_embedding_cache_gives_back_its_mapped_shards_pages_and_looks_up_the_
     texts = [f"string {i}" for i in range(40_000)]  # 20 MB of float16 rows, one mapped shard
     cache = EmbeddingCache(Enc(), tmp_path, mmap_rows=1000)
     cache.add(texts)
-    shard = next((tmp_path / "enc").glob("shard-*.pt"))
+    shard = next((tmp_path / "enc").glob("shard-*.arrow"))
     _released_and_read_back(shard, cache.release_pages, lambda: cache.embed(texts), 15 * 1024)
 
 
 @linux
-def test_a_row_table_releases_only_unwritten_file_maps_and_keeps_every_row(tmp_path):
+def test_a_row_table_releases_its_mapped_segments_only_and_keeps_every_row(tmp_path):
+    from kglightning.data.embedding_files import read_shard, write_shard
     from kglightning.data.row_table import RowTable
 
-    path = tmp_path / "s.pt"
-    torch.save({"embeddings": torch.arange(2**21, dtype=torch.float32).view(-1, 64).half()}, path)
-    mapped = torch.load(path, weights_only=True, mmap=True)["embeddings"]
+    path = tmp_path / "s.arrow"
+    write_shard(path, [str(i) for i in range(2**15)], np.arange(2**21, dtype=np.float32).reshape(-1, 64) % 1000)
+    _, mapped, is_map = read_shard(path, mapped=True)
+    assert is_map
     t = RowTable()
     t.append(torch.full((3, 64), 5.0))  # in memory, then a mapped segment, then in memory again
-    t.append(mapped, path=path)
+    t.append(mapped, mapped=True)
     t.append(torch.full((2, 64), 7.0))
-    ids = [0, 3, 3 + 20_000, 3 + mapped.shape[0] + 1]
+    ids = [0, 3, 3 + 20_000, 3 + mapped.shape[0] + 1, *range(3, 3 + mapped.shape[0], 5)]
     _released_and_read_back(path, t.release_pages, lambda: t.rows(ids), 3 * 1024)
-
-
-@linux
-def test_a_written_map_or_a_tensor_in_memory_under_a_path_is_never_released(tmp_path):
-    """A private map that was written (a user's in-place edit, torch's byteswap of a shard of the other byte order)
-    would lose the write, and an in-memory tensor would read back as zeros: neither is released."""
-    from kglightning.data.row_table import RowTable
-
-    path = tmp_path / "s.pt"
-    torch.save({"embeddings": torch.ones(2**16, 64, dtype=torch.float16)}, path)
-    written = torch.load(path, weights_only=True, mmap=True)["embeddings"]
-    written[5000:6000] = 2.0
-    in_memory = torch.ones(2**16, 64, dtype=torch.float16)
-    for seg in (written, in_memory):
-        t = RowTable()
-        t.append(seg, path=path)
-        before = t.rows([5500, 100])
-        assert t.release_pages() == 0
-        assert torch.equal(t.rows([5500, 100]), before)
-
-
-@linux
-def test_a_sealed_map_faults_on_a_write_instead_of_losing_it(tmp_path):
-    import resource
-    import signal
-    import subprocess
-    import textwrap
-
-    script = textwrap.dedent(f"""
-        import torch
-        from kglightning.data.row_table import RowTable
-        torch.save({{"embeddings": torch.ones(2**16, 64, dtype=torch.float16)}}, {str(tmp_path / "s.pt")!r})
-        t = RowTable()
-        t.append(torch.load({str(tmp_path / "s.pt")!r}, weights_only=True, mmap=True)["embeddings"],
-                 path={str(tmp_path / "s.pt")!r})
-        assert t.release_pages() > 0
-        print("sealed", flush=True)
-        t.segments[0][5000:6000] = 2.0
-        print("written")
-    """)
-    no_core = lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # noqa: E731  # no core file left behind
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, preexec_fn=no_core
-    )
-    assert "sealed" in out.stdout and "written" not in out.stdout and out.returncode == -signal.SIGSEGV
+    alone = RowTable()
+    alone.append(np.ones((2**16, 64), dtype=np.float16))  # rows in memory: nothing to release
+    assert alone.release_pages() == 0 and alone.rows([100]).sum() == 64
+    with pytest.raises(TypeError, match="read-only numpy.memmap"):
+        alone.append(np.ones((2, 64), dtype=np.float16), mapped=True)
 
 
 @linux
@@ -184,43 +130,20 @@ def test_a_refused_release_is_logged_once_and_the_run_goes_on(tmp_path, caplog, 
 
 
 @linux
-def test_an_unpickled_row_table_seals_its_own_map_again(tmp_path):
+def test_an_unpickled_row_table_maps_its_file_again_and_releases_it(tmp_path):
     import pickle
 
+    from kglightning.data.embedding_files import read_shard, write_shard
     from kglightning.data.row_table import RowTable
 
-    path = tmp_path / "s.pt"
-    torch.save({"embeddings": torch.arange(2**21, dtype=torch.float32).view(-1, 64).half()}, path)
+    path = tmp_path / "s.arrow"
+    write_shard(path, [str(i) for i in range(2**15)], np.arange(2**21, dtype=np.float32).reshape(-1, 64) % 1000)
     t = RowTable()
-    t.append(torch.load(path, weights_only=True, mmap=True)["embeddings"], path=path)
+    t.append(read_shard(path, mapped=True)[1], mapped=True)
     assert t.release_pages() > 0
     again = pickle.loads(pickle.dumps(t))  # a spawned worker: the file mapped anew
+    assert isinstance(again.segments[0], np.memmap)
     _released_and_read_back(path, again.release_pages, lambda: again.rows(torch.arange(0, 2**15, 7)), 512)
-
-
-def test_pages_written_or_swapped_out_or_not_of_a_file_are_never_clean():
-    from kglightning.data.mapped_pages import _clean_file_range, _parse_smaps
-
-    smaps = b"""7f0000000000-7f0000004000 rw-p 00000000 fe:00 2148909        /data/my shard.pt (deleted)
-Rss:                  16 kB
-Anonymous:             0 kB
-Swap:                  0 kB
-VmFlags: rd wr mr mw me ac sd
-7f0000004000-7f0000008000 r--p 00004000 fe:00 2148909        /data/my shard.pt (deleted)
-Anonymous:             0 kB
-Swap:                  4 kB
-7f0000008000-7f000000c000 rw-p 00000000 00:00 0
-Anonymous:             0 kB
-Swap:                  0 kB
-""".splitlines()
-    maps = _parse_smaps(smaps)
-    base = 0x7F0000000000
-    assert maps == [(base, base + 0x4000, True, 0), (base + 0x4000, base + 0x8000, True, 4),
-                    (base + 0x8000, base + 0xC000, False, 0)]  # fmt: skip
-    assert _clean_file_range(maps, base, base + 0x4000)  # a deleted (replaced) file with no written page
-    assert not _clean_file_range(maps, base, base + 0x8000)  # a written page swapped out
-    assert not _clean_file_range(maps, base + 0x8000, base + 0xC000)  # anonymous memory
-    assert not _clean_file_range(maps, base - 0x1000, base + 0x4000)  # partly outside any map
 
 
 def test_triples_in_memory_release_nothing():
@@ -281,7 +204,7 @@ def test_uag_scoring_leaves_no_graph_pages_of_the_record_store_in_memory(stored,
 
     cache = EmbeddingCache(Enc(), tmp_path / "emb", mmap_rows=1000)
     cache.add(f"e{j}" for j in range(25_000))  # the candidates' names: one mapped shard of 12.8 MB
-    shard = next((tmp_path / "emb" / "enc").glob("shard-*.pt"))
+    shard = next((tmp_path / "emb" / "enc").glob("shard-*.arrow"))
     pool = score_questions(records, cache, max_hops=1, progress=False)
     assert [s.num_entities for s in pool] == [25_000] * 4  # every graph was read, every name looked up
     assert _resident_kib(graphs) < 64 and _resident_kib(shard) < 1024

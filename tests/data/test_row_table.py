@@ -6,9 +6,13 @@ from __future__ import annotations
 import logging
 import pickle
 
+import numpy as np
+import pytest
 import torch
 
-import kglightning.data.embeddings as embeddings
+import kglightning.data.embedding_files as embedding_files
+import kglightning.data.embeddings as embeddings_module
+from kglightning.data.embedding_files import read_shard, write_shard
 from kglightning.data.embeddings import EmbeddingCache
 from kglightning.data.row_table import RowTable
 
@@ -34,13 +38,13 @@ class _Wide(_Enc):
 
 def _shard(folder, name, texts, value, dim=4):
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"texts": texts, "embeddings": torch.full((len(texts), dim), value).half()}, folder / name)
+    write_shard(folder / name, texts, np.full((len(texts), dim), value, dtype=np.float16))
 
 
 def test_a_string_in_two_shards_keeps_the_row_of_the_first_shard_by_name_whatever_is_mapped(tmp_path):
     folder = tmp_path / "enc"
-    _shard(folder, "shard-00big.pt", ["dup"] + [f"b{i}" for i in range(49)], 1.0)
-    _shard(folder, "shard-01small.pt", ["dup", "s"], 7.0)
+    _shard(folder, "shard-00big.arrow", ["dup"] + [f"b{i}" for i in range(49)], 1.0)
+    _shard(folder, "shard-01small.arrow", ["dup", "s"], 7.0)
     for mmap_rows in (None, 0, 40, 10**6):
         cache = EmbeddingCache(_Enc(), tmp_path, mmap_rows=mmap_rows)
         assert cache.embed(["dup"]).tolist() == [[1.0] * 4], mmap_rows
@@ -52,7 +56,8 @@ def test_a_large_shard_encoded_here_is_mapped_from_its_file(tmp_path):
     cache.add([f"t{i}" for i in range(30)])
     cache.add(["x", "y"])
     table = cache._table
-    assert list(table._paths) == [0] and table.segments[0].shape[0] == 30  # mapped, not held in memory
+    assert isinstance(table.segments[0], np.memmap) and table.segments[0].shape[0] == 30  # mapped, not in memory
+    assert not isinstance(table.segments[1], np.memmap)
     again = EmbeddingCache(_Enc(), tmp_path, mmap_rows=20)
     names = [f"t{i}" for i in range(30)] + ["x", "y"]
     assert torch.equal(cache.embed(names), again.embed(names))
@@ -60,11 +65,11 @@ def test_a_large_shard_encoded_here_is_mapped_from_its_file(tmp_path):
 
 def test_a_shard_of_another_width_is_left_out_and_the_cache_keeps_working(tmp_path, caplog):
     folder = tmp_path / "enc"
-    _shard(folder, "shard-00.pt", [f"a{i}" for i in range(50)], 1.0)
-    _shard(folder, "shard-01.pt", ["w"], 2.0, dim=8)
+    _shard(folder, "shard-00.arrow", [f"a{i}" for i in range(50)], 1.0)
+    _shard(folder, "shard-01.arrow", ["w"], 2.0, dim=8)
     with caplog.at_level(logging.WARNING):
         cache = EmbeddingCache(_Enc(3.0), tmp_path, mmap_rows=40)
-    assert "width 8" in caplog.text and "w" not in cache and (folder / "shard-01.pt").exists()
+    assert "width 8" in caplog.text and "w" not in cache and (folder / "shard-01.arrow").exists()
     assert cache.embed(["w", "new"]).tolist() == [[3.0] * 4] * 2 and cache.add(["newer"]) == 1
 
 
@@ -83,18 +88,56 @@ def test_pickling_sends_a_mapped_segment_as_its_path(tmp_path):
 
 def test_a_shard_that_cannot_be_mapped_is_read_not_moved_aside(tmp_path, monkeypatch, caplog):
     EmbeddingCache(_Enc(), tmp_path, mmap_rows=1).add(["a", "b"])
-    real = embeddings._read_shard
 
-    def no_mmap(shard, mmap=False):
-        if mmap:
-            raise RuntimeError("unable to mmap 1024 bytes from file: Cannot allocate memory (12)")
-        return real(shard)
+    def no_mmap(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.setattr(embeddings, "_read_shard", no_mmap)
+    monkeypatch.setattr(embedding_files, "_memmap", no_mmap)
     with caplog.at_level(logging.WARNING):
         cache = EmbeddingCache(_Enc(), tmp_path, mmap_rows=1)
     assert len(cache) == 2 and "cannot be memory-mapped" in caplog.text
     assert not list((tmp_path / "enc").glob("*.unreadable"))
+    assert not any(isinstance(seg, np.memmap) for seg in cache._table.segments)
+    assert cache.embed(["a", "b"]).tolist() == _Enc().encode(["a", "b"]).half().float().tolist()
+
+
+def test_a_shard_of_the_earlier_torch_format_is_rewritten_as_arrow_with_the_same_rows(tmp_path):
+    folder = tmp_path / "enc"
+    folder.mkdir()
+    rows = torch.arange(12, dtype=torch.float32).view(3, 4).half()
+    torch.save({"texts": ["a", "b", "c"], "embeddings": rows}, folder / "shard-0123.pt")
+    (folder / "shard-bad.pt").write_bytes(b"not a zip")
+    cache = EmbeddingCache(_Enc(9.0), tmp_path)
+    assert cache.embed(["c", "a"]).tolist() == rows[[2, 0]].float().tolist()  # read, not encoded again
+    assert sorted(p.name for p in folder.iterdir()) == ["shard-0123.arrow", "shard-bad.pt.unreadable"]
+    texts, back, _ = read_shard(folder / "shard-0123.arrow")
+    assert texts == ["a", "b", "c"] and np.array_equal(back, rows.numpy())
+
+
+def test_a_shard_file_opens_with_pyarrow_and_datasets_and_foreign_files_are_refused(tmp_path):
+    import datasets
+    import pyarrow as pa
+
+    rows = np.arange(8, dtype=np.float16).reshape(2, 4)
+    write_shard(tmp_path / "s.arrow", ["x", "y"], rows)
+    table = pa.ipc.open_stream(pa.memory_map(str(tmp_path / "s.arrow"))).read_all()
+    assert table.column("text").to_pylist() == ["x", "y"]
+    assert datasets.Dataset.from_file(str(tmp_path / "s.arrow"))[1]["embedding"] == [4.0, 5.0, 6.0, 7.0]
+    texts, mapped, is_map = read_shard(tmp_path / "s.arrow", mapped=True)
+    assert is_map and isinstance(mapped, np.memmap) and np.array_equal(mapped, rows) and not mapped.flags.writeable
+    foreign = pa.table({"text": ["x"], "embedding": pa.array([[1.0, 2.0]], pa.list_(pa.float32(), 2))})
+    for table, why in [(foreign, "format"), (foreign.replace_schema_metadata({"kglightning": "embedding-shard/1"}),
+                                             "float16")]:  # fmt: skip
+        with pa.OSFile(str(tmp_path / "f.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        with pytest.raises(ValueError, match=why):
+            read_shard(tmp_path / "f.arrow")
+    (tmp_path / "torn.arrow").write_bytes((tmp_path / "s.arrow").read_bytes()[:100])
+    with pytest.raises(ValueError, match="torn.arrow"):
+        read_shard(tmp_path / "torn.arrow")
+    with pytest.raises(ValueError, match="do not make a shard"):
+        write_shard(tmp_path / "n.arrow", ["x"], rows)
+    assert not list(tmp_path.glob(".*tmp"))
 
 
 def test_row_table_rejects_another_width_before_changing_anything():
@@ -128,11 +171,11 @@ def test_a_cache_picks_up_the_shards_another_cache_wrote_and_nothing_else(tmp_pa
     mine, other = EmbeddingCache(_Enc(1.0), tmp_path), EmbeddingCache(_Enc(2.0), tmp_path)
     other.add(["a", "b"])
     folder = tmp_path / "enc"
-    (folder / ".shard-x.pt.123.tmp").write_bytes(b"half written")  # another process's write in progress
+    (folder / ".shard-x.arrow.123.tmp").write_bytes(b"half written")  # another process's write in progress
     (folder / "notes.txt").write_text("not a shard")
     assert mine.add(["b", "c"]) == 1  # "b" came from the other cache's shard, only "c" was encoded here
     assert mine.embed(["a", "b", "c"])[:, 0].tolist() == [2.0, 2.0, 1.0]
-    assert mine.refresh() == 0 and sorted(p.name for p in folder.glob("shard-*.pt")) == sorted(mine._shards)
+    assert mine.refresh() == 0 and sorted(p.name for p in folder.glob("shard-*.arrow")) == sorted(mine._shards)
 
 
 def test_a_cache_folder_that_cannot_be_listed_or_is_gone_reads_no_shards(tmp_path, monkeypatch, caplog):
@@ -142,7 +185,7 @@ def test_a_cache_folder_that_cannot_be_listed_or_is_gone_reads_no_shards(tmp_pat
     def denied(path):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(embeddings.os, "listdir", denied)
+    monkeypatch.setattr(embeddings_module.os, "listdir", denied)
     assert cache.refresh() == 0 and cache.refresh() == 0
     assert caplog.text.count("cannot be listed") == 1  # said once, not on every add
     assert cache.add(["b"]) == 1 and cache.embed(["a", "b"])[:, 0].tolist() == [1.0, 1.0]
@@ -150,7 +193,7 @@ def test_a_cache_folder_that_cannot_be_listed_or_is_gone_reads_no_shards(tmp_pat
     def gone(path):
         raise FileNotFoundError(2, "No such file or directory", str(path))
 
-    monkeypatch.setattr(embeddings.os, "listdir", gone)
+    monkeypatch.setattr(embeddings_module.os, "listdir", gone)
     assert cache.refresh() == 0
 
 
@@ -162,3 +205,6 @@ def test_rows_of_no_id_one_id_and_a_grid_of_ids_have_the_shapes_asked_for():
     assert one.tolist() == [4.0, 5.0, 6.0, 7.0]
     one += 100  # a copy, never a view of the table
     assert t.rows([[1, 2], [0, 0]]).shape == (2, 2, 4) and t.rows(1).tolist() == [4.0, 5.0, 6.0, 7.0]
+    for bad in ([3], [-1], [0, 5]):  # numpy would wrap a negative id round: refused instead
+        with pytest.raises(IndexError, match="out of range"):
+            t.rows(bad)

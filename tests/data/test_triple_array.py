@@ -124,7 +124,8 @@ def test_embedding_cache_maps_large_shards_and_reads_rows_across_segments(tmp_pa
     everything = [t for b in batches for t in b]
     assert len(reader) == len(everything)
     mapped = [seg for seg in reader._table.segments if seg.shape[0] in (50, 70)]
-    assert len(mapped) == 2 and all(seg.dtype == torch.float16 for seg in reader._table.segments)
+    assert len(mapped) == 2 and all(seg.dtype == np.float16 for seg in reader._table.segments)
+    assert all(isinstance(seg, np.memmap) for seg in mapped)
     assert len(reader._table.segments) >= 3  # in memory, mapped, ..., with the small shards' rows in between
     ids = reader.ids(everything[::-1])
     assert torch.equal(reader.rows(ids), writer.embed(everything[::-1]))

@@ -77,7 +77,7 @@ def test_an_unreadable_embedding_shard_is_set_aside_and_its_texts_encoded_again(
 
     enc = SentenceEncoder(tiny_encoder_dir, show_progress=False)
     first = EmbeddingCache(enc, tmp_path / "emb").embed(["Paris", "Lyon"])
-    (shard,) = (tmp_path / "emb").rglob("shard-*.pt")
+    (shard,) = (tmp_path / "emb").rglob("shard-*.arrow")
     shard.write_bytes(b"torn")
     with caplog.at_level(logging.WARNING):
         again = EmbeddingCache(enc, tmp_path / "emb").embed(["Paris", "Lyon"])
@@ -93,12 +93,12 @@ def test_a_shard_that_cannot_be_opened_now_is_skipped_not_set_aside(tiny_encoder
 
     enc = SentenceEncoder(tiny_encoder_dir, show_progress=False)
     EmbeddingCache(enc, tmp_path / "emb").embed(["Paris"])
-    (shard,) = (tmp_path / "emb").rglob("shard-*.pt")
+    (shard,) = (tmp_path / "emb").rglob("shard-*.arrow")
 
     def too_many_files(*args, **kwargs):
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(embeddings.torch, "load", too_many_files)
+    monkeypatch.setattr(embeddings, "read_shard", too_many_files)
     assert len(EmbeddingCache(enc, tmp_path / "emb")) == 0  # skipped in this process
     monkeypatch.undo()
     assert shard.exists() and len(EmbeddingCache(enc, tmp_path / "emb")) == 1  # the good file stays for the next

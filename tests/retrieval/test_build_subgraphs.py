@@ -143,16 +143,16 @@ def test_embed_only_shares_the_encoding_across_machines(tmp_path, tiny_encoder_d
         )
     assert not (tmp_path / "unused").exists() or not list((tmp_path / "unused").glob("*.jsonl"))
     shared = tmp_path / "shared" / "embeddings"
-    parts = [sorted((tmp_path / f"m{i}" / "embeddings").rglob("shard-*.pt")) for i in range(2)]
+    parts = [sorted((tmp_path / f"m{i}" / "embeddings").rglob("shard-*.arrow")) for i in range(2)]
     assert all(parts) and not {p.name for p in parts[0]} & {p.name for p in parts[1]}
     for p in parts[0] + parts[1]:  # the machines' cache folders copied into one
         dest = shared / p.parent.name / p.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(p.read_bytes())
-    before = sorted(p.name for p in shared.rglob("shard-*.pt"))
+    before = sorted(p.name for p in shared.rglob("shard-*.arrow"))
     for i in range(2):
         assert _cut(tmp_path, tiny_encoder_dir, monkeypatch, "cut", "shared", "--shard", f"{i}/2") == 0
-    assert sorted(p.name for p in shared.rglob("shard-*.pt")) == before  # nothing left to encode
+    assert sorted(p.name for p in shared.rglob("shard-*.arrow")) == before  # nothing left to encode
     assert main(["build-subgraphs", "--merge", str(tmp_path / "cut")]) == 0
     for split in ("train", "validation", "test"):
         assert (tmp_path / "cut" / f"{split}.jsonl").read_bytes() == (tmp_path / "one" / f"{split}.jsonl").read_bytes()

@@ -1,0 +1,111 @@
+"""Embedding shards as Arrow files: one ``text`` column and one ``embedding`` column of float16 vectors.
+
+:class:`~kglightning.data.embeddings.EmbeddingCache` writes each batch of newly encoded strings as one such file
+(an Arrow IPC stream, the format of ``datasets``' own cache files). It is written normally, to a temporary name that
+is then renamed, never through a memory map, so a full disk is an ``OSError`` for the writer and a torn file is never
+seen under the final name. Reading gives the texts and the vectors, the vectors either copied into memory or as a
+read-only ``numpy.memmap`` of the file's float16 buffer: the operating system pages in the rows a run looks up and
+can drop them again (:func:`~kglightning.data.mapped_pages.release_array`).
+
+A shard opens in any Arrow tool::
+
+    import pyarrow as pa, datasets
+    table = pa.ipc.open_stream(pa.memory_map("shard-0123abcd.arrow")).read_all()   # or
+    ds = datasets.Dataset.from_file("shard-0123abcd.arrow")       # text, embedding (float16 x dim)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["SHARD_FORMAT", "read_shard", "write_shard"]
+
+log = logging.getLogger(__name__)
+
+#: the ``kglightning`` schema metadata of a shard; a file with another value is not read as one
+SHARD_FORMAT = "embedding-shard/1"
+
+_memmap = np.memmap  # (a test makes mapping fail through it)
+
+
+def write_shard(path: str | Path, texts: list[str], rows: np.ndarray) -> None:
+    """Write ``texts`` and their ``rows`` (``(len(texts), dim)``, stored as float16) to the shard file ``path``,
+    through a temporary file in the same folder that is renamed when whole; removed again when the write fails."""
+    path = Path(path)
+    rows = np.ascontiguousarray(rows, dtype=np.float16)
+    if rows.ndim != 2 or rows.shape[0] != len(texts) or rows.shape[1] == 0:
+        raise ValueError(f"{path}: {len(texts)} texts and rows of shape {tuple(rows.shape)} do not make a shard")
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1), type=pa.float16()), rows.shape[1])
+    table = pa.table({"text": pa.array(texts, type=pa.large_string()), "embedding": vectors})
+    table = table.replace_schema_metadata({"kglightning": SHARD_FORMAT})
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_shard(path: str | Path, mapped: bool = False) -> tuple[list[str], np.ndarray, bool]:
+    """A shard's texts, its float16 rows ``(n, dim)``, and whether the rows are a read-only memory map of the file
+    (asked with ``mapped``; where the file cannot be mapped, or on a big-endian machine, they are read instead).
+
+    Raises:
+        ValueError: a file that is not a whole shard (torn, foreign, or of another format).
+    """
+    path = Path(path)
+    try:
+        with pa.memory_map(str(path), "r") as source:
+            base = source.read_buffer(1).address if source.size() else 0
+            source.seek(0)
+            table = pa.ipc.open_stream(source).read_all()
+            texts, values, dim = _columns(table, path)
+            if mapped and len(texts) and sys.byteorder == "little":
+                start = values.buffers()[1].address - base + values.offset * 2
+                rows = _map(path, start, (len(texts), dim), source.size())
+                first = values.slice(0, dim).to_numpy(zero_copy_only=False)
+                if rows is not None and np.array_equal(rows[0], first, equal_nan=True):
+                    return texts, rows, True
+            return texts, values.to_numpy(zero_copy_only=False).reshape(len(texts), dim).copy(), False
+    except pa.ArrowInvalid as err:
+        raise ValueError(f"{path}: not an embedding shard ({err})") from err
+
+
+def _columns(table: pa.Table, path: Path) -> tuple[list[str], pa.Array, int]:
+    fmt = (table.schema.metadata or {}).get(b"kglightning", b"").decode(errors="replace")
+    if fmt != SHARD_FORMAT:
+        raise ValueError(f"{path}: not an embedding shard of format {SHARD_FORMAT!r} (its format: {fmt!r})")
+    names = table.schema.names
+    if "text" not in names or "embedding" not in names:
+        raise ValueError(f"{path}: an embedding shard needs the columns 'text' and 'embedding', found {names}")
+    kind = table.schema.field("embedding").type
+    if not pa.types.is_fixed_size_list(kind) or kind.value_type != pa.float16() or kind.list_size < 1:
+        raise ValueError(f"{path}: column 'embedding' is {kind}, not fixed-size lists of float16")
+    text = table.column("text")
+    if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)) or text.null_count:
+        raise ValueError(f"{path}: column 'text' must be strings without nulls ({text.type}, {text.null_count} null)")
+    column = table.column("embedding")  # one batch as written; combining would copy it out of the map
+    emb = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    if emb.null_count or emb.flatten().null_count:
+        raise ValueError(f"{path}: column 'embedding' holds nulls")
+    return text.to_pylist(), emb.flatten(), kind.list_size
+
+
+def _map(path: Path, start: int, shape: tuple[int, int], size: int) -> np.memmap | None:
+    """A read-only map of ``shape`` float16 rows at byte ``start`` of ``path``; ``None`` (read instead) when the rows
+    are not where the reader found them in the file, or the file cannot be mapped."""
+    if start < 0 or start % 2 or start + shape[0] * shape[1] * 2 > size:
+        return None
+    try:
+        return _memmap(path, dtype="<f2", mode="r", offset=start, shape=shape)
+    except (OSError, ValueError) as err:  # no address space, a file system without mmap
+        log.warning("embedding shard %s cannot be memory-mapped (%s); reading it", path, err)
+        return None
