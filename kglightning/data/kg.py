@@ -16,6 +16,7 @@ The path search (:meth:`KGIndex.relation_paths`, :meth:`KGIndex.shortest_paths`,
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from typing import Any, Literal
@@ -236,6 +237,20 @@ class KGIndex:
         for v in views:
             v.flags.writeable = False
         return views  # type: ignore[return-value]
+
+    def digest(self) -> str:
+        """A hex digest of the graph's content (its names and distinct triples; the order the triples came in does
+        not count), computed once per index: what a cached preparation stage (e.g. the PCST cuts) keys on."""
+        if getattr(self, "_digest", None) is None:
+            h = hashlib.sha256()
+            for names in (self._entities, self._relations):
+                h.update(len(names).to_bytes(8, "little"))
+                for lo in range(0, len(names), 1 << 16):  # a bounded joined string at a time
+                    h.update("\0".join(names[lo : lo + (1 << 16)]).encode("utf-8", "surrogatepass") + b"\0")
+            for a in (self._h, self._r, self._t):
+                h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+            self._digest = h.hexdigest()[:32]
+        return self._digest
 
     def triples(self) -> list[tuple[str, str, str]]:
         """All distinct triples, sorted by (head, relation, tail)."""

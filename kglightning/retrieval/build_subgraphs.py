@@ -28,13 +28,22 @@ from pathlib import Path
 
 from kglightning.data.embeddings import SentenceEncoder
 from kglightning.data.kg import KGIndex
-from kglightning.data.shards import Shard
 from kglightning.data.sources.loaders import read_questions, write_records
 from kglightning.data.sources.triples import load_kg
 from kglightning.data.splits import locate_splits
+from kglightning.data.stage_map import parse_shard, shard_suffix, take_shard
 from kglightning.fileio import atomic_write
 from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats
-from kglightning.retrieval.prepare import cut_records, embed_texts, merge_shards, needed_texts, write_stats
+from kglightning.retrieval.prepare import (
+    cut_questions,
+    embed_texts,
+    merge_shards,
+    needed_texts,
+    question_dataset,
+    rows_key,
+    settings,
+    write_stats,
+)
 
 __all__ = ["build_subgraphs", "embedded_kg", "main"]
 
@@ -71,21 +80,21 @@ def build_subgraphs(
     retriever: PCSTRetriever,
     limit: int | None = None,
     workers: int = 1,
-    shard: Shard | None = None,
+    shard: tuple[int, int] | None = None,
     embed_only: bool = False,
 ) -> dict[str, dict]:
     """Cut a PCST subgraph for every question of every split and write the records; returns the stats per split.
 
     The embeddings of every split are encoded first, in fixed blocks, then the cuts run over ``workers``
-    processes; ``shard`` cuts one slice of each split (``<split>.shard-i-of-N.jsonl``, merged by
-    :func:`merge_shards`) and ``embed_only`` stops after the embeddings (with ``shard``: its share of them). See
-    :mod:`~kglightning.retrieval.prepare`.
+    processes, cached and resumable; ``shard=(i, N)`` cuts part ``i`` of ``N`` of each split
+    (``<split>.shard-i-of-N.jsonl``, merged by :func:`merge_shards`) and ``embed_only`` stops after the embeddings
+    (with ``shard``: its share of them). See :mod:`~kglightning.retrieval.prepare`.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stats: dict[str, dict] = {}
     raw: dict[str, SubgraphStats] = {}
-    suffix = "" if shard is None else f".{shard.suffix}"
+    suffix = "" if shard is None else f".{shard_suffix(*shard)}"
     # a graph already there (e.g. the embedded benchmark) is ignored
     splits = {split: read_questions(path, limit=limit) for split, path in questions.items()}
     # the blocks of phase 1 over every split's strings at once: the same blocks on every machine and for any order
@@ -94,20 +103,19 @@ def build_subgraphs(
     log.info("%d strings to embed, %d of them new", len(texts), new)
     if embed_only:
         return stats
+    key = rows_key(retriever, texts)
     for split, records in splits.items():
         path = questions[split]
-        part = records if shard is None else shard.take(records)
-        cuts, s = cut_records(retriever, part, kg, workers, desc=f"PCST {split}")
+        part = question_dataset(records) if shard is None else take_shard(question_dataset(records), *shard)
+        cuts, s = cut_questions(retriever, part, kg, workers, desc=f"PCST {split}", key=key)
         out = [r for r in cuts if r is not None]
         write_records(out, out_dir / f"{split}{suffix}.jsonl")
         with atomic_write(out_dir / f"{split}{suffix}.times.jsonl") as f:
             for rec, sec, n, t in zip(out, s.seconds, s.nodes, s.triples, strict=True):
                 f.write(json.dumps({"id": rec.id, "seconds": round(sec, 5), "nodes": n, "triples": t}) + "\n")
         stats[split], raw[split] = {"questions_file": str(path), **s.summary()}, s
-    settings = {k: getattr(retriever, k) for k in ("hops", "topk", "topk_e", "cost_e", "num_clusters", "max_degree",
-                                                   "max_nodes", "on_missing_topic")}  # fmt: skip
-    settings.update(encoder=retriever.encoder.cache_key, limit=limit)
-    write_stats(out_dir / f"subgraph_stats{suffix}.json", settings, stats, raw if shard is not None else None)
+    used = {**settings(retriever), "limit": limit}
+    write_stats(out_dir / f"subgraph_stats{suffix}.json", used, stats, raw if shard is not None else None)
     return stats
 
 
@@ -180,13 +188,13 @@ def main(argv: list[str] | None = None, prog: str = "kglightning build-subgraphs
         print(f"embeddings of {', '.join(questions)} encoded into {retriever.embeddings.folder}")
         return 0
     print(stats_table(stats))
-    suffix = "" if args.shard is None else f".{args.shard.suffix}"
+    suffix = "" if args.shard is None else f".{shard_suffix(*args.shard)}"
     print(f"wrote {', '.join(f'{s}{suffix}.jsonl' for s in stats)} and subgraph_stats{suffix}.json to {args.out}")
     return 0
 
 
-def _shard(spec: str) -> Shard:
+def _shard(spec: str) -> tuple[int, int]:
     try:
-        return Shard.parse(spec)
+        return parse_shard(spec)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None

@@ -13,20 +13,25 @@ runs in two phases:
    are the same whichever process or machine encodes them, so the rows are too, on the same kind of device and
    **from the same starting cache**: a string the cache already holds keeps the row of whatever batch first encoded
    it (an earlier run on other questions), so start every machine from an empty cache or from copies of one.
-2. **cut** (:func:`cut_records`): the questions in contiguous chunks over ``workers`` forked processes (the KG
-   index and the embedding table are shared with them, not copied), one torch thread each, the results put back in
-   question order. Nothing is encoded in this phase (checked).
+2. **cut** (:func:`cut_questions`): a cached ``datasets`` map over the questions
+   (:func:`~kglightning.data.stage_map.cached_map`): contiguous pieces, each on ``workers`` forked processes (the KG
+   index and the embedding table are shared with them, not copied), one torch thread each, the results in question
+   order. Nothing is encoded in this phase (checked). The cuts are kept as Arrow files under
+   ``$KGLIGHTNING_CACHE/pcst-cuts/``, keyed by the questions, the KG, the settings, the encoder and the embedding
+   rows the cuts read (:func:`rows_key`): a run stopped part-way cuts only the pieces it had not finished when run
+   again, and a change of any of them cuts everything anew.
 
-``--shard i/N`` (:class:`~kglightning.data.shards.Shard`) cuts one contiguous slice of each split, and
-:func:`merge_shards` concatenates the slices' files in shard order: the file one process writes, byte for byte
-(each question's seconds aside). Phase 1 reads every question of every split on every machine, to know the blocks;
-``--embed-only`` with a shard encodes only blocks ``i, i + N, ...``, so N machines can share the encoding too and
-then copy their cache folders into one (shards are files named by their content) before the cuts.
+``--shard i/N`` cuts one contiguous part of each split (:func:`~kglightning.data.stage_map.take_shard`, that is
+``datasets.Dataset.shard``), and :func:`merge_shards` concatenates the parts' files in shard order: the file one
+process writes, byte for byte (each question's seconds aside). Phase 1 reads every question of every split on every
+machine, to know the blocks; ``--embed-only`` with a shard encodes only blocks ``i, i + N, ...``, so N machines can
+share the encoding too and then copy their cache folders into one (shards are files named by their content) before
+the cuts.
 """
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 import logging
 import re
@@ -38,16 +43,27 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from kglightning.data.cache import default_cache_root
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import khop_ids
-from kglightning.data.parallel import forked_chunks, torch_threads
+from kglightning.data.parallel import torch_threads
 from kglightning.data.records import KGQARecord
-from kglightning.data.shards import Shard
+from kglightning.data.stage_map import cached_map, fingerprint, stage_state
 from kglightning.data.text import relation_text
 from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats
 
-__all__ = ["cut_records", "embed_texts", "merge_shards", "needed_texts", "write_stats"]
+__all__ = [
+    "cut_questions",
+    "cut_records",
+    "embed_texts",
+    "merge_shards",
+    "needed_texts",
+    "question_dataset",
+    "rows_key",
+    "settings",
+    "write_stats",
+]
 
 log = logging.getLogger(__name__)
 
@@ -72,66 +88,136 @@ def embed_texts(
     retriever: PCSTRetriever,
     texts: Sequence[str],
     block: int | None = None,
-    shard: Shard | None = None,
+    shard: tuple[int, int] | None = None,
     progress: bool = True,
 ) -> int:
     """Phase 1: encode the blocks (``block`` strings, default :data:`BLOCK`) of the sorted ``texts`` that hold a
-    string the cache lacks (with ``shard``, only blocks ``shard.index, shard.index + shard.count, ...``); return how
-    many strings were new."""
+    string the cache lacks (with ``shard=(i, N)``, only blocks ``i, i + N, ...``); return how many strings were
+    new."""
     cache = retriever.embeddings
     block = block or BLOCK
     starts = list(range(0, len(texts), block))
     if shard is not None:
-        starts = starts[shard.index :: shard.count]
+        starts = starts[shard[0] :: shard[1]]
     new = 0
     for lo in tqdm(starts, desc="embedding", unit="block", disable=not progress or len(starts) < 2, leave=False):
         new += cache.add(texts[lo : lo + block], whole=True)
     return new
 
 
-def _cut(
-    retriever: PCSTRetriever, records: Sequence[KGQARecord], kg: KGIndex | None, lo: int, hi: int
-) -> tuple[list[KGQARecord | None], SubgraphStats]:
+#: part of the cuts' cache key: raise it when what :meth:`PCSTRetriever.retrieve_record` returns changes
+CUT_VERSION = 1
+_FLAGS = ("missing_topic", "partial_topic", "empty_neighborhood", "truncated")
+
+
+def question_dataset(records: Sequence[KGQARecord]) -> Any:
+    """The questions as a ``datasets.Dataset`` of ``id`` and ``record`` (the record's JSON), the input of
+    :func:`cut_questions`; :func:`~kglightning.data.stage_map.take_shard` cuts one part of it."""
+    import datasets
+
+    return datasets.Dataset.from_dict(
+        {"id": [r.id for r in records], "record": [json.dumps(r.to_dict()) for r in records]},
+        features=datasets.Features({"id": datasets.Value("string"), "record": datasets.Value("large_string")}),
+    )
+
+
+def _cut_features() -> Any:
+    import datasets
+
+    v = datasets.Value
+    columns = {"id": v("string"), "record": v("large_string"), "seconds": v("float64"), "nodes": v("int64"),
+               "triples": v("int64"), "neighborhood": v("int64"), "answer_in_graph": v("bool")}  # fmt: skip
+    return datasets.Features({**columns, **{f: v("bool") for f in _FLAGS}})
+
+
+def _cut_batch(batch: dict[str, list]) -> dict[str, list]:
+    """The map step of :func:`cut_questions`: each question's cut (its JSON, ``None`` when skipped) and stats."""
+    retriever, kg = stage_state()
     cache = retriever.embeddings
     before = len(cache)
-    retriever.stats = SubgraphStats()
+    out: dict[str, list] = {k: [] for k in _cut_features()}
     with torch_threads(1):  # the same arithmetic in every process
-        out = [retriever.retrieve_record(r, kg if kg is not None else KGIndex.from_record(r)) for r in records[lo:hi]]
+        for qid, text in zip(batch["id"], batch["record"], strict=True):
+            record = KGQARecord.from_dict(json.loads(text), source=f"question {qid!r}")
+            retriever.stats = st = SubgraphStats()
+            cut = retriever.retrieve_record(record, kg if kg is not None else KGIndex.from_record(record))
+            out["id"].append(qid)
+            out["record"].append(None if cut is None else json.dumps(cut.to_dict()))
+            for col, values in (("seconds", st.seconds), ("nodes", st.nodes), ("triples", st.triples),
+                                ("neighborhood", st.neighborhood_triples), ("answer_in_graph", st.answer_in_graph)):  # fmt: skip
+                out[col].append(values[0] if values else None)
+            for flag in _FLAGS:
+                out[flag].append(bool(getattr(st, flag)))
     if len(cache) != before:
         raise RuntimeError(
-            f"{len(cache) - before} string(s) were encoded while cutting questions {lo}-{hi - 1}: phase 1 "
+            f"{len(cache) - before} string(s) were encoded while cutting questions {batch['id'][0]!r}..: phase 1 "
             "(needed_texts, embed_texts) did not cover them, and the rows would depend on the number of processes"
         )
-    return out, retriever.stats
+    return out
+
+
+def rows_key(retriever: PCSTRetriever, texts: Sequence[str], block: int = 1 << 16) -> str:
+    """A digest of the embedding rows of ``texts`` (all cached: run :func:`embed_texts` first), the part of the
+    cuts' cache key that says which rows they read: a cache that holds other rows for them gives another key."""
+    cache, h = retriever.embeddings, hashlib.sha256()
+    for lo in range(0, len(texts), block):
+        part = texts[lo : lo + block]
+        h.update(cache.rows(cache.ids(part)).numpy().astype("<f2").tobytes())
+    return h.hexdigest()[:32]
+
+
+def cut_questions(
+    retriever: PCSTRetriever,
+    questions: Any,
+    kg: KGIndex | None,
+    workers: int = 1,
+    desc: str = "PCST",
+    key: str | None = None,
+) -> tuple[list[KGQARecord | None], SubgraphStats]:
+    """Phase 2: every question's cut (``None`` for a skipped question) in question order, and their stats.
+
+    ``questions`` is a :func:`question_dataset` (or a shard of one). The cuts run as a cached ``datasets`` map
+    (:func:`~kglightning.data.stage_map.cached_map`) on ``workers`` processes; the output does not depend on
+    ``workers``. With ``key`` (:func:`rows_key` of the texts that :func:`embed_texts` encoded), the cuts are kept in
+    ``$KGLIGHTNING_CACHE/pcst-cuts/<fingerprint>``, the fingerprint covering the questions, the KG, the
+    retriever's settings, the encoder, ``key`` and :data:`CUT_VERSION`: a run stopped part-way is resumed, and a rerun
+    reads them. Run :func:`embed_texts` first.
+    """
+    folder = None
+    if key is not None:
+        fp = fingerprint("pcst", CUT_VERSION, settings(retriever), None if kg is None else kg.digest(), key,
+                         list(questions["record"]))  # fmt: skip
+        folder = default_cache_root() / "pcst-cuts" / fp
+    retriever.embeddings  # noqa: B018  # opened before any fork, so the children share its table
+    out = cached_map(questions, _cut_batch, _cut_features(), folder, state=(retriever, kg), workers=workers,
+                     desc=desc, progress=retriever.show_progress)  # fmt: skip
+    cuts: list[KGQARecord | None] = []
+    stats = SubgraphStats()
+    for batch in out.iter(batch_size=1024):
+        for i, text in enumerate(batch["record"]):
+            cuts.append(None if text is None else KGQARecord.from_dict(json.loads(text), source="cut"))
+            if batch["seconds"][i] is not None:
+                stats.add(batch["nodes"][i], batch["triples"][i], batch["neighborhood"][i], batch["seconds"][i],
+                          batch["answer_in_graph"][i])  # fmt: skip
+            for flag in _FLAGS:
+                setattr(stats, flag, getattr(stats, flag) + int(batch[flag][i]))
+    retriever.stats = stats
+    if stats.missing_topic:
+        log.warning("%d of %d question(s) skipped: no topic entity in the KG", stats.missing_topic, len(cuts))
+    return cuts, stats
 
 
 def cut_records(
-    retriever: PCSTRetriever,
-    records: Sequence[KGQARecord],
-    kg: KGIndex | None,
-    workers: int = 1,
-    chunk: int = 32,
-    desc: str = "PCST",
+    retriever: PCSTRetriever, records: Sequence[KGQARecord], kg: KGIndex | None, workers: int = 1, desc: str = "PCST"
 ) -> tuple[list[KGQARecord | None], SubgraphStats]:
-    """Phase 2: every record's cut (``None`` for a skipped question) in record order, and their stats.
+    """:func:`cut_questions` of ``records``, kept nowhere."""
+    return cut_questions(retriever, question_dataset(records), kg, workers, desc)
 
-    Run :func:`embed_texts` first. ``workers > 1`` forks that many processes (where the platform can fork; one
-    process otherwise, with a warning; :func:`~kglightning.data.parallel.forked_chunks`); the output does not
-    depend on ``workers``.
-    """
-    out: list[KGQARecord | None] = []
-    stats = SubgraphStats()
-    retriever.embeddings  # noqa: B018  # opened before any fork, so the children share its table
-    job = functools.partial(_cut, retriever, records, kg)
-    with tqdm(total=len(records), desc=desc, unit="q", disable=not retriever.show_progress, leave=False) as bar:
-        for _, _, (part, st) in forked_chunks(job, len(records), workers, chunk):
-            out.extend(part)
-            stats.extend(st)
-            bar.update(len(part))
-    retriever.stats = stats
-    if stats.missing_topic:
-        log.warning("%d of %d question(s) skipped: no topic entity in the KG", stats.missing_topic, len(records))
-    return out, stats
+
+def settings(retriever: PCSTRetriever) -> dict[str, Any]:
+    """The retriever's settings that its cuts depend on, and its encoder's cache key."""
+    names = ("hops", "topk", "topk_e", "cost_e", "num_clusters", "max_degree", "max_nodes", "on_missing_topic")
+    return {**{k: getattr(retriever, k) for k in names}, "encoder": retriever.encoder.cache_key}
 
 
 _SHARD_FILE = re.compile(r"^(?P<name>.+)\.shard-(?P<i>\d{5})-of-(?P<n>\d{5})(?P<ext>\.times\.jsonl|\.jsonl|\.json)$")

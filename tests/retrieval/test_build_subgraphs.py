@@ -54,6 +54,52 @@ def test_writes_records_stats_and_times(tmp_path, user_files, tiny_encoder_dir, 
     assert list((tmp_path / "cache" / "kg").glob("kg-*.pkl"))  # the index is cached for the next run
 
 
+def test_the_cuts_are_kept_read_back_and_cut_again_when_a_setting_changes(tmp_path, user_files, tiny_encoder_dir,
+                                                                          monkeypatch):  # fmt: skip
+    from kglightning.retrieval.pcst import PCSTRetriever
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    kg, qs = user_files
+    args = ("--kg", str(kg), "--questions", str(qs))
+    assert run(tmp_path, tiny_encoder_dir, *args) == 0
+    first = (tmp_path / "out" / "test.jsonl").read_bytes()
+    (stage,) = (tmp_path / "cache" / "pcst-cuts").iterdir()
+    assert list(stage.glob("piece-*.arrow"))
+
+    def cut_again(*args, **kwargs):
+        raise AssertionError("cut again")
+
+    monkeypatch.setattr(PCSTRetriever, "retrieve_record", cut_again)
+    (tmp_path / "out" / "test.jsonl").unlink()
+    assert run(tmp_path, tiny_encoder_dir, *args) == 0  # read back from the cache, nothing cut
+    assert (tmp_path / "out" / "test.jsonl").read_bytes() == first
+    with pytest.raises(AssertionError, match="cut again"):
+        run(tmp_path, tiny_encoder_dir, *args, "--topk", "4")
+
+
+def test_the_rows_key_follows_the_rows_the_cache_holds(tmp_path):
+    from types import SimpleNamespace
+
+    from kglightning.data.embeddings import EmbeddingCache
+    from kglightning.retrieval.prepare import rows_key
+
+    class Enc:
+        dim, cache_key = 4, "enc"
+
+        def __init__(self, value):
+            self.value = value
+
+        def encode(self, texts):
+            return torch.full((len(texts), 4), self.value)
+
+    keys = []
+    for value in (1.0, 1.0, 2.0):
+        cache = EmbeddingCache(Enc(value), tmp_path / str(value) / str(len(keys)))
+        cache.add(["a", "b"])
+        keys.append(rows_key(SimpleNamespace(embeddings=cache), ["a", "b"]))
+    assert keys[0] == keys[1] != keys[2]
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path, user_files, tiny_encoder_dir, capsys):
     kg, qs = user_files
     qs.write_text(json.dumps({"id": "q1", "question": "?"}) + "\n", encoding="utf-8")

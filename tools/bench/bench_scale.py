@@ -185,8 +185,13 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
             for r in records:
                 texts.update(node_texts(r))
             emb.add(texts)
-            for r in records[: STAGE_LIMITS["uag"] if warm_questions is None else warm_questions]:
-                emb.add(_texts(r, _walks(r, KGIndex.from_record(r), 3, 5000), None))
+            import kglightning.data.embeddings as embeddings
+
+            # a tree whose UAG keeps its path texts out of the disk cache (TransientEmbeddings) stores none; an older
+            # one stored them, and its warm cache holds them as its own run would leave them
+            if not hasattr(embeddings, "TransientEmbeddings"):
+                for r in records[: STAGE_LIMITS["uag"] if warm_questions is None else warm_questions]:
+                    emb.add(_texts(r, _walks(r, KGIndex.from_record(r), 3, 5000), None))
             for r in records[: STAGE_LIMITS["pcst"] if warm_questions is None else warm_questions]:
                 emb.add([r.question])
         elif stage == "pcst":

@@ -1,0 +1,207 @@
+"""Per-question preparation as cached ``datasets`` map steps: on several processes, resumable, one part of N.
+
+A preparation stage (the PCST cuts of ``build-subgraphs``, ...) is a function from a batch of question rows to a
+batch of output rows. :func:`cached_map` runs it with :meth:`datasets.Dataset.map` over contiguous pieces of the
+questions, each piece on ``workers`` processes (``num_proc``), and keeps each piece's output as Arrow files in a
+folder named by the stage's fingerprint (:func:`fingerprint`: the questions' content, the stage's parameters and
+whatever else its output depends on). A run that stopped part-way (killed, out of memory, a machine lost) is run
+again with the same arguments and maps only the pieces it had not finished; a change of any parameter gives another
+fingerprint, so nothing stale is read. The output does not depend on ``workers``: pieces, and the shards
+``datasets`` cuts them into, are contiguous and concatenated in order.
+
+:func:`take_shard` gives one contiguous part of N of the questions (``--shard i/N``) with
+:meth:`datasets.Dataset.shard`.
+
+The function reads what it shares with the other processes (a KG index, an embedding table) from
+:func:`stage_state`, which holds ``state`` while the map runs: the processes are forked, so they inherit it without
+a copy or a pickle. Where the platform cannot fork, the map runs in one process, with a warning.
+
+Example:
+    >>> import datasets
+    >>> def square(batch):
+    ...     k = stage_state()
+    ...     return {"y": [k * x * x for x in batch["x"]]}
+    >>> ds = datasets.Dataset.from_dict({"x": list(range(5))})
+    >>> features = datasets.Features({"y": datasets.Value("int64")})
+    >>> out = cached_map(ds, square, features, None, state=2, piece=2, progress=False)
+    >>> list(out["y"]), list(take_shard(ds, 1, 2)["x"])
+    ([0, 2, 8, 18, 32], [3, 4])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kglightning.data.cache import private_dir
+
+__all__ = ["cached_map", "fingerprint", "parse_shard", "shard_suffix", "stage_state", "take_shard"]
+
+log = logging.getLogger(__name__)
+
+_STATE: Any = None
+_RUNNING = False
+_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+#: a temporary file of ``datasets``' writer untouched this long is taken for a killed writer's and removed
+STALE_TMP_SECONDS = 6 * 3600
+
+
+def stage_state() -> Any:
+    """What the running :func:`cached_map` was given as ``state`` (read by its function, in any process)."""
+    if not _RUNNING:
+        raise RuntimeError("stage_state() is only set while cached_map runs its function")
+    return _STATE
+
+
+def fingerprint(*parts: Any) -> str:
+    """A hex digest of ``parts`` (JSON-serialisable values; anything else by its ``str``)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(json.dumps(part, sort_keys=True, default=str).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    """``"i/N"`` as ``(i, N)``: part ``i`` (from 0) of ``N``.
+
+    Raises:
+        ValueError: not of that form, or ``i`` outside ``[0, N)``.
+    """
+    m = _SPEC.match(spec)
+    if m is None:
+        raise ValueError(f"shard {spec!r}: expected i/N, e.g. 0/4 for the first of four")
+    index, count = int(m.group(1)), int(m.group(2))
+    if not 1 <= count <= 99999 or not 0 <= index < count:
+        raise ValueError(f"shard {spec!r}: need 0 <= i < N, 1 <= N <= 99999 (e.g. 0/4 ... 3/4)")
+    return index, count
+
+
+def shard_suffix(index: int, count: int) -> str:
+    """The file-name part naming a shard (sorts in shard order)."""
+    return f"shard-{index:05d}-of-{count:05d}"
+
+
+def take_shard(ds: Any, index: int, count: int) -> Any:
+    """Part ``index`` of ``count`` contiguous parts of the dataset ``ds``; the parts, concatenated in order, are
+    ``ds``."""
+    return ds.shard(num_shards=count, index=index, contiguous=True)
+
+
+def _can_fork() -> bool:
+    import multiprocess
+
+    return multiprocess.get_start_method(allow_none=True) in (None, "fork") and "fork" in (
+        multiprocess.get_all_start_methods()
+    )
+
+
+@contextlib.contextmanager
+def _quiet_bars() -> Iterator[None]:
+    """``datasets``' own bar per piece hidden; the caller shows one bar for the whole map."""
+    import datasets
+
+    was = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was:
+            datasets.enable_progress_bars()
+
+
+def _remove_stale_temporaries(folder: Path) -> None:
+    """``datasets`` writes a piece to ``tmp*`` in the folder and renames it when whole: one a killed writer left
+    behind (untouched for :data:`STALE_TMP_SECONDS`) is removed."""
+    now = time.time()
+    for p in folder.glob("tmp*"):
+        with contextlib.suppress(OSError):
+            if now - p.stat().st_mtime > STALE_TMP_SECONDS:
+                p.unlink()
+                log.info("removed %s, left by a writer that did not finish", p)
+
+
+def cached_map(
+    ds: Any,
+    function: Callable[[dict[str, list]], dict[str, list]],
+    features: Any,
+    folder: str | Path | None,
+    *,
+    state: Any = None,
+    workers: int = 1,
+    piece: int = 512,
+    batch_size: int = 16,
+    desc: str = "map",
+    progress: bool = True,
+) -> Any:
+    """``function`` over the rows of ``ds`` (``batched``: a dict of columns in, a dict of columns out, one output
+    row per input row), with the output kept in ``folder`` and reused.
+
+    Args:
+        ds: the input rows.
+        function: the stage; it reads ``state`` through :func:`stage_state`.
+        features: the output columns' ``datasets.Features`` (fixed, so that a piece whose values are all missing has
+            the same schema as the others).
+        folder: where the pieces' Arrow files are kept, one folder per fingerprint; ``None`` keeps nothing.
+        state: what the function shares with the other processes.
+        workers: processes per piece (``num_proc``).
+        piece: rows per piece: the unit of work that a rerun does not repeat.
+        batch_size: rows per call of ``function`` (and per write).
+        desc: the progress bar's label.
+        progress: show a progress bar.
+
+    Raises:
+        ValueError: ``workers``, ``piece`` or ``batch_size`` below 1.
+        RuntimeError: called while another cached_map runs in this process (its state would be replaced).
+    """
+    global _STATE, _RUNNING
+    import datasets
+    from tqdm.auto import tqdm
+
+    if workers < 1 or piece < 1 or batch_size < 1:
+        raise ValueError(f"workers, piece and batch_size must be >= 1, got {workers}, {piece}, {batch_size}")
+    if workers > 1 and not _can_fork():
+        log.warning("this platform cannot fork; the map runs in one process")
+        workers = 1
+    if _RUNNING:
+        raise RuntimeError("cached_map cannot run while another cached_map runs here")
+    folder = None if folder is None else private_dir(Path(folder))
+    if folder is not None:
+        _remove_stale_temporaries(folder)
+    parts = []
+    _STATE, _RUNNING = state, True
+    try:
+        with _quiet_bars(), tqdm(total=len(ds), desc=desc, unit="q", disable=not progress, leave=False) as bar:
+            for lo in range(0, len(ds), piece):
+                hi = min(lo + piece, len(ds))
+                part = ds.select(range(lo, hi))
+                name = None if folder is None else str(folder / f"piece-{lo:09d}-{hi:09d}.arrow")
+                procs = min(workers, -(-(hi - lo) // batch_size))
+                parts.append(
+                    part.map(
+                        function,
+                        batched=True,
+                        batch_size=batch_size,
+                        writer_batch_size=batch_size,
+                        remove_columns=part.column_names,
+                        features=features,
+                        cache_file_name=name,
+                        keep_in_memory=name is None,
+                        load_from_cache_file=name is not None,
+                        new_fingerprint=fingerprint(name or "memory", lo, hi),
+                        num_proc=procs if procs > 1 else None,
+                    )  # fmt: skip
+                )
+                bar.update(hi - lo)
+    finally:
+        _STATE, _RUNNING = None, False
+    if not parts:
+        return datasets.Dataset.from_dict({k: [] for k in features}, features=features)
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)

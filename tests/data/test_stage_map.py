@@ -1,0 +1,117 @@
+"""cached_map: the same output for any number of processes and pieces, a stopped run resumed where it stopped, a
+fixed schema for pieces of missing values, a killed writer's temporary file removed; shards; KG digests."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import datasets
+import pytest
+
+from kglightning.data.kg import KGIndex
+from kglightning.data.stage_map import (
+    STALE_TMP_SECONDS,
+    cached_map,
+    fingerprint,
+    parse_shard,
+    shard_suffix,
+    stage_state,
+    take_shard,
+)
+
+FEATURES = datasets.Features({"y": datasets.Value("int64"), "note": datasets.Value("string")})
+
+
+def _square(batch):
+    state = stage_state()
+    seen, fail_at = state["seen"], state.get("fail_at")
+    out = {"y": [], "note": []}
+    for x in batch["x"]:
+        if x == fail_at:
+            raise RuntimeError(f"stopped at {x}")
+        seen.append(x)
+        out["y"].append(x * x)
+        out["note"].append(None if x % 5 else f"five {x}")  # a piece may hold no note at all
+    return out
+
+
+def _ds(n=23):
+    return datasets.Dataset.from_dict({"x": list(range(n))})
+
+
+def test_a_stopped_run_resumes_with_the_pieces_it_had_not_finished(tmp_path):
+    folder = tmp_path / "stage"
+    first = {"seen": [], "fail_at": 13}
+    with pytest.raises(RuntimeError, match="stopped at 13"):
+        cached_map(_ds(), _square, FEATURES, folder, state=first, piece=5, progress=False)
+    assert first["seen"] == list(range(13))  # pieces 0-4 and 5-9 finished and stored, 10-14 stopped part-way
+    again = {"seen": []}
+    out = cached_map(_ds(), _square, FEATURES, folder, state=again, piece=5, progress=False)
+    assert again["seen"] == list(range(10, 23))  # only what was not stored is mapped
+    assert list(out["y"]) == [x * x for x in range(23)]
+    assert list(out["note"]) == [None if x % 5 else f"five {x}" for x in range(23)]
+    third = {"seen": []}
+    assert list(cached_map(_ds(), _square, FEATURES, folder, state=third, piece=5, progress=False)["y"]) == list(
+        out["y"]
+    )
+    assert third["seen"] == []  # all read back
+    assert (os.stat(folder).st_mode & 0o777) == 0o700
+
+
+def test_the_output_does_not_depend_on_processes_or_pieces(tmp_path):
+    want = [x * x for x in range(23)]
+    for workers, piece in [(1, 100), (2, 7), (2, 100)]:
+        out = cached_map(_ds(), _square, FEATURES, tmp_path / f"w{workers}-p{piece}", state={"seen": []},
+                         workers=workers, piece=piece, batch_size=4, progress=False)  # fmt: skip
+        assert list(out["y"]) == want, (workers, piece)
+    memory = cached_map(_ds(), _square, FEATURES, None, state={"seen": []}, workers=2, piece=7, progress=False)
+    assert list(memory["y"]) == want
+
+
+def test_an_empty_input_gives_the_columns_and_bad_arguments_are_refused(tmp_path):
+    out = cached_map(_ds(0), _square, FEATURES, tmp_path / "s", state={"seen": []}, progress=False)
+    assert len(out) == 0 and set(out.column_names) == {"y", "note"}
+    with pytest.raises(ValueError, match="workers, piece and batch_size"):
+        cached_map(_ds(), _square, FEATURES, None, workers=0)
+    with pytest.raises(RuntimeError, match="only set while cached_map runs"):
+        stage_state()
+
+    def nested(batch):
+        cached_map(_ds(2), _square, FEATURES, None, state={"seen": []}, progress=False)
+
+    with pytest.raises(RuntimeError, match="another cached_map"):
+        cached_map(_ds(2), nested, FEATURES, None, state={}, progress=False)
+    with pytest.raises(RuntimeError, match="only set while"):  # the failed run left no state behind
+        stage_state()
+
+
+def test_a_killed_writers_temporary_file_is_removed_and_a_recent_one_kept(tmp_path):
+    folder = tmp_path / "stage"
+    folder.mkdir()
+    old, recent = folder / "tmpold123", folder / "tmpnew456"
+    old.write_bytes(b"x" * 1000)
+    recent.write_bytes(b"y")
+    past = time.time() - STALE_TMP_SECONDS - 60
+    os.utime(old, (past, past))
+    cached_map(_ds(3), _square, FEATURES, folder, state={"seen": []}, progress=False)
+    assert not old.exists() and recent.exists()
+
+
+def test_shards_are_contiguous_parts_that_concatenate_to_the_whole():
+    ds = _ds(10)
+    parts = [list(take_shard(ds, i, 3)["x"]) for i in range(3)]
+    assert sum(parts, []) == list(range(10)) and all(parts)
+    assert parse_shard(" 2 / 4 ") == (2, 4) and shard_suffix(2, 4) == "shard-00002-of-00004"
+    for bad in ("4/4", "1", "-1/3", "0/0", "a/b"):
+        with pytest.raises(ValueError, match="shard"):
+            parse_shard(bad)
+
+
+def test_fingerprints_and_kg_digests_follow_content_not_order():
+    assert fingerprint({"a": 1, "b": 2}) == fingerprint({"b": 2, "a": 1}) != fingerprint({"a": 1, "b": 3})
+    triples = [("a", "r", "b"), ("b", "s", "c"), ("a", "r", "b")]
+    one, two = KGIndex.from_triples(triples), KGIndex.from_triples(triples[::-1])
+    assert one.digest() == two.digest()
+    assert one.digest() != KGIndex.from_triples([("a", "r", "b"), ("b", "s", "d")]).digest()
+    assert one.digest() != KGIndex.from_triples(triples, entities=["lonely"]).digest()
