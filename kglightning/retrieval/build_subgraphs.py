@@ -31,15 +31,14 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.sources.loaders import read_questions, write_records
 from kglightning.data.sources.triples import load_kg
 from kglightning.data.splits import locate_splits
-from kglightning.data.stage_map import parse_shard, shard_suffix, take_shard
+from kglightning.data.stage_map import parse_shard, shard_suffix
 from kglightning.fileio import atomic_write
 from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats
 from kglightning.retrieval.prepare import (
-    cut_questions,
+    cut_records,
     embed_texts,
     merge_shards,
     needed_texts,
-    question_dataset,
     rows_key,
     settings,
     write_stats,
@@ -106,8 +105,7 @@ def build_subgraphs(
     key = rows_key(retriever, texts)
     for split, records in splits.items():
         path = questions[split]
-        part = question_dataset(records) if shard is None else take_shard(question_dataset(records), *shard)
-        cuts, s = cut_questions(retriever, part, kg, workers, desc=f"PCST {split}", key=key)
+        cuts, s = cut_records(retriever, records, kg, workers, desc=f"PCST {split}", key=key, shard=shard)
         out = [r for r in cuts if r is not None]
         write_records(out, out_dir / f"{split}{suffix}.jsonl")
         with atomic_write(out_dir / f"{split}{suffix}.times.jsonl") as f:

@@ -13,7 +13,7 @@ runs in two phases:
    are the same whichever process or machine encodes them, so the rows are too, on the same kind of device and
    **from the same starting cache**: a string the cache already holds keeps the row of whatever batch first encoded
    it (an earlier run on other questions), so start every machine from an empty cache or from copies of one.
-2. **cut** (:func:`cut_questions`): a cached ``datasets`` map over the questions
+2. **cut** (:func:`cut_records`): a cached ``datasets`` map over the questions
    (:func:`~kglightning.data.stage_map.cached_map`): contiguous pieces, each on ``workers`` forked processes (the KG
    index and the embedding table are shared with them, not copied), one torch thread each, the results in question
    order. Nothing is encoded in this phase (checked). The cuts are kept as Arrow files under
@@ -48,18 +48,16 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import khop_ids
 from kglightning.data.parallel import torch_threads
 from kglightning.data.records import KGQARecord
-from kglightning.data.stage_map import cached_map, fingerprint, stage_state
+from kglightning.data.stage_map import cached_map, fingerprint, stage_state, take_shard
 from kglightning.data.text import relation_text
 from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats
 
 __all__ = [
-    "cut_questions",
     "cut_records",
     "embed_texts",
     "merge_shards",
     "needed_texts",
-    "question_dataset",
     "rows_key",
     "settings",
     "write_stats",
@@ -110,17 +108,6 @@ CUT_VERSION = 1
 _FLAGS = ("missing_topic", "partial_topic", "empty_neighborhood", "truncated")
 
 
-def question_dataset(records: Sequence[KGQARecord]) -> Any:
-    """The questions as a ``datasets.Dataset`` of ``id`` and ``record`` (the record's JSON), the input of
-    :func:`cut_questions`; :func:`~kglightning.data.stage_map.take_shard` cuts one part of it."""
-    import datasets
-
-    return datasets.Dataset.from_dict(
-        {"id": [r.id for r in records], "record": [json.dumps(r.to_dict()) for r in records]},
-        features=datasets.Features({"id": datasets.Value("string"), "record": datasets.Value("large_string")}),
-    )
-
-
 def _cut_features() -> Any:
     import datasets
 
@@ -131,14 +118,14 @@ def _cut_features() -> Any:
 
 
 def _cut_batch(batch: dict[str, list]) -> dict[str, list]:
-    """The map step of :func:`cut_questions`: each question's cut (its JSON, ``None`` when skipped) and stats."""
-    retriever, kg = stage_state()
+    """The map step of :func:`cut_records`: each question's cut (its JSON, ``None`` when skipped) and stats."""
+    retriever, kg, records = stage_state()
     cache = retriever.embeddings
     before = len(cache)
     out: dict[str, list] = {k: [] for k in _cut_features()}
     with torch_threads(1):  # the same arithmetic in every process
-        for qid, text in zip(batch["id"], batch["record"], strict=True):
-            record = KGQARecord.from_dict(json.loads(text), source=f"question {qid!r}")
+        for i, qid in zip(batch["index"], batch["id"], strict=True):
+            record = records[i]
             retriever.stats = st = SubgraphStats()
             cut = retriever.retrieve_record(record, kg if kg is not None else KGIndex.from_record(record))
             out["id"].append(qid)
@@ -166,30 +153,37 @@ def rows_key(retriever: PCSTRetriever, texts: Sequence[str], block: int = 1 << 1
     return h.hexdigest()[:32]
 
 
-def cut_questions(
+def cut_records(
     retriever: PCSTRetriever,
-    questions: Any,
+    records: Sequence[KGQARecord],
     kg: KGIndex | None,
     workers: int = 1,
     desc: str = "PCST",
     key: str | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> tuple[list[KGQARecord | None], SubgraphStats]:
     """Phase 2: every question's cut (``None`` for a skipped question) in question order, and their stats.
 
-    ``questions`` is a :func:`question_dataset` (or a shard of one). The cuts run as a cached ``datasets`` map
-    (:func:`~kglightning.data.stage_map.cached_map`) on ``workers`` processes; the output does not depend on
-    ``workers``. With ``key`` (:func:`rows_key` of the texts that :func:`embed_texts` encoded), the cuts are kept in
-    ``$KGLIGHTNING_CACHE/pcst-cuts/<fingerprint>``, the fingerprint covering the questions, the KG, the
-    retriever's settings, the encoder, ``key`` and :data:`CUT_VERSION`: a run stopped part-way is resumed, and a rerun
-    reads them. Run :func:`embed_texts` first.
+    The cuts run as a cached ``datasets`` map over the questions (:func:`~kglightning.data.stage_map.cached_map`) on
+    ``workers`` processes; the output does not depend on ``workers``. ``shard=(i, N)`` cuts part ``i`` of ``N``
+    (:func:`~kglightning.data.stage_map.take_shard`). With ``key`` (:func:`rows_key` of the texts that
+    :func:`embed_texts` encoded), the cuts are kept in ``$KGLIGHTNING_CACHE/pcst-cuts/<fingerprint>``, the
+    fingerprint covering the questions, the KG, the retriever's settings, the encoder, ``key`` and
+    :data:`CUT_VERSION`: a run stopped part-way is resumed, and a rerun reads them. ``kg=None`` cuts each question
+    from its own graph. Run :func:`embed_texts` first.
     """
+    import datasets
+
+    questions = datasets.Dataset.from_dict({"index": list(range(len(records))), "id": [r.id for r in records]})
+    if shard is not None:
+        questions = take_shard(questions, *shard)
     folder = None
     if key is not None:
-        fp = fingerprint("pcst", CUT_VERSION, settings(retriever), None if kg is None else kg.digest(), key,
-                         list(questions["record"]))  # fmt: skip
+        mine = [records[i].to_dict() for i in questions["index"]]
+        fp = fingerprint("pcst", CUT_VERSION, settings(retriever), None if kg is None else kg.digest(), key, mine)
         folder = default_cache_root() / "pcst-cuts" / fp
     retriever.embeddings  # noqa: B018  # opened before any fork, so the children share its table
-    out = cached_map(questions, _cut_batch, _cut_features(), folder, state=(retriever, kg), workers=workers,
+    out = cached_map(questions, _cut_batch, _cut_features(), folder, state=(retriever, kg, records), workers=workers,
                      desc=desc, progress=retriever.show_progress)  # fmt: skip
     cuts: list[KGQARecord | None] = []
     stats = SubgraphStats()
@@ -205,13 +199,6 @@ def cut_questions(
     if stats.missing_topic:
         log.warning("%d of %d question(s) skipped: no topic entity in the KG", stats.missing_topic, len(cuts))
     return cuts, stats
-
-
-def cut_records(
-    retriever: PCSTRetriever, records: Sequence[KGQARecord], kg: KGIndex | None, workers: int = 1, desc: str = "PCST"
-) -> tuple[list[KGQARecord | None], SubgraphStats]:
-    """:func:`cut_questions` of ``records``, kept nowhere."""
-    return cut_questions(retriever, question_dataset(records), kg, workers, desc)
 
 
 def settings(retriever: PCSTRetriever) -> dict[str, Any]:
