@@ -208,3 +208,22 @@ def test_uag_scoring_leaves_no_graph_pages_of_the_record_store_in_memory(stored,
     pool = score_questions(records, cache, max_hops=1, progress=False)
     assert [s.num_entities for s in pool] == [25_000] * 4  # every graph was read, every name looked up
     assert _resident_kib(graphs) < 64 and _resident_kib(shard) < 1024
+
+
+def _anon_mib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no RssAnon")
+
+
+@linux
+def test_trimming_the_heap_gives_back_what_freed_blocks_held():
+    from kglightning.data.mapped_pages import trim_heap
+
+    blocks = [bytearray(16384) for _ in range(8000)]  # 125 MiB of heap blocks (each under the mmap threshold)
+    keep = blocks[::64]  # every 64th stays alive, so the heap cannot simply shrink from its top
+    del blocks
+    held = _anon_mib()
+    assert trim_heap()
+    assert _anon_mib() < held - 80 and all(len(b) == 16384 for b in keep)
