@@ -19,21 +19,15 @@ batches hold one left-padded prompt per question.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from tqdm.auto import tqdm
 
-from kglightning.data.cache import private_dir
-from kglightning.data.parallel import forked_chunks
-from kglightning.data.records import KGQARecord
 from kglightning.data.relation_pairs import PROGRESS_MIN_RECORDS
+from kglightning.data.stage_map import cached_map, stage_state
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.sft_examples import (
     IGNORE_INDEX,
@@ -64,7 +58,7 @@ __all__ = [  # the example-level helpers live in kglightning.datamodules.sft_exa
 ]
 
 
-MINE_CHUNK = 64  # questions per chunk of parallel mining
+MINE_CHUNK = 64  # questions per call of the mining map step
 
 
 class ProxySFTDataModule(KGQADataModule):
@@ -87,8 +81,8 @@ class ProxySFTDataModule(KGQADataModule):
             it was trained on.
         max_length: longest prompt + completion in tokens; longer training examples are dropped (counted).
         batch_size: examples (or questions, for predict) per batch.
-        mine_workers: processes that mine the evidence (forked, in contiguous chunks of questions; the cached rows
-            are the same for any number).
+        mine_workers: processes that mine the evidence (a cached ``datasets`` map with ``num_proc``; the cached
+            rows are the same for any number, and a stopped run resumes).
         **kwargs: the record-reading arguments of :class:`~kglightning.datamodules.KGQADataModule` (``data_dir``,
             ``max_records``, ``on_bad_record``, ``predict_split``, ``cache_dir``, ...); the cache also holds the mined
             evidence.
@@ -139,34 +133,27 @@ class ProxySFTDataModule(KGQADataModule):
         return self._tokenizer
 
     def cache_path(self, split: str) -> Path:
-        """The jsonl of mined rows of ``split``, keyed by :meth:`dataset_key` and the builder configuration."""
+        """The folder of ``split``'s mined rows, keyed by :meth:`dataset_key` and the builder configuration."""
         config = {k: v for k, v in sorted(vars(self.builder).items()) if not k.startswith("_")}
         config.update(builder=type(self.builder).__qualname__, qa_max_paths=self.qa_max_paths)
         builder_key = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
-        return self.cache_root / "proxy_sft" / self.dataset_key(split) / builder_key / f"{split}.jsonl"
+        return self.cache_root / "proxy_sft" / self.dataset_key(split) / builder_key / split
 
     def rows(self, split: str) -> list[dict[str, Any]]:
-        """The mined rows of ``split`` (see :func:`mine_row`), from the cache or mined now and cached."""
-        cache = self.cache_path(split)
-        if cache.exists():
-            with cache.open(encoding="utf-8") as f:
-                return [json.loads(line) for line in f if line.strip()]
+        """The mined rows of ``split`` (see :func:`mine_row`): a cached ``datasets`` map over its questions
+        (:func:`~kglightning.data.stage_map.cached_map`, ``mine_workers`` processes), kept in :meth:`cache_path`; a
+        run stopped part-way mines only the questions it had not finished, and a rerun reads them all."""
+        import datasets
+
         records = self.read_split(split)
-        rank_zero_info(f"mining evidence for {len(records)} {split} questions on {self.mine_workers} process(es)")
-        rows: list[dict[str, Any]] = []
-        job = functools.partial(_mine_rows, records, self.builder, self.qa_max_paths)
-        with tqdm(total=len(records), desc=f"mining {split} evidence", unit="q", leave=False,
-                  disable=len(records) < PROGRESS_MIN_RECORDS) as bar:  # fmt: skip
-            for lo, hi, part in forked_chunks(job, len(records), self.mine_workers, MINE_CHUNK):
-                rows.extend(part)
-                bar.update(hi - lo)
-        private_dir(cache.parent)
-        tmp = cache.with_suffix(f".tmp{os.getpid()}")
-        with tmp.open("w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        tmp.replace(cache)
-        return rows
+        rank_zero_info(f"evidence of {len(records)} {split} questions: {self.cache_path(split)}")
+        questions = datasets.Dataset.from_dict({"index": list(range(len(records)))})
+        out = cached_map(
+            questions, _mine_batch, datasets.Features({"row": datasets.Value("large_string")}), self.cache_path(split),
+            state=(records, self.builder, self.qa_max_paths), workers=self.mine_workers, batch_size=MINE_CHUNK,
+            desc=f"mining {split} evidence", progress=len(records) >= PROGRESS_MIN_RECORDS,
+        )  # fmt: skip
+        return [json.loads(text) for text in out["row"]]
 
     def prepare_split(self, split: str) -> None:
         """Mine ``split``'s evidence once (cached)."""
@@ -246,6 +233,7 @@ class ProxySFTDataModule(KGQADataModule):
         return collate_prompts(items, pad_id=self.tokenizer.pad_token_id)
 
 
-def _mine_rows(records: Sequence[KGQARecord], builder: EvidenceBuilder, qa_max_paths: int, lo: int, hi: int) -> list:
-    """:func:`mine_row` of ``records[lo:hi]`` (a chunk of :meth:`ProxySFTDataModule.rows`)."""
-    return [mine_row(r, builder, qa_max_paths) for r in records[lo:hi]]
+def _mine_batch(batch: dict[str, list]) -> dict[str, list]:
+    """The map step of :meth:`ProxySFTDataModule.rows`: :func:`mine_row` of each question, as JSON."""
+    records, builder, qa_max_paths = stage_state()
+    return {"row": [json.dumps(mine_row(records[i], builder, qa_max_paths)) for i in batch["index"]]}

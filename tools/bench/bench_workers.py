@@ -2,11 +2,12 @@
 seconds, questions per second, speed-up, and whether the output is identical.
 
 Each stage runs exactly what their DataModules run per chunk of questions, through
-:func:`~kglightning.data.parallel.forked_chunks`:
+:func:`~kglightning.data.stage_map.cached_map` (evidence, PCST) or :func:`~kglightning.data.parallel.forked_chunks`
+(detector graphs):
 
 * ``evidence``: :class:`~kglightning.datamodules.ProxySFTDataModule`'s mining (``mine_workers``): ``mine_row`` per
   question (:class:`~kglightning.evidence.EvidenceBuilder` with the paper's settings), ``MINE_CHUNK`` questions a
-  chunk; the output is the jsonl rows the DataModule caches.
+  call; the output is the JSON rows the DataModule caches.
 * ``detector``: :class:`~kglightning.datamodules.DetectionDataModule`'s graph building (``build_workers``): one
   compact graph per question, ``BUILD_CHUNK`` questions a chunk, over a warm embedding cache (the texts are encoded
   once beforehand, untimed, by ``bench_scale.py``'s hashing encoder); the output is the graphs (by value) and counts.
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import json
 import os
 import pickle
 import platform
@@ -37,16 +37,20 @@ STAGES = ("evidence", "detector", "pcst")
 
 
 def _evidence(records, workers: int) -> tuple[float, str]:
-    from kglightning.data.parallel import forked_chunks
-    from kglightning.datamodules.sft import MINE_CHUNK, _mine_rows
+    import datasets
+
+    from kglightning.data.stage_map import cached_map
+    from kglightning.datamodules.sft import MINE_CHUNK, _mine_batch
     from kglightning.evidence import EvidenceBuilder
 
-    job = functools.partial(_mine_rows, records, EvidenceBuilder(), 5)
+    questions = datasets.Dataset.from_dict({"index": list(range(len(records)))})
+    features = datasets.Features({"row": datasets.Value("large_string")})
     digest = hashlib.sha1()
-    t0 = time.perf_counter()
-    for _, _, part in forked_chunks(job, len(records), workers, MINE_CHUNK):
-        for row in part:
-            digest.update((json.dumps(row, ensure_ascii=False) + "\n").encode())
+    t0 = time.perf_counter()  # mapped in memory (kept nowhere), as ProxySFTDataModule.rows does on its first run
+    out = cached_map(questions, _mine_batch, features, None, state=(records, EvidenceBuilder(), 5), workers=workers,
+                     batch_size=MINE_CHUNK, progress=False)  # fmt: skip
+    for text in out["row"]:
+        digest.update((text + "\n").encode())
     return time.perf_counter() - t0, digest.hexdigest()[:12]
 
 
