@@ -3,7 +3,8 @@
 :class:`~kglightning.data.embeddings.EmbeddingCache` writes each batch of newly encoded strings as one such file
 (an Arrow IPC stream, the format of ``datasets``' own cache files). It is written normally, to a temporary name that
 is then renamed, never through a memory map, so a full disk is an ``OSError`` for the writer and a torn file is never
-seen under the final name. Reading gives the texts and the vectors, the vectors either copied into memory or as a
+seen under the final name (the data is synced to disk before the rename, and the header records the number of rows,
+so a file cut short is refused). Reading gives the texts and the vectors, the vectors either copied into memory or as a
 read-only ``numpy.memmap`` of the file's float16 buffer: the operating system pages in the rows a run looks up and
 can drop them again (:func:`~kglightning.data.mapped_pages.release_array`).
 
@@ -43,11 +44,16 @@ def write_shard(path: str | Path, texts: list[str], rows: np.ndarray) -> None:
         raise ValueError(f"{path}: {len(texts)} texts and rows of shape {tuple(rows.shape)} do not make a shard")
     vectors = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1), type=pa.float16()), rows.shape[1])
     table = pa.table({"text": pa.array(texts, type=pa.large_string()), "embedding": vectors})
-    table = table.replace_schema_metadata({"kglightning": SHARD_FORMAT})
+    table = table.replace_schema_metadata({"kglightning": SHARD_FORMAT, "rows": str(len(texts))})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # on disk before the name says the shard is whole
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -59,16 +65,27 @@ def read_shard(path: str | Path, mapped: bool = False) -> tuple[list[str], np.nd
     (asked with ``mapped``; where the file cannot be mapped, or on a big-endian machine, they are read instead).
 
     Raises:
-        ValueError: a file that is not a whole shard (torn, foreign, or of another format).
+        ValueError: a file that is not a whole shard (torn: fewer rows than its header says, or none; foreign; of
+            another format).
+        OSError: the file cannot be read (missing, no permission).
     """
     path = Path(path)
     try:
-        with pa.memory_map(str(path), "r") as source:
+        try:
+            source = pa.memory_map(str(path), "r")
+        except OSError as err:  # no address space left, a file system without mmap: read it
+            if not path.is_file():
+                raise
+            log.warning("embedding shard %s cannot be memory-mapped (%s); reading it", path, err)
+            with pa.OSFile(str(path), "rb") as f:
+                texts, values, dim = _columns(pa.ipc.open_stream(f).read_all(), path)
+                return texts, values.to_numpy(zero_copy_only=False).reshape(len(texts), dim).copy(), False
+        with source:
             base = source.read_buffer(1).address if source.size() else 0
             source.seek(0)
             table = pa.ipc.open_stream(source).read_all()
             texts, values, dim = _columns(table, path)
-            if mapped and len(texts) and sys.byteorder == "little":
+            if mapped and sys.byteorder == "little":
                 start = values.buffers()[1].address - base + values.offset * 2
                 rows = _map(path, start, (len(texts), dim), source.size())
                 first = values.slice(0, dim).to_numpy(zero_copy_only=False)
@@ -80,7 +97,8 @@ def read_shard(path: str | Path, mapped: bool = False) -> tuple[list[str], np.nd
 
 
 def _columns(table: pa.Table, path: Path) -> tuple[list[str], pa.Array, int]:
-    fmt = (table.schema.metadata or {}).get(b"kglightning", b"").decode(errors="replace")
+    meta = table.schema.metadata or {}
+    fmt = meta.get(b"kglightning", b"").decode(errors="replace")
     if fmt != SHARD_FORMAT:
         raise ValueError(f"{path}: not an embedding shard of format {SHARD_FORMAT!r} (its format: {fmt!r})")
     names = table.schema.names
@@ -92,6 +110,9 @@ def _columns(table: pa.Table, path: Path) -> tuple[list[str], pa.Array, int]:
     text = table.column("text")
     if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)) or text.null_count:
         raise ValueError(f"{path}: column 'text' must be strings without nulls ({text.type}, {text.null_count} null)")
+    said = meta.get(b"rows", b"").decode(errors="replace")
+    if not said.isdigit() or int(said) != table.num_rows or not table.num_rows:
+        raise ValueError(f"{path}: a torn embedding shard ({table.num_rows} rows; its header says {said or '?'})")
     column = table.column("embedding")  # one batch as written; combining would copy it out of the map
     emb = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     if emb.null_count or emb.flatten().null_count:

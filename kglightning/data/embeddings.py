@@ -128,18 +128,14 @@ _SHARDS_AT_ONCE = 4096  # shards opened (memory-mapped) at a time while loading
 _ENCODE_BLOCK = 1 << 18  # strings encoded per call of the encoder by one add
 
 
-def _convert_legacy(shard: Path) -> Path:
-    """Rewrite a shard of the earlier format (``shard-<hash>.pt``, a ``torch.save`` of texts and float16 rows, read
-    with ``weights_only``: tensors and strings only) as the Arrow shard of the same name, and remove it."""
+def _read_legacy(shard: Path) -> tuple[list[str], torch.Tensor]:
+    """The texts and float16 rows of a shard of the earlier format (``shard-<hash>.pt``, a ``torch.save`` of texts
+    and rows), read with ``weights_only``: tensors and strings only, never code."""
     payload = torch.load(shard, weights_only=True)
     texts, emb = payload["texts"], payload["embeddings"]
     if not isinstance(texts, list) or not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.shape[0] != len(texts):
         raise ValueError("texts and embeddings do not match")
-    out = shard.with_suffix(".arrow")
-    if not out.exists():  # another process may have converted it already
-        write_shard(out, texts, emb.half().numpy())
-    shard.unlink(missing_ok=True)
-    return out
+    return texts, emb.half()
 
 
 class EmbeddingCache:
@@ -211,20 +207,34 @@ class EmbeddingCache:
         return len(self._index) - before
 
     def _converted(self, names: list[str]) -> list[Path]:
-        """The Arrow shards that the legacy shards ``names`` were rewritten as (one that cannot be read is moved
-        aside, as an unreadable shard is)."""
+        """The Arrow shards that the legacy shards ``names`` were rewritten as. One that cannot be read is moved
+        aside, as an unreadable shard is; one that cannot be rewritten now (a full disk, a read-only folder) keeps
+        its file, and its rows are read into memory here."""
         assert self.folder is not None
         out = []
         for name in names:
             self._shards.add(name)
+            legacy, arrow = self.folder / name, (self.folder / name).with_suffix(".arrow")
             try:
-                arrow = _convert_legacy(self.folder / name)
+                texts, emb = _read_legacy(legacy)
             except FileNotFoundError:  # converted and removed by another process meanwhile
-                arrow = (self.folder / name).with_suffix(".arrow")
-                if not arrow.exists():
-                    continue
+                if arrow.exists() and arrow.name not in self._shards:
+                    out.append(arrow)
+                continue
+            except (OSError, MemoryError) as err:  # the file system or memory, not the file: skip it here only
+                log.warning("embedding shard %s cannot be read now (%s); its texts are encoded again here", legacy, err)
+                continue
             except Exception as err:
-                self._set_aside(self.folder / name, err)
+                self._set_aside(legacy, err)
+                continue
+            try:
+                if not arrow.exists():  # another process may have converted it already
+                    write_shard(arrow, texts, emb.numpy())
+                legacy.unlink(missing_ok=True)
+            except OSError as err:
+                log.warning("embedding shard %s cannot be rewritten as %s now (%s); its rows are read from it here",
+                            legacy, arrow.name, err)  # fmt: skip
+                self._index_rows(texts, self._table.append(emb))
                 continue
             if arrow.name not in self._shards:
                 out.append(arrow)

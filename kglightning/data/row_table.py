@@ -8,6 +8,7 @@ half when full. Rows are numbered in the order they were appended.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,15 @@ ROWS_AT_ONCE = 8192
 
 def _is_map(segment: np.ndarray) -> bool:
     return isinstance(segment, np.memmap) and segment.mode == "r"
+
+
+def _remap(filename: str, offset: int, shape: tuple[int, int], first: np.ndarray) -> np.memmap:
+    """A mapped segment again, in another process: the same file, offset and shape, checked against its first row
+    (a file rewritten meanwhile with another layout is refused, not read as rows)."""
+    seg = np.memmap(filename, dtype="<f2", mode="r", offset=offset, shape=shape)
+    if not np.array_equal(seg[:1], first, equal_nan=True):
+        raise ValueError(f"embedding shard {filename} changed since its rows were mapped; open the cache again")
+    return seg
 
 
 class RowTable:
@@ -60,8 +70,9 @@ class RowTable:
         """Append rows and return the first one's id: with ``mapped``, ``emb`` (a read-only ``numpy.memmap`` of
         float16 rows) as a segment of its own, never copied; else copied (as float16) into the in-memory buffer."""
         if mapped:
-            if not (_is_map(emb) and emb.dtype == np.float16 and emb.ndim == 2):
-                raise TypeError("a mapped segment must be a read-only numpy.memmap of float16 rows")
+            whole = _is_map(emb) and isinstance(emb.base, mmap.mmap) and emb.flags.c_contiguous
+            if not (whole and emb.dtype == np.float16 and emb.ndim == 2):
+                raise TypeError("a mapped segment must be a whole read-only numpy.memmap of float16 rows (not a view)")
             self._check(emb.shape[1])
             start = self._rows
             self._end_tail()
@@ -154,17 +165,15 @@ class RowTable:
         shape, mapped again on the other side; pickling it as an array would copy the whole shard."""
         state = dict(self.__dict__)
         state["_segments"] = [
-            ("map", seg.filename, seg.offset, seg.shape) if _is_map(seg) else np.array(seg) for seg in self._segments
+            ("map", seg.filename, seg.offset, seg.shape, np.array(seg[:1])) if _is_map(seg) else np.array(seg)
+            for seg in self._segments
         ]
         state["_tail"] = None  # the in-memory segment travels as its rows; the receiver grows a new buffer
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._segments = [
-            np.memmap(seg[1], dtype="<f2", mode="r", offset=seg[2], shape=seg[3]) if isinstance(seg, tuple) else seg
-            for seg in state["_segments"]
-        ]
+        self._segments = [_remap(*seg[1:]) if isinstance(seg, tuple) else seg for seg in state["_segments"]]
         self._tail = None
         if self._segments and not _is_map(self._segments[-1]):  # appending grows a copy of the last one
             self._tail = self._segments[-1]

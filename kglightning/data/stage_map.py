@@ -5,12 +5,14 @@ batch of output rows. :func:`cached_map` runs it with :meth:`datasets.Dataset.ma
 questions, each piece on ``workers`` processes (``num_proc``), and keeps each piece's output as Arrow files in a
 folder named by the stage's fingerprint (:func:`fingerprint`: the questions' content, the stage's parameters and
 whatever else its output depends on). A run that stopped part-way (killed, out of memory, a machine lost) is run
-again with the same arguments and maps only the pieces it had not finished; a change of any parameter gives another
-fingerprint, so nothing stale is read. The output does not depend on ``workers``: pieces, and the shards
+again with the same arguments and maps only the pieces it had not finished (a stored piece that cannot be read, or holds
+fewer rows than it should, is mapped again); a change of any parameter gives another fingerprint, so nothing stale
+is read. The output does not depend on ``workers``: pieces, and the shards
 ``datasets`` cuts them into, are contiguous and concatenated in order.
 
-:func:`take_shard` gives one contiguous part of N of the questions (``--shard i/N``) with
-:meth:`datasets.Dataset.shard`.
+:func:`take_shard` gives one contiguous part of N of the questions (``--shard i/N``) as a ``datasets.Dataset``
+(``select`` of its rows; the parts are those ``--shard`` always cut, which differ from
+:meth:`datasets.Dataset.shard`'s in where the remainder goes, so shard files of earlier versions still merge).
 
 The function reads what it shares with the other processes (a KG index, an embedding table) from
 :func:`stage_state`, which holds ``state`` while the map runs: the processes are forked, so they inherit it without
@@ -39,6 +41,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from kglightning.data.cache import private_dir
 
@@ -90,17 +94,19 @@ def shard_suffix(index: int, count: int) -> str:
 
 
 def take_shard(ds: Any, index: int, count: int) -> Any:
-    """Part ``index`` of ``count`` contiguous parts of the dataset ``ds``; the parts, concatenated in order, are
-    ``ds``."""
-    return ds.shard(num_shards=count, index=index, contiguous=True)
+    """Part ``index`` of ``count`` contiguous parts of the dataset ``ds`` (rows ``n * index // count`` to
+    ``n * (index + 1) // count``: the parts ``--shard`` has always cut, so shard files written by earlier versions
+    merge with these); the parts, concatenated in order, are ``ds``."""
+    n = len(ds)
+    return ds.select(range(n * index // count, n * (index + 1) // count))
 
 
 def _can_fork() -> bool:
+    """Whether ``datasets``' process pool (``multiprocess``'s default context) forks, so that its processes
+    inherit :func:`stage_state`."""
     import multiprocess
 
-    return multiprocess.get_start_method(allow_none=True) in (None, "fork") and "fork" in (
-        multiprocess.get_all_start_methods()
-    )
+    return multiprocess.get_context().get_start_method() == "fork"
 
 
 @contextlib.contextmanager
@@ -126,6 +132,19 @@ def _remove_stale_temporaries(folder: Path) -> None:
             if now - p.stat().st_mtime > STALE_TMP_SECONDS:
                 p.unlink()
                 log.info("removed %s, left by a writer that did not finish", p)
+
+
+def _map_again(part: Any, function: Callable, kwargs: dict[str, Any], name: Path | None, why: str) -> Any:
+    """Remove a stored piece's files (``name`` and its per-process parts) and map the piece again."""
+    if name is None:
+        raise RuntimeError(f"a map kept in memory gave a wrong piece: {why}")
+    log.warning("stored piece %s %s; mapping it again", name, why)
+    for p in name.parent.glob(f"{name.stem}*{name.suffix}"):
+        p.unlink(missing_ok=True)
+    done = part.map(function, **kwargs)
+    if len(done) != len(part):
+        raise RuntimeError(f"{name}: the map gave {len(done)} rows for {len(part)}")
+    return done
 
 
 def cached_map(
@@ -182,23 +201,21 @@ def cached_map(
             for lo in range(0, len(ds), piece):
                 hi = min(lo + piece, len(ds))
                 part = ds.select(range(lo, hi))
-                name = None if folder is None else str(folder / f"piece-{lo:09d}-{hi:09d}.arrow")
+                name = None if folder is None else folder / f"piece-{lo:09d}-{hi:09d}.arrow"
                 procs = min(workers, -(-(hi - lo) // batch_size))
-                parts.append(
-                    part.map(
-                        function,
-                        batched=True,
-                        batch_size=batch_size,
-                        writer_batch_size=batch_size,
-                        remove_columns=part.column_names,
-                        features=features,
-                        cache_file_name=name,
-                        keep_in_memory=name is None,
-                        load_from_cache_file=name is not None,
-                        new_fingerprint=fingerprint(name or "memory", lo, hi),
-                        num_proc=procs if procs > 1 else None,
-                    )  # fmt: skip
-                )
+                kwargs = dict(
+                    batched=True, batch_size=batch_size, writer_batch_size=batch_size, remove_columns=part.column_names,
+                    features=features, cache_file_name=None if name is None else str(name), keep_in_memory=name is None,
+                    load_from_cache_file=name is not None, new_fingerprint=fingerprint(str(name), lo, hi),
+                    num_proc=procs if procs > 1 else None,
+                )  # fmt: skip
+                try:
+                    done = part.map(function, **kwargs)
+                except pa.ArrowInvalid as err:  # a stored piece that cannot be read: mapped again
+                    done = _map_again(part, function, kwargs, name, f"cannot be read ({err})")
+                if len(done) != hi - lo:  # a stored piece cut short (a crash, a partial copy): mapped again
+                    done = _map_again(part, function, kwargs, name, f"holds {len(done)} rows, not {hi - lo}")
+                parts.append(done)
                 bar.update(hi - lo)
     finally:
         _STATE, _RUNNING = None, False

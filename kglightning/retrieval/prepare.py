@@ -21,8 +21,8 @@ runs in two phases:
    rows the cuts read (:func:`rows_key`): a run stopped part-way cuts only the pieces it had not finished when run
    again, and a change of any of them cuts everything anew.
 
-``--shard i/N`` cuts one contiguous part of each split (:func:`~kglightning.data.stage_map.take_shard`, that is
-``datasets.Dataset.shard``), and :func:`merge_shards` concatenates the parts' files in shard order: the file one
+``--shard i/N`` cuts one contiguous part of each split (:func:`~kglightning.data.stage_map.take_shard`, a
+``datasets.Dataset`` of its rows), and :func:`merge_shards` concatenates the parts' files in shard order: the file one
 process writes, byte for byte (each question's seconds aside). Phase 1 reads every question of every split on every
 machine, to know the blocks; ``--embed-only`` with a shard encodes only blocks ``i, i + N, ...``, so N machines can
 share the encoding too and then copy their cache folders into one (shards are files named by their content) before
@@ -168,9 +168,10 @@ def cut_records(
     ``workers`` processes; the output does not depend on ``workers``. ``shard=(i, N)`` cuts part ``i`` of ``N``
     (:func:`~kglightning.data.stage_map.take_shard`). With ``key`` (:func:`rows_key` of the texts that
     :func:`embed_texts` encoded), the cuts are kept in ``$KGLIGHTNING_CACHE/pcst-cuts/<fingerprint>``, the
-    fingerprint covering the questions, the KG, the retriever's settings, the encoder, ``key`` and
-    :data:`CUT_VERSION`: a run stopped part-way is resumed, and a rerun reads them. ``kg=None`` cuts each question
-    from its own graph. Run :func:`embed_texts` first.
+    fingerprint covering the questions, the KG, the retriever's settings, the encoder, ``key``, :data:`CUT_VERSION`
+    and the versions of kglightning, the PCST solver, numpy and torch: a run stopped part-way is resumed, and a rerun
+    reads them. A rerun's stats and ``times.jsonl`` give the seconds of the run that cut them. ``kg=None`` cuts each
+    question from its own graph. Run :func:`embed_texts` first.
     """
     import datasets
 
@@ -180,7 +181,8 @@ def cut_records(
     folder = None
     if key is not None:
         mine = [records[i].to_dict() for i in questions["index"]]
-        fp = fingerprint("pcst", CUT_VERSION, settings(retriever), None if kg is None else kg.digest(), key, mine)
+        fp = fingerprint("pcst", CUT_VERSION, _versions(), settings(retriever), None if kg is None else kg.digest(),
+                         key, mine)  # fmt: skip
         folder = default_cache_root() / "pcst-cuts" / fp
     retriever.embeddings  # noqa: B018  # opened before any fork, so the children share its table
     out = cached_map(questions, _cut_batch, _cut_features(), folder, state=(retriever, kg, records), workers=workers,
@@ -199,6 +201,20 @@ def cut_records(
     if stats.missing_topic:
         log.warning("%d of %d question(s) skipped: no topic entity in the KG", stats.missing_topic, len(cuts))
     return cuts, stats
+
+
+def _versions() -> dict[str, str | None]:
+    """The versions of the code a cut runs (kglightning's, the PCST solver's, numpy's): cuts kept by other versions
+    are not read back (a fix in any of them may change the cuts)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in ("kglightning", "pcst-fast2", "pcst-fast", "numpy", "torch"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def settings(retriever: PCSTRetriever) -> dict[str, Any]:

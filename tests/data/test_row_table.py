@@ -208,3 +208,71 @@ def test_rows_of_no_id_one_id_and_a_grid_of_ids_have_the_shapes_asked_for():
     for bad in ([3], [-1], [0, 5]):  # numpy would wrap a negative id round: refused instead
         with pytest.raises(IndexError, match="out of range"):
             t.rows(bad)
+
+
+def test_a_legacy_shard_that_cannot_be_rewritten_now_keeps_its_file_and_its_rows_are_used(tmp_path, monkeypatch,
+                                                                                         caplog):  # fmt: skip
+    import errno
+
+    folder = tmp_path / "enc"
+    folder.mkdir()
+    rows = torch.arange(8, dtype=torch.float32).view(2, 4).half()
+    torch.save({"texts": ["a", "b"], "embeddings": rows}, folder / "shard-00.pt")
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(embeddings_module, "write_shard", disk_full)
+    with caplog.at_level(logging.WARNING):
+        cache = EmbeddingCache(_Enc(9.0), tmp_path)
+    assert "cannot be rewritten" in caplog.text and len(cache) == 2
+    assert cache.rows(cache.ids(["b"])).tolist() == [[4.0, 5.0, 6.0, 7.0]]  # the old rows, not encoded again
+    assert sorted(p.name for p in folder.iterdir()) == ["shard-00.pt"]  # kept, converted another time
+    monkeypatch.undo()
+    assert len(EmbeddingCache(_Enc(9.0), tmp_path)) == 2 and (folder / "shard-00.arrow").exists()
+
+
+def test_a_shard_that_cannot_be_memory_mapped_at_all_is_read(tmp_path, monkeypatch, caplog):
+    import errno
+
+    import pyarrow as pa
+
+    write_shard(tmp_path / "s.arrow", ["x", "y"], np.ones((2, 4)))
+
+    def no_map(*args, **kwargs):
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(pa, "memory_map", no_map)
+    with caplog.at_level(logging.WARNING):
+        texts, rows, is_map = read_shard(tmp_path / "s.arrow", mapped=True)
+    assert texts == ["x", "y"] and not is_map and rows.sum() == 8 and "cannot be memory-mapped" in caplog.text
+    monkeypatch.undo()
+    with pytest.raises(FileNotFoundError):
+        read_shard(tmp_path / "missing.arrow")
+
+
+def test_a_shard_cut_short_or_emptied_is_refused_as_torn(tmp_path):
+    import pyarrow as pa
+
+    rows = np.ones((3, 4), dtype=np.float16)
+    table = pa.table({"text": pa.array(["a", "b", "c"], pa.large_string()),
+                      "embedding": pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), 4)})  # fmt: skip
+    for n, said in [(2, "3"), (0, "0")]:  # fewer rows than the header says; none at all
+        part = table.slice(0, n).replace_schema_metadata({"kglightning": "embedding-shard/1", "rows": said})
+        with pa.OSFile(str(tmp_path / "t.arrow"), "wb") as sink, pa.ipc.new_stream(sink, part.schema) as w:
+            w.write_table(part)
+        with pytest.raises(ValueError, match="torn"):
+            read_shard(tmp_path / "t.arrow")
+
+
+def test_an_unpickled_table_refuses_a_shard_rewritten_meanwhile_and_a_view_is_not_a_segment(tmp_path):
+    write_shard(tmp_path / "s.arrow", [f"t{i}" for i in range(4)], np.arange(16).reshape(4, 4))
+    _, mapped, _ = read_shard(tmp_path / "s.arrow", mapped=True)
+    t = RowTable()
+    t.append(mapped, mapped=True)
+    blob = pickle.dumps(t)
+    with pytest.raises(TypeError, match="not a view"):
+        RowTable().append(mapped[1:], mapped=True)  # a view keeps its map's offset: it would pickle as other rows
+    write_shard(tmp_path / "s.arrow", [f"u{i}" for i in range(4)], np.full((4, 4), 7.0))
+    with pytest.raises(ValueError, match="changed since"):
+        pickle.loads(blob)

@@ -115,3 +115,23 @@ def test_fingerprints_and_kg_digests_follow_content_not_order():
     assert one.digest() == two.digest()
     assert one.digest() != KGIndex.from_triples([("a", "r", "b"), ("b", "s", "d")]).digest()
     assert one.digest() != KGIndex.from_triples(triples, entities=["lonely"]).digest()
+
+
+def test_a_stored_piece_cut_short_or_unreadable_is_mapped_again(tmp_path, caplog):
+    import logging
+
+    folder = tmp_path / "stage"
+    cached_map(_ds(12), _square, FEATURES, folder, state={"seen": []}, piece=6, batch_size=2, progress=False)
+    first, second = sorted(folder.glob("piece-*.arrow"))
+    whole = second.read_bytes()
+    second.write_bytes(whole[: len(whole) * 2 // 3])  # cut mid-file: fewer record batches, or a torn one
+    first.write_bytes(b"")
+    again = {"seen": []}
+    with caplog.at_level(logging.WARNING):
+        out = cached_map(_ds(12), _square, FEATURES, folder, state=again, piece=6, batch_size=2, progress=False)
+    assert list(out["y"]) == [x * x for x in range(12)]
+    assert sorted(again["seen"]) == list(range(12)) and caplog.text.count("mapping it again") == 2
+
+
+def test_shard_parts_are_those_shard_always_cut():
+    assert [list(take_shard(_ds(10), i, 3)["x"]) for i in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
