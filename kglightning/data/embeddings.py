@@ -326,6 +326,10 @@ class EmbeddingCache:
         fixes the batch: when any of ``texts`` is new, all of them are encoded together (sorted) and the new ones
         stored, so a new string's row depends on ``texts`` alone, not on which of them the cache already held
         (what lets :mod:`~kglightning.retrieval.prepare` give the same rows on any number of processes).
+
+        Otherwise the new strings are encoded in blocks of 262,144, each stored as a shard as soon as it is
+        encoded, so a run stopped part-way (hours of encoding at a full split's size on a CPU) keeps the blocks it
+        finished, and its rerun encodes only the rest.
         """
         texts = texts if isinstance(texts, (set, frozenset)) else set(texts)
         new = sorted(t for t in texts if t not in self._index)
@@ -337,12 +341,21 @@ class EmbeddingCache:
         if whole and len(new) < len(texts):
             batch = sorted(texts)
             at = {t: i for i, t in enumerate(batch)}
-            emb = self._encode(batch)[torch.tensor([at[t] for t in new], dtype=torch.long)]
-        else:
-            emb = self._encode(new)
+            self._store(new, self._encode(batch)[torch.tensor([at[t] for t in new], dtype=torch.long)])
+        elif self.folder is None:
+            self._store(new, self._encode(new))
+        else:  # a shard per block of _ENCODE_BLOCK strings: a run stopped part-way keeps the blocks it encoded
+            for lo in range(0, len(new), _ENCODE_BLOCK):
+                self._store(new[lo : lo + _ENCODE_BLOCK], self._encode(new[lo : lo + _ENCODE_BLOCK]))
+                if len(new) > _ENCODE_BLOCK:
+                    log.info("encoded %d of %d new strings", min(lo + _ENCODE_BLOCK, len(new)), len(new))
+        return len(new)
+
+    def _store(self, new: list[str], emb: torch.Tensor) -> None:
+        """Keep the rows ``emb`` of the strings ``new``: in memory, or written as a shard of the folder."""
         if self.folder is None:
             self._index_rows(new, self._table.append(emb))
-            return len(new)
+            return
         private_dir(self.folder)
         # shards are named by their content, so two caches on one folder never overwrite each other
         digest = hashlib.sha1("\n".join(new).encode()).hexdigest()[:16]
@@ -355,7 +368,6 @@ class EmbeddingCache:
             _, rows, mapped = self._open(shard)
             emb = rows if mapped else emb
         self._index_rows(new, self._table.append(emb, mapped=mapped))
-        return len(new)
 
     def _encode(self, texts: list[str]) -> torch.Tensor:
         """Float16 embeddings of ``texts`` (the precision a reload sees, so a run and its rerun agree exactly),

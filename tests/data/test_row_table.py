@@ -276,3 +276,28 @@ def test_an_unpickled_table_refuses_a_shard_rewritten_meanwhile_and_a_view_is_no
     write_shard(tmp_path / "s.arrow", [f"u{i}" for i in range(4)], np.full((4, 4), 7.0))
     with pytest.raises(ValueError, match="changed since"):
         pickle.loads(blob)
+
+
+def test_a_stopped_encoding_keeps_the_blocks_it_finished(tmp_path, monkeypatch):
+    monkeypatch.setattr(embeddings_module, "_ENCODE_BLOCK", 3)
+
+    class Stops(_Enc):
+        def __init__(self, stop_at=None):
+            super().__init__()
+            self.calls, self.encoded, self.stop_at = 0, [], stop_at
+
+        def encode(self, texts):
+            self.calls += 1
+            if self.calls == self.stop_at:
+                raise KeyboardInterrupt  # the run stopped while encoding the second block
+            self.encoded += list(texts)
+            return super().encode(texts)
+
+    names = [f"s{i}" for i in range(7)]
+    with pytest.raises(KeyboardInterrupt):
+        EmbeddingCache(Stops(stop_at=2), tmp_path).add(names)
+    assert len(list((tmp_path / "enc").glob("shard-*.arrow"))) == 1  # the first block was kept
+    again = Stops()
+    cache = EmbeddingCache(again, tmp_path)
+    assert len(cache) == 3 and cache.add(names) == 4 and again.encoded == names[3:]
+    assert cache.embed(names).tolist() == _Enc().encode(names).half().float().tolist()
