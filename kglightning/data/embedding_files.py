@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -67,33 +68,36 @@ def read_shard(path: str | Path, mapped: bool = False) -> tuple[list[str], np.nd
     Raises:
         ValueError: a file that is not a whole shard (torn: fewer rows than its header says, or none; foreign; of
             another format).
-        OSError: the file cannot be read (missing, no permission).
+        OSError: the file cannot be opened or read (missing, no permission).
     """
     path = Path(path)
     try:
-        try:
-            source = pa.memory_map(str(path), "r")
-        except OSError as err:  # no address space left, a file system without mmap: read it
-            if not path.is_file():
-                raise
-            log.warning("embedding shard %s cannot be memory-mapped (%s); reading it", path, err)
-            with pa.OSFile(str(path), "rb") as f:
-                texts, values, dim = _columns(pa.ipc.open_stream(f).read_all(), path)
-                return texts, values.to_numpy(zero_copy_only=False).reshape(len(texts), dim).copy(), False
-        with source:
-            base = source.read_buffer(1).address if source.size() else 0
-            source.seek(0)
-            table = pa.ipc.open_stream(source).read_all()
-            texts, values, dim = _columns(table, path)
-            if mapped and sys.byteorder == "little":
-                start = values.buffers()[1].address - base + values.offset * 2
-                rows = _map(path, start, (len(texts), dim), source.size())
-                first = values.slice(0, dim).to_numpy(zero_copy_only=False)
-                if rows is not None and np.array_equal(rows[0], first, equal_nan=True):
-                    return texts, rows, True
-            return texts, values.to_numpy(zero_copy_only=False).reshape(len(texts), dim).copy(), False
-    except pa.ArrowInvalid as err:
-        raise ValueError(f"{path}: not an embedding shard ({err})") from err
+        source = pa.memory_map(str(path), "r")
+    except OSError as err:  # no address space left, a file system without mmap: read it (if it can be read at all)
+        data = path.read_bytes()
+        log.warning("embedding shard %s cannot be memory-mapped (%s); reading it", path, err)
+        texts, values, dim = _columns(_parse(pa.py_buffer(data), path), path)
+        return texts, values.to_numpy(zero_copy_only=False).reshape(len(texts), dim).copy(), False
+    with source:
+        base = source.read_buffer(1).address if source.size() else 0
+        source.seek(0)
+        texts, values, dim = _columns(_parse(source, path), path)
+        if mapped and sys.byteorder == "little":
+            start = values.buffers()[1].address - base + values.offset * 2
+            rows = _map(path, start, (len(texts), dim), source.size())
+            first = values.slice(0, dim).to_numpy(zero_copy_only=False)
+            if rows is not None and np.array_equal(rows[0], first, equal_nan=True):
+                return texts, rows, True
+        return texts, values.to_numpy(zero_copy_only=False).reshape(len(texts), dim).copy(), False
+
+
+def _parse(source: Any, path: Path) -> pa.Table:
+    """The table of a shard's bytes (mapped or read): any failure to parse them is the file's, a torn or foreign
+    shard (pyarrow raises ``OSError`` for a message cut short, ``ArrowInvalid`` for other damage)."""
+    try:
+        return pa.ipc.open_stream(source).read_all()
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ValueError(f"{path}: not a whole embedding shard ({err})") from err
 
 
 def _columns(table: pa.Table, path: Path) -> tuple[list[str], pa.Array, int]:
@@ -110,8 +114,8 @@ def _columns(table: pa.Table, path: Path) -> tuple[list[str], pa.Array, int]:
     text = table.column("text")
     if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)) or text.null_count:
         raise ValueError(f"{path}: column 'text' must be strings without nulls ({text.type}, {text.null_count} null)")
-    said = meta.get(b"rows", b"").decode(errors="replace")
-    if not said.isdigit() or int(said) != table.num_rows or not table.num_rows:
+    said = meta.get(b"rows", b"").decode(errors="replace")  # absent in the first shards of this format
+    if not table.num_rows or (said and (not said.isdigit() or int(said) != table.num_rows)):
         raise ValueError(f"{path}: a torn embedding shard ({table.num_rows} rows; its header says {said or '?'})")
     column = table.column("embedding")  # one batch as written; combining would copy it out of the map
     emb = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()

@@ -230,12 +230,21 @@ class EmbeddingCache:
             try:
                 if not arrow.exists():  # another process may have converted it already
                     write_shard(arrow, texts, emb.numpy())
-                legacy.unlink(missing_ok=True)
             except OSError as err:
+                if self._table.dim is not None and emb.shape[1] != self._table.dim:
+                    log.warning("embedding shard %s holds rows of width %d, not the cache's %d; it is left out",
+                                legacy, emb.shape[1], self._table.dim)  # fmt: skip
+                    continue
                 log.warning("embedding shard %s cannot be rewritten as %s now (%s); its rows are read from it here",
                             legacy, arrow.name, err)  # fmt: skip
                 self._index_rows(texts, self._table.append(emb))
                 continue
+            try:
+                legacy.unlink(missing_ok=True)
+            except OSError as err:  # the Arrow shard is whole: it serves, and the old file is left
+                log.warning(
+                    "embedding shard %s was rewritten as %s but cannot be removed (%s)", legacy, arrow.name, err
+                )
             if arrow.name not in self._shards:
                 out.append(arrow)
         return out

@@ -105,8 +105,12 @@ def _can_fork() -> bool:
     """Whether ``datasets``' process pool (``multiprocess``'s default context) forks, so that its processes
     inherit :func:`stage_state`."""
     import multiprocess
+    import multiprocess.context
 
-    return multiprocess.get_context().get_start_method() == "fork"
+    method = multiprocess.get_start_method(allow_none=True)  # None: not set yet (and not set by asking this way)
+    if method is None:
+        method = multiprocess.context._default_context._default_context.get_start_method()
+    return method == "fork"
 
 
 @contextlib.contextmanager
@@ -134,10 +138,9 @@ def _remove_stale_temporaries(folder: Path) -> None:
                 log.info("removed %s, left by a writer that did not finish", p)
 
 
-def _map_again(part: Any, function: Callable, kwargs: dict[str, Any], name: Path | None, why: str) -> Any:
-    """Remove a stored piece's files (``name`` and its per-process parts) and map the piece again."""
-    if name is None:
-        raise RuntimeError(f"a map kept in memory gave a wrong piece: {why}")
+def _map_again(part: Any, function: Callable, kwargs: dict[str, Any], name: Path, why: str) -> Any:
+    """Remove a stored piece's files (``name`` and its per-process parts) and map the piece again. (Two processes
+    that find the same damaged piece at once may remove each other's new files: run one process per folder.)"""
     log.warning("stored piece %s %s; mapping it again", name, why)
     for p in name.parent.glob(f"{name.stem}*{name.suffix}"):
         p.unlink(missing_ok=True)
@@ -209,12 +212,17 @@ def cached_map(
                     load_from_cache_file=name is not None, new_fingerprint=fingerprint(str(name), lo, hi),
                     num_proc=procs if procs > 1 else None,
                 )  # fmt: skip
+                stored = name is not None and any(name.parent.glob(f"{name.stem}*{name.suffix}"))
                 try:
                     done = part.map(function, **kwargs)
-                except pa.ArrowInvalid as err:  # a stored piece that cannot be read: mapped again
+                except (pa.ArrowInvalid, OSError) as err:  # a stored piece that cannot be read: mapped again
+                    if not stored:  # the function's own error, not the file's
+                        raise
                     done = _map_again(part, function, kwargs, name, f"cannot be read ({err})")
-                if len(done) != hi - lo:  # a stored piece cut short (a crash, a partial copy): mapped again
+                if len(done) != hi - lo and stored:  # a stored piece cut short (a crash, a partial copy)
                     done = _map_again(part, function, kwargs, name, f"holds {len(done)} rows, not {hi - lo}")
+                if len(done) != hi - lo:
+                    raise RuntimeError(f"{desc}: the map gave {len(done)} rows for {hi - lo} (rows {lo} to {hi - 1})")
                 parts.append(done)
                 bar.update(hi - lo)
     finally:

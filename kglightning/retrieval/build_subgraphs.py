@@ -112,6 +112,9 @@ def build_subgraphs(
             for rec, sec, n, t in zip(out, s.seconds, s.nodes, s.triples, strict=True):
                 f.write(json.dumps({"id": rec.id, "seconds": round(sec, 5), "nodes": n, "triples": t}) + "\n")
         stats[split], raw[split] = {"questions_file": str(path), **s.summary()}, s
+        if shard is not None:  # the rows of the split this part holds: merge_shards checks that the parts tile it
+            n = len(records)
+            stats[split]["part"] = [n * shard[0] // shard[1], n * (shard[0] + 1) // shard[1], n]
     used = {**settings(retriever), "limit": limit}
     write_stats(out_dir / f"subgraph_stats{suffix}.json", used, stats, raw if shard is not None else None)
     return stats

@@ -204,8 +204,9 @@ def cut_records(
 
 
 def _versions() -> dict[str, str | None]:
-    """The versions of the code a cut runs (kglightning's, the PCST solver's, numpy's): cuts kept by other versions
-    are not read back (a fix in any of them may change the cuts)."""
+    """The versions of the code a cut runs (kglightning's, the PCST solver's, numpy's, torch's): cuts kept by other
+    versions are not read back. kglightning's version moves with releases only: a change to the cuts between them
+    raises :data:`CUT_VERSION`."""
     from importlib.metadata import PackageNotFoundError, version
 
     out: dict[str, str | None] = {}
@@ -262,6 +263,7 @@ def merge_shards(out_dir: str | Path) -> dict[str, dict[str, Any]]:
         raise ValueError(f"{out_dir}: the shards were cut with other settings or splits; cut them again with one set")
     splits: dict[str, dict[str, Any]] = {}
     for split in split_names:
+        _check_parts(out_dir, split, [s["splits"][split].get("part") for s in shards])
         merged = SubgraphStats()
         for s in shards:
             merged.extend(SubgraphStats(**s["splits"][split]["raw"]))
@@ -285,6 +287,22 @@ def merge_shards(out_dir: str | Path) -> dict[str, dict[str, Any]]:
                         shutil.copyfileobj(part, f)
     write_stats(out_dir / "subgraph_stats.json", settings, splits)
     return splits
+
+
+def _check_parts(out_dir: Path, split: str, parts: list[list[int] | None]) -> None:
+    """The shards' question ranges of ``split`` (``[lo, hi, n]`` each) must follow one another from 0 to ``n``;
+    shards written before the ranges were recorded have none, and are not checked."""
+    if all(p is None for p in parts):
+        return
+    at, total = 0, parts[0][2] if parts[0] is not None else None
+    for i, p in enumerate(parts):
+        if p is None or p[0] != at or p[2] != total or p[1] < p[0]:
+            raise ValueError(f"{out_dir}: shard {i} of {split!r} holds questions {p} where [{at}, ..., {total}] "
+                             "should follow: the shards were cut from other question lists or by another version; "
+                             "cut them again with one")  # fmt: skip
+        at = p[1]
+    if at != total:
+        raise ValueError(f"{out_dir}: the shards of {split!r} hold questions 0 to {at} of {total}")
 
 
 def _count_lines(path: Path) -> int:

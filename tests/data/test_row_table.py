@@ -301,3 +301,21 @@ def test_a_stopped_encoding_keeps_the_blocks_it_finished(tmp_path, monkeypatch):
     cache = EmbeddingCache(again, tmp_path)
     assert len(cache) == 3 and cache.add(names) == 4 and again.encoded == names[3:]
     assert cache.embed(names).tolist() == _Enc().encode(names).half().float().tolist()
+
+
+def test_a_shard_cut_anywhere_is_refused_as_torn_and_one_without_a_row_count_is_read(tmp_path):
+    import pyarrow as pa
+
+    write_shard(tmp_path / "s.arrow", [f"text {i}" for i in range(20)], np.ones((20, 8)))
+    whole = (tmp_path / "s.arrow").read_bytes()
+    # cut anywhere before the stream's 8-byte end marker (without it the rows are all there, and are read)
+    for cut in [*range(0, len(whole) - 8, max(1, len(whole) // 40)), len(whole) - 9]:
+        (tmp_path / "t.arrow").write_bytes(whole[:cut])
+        with pytest.raises(ValueError, match="t.arrow"):
+            read_shard(tmp_path / "t.arrow", mapped=True)
+    table = pa.ipc.open_stream(pa.memory_map(str(tmp_path / "s.arrow"))).read_all()
+    early = table.replace_schema_metadata({"kglightning": "embedding-shard/1"})  # the first shards had no row count
+    with pa.OSFile(str(tmp_path / "e.arrow"), "wb") as sink, pa.ipc.new_stream(sink, early.schema) as w:
+        w.write_table(early)
+    texts, rows, _ = read_shard(tmp_path / "e.arrow", mapped=True)
+    assert len(texts) == 20 and rows.shape == (20, 8)

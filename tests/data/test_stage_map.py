@@ -135,3 +135,34 @@ def test_a_stored_piece_cut_short_or_unreadable_is_mapped_again(tmp_path, caplog
 
 def test_shard_parts_are_those_shard_always_cut():
     assert [list(take_shard(_ds(10), i, 3)["x"]) for i in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+
+
+def test_a_piece_cut_at_any_byte_is_mapped_again_and_the_functions_own_error_is_not_blamed_on_it(tmp_path):
+    folder = tmp_path / "stage"
+    cached_map(_ds(12), _square, FEATURES, folder, state={"seen": []}, piece=12, batch_size=2, progress=False)
+    (piece,) = folder.glob("piece-*.arrow")
+    whole = piece.read_bytes()
+    for cut in range(0, len(whole), max(1, len(whole) // 12)):
+        piece.write_bytes(whole[:cut])
+        out = cached_map(_ds(12), _square, FEATURES, folder, state={"seen": []}, piece=12, batch_size=2,
+                         progress=False)  # fmt: skip
+        assert list(out["y"]) == [x * x for x in range(12)], cut
+    calls = []
+
+    def wrong_type(batch):
+        calls.append(1)
+        return {"y": ["abc"] * len(batch["x"]), "note": [None] * len(batch["x"])}
+
+    with pytest.raises(Exception, match="abc"):  # raised as it is, the piece not mapped twice
+        cached_map(_ds(4), wrong_type, FEATURES, tmp_path / "other", state=None, piece=4, batch_size=4, progress=False)
+    assert calls == [1]
+
+
+def test_asking_whether_the_pool_forks_does_not_fix_the_start_method():
+    import multiprocess
+
+    from kglightning.data.stage_map import _can_fork
+
+    before = multiprocess.get_start_method(allow_none=True)
+    _can_fork()
+    assert multiprocess.get_start_method(allow_none=True) == before

@@ -226,7 +226,9 @@ def _shard_set(folder, n: int, questions: int = 2, settings: dict | None = None)
         raw = {"nodes": [1] * questions, "triples": [1] * questions, "neighborhood_triples": [1] * questions,
                "seconds": [0.1] * questions, "answer_in_graph": [], "missing_topic": 0, "partial_topic": 0,
                "empty_neighborhood": 0, "truncated": 0}  # fmt: skip
-        stats = {"settings": settings or {"topk": 3}, "splits": {"test": {"questions_file": "q", "raw": raw}}}
+        part = [i * questions, (i + 1) * questions, n * questions]  # the questions this shard holds
+        stats = {"settings": settings or {"topk": 3},
+                 "splits": {"test": {"questions_file": "q", "raw": raw, "part": part}}}  # fmt: skip
         (folder / f"subgraph_stats.{suffix}.json").write_text(json.dumps(stats))
 
 
@@ -247,6 +249,10 @@ def test_merge_checks_everything_before_it_writes(tmp_path, caplog):
          "other settings"),
         ("lines", lambda f: (f / "test.shard-00001-of-00002.jsonl").write_text('{"id": "x"}\n'),
          r"hold 3 lines; their statistics count 4"),
+        ("parts", lambda f: (f / "subgraph_stats.shard-00001-of-00002.json").write_text(  # cut with other bounds
+            (f / "subgraph_stats.shard-00001-of-00002.json").read_text().replace('"part": [2, 4, 4]',
+                                                                                 '"part": [1, 4, 4]')),
+         r"shard 1 of 'test' holds questions \[1, 4, 4\]"),
     ):  # fmt: skip
         folder = tmp_path / name
         _shard_set(folder, 2)
