@@ -36,6 +36,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -46,7 +47,15 @@ import pyarrow as pa
 
 from kglightning.data.cache import private_dir
 
-__all__ = ["cached_map", "fingerprint", "parse_shard", "shard_suffix", "stage_state", "take_shard"]
+__all__ = [
+    "cached_map",
+    "fingerprint",
+    "parse_shard",
+    "shard_suffix",
+    "stage_state",
+    "stored_map",
+    "take_shard",
+]
 
 log = logging.getLogger(__name__)
 
@@ -229,4 +238,39 @@ def cached_map(
         _STATE, _RUNNING = None, False
     if not parts:
         return datasets.Dataset.from_dict({k: [] for k in features}, features=features)
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    out = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    if folder is not None:
+        _write_manifest(folder, parts, len(out))
+    return out
+
+
+#: written when every piece of a map is stored: what :func:`stored_map` reads
+MANIFEST = "complete.json"
+
+
+def _write_manifest(folder: Path, parts: list[Any], rows: int) -> None:
+    files = [Path(f["filename"]).name for part in parts for f in part.cache_files]
+    if any(Path(f["filename"]).parent != folder for part in parts for f in part.cache_files):
+        return  # a part not stored here (cannot happen with a folder; nothing promised then)
+    tmp = folder / f".{MANIFEST}.{os.getpid()}.tmp"
+    with contextlib.suppress(OSError):  # a read-only folder: the next run maps (reads) the pieces again
+        tmp.write_text(json.dumps({"rows": rows, "files": files}))
+        os.replace(tmp, folder / MANIFEST)
+
+
+def stored_map(folder: str | Path | None) -> Any:
+    """The output of a :func:`cached_map` that finished in ``folder``, read from its files without its input, or
+    ``None`` when there is none (not finished, or a file gone or unreadable: run :func:`cached_map`, which maps
+    only what is missing)."""
+    import datasets
+
+    if folder is None:
+        return None
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        parts = [datasets.Dataset.from_file(str(folder / name)) for name in manifest["files"]]
+        out = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, pa.ArrowInvalid):
+        return None
+    return out if len(out) == manifest["rows"] else None

@@ -27,7 +27,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from kglightning.data.relation_pairs import PROGRESS_MIN_RECORDS
-from kglightning.data.stage_map import cached_map, stage_state
+from kglightning.data.stage_map import cached_map, stage_state, stored_map
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.sft_examples import (
     IGNORE_INDEX,
@@ -142,9 +142,13 @@ class ProxySFTDataModule(KGQADataModule):
     def rows(self, split: str) -> list[dict[str, Any]]:
         """The mined rows of ``split`` (see :func:`mine_row`): a cached ``datasets`` map over its questions
         (:func:`~kglightning.data.stage_map.cached_map`, ``mine_workers`` processes), kept in :meth:`cache_path`; a
-        run stopped part-way mines only the questions it had not finished, and a rerun reads them all."""
+        run stopped part-way mines only the questions it had not finished, and a rerun reads them all (without
+        reading the split's records, once every piece is stored)."""
         import datasets
 
+        done = stored_map(self.cache_path(split))  # a finished map is read without reading the records
+        if done is not None:
+            return [json.loads(text) for text in done["row"]]
         records = self.read_split(split)
         rank_zero_info(f"evidence of {len(records)} {split} questions: {self.cache_path(split)}")
         questions = datasets.Dataset.from_dict({"index": list(range(len(records)))})

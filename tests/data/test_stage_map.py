@@ -166,3 +166,17 @@ def test_asking_whether_the_pool_forks_does_not_fix_the_start_method():
     before = multiprocess.get_start_method(allow_none=True)
     _can_fork()
     assert multiprocess.get_start_method(allow_none=True) == before
+
+
+def test_a_finished_map_is_read_back_without_its_input_and_an_unfinished_one_is_not(tmp_path):
+    from kglightning.data.stage_map import stored_map
+
+    folder = tmp_path / "stage"
+    with pytest.raises(RuntimeError):
+        cached_map(_ds(), _square, FEATURES, folder, state={"seen": [], "fail_at": 13}, piece=5, progress=False)
+    assert stored_map(folder) is None and stored_map(None) is None  # stopped part-way: no manifest
+    out = cached_map(_ds(), _square, FEATURES, folder, state={"seen": []}, workers=2, piece=5, progress=False)
+    back = stored_map(folder)
+    assert list(back["y"]) == list(out["y"]) == [x * x for x in range(23)]
+    next(folder.glob("piece-000000005-*.arrow")).unlink()
+    assert stored_map(folder) is None  # a piece gone: cached_map maps it again

@@ -198,6 +198,7 @@ def test_mining_on_forked_processes_caches_the_rows_of_one_process(tiny_chat_mod
     assert str(os.getpid()) not in seen and len(seen) >= 1  # mined in the children
     assert list(many.cache_path("train").glob("piece-*.arrow"))  # kept as Arrow files, read back unmined:
     monkeypatch.setattr(sft, "mine_row", lambda *args, **kwargs: pytest.fail("mined again"))
+    monkeypatch.setattr(ProxySFTDataModule, "read_split", lambda *args, **kwargs: pytest.fail("records read"))
     for cache in ("a", "b"):
         again = ProxySFTDataModule(tokenizer=tiny_chat_model_dir, data_dir=sft_dir, cache_dir=str(tmp_path / cache))
         assert again.rows("train") == rows
