@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -203,7 +204,7 @@ def cached_map(
         workers = 1
     if _RUNNING:
         raise RuntimeError("cached_map cannot run while another cached_map runs here")
-    folder = None if folder is None else private_dir(Path(folder))
+    folder = None if folder is None else private_dir(Path(os.path.abspath(folder)))  # datasets' paths are absolute
     if folder is not None:
         _remove_stale_temporaries(folder)
     parts = []
@@ -252,9 +253,10 @@ def _write_manifest(folder: Path, parts: list[Any], rows: int) -> None:
     files = [Path(f["filename"]).name for part in parts for f in part.cache_files]
     if any(Path(f["filename"]).parent != folder for part in parts for f in part.cache_files):
         return  # a part not stored here (cannot happen with a folder; nothing promised then)
-    tmp = folder / f".{MANIFEST}.{os.getpid()}.tmp"
     with contextlib.suppress(OSError):  # a read-only folder: the next run maps (reads) the pieces again
-        tmp.write_text(json.dumps({"rows": rows, "files": files}))
+        fd, tmp = tempfile.mkstemp(prefix="tmp", suffix=".json", dir=folder)  # a tmp* file: stale ones are removed
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"rows": rows, "files": files}))
         os.replace(tmp, folder / MANIFEST)
 
 
@@ -266,9 +268,11 @@ def stored_map(folder: str | Path | None) -> Any:
 
     if folder is None:
         return None
-    folder = Path(folder)
+    folder = Path(os.path.abspath(folder))
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
+        if not all(isinstance(name, str) and Path(name).name == name for name in manifest["files"]):
+            return None  # only files of the folder itself are read
         parts = [datasets.Dataset.from_file(str(folder / name)) for name in manifest["files"]]
         out = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     except (OSError, ValueError, KeyError, TypeError, IndexError, pa.ArrowInvalid):

@@ -26,6 +26,7 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from kglightning.data.records import VALIDATION_VERSION
 from kglightning.data.relation_pairs import PROGRESS_MIN_RECORDS
 from kglightning.data.stage_map import cached_map, stage_state, stored_map
 from kglightning.datamodules.base import KGQADataModule
@@ -59,6 +60,9 @@ __all__ = [  # the example-level helpers live in kglightning.datamodules.sft_exa
 
 
 MINE_CHUNK = 64  # questions per call of the mining map step
+#: part of the mined rows' cache key: raise it when :func:`mine_row`'s rows change (the records' own reading is
+#: covered by :data:`~kglightning.data.records.VALIDATION_VERSION`, the files by ``dataset_key``)
+MINE_VERSION = 2
 
 
 class ProxySFTDataModule(KGQADataModule):
@@ -133,9 +137,11 @@ class ProxySFTDataModule(KGQADataModule):
         return self._tokenizer
 
     def cache_path(self, split: str) -> Path:
-        """The folder of ``split``'s mined rows, keyed by :meth:`dataset_key` and the builder configuration."""
+        """The folder of ``split``'s mined rows, keyed by :meth:`dataset_key`, the builder configuration,
+        :data:`MINE_VERSION` and the records' :data:`~kglightning.data.records.VALIDATION_VERSION`."""
         config = {k: v for k, v in sorted(vars(self.builder).items()) if not k.startswith("_")}
-        config.update(builder=type(self.builder).__qualname__, qa_max_paths=self.qa_max_paths)
+        config.update(builder=type(self.builder).__qualname__, qa_max_paths=self.qa_max_paths, rows=MINE_VERSION,
+                      validation=VALIDATION_VERSION)  # fmt: skip
         builder_key = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
         return self.cache_root / "proxy_sft" / self.dataset_key(split) / builder_key / split
 

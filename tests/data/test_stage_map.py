@@ -180,3 +180,19 @@ def test_a_finished_map_is_read_back_without_its_input_and_an_unfinished_one_is_
     assert list(back["y"]) == list(out["y"]) == [x * x for x in range(23)]
     next(folder.glob("piece-000000005-*.arrow")).unlink()
     assert stored_map(folder) is None  # a piece gone: cached_map maps it again
+
+
+def test_a_relative_folder_gets_its_manifest_and_a_manifest_naming_other_files_is_not_followed(tmp_path,
+                                                                                                monkeypatch):  # fmt: skip
+    import json
+
+    from kglightning.data.stage_map import MANIFEST, stored_map
+
+    monkeypatch.chdir(tmp_path)
+    cached_map(_ds(6), _square, FEATURES, "rel/stage", state={"seen": []}, piece=4, progress=False)
+    assert (tmp_path / "rel" / "stage" / MANIFEST).is_file() and len(stored_map("rel/stage")) == 6
+    cached_map(_ds(3), _square, FEATURES, tmp_path / "other", state={"seen": []}, progress=False)
+    manifest = tmp_path / "rel" / "stage" / MANIFEST
+    for name in ["../../other/" + next((tmp_path / "other").glob("piece-*.arrow")).name, str(tmp_path / "x.arrow")]:
+        manifest.write_text(json.dumps({"rows": 3, "files": [name]}))
+        assert stored_map("rel/stage") is None
