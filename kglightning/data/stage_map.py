@@ -27,7 +27,7 @@ Example:
     >>> features = datasets.Features({"y": datasets.Value("int64")})
     >>> out = cached_map(ds, square, features, None, state=2, piece=2, progress=False)
     >>> list(out["y"]), list(take_shard(ds, 1, 2)["x"])
-    ([0, 2, 8, 18, 32], [3, 4])
+    ([0, 2, 8, 18, 32], [2, 3, 4])
 """
 
 from __future__ import annotations
