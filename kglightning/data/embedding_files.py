@@ -17,8 +17,10 @@ A shard opens in any Arrow tool::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["SHARD_FORMAT", "read_shard", "write_shard"]
+from kglightning.data.cache_admin import stale_temporary
+
+__all__ = ["SHARD_FORMAT", "read_shard", "remove_stale_writes", "write_shard"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ def write_shard(path: str | Path, texts: list[str], rows: np.ndarray) -> None:
     vectors = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1), type=pa.float16()), rows.shape[1])
     table = pa.table({"text": pa.array(texts, type=pa.large_string()), "embedding": vectors})
     table = table.replace_schema_metadata({"kglightning": SHARD_FORMAT, "rows": str(len(texts))})
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")  # see remove_stale_writes
     try:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
@@ -59,6 +63,21 @@ def write_shard(path: str | Path, texts: list[str], rows: np.ndarray) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def remove_stale_writes(folder: str | Path) -> int:
+    """Remove the temporary files that killed writers of shards left in ``folder`` (``.<shard>.<host>.<pid>.tmp``:
+    their process gone on this host, or untouched for a day;
+    :func:`~kglightning.data.cache_admin.stale_temporary`); return how many."""
+    removed = 0
+    for tmp in Path(folder).glob(".shard-*.tmp"):
+        if stale_temporary(tmp):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed += 1
+    if removed:
+        log.info("removed %d unfinished embedding shard write(s) from %s", removed, folder)
+    return removed
 
 
 def read_shard(path: str | Path, mapped: bool = False) -> tuple[list[str], np.ndarray, bool]:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kglightning.data.cache import default_cache_root, files_stamp, private_dir
-from kglightning.data.embedding_files import read_shard, write_shard
+from kglightning.data.embedding_files import read_shard, remove_stale_writes, write_shard
 from kglightning.data.row_table import RowTable
 
 __all__ = [
@@ -179,6 +179,7 @@ class EmbeddingCache:
         self._table = RowTable()
         self._shards: set[str] = set()
         self._unlisted = False
+        self._cleaned = False
         self.refresh()
 
     def refresh(self) -> int:
@@ -366,6 +367,9 @@ class EmbeddingCache:
             self._index_rows(new, self._table.append(emb))
             return
         private_dir(self.folder)
+        if not self._cleaned:  # once per cache: what writers killed mid-write left (a block's rows each)
+            remove_stale_writes(self.folder)
+            self._cleaned = True
         # shards are named by their content, so two caches on one folder never overwrite each other
         digest = hashlib.sha1("\n".join(new).encode()).hexdigest()[:16]
         shard = self.folder / f"shard-{digest}.arrow"

@@ -4,7 +4,9 @@ pickling for spawned workers, and shards that cannot be mapped."""
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -319,3 +321,23 @@ def test_a_shard_cut_anywhere_is_refused_as_torn_and_one_without_a_row_count_is_
         w.write_table(early)
     texts, rows, _ = read_shard(tmp_path / "e.arrow", mapped=True)
     assert len(texts) == 20 and rows.shape == (20, 8)
+
+
+def test_a_killed_writers_temporary_shard_is_removed_by_the_next_writer_and_a_live_ones_kept(tmp_path):
+    import socket
+
+    folder = tmp_path / "enc"
+    folder.mkdir()
+    host = socket.gethostname()
+    dead = folder / f".shard-aa.arrow.{host}.999999999.tmp"  # no such process
+    live = folder / f".shard-bb.arrow.{host}.{os.getpid()}.tmp"  # this process: a write in progress
+    old_elsewhere = folder / ".shard-cc.arrow.otherhost.1.tmp"
+    for p in (dead, live, old_elsewhere):
+        p.write_bytes(b"x" * 4096)
+    day_ago = time.time() - 2 * 86400
+    os.utime(old_elsewhere, (day_ago, day_ago))
+    os.utime(dead, (time.time() - 3600, time.time() - 3600))
+    cache = EmbeddingCache(_Enc(), tmp_path)
+    assert {p.name for p in folder.iterdir()} >= {dead.name, live.name}  # reading removes nothing
+    cache.add(["new"])
+    assert not dead.exists() and not old_elsewhere.exists() and live.exists()
