@@ -258,7 +258,7 @@ class EmbeddingCache:
             shard.replace(aside)
 
     def _load(self, shards: list[Path], last: bool) -> None:
-        opened: list[tuple[Path, list[str], torch.Tensor, bool]] = []
+        opened: list[tuple[Path, list[str], np.ndarray, bool]] = []
         for shard in shards:
             self._shards.add(shard.name)
             try:
