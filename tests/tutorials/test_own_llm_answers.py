@@ -1,0 +1,83 @@
+"""The tutorial "Flag hallucinations in your own LLM's answers" (docs/tutorials/own-llm-answers.md), run as a reader
+would: its commands are read from the page and run in order, as subprocesses, on an answers file in GNN-RAG's format
+made from the small detection fixture, with the tiny encoder and a small model (the only options added). Then what
+the page says each step writes is checked.
+
+Run from the page: the first ``import-predictions`` command, ``fit``, and the two ``predict`` commands. Not run: the
+``--records`` import (it needs a RoG records folder) and the optional ``seeds`` cross-validation (tested in
+``tests/cli/test_seeds.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "tutorials" / "own-llm-answers.md"
+pytestmark = pytest.mark.e2e
+
+
+def page_commands() -> list[list[str]]:
+    """The ``python -m kglightning ...`` commands of the page's bash blocks, in order, continuation lines joined."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", PAGE.read_text(encoding="utf-8"), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if line.startswith("python -m kglightning"):
+                out.append(shlex.split(line))
+    return out
+
+
+def answers_file(path: Path, records: list[dict]) -> None:
+    """GNN-RAG's predictions format: the prompt's reasoning paths are the question's graph."""
+    rows = []
+    for i, r in enumerate(records):
+        paths = "\n".join(" -> ".join(t) for t in r["graph"])
+        rows.append({"id": f"q{i}", "question": r["question"], "prediction": "\n".join(r["prediction"]),
+                     "ground_truth": r["answer"], "input": f"Reasoning Paths:\n{paths}\n\nQuestion:\n{r['question']}"})  # fmt: skip
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+SMALL = ["--data.init_args.encoder", "kglightning.data.SentenceEncoder", "--data.init_args.batch_size", "8",
+         "--model.init_args.encoder.init_args.hidden_channels", "32", "--model.init_args.encoder.init_args.heads", "4",
+         "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+
+
+def test_the_tutorial_runs_as_written_and_writes_what_it_says(tmp_path, tiny_encoder_dir, detection_records):
+    commands = page_commands()
+    wanted = [c for c in commands if "--records" not in c and c[3] != "seeds"]
+    assert [c[3] for c in wanted] == ["import-predictions", "fit", "predict", "predict"], commands
+    answers_file(tmp_path / "predictions.jsonl", detection_records(80, 3))
+    env = dict(os.environ, KGLIGHTNING_CACHE=str(tmp_path / "cache"), WANDB_MODE="offline", HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(ROOT))  # fmt: skip
+    for command in wanted:
+        extra = [] if command[3] == "import-predictions" else [*SMALL, "--data.init_args.encoder.init_args.model",
+                                                                tiny_encoder_dir]  # fmt: skip
+        command = [sys.executable, *command[1:], *extra]
+        command = [str(ROOT / a) if a.startswith("configs/") else a for a in command]  # the repository's configs
+        proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, " ".join(command) + "\n" + proc.stdout[-3000:] + proc.stderr[-6000:]
+
+    data = tmp_path / "data" / "my_llm"
+    splits = {s: (data / f"{s}.jsonl").read_text().splitlines() for s in ("train", "validation", "test")}
+    assert sum(map(len, splits.values())) == 80 and all(splits.values())  # split by question
+    assert (tmp_path / "outputs/detector_real/graph_transformer/checkpoints/best.ckpt").is_file()
+    flagged = [json.loads(x) for x in
+               (tmp_path / "outputs/detector_real/graph_transformer/hallucination_predictions.jsonl").open()]  # fmt: skip
+    assert len(flagged) == len(splits["test"])  # one line per test question
+    for row in flagged:
+        assert len(row["hallucination_prob"]) == len(row["hallucination_logit"]) == len(row["grounding"]) > 0
+        assert all(0.0 <= p <= 1.0 for p in row["hallucination_prob"])
+    trusted = [json.loads(x) for x in (tmp_path / "outputs/trust/trusted_answers.jsonl").open()]
+    assert len(trusted) == len(splits["test"])
+    for row in trusted:
+        assert len(row["kept"]) <= 1 and isinstance(row["abstained"], bool) and "dropped" in row  # rule top
+    assert (tmp_path / "outputs/trust/report.md").is_file()
