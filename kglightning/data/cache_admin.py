@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shutil
 import socket
@@ -33,7 +34,9 @@ from pathlib import Path
 
 from kglightning.data.cache import default_cache_root
 
-__all__ = ["CacheEntry", "clean", "entries", "main"]
+__all__ = ["CacheEntry", "clean", "entries", "main", "remove_stale_temporaries", "stale_temporary"]
+
+log = logging.getLogger(__name__)
 
 _TMP_AGE_S, _QUIET_S, _LOCK_AGE_S, _TORN_AGE_S, _STAMP_AGE_S = 86400.0, 600.0, 86400.0, 3600.0, 30 * 86400.0
 _NOT_ENTRIES = {("records", "stamps")}  # bookkeeping of a kind, not an entry
@@ -174,6 +177,26 @@ def stale_temporary(path: Path, now: float | None = None, host: str | None = Non
             return False
         gone = now - max(newest, written) > _QUIET_S
     return gone or now - written > _TMP_AGE_S
+
+
+def remove_stale_temporaries(folder: Path, pattern: str, writer: str) -> int:
+    """Remove what killed writers left in ``folder``: its children matching ``pattern`` that
+    :func:`stale_temporary` finds no writer will finish (folders, or files). Returns how many were removed;
+    ``writer`` names them in the log."""
+    removed = 0
+    for tmp in Path(folder).glob(pattern):
+        if not stale_temporary(tmp):
+            continue
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            try:
+                tmp.unlink()
+            except OSError:
+                continue
+        removed += 1
+        log.info("removed %s, left by %s that did not finish", tmp, writer)
+    return removed
 
 
 def _alive(pid: int) -> bool:

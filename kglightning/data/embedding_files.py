@@ -17,7 +17,6 @@ A shard opens in any Arrow tool::
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kglightning.data.cache_admin import stale_temporary
+from kglightning.data.cache_admin import remove_stale_temporaries
 
 __all__ = ["SHARD_FORMAT", "read_shard", "remove_stale_writes", "write_shard"]
 
@@ -69,15 +68,7 @@ def remove_stale_writes(folder: str | Path) -> int:
     """Remove the temporary files that killed writers of shards left in ``folder`` (``.<shard>.<host>.<pid>.tmp``:
     their process gone on this host, or untouched for a day;
     :func:`~kglightning.data.cache_admin.stale_temporary`); return how many."""
-    removed = 0
-    for tmp in Path(folder).glob(".shard-*.tmp"):
-        if stale_temporary(tmp):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-                removed += 1
-    if removed:
-        log.info("removed %d unfinished embedding shard write(s) from %s", removed, folder)
-    return removed
+    return remove_stale_temporaries(Path(folder), ".shard-*.tmp", "an embedding cache writer")
 
 
 def read_shard(path: str | Path, mapped: bool = False) -> tuple[list[str], np.ndarray, bool]:

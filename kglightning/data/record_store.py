@@ -57,7 +57,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from kglightning.data.cache import default_cache_root, private_dir
-from kglightning.data.cache_admin import clean, stale_temporary
+from kglightning.data.cache_admin import clean, remove_stale_temporaries
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
 from kglightning.data.triple_array import TripleArray, Vocab
 
@@ -221,13 +221,7 @@ def remove_orphans(folder: Path) -> int:
     """Remove the temporary folders that writers of ``folder``'s store left when killed: on this host, those whose
     process is gone; on any host, those untouched for a day (:func:`~kglightning.data.cache_admin.stale_temporary`).
     Returns how many were removed."""
-    removed = 0
-    for tmp in folder.parent.glob(f".{folder.name}.*.tmp"):
-        if stale_temporary(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-            removed += 1
-            log.info("removed %s, left by a record store writer that did not finish", tmp)
-    return removed
+    return remove_stale_temporaries(folder.parent, f".{folder.name}.*.tmp", "a record store writer")
 
 
 def _cap(folder: Path) -> None:
