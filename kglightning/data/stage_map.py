@@ -52,6 +52,7 @@ __all__ = [
     "cached_map",
     "fingerprint",
     "parse_shard",
+    "shard_bounds",
     "shard_suffix",
     "stage_state",
     "stored_map",
@@ -103,12 +104,17 @@ def shard_suffix(index: int, count: int) -> str:
     return f"shard-{index:05d}-of-{count:05d}"
 
 
+def shard_bounds(n: int, index: int, count: int) -> tuple[int, int]:
+    """``[lo, hi)`` of part ``index`` of ``count`` contiguous parts of ``n`` rows: ``n * index // count`` to
+    ``n * (index + 1) // count``, the parts ``--shard`` has always cut, so shard files written by earlier versions
+    merge with these."""
+    return n * index // count, n * (index + 1) // count
+
+
 def take_shard(ds: Any, index: int, count: int) -> Any:
-    """Part ``index`` of ``count`` contiguous parts of the dataset ``ds`` (rows ``n * index // count`` to
-    ``n * (index + 1) // count``: the parts ``--shard`` has always cut, so shard files written by earlier versions
-    merge with these); the parts, concatenated in order, are ``ds``."""
-    n = len(ds)
-    return ds.select(range(n * index // count, n * (index + 1) // count))
+    """Part ``index`` of ``count`` contiguous parts of the dataset ``ds`` (:func:`shard_bounds`); the parts,
+    concatenated in order, are ``ds``."""
+    return ds.select(range(*shard_bounds(len(ds), index, count)))
 
 
 def _can_fork() -> bool:

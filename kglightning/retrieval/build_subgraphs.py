@@ -31,7 +31,7 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.sources.loaders import read_questions, write_records
 from kglightning.data.sources.triples import load_kg
 from kglightning.data.splits import locate_splits
-from kglightning.data.stage_map import parse_shard, shard_suffix
+from kglightning.data.stage_map import parse_shard, shard_bounds, shard_suffix
 from kglightning.fileio import atomic_write
 from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats
 from kglightning.retrieval.prepare import (
@@ -113,8 +113,7 @@ def build_subgraphs(
                 f.write(json.dumps({"id": rec.id, "seconds": round(sec, 5), "nodes": n, "triples": t}) + "\n")
         stats[split], raw[split] = {"questions_file": str(path), **s.summary()}, s
         if shard is not None:  # the rows of the split this part holds: merge_shards checks that the parts tile it
-            n = len(records)
-            stats[split]["part"] = [n * shard[0] // shard[1], n * (shard[0] + 1) // shard[1], n]
+            stats[split]["part"] = [*shard_bounds(len(records), *shard), len(records)]
     used = {**settings(retriever), "limit": limit}
     write_stats(out_dir / f"subgraph_stats{suffix}.json", used, stats, raw if shard is not None else None)
     return stats
