@@ -152,14 +152,15 @@ class ProxySFTDataModule(KGQADataModule):
         reading the split's records, once every piece is stored)."""
         import datasets
 
-        done = stored_map(self.cache_path(split))  # a finished map is read without reading the records
+        folder = self.cache_path(split)  # once: its dataset key stats the files (or opens a hub dataset)
+        done = stored_map(folder)  # a finished map is read without reading the records
         if done is not None:
             return [json.loads(text) for text in done["row"]]
         records = self.read_split(split)
-        rank_zero_info(f"evidence of {len(records)} {split} questions: {self.cache_path(split)}")
+        rank_zero_info(f"evidence of {len(records)} {split} questions: {folder}")
         questions = datasets.Dataset.from_dict({"index": list(range(len(records)))})
         out = cached_map(
-            questions, _mine_batch, datasets.Features({"row": datasets.Value("large_string")}), self.cache_path(split),
+            questions, _mine_batch, datasets.Features({"row": datasets.Value("large_string")}), folder,
             state=(records, self.builder, self.qa_max_paths), workers=self.mine_workers, batch_size=MINE_CHUNK,
             desc=f"mining {split} evidence", progress=len(records) >= PROGRESS_MIN_RECORDS,
         )  # fmt: skip
