@@ -57,6 +57,9 @@ class UngroundedAnswerScorer(nn.Module):
         dropout: dropout after the hidden layer.
         answer_features: extra inputs per answer (the detector passes the number its data module gives, e.g. the
             LLM's votes for the answer; see :mod:`~kglightning.evidence.answer_signals`).
+        text: read the three text embeddings (answer, question, nearest node) and the answer-question product.
+            ``False`` keeps only the similarity, the rank and the answer features: a few scalars that a few hundred
+            training answers can fit without learning their wording by heart.
 
     Shapes: ``answer``, ``question`` and ``nearest`` ``(U, text_dim)`` (``nearest`` zero when the graph has no
     entity), ``similarity`` and ``rank`` ``(U,)``, ``features`` ``(U, answer_features)``; returns ``(U,)`` logits
@@ -69,14 +72,16 @@ class UngroundedAnswerScorer(nn.Module):
         torch.Size([3])
     """
 
-    def __init__(self, text_dim: int, hidden: int = 128, dropout: float = 0.1, answer_features: int = 0) -> None:
+    def __init__(
+        self, text_dim: int, hidden: int = 128, dropout: float = 0.1, answer_features: int = 0, text: bool = True
+    ) -> None:
         super().__init__()
         if answer_features < 0:
             raise ValueError(f"answer_features must be >= 0, got {answer_features}")
         self.answer_features = answer_features
-        self.mlp = nn.Sequential(
-            nn.Linear(4 * text_dim + 2 + answer_features, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1)
-        )
+        self.text = text
+        inputs = (4 * text_dim if text else 0) + 2 + answer_features
+        self.mlp = nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1))
 
     def forward(
         self,
@@ -87,7 +92,8 @@ class UngroundedAnswerScorer(nn.Module):
         rank: Tensor,
         features: Tensor | None = None,
     ) -> Tensor:
-        parts = [answer, question, nearest, answer * question, similarity[:, None], rank[:, None]]
+        parts = [answer, question, nearest, answer * question] if self.text else []
+        parts += [similarity[:, None].to(answer.dtype), rank[:, None].to(answer.dtype)]
         if self.answer_features:
             if features is None or features.shape != (len(answer), self.answer_features):
                 got = None if features is None else tuple(features.shape)

@@ -370,3 +370,37 @@ def test_the_forward_pass_decides_on_float32_logits_under_bf16_autocast(datamodu
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(batch)
     assert logits.dtype == torch.float32
+
+
+def test_a_text_free_ungrounded_scorer_reads_only_its_scalars_and_trains(datamodule):
+    from kglightning.nn import UngroundedAnswerScorer
+
+    scorer = UngroundedAnswerScorer(8, hidden=4, answer_features=2, text=False).eval()
+    assert scorer.mlp[0].in_features == 2 + 2  # similarity, rank and the two features
+    g = torch.Generator().manual_seed(0)
+    sim, rank, feats = torch.rand(3, generator=g), torch.rand(3, generator=g), torch.rand(3, 2, generator=g)
+    a, b = torch.randn(3, 8, generator=g), torch.randn(3, 8, generator=g)
+    assert torch.equal(scorer(a, a, a, sim, rank, feats), scorer(b, -b, b, sim, rank, feats))  # no text read
+    assert not torch.equal(scorer(a, a, a, sim, rank, feats), scorer(a, a, a, sim, rank.flip(0), feats))
+
+    datamodule.setup("fit")
+    batch = datamodule.collate(datamodule.datasets["train"])
+    L.seed_everything(0)
+    model = HallucinationDetector(
+        text_dim=datamodule.text_dim, encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=2),
+        mlp_hidden=16, dropout=0.0, ungrounded_scorer=partial(UngroundedAnswerScorer, hidden=8, text=False),
+    )  # fmt: skip
+    before = [p.detach().clone() for p in model.ungrounded.parameters()]
+    opt = torch.optim.Adam(model.parameters(), lr=3e-2)
+    loose = batch.answer_grounding == 2
+    losses = []
+    for _ in range(60):
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch)[loose], batch.y[loose])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    assert all(not torch.equal(p, q) for p, q in zip(model.ungrounded.parameters(), before))
+    probs = torch.sigmoid(model(batch)).detach()  # the wrong ones are last in the list: the rank tells them apart
+    assert probs[loose & (batch.y == 1)].min() > probs[loose & (batch.y == 0)].max()
