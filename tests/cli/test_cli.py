@@ -237,5 +237,6 @@ def test_detector_real_builds_an_ungrounded_scorer_that_reads_the_answer_feature
                                           str(tmp_path), "--data.init_args.encoder", "kglightning.data.SentenceEncoder",
                                           "--data.init_args.encoder.init_args.model", tiny_encoder_dir])  # fmt: skip
     features = len(cli.datamodule.answer_features)
-    assert features == 3 and cli.model.net.answer_features == features
+    assert features == 5 and cli.model.net.answer_features == features
     assert cli.model.ungrounded.answer_features == features
+    assert cli.model.ungrounded.mlp[0].in_features == 2 + features  # text: false, as the config says

@@ -11,29 +11,12 @@ Run from the page: the first ``import-predictions`` command, ``fit``, and the tw
 from __future__ import annotations
 
 import json
-import os
-import re
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-PAGE = ROOT / "docs" / "tutorials" / "own-llm-answers.md"
+PAGE = "docs/tutorials/own-llm-answers.md"
 pytestmark = pytest.mark.e2e
-
-
-def page_commands() -> list[list[str]]:
-    """The ``python -m kglightning ...`` commands of the page's bash blocks, in order, continuation lines joined."""
-    out = []
-    for block in re.findall(r"```bash\n(.*?)```", PAGE.read_text(encoding="utf-8"), flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split(" #", 1)[0].strip()
-            if line.startswith("python -m kglightning"):
-                out.append(shlex.split(line))
-    return out
 
 
 def answers_file(path: Path, records: list[dict]) -> None:
@@ -51,20 +34,17 @@ SMALL = ["--data.init_args.encoder", "kglightning.data.SentenceEncoder", "--data
          "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false"]  # fmt: skip
 
 
-def test_the_tutorial_runs_as_written_and_writes_what_it_says(tmp_path, tiny_encoder_dir, detection_records):
-    commands = page_commands()
+def test_the_tutorial_runs_as_written_and_writes_what_it_says(
+    tmp_path, tiny_encoder_dir, detection_records, page_commands, run_command
+):
+    commands = page_commands(PAGE)
     wanted = [c for c in commands if "--records" not in c and c[3] != "seeds"]
     assert [c[3] for c in wanted] == ["import-predictions", "fit", "predict", "predict"], commands
     answers_file(tmp_path / "predictions.jsonl", detection_records(80, 3))
-    env = dict(os.environ, KGLIGHTNING_CACHE=str(tmp_path / "cache"), WANDB_MODE="offline", HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(ROOT))  # fmt: skip
     for command in wanted:
         extra = [] if command[3] == "import-predictions" else [*SMALL, "--data.init_args.encoder.init_args.model",
                                                                 tiny_encoder_dir]  # fmt: skip
-        command = [sys.executable, *command[1:], *extra]
-        command = [str(ROOT / a) if a.startswith("configs/") else a for a in command]  # the repository's configs
-        proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, " ".join(command) + "\n" + proc.stdout[-3000:] + proc.stderr[-6000:]
+        run_command(command, *extra)
 
     data = tmp_path / "data" / "my_llm"
     splits = {s: (data / f"{s}.jsonl").read_text().splitlines() for s in ("train", "validation", "test")}
