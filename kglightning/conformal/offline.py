@@ -21,8 +21,9 @@ and average set size (APSS).
 
 With ``--group-by KEY`` (a per-question value of the rows: ``hops``, a dotted path such as ``extra.type``, the LLM
 that answered) every group gets its own ``qhat`` from its own calibration questions (Mondrian conformal), so the
-coverage holds within each group; a group whose calibration questions are too few for ``alpha`` (or none) gets full
-sets and is flagged, and the summary reports ``qhat``, the calibration size, ECR and APSS per group.
+coverage holds within each group; a group whose ``qhat`` is infinite (no calibration question, too few for
+``alpha``, or more than ``alpha`` of them with no correct proposed answer) gets full sets and is flagged with the
+reason, and the summary reports ``qhat``, the calibration size and misses, ECR and APSS per group.
 
 Input problems (bytes that are not UTF-8, invalid JSON, a bad or missing field, a missing ``confidence``, a repeated
 ``id``, an empty file) stop the command with one ``FILE:LINE: field 'NAME' ...`` line on stderr and exit status 2,
@@ -164,7 +165,7 @@ def conformalize(
         "ecr": covered / n_gold if n_gold else None,
         "apss": sizes / len(test),
         "n_calibration_skipped": len(cal.skipped),
-        **({"group_by": group_by, "groups": _group_summary(by_group, qhats, stats)} if group_by else {}),
+        **({"group_by": group_by, "groups": _group_summary(by_group, qhats, stats, alpha)} if group_by else {}),
         "n_test_skipped": len(test.skipped),
         "output": str(out_path),
     }
@@ -202,12 +203,33 @@ def _qhat(scores: list[float], alpha: float) -> float:
     return float(conformal_quantile(torch.tensor(scores, dtype=torch.float64, device="cpu"), alpha))
 
 
-def _group_summary(by_group: dict, qhats: dict, stats: dict) -> dict[str, dict[str, Any]]:
+def full_set_reason(n: int, missed: int, alpha: float) -> str:
+    """Why a group of ``n`` calibration questions, ``missed`` of them with no correct proposed answer, has an
+    infinite ``qhat`` at ``alpha``.
+
+    Example:
+        >>> full_set_reason(3, 0, 0.2), full_set_reason(100, 40, 0.2)
+        ('too few calibration questions for alpha', 'more than alpha of its calibration questions have no correct proposed answer')
+    """
+    if n == 0:
+        return "no calibration question"
+    if math.ceil((n + 1) * (1 - alpha)) > n:
+        return "too few calibration questions for alpha"
+    return "more than alpha of its calibration questions have no correct proposed answer"
+
+
+def _group_summary(by_group: dict, qhats: dict, stats: dict, alpha: float) -> dict[str, dict[str, Any]]:
     return {
         g: {
             "qhat": None if math.isinf(qhats[g]) else qhats[g],
             "full_sets": math.isinf(qhats[g]),
+            "full_set_reason": (
+                full_set_reason(len(by_group[g]), sum(map(math.isinf, by_group[g])), alpha)
+                if math.isinf(qhats[g])
+                else None
+            ),
             "n_calibration": len(by_group[g]),
+            "calibration_missed": sum(map(math.isinf, by_group[g])),
             "n_test": st["n_test"],
             "ecr": st["covered"] / st["n_gold"] if st["n_gold"] else None,
             "apss": st["sizes"] / st["n_test"] if st["n_test"] else None,
@@ -240,9 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         f"({s['calibration_missed']} with no correct proposed answer)"
     )
     for g, info in s.get("groups", {}).items():
-        flag = " (too few calibration questions: full sets, flagged)" if info["full_sets"] else ""
+        flag = f" ({info['full_set_reason']}: full sets, flagged)" if info["full_sets"] else ""
         ecr = "" if info["ecr"] is None else f", test ECR {info['ecr']:.4f}, APSS {info['apss']:.2f}"
-        print(f"group {g}: qhat={info['qhat']} from {info['n_calibration']} calibration questions{ecr}{flag}")
+        g_qhat = None if info["qhat"] is None else format(info["qhat"], ".6g")
+        print(
+            f"group {g}: qhat={g_qhat} from {info['n_calibration']} calibration questions "
+            f"({info['calibration_missed']} with no correct proposed answer){ecr}{flag}"
+        )
     if s["full_sets"] and not s.get("groups"):
         print(f"alpha={args.alpha:g} cannot be reached with these proposals: every set is the full list (flagged)")
     if s["ecr"] is not None:

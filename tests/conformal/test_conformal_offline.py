@@ -193,3 +193,28 @@ def test_group_by_edges_reserved_skip_and_whole_floats(tmp_path):
     bad = _write(tmp_path / "nan.jsonl", [row(0, float("nan"))])
     with pytest.raises(RecordError, match="finite"):
         conformalize(cal, bad, alpha=0.2, group_by="kind")
+
+
+def test_a_full_set_group_says_why(tmp_path, capsys):
+    """A group's qhat is infinite for one of three reasons, and the summary and the printed line name the right one:
+    no calibration question, too few for alpha, or too many calibration questions with no correct answer."""
+    cal = [_row(i, ["a", "b"], [0.9, 0.1], ["a" if i % 2 else "zzz"]) for i in range(40)]  # half miss
+    for r in cal:
+        r["kind"] = "many"
+    cal += [{**_row(100 + i, ["a"], [0.8], ["a"]), "kind": "few"} for i in range(3)]  # (3+1)*0.8 > 3
+    test = [{**_row(200, ["a"], [0.8], ["a"]), "kind": k} for k in ("many", "few", "new")]
+    for i, r in enumerate(test):
+        r["id"] = f"t{i}"
+    s = conformalize(_write(tmp_path / "cal.jsonl", cal), _write(tmp_path / "t.jsonl", test), alpha=0.2,
+                     output=tmp_path / "o.jsonl", group_by="kind")  # fmt: skip
+    g = s["groups"]
+    assert g["many"]["calibration_missed"] == 20 and g["few"]["calibration_missed"] == 0
+    assert g["many"]["full_set_reason"].startswith("more than alpha")
+    assert g["few"]["full_set_reason"] == "too few calibration questions for alpha"
+    assert g["new"]["full_set_reason"] == "no calibration question"
+    offline_main(["--calibration", str(tmp_path / "cal.jsonl"), "--predictions", str(tmp_path / "t.jsonl"),
+                  "--alpha", "0.2", "--group-by", "kind", "--output", str(tmp_path / "m.jsonl")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "group many: qhat=None from 40 calibration questions (20 with no correct proposed answer)" in out
+    assert "(more than alpha of its calibration questions have no correct proposed answer: full sets" in out
+    assert "(too few calibration questions for alpha: full sets" in out
