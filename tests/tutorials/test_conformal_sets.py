@@ -1,0 +1,73 @@
+"""The tutorial "Conformal sets for any predictions file" (docs/tutorials/conformal-sets.md), run as a reader would:
+its commands are read from the page and run in order in a fresh folder.
+
+The retrieval baseline's two ``predict`` commands and ``conformalize`` run exactly as written, on the embedded data
+with the bundled encoder, and the lines ``conformalize`` prints must be the page's. The callback's ``fit`` and
+``predict`` run with a tiny encoder and a small model added (the page's numbers do not come from them); their
+outputs are checked for what the page says they hold.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+PAGE = "docs/tutorials/conformal-sets.md"
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]
+
+SMALL = ["--data.init_args.encoder", "kglightning.data.SentenceEncoder", "--model.init_args.encoder.init_args.hidden_channels",
+         "32", "--model.init_args.encoder.init_args.heads", "4", "--trainer.max_epochs", "2",
+         "--trainer.enable_progress_bar", "false", "--data.init_args.max_records", "{train: 120, validation: 60, test: 60}"]  # fmt: skip
+
+
+NUMBER = re.compile(r"-?\d+\.\d+|-?\d+")
+
+
+def same_output(page: list[str], run: list[str]) -> bool:
+    """The lines agree word for word, and number for number up to 1e-3 (relative): a CPU with other vector
+    instructions may move an encoder's float32 confidences in their last digits."""
+    if len(page) != len(run):
+        return False
+    for want, got in zip(page, run):
+        if NUMBER.sub("#", want) != NUMBER.sub("#", got):
+            return False
+        pairs = zip(NUMBER.findall(want), NUMBER.findall(got))
+        if any(abs(float(a) - float(b)) > 1e-3 * max(1.0, abs(float(a))) for a, b in pairs):
+            return False
+    return True
+
+
+def test_the_tutorial_runs_as_written_and_prints_what_it_shows(tmp_path, tiny_encoder_dir, page_commands, run_command):
+    text = (Path(__file__).resolve().parents[2] / PAGE).read_text(encoding="utf-8")
+    shown = [block.strip().splitlines() for block in re.findall(r"```text\n(.*?)```", text, flags=re.S)]
+    commands = page_commands(PAGE)
+    names = [c[3] for c in commands]
+    assert names == ["predict", "predict", "conformalize", "conformalize", "conformalize", "fit", "predict"], names
+    assert len(shown) == 3  # what each conformalize prints
+    for command in commands[:2]:
+        run_command(command)
+    for command, page in zip(commands[2:5], shown):
+        printed = run_command(command).stdout.strip().splitlines()
+        assert same_output(page, printed), "\n".join(["page:", *page, "run:", *printed])
+
+    out = [json.loads(x) for x in (tmp_path / "outputs/baseline/predictions_test.conformal.jsonl").open()]  # alpha 0.5
+    qhat = out[0]["conformal_qhat"]
+    for row in out:  # the sets are the answers with 1 - confidence <= qhat, as the page says
+        conf = row["confidence"]
+        conf = [conf[a] for a in row["prediction"]] if isinstance(conf, dict) else conf
+        assert row["conformal_set"] == [a for a, c in zip(row["prediction"], conf) if 1 - c <= qhat]
+        assert row["conformal_full_set"] is False and row["conformal_qhat"] == qhat
+
+    fit, predict = commands[5:]
+    extra = [*SMALL, "--data.init_args.encoder.init_args.model", tiny_encoder_dir]
+    run_command(fit, *extra)
+    run_command(predict, *extra)
+    rows = [json.loads(x) for x in
+            (tmp_path / "outputs/detector/graph_transformer/hallucination_predictions.jsonl").open()]  # fmt: skip
+    assert rows
+    for row in rows:
+        assert len(row["conformal_set"]) == len(row["hallucination_prob"]) > 0
+        assert all(s in (["faithful"], ["hallucinated"], ["faithful", "hallucinated"]) for s in row["conformal_set"])

@@ -1,0 +1,48 @@
+"""The tutorial "Plug in your own graph encoder or LightningModule" (docs/tutorials/your-own-modules.md), run as a
+reader would: its Python block is saved as ``my_models.py`` in a fresh folder and its commands run there, with a tiny
+text encoder and two epochs added. The runs must have used the page's classes and trained them."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+PAGE = "docs/tutorials/your-own-modules.md"
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]
+
+SMALL = ["--data.init_args.encoder", "kglightning.data.SentenceEncoder", "--trainer.max_epochs", "2",
+         "--trainer.enable_progress_bar", "false", "--data.init_args.max_records", "{train: 120, validation: 60, test: 60}"]  # fmt: skip
+
+
+def train_losses(folder: Path) -> list[float]:
+    rows = list(csv.DictReader((folder / "metrics.csv").open()))
+    return [float(r["train/loss_epoch"]) for r in rows if r.get("train/loss_epoch")]
+
+
+def test_the_tutorial_runs_as_written_with_the_readers_classes(tmp_path, tiny_encoder_dir, page_commands, run_command):
+    text = (Path(__file__).resolve().parents[2] / PAGE).read_text(encoding="utf-8")
+    code, loading = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (tmp_path / "my_models.py").write_text(code)
+    commands = page_commands(PAGE)
+    assert [c[3] for c in commands] == ["fit", "fit"], commands
+    ckpt = tmp_path / "outputs/detector/graph_transformer/checkpoints/last.ckpt"
+    logs = tmp_path / "outputs/detector/graph_transformer"
+    extra = [*SMALL, "--data.init_args.encoder.init_args.model", tiny_encoder_dir]
+    for command, name in zip(commands, ("gine", "smoothed")):
+        run_command(command, *extra, "--trainer.logger.init_args.version", name)
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        losses = train_losses(logs / name)
+        assert len(losses) == 2 and losses[-1] < losses[0], losses
+        if name == "gine":  # the reader's encoder, with the page's width
+            assert state["state_dict"]["net.encoder.convs.0.nn.0.weight"].shape == (64, 64)
+        else:  # the reader's module, with its own argument
+            assert state["hyper_parameters"]["smoothing"] == 0.05
+            assert "my_models.SmoothedDetector" in (logs / name / "config.yaml").read_text()
+    # the page's Python loading of the last checkpoint (the smoothed run's) works as written
+    run_command(
+        ["python", "-c", loading + "\nassert type(model).__name__ == 'SmoothedDetector' and model.smoothing == 0.05"]
+    )
