@@ -146,6 +146,19 @@ def test_cli_reference_lists_every_subcommand(cli_hook):
     assert cli_hook.MARKER in (ROOT / "docs" / cli_hook.PAGE).read_text(encoding="utf-8")
 
 
+def test_cli_reference_fits_the_column_and_keeps_every_word(cli_hook):
+    """No line of the CLI reference is wider than the site's code column (argparse's help ran to 154 columns) or holds
+    a control character (jsonargparse's backspace before ``[=flags]``), and wrapping loses no word."""
+    top = cli_hook.help_text([])
+    page = cli_hook.render()
+    assert max(map(len, page.splitlines())) <= cli_hook.WIDTH
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", page)
+    for raw in (top, cli_hook.help_text(["fit"])):
+        tidy = cli_hook.tidy(raw)
+        assert re.sub(r"\s+|[\x00-\x1f]", "", tidy) == re.sub(r"\s+|[\x00-\x1f]", "", raw)
+    assert cli_hook.tidy("    {a,bb,ccc,dddd}", width=12).splitlines() == ["    {a,bb,", "      ccc,", "      dddd}"]
+
+
 def test_cli_reference_hook_fills_only_its_page(cli_hook):
     class Page:
         class file:

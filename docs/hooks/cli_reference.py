@@ -3,7 +3,9 @@
 ``docs/reference/cli.md`` holds a marker; this hook replaces it with the output of ``kglightning --help`` and of
 ``kglightning <subcommand> --help`` for every subcommand that the top-level help lists. The help is produced by
 :func:`kglightning.cli.main`, the function behind ``python -m kglightning``, in this process, so the page cannot
-drift from what a user's terminal shows (only the line width is fixed, at :data:`COLUMNS` characters).
+drift from what a user's terminal shows. Only the layout is fixed: argparse formats at :data:`COLUMNS` characters, the
+lines it cannot wrap (a long usage token, a class's description) are wrapped at :data:`WIDTH` by :func:`tidy`, and
+control characters (jsonargparse writes a backspace before ``[=flags]``) are dropped.
 
 The module imports nothing from MkDocs, so ``tests/test_docs.py`` can call :func:`subcommands` and :func:`render`.
 """
@@ -15,13 +17,16 @@ import io
 import os
 import re
 import sys
+import textwrap
 from typing import Any
 
 #: the page (relative to docs/) and the marker in it that the generated reference replaces
 PAGE = "reference/cli.md"
 MARKER = "<!-- cli-reference -->"
 #: help text width, so that the page does not depend on the terminal that builds it
-COLUMNS = 100
+COLUMNS = 88
+#: no line of the page is longer (the site's code blocks show about 90 columns at 1280 px)
+WIDTH = 90
 
 
 def help_text(args: list[str]) -> str:
@@ -50,6 +55,48 @@ def help_text(args: list[str]) -> str:
     return text
 
 
+def _split_token(token: str, width: int) -> list[str]:
+    """A token longer than ``width`` cut after commas (``{fit,validate,...}``), or where it must."""
+    parts, line = [], ""
+    for piece in re.findall(r"[^,]*,?", token):
+        if line and len(line) + len(piece) > width:
+            parts.append(line)
+            line = ""
+        line += piece
+    parts.append(line)
+    return [chunk for part in parts for chunk in (textwrap.wrap(part, width, break_on_hyphens=False) or [part])]
+
+
+def tidy(text: str, width: int = WIDTH) -> str:
+    """``text`` without control characters, every line at most ``width`` long: a longer line is wrapped at spaces,
+    its continuation lines indented two more than it, and a token that alone is too long is cut after commas.
+
+    Example:
+        >>> tidy("  --print_config \\x08[=flags]")
+        '  --print_config [=flags]'
+        >>> tidy("    {a,bb,ccc,dddd}", width=12).splitlines()
+        ['    {a,bb,', '      ccc,', '      dddd}']
+    """
+    text = re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "", text)
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        more = indent + "  "
+        current = indent
+        for token in line.split():
+            for k, word in enumerate(_split_token(token, max(width - len(more), 1))):
+                glue = "" if k or not current.strip() else " "  # a cut token's pieces join without a space
+                if current.strip() and len(current) + len(glue) + len(word) > width:
+                    out.append(current)
+                    current, glue = more, ""
+                current += glue + word
+        out.append(current)
+    return "\n".join(out)
+
+
 def subcommands(top_level_help: str) -> list[str]:
     """The subcommands listed in the usage line of ``kglightning --help`` (``{fit,validate,...}``), in order."""
     m = re.search(r"\{([a-z][a-z0-9_,-]*)\}", top_level_help)
@@ -67,11 +114,11 @@ def render() -> str:
         "`python -m kglightning` and the `kglightning` console script are the same program.",
         "",
         "```text",
-        top,
+        tidy(top),
         "```",
     ]
     for name in subcommands(top):
-        parts += ["", f"## `kglightning {name}`", "", "```text", help_text([name]), "```"]
+        parts += ["", f"## `kglightning {name}`", "", "```text", tidy(help_text([name])), "```"]
     return "\n".join(parts) + "\n"
 
 
