@@ -22,8 +22,7 @@ and average set size (APSS).
 With ``--group-by KEY`` (a per-question value of the rows: ``hops``, a dotted path such as ``extra.type``, the LLM
 that answered) every group gets its own ``qhat`` from its own calibration questions (Mondrian conformal), so the
 coverage holds within each group; a group whose ``qhat`` is infinite (no calibration question, too few for
-``alpha``, or more than ``alpha`` of them with no correct proposed answer) gets full sets and is flagged with the
-reason, and the summary reports ``qhat``, the calibration size and misses, ECR and APSS per group.
+``alpha``, or too many of them with no correct proposed answer) gets full sets and is flagged with the reason, and the summary reports ``qhat``, the calibration size and misses, ECR and APSS per group.
 
 Input problems (bytes that are not UTF-8, invalid JSON, a bad or missing field, a missing ``confidence``, a repeated
 ``id``, an empty file) stop the command with one ``FILE:LINE: field 'NAME' ...`` line on stderr and exit status 2,
@@ -43,7 +42,7 @@ from typing import Any, Literal
 
 import torch
 
-from kglightning.conformal.functional import conformal_quantile
+from kglightning.conformal.functional import conformal_quantile, conformal_rank
 from kglightning.conformal.selection_io import group_name, group_value, lookup_key
 from kglightning.data.predictions import PredictionLine, PredictionList, add_on_bad_record_argument, read_predictions
 from kglightning.data.records import RecordError
@@ -118,7 +117,8 @@ def conformalize(
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     cal = read_predictions(calibration, on_bad_record=on_bad_record, require_confidence=True)
-    test = read_predictions(predictions, on_bad_record=on_bad_record, require_confidence=True)
+    # the questions to add sets to may be new ones, without gold answers (ECR and coverage then cover those with)
+    test = read_predictions(predictions, on_bad_record=on_bad_record, require_confidence=True, require_gold=False)
     if group_by:
         cal, groups_cal = _grouped(cal, group_by, str(calibration), on_bad_record)
         test, groups_test = _grouped(test, group_by, str(predictions), on_bad_record)
@@ -205,17 +205,23 @@ def _qhat(scores: list[float], alpha: float) -> float:
 
 def full_set_reason(n: int, missed: int, alpha: float) -> str:
     """Why a group of ``n`` calibration questions, ``missed`` of them with no correct proposed answer, has an
-    infinite ``qhat`` at ``alpha``.
+    infinite ``qhat`` at ``alpha``: ``qhat`` is the ``k``-th smallest score (``k`` of :func:`conformal_rank`), so it
+    is infinite when ``k > n`` or when more than ``n - k`` scores are.
 
     Example:
-        >>> full_set_reason(3, 0, 0.2), full_set_reason(100, 40, 0.2)
-        ('too few calibration questions for alpha', 'more than alpha of its calibration questions have no correct proposed answer')
+        >>> full_set_reason(3, 0, 0.2)
+        'too few calibration questions for alpha'
+        >>> full_set_reason(40, 8, 0.2)  # k = 33: at most 7 of 40 may miss
+        'too many calibration questions with no correct proposed answer (8; at most 7 may miss for alpha)'
     """
     if n == 0:
         return "no calibration question"
-    if math.ceil((n + 1) * (1 - alpha)) > n:
+    k = int(conformal_rank(n, alpha))
+    if k > n:
         return "too few calibration questions for alpha"
-    return "more than alpha of its calibration questions have no correct proposed answer"
+    return (
+        f"too many calibration questions with no correct proposed answer ({missed}; at most {n - k} may miss for alpha)"
+    )
 
 
 def _group_summary(by_group: dict, qhats: dict, stats: dict, alpha: float) -> dict[str, dict[str, Any]]:

@@ -73,7 +73,13 @@ class PredictionLine:
 
     @classmethod
     def from_dict(
-        cls, data: Any, *, source: str = "<predictions>", line: int | None = None, require_confidence: bool = False
+        cls,
+        data: Any,
+        *,
+        source: str = "<predictions>",
+        line: int | None = None,
+        require_confidence: bool = False,
+        require_gold: bool = True,
     ) -> PredictionLine:
         """Validate one parsed row; raise :class:`RecordError` naming ``source``, ``line`` and the field.
 
@@ -103,9 +109,9 @@ class PredictionLine:
         elif not isinstance(pred, str):
             raise err(f"expected a string or a list of strings, got {type(pred).__name__}", "prediction")
         name = "ground_truth" if "ground_truth" in data else "answer"
-        if name not in data:
+        if name not in data and require_gold:
             raise err("missing required field (or its fallback 'answer')", "ground_truth")
-        gold = data[name]
+        gold = data.get(name, [])
         if isinstance(gold, str):  # as for records: a bare string is one answer
             gold = [gold]
         if gold is None:
@@ -182,6 +188,7 @@ def read_predictions(
     *,
     on_bad_record: Literal["raise", "skip"] = "raise",
     require_confidence: bool = False,
+    require_gold: bool = True,
 ) -> PredictionList:
     """Read and validate a predictions jsonl file (blank lines are ignored; see the module docstring).
 
@@ -190,6 +197,8 @@ def read_predictions(
         on_bad_record: ``"raise"`` the first :class:`RecordError`, or ``"skip"`` bad rows (each logged at WARNING,
             plus a summary; they are listed in :attr:`PredictionList.skipped`).
         require_confidence: a row without ``confidence`` is bad too (commands that need one per answer).
+        require_gold: a row without ``ground_truth`` (or ``answer``) is bad; ``False`` reads it with no gold answers
+            (new questions to predict on: ``conformalize``'s test file). A ``null`` one is bad either way.
 
     Returns:
         The rows in file order, never empty.
@@ -227,7 +236,9 @@ def read_predictions(
         try:
             if isinstance(raw, RecordError):
                 raise raw
-            rec = PredictionLine.from_dict(raw, source=source, line=line, require_confidence=require_confidence)
+            rec = PredictionLine.from_dict(
+                raw, source=source, line=line, require_confidence=require_confidence, require_gold=require_gold
+            )
             key = str(rec.id)  # 7 and "7" are one question, as records read both as "7"
             if key in first_seen:
                 raise RecordError(

@@ -197,7 +197,8 @@ def test_group_by_edges_reserved_skip_and_whole_floats(tmp_path):
 
 def test_a_full_set_group_says_why(tmp_path, capsys):
     """A group's qhat is infinite for one of three reasons, and the summary and the printed line name the right one:
-    no calibration question, too few for alpha, or too many calibration questions with no correct answer."""
+    no calibration question, too few for alpha, or more misses than the rank allows (7 of 40 at alpha 0.2: 8 misses,
+    a fifth of them, already make qhat infinite)."""
     cal = [_row(i, ["a", "b"], [0.9, 0.1], ["a" if i % 2 else "zzz"]) for i in range(40)]  # half miss
     for r in cal:
         r["kind"] = "many"
@@ -209,12 +210,30 @@ def test_a_full_set_group_says_why(tmp_path, capsys):
                      output=tmp_path / "o.jsonl", group_by="kind")  # fmt: skip
     g = s["groups"]
     assert g["many"]["calibration_missed"] == 20 and g["few"]["calibration_missed"] == 0
-    assert g["many"]["full_set_reason"].startswith("more than alpha")
+    assert g["many"]["full_set_reason"].endswith("(20; at most 7 may miss for alpha)")
     assert g["few"]["full_set_reason"] == "too few calibration questions for alpha"
     assert g["new"]["full_set_reason"] == "no calibration question"
     offline_main(["--calibration", str(tmp_path / "cal.jsonl"), "--predictions", str(tmp_path / "t.jsonl"),
                   "--alpha", "0.2", "--group-by", "kind", "--output", str(tmp_path / "m.jsonl")])  # fmt: skip
     out = capsys.readouterr().out
     assert "group many: qhat=None from 40 calibration questions (20 with no correct proposed answer)" in out
-    assert "(more than alpha of its calibration questions have no correct proposed answer: full sets" in out
+    assert (
+        "(too many calibration questions with no correct proposed answer (20; at most 7 may miss for alpha): full"
+        in out
+    )
     assert "(too few calibration questions for alpha: full sets" in out
+    lean = [{**_row(300 + i, ["a"], [0.9], ["a" if i >= 8 else "zzz"]), "kind": "lean"} for i in range(40)]
+    s = conformalize(_write(tmp_path / "lean.jsonl", lean), _write(tmp_path / "t2.jsonl", [{**test[0], "kind": "lean"}]),
+                     alpha=0.2, output=tmp_path / "o2.jsonl", group_by="kind")  # fmt: skip
+    assert s["groups"]["lean"]["full_set_reason"].endswith("(8; at most 7 may miss for alpha)")
+
+
+def test_new_questions_without_gold_answers_get_sets(tmp_path, capsys):
+    """The file to add sets to may hold new questions: no ``ground_truth`` there is not an error (the calibration
+    file still needs it), and the coverage is then not reported."""
+    cal = _write(tmp_path / "cal.jsonl", [_row(i, ["a", "b"], [0.9, 0.4], ["a"]) for i in range(20)])
+    new = _write(tmp_path / "new.jsonl", [{"id": "n1", "prediction": ["a", "b"], "confidence": [0.95, 0.3]}])
+    s = conformalize(cal, new, alpha=0.2, output=tmp_path / "o.jsonl")
+    assert s["ecr"] is None and json.loads((tmp_path / "o.jsonl").read_text())["conformal_set"] == ["a"]
+    assert offline_main(["--calibration", str(new), "--predictions", str(cal), "--alpha", "0.2"]) == 2
+    assert "field 'ground_truth'" in capsys.readouterr().err
