@@ -43,9 +43,9 @@ class ConformalCallback(Callback):
     * ``"fit_end"``: once, at the end of ``fit``, on ``trainer.datamodule.val_dataloader()`` (or the trainer's
       validation loaders), module in eval mode, no grad. Checkpoints written *during* ``fit`` (``ModelCheckpoint``)
       predate this; save with ``trainer.save_checkpoint`` afterwards to keep ``qhat``. When ``test`` or ``predict``
-      then loads such a checkpoint (``ckpt_path="best"``, as ``--test_after_fit`` and ``seeds`` do), its weights
-      are not those ``qhat`` was fitted on, so ``qhat`` is fitted again, on the same validation data, with the
-      weights that are tested. The same holds in every mode for a checkpoint without callback state
+      then loads such a checkpoint (``ckpt_path="best"``, as ``--test_after_fit`` and ``seeds`` do, or a later
+      ``predict --ckpt_path`` run in a new process), ``qhat`` is fitted (again) on the same validation data, with
+      the weights that are loaded. The same holds in every mode for a checkpoint without callback state
       (``save_weights_only``).
     * ``"validation"``: after every validation epoch (sanity check excepted), from the scores of that epoch, so that
       every ``ModelCheckpoint`` checkpoint holds the ``qhat`` of its weights (not a weights-only one). Note that choosing the best checkpoint
@@ -263,16 +263,18 @@ class ConformalCallback(Callback):
 
     def _refit_for_loaded_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """After a checkpoint that held no qhat (saved before qhat existed, or weights only) was loaded over the
-        weights qhat was fitted on, fit qhat again for the loaded weights."""
+        weights qhat was fitted on, fit qhat again for the loaded weights. With ``fit_on="fit_end"`` also when no
+        qhat was fitted in this process: a checkpoint written during ``fit`` predates the fit-end calibration, so a
+        later ``test`` or ``predict`` run calibrates on the validation data with the weights it loaded."""
         loaded_without_qhat = trainer.ckpt_path is not None and not self._restored
         self._restored = False
-        if not (loaded_without_qhat and self.fitted):
+        if not loaded_without_qhat or not (self.fitted or self.fit_on == "fit_end"):
             return
-        before = self.qhat
+        before = "none" if self.qhat is None else format(self.qhat, ".6g")
         self.fit(trainer, pl_module)
         log.info(
-            "ConformalCallback: %s holds no qhat; fitted again on the validation data with its weights "
-            "(qhat %.6g -> %.6g)", trainer.ckpt_path, before, self.qhat
+            "ConformalCallback: %s holds no qhat; fitted on the validation data with its weights (qhat %s -> %.6g)",
+            trainer.ckpt_path, before, self.qhat,
         )  # fmt: skip
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -244,6 +244,34 @@ def test_fit_end_qhat_is_refitted_for_the_checkpoint_that_is_tested(
     assert cb.qhat == pytest.approx(expected) and cb.qhat != pytest.approx(last_qhat)
 
 
+def test_fit_end_a_new_predict_run_calibrates_a_checkpoint_written_during_fit(
+    detection_dir, tiny_encoder_dir, tmp_path
+):
+    """The CLI's flow with the default fit_on="fit_end": ``fit`` writes its checkpoints before the fit-end
+    calibration, and a later ``predict`` run (a new trainer and callback) loads one. It calibrates on the validation
+    data with the loaded weights instead of stopping; a manual callback still stops, with its message."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    L.seed_everything(0)
+    dm = _dm(detection_dir, tiny_encoder_dir, tmp_path)
+    model = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    L.Trainer(
+        max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        accelerator="cpu", callbacks=[ckpt, ConformalCallback(alpha=0.2)],
+    ).fit(model, dm)  # fmt: skip
+    path = str(tmp_path / "ckpt" / "last.ckpt")
+    assert "ConformalCallback" not in str(torch.load(path, weights_only=False).get("callbacks", {}))  # no qhat in it
+    fresh = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
+    cb = ConformalCallback(alpha=0.2)
+    rows = [r for b in _trainer(tmp_path, [cb]).predict(fresh, dm, ckpt_path=path) for r in b]
+    loaded = HallucinationDetector.load_from_checkpoint(path, encoder=ENCODER, mlp_hidden=16)
+    expected = float(conformal_quantile(_scores(loaded, dm.val_dataloader()).calibration_scores("all"), 0.2))
+    assert cb.qhat == pytest.approx(expected) and rows and all("conformal_set" in r for r in rows)
+    with pytest.raises(RuntimeError, match="no threshold yet"):
+        _trainer(tmp_path, [ConformalCallback(fit_on="manual")]).predict(fresh, dm, ckpt_path=path)
+
+
 class _GroupedScorer(L.LightningModule):
     """Items of two groups whose true candidate scores differ: group 1's are much less conforming."""
 
