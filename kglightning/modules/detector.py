@@ -29,7 +29,8 @@ class HallucinationDetector(L.LightningModule):
     An answer that names a node of the question's graph is scored by the graph model (:class:`~kglightning.nn.KGGuard`
     over ``encoder``); one that names no node (an *ungrounded* answer, kept by
     :class:`~kglightning.datamodules.DetectionDataModule` with ``ungrounded="keep"``) by ``ungrounded_scorer``, from
-    its text, the question and the graph node nearest to it. Both are trained by the same loss. The test table gives
+    its text, the question and the graph node nearest to it (or, with ``text=False``, from its similarity to that
+    node, its place in the list and the answer features). Both are trained by the same loss. The test table gives
     every metric over the grounded answers (``test/f1``...) and over all answers (``test/all/f1``...), for the
     detector and each baseline (``test/<baseline>/f1``, ``test/all/<baseline>/f1``).
 

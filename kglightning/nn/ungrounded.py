@@ -2,7 +2,9 @@
 
 Such an answer has no place in the graph for a graph encoder to read, but it is not without evidence: its text, the
 question, and the graph node nearest to it in text-embedding space (a near miss of a real entity, or nothing like
-any entity) say much about whether it is hallucinated.
+any entity) say much about whether it is hallucinated. With few training answers the text embeddings are more
+inputs than they can fit; ``UngroundedAnswerScorer(text=False)`` then reads only the similarity to that nearest
+node, the answer's place in the list and the answer features.
 """
 
 from __future__ import annotations

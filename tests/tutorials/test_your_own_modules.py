@@ -1,6 +1,9 @@
 """The tutorial "Plug in your own graph encoder or LightningModule" (docs/tutorials/your-own-modules.md), run as a
 reader would: its Python block is saved as ``my_models.py`` in a fresh folder and its commands run there, with a tiny
-text encoder and two epochs added. The runs must have used the page's classes and trained them."""
+text encoder and two epochs added. The runs must have used the page's classes (the encoder's layers are in the
+checkpoint; the module's class and its ``smoothing`` are in the saved config and hyperparameters) and their losses
+must fall. That the smoothed targets are what ``SmoothedDetector.training_step`` trains on is not asserted: the
+loss it logs has the base class's name."""
 
 from __future__ import annotations
 

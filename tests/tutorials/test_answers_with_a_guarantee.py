@@ -1,0 +1,40 @@
+"""The tutorial "Keep answers with a guarantee" (docs/tutorials/answers-with-a-guarantee.md), run as a reader would:
+its commands are read from the page and run in order in a fresh folder, on 120/60/60 questions of the embedded data,
+with a tiny text encoder, a small model and two epochs added. What each step says it writes is checked. The last
+command (``select`` on files of the reader's own) is not run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+PAGE = "docs/tutorials/answers-with-a-guarantee.md"
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]
+
+SMALL = ["--data.init_args.encoder", "kglightning.data.SentenceEncoder", "--model.init_args.encoder.init_args.hidden_channels",
+         "32", "--model.init_args.encoder.init_args.heads", "4", "--trainer.max_epochs", "2",
+         "--trainer.enable_progress_bar", "false", "--data.init_args.max_records", "{train: 120, validation: 60, test: 60}"]  # fmt: skip
+
+
+def test_the_tutorial_runs_as_written_and_writes_what_it_says(tmp_path, tiny_encoder_dir, page_commands, run_command):
+    commands = page_commands(PAGE)
+    steps = [(c[3], "--pool" in c) for c in commands]
+    assert steps == [("fit", False), ("predict", False), ("predict", False), ("select", True), ("select", False)]
+    small = [*SMALL, "--data.init_args.encoder.init_args.model", tiny_encoder_dir]
+    for command in commands[:3]:
+        run_command(command, *small)
+    run_command(commands[3])
+
+    trusted = [json.loads(x) for x in (tmp_path / "outputs/trust/trusted_answers.jsonl").open()]
+    assert len(trusted) == 60  # one line per test question
+    for row in trusted:
+        assert {"prediction", "hallucination_prob", "grounding", "kept", "kept_scores", "dropped", "abstained",
+                "selection"} <= set(row)  # fmt: skip
+        assert row["selection"]["rule"] == "top" and row["selection"]["alpha"] == 0.1
+        assert row["abstained"] == (not row["kept"]) and len(row["kept"]) <= 2  # at most one per group
+        assert sorted(row["kept"] + row["dropped"]) == sorted(set(row["kept"] + row["dropped"]))
+    for name in ("report.md", "selection.png", "reliability.png"):
+        assert (tmp_path / "outputs/trust" / name).is_file(), name
+    report = (tmp_path / "outputs/selection/check/report.md").read_text()
+    assert "top" in report and "fdr" in report
