@@ -22,7 +22,8 @@ and average set size (APSS).
 With ``--group-by KEY`` (a per-question value of the rows: ``hops``, a dotted path such as ``extra.type``, the LLM
 that answered) every group gets its own ``qhat`` from its own calibration questions (Mondrian conformal), so the
 coverage holds within each group; a group whose ``qhat`` is infinite (no calibration question, too few for
-``alpha``, or too many of them with no correct proposed answer) gets full sets and is flagged with the reason, and the summary reports ``qhat``, the calibration size and misses, ECR and APSS per group.
+``alpha``, or too many of them with no correct proposed answer) gets full sets and is flagged with the reason, and
+the summary reports ``qhat``, the calibration size and misses, ECR and APSS per group.
 
 Input problems (bytes that are not UTF-8, invalid JSON, a bad or missing field, a missing ``confidence``, a repeated
 ``id``, an empty file) stop the command with one ``FILE:LINE: field 'NAME' ...`` line on stderr and exit status 2,
@@ -225,17 +226,14 @@ def full_set_reason(n: int, missed: int, alpha: float) -> str:
 
 
 def _group_summary(by_group: dict, qhats: dict, stats: dict, alpha: float) -> dict[str, dict[str, Any]]:
+    missed = {g: sum(map(math.isinf, scores)) for g, scores in by_group.items()}
     return {
         g: {
             "qhat": None if math.isinf(qhats[g]) else qhats[g],
             "full_sets": math.isinf(qhats[g]),
-            "full_set_reason": (
-                full_set_reason(len(by_group[g]), sum(map(math.isinf, by_group[g])), alpha)
-                if math.isinf(qhats[g])
-                else None
-            ),
+            "full_set_reason": full_set_reason(len(by_group[g]), missed[g], alpha) if math.isinf(qhats[g]) else None,
             "n_calibration": len(by_group[g]),
-            "calibration_missed": sum(map(math.isinf, by_group[g])),
+            "calibration_missed": missed[g],
             "n_test": st["n_test"],
             "ecr": st["covered"] / st["n_gold"] if st["n_gold"] else None,
             "apss": st["sizes"] / st["n_test"] if st["n_test"] else None,
