@@ -57,6 +57,7 @@ EXTRAS = {
         "mkdocstrings-python==2.0.11",
         "mkdocs-autorefs==1.4.5",
         "griffelib==2.4.1",
+        "ruff>=0.17,<0.18",  # mkdocstrings-python formats long signatures with it (one line each without it)
     ],
 }
 EXTRAS["all"] = sorted({*EXTRAS["cpu"], *EXTRAS["wandb"], *EXTRAS["test"], *EXTRAS["docs"]})

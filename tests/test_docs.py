@@ -159,6 +159,18 @@ def test_cli_reference_fits_the_column_and_keeps_every_word(cli_hook):
     assert cli_hook.tidy("    {a,bb,ccc,dddd}", width=12).splitlines() == ["    {a,bb,", "      ccc,", "      dddd}"]
 
 
+def test_the_docs_extra_formats_long_api_signatures():
+    """mkdocstrings-python prints a long signature on one line unless Black or Ruff is installed; the docs extra
+    installs ruff, so the API pages' signatures wrap at the configured line length."""
+    docs_extra = re.search(r'"docs": \[(.*?)\]', (ROOT / "setup.py").read_text(encoding="utf-8"), flags=re.S)
+    assert docs_extra and '"ruff' in docs_extra.group(1)
+    from mkdocstrings_handlers.python._internal.rendering import do_format_code
+
+    code = "def f(" + ", ".join(f"argument_{i}: int = {i}" for i in range(8)) + ") -> None: ..."
+    formatted = do_format_code(code, 88)
+    assert formatted.count("\n") > 3 and max(map(len, formatted.splitlines())) <= 88
+
+
 def test_cli_reference_hook_fills_only_its_page(cli_hook):
     class Page:
         class file:
