@@ -73,10 +73,11 @@ def tidy(text: str, width: int = WIDTH) -> str:
 
     Example:
         >>> tidy("  --print_config \\x08[=flags]")
-        '  --print_config [=flags]'
+        '  --print_config[=flags]'
         >>> tidy("    {a,bb,ccc,dddd}", width=12).splitlines()
         ['    {a,bb,', '      ccc,', '      dddd}']
     """
+    text = re.sub(r" ?\x08", "", text)  # a backspace erases the space before it, as a terminal shows it
     text = re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "", text)
     out = []
     for line in text.splitlines():

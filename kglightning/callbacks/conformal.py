@@ -271,10 +271,19 @@ class ConformalCallback(Callback):
         if not loaded_without_qhat or not (self.fitted or self.fit_on == "fit_end"):
             return
         before = "none" if self.qhat is None else format(self.qhat, ".6g")
-        self.fit(trainer, pl_module)
-        log.info(
-            "ConformalCallback: %s holds no qhat; fitted on the validation data with its weights (qhat %s -> %.6g)",
-            trainer.ckpt_path, before, self.qhat,
+        try:
+            self.fit(trainer, pl_module)
+        except (FileNotFoundError, ValueError) as e:
+            raise RuntimeError(
+                f"ConformalCallback: {trainer.ckpt_path} holds no qhat, and calibrating for its weights needs the "
+                f"validation data, which failed ({e}); pass a checkpoint saved after fitting, or call "
+                "callback.fit(trainer, model, calibration_loader) first"
+            ) from e
+        # a warning, not an info line: the CLI shows it, and predicting on the validation split itself would then
+        # give sets calibrated on the very questions they are for
+        log.warning(
+            "ConformalCallback: %s holds no qhat; calibrated now on the validation data with its weights (qhat %s -> "
+            "%.6g, %d items); do not predict on that split", trainer.ckpt_path, before, self.qhat, self.n_cal,
         )  # fmt: skip
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

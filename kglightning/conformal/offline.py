@@ -164,6 +164,7 @@ def conformalize(
         "calibration_missed": int(torch.isinf(scores).sum()),
         "n_test": len(test),
         "ecr": covered / n_gold if n_gold else None,
+        "n_gold": n_gold,  # the test questions with gold answers: ECR's denominator
         "apss": sizes / len(test),
         "n_calibration_skipped": len(cal.skipped),
         **({"group_by": group_by, "groups": _group_summary(by_group, qhats, stats, alpha)} if group_by else {}),
@@ -267,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for g, info in s.get("groups", {}).items():
         flag = f" ({info['full_set_reason']}: full sets, flagged)" if info["full_sets"] else ""
-        ecr = "" if info["ecr"] is None else f", test ECR {info['ecr']:.4f}, APSS {info['apss']:.2f}"
+        ecr = "" if info["apss"] is None else f", test APSS {info['apss']:.2f}"
+        if info["ecr"] is not None:
+            ecr = f", test ECR {info['ecr']:.4f}, APSS {info['apss']:.2f}"
         g_qhat = None if info["qhat"] is None else format(info["qhat"], ".6g")
         print(
             f"group {g}: qhat={g_qhat} from {info['n_calibration']} calibration questions "
@@ -275,8 +278,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     if s["full_sets"] and not s.get("groups"):
         print(f"alpha={args.alpha:g} cannot be reached with these proposals: every set is the full list (flagged)")
-    if s["ecr"] is not None:
+    if s["ecr"] is None:
+        print(f"test: APSS {s['apss']:.2f} over {s['n_test']} questions (none has gold answers: no ECR)")
+    elif s["n_gold"] == s["n_test"]:
         print(f"test: ECR {s['ecr']:.4f}, APSS {s['apss']:.2f} over {s['n_test']} questions")
+    else:
+        print(
+            f"test: ECR {s['ecr']:.4f} over the {s['n_gold']} questions with gold answers, APSS {s['apss']:.2f} "
+            f"over {s['n_test']} questions"
+        )
     n_skipped = s["n_calibration_skipped"] + s["n_test_skipped"]
     if n_skipped:
         print(

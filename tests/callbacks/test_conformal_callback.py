@@ -245,7 +245,7 @@ def test_fit_end_qhat_is_refitted_for_the_checkpoint_that_is_tested(
 
 
 def test_fit_end_a_new_predict_run_calibrates_a_checkpoint_written_during_fit(
-    detection_dir, tiny_encoder_dir, tmp_path
+    detection_dir, tiny_encoder_dir, tmp_path, caplog
 ):
     """The CLI's flow with the default fit_on="fit_end": ``fit`` writes its checkpoints before the fit-end
     calibration, and a later ``predict`` run (a new trainer and callback) loads one. It calibrates on the validation
@@ -264,12 +264,16 @@ def test_fit_end_a_new_predict_run_calibrates_a_checkpoint_written_during_fit(
     assert "ConformalCallback" not in str(torch.load(path, weights_only=False).get("callbacks", {}))  # no qhat in it
     fresh = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
     cb = ConformalCallback(alpha=0.2)
-    rows = [r for b in _trainer(tmp_path, [cb]).predict(fresh, dm, ckpt_path=path) for r in b]
+    with caplog.at_level(logging.WARNING, logger="kglightning.callbacks.conformal"):
+        rows = [r for b in _trainer(tmp_path, [cb]).predict(fresh, dm, ckpt_path=path) for r in b]
+    assert "holds no qhat; calibrated now on the validation data" in caplog.text  # shown on the CLI
     loaded = HallucinationDetector.load_from_checkpoint(path, encoder=ENCODER, mlp_hidden=16)
     expected = float(conformal_quantile(_scores(loaded, dm.val_dataloader()).calibration_scores("all"), 0.2))
     assert cb.qhat == pytest.approx(expected) and rows and all("conformal_set" in r for r in rows)
     with pytest.raises(RuntimeError, match="no threshold yet"):
         _trainer(tmp_path, [ConformalCallback(fit_on="manual")]).predict(fresh, dm, ckpt_path=path)
+    with pytest.raises(RuntimeError, match="holds no qhat, and calibrating for its weights needs the validation"):
+        _trainer(tmp_path, [ConformalCallback()]).predict(fresh, dataloaders=dm.predict_dataloader(), ckpt_path=path)
 
 
 class _GroupedScorer(L.LightningModule):

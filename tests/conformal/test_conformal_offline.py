@@ -237,3 +237,10 @@ def test_new_questions_without_gold_answers_get_sets(tmp_path, capsys):
     assert s["ecr"] is None and json.loads((tmp_path / "o.jsonl").read_text())["conformal_set"] == ["a"]
     assert offline_main(["--calibration", str(new), "--predictions", str(cal), "--alpha", "0.2"]) == 2
     assert "field 'ground_truth'" in capsys.readouterr().err
+    assert offline_main(["--calibration", str(cal), "--predictions", str(new), "--alpha", "0.2"]) == 0
+    assert "test: APSS 1.00 over 1 questions (none has gold answers: no ECR)" in capsys.readouterr().out
+    mixed = _write(tmp_path / "mixed.jsonl", [json.loads(new.read_text()), _row(99, ["a"], [0.9], ["zzz"])])
+    s = conformalize(cal, mixed, alpha=0.2, output=tmp_path / "m.jsonl")
+    assert s["n_gold"] == 1 and s["ecr"] == 0.0 and s["n_test"] == 2
+    offline_main(["--calibration", str(cal), "--predictions", str(mixed), "--alpha", "0.2"])
+    assert "ECR 0.0000 over the 1 questions with gold answers, APSS 1.00 over 2 questions" in capsys.readouterr().out
