@@ -82,6 +82,26 @@ class ConformalCallback(Callback):
         coverage: ``"all"`` (every true candidate in the set) or ``"any"`` (at least one).
         fit_on: when to fit, see above.
         by_group: one ``qhat`` per group of ``ConformalScores.groups`` (see above).
+
+    Example:
+        Any module with ``conformal_scores(batch)``; here each item has two candidate labels, the true one first, and
+        the batch holds the model's probability of each:
+
+        >>> import lightning as L
+        >>> class Scorer(L.LightningModule):
+        ...     def conformal_scores(self, batch):
+        ...         truth = torch.tensor([True, False]).expand(len(batch), 2)
+        ...         return ConformalScores(1 - batch, labels=truth, candidates=("yes", "no"))
+        >>> cb = ConformalCallback(alpha=0.2, fit_on="manual")
+        >>> calibration = [torch.tensor([[0.9, 0.1], [0.7, 0.3], [0.6, 0.4], [0.8, 0.2]])]
+        >>> round(cb.fit(None, Scorer(), calibration), 2)  # 1 - p(true): the ceil(5 * 0.8) = 4th smallest
+        0.4
+        >>> test = Scorer().conformal_scores(torch.tensor([[0.95, 0.05], [0.5, 0.5]]))
+        >>> test.sets(cb.qhat).tolist()  # candidates with 1 - p <= qhat; the second set is empty: no label clears it
+        [[True, False], [False, False]]
+
+        In a run, ``Trainer(callbacks=[ConformalCallback(alpha=0.1)])`` fits it at the end of ``fit`` on the
+        validation data, or ``--trainer.callbacks+=kglightning.callbacks.ConformalCallback`` on the command line.
     """
 
     def __init__(
