@@ -15,9 +15,27 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: what every tutorial run adds: the tiny text encoder's class (its folder comes from the fixture), two epochs
+TINY_RUN = ["--data.init_args.encoder", "kglightning.data.SentenceEncoder", "--trainer.max_epochs", "2",
+            "--trainer.enable_progress_bar", "false"]  # fmt: skip
+#: a smaller graph encoder than the configs' (hidden 128, 8 heads)
+SMALL_MODEL = [
+    "--model.init_args.encoder.init_args.hidden_channels",
+    "32",
+    "--model.init_args.encoder.init_args.heads",
+    "4",
+]
+#: part of the embedded data
+EMBEDDED_PART = ["--data.init_args.max_records", "{train: 120, validation: 60, test: 60}"]
+
+
+def _text(page: str) -> str:
+    return (ROOT / page).read_text(encoding="utf-8")
+
+
 def _commands(page: str) -> list[list[str]]:
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)```", _text(page), flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #", 1)[0].strip()
             if line.startswith("python -m kglightning"):
@@ -30,6 +48,25 @@ def page_commands() -> Callable[[str], list[list[str]]]:
     """``page_commands("docs/tutorials/x.md")``: the ``python -m kglightning ...`` commands of the page's bash blocks,
     in order, continuation lines joined and comments dropped."""
     return _commands
+
+
+@pytest.fixture
+def page_text() -> Callable[[str], str]:
+    """``page_text("docs/tutorials/x.md")``: the page as written."""
+    return _text
+
+
+@pytest.fixture
+def tiny_options(tiny_encoder_dir) -> Callable[..., list[str]]:
+    """``tiny_options(small_model=True, part=True)``: the options a tutorial test adds to a page's ``fit`` or
+    ``predict``: the tiny text encoder and two epochs, with a smaller graph encoder and part of the embedded data
+    unless told otherwise."""
+
+    def options(*, small_model: bool = True, part: bool = True) -> list[str]:
+        return [*TINY_RUN, "--data.init_args.encoder.init_args.model", tiny_encoder_dir,
+                *(SMALL_MODEL if small_model else []), *(EMBEDDED_PART if part else [])]  # fmt: skip
+
+    return options
 
 
 @pytest.fixture

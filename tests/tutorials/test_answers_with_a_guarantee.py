@@ -12,18 +12,13 @@ import pytest
 PAGE = "docs/tutorials/answers-with-a-guarantee.md"
 pytestmark = [pytest.mark.e2e, pytest.mark.heavy]
 
-SMALL = ["--data.init_args.encoder", "kglightning.data.SentenceEncoder", "--model.init_args.encoder.init_args.hidden_channels",
-         "32", "--model.init_args.encoder.init_args.heads", "4", "--trainer.max_epochs", "2",
-         "--trainer.enable_progress_bar", "false", "--data.init_args.max_records", "{train: 120, validation: 60, test: 60}"]  # fmt: skip
 
-
-def test_the_tutorial_runs_as_written_and_writes_what_it_says(tmp_path, tiny_encoder_dir, page_commands, run_command):
+def test_the_tutorial_runs_as_written_and_writes_what_it_says(tmp_path, tiny_options, page_commands, run_command):
     commands = page_commands(PAGE)
     steps = [(c[3], "--pool" in c) for c in commands]
     assert steps == [("fit", False), ("predict", False), ("predict", False), ("select", True), ("select", False)]
-    small = [*SMALL, "--data.init_args.encoder.init_args.model", tiny_encoder_dir]
     for command in commands[:3]:
-        run_command(command, *small)
+        run_command(command, *tiny_options())
     run_command(commands[3])
 
     trusted = [json.loads(x) for x in (tmp_path / "outputs/trust/trusted_answers.jsonl").open()]

@@ -11,17 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 PAGE = "docs/tutorials/conformal-sets.md"
 pytestmark = [pytest.mark.e2e, pytest.mark.heavy]
-
-SMALL = ["--data.init_args.encoder", "kglightning.data.SentenceEncoder", "--model.init_args.encoder.init_args.hidden_channels",
-         "32", "--model.init_args.encoder.init_args.heads", "4", "--trainer.max_epochs", "2",
-         "--trainer.enable_progress_bar", "false", "--data.init_args.max_records", "{train: 120, validation: 60, test: 60}"]  # fmt: skip
-
 
 NUMBER = re.compile(r"-?\d+\.\d+|-?\d+")
 
@@ -41,8 +35,10 @@ def same_output(page: list[str], run: list[str]) -> bool:
     return True
 
 
-def test_the_tutorial_runs_as_written_and_prints_what_it_shows(tmp_path, tiny_encoder_dir, page_commands, run_command):
-    text = (Path(__file__).resolve().parents[2] / PAGE).read_text(encoding="utf-8")
+def test_the_tutorial_runs_as_written_and_prints_what_it_shows(
+    tmp_path, tiny_options, page_text, page_commands, run_command
+):
+    text = page_text(PAGE)
     shown = [block.strip().splitlines() for block in re.findall(r"```text\n(.*?)```", text, flags=re.S)]
     commands = page_commands(PAGE)
     names = [c[3] for c in commands]
@@ -63,7 +59,7 @@ def test_the_tutorial_runs_as_written_and_prints_what_it_shows(tmp_path, tiny_en
         assert row["conformal_full_set"] is False and row["conformal_qhat"] == qhat
 
     fit, predict = commands[5:]
-    extra = [*SMALL, "--data.init_args.encoder.init_args.model", tiny_encoder_dir]
+    extra = tiny_options()
     run_command(fit, *extra)
     logged = next((tmp_path / "outputs/detector/graph_transformer").glob("version_*/metrics.csv")).read_text()
     assert "test/conformal_coverage" in logged and "test/conformal_set_size" in logged

@@ -29,21 +29,19 @@ def answers_file(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
-SMALL = ["--data.init_args.encoder", "kglightning.data.SentenceEncoder", "--data.init_args.batch_size", "8",
-         "--model.init_args.encoder.init_args.hidden_channels", "32", "--model.init_args.encoder.init_args.heads", "4",
-         "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false"]  # fmt: skip
-
-
 def test_the_tutorial_runs_as_written_and_writes_what_it_says(
-    tmp_path, tiny_encoder_dir, detection_records, page_commands, run_command
+    tmp_path, tiny_options, detection_records, page_commands, run_command
 ):
     commands = page_commands(PAGE)
     wanted = [c for c in commands if "--records" not in c and c[3] != "seeds"]
     assert [c[3] for c in wanted] == ["import-predictions", "fit", "predict", "predict"], commands
     answers_file(tmp_path / "predictions.jsonl", detection_records(80, 3))
     for command in wanted:
-        extra = [] if command[3] == "import-predictions" else [*SMALL, "--data.init_args.encoder.init_args.model",
-                                                                tiny_encoder_dir]  # fmt: skip
+        extra = (
+            []
+            if command[3] == "import-predictions"
+            else [*tiny_options(part=False), "--data.init_args.batch_size", "8"]
+        )
         run_command(command, *extra)
 
     data = tmp_path / "data" / "my_llm"

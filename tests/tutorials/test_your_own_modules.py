@@ -17,24 +17,23 @@ import torch
 PAGE = "docs/tutorials/your-own-modules.md"
 pytestmark = [pytest.mark.e2e, pytest.mark.heavy]
 
-SMALL = ["--data.init_args.encoder", "kglightning.data.SentenceEncoder", "--trainer.max_epochs", "2",
-         "--trainer.enable_progress_bar", "false", "--data.init_args.max_records", "{train: 120, validation: 60, test: 60}"]  # fmt: skip
-
 
 def train_losses(folder: Path) -> list[float]:
     rows = list(csv.DictReader((folder / "metrics.csv").open()))
     return [float(r["train/loss_epoch"]) for r in rows if r.get("train/loss_epoch")]
 
 
-def test_the_tutorial_runs_as_written_with_the_readers_classes(tmp_path, tiny_encoder_dir, page_commands, run_command):
-    text = (Path(__file__).resolve().parents[2] / PAGE).read_text(encoding="utf-8")
+def test_the_tutorial_runs_as_written_with_the_readers_classes(
+    tmp_path, tiny_options, page_text, page_commands, run_command
+):
+    text = page_text(PAGE)
     code, loading = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     (tmp_path / "my_models.py").write_text(code)
     commands = page_commands(PAGE)
     assert [c[3] for c in commands] == ["fit", "fit"], commands
     ckpt = tmp_path / "outputs/detector/graph_transformer/checkpoints/last.ckpt"
     logs = tmp_path / "outputs/detector/graph_transformer"
-    extra = [*SMALL, "--data.init_args.encoder.init_args.model", tiny_encoder_dir]
+    extra = tiny_options(small_model=False)  # the page's own encoder widths
     for command, name in zip(commands, ("gine", "smoothed")):
         run_command(command, *extra, "--trainer.logger.init_args.version", name)
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
