@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import torch
 
 from kglightning.data.cache import private_dir
 
@@ -57,6 +58,7 @@ __all__ = [
     "stage_state",
     "stored_map",
     "take_shard",
+    "torch_threads",
 ]
 
 log = logging.getLogger(__name__)
@@ -284,3 +286,15 @@ def stored_map(folder: str | Path | None) -> Any:
     except (OSError, ValueError, KeyError, TypeError, IndexError, pa.ArrowInvalid):
         return None
     return out if len(out) == manifest["rows"] else None
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch threads (the same arithmetic in every process of a map; a forked process that
+    used its parent's OpenMP pool would hang), then restore the count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import functools
+import hashlib
+import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -13,29 +15,28 @@ from torch_geometric.data import Batch, Data
 
 from kglightning.data.cache import folder_name
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
-from kglightning.data.parallel import forked_chunks
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
-from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
+from kglightning.data.stage_map import cached_map, fingerprint, stored_map
 from kglightning.data.text import RELATION_VIEWS, RelationView
-from kglightning.data.triple_array import release_graphs
 from kglightning.datamodules.base import KGQADataModule
-from kglightning.datamodules.detection_graphs import (
-    DetectionStats,
-    answer_paths,
-    build_detection_graph,
-    compact_graph,
-    expand_graph,
-    node_texts,
+from kglightning.datamodules.detection_graphs import DetectionStats, answer_paths, expand_graph
+from kglightning.datamodules.graph_rows import (
+    GRAPH_VERSION,
+    build_graph_rows,
+    graph_features,
+    graphs_from_rows,
+    row_stats,
+    row_texts,
 )
 from kglightning.datamodules.relation_prior import RelationPrior
-from kglightning.datamodules.text_rows import TextRows
 from kglightning.evidence.answer_signals import SIGNALS
 from kglightning.nn.kgguard import edge_types
 from kglightning.retrieval.faiss_grounding import FaissGrounder
 
 log = logging.getLogger(__name__)
 
-BUILD_CHUNK = 256  # questions per chunk when graphs are built on several processes
+BUILD_CHUNK = 256  # questions per stored piece of a split's graph rows (the unit a stopped run does not repeat)
 
 AnswerFeature = Literal[
     "path_score", "hops", "relation_prior", "votes", "first_rank", "log_answers", "cited_paths", "cited_in_graph",
@@ -49,8 +50,9 @@ class DetectionDataModule(KGQADataModule):
     """Graphs for KG-Guard: records with ``prediction`` become augmented subgraphs with labelled answer nodes.
 
     Records that carry no ``prediction`` get one from ``proposer`` (a KBQA system, by default none); its output
-    is cached per dataset and proposer configuration, so it runs once. Text embeddings of node labels, relations
-    and questions are computed once in :meth:`prepare_data` and cached on disk. ``test`` builds the validation graphs
+    is cached per dataset and proposer configuration, so it runs once. The graphs are built by a cached map
+    (:meth:`graph_rows`) and the embeddings of their texts (node labels, relations, questions, ungrounded answers)
+    computed once in :meth:`prepare_data`; both are kept on disk. ``test`` builds the validation graphs
     too (a :class:`~kglightning.callbacks.ConformalCallback` may calibrate on them).
 
     Args:
@@ -84,8 +86,9 @@ class DetectionDataModule(KGQADataModule):
         relation_view: how relations are written for the text encoder (edge types and ``path_score``'s paths):
             ``"readable"`` (``location country capital``), ``"raw"`` (``location.country.capital``) or ``"leaf"``
             (``capital``); see :func:`~kglightning.data.text.relation_text`.
-        build_workers: processes that build a split's graphs (forked, in contiguous chunks of questions; the graphs
-            and counts are those of one process). With ``near_miss`` set the graphs are built in one process.
+        build_workers: processes that build a split's graphs (``num_proc`` of the cached map that builds them,
+            :meth:`graph_rows`; the graphs and counts are those of one process). With ``near_miss`` set the graphs
+            are built in one process.
         **kwargs: the record-reading arguments of :class:`~kglightning.datamodules.KGQADataModule` (``data_dir``,
             ``max_records``, ``on_bad_record``, ``cache_dir``, ...).
     """
@@ -151,6 +154,7 @@ class DetectionDataModule(KGQADataModule):
         self._embeddings: EmbeddingCache | None = None
         self._answered: dict[str, list[KGQARecord]] = {}
         self._embedded: set[str] = set()
+        self._rows: dict[str, Any] = {}
 
     @property
     def text_dim(self) -> int:
@@ -213,7 +217,7 @@ class DetectionDataModule(KGQADataModule):
     def prepare_split(self, split: str) -> None:
         """Propose answers for ``split`` (or read them from the cache) and encode its texts."""
         if split not in self._embedded:
-            texts = {t for r in self.records(split) for t in node_texts(r, self.relation_view)}
+            texts = set(row_texts(self.graph_rows(split)).to_pylist())
             if "path_score" in self.answer_features:
                 texts.update(t for paths in self.answer_paths(split).values() for _, ts in paths for t in ts)
             self.embeddings.add(texts)
@@ -262,22 +266,54 @@ class DetectionDataModule(KGQADataModule):
             self._prior = RelationPrior(self.prior_neighbours).fit(questions, gold, [r.id for r in train])
         return self._prior
 
+    def graph_folder(self, split: str) -> Path:
+        """Where ``split``'s graph rows are kept (:mod:`~kglightning.datamodules.graph_rows`): keyed by
+        :meth:`dataset_key`, a digest of the records' questions, answers and predictions (proposed ones included),
+        the graph settings, the near-miss grounder's :attr:`~kglightning.retrieval.FaissGrounder.cache_key`,
+        :data:`~kglightning.datamodules.graph_rows.GRAPH_VERSION` and the records'
+        :data:`~kglightning.data.records.VALIDATION_VERSION`."""
+        records = self.records(split)
+        content = hashlib.sha256()
+        for r in records:
+            fields = (r.id, r.question, r.answer, r.a_entity, r.q_entity, r.prediction, r.confidence, len(r.graph))
+            content.update(json.dumps(fields, default=str).encode() + b"\0")
+        key = fingerprint(
+            GRAPH_VERSION, VALIDATION_VERSION, content.hexdigest(), self.add_reverse_edges, self.ungrounded,
+            self.relation_view, None if self.near_miss is None else self.near_miss.cache_key,
+        )  # fmt: skip
+        return self.cache_root / "detection_graphs" / self.dataset_key(split) / key
+
+    def graph_rows(self, split: str) -> Any:
+        """``split``'s graphs as rows (a ``datasets.Dataset``, one row per record; see
+        :mod:`~kglightning.datamodules.graph_rows`): a cached map over the records on ``build_workers`` processes,
+        read back whole when a run with the same inputs stored them, resumed where a stopped run left off."""
+        if split not in self._rows:
+            import datasets
+
+            records = self.records(split)
+            folder = self.graph_folder(split)
+            done = stored_map(folder)
+            if done is None or len(done) != len(records):
+                workers = self.build_workers
+                if workers > 1 and self.near_miss is not None:  # the grounder encodes answers: kept in this process
+                    log.info("%s: near_miss grounding is on; building the graphs in one process", split)
+                    workers = 1
+                questions = datasets.Dataset.from_dict({"index": list(range(len(records)))})
+                done = cached_map(
+                    questions, build_graph_rows, graph_features(), folder, workers=workers, piece=BUILD_CHUNK,
+                    state=(records, self.add_reverse_edges, self.ungrounded, self._near, self.relation_view),
+                    desc=f"{split} graphs", progress=len(records) >= BUILD_CHUNK,
+                )  # fmt: skip
+            self._rows[split] = done
+        return self._rows[split]
+
     def build_split(self, split: str) -> list[Data]:
         records = self.records(split)
         self.prepare_split(split)
-        text_id = TextRows(self.embeddings._index)  # each vocabulary string looked up once for the split
-        stats = DetectionStats()
-        workers = self.build_workers
-        if workers > 1 and self.near_miss is not None:  # the grounder encodes answers: kept in this process
-            log.info("%s: near_miss grounding is on; building the graphs in one process", split)
-            workers = 1
-        job = functools.partial(
-            _build_chunk, records, text_id, self.add_reverse_edges, self.ungrounded, self._near, self.relation_view
-        )
-        pairs: list[tuple[KGQARecord, Data]] = []  # kept for every epoch as compact graphs; collate expands them
-        for lo, _, (part, chunk_stats) in forked_chunks(job, len(records), workers, BUILD_CHUNK):
-            pairs.extend((records[lo + i], g) for i, g in part)
-            stats.merge(chunk_stats)
+        rows = self.graph_rows(split)
+        stats = row_stats(rows)
+        # kept for every epoch as compact graphs; collate expands them
+        pairs = [(records[i], g) for i, g in graphs_from_rows(rows, self.embeddings._index)]
         graphs = [g for _, g in pairs]
         for i, g in enumerate(graphs):  # names the graph across DDP processes (padded repeats are dropped by it)
             g.item_id = i
@@ -345,24 +381,3 @@ class DetectionDataModule(KGQADataModule):
         batch.type_text_emb = rows(type_text)
         batch.question = batch.x_text[batch.question_index][batch.batch[batch.answer_index]]
         return batch
-
-
-def _build_chunk(
-    records: Sequence[KGQARecord],
-    text_id: TextRows,
-    add_reverse_edges: bool,
-    ungrounded: str,
-    near: Callable[[KGQARecord], Callable[[str], str | None] | None],
-    relation_view: RelationView,
-    lo: int,
-    hi: int,
-) -> tuple[list[tuple[int, Data]], DetectionStats]:
-    """The compact graphs of ``records[lo:hi]`` (with their place in the chunk) and their counts."""
-    stats, part = DetectionStats(), []
-    for i, r in enumerate(records[lo:hi]):
-        g = build_detection_graph(r, text_id, stats, add_reverse_edges, ungrounded, near(r), relation_view)
-        if g:
-            part.append((i, compact_graph(g)))
-    # the chunk's graphs are read: their pages of the record store's map leave this process (mapped_pages)
-    release_graphs(r.graph for r in records[lo:hi])
-    return part, stats

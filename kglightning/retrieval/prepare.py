@@ -46,9 +46,8 @@ from tqdm.auto import tqdm
 from kglightning.data.cache import default_cache_root
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import khop_ids
-from kglightning.data.parallel import torch_threads
 from kglightning.data.records import KGQARecord
-from kglightning.data.stage_map import cached_map, fingerprint, stage_state, take_shard
+from kglightning.data.stage_map import cached_map, fingerprint, stage_state, take_shard, torch_threads
 from kglightning.data.text import relation_text
 from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats

@@ -173,16 +173,19 @@ def stored(tmp_path, monkeypatch):
 
 
 @linux
-def test_the_detector_gives_back_the_graph_pages_of_each_chunk_it_built(stored):
-    from kglightning.datamodules.detection import _build_chunk
-    from kglightning.datamodules.detection_graphs import node_texts
-    from kglightning.datamodules.text_rows import TextRows
+def test_the_detector_gives_back_the_graph_pages_of_each_batch_it_built(stored):
+    import datasets
+
+    from kglightning.data.stage_map import cached_map
+    from kglightning.datamodules.graph_rows import build_graph_rows, graph_features
 
     records, graphs = stored
-    text_id = TextRows({t: i for i, t in enumerate(dict.fromkeys(t for r in records for t in node_texts(r)))})
-    assert _resident_kib(graphs) > 200  # node_texts read every graph
-    part, _ = _build_chunk(records, text_id, True, "keep", lambda r: None, "readable", 0, len(records))
-    assert len(part) == 4 and all(g.num_nodes > 25_000 for _, g in part)
+    _touch(records[0].graph.ids)
+    assert _resident_kib(graphs) > 200
+    state = (records, True, "keep", lambda r: None, "readable")
+    questions = datasets.Dataset.from_dict({"index": list(range(len(records)))})
+    rows = cached_map(questions, build_graph_rows, graph_features(), None, state=state, batch_size=2, progress=False)
+    assert list(rows["built"]) == [True] * 4 and all(n > 25_000 for n in rows["num_nodes"])
     assert _resident_kib(graphs) < 64
 
 

@@ -9,8 +9,11 @@ RSS counts the pages of memory-mapped embedding shards the stage touched, which 
 * ``index``: :meth:`KGIndex.from_record <kglightning.data.kg.KGIndex.from_record>` per question;
 * ``evidence``: :meth:`EvidenceBuilder.mine <kglightning.evidence.EvidenceBuilder.mine>` per question;
 * ``pcst``: :meth:`PCSTRetriever.retrieve_record <kglightning.retrieval.PCSTRetriever.retrieve_record>` per question;
-* ``detector``: the detector's data path, records to batched graphs (``build_detection_graph``, then per batch of 32
-  what ``DetectionDataModule.collate`` does: ``Batch.from_data_list``, the text-embedding lookup, the edge types);
+* ``detector``: the detector's data path, records to batched graphs (the graph rows built by their cached map and
+  read back, ``graph_rows``; in trees before it, ``build_detection_graph``), then per batch of 32 what
+  ``DetectionDataModule.collate`` does: ``Batch.from_data_list``, the text-embedding lookup, the edge types. With
+  graph rows, ``seconds`` is a run's whose rows are stored (reading them, ``rows_read_s``, and the batches,
+  ``batches_s``); the first run adds the build, ``rows_build_s``; the row also gives the rows' size on disk;
 * ``uag``: :func:`~kglightning.conformal.uag.scores.score_questions` (UAG's candidate scores, 3 hops; with
   ``BENCH_UAG_QUESTIONS=n``, of the first ``n`` questions of all those read), and the size of the scores it keeps;
   then calibration on them (:class:`~kglightning.conformal.uag.UAGController` ``fit`` and ``select(0.1)``, its
@@ -207,26 +210,37 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
             from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph
             from kglightning.nn.kgguard import edge_types
 
-            stats, graphs = DetectionStats(), []
-            try:  # this tree: one vocabulary-to-row map for the split, graphs kept compact; older code: neither
-                from kglightning.datamodules.detection_graphs import compact_graph, expand_graph
-                from kglightning.datamodules.text_rows import TextRows
+            stats = DetectionStats()
+            # this tree: the graphs built as stored Arrow rows by a map, then read back; older trees: built directly
+            graphs = _detector_rows(records, emb, cache.parent / "graph_rows", extra)
+            if "rows_build_s" in extra:  # ``seconds`` is a run's whose rows are stored: read and batches
+                t0 += extra["rows_build_s"]
+                extra["rows_build_s"] = round(extra["rows_build_s"], 1)
+            if graphs is None:
+                graphs = []
+                try:  # one vocabulary-to-row map for the split, graphs kept compact; older code: neither
+                    from kglightning.datamodules.detection_graphs import compact_graph, expand_graph
+                    from kglightning.datamodules.text_rows import TextRows
 
-                text_id = TextRows(emb._index)
-            except ImportError:  # older code (a --baseline checkout); the row says so (``compat``)
-                text_id, compact_graph, expand_graph = emb._index, (lambda g: g), (lambda g: g)
-                extra["compat"] = True
-            for r in records:
-                g = build_detection_graph(r, text_id, stats, True, "keep")
-                if g is not None:
-                    graphs.append(compact_graph(g))
+                    text_id = TextRows(emb._index)
+                except ImportError:  # older code (a --baseline checkout); the row says so (``compat``)
+                    text_id, compact_graph, expand_graph = emb._index, (lambda g: g), (lambda g: g)
+                    extra["compat"] = True
+                for r in records:
+                    g = build_detection_graph(r, text_id, stats, True, "keep")
+                    if g is not None:
+                        graphs.append(compact_graph(g))
+            else:
+                from kglightning.datamodules.detection_graphs import expand_graph
             rows = getattr(emb, "rows", None) or emb.table.__getitem__  # older code: one float32 table
+            t_batches = time.perf_counter()
             for lo in range(0, len(graphs), 32):  # what DetectionDataModule.collate does per batch
                 batch = Batch.from_data_list([expand_graph(g) for g in graphs[lo : lo + 32]])
                 batch.x_text = rows(batch.node_text)
                 batch.ungrounded_x = rows(batch.ungrounded_text)
                 type_text, _, _ = edge_types(batch.edge_text, batch.edge_kind)
                 batch.type_text_emb = rows(type_text)
+            extra["batches_s"] = round(time.perf_counter() - t_batches, 1)
         elif stage == "uag":
             from kglightning.conformal.uag.scores import score_questions
 
@@ -253,6 +267,31 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
     else:
         raise ValueError(f"unknown stage {stage!r}")
     return _result(stage, records, triples, time.perf_counter() - t0, base, after_read)
+
+
+def _detector_rows(records, emb, folder: Path, extra: dict) -> list | None:
+    """DetectionDataModule's graphs: the cached map that builds the graph rows into ``folder`` (emptied first, so
+    they are built: ``rows_build_s``, what a first run adds), then the graphs read from the stored rows, as every
+    later run does (``rows_read_s``). ``None`` where the tree has no graph rows."""
+    try:
+        import datasets
+
+        from kglightning.data.stage_map import cached_map, stored_map
+        from kglightning.datamodules.graph_rows import build_graph_rows, graph_features, graphs_from_rows
+    except ImportError:
+        return None
+    shutil.rmtree(folder, ignore_errors=True)
+    t0 = time.perf_counter()
+    questions = datasets.Dataset.from_dict({"index": list(range(len(records)))})
+    state = (records, True, "keep", lambda r: None, "readable")
+    rows = cached_map(questions, build_graph_rows, graph_features(), folder, state=state, piece=256, progress=False)
+    extra["rows_build_s"] = time.perf_counter() - t0
+    del rows
+    t0 = time.perf_counter()
+    graphs = [g for _, g in graphs_from_rows(stored_map(folder), emb._index)]
+    extra["rows_read_s"] = round(time.perf_counter() - t0, 1)
+    extra["rows_mib"] = round(sum(p.stat().st_size for p in folder.glob("*.arrow")) / 2**20, 1)
+    return graphs
 
 
 def _pool_bytes(pool) -> int:

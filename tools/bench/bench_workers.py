@@ -2,15 +2,15 @@
 seconds, questions per second, speed-up, and whether the output is identical.
 
 Each stage runs exactly what their DataModules run per chunk of questions, through
-:func:`~kglightning.data.stage_map.cached_map` (evidence, PCST) or :func:`~kglightning.data.parallel.forked_chunks`
-(detector graphs):
+:func:`~kglightning.data.stage_map.cached_map`, with nothing stored (``folder=None``):
 
 * ``evidence``: :class:`~kglightning.datamodules.ProxySFTDataModule`'s mining (``mine_workers``): ``mine_row`` per
   question (:class:`~kglightning.evidence.EvidenceBuilder` with the paper's settings), ``MINE_CHUNK`` questions a
   call; the output is the JSON rows the DataModule caches.
 * ``detector``: :class:`~kglightning.datamodules.DetectionDataModule`'s graph building (``build_workers``): one
-  compact graph per question, ``BUILD_CHUNK`` questions a chunk, over a warm embedding cache (the texts are encoded
-  once beforehand, untimed, by ``bench_scale.py``'s hashing encoder); the output is the graphs (by value) and counts.
+  graph row per question (:mod:`~kglightning.datamodules.graph_rows`), ``BUILD_CHUNK`` questions a piece, then the
+  compact graphs read from the rows over a warm embedding cache (the texts are encoded once beforehand, untimed, by
+  ``bench_scale.py``'s hashing encoder); the output is the graphs (by value) and counts.
 * ``pcst``: the PCST cuts of ``build-subgraphs`` and of a DataModule's ``subgraphs``
   (:func:`~kglightning.retrieval.prepare.cut_records`, ``workers``), each question cut from its own graph over a
   warm cache; the output is the cut records and their counts (not the per-cut timings they also hold).
@@ -23,7 +23,6 @@ The speed-up is against the first ``--workers`` value (1 by default). Records co
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import os
 import pickle
@@ -59,37 +58,39 @@ def _no_grounder(record):
 
 
 def _text_rows(records, cache_dir: Path):
-    """The detector's text-row map over a warm cache, made once for every ``--workers`` value: a cache opened again
+    """The detector's text -> row map over a warm cache, made once for every ``--workers`` value: a cache opened again
     after new strings were encoded may number its rows otherwise (rows follow the shards' order by name)."""
     from bench_scale import HashEncoder
 
     from kglightning.data.embeddings import EmbeddingCache
     from kglightning.datamodules.detection_graphs import node_texts
-    from kglightning.datamodules.text_rows import TextRows
 
     cache = EmbeddingCache(HashEncoder(), cache_dir)
     cache.add({t for r in records for t in node_texts(r)})  # warm: encoded once, before any timing
-    return TextRows(cache._index)
+    return cache._index
 
 
 def _detector(records, workers: int, text_id) -> tuple[float, str]:
+    import datasets
     import torch
 
-    from kglightning.data.parallel import forked_chunks
-    from kglightning.datamodules.detection import BUILD_CHUNK, _build_chunk
-    from kglightning.datamodules.detection_graphs import DetectionStats
+    from kglightning.data.stage_map import cached_map
+    from kglightning.datamodules.detection import BUILD_CHUNK
+    from kglightning.datamodules.graph_rows import build_graph_rows, graph_features, graphs_from_rows, row_stats
 
-    job = functools.partial(_build_chunk, records, text_id, True, "keep", _no_grounder, "readable")
-    digest, stats = hashlib.sha1(), DetectionStats()
+    digest = hashlib.sha1()
     t0 = time.perf_counter()
-    for lo, _, (part, chunk_stats) in forked_chunks(job, len(records), workers, BUILD_CHUNK):
-        for i, g in part:
-            digest.update(f"{lo + i}".encode())
-            for key in sorted(g.keys()):  # by value: a tensor's pickle also holds its storage's layout
-                v = g[key]
-                v = (v.dtype, tuple(v.shape), v.contiguous().numpy().tobytes()) if torch.is_tensor(v) else v
-                digest.update(pickle.dumps((key, v), protocol=5))
-        stats.merge(chunk_stats)
+    questions = datasets.Dataset.from_dict({"index": list(range(len(records)))})
+    state = (records, True, "keep", _no_grounder, "readable")
+    rows = cached_map(questions, build_graph_rows, graph_features(), None, state=state, workers=workers,
+                      piece=BUILD_CHUNK, progress=False)  # fmt: skip
+    for i, g in graphs_from_rows(rows, text_id):
+        digest.update(f"{i}".encode())
+        for key in sorted(g.keys()):  # by value: a tensor's pickle also holds its storage's layout
+            v = g[key]
+            v = (v.dtype, tuple(v.shape), v.contiguous().numpy().tobytes()) if torch.is_tensor(v) else v
+            digest.update(pickle.dumps((key, v), protocol=5))
+    stats = row_stats(rows)
     seconds = time.perf_counter() - t0
     digest.update(repr(sorted(vars(stats).items())).encode())
     return seconds, digest.hexdigest()[:12]

@@ -1,0 +1,226 @@
+"""Detection graphs as Arrow rows: built by a cached ``datasets`` map, read back column by column.
+
+:class:`~kglightning.datamodules.DetectionDataModule` builds one graph per question
+(:func:`~kglightning.datamodules.detection_graphs.build_detection_graph`). :func:`build_graph_rows` runs that as a
+:func:`~kglightning.data.stage_map.cached_map` step: on ``workers`` processes, kept as Arrow files, resumed where a
+stopped run left off, and read back whole by the next run with the same inputs.
+
+A row holds a question's graph in the compact form of
+:func:`~kglightning.datamodules.detection_graphs.compact_graph`, with texts of its own: ``texts`` lists the distinct
+strings the graph refers to (node names, relation texts, the question, ungrounded answers), and ``node_text``,
+``edge_text`` and ``ungrounded_text`` index that list. The rows so do not depend on an embedding table's numbering
+(which depends on what the table held before). :func:`graphs_from_rows` turns them into graphs whose texts are rows of
+a table: the texts of all rows are hashed at once by Arrow, each distinct text is looked up once, and the local
+indices become table rows with numpy. :func:`row_texts` gives those distinct texts (what the table must hold).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from torch_geometric.data import Data
+
+from kglightning.data.stage_map import stage_state, torch_threads
+from kglightning.data.triple_array import release_graphs
+from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, compact_graph
+from kglightning.evidence.answer_signals import SIGNALS
+from kglightning.nn.kgguard import EDGE_VIRTUAL
+
+__all__ = ["GRAPH_VERSION", "build_graph_rows", "graph_features", "graphs_from_rows", "row_texts"]
+
+#: changes whenever a stored row would come out otherwise (a new field, another graph for the same record)
+GRAPH_VERSION = 1
+
+# list columns: name -> (Arrow value type, numpy dtype of the stored values, torch dtype of the graph's tensor)
+_LISTS: dict[str, tuple[str, Any, torch.dtype]] = {
+    "node_text": ("int32", np.int32, torch.int32),
+    "edge_index": ("int32", np.int32, torch.int32),  # the two rows of (2, E), one after the other
+    "edge_text": ("int32", np.int32, torch.int32),
+    "edge_kind": ("int8", np.int8, torch.int8),
+    "topics": ("int32", np.int32, torch.long),
+    "answer_index": ("int32", np.int32, torch.long),
+    "ungrounded_text": ("int32", np.int32, torch.long),
+    "answer_grounding": ("int8", np.int8, torch.long),
+    "answer_rank": ("float32", np.float32, torch.float),
+    "y": ("float32", np.float32, torch.float),
+    "proposer_confidence": ("float32", np.float32, torch.float),
+    "answer_signals": ("float32", np.float32, torch.float),  # (answers, len(SIGNALS)) row by row
+}
+_TEXT_COLUMNS = ("node_text", "edge_text", "ungrounded_text")  # local indices into the row's texts
+
+
+def graph_features() -> Any:
+    """The rows' ``datasets.Features``."""
+    import datasets
+
+    v = datasets.Value
+    return datasets.Features({
+        "index": v("int64"), "built": v("bool"), "stats": v("large_string"), "qid": v("string"),
+        "num_nodes": v("int64"), "compact_reverse": v("int64"), "labelled": v("bool"),
+        "texts": datasets.List(v("string")), "answer_names": datasets.List(v("string")),
+        "answer_entries": datasets.List(datasets.List(v("int32"))),
+        **{name: datasets.List(v(arrow)) for name, (arrow, _, _) in _LISTS.items()},
+    })  # fmt: skip
+
+
+class _LocalTexts:
+    """``text -> index`` into a list of the texts asked for, in the order first asked (one graph's own texts)."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+
+    def get(self, text: str, default: Any = None) -> int:
+        return self.index.setdefault(text, len(self.index))
+
+    __getitem__ = get
+
+
+def graph_row(g: Data | None, index: int, stats: DetectionStats, texts: list[str]) -> dict[str, Any]:
+    """One question's row: its compact graph (``None``: no graph) with texts indexing ``texts``."""
+    row: dict[str, Any] = {"index": index, "built": g is not None, "stats": json.dumps(dataclasses.asdict(stats))}
+    if g is None:
+        row |= {k: None for k in ("qid", "num_nodes", "compact_reverse", "labelled")}
+        row |= {k: [] for k in ("texts", "answer_names", "answer_entries")}
+        return row | {name: np.zeros(0, dtype) for name, (_, dtype, _) in _LISTS.items()}
+    g = compact_graph(g)
+    row |= {"qid": g.qid, "num_nodes": int(g.num_nodes), "compact_reverse": int(g.compact_reverse),
+            "labelled": bool(g.labelled), "texts": texts, "answer_names": list(g.answer_names),
+            "answer_entries": [list(e) for e in g.answer_entries]}  # fmt: skip
+    for name, (_, dtype, _) in _LISTS.items():
+        values = g.topic_mask.nonzero() if name == "topics" else g[name]  # the topic entities' nodes
+        row[name] = values.reshape(-1).numpy().astype(dtype)
+    return row
+
+
+def build_graph_rows(batch: dict[str, list]) -> dict[str, list]:
+    """The map step: the rows of the questions ``batch["index"]`` of the records in :func:`stage_state`, a tuple
+    ``(records, add_reverse_edges, ungrounded, near, relation_view)`` (``near(record)``: the near-miss matcher of a
+    record's nodes, or ``None``)."""
+    records, add_reverse_edges, ungrounded, near, relation_view = stage_state()
+    out: dict[str, list] = {k: [] for k in graph_features()}
+    with torch_threads(1):  # the same arithmetic in every process
+        for i in batch["index"]:
+            record, stats, texts = records[i], DetectionStats(), _LocalTexts()
+            g = build_detection_graph(record, texts, stats, add_reverse_edges, ungrounded, near(record), relation_view)
+            for key, value in graph_row(g, i, stats, list(texts.index)).items():
+                out[key].append(value)
+    release_graphs(records[i].graph for i in batch["index"])  # read for the last time: their pages leave
+    return out
+
+
+def row_stats(ds: Any) -> DetectionStats:
+    """The counts of every row of ``ds`` merged (the split's :class:`DetectionStats`)."""
+    stats = DetectionStats()
+    for text in ds["stats"]:
+        stats.merge(DetectionStats(**json.loads(text)))
+    return stats
+
+
+def _table(ds: Any) -> pa.Table:
+    return ds.with_format("arrow")[:] if len(ds) else ds.features.arrow_schema.empty_table()
+
+
+def row_texts(ds: Any) -> pa.Array:
+    """The distinct texts the rows of ``ds`` refer to (an Arrow string array, each once)."""
+    texts = pc.list_flatten(_table(ds).column("texts"))
+    return pc.unique(texts) if len(texts) else pa.array([], pa.string())
+
+
+def graphs_from_rows(ds: Any, text_row: Mapping[str, int]) -> Iterator[tuple[int, Data]]:
+    """``(record index, compact graph)`` for the rows of ``ds`` that hold a graph, in order, with texts as rows of
+    ``text_row`` (``text -> row``, e.g. an embedding table's index, which must hold :func:`row_texts`)."""
+    table = _table(ds)
+    texts = pc.list_flatten(table.column("texts"))
+    unique = pc.unique(texts) if len(texts) else pa.array([], pa.string())
+    found = list(map(text_row.get, unique.to_pylist()))
+    if None in found:
+        text = unique[found.index(None)].as_py()
+        raise KeyError(f"{text!r} has no row in the embedding table: embed the texts of the graph rows first")
+    table_rows = np.asarray(found, dtype=np.int64)
+    codes = _numpy(pc.index_in(texts, value_set=unique)) if len(texts) else np.zeros(0, np.int64)
+    rows_of_text = table_rows[codes]  # the table row of each text of each row, rows one after the other
+    text_start = np.concatenate([[0], np.cumsum(_numpy(pc.list_value_length(table.column("texts"))))])
+    n = 0
+    for batch in table.to_batches():
+        lists = {name: _Lists(batch.column(name)) for name in (*_LISTS, "answer_entries")}
+        for r, (built, index) in enumerate(zip(batch.column("built").to_pylist(), batch.column("index").to_pylist())):
+            if built:
+                yield index, _graph(batch, r, lists, rows_of_text[text_start[n + r] : text_start[n + r + 1]])
+        n += batch.num_rows
+
+
+def _numpy(a: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    chunks = a.chunks if isinstance(a, pa.ChunkedArray) else [a]
+    return np.concatenate([c.to_numpy(zero_copy_only=False) for c in chunks]) if chunks else np.zeros(0, np.int64)
+
+
+class _Lists:
+    """A list column of a record batch: row ``r``'s values as a numpy array (a copy), with one read of the column."""
+
+    def __init__(self, column: pa.ListArray) -> None:
+        self.offsets = column.offsets.to_numpy()
+        self.values = column.values
+        self._flat: np.ndarray | None = None
+
+    def __call__(self, r: int) -> np.ndarray:
+        if self._flat is None:
+            self._flat = self.values.to_numpy(zero_copy_only=False)
+        return np.array(self._flat[self.offsets[r] : self.offsets[r + 1]])
+
+
+def _graph(batch: pa.RecordBatch, r: int, lists: dict[str, _Lists], text_rows: np.ndarray) -> Data:
+    def cell(name: str) -> Any:
+        return batch.column(name)[r].as_py()
+
+    n = cell("num_nodes")
+    virtual = n - 1
+    t: Callable[[str], torch.Tensor] = lambda name: torch.from_numpy(lists[name](r)).to(_LISTS[name][2])  # noqa: E731
+    texts = {name: text_rows[lists[name](r)] for name in _TEXT_COLUMNS}
+    edge_kind = t("edge_kind")
+    texts["edge_text"][edge_kind.numpy() == EDGE_VIRTUAL] = 0  # no text: 0, as built (the model masks it out)
+    topic_mask = torch.zeros(n, dtype=torch.bool)
+    topic_mask[t("topics")] = True
+    answer_index = t("answer_index")
+    answer_mask = torch.zeros(n, dtype=torch.bool)
+    answer_mask[answer_index] = True
+    names = cell("answer_names")
+    entries = lists["answer_entries"]
+    inner = entries.values  # list<int32> per answer: the row's answers' lists
+    lo, hi = entries.offsets[r], entries.offsets[r + 1]
+    return Data(
+        num_nodes=n,
+        node_text=_narrow(texts["node_text"]),
+        topic_mask=topic_mask,
+        answer_mask=answer_mask,
+        edge_index=t("edge_index").view(2, -1),
+        edge_text=_narrow(texts["edge_text"]),
+        edge_kind=edge_kind,
+        answer_index=answer_index,
+        ungrounded_text=torch.from_numpy(texts["ungrounded_text"].astype(np.int64)),
+        ungrounded_question_index=torch.full((len(texts["ungrounded_text"]),), virtual, dtype=torch.long),
+        answer_grounding=t("answer_grounding"),
+        answer_rank=t("answer_rank"),
+        num_answer_items=torch.tensor([len(names)]),
+        y=t("y"),
+        labelled=torch.tensor([cell("labelled")]),
+        proposer_confidence=t("proposer_confidence"),
+        answer_signals=t("answer_signals").view(len(names), len(SIGNALS)),
+        question_index=torch.tensor([virtual]),
+        qid=cell("qid"),
+        answer_names=names,
+        answer_entries=inner.slice(lo, hi - lo).to_pylist(),
+        compact_reverse=torch.tensor(cell("compact_reverse")),
+    )
+
+
+def _narrow(rows: np.ndarray) -> torch.Tensor:
+    """Table rows as ``int32`` when every one fits (as :func:`compact_graph` keeps them), else ``int64``."""
+    fits = not rows.size or int(rows.max()) < 2**31
+    return torch.from_numpy(rows.astype(np.int32 if fits else np.int64))

@@ -1,0 +1,158 @@
+"""Detection graphs as Arrow rows: read back they are the graphs built directly, whatever the embedding table's
+numbering; DetectionDataModule keeps them by what they depend on, reads them back without building, and builds anew
+when a setting changes."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+from kglightning.data import SentenceEncoder
+from kglightning.data.records import KGQARecord
+from kglightning.data.stage_map import cached_map
+from kglightning.datamodules import DetectionDataModule
+from kglightning.datamodules import graph_rows as gr
+from kglightning.datamodules.detection_graphs import (
+    DetectionStats,
+    build_detection_graph,
+    compact_graph,
+    expand_graph,
+    node_texts,
+)
+from kglightning.datamodules.text_rows import TextRows
+from kglightning.nn import EDGE_VIRTUAL
+
+
+def _records() -> list[KGQARecord]:
+    base = {"question": "capital of France?", "answer": ["Paris"], "q_entity": ["France"], "a_entity": ["Paris"]}
+    graph = [["France", "capital", "Paris"], ["France", "currency", "Euro"], ["Spain", "borders", "France"]]
+    rows = [
+        {"id": "a", "graph": graph, "prediction": ["Paris", "Euro", "unknown", "Atlantis", "paris"],
+         "confidence": [0.9, 0.5, 0.1, 0.3, 0.2]},
+        {"id": "b", "graph": graph, "prediction": ["Atlantis"]},  # ungrounded only
+        {"id": "c", "graph": [], "prediction": ["Paris"]},  # no graph: ungrounded
+        {"id": "d", "graph": graph, "prediction": ["I don't know"]},  # abstains: no graph row
+        {"id": "e", "graph": graph[:1], "prediction": ["France"], "answer": []},  # no gold: unlabelled
+    ]  # fmt: skip
+    return [KGQARecord.from_dict(base | r) for r in rows]
+
+
+def _rows(records, add_reverse_edges=True, ungrounded="keep", view="readable"):
+    ds = datasets.Dataset.from_dict({"index": list(range(len(records)))})
+    state = (records, add_reverse_edges, ungrounded, lambda r: None, view)
+    return cached_map(ds, gr.build_graph_rows, gr.graph_features(), None, state=state, batch_size=2, progress=False)
+
+
+def _same(g, h, texts: bool = True) -> None:
+    """``g`` and ``h`` hold the same values (``texts=False``: but for their texts' table rows)."""
+    assert list(g.keys()) == list(h.keys())
+    for key in g.keys():
+        if not texts and key in ("node_text", "edge_text", "ungrounded_text"):
+            continue
+        x, y = g[key], h[key]
+        if isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and x.shape == y.shape, (key, x, y)
+            same = torch.equal(x.nan_to_num(-7), y.nan_to_num(-7)) if x.is_floating_point() else torch.equal(x, y)
+            assert same, (key, x, y)
+        else:
+            assert x == y, (key, x, y)
+
+
+@pytest.mark.parametrize("reverse,ungrounded,view", [(True, "keep", "readable"), (False, "drop", "leaf")])
+def test_rows_read_back_are_the_graphs_built_directly_under_any_table_numbering(reverse, ungrounded, view):
+    records = _records()
+    rows = _rows(records, reverse, ungrounded, view)
+    kept = ungrounded == "keep"  # b and c have only answers that name no node
+    assert len(rows) == len(records) and list(rows["built"]) == [True, kept, kept, False, True]
+    texts = sorted(gr.row_texts(rows).to_pylist())
+    for order in (texts, texts[::-1]):  # two tables that number the same texts otherwise
+        table = {t: 100 + i for i, t in enumerate(order)}
+        direct_stats, direct = DetectionStats(), []
+        for i, r in enumerate(records):
+            g = build_detection_graph(r, TextRows(table), direct_stats, reverse, ungrounded, None, view)
+            if g is not None:
+                direct.append((i, compact_graph(g)))
+        read = list(gr.graphs_from_rows(rows, table))
+        assert [i for i, _ in read] == [i for i, _ in direct]
+        for (_, g), (_, h) in zip(read, direct):
+            _same(g, h)
+            _same(expand_graph(g), expand_graph(h))
+        assert json.dumps(vars(gr.row_stats(rows))) == json.dumps(vars(direct_stats))
+    every = {t for r in records for t in node_texts(r, view)}
+    assert set(texts) <= every and "I don't know" not in texts  # the texts the graphs refer to, no more
+
+
+def test_a_text_missing_from_the_table_is_named():
+    rows = _rows(_records())
+    with pytest.raises(KeyError, match="Atlantis"):
+        list(gr.graphs_from_rows(rows, {t: 0 for t in gr.row_texts(rows).to_pylist() if t != "Atlantis"}))
+    empty = _rows([])
+    assert len(empty) == 0 and list(gr.graphs_from_rows(empty, {})) == [] and len(gr.row_texts(empty)) == 0
+
+
+def _write(folder, splits):
+    folder.mkdir(exist_ok=True)
+    for split, records in splits.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(folder)
+
+
+@pytest.fixture
+def data(detection_records, tmp_path):
+    splits = {
+        s: detection_records(n, seed)
+        for s, (n, seed) in {"train": (10, 0), "validation": (5, 1), "test": (3, 2)}.items()
+    }
+    return _write(tmp_path / "d", splits)
+
+
+def _dm(data, tmp_path, encoder_dir, **kw):
+    return DetectionDataModule(data_dir=data, encoder=SentenceEncoder(encoder_dir), cache_dir=str(tmp_path / "c"), **kw)
+
+
+def test_the_datamodule_reads_stored_rows_back_without_building_and_builds_anew_on_a_changed_setting(
+    data, tmp_path, tiny_encoder_dir, monkeypatch
+):
+    first = _dm(data, tmp_path, tiny_encoder_dir)
+    first.setup("fit")
+    folder = first.graph_folder("train")
+    assert (folder / "complete.json").exists()
+    calls = []
+    build = gr.build_detection_graph
+    monkeypatch.setattr(gr, "build_detection_graph", lambda *a, **k: calls.append(1) or build(*a, **k))
+    again = _dm(data, tmp_path, tiny_encoder_dir)
+    again.setup("fit")
+    assert calls == []  # read from the stored rows
+    for split in ("train", "validation"):
+        assert len(first.datasets[split]) == len(again.datasets[split]) > 0
+        for g, h in zip(first.datasets[split], again.datasets[split]):
+            _same(g, h, texts=False)  # a cache read back may number its texts otherwise: the vectors are the same
+        a, b = (dm.collate(dm.datasets[split][:]) for dm in (first, again))
+        assert torch.equal(a.x_text, b.x_text)  # per node, and per edge (types are numbered by their rows):
+        real = a.edge_kind != EDGE_VIRTUAL  # a virtual edge has no text (row 0, masked out by the model)
+        assert torch.equal(a.type_text_emb[a.edge_type][real], b.type_text_emb[b.edge_type][real])
+        assert vars(first.stats[split]) == vars(again.stats[split])
+    other = _dm(data, tmp_path, tiny_encoder_dir, relation_view="leaf")
+    assert other.graph_folder("train") != folder
+    other.setup("fit")
+    assert len(calls) == 15  # every question of both splits built for the new setting
+
+
+def test_rows_stored_under_another_table_numbering_give_the_same_batches(data, tmp_path, tiny_encoder_dir):
+    """The embedding table of a second run numbers its texts otherwise (another cache folder, filled in another
+    order); the stored graph rows of the first run still give the same text vectors."""
+    first = _dm(data, tmp_path, tiny_encoder_dir)
+    first.setup("fit")
+    second = _dm(data, tmp_path, tiny_encoder_dir)
+    second._embeddings = type(first.embeddings)(first.encoder, tmp_path / "other-embeddings")
+    second.embeddings.add(["a text no graph names", *sorted(gr.row_texts(first.graph_rows("train")).to_pylist())])
+    second.setup("fit")
+    a = first.collate(first.datasets["train"][:4])
+    b = second.collate(second.datasets["train"][:4])
+    assert not torch.equal(a.node_text, b.node_text)  # other rows ...
+    assert np.allclose(a.x_text.numpy(), b.x_text.numpy(), atol=1e-3)  # ... of the same texts
+    assert torch.equal(a.y, b.y) and torch.equal(a.edge_index, b.edge_index)
