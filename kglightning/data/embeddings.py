@@ -22,6 +22,7 @@ import torch
 from kglightning.data.cache import default_cache_root, files_stamp, private_dir
 from kglightning.data.embedding_files import read_shard, remove_stale_writes, write_shard
 from kglightning.data.row_table import RowTable
+from kglightning.data.stage_map import cached_map, map_running, stage_state, torch_threads
 
 __all__ = [
     "BUNDLED_MINILM",
@@ -58,6 +59,10 @@ class SentenceEncoder:
         device: torch device for encoding (``"cpu"``, ``"cuda"``...).
         normalize: L2-normalise embeddings, so a dot product is a cosine similarity.
         show_progress: show a progress bar for large encode calls.
+        num_proc: processes that encode a large call on the CPU: a ``datasets`` map over the strings with
+            ``num_proc`` forked processes of one torch thread each, in batches of ``batch_size`` (a string's vector
+            then differs from one process's in its last float32 digits, as it does between batch compositions).
+            Ignored on another device, inside another map's process, and where the platform cannot fork.
     """
 
     def __init__(
@@ -67,7 +72,11 @@ class SentenceEncoder:
         device: str = "cpu",
         normalize: bool = True,
         show_progress: bool = True,
+        num_proc: int = 1,
     ) -> None:
+        if num_proc < 1:
+            raise ValueError(f"num_proc must be >= 1, got {num_proc}")
+        self.num_proc = num_proc
         self.model = model
         self.batch_size = batch_size
         self.device = device
@@ -114,6 +123,8 @@ class SentenceEncoder:
         """Encode ``texts`` to a float32 tensor of shape ``(len(texts), dim)`` on the CPU."""
         if len(texts) == 0:
             return torch.zeros(0, self.dim)
+        if self.num_proc > 1 and self.device == "cpu" and len(texts) >= 2 * self.batch_size and not map_running():
+            return self._encode_mapped(texts)
         out = self._load().encode(
             list(texts),
             batch_size=self.batch_size,
@@ -122,6 +133,32 @@ class SentenceEncoder:
             show_progress_bar=self.show_progress and len(texts) > 4 * self.batch_size,
         )
         return out.float().cpu()
+
+    def _encode_mapped(self, texts: Sequence[str]) -> torch.Tensor:
+        """:meth:`encode` as a ``datasets`` map on :attr:`num_proc` processes (nothing stored: the embedding cache
+        stores what it keeps)."""
+        import datasets
+
+        dim = self.dim  # the model loaded here, before the processes fork
+        features = datasets.Features({"embedding": datasets.List(datasets.Value("float32"), length=dim)})
+        strings = datasets.Dataset.from_dict({"text": list(texts)})
+        out = cached_map(
+            strings, _encode_batch, features, None, state=self, workers=self.num_proc, piece=len(texts),
+            batch_size=self.batch_size, desc="encoding", progress=self.show_progress,
+        )  # fmt: skip
+        vectors = out.with_format("arrow")[:].column("embedding").combine_chunks()
+        return torch.from_numpy(vectors.values.to_numpy().reshape(len(texts), dim).copy())
+
+
+def _encode_batch(batch: dict[str, list]) -> dict[str, list]:
+    """The map step of :meth:`SentenceEncoder._encode_mapped`: one batch encoded in this process, one thread."""
+    encoder: SentenceEncoder = stage_state()
+    with torch_threads(1):  # a forked process must not use its parent's thread pool
+        out = encoder._load().encode(
+            list(batch["text"]), batch_size=encoder.batch_size, convert_to_tensor=True,
+            normalize_embeddings=encoder.normalize, show_progress_bar=False,
+        )  # fmt: skip
+    return {"embedding": out.float().cpu().numpy()}
 
 
 _SHARDS_AT_ONCE = 4096  # shards opened (memory-mapped) at a time while loading

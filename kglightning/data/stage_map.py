@@ -52,6 +52,7 @@ from kglightning.data.cache import private_dir
 __all__ = [
     "cached_map",
     "fingerprint",
+    "map_running",
     "parse_shard",
     "shard_bounds",
     "shard_suffix",
@@ -75,6 +76,12 @@ def stage_state() -> Any:
     if not _RUNNING:
         raise RuntimeError("stage_state() is only set while cached_map runs its function")
     return _STATE
+
+
+def map_running() -> bool:
+    """Whether a :func:`cached_map` runs its function here (in this process, or in the parent it forked from): a
+    step that would start a map of its own runs in this process instead."""
+    return _RUNNING
 
 
 def fingerprint(*parts: Any) -> str:

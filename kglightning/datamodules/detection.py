@@ -310,10 +310,12 @@ class DetectionDataModule(KGQADataModule):
     def build_split(self, split: str) -> list[Data]:
         records = self.records(split)
         self.prepare_split(split)
-        rows = self.graph_rows(split)
+        rows = self._rows.pop(split, None) or self.graph_rows(split)  # not kept: its map's pages would stay resident
+        self._rows.pop(split, None)
         stats = row_stats(rows)
         # kept for every epoch as compact graphs; collate expands them
         pairs = [(records[i], g) for i, g in graphs_from_rows(rows, self.embeddings._index)]
+        del rows
         graphs = [g for _, g in pairs]
         for i, g in enumerate(graphs):  # names the graph across DDP processes (padded repeats are dropped by it)
             g.item_id = i

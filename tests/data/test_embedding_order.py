@@ -26,3 +26,35 @@ def test_rows_do_not_depend_on_batch_order_or_company(tiny_encoder_dir, tmp_path
     assert a.dtype == b.dtype == torch.float32  # handed out as float32 from float16 storage
     ulp = torch.finfo(torch.float16).eps * a.abs().clamp(min=2**-14)  # one float16 step at each value's size
     assert bool(((a - b).abs() <= ulp).all()), float((a - b).abs().max())
+
+
+def test_encoding_on_several_processes_gives_the_vectors_of_one_beyond_float16_rounding(tiny_encoder_dir, monkeypatch):
+    import datasets
+    import pytest
+
+    from kglightning.data import stage_map
+
+    texts = [f"text {i} {'about rivers ' * (i % 5)}" for i in range(200)]
+    one = SentenceEncoder(tiny_encoder_dir, batch_size=16, show_progress=False)
+    many = SentenceEncoder(tiny_encoder_dir, batch_size=16, show_progress=False, num_proc=2)
+    mapped, encode_mapped = [], SentenceEncoder._encode_mapped
+    monkeypatch.setattr(
+        SentenceEncoder, "_encode_mapped", lambda self, t: mapped.append(len(t)) or encode_mapped(self, t)
+    )
+    a, b = one.encode(texts), many.encode(texts)
+    assert mapped == [200]  # the 200 strings went through the map
+    assert a.shape == b.shape == (200, one.dim) and b.dtype == torch.float32
+    ulp = torch.finfo(torch.float16).eps * a.abs().clamp(min=2**-14)
+    assert bool(((a - b).abs() <= ulp).all()), float((a - b).abs().max())
+    assert torch.equal(many.encode(texts[:5]), one.encode(texts[:5]))  # a small call: one process, one call
+
+    def inside(batch):  # a map's function encodes in its own process (maps do not nest)
+        return {"v": [many.encode(texts)[i].tolist() for i in batch["i"]]}
+
+    ds = datasets.Dataset.from_dict({"i": [0, 199]})
+    features = datasets.Features({"v": datasets.List(datasets.Value("float32"))})
+    out = stage_map.cached_map(ds, inside, features, None, progress=False)
+    assert torch.allclose(torch.tensor(out["v"]), a[[0, 199]], atol=1e-6)
+    assert mapped == [200]  # neither the small call nor the calls inside a map started a map
+    with pytest.raises(ValueError, match="num_proc"):
+        SentenceEncoder(tiny_encoder_dir, num_proc=0)
