@@ -5,8 +5,9 @@ batch of output rows. :func:`cached_map` runs it with :meth:`datasets.Dataset.ma
 questions, each piece on ``workers`` processes (``num_proc``), and keeps each piece's output as Arrow files in a
 folder named by the stage's fingerprint (:func:`fingerprint`: the questions' content, the stage's parameters and
 whatever else its output depends on). A run that stopped part-way (killed, out of memory, a machine lost) is run
-again with the same arguments and maps only the pieces it had not finished (a stored piece that cannot be read, or holds
-fewer rows than it should, is mapped again); a change of any parameter gives another fingerprint, so nothing stale
+again with the same arguments and maps only the pieces it had not finished, with any number of processes
+(``datasets`` keeps the layout of a piece's files that it finds and maps only its missing parts; a stored piece that
+cannot be read, or holds fewer rows than it should, is mapped again); a change of any parameter gives another fingerprint, so nothing stale
 is read. The output does not depend on ``workers``: pieces, and the shards
 ``datasets`` cuts them into, are contiguous and concatenated in order.
 

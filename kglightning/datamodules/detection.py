@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -22,10 +21,12 @@ from kglightning.data.text import RELATION_VIEWS, RelationView
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.detection_graphs import DetectionStats, answer_paths, expand_graph
 from kglightning.datamodules.graph_rows import (
-    GRAPH_VERSION,
+    GraphRowError,
     build_graph_rows,
+    code_digest,
     graph_features,
     graphs_from_rows,
+    records_digest,
     row_stats,
     row_texts,
 )
@@ -155,6 +156,7 @@ class DetectionDataModule(KGQADataModule):
         self._answered: dict[str, list[KGQARecord]] = {}
         self._embedded: set[str] = set()
         self._rows: dict[str, Any] = {}
+        self._folders: dict[str, Path] = {}
 
     @property
     def text_dim(self) -> int:
@@ -268,20 +270,18 @@ class DetectionDataModule(KGQADataModule):
 
     def graph_folder(self, split: str) -> Path:
         """Where ``split``'s graph rows are kept (:mod:`~kglightning.datamodules.graph_rows`): keyed by
-        :meth:`dataset_key`, a digest of the records' questions, answers and predictions (proposed ones included),
-        the graph settings, the near-miss grounder's :attr:`~kglightning.retrieval.FaissGrounder.cache_key`,
-        :data:`~kglightning.datamodules.graph_rows.GRAPH_VERSION` and the records'
-        :data:`~kglightning.data.records.VALIDATION_VERSION`."""
-        records = self.records(split)
-        content = hashlib.sha256()
-        for r in records:
-            fields = (r.id, r.question, r.answer, r.a_entity, r.q_entity, r.prediction, r.confidence, len(r.graph))
-            content.update(json.dumps(fields, default=str).encode() + b"\0")
-        key = fingerprint(
-            GRAPH_VERSION, VALIDATION_VERSION, content.hexdigest(), self.add_reverse_edges, self.ungrounded,
-            self.relation_view, None if self.near_miss is None else self.near_miss.cache_key,
-        )  # fmt: skip
-        return self.cache_root / "detection_graphs" / self.dataset_key(split) / key
+        :meth:`dataset_key`, everything of the records the rows are built from
+        (:func:`~kglightning.datamodules.graph_rows.records_digest`: fields, proposed predictions, triples), the
+        graph settings, the near-miss grounder's :attr:`~kglightning.retrieval.FaissGrounder.cache_key`, the code
+        that builds the rows (:func:`~kglightning.datamodules.graph_rows.code_digest`) and the records'
+        :data:`~kglightning.data.records.VALIDATION_VERSION`. Computed once per split."""
+        if split not in self._folders:
+            key = fingerprint(
+                code_digest(), VALIDATION_VERSION, records_digest(self.records(split)), self.add_reverse_edges,
+                self.ungrounded, self.relation_view, None if self.near_miss is None else self.near_miss.cache_key,
+            )  # fmt: skip
+            self._folders[split] = self.cache_root / "detection_graphs" / self.dataset_key(split) / key
+        return self._folders[split]
 
     def graph_rows(self, split: str) -> Any:
         """``split``'s graphs as rows (a ``datasets.Dataset``, one row per record; see
@@ -310,11 +310,20 @@ class DetectionDataModule(KGQADataModule):
     def build_split(self, split: str) -> list[Data]:
         records = self.records(split)
         self.prepare_split(split)
-        rows = self._rows.pop(split, None) or self.graph_rows(split)  # not kept: its map's pages would stay resident
-        self._rows.pop(split, None)
+        rows = self.graph_rows(split)
+        del self._rows[split]  # not kept once read: the pages of its map would stay in this process's memory
+        try:  # kept for every epoch as compact graphs; collate expands them
+            pairs = [(records[i], g) for i, g in graphs_from_rows(rows, self.embeddings._index)]
+        except GraphRowError as err:  # damaged stored rows: said, removed and built again
+            folder = self.graph_folder(split)
+            log.warning("%s: the stored graph rows in %s are damaged (%s); building them again", split, folder, err)
+            shutil.rmtree(folder, ignore_errors=True)
+            self._embedded.discard(split)
+            self.prepare_split(split)
+            rows = self.graph_rows(split)
+            del self._rows[split]
+            pairs = [(records[i], g) for i, g in graphs_from_rows(rows, self.embeddings._index)]
         stats = row_stats(rows)
-        # kept for every epoch as compact graphs; collate expands them
-        pairs = [(records[i], g) for i, g in graphs_from_rows(rows, self.embeddings._index)]
         del rows
         graphs = [g for _, g in pairs]
         for i, g in enumerate(graphs):  # names the graph across DDP processes (padded repeats are dropped by it)

@@ -17,8 +17,12 @@ indices become table rows with numpy. :func:`row_texts` gives those distinct tex
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import importlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,16 +31,85 @@ import pyarrow.compute as pc
 import torch
 from torch_geometric.data import Data
 
+from kglightning.data.records import KGQARecord
 from kglightning.data.stage_map import stage_state, torch_threads
-from kglightning.data.triple_array import release_graphs
+from kglightning.data.triple_array import TripleArray, Vocab, release_graphs
 from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, compact_graph
 from kglightning.evidence.answer_signals import SIGNALS
 from kglightning.nn.kgguard import EDGE_VIRTUAL
 
-__all__ = ["GRAPH_VERSION", "build_graph_rows", "graph_features", "graphs_from_rows", "row_texts"]
+__all__ = [
+    "GRAPH_VERSION",
+    "GraphRowError",
+    "build_graph_rows",
+    "code_digest",
+    "graph_features",
+    "graphs_from_rows",
+    "records_digest",
+    "row_texts",
+]
 
 #: changes whenever a stored row would come out otherwise (a new field, another graph for the same record)
 GRAPH_VERSION = 1
+#: the modules whose code decides a graph row: a change to any of them gives new rows (:func:`code_digest`)
+GRAPH_CODE = (
+    "kglightning.datamodules.graph_rows", "kglightning.datamodules.detection_graphs", "kglightning.data.text",
+    "kglightning.data.triple_array", "kglightning.data.records", "kglightning.evidence.answer_signals",
+    "kglightning.metrics.functional.qa",
+)  # fmt: skip
+
+
+class GraphRowError(ValueError):
+    """A stored graph row that cannot be a graph (an index outside what it indexes): damaged or planted rows."""
+
+
+@functools.cache
+def code_digest() -> str:
+    """A digest of the source of :data:`GRAPH_CODE` and :data:`GRAPH_VERSION`: part of the rows' cache key, so a
+    change of the code that builds them (an upgrade, a local edit) never reads rows the old code wrote."""
+    h = hashlib.sha256(str(GRAPH_VERSION).encode())
+    for name in GRAPH_CODE:
+        h.update(Path(importlib.import_module(name).__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def records_digest(records: Sequence[KGQARecord]) -> str:
+    """A digest of everything of ``records`` that their graph rows are built from: each record's fields (id,
+    question, answers, topic entities, predictions, confidences, cited paths) and its triples (a stored graph's
+    ``int32`` ids and, once each, the vocabulary they index). The graphs' pages are given back after."""
+    h = hashlib.sha256()
+    vocabs: dict[int, tuple[int, Vocab]] = {}
+    for r in records:
+        fields = (r.id, r.question, r.answer, r.a_entity, r.q_entity, r.prediction, r.confidence,
+                  r.prediction_paths, len(r.graph))  # fmt: skip
+        h.update(json.dumps(fields, default=str).encode() + b"\0")
+        g = r.graph
+        if isinstance(g, TripleArray):
+            k, _ = vocabs.setdefault(id(g.vocab), (len(vocabs), g.vocab))
+            h.update(k.to_bytes(8, "little"))
+            h.update(np.ascontiguousarray(g.ids, dtype="<i4").tobytes())
+        else:
+            h.update(json.dumps([list(t) for t in g]).encode())
+    for _, vocab in vocabs.values():
+        _hash_strings(h, vocab.to_arrow())
+    release_graphs(r.graph for r in records)
+    return h.hexdigest()[:32]
+
+
+def _hash_strings(h: Any, array: pa.Array) -> None:
+    """Feed ``array``'s strings to ``h``: its offsets and bytes where Arrow holds them flat, else the strings."""
+    array = array.cast(pa.large_string()) if array.type != pa.large_string() else array
+    n = len(array)
+    h.update(n.to_bytes(8, "little"))
+    if array.offset == 0 and array.null_count == 0 and n:
+        _, offsets_buf, data_buf = array.buffers()
+        offsets = np.frombuffer(offsets_buf, dtype="<i8", count=n + 1)
+        h.update((offsets - offsets[0]).tobytes())
+        h.update(memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])])
+        return
+    for lo in range(0, n, 1 << 16):
+        h.update("\0".join(array.slice(lo, 1 << 16).to_pylist()).encode("utf-8", "surrogatepass") + b"\0")
+
 
 # list columns: name -> (Arrow value type, numpy dtype of the stored values, torch dtype of the graph's tensor)
 _LISTS: dict[str, tuple[str, Any, torch.dtype]] = {
@@ -54,6 +127,7 @@ _LISTS: dict[str, tuple[str, Any, torch.dtype]] = {
     "answer_signals": ("float32", np.float32, torch.float),  # (answers, len(SIGNALS)) row by row
 }
 _TEXT_COLUMNS = ("node_text", "edge_text", "ungrounded_text")  # local indices into the row's texts
+_NODE_COLUMNS = ("edge_index", "topics", "answer_index")  # node numbers
 
 
 def graph_features() -> Any:
@@ -182,6 +256,12 @@ def _graph(batch: pa.RecordBatch, r: int, lists: dict[str, _Lists], text_rows: n
     n = cell("num_nodes")
     virtual = n - 1
     t: Callable[[str], torch.Tensor] = lambda name: torch.from_numpy(lists[name](r)).to(_LISTS[name][2])  # noqa: E731
+    for name, bound in (*((c, len(text_rows)) for c in _TEXT_COLUMNS), *((c, n) for c in _NODE_COLUMNS)):
+        values = lists[name](r)
+        if values.size and (int(values.min()) < 0 or int(values.max()) >= bound):
+            raise GraphRowError(
+                f"graph row of record {cell('index')} ({cell('qid')!r}): {name} holds an index outside [0, {bound})"
+            )
     texts = {name: text_rows[lists[name](r)] for name in _TEXT_COLUMNS}
     edge_kind = t("edge_kind")
     texts["edge_text"][edge_kind.numpy() == EDGE_VIRTUAL] = 0  # no text: 0, as built (the model masks it out)

@@ -196,3 +196,21 @@ def test_a_relative_folder_gets_its_manifest_and_a_manifest_naming_other_files_i
     for name in ["../../other/" + next((tmp_path / "other").glob("piece-*.arrow")).name, str(tmp_path / "x.arrow")]:
         manifest.write_text(json.dumps({"rows": 3, "files": [name]}))
         assert stored_map("rel/stage") is None
+
+
+def test_a_run_on_other_processes_reads_the_stored_pieces_and_maps_only_the_lost_part(tmp_path):
+    folder = tmp_path / "stage"
+    first = {"seen": [], "fail_at": 15}  # two processes per piece: pieces 0-7 stored, 8-15 stopped
+    with pytest.raises(RuntimeError, match="stopped at 15"):
+        cached_map(_ds(), _square, FEATURES, folder, state=first, workers=2, piece=8, batch_size=2, progress=False)
+    assert sorted(p.name for p in folder.glob("piece-000000000-000000008*")) == [
+        "piece-000000000-000000008_00000_of_00002.arrow", "piece-000000000-000000008_00001_of_00002.arrow"
+    ]  # fmt: skip
+    again = {"seen": []}
+    out = cached_map(_ds(), _square, FEATURES, folder, state=again, workers=1, piece=8, progress=False)
+    assert again["seen"] == list(range(12, 23))  # datasets keeps the layout it finds: only the lost part is mapped
+    assert list(out["y"]) == [x * x for x in range(23)]
+    third = {"seen": []}
+    back = cached_map(_ds(), _square, FEATURES, folder, state=third, workers=3, piece=8, batch_size=2, progress=False)
+    assert third["seen"] == [] and list(back["y"]) == list(out["y"])  # every piece read, whatever wrote it
+    assert not list(folder.glob("piece-000000000-000000008.arrow"))  # no second copy in another layout

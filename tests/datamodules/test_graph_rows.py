@@ -156,3 +156,78 @@ def test_rows_stored_under_another_table_numbering_give_the_same_batches(data, t
     assert not torch.equal(a.node_text, b.node_text)  # other rows ...
     assert np.allclose(a.x_text.numpy(), b.x_text.numpy(), atol=1e-3)  # ... of the same texts
     assert torch.equal(a.y, b.y) and torch.equal(a.edge_index, b.edge_index)
+
+
+def test_the_records_digest_covers_triples_and_cited_paths_not_just_sizes():
+    base = _records()
+    same = gr.records_digest(_records())
+    assert gr.records_digest(base) == same
+    renamed = [KGQARecord.from_dict(r.to_dict() | {"graph": [["France", "capital", "Parus"], *map(list, r.graph[1:])]})
+               if r.id == "a" else r for r in _records()]  # fmt: skip
+    cited = [KGQARecord.from_dict(r.to_dict() | {"prediction_paths": [[["France", "capital", "Paris"]]] * 5})
+             if r.id == "a" else r for r in _records()]  # fmt: skip
+    assert len({same, gr.records_digest(renamed), gr.records_digest(cited)}) == 3
+
+
+@pytest.mark.parametrize("store", ["off", "0"])
+def test_a_split_digest_follows_its_vocabulary(tmp_path, monkeypatch, store):
+    from kglightning.data.sources.loaders import read_records
+
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", store)  # "0": read back from the Arrow record store
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+
+    rows = [{"id": f"q{i}", "question": "?", "answer": ["Paris"], "q_entity": ["France"], "a_entity": ["Paris"],
+             "graph": [["France", "capital", "Paris"], ["France", "borders", f"Spain{i}"]], "prediction": ["Paris"]}
+            for i in range(3)]  # fmt: skip
+    digests = []
+    for name in ("Paris", "Parus"):  # the same ids, another string behind one of them
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(json.loads(json.dumps(r).replace("Paris", name))) + "\n" for r in rows))
+        read_records(path, report=False)
+        records = read_records(path, report=False)
+        assert records[0].graph.vocab.has_table == (store == "off")
+        digests.append(gr.records_digest(records))
+    assert digests[0] != digests[1]
+
+
+def test_damaged_rows_are_refused_by_name_and_the_datamodule_builds_them_again(
+    data, tmp_path, tiny_encoder_dir, monkeypatch, caplog
+):
+    rows = _rows(_records())
+    table = {t: i for i, t in enumerate(gr.row_texts(rows).to_pylist())}
+    bad = rows.map(lambda r: {"node_text": [-1, *r["node_text"][1:]]} if r["built"] else {}, features=rows.features)
+    with pytest.raises(gr.GraphRowError, match=r"record 0 \('a'\): node_text holds an index outside \[0, \d+\)"):
+        list(gr.graphs_from_rows(bad, table))
+    far = rows.map(lambda r: {"edge_index": [r["num_nodes"], *r["edge_index"][1:]]} if r["built"] else {},
+                   features=rows.features)  # fmt: skip
+    with pytest.raises(gr.GraphRowError, match="edge_index"):
+        list(gr.graphs_from_rows(far, table))
+
+    first = _dm(data, tmp_path, tiny_encoder_dir)
+    first.setup("fit")
+    read, calls = gr.graphs_from_rows, []
+
+    def damaged_once(ds, text_row):
+        calls.append(1)
+        if len(calls) == 1:
+            raise gr.GraphRowError("graph row of record 0 ('x'): node_text holds an index outside [0, 3)")
+        return read(ds, text_row)
+
+    import kglightning.datamodules.detection as detection
+
+    monkeypatch.setattr(detection, "graphs_from_rows", damaged_once)
+    again = _dm(data, tmp_path, tiny_encoder_dir)
+    with caplog.at_level("WARNING"):
+        again.setup("fit")
+    assert "are damaged" in caplog.text and str(again.graph_folder("train")) in caplog.text
+    assert len(again.datasets["train"]) == len(first.datasets["train"])
+    assert (again.graph_folder("train") / "complete.json").exists()  # built again and stored
+
+
+def test_the_rows_key_follows_the_code_that_builds_them(data, tmp_path, tiny_encoder_dir, monkeypatch):
+    import kglightning.datamodules.detection as detection
+
+    before = _dm(data, tmp_path, tiny_encoder_dir).graph_folder("train")
+    monkeypatch.setattr(detection, "code_digest", lambda: "another-build")
+    assert _dm(data, tmp_path, tiny_encoder_dir).graph_folder("train") != before
+    assert len(gr.code_digest()) == 16 and gr.code_digest() == gr.code_digest()
