@@ -62,7 +62,8 @@ class SentenceEncoder:
         num_proc: processes that encode a large call on the CPU: a ``datasets`` map over the strings with
             ``num_proc`` forked processes of one torch thread each, in batches of ``batch_size`` (a string's vector
             then differs from one process's in its last float32 digits, as it does between batch compositions).
-            Ignored on another device, inside another map's process, and where the platform cannot fork.
+            Ignored on another device, inside another map's process, and where the platform cannot fork. Meant for
+            many cores: on two, one process with two threads was faster (BENCHMARKS.md).
     """
 
     def __init__(
