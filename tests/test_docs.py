@@ -171,6 +171,27 @@ def test_the_docs_extra_formats_long_api_signatures():
     assert formatted.count("\n") > 3 and max(map(len, formatted.splitlines())) <= 88
 
 
+def test_a_returns_section_parses_as_one_value_with_the_sites_options():
+    """The API pages parse docstrings with the options in mkdocs.yml: a Returns section whose text wraps, or starts
+    with a literal holding a colon, is one value, not rows of fake names (griffe's default reads each line at the
+    section's indentation as an item, and ``x: y`` as a name and its description)."""
+    import griffe
+
+    config = re.search(r"docstring_options:\n((?:\s{14}.*\n)+)", (ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    assert config, "mkdocs.yml sets docstring_options for the python handler"
+    options = yaml.safe_load(config.group(1).replace(" " * 14, ""))
+    text = (
+        "Split the pool.\n\nReturns:\n"
+        '    ``{"train": ids, "test": ids}``, each in the pooled order (the pool\'s splits in\n'
+        "    turn, each in its own order).\n"
+    )
+    sections = griffe.Docstring(text, parser="google", parser_options=options).parse()
+    returns = [s for s in sections if s.kind is griffe.DocstringSectionKind.returns]
+    assert len(returns) == 1 and len(returns[0].value) == 1
+    assert returns[0].value[0].description.endswith("each in its own order).")
+    assert "``{" in returns[0].value[0].description
+
+
 def test_cli_reference_hook_fills_only_its_page(cli_hook):
     class Page:
         class file:
