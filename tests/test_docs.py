@@ -206,3 +206,18 @@ def test_readme_keeps_the_quick_start_and_stays_short():
     assert "\npython -m pytest -q\n" in readme
     assert "\npython -m pytest -q\n" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 220, "the README is an introduction; move details into docs/"
+
+
+def test_a_summary_is_the_first_sentence_whole_on_the_first_line():
+    """mkdocstrings shows a docstring's first line in the member tables: the docs hook puts the first sentence there,
+    not stopping at an abbreviation, inside code or inside brackets, and leaves one-liners, lists and code alone."""
+    spec = importlib.util.spec_from_file_location("griffe_docstrings", ROOT / "docs" / "hooks" / "griffe_docstrings.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    text = "Scores (e.g. the\ndetector's, i.e. logits.) of ``x. y``\nanswers. Then more\nwords.\n\nArgs:\n    a: b."
+    assert hook.summary_line(text).split("\n") == [
+        "Scores (e.g. the detector's, i.e. logits.) of ``x. y`` answers.", "Then more words.", "", "Args:", "    a: b."
+    ]  # fmt: skip
+    for same in ("One line.\n\nMore\nlines.", "A list:\n- one\n- two", ">>> f()\n1"):
+        assert hook.summary_line(same) == same
+    assert hook.summary_line("Ends without a stop\nhere") == "Ends without a stop here"

@@ -8,6 +8,8 @@ know. This extension rewrites each docstring's text (never the source files) bef
   outside an examples section is fenced as code for the same reason.
 - An ``Args:`` entry that names several parameters at once (``topk, topk_e, cost_e: as G-Retriever``) becomes one
   entry per parameter with the same description, so that each name is checked against the signature.
+- The first sentence of the first paragraph is put on the first line (:func:`summary_line`), which mkdocstrings
+  shows as the object's summary in the member tables.
 - Sphinx roles (``:class:`~kglightning.nn.KGGuard```, ``:func:`parse_answers```, ``:meth:`X.y```) become
   cross-references when the target is an object of the loaded package (looked up from the docstring's own scope
   outwards, as Sphinx does), and inline code otherwise. The references are *optional*: a target that is not
@@ -140,6 +142,39 @@ def resolve_roles(text: str, scopes: list[str], objects: dict[str, Any]) -> str:
     return ROLE.sub(replace, text)
 
 
+_NOT_AN_END = ("e.g", "i.e", "etc", "vs", "cf", "approx", "resp", "incl")
+
+
+def summary_line(text: str) -> str:
+    r"""The first paragraph's first sentence on the docstring's first line (the rest of the paragraph on the next):
+    mkdocstrings shows a docstring's first *line* as its summary in the member tables, and a sentence wrapped at the
+    line length would stop mid-way there. Markdown renders the paragraph the same either way.
+
+    Example:
+        >>> summary_line("Pick the answers whose\nscores pass. Then rank\nthem.\n\nMore.")
+        'Pick the answers whose scores pass.\nThen rank them.\n\nMore.'
+    """
+    head, sep, rest = text.partition("\n\n")
+    lines = head.split("\n")
+    if len(lines) < 2 or any(line.lstrip().startswith((">>>", "```", "-", "*", "|")) for line in lines):
+        return text  # one line already, or not prose
+    para = " ".join(line.strip() for line in lines)
+    depth, quoted = 0, False
+    for i, ch in enumerate(para):
+        if ch == "`":
+            if para[i + 1 : i + 2] != "`":  # a run of backticks opens or closes code once
+                quoted = not quoted
+        elif not quoted and ch in "([{":
+            depth += 1
+        elif not quoted and ch in ")]}":
+            depth = max(depth - 1, 0)
+        elif ch == "." and not quoted and depth == 0 and para[i + 1 : i + 2] == " ":
+            if not para[:i].lower().endswith(_NOT_AN_END):
+                para = para[: i + 1] + "\n" + para[i + 2 :]
+                break
+    return para + sep + rest
+
+
 class KGLightningDocstrings(griffe.Extension):
     """Rewrites every docstring of the loaded package as the module docstring describes."""
 
@@ -153,6 +188,6 @@ class KGLightningDocstrings(griffe.Extension):
             if path in KNOWN_ISSUES:
                 pattern, replacement, _why = KNOWN_ISSUES[path]
                 text = re.sub(pattern, replacement, text, count=1, flags=re.M | re.S)
-            text = split_several(normalize_examples(text))
+            text = summary_line(split_several(normalize_examples(text)))
             scopes = _scopes(obj) if obj.is_class else _scopes(obj)[1:]
             obj.docstring.value = resolve_roles(text, scopes, objects)
