@@ -7,7 +7,7 @@ embeddings of ``Q || r_0 .. r_{j-1}`` and of ``r_j`` (UAG Eq. 4). Training pairs
 
 The :class:`~sentence_transformers.SentenceTransformer` is a submodule, so its weights are in every checkpoint. At the
 end of ``fit`` the fine-tuned encoder is written as a sentence-transformers folder (:meth:`RelationScorer.export`)
-that :class:`~kglightning.data.embeddings.SentenceEncoder` (and so the UAG traversal) loads with
+that :class:`~kglightning.data.encoder.SentenceEncoder` (and so the UAG traversal) loads with
 ``SentenceEncoder(model=export_dir)``.
 """
 
