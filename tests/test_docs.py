@@ -218,6 +218,13 @@ def test_a_summary_is_the_first_sentence_whole_on_the_first_line():
     assert hook.summary_line(text).split("\n") == [
         "Scores (e.g. the detector's, i.e. logits.) of ``x. y`` answers.", "Then more words.", "", "Args:", "    a: b."
     ]  # fmt: skip
-    for same in ("One line.\n\nMore\nlines.", "A list:\n- one\n- two", ">>> f()\n1"):
+    for same in ("One line.\n\nMore\nlines.", "A list:\n- one\n- two", ">>> f()\n1", "# Title\nText. More\ntext.",
+                 "!!! note\n    Body. More\n    body.", "Steps:\n1. load it.\n2. run it.", "Hard break  \nhere. Then."):  # fmt: skip
         assert hook.summary_line(same) == same
+    for abbreviated in (
+        "Eq. 5 scores\npaths. More.",
+        "He et al. 2024 show\nthis. More.",
+        "The G. Retriever cut\nit. More.",
+    ):
+        assert hook.summary_line(abbreviated).split("\n")[1] == "More."
     assert hook.summary_line("Ends without a stop\nhere") == "Ends without a stop here"

@@ -142,7 +142,10 @@ def resolve_roles(text: str, scopes: list[str], objects: dict[str, Any]) -> str:
     return ROLE.sub(replace, text)
 
 
-_NOT_AN_END = ("e.g", "i.e", "etc", "vs", "cf", "approx", "resp", "incl")
+#: words after which a period does not end a sentence (matched as whole words, case-insensitively)
+_NOT_AN_END = re.compile(r"\b(?:e\.g|i\.e|etc|vs|cf|approx|resp|incl|eq|eqs|fig|al|no|sec|ref|[A-Z])$", re.I)
+#: a line that begins a Markdown or reST block: a paragraph holding one is not prose to rejoin
+_BLOCK = re.compile(r"^\s*(?:>>>|```|[-*+|#>]|!!!|\?\?\?|\.\.|\d+[.)]\s)")
 
 
 def summary_line(text: str) -> str:
@@ -150,14 +153,18 @@ def summary_line(text: str) -> str:
     mkdocstrings shows a docstring's first *line* as its summary in the member tables, and a sentence wrapped at the
     line length would stop mid-way there. Markdown renders the paragraph the same either way.
 
+    A sentence ends at a period followed by a space and a capital letter, outside code and brackets, and not after
+    an abbreviation (``e.g.``, ``Eq.``, ``et al.``, an initial). A first paragraph with a Markdown or reST block
+    (a heading, list, admonition, quote, table or code), an indented line or a hard line break is left as it is.
+
     Example:
         >>> summary_line("Pick the answers whose\nscores pass. Then rank\nthem.\n\nMore.")
         'Pick the answers whose scores pass.\nThen rank them.\n\nMore.'
     """
     head, sep, rest = text.partition("\n\n")
     lines = head.split("\n")
-    if len(lines) < 2 or any(line.lstrip().startswith((">>>", "```", "-", "*", "|")) for line in lines):
-        return text  # one line already, or not prose
+    if len(lines) < 2 or any(_BLOCK.match(line) or line[:1].isspace() or line.endswith("  ") for line in lines):
+        return text  # one line already, or not plain prose
     para = " ".join(line.strip() for line in lines)
     depth, quoted = 0, False
     for i, ch in enumerate(para):
@@ -169,7 +176,8 @@ def summary_line(text: str) -> str:
         elif not quoted and ch in ")]}":
             depth = max(depth - 1, 0)
         elif ch == "." and not quoted and depth == 0 and para[i + 1 : i + 2] == " ":
-            if not para[:i].lower().endswith(_NOT_AN_END):
+            following = para[i + 2 : i + 3]
+            if (following.isupper() or following in "`*:") and following and not _NOT_AN_END.search(para[:i]):
                 para = para[: i + 1] + "\n" + para[i + 2 :]
                 break
     return para + sep + rest

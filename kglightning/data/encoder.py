@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from kglightning.data.cache import files_stamp
-from kglightning.data.stage_map import cached_map, map_running, stage_state, torch_threads
+from kglightning.data.stage_map import cached_map, can_fork, map_running, stage_state, torch_threads
 
 __all__ = ["BUNDLED_MINILM", "SentenceEncoder", "bundled_minilm_path"]
 
@@ -103,7 +103,7 @@ class SentenceEncoder:
         """Encode ``texts`` to a float32 tensor of shape ``(len(texts), dim)`` on the CPU."""
         if len(texts) == 0:
             return torch.zeros(0, self.dim)
-        if self.num_proc > 1 and self.device == "cpu" and len(texts) >= 2 * self.batch_size and not map_running():
+        if self._mapped(len(texts)):
             return self._encode_mapped(texts)
         out = self._load().encode(
             list(texts),
@@ -114,6 +114,13 @@ class SentenceEncoder:
         )
         return out.float().cpu()
 
+    def _mapped(self, n: int) -> bool:
+        """Whether ``n`` strings are encoded on :attr:`num_proc` processes: on a CPU, where the platform forks,
+        outside another map's process, and for at least two batches."""
+        if self.num_proc < 2 or n < 2 * self.batch_size or torch.device(self.device).type != "cpu":
+            return False
+        return not map_running() and can_fork()
+
     def _encode_mapped(self, texts: Sequence[str]) -> torch.Tensor:
         """:meth:`encode` as a ``datasets`` map on :attr:`num_proc` processes (nothing stored: the embedding cache
         stores what it keeps)."""
@@ -123,11 +130,16 @@ class SentenceEncoder:
         features = datasets.Features({"embedding": datasets.List(datasets.Value("float32"), length=dim)})
         strings = datasets.Dataset.from_dict({"text": list(texts)})
         out = cached_map(
-            strings, _encode_batch, features, None, state=self, workers=self.num_proc, piece=len(texts),
-            batch_size=self.batch_size, desc="encoding", progress=self.show_progress,
+            strings, _encode_batch, features, None, state=self, workers=self.num_proc, unit="str",
+            piece=self.num_proc * self.batch_size * 8, batch_size=self.batch_size, desc="encoding",
+            progress=self.show_progress and len(texts) > 4 * self.batch_size,
         )  # fmt: skip
-        vectors = out.with_format("arrow")[:].column("embedding").combine_chunks()
-        return torch.from_numpy(vectors.values.to_numpy().reshape(len(texts), dim).copy())
+        vectors = torch.empty(len(texts), dim, dtype=torch.float32)
+        at = 0
+        for chunk in out.with_format("arrow")[:].column("embedding").chunks:  # each copied once, into its rows
+            vectors[at : at + len(chunk)] = torch.from_numpy(chunk.flatten().to_numpy().reshape(len(chunk), dim))
+            at += len(chunk)
+        return vectors
 
 
 def _encode_batch(batch: dict[str, list]) -> dict[str, list]:

@@ -52,6 +52,7 @@ from kglightning.data.cache import private_dir
 
 __all__ = [
     "cached_map",
+    "can_fork",
     "fingerprint",
     "map_running",
     "parse_shard",
@@ -127,7 +128,7 @@ def take_shard(ds: Any, index: int, count: int) -> Any:
     return ds.select(range(*shard_bounds(len(ds), index, count)))
 
 
-def _can_fork() -> bool:
+def can_fork() -> bool:
     """Whether ``datasets``' process pool (``multiprocess``'s default context) forks, so that its processes
     inherit :func:`stage_state`."""
     import multiprocess
@@ -188,6 +189,7 @@ def cached_map(
     batch_size: int = 16,
     desc: str = "map",
     progress: bool = True,
+    unit: str = "q",
 ) -> Any:
     """``function`` over the rows of ``ds`` (``batched``: a dict of columns in, a dict of columns out, one output
     row per input row), with the output kept in ``folder`` and reused.
@@ -204,6 +206,7 @@ def cached_map(
         batch_size: rows per call of ``function`` (and per write).
         desc: the progress bar's label.
         progress: show a progress bar.
+        unit: what a row is, in the progress bar (``q``: a question).
 
     Raises:
         ValueError: ``workers``, ``piece`` or ``batch_size`` below 1.
@@ -215,7 +218,7 @@ def cached_map(
 
     if workers < 1 or piece < 1 or batch_size < 1:
         raise ValueError(f"workers, piece and batch_size must be >= 1, got {workers}, {piece}, {batch_size}")
-    if workers > 1 and not _can_fork():
+    if workers > 1 and not can_fork():
         log.warning("this platform cannot fork; the map runs in one process")
         workers = 1
     if _RUNNING:
@@ -226,7 +229,7 @@ def cached_map(
     parts = []
     _STATE, _RUNNING = state, True
     try:
-        with _quiet_bars(), tqdm(total=len(ds), desc=desc, unit="q", disable=not progress, leave=False) as bar:
+        with _quiet_bars(), tqdm(total=len(ds), desc=desc, unit=unit, disable=not progress, leave=False) as bar:
             for lo in range(0, len(ds), piece):
                 hi = min(lo + piece, len(ds))
                 part = ds.select(range(lo, hi))

@@ -58,3 +58,9 @@ def test_encoding_on_several_processes_gives_the_vectors_of_one_beyond_float16_r
     assert mapped == [200]  # neither the small call nor the calls inside a map started a map
     with pytest.raises(ValueError, match="num_proc"):
         SentenceEncoder(tiny_encoder_dir, num_proc=0)
+    import kglightning.data.encoder as encoder_module
+
+    as_device = SentenceEncoder(tiny_encoder_dir, batch_size=16, show_progress=False, num_proc=2, device="cpu:0")
+    assert torch.allclose(as_device.encode(texts), a, atol=1e-6) and mapped == [200, 200]  # a CPU named otherwise
+    monkeypatch.setattr(encoder_module, "can_fork", lambda: False)  # no fork: one process, its own threads
+    assert torch.equal(many.encode(texts), a) and mapped == [200, 200]

@@ -161,10 +161,10 @@ def test_a_piece_cut_at_any_byte_is_mapped_again_and_the_functions_own_error_is_
 def test_asking_whether_the_pool_forks_does_not_fix_the_start_method():
     import multiprocess
 
-    from kglightning.data.stage_map import _can_fork
+    from kglightning.data.stage_map import can_fork
 
     before = multiprocess.get_start_method(allow_none=True)
-    _can_fork()
+    can_fork()
     assert multiprocess.get_start_method(allow_none=True) == before
 
 
