@@ -203,7 +203,10 @@ def _table(ds: Any) -> pa.Table:
 
 def row_texts(ds: Any) -> pa.Array:
     """The distinct texts the rows of ``ds`` refer to (an Arrow string array, each once)."""
-    texts = pc.list_flatten(_table(ds).column("texts"))
+    return _distinct(pc.list_flatten(_table(ds).column("texts")))
+
+
+def _distinct(texts: pa.ChunkedArray) -> pa.Array:
     return pc.unique(texts) if len(texts) else pa.array([], pa.string())
 
 
@@ -212,7 +215,7 @@ def graphs_from_rows(ds: Any, text_row: Mapping[str, int]) -> Iterator[tuple[int
     ``text_row`` (``text -> row``, e.g. an embedding table's index, which must hold :func:`row_texts`)."""
     table = _table(ds)
     texts = pc.list_flatten(table.column("texts"))
-    unique = pc.unique(texts) if len(texts) else pa.array([], pa.string())
+    unique = _distinct(texts)
     found = list(map(text_row.get, unique.to_pylist()))
     if None in found:
         text = unique[found.index(None)].as_py()
