@@ -19,7 +19,8 @@ from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
 from kglightning.data.stage_map import cached_map, fingerprint, stored_map
 from kglightning.data.text import RELATION_VIEWS, RelationView
 from kglightning.datamodules.base import KGQADataModule
-from kglightning.datamodules.detection_graphs import DetectionStats, answer_paths, expand_graph
+from kglightning.datamodules.detection_graphs import DetectionStats, answer_paths
+from kglightning.datamodules.graph_forms import expand_graph
 from kglightning.datamodules.graph_rows import (
     GraphRowError,
     build_graph_rows,

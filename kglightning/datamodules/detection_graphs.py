@@ -6,7 +6,6 @@ One :class:`torch_geometric.data.Data` per question holds only integer ids into 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -21,11 +20,11 @@ from kglightning.data.kg_paths import shortest_relation_paths_many
 from kglightning.data.records import KGQARecord
 from kglightning.data.text import RelationView, path_text, relation_text
 from kglightning.data.triple_array import Vocab, as_triple_array, graph_nodes, node_layout
+from kglightning.datamodules.graph_forms import GraphParts
 from kglightning.datamodules.text_rows import TextRows
-from kglightning.evidence.answer_signals import SIGNALS, AnswerSignals
+from kglightning.evidence.answer_signals import AnswerSignals
 from kglightning.metrics.functional.qa import is_abstention, normalize
 from kglightning.metrics.functional.qa import node_matcher as match_node
-from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
 
 GROUNDING_KINDS = ("exact", "near_miss", "ungrounded")
 """How an answer was matched to its graph: by name (exact or RoG-normalised), by the near-miss grounder, or not."""
@@ -198,7 +197,7 @@ class _GraphNodes:
         return self._full(answer)
 
 
-def build_detection_graph(
+def graph_parts(
     record: KGQARecord,
     text_id: Mapping[str, int] | TextRows,
     stats: DetectionStats,
@@ -206,8 +205,9 @@ def build_detection_graph(
     ungrounded: Literal["keep", "drop"] = "drop",
     near_miss: Callable[[str], str | None] | None = None,
     relation_view: RelationView = "readable",
-) -> Data | None:
-    """The augmented graph of one record, or ``None`` when it has no answer to classify.
+) -> GraphParts | None:
+    """The augmented graph of one record as numpy arrays and lists (:class:`GraphParts`; :func:`build_detection_graph`
+    makes it a ``Data``), or ``None`` when it has no answer to classify.
 
     Nodes are the subgraph's entities in order of first appearance, then the virtual question node. Each triple
     ``(h, r, t)`` gives an edge ``h → t`` (and, with ``add_reverse_edges``, an explicit reverse edge ``t → h`` of
@@ -303,15 +303,7 @@ def build_detection_graph(
 
     rel_ids, rel_of = np.unique(triples[:, 1], return_inverse=True)
     rel = rows.relations(graph.vocab, rel_ids, relation_view)[rel_of.reshape(-1)]
-    src, dst, kind = src_arr, dst_arr, np.full(len(triples), EDGE_FORWARD, dtype=np.int64)
-    if add_reverse_edges:
-        src, dst = np.concatenate([src_arr, dst_arr]), np.concatenate([dst_arr, src_arr])
-        rel, kind = np.concatenate([rel, rel]), np.concatenate([kind, np.full(len(triples), EDGE_REVERSE)])
     topics = [node_of[q] for q in dict.fromkeys(record.q_entity) if q in node_of]
-    src = np.concatenate([src, np.full(len(topics), virtual)]).astype(np.int64)
-    dst = np.concatenate([dst, np.asarray(topics, dtype=np.int64)]).astype(np.int64)
-    rel = np.concatenate([rel, np.zeros(len(topics), dtype=np.int64)]).astype(np.int64)
-    kind = np.concatenate([kind, np.full(len(topics), EDGE_VIRTUAL)]).astype(np.int64)
 
     signals = AnswerSignals(record)
     degree = np.bincount(np.concatenate([src_arr, dst_arr]), minlength=virtual)
@@ -320,84 +312,41 @@ def build_detection_graph(
     answer_entries = [sorted(entries["node", node]) for node, *_ in grounded]
     answer_entries += [sorted(entries["text", normalize(name)]) for name, _ in loose]
 
-    n = virtual + 1
-    topic_mask = torch.zeros(n, dtype=torch.bool)
-    topic_mask[topics] = True
-    answer_mask = torch.zeros(n, dtype=torch.bool)
-    answer_mask[answer_nodes] = True
-    node_text = np.concatenate([rows.nodes(graph.vocab, node_ids), [rows[record.question]]])
     stats.graphs += 1
-    return Data(
-        num_nodes=n,
-        node_text=torch.from_numpy(node_text.astype(np.int64)),
-        topic_mask=topic_mask,
-        answer_mask=answer_mask,
-        edge_index=torch.from_numpy(np.stack([src, dst])),
-        edge_text=torch.from_numpy(rel),
-        edge_kind=torch.from_numpy(kind),
-        answer_index=torch.tensor(answer_nodes, dtype=torch.long),
-        ungrounded_text=torch.tensor([rows[name] for name, _ in loose], dtype=torch.long),
-        ungrounded_question_index=torch.full((len(loose),), virtual, dtype=torch.long),
-        answer_grounding=torch.tensor(kinds, dtype=torch.long),
-        answer_rank=torch.tensor([r / max(len(preds), 1) for r in ranks]),
-        num_answer_items=torch.tensor([len(names)]),
-        y=torch.tensor(labels),
-        labelled=torch.tensor([bool(gold)]),  # False: the record has no gold answer, so y says nothing
-        proposer_confidence=torch.tensor(confidences),
-        answer_signals=torch.tensor(answer_signals, dtype=torch.float).view(len(names), len(SIGNALS)),
-        question_index=torch.tensor([virtual]),
+    return GraphParts(
         qid=record.id,
+        node_text=np.concatenate([rows.nodes(graph.vocab, node_ids), [rows[record.question]]]).astype(np.int64),
+        src=np.asarray(src_arr, dtype=np.int64),
+        dst=np.asarray(dst_arr, dtype=np.int64),
+        rel=np.asarray(rel, dtype=np.int64),
+        reverse=add_reverse_edges,
+        topics=topics,
+        answer_nodes=answer_nodes,
+        ungrounded_text=[rows[name] for name, _ in loose],
+        grounding=kinds,
+        answer_rank=[r / max(len(preds), 1) for r in ranks],
+        labels=labels,
+        labelled=bool(gold),  # False: the record has no gold answer, so y says nothing
+        confidences=confidences,
+        answer_signals=answer_signals,
         answer_names=names,
         answer_entries=answer_entries,  # per answer, the entries of record.prediction behind it
     )
 
 
-def compact_graph(g: Data) -> Data:
-    """``g`` in about a quarter of the memory, for keeping a split's graphs between epochs: the reverse edges that
-    :func:`build_detection_graph` adds (the forward edges mirrored, right after them) are dropped, and the id tensors
-    are stored as ``int32`` (``edge_kind`` as ``int8``). :func:`expand_graph` gives back exactly ``g``."""
-    if "compact_reverse" in g:
-        return g
-    kind = g.edge_kind
-    m = int((kind == EDGE_FORWARD).sum())
-    mirrored = (
-        m > 0
-        and kind.numel() >= 2 * m
-        and bool((kind[:m] == EDGE_FORWARD).all() and (kind[m : 2 * m] == EDGE_REVERSE).all())
-        and not bool((kind[2 * m :] != EDGE_VIRTUAL).any())
-        and torch.equal(g.edge_index[:, m : 2 * m], g.edge_index[:, :m].flip(0))
-        and torch.equal(g.edge_text[m : 2 * m], g.edge_text[:m])
-    )
-    out = copy.copy(g)  # shallow: the tensors replaced below are new, the others shared
-    if mirrored:
-        keep = torch.cat([torch.arange(m), torch.arange(2 * m, kind.numel())])
-        out.edge_index, out.edge_text, kind = g.edge_index[:, keep], g.edge_text[keep], kind[keep]
-    out.edge_index, out.edge_text, out.node_text = (_narrow(t) for t in (out.edge_index, out.edge_text, g.node_text))
-    out.edge_kind = kind.to(torch.int8)
-    out.compact_reverse = torch.tensor(m if mirrored else -1)  # forward edges whose mirror was dropped
-    return out
-
-
-def _narrow(t: Tensor) -> Tensor:
-    """``t`` as ``int32`` when every value fits (a table of 2**31 rows or more keeps ``int64``)."""
-    fits = not t.numel() or (int(t.max()) < 2**31 and int(t.min()) >= -(2**31))
-    return t.to(torch.int32) if fits else t
-
-
-def expand_graph(g: Data) -> Data:
-    """The graph :func:`compact_graph` was given (a graph that is not compact is returned as it is)."""
-    if "compact_reverse" not in g:
-        return g
-    m = int(g.compact_reverse)
-    out = copy.copy(g)
-    del out.compact_reverse
-    ei, text, kind = g.edge_index.long(), g.edge_text.long(), g.edge_kind.long()
-    if m >= 0:
-        ei = torch.cat([ei[:, :m], ei[:, :m].flip(0), ei[:, m:]], dim=1)
-        text = torch.cat([text[:m], text[:m], text[m:]])
-        kind = torch.cat([kind[:m], torch.full((m,), EDGE_REVERSE, dtype=torch.long), kind[m:]])
-    out.edge_index, out.edge_text, out.edge_kind, out.node_text = ei, text, kind, g.node_text.long()
-    return out
+def build_detection_graph(
+    record: KGQARecord,
+    text_id: Mapping[str, int] | TextRows,
+    stats: DetectionStats,
+    add_reverse_edges: bool = True,
+    ungrounded: Literal["keep", "drop"] = "drop",
+    near_miss: Callable[[str], str | None] | None = None,
+    relation_view: RelationView = "readable",
+) -> Data | None:
+    """The augmented graph of one record (:func:`graph_parts` as a ``Data``), or ``None`` when it has no answer to
+    classify."""
+    parts = graph_parts(record, text_id, stats, add_reverse_edges, ungrounded, near_miss, relation_view)
+    return None if parts is None else parts.to_data()
 
 
 def answer_owner(batch: Any) -> Tensor:

@@ -1,12 +1,12 @@
 """Detection graphs as Arrow rows: built by a cached ``datasets`` map, read back column by column.
 
 :class:`~kglightning.datamodules.DetectionDataModule` builds one graph per question
-(:func:`~kglightning.datamodules.detection_graphs.build_detection_graph`). :func:`build_graph_rows` runs that as a
+(:func:`~kglightning.datamodules.detection_graphs.graph_parts`). :func:`build_graph_rows` runs that as a
 :func:`~kglightning.data.stage_map.cached_map` step: on ``workers`` processes, kept as Arrow files, resumed where a
 stopped run left off, and read back whole by the next run with the same inputs.
 
 A row holds a question's graph in the compact form of
-:func:`~kglightning.datamodules.detection_graphs.compact_graph`, with texts of its own: ``texts`` lists the distinct
+:func:`~kglightning.datamodules.graph_forms.compact_graph`, with texts of its own: ``texts`` lists the distinct
 strings the graph refers to (node names, relation texts, the question, ungrounded answers), and ``node_text``,
 ``edge_text`` and ``ungrounded_text`` index that list. The rows so do not depend on an embedding table's numbering
 (which depends on what the table held before). :func:`graphs_from_rows` turns them into graphs whose texts are rows of
@@ -16,7 +16,6 @@ indices become table rows with numpy. :func:`row_texts` gives those distinct tex
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import importlib
@@ -32,9 +31,10 @@ import torch
 from torch_geometric.data import Data
 
 from kglightning.data.records import KGQARecord
-from kglightning.data.stage_map import stage_state, torch_threads
+from kglightning.data.stage_map import stage_state
 from kglightning.data.triple_array import TripleArray, Vocab, release_graphs
-from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, compact_graph
+from kglightning.datamodules.detection_graphs import DetectionStats, graph_parts
+from kglightning.datamodules.graph_forms import GraphParts
 from kglightning.evidence.answer_signals import SIGNALS
 from kglightning.nn.kgguard import EDGE_VIRTUAL
 
@@ -47,13 +47,15 @@ __all__ = [
     "graphs_from_rows",
     "records_digest",
     "row_texts",
+    "rows_table",
 ]
 
 #: changes whenever a stored row would come out otherwise (a new field, another graph for the same record)
 GRAPH_VERSION = 1
 #: the modules whose code decides a graph row: a change to any of them gives new rows (:func:`code_digest`)
 GRAPH_CODE = (
-    "kglightning.datamodules.graph_rows", "kglightning.datamodules.detection_graphs", "kglightning.data.text",
+    "kglightning.datamodules.graph_rows", "kglightning.datamodules.detection_graphs",
+    "kglightning.datamodules.graph_forms", "kglightning.datamodules.text_rows", "kglightning.data.text",
     "kglightning.data.triple_array", "kglightning.data.records", "kglightning.evidence.answer_signals",
     "kglightning.metrics.functional.qa",
 )  # fmt: skip
@@ -156,37 +158,64 @@ class _LocalTexts:
     __getitem__ = get
 
 
-def graph_row(g: Data | None, index: int, stats: DetectionStats, texts: list[str]) -> dict[str, Any]:
-    """One question's row: its compact graph (``None``: no graph) with texts indexing ``texts``."""
-    row: dict[str, Any] = {"index": index, "built": g is not None, "stats": json.dumps(dataclasses.asdict(stats))}
-    if g is None:
-        row |= {k: None for k in ("qid", "num_nodes", "compact_reverse", "labelled")}
-        row |= {k: [] for k in ("texts", "answer_names", "answer_entries")}
-        return row | {name: np.zeros(0, dtype) for name, (_, dtype, _) in _LISTS.items()}
-    g = compact_graph(g)
-    row |= {"qid": g.qid, "num_nodes": int(g.num_nodes), "compact_reverse": int(g.compact_reverse),
-            "labelled": bool(g.labelled), "texts": texts, "answer_names": list(g.answer_names),
-            "answer_entries": [list(e) for e in g.answer_entries]}  # fmt: skip
-    for name, (_, dtype, _) in _LISTS.items():
-        values = g.topic_mask.nonzero() if name == "topics" else g[name]  # the topic entities' nodes
-        row[name] = values.reshape(-1).numpy().astype(dtype)
-    return row
+def _list_column(values: Sequence[np.ndarray], dtype: Any) -> pa.ListArray:
+    """One list column from each row's values (flat numpy arrays), with one conversion for the whole batch."""
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    flat = np.concatenate(values).astype(dtype, copy=False) if values else np.zeros(0, dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
 
 
-def build_graph_rows(batch: dict[str, list]) -> dict[str, list]:
+def _row_lists(g: GraphParts) -> dict[str, np.ndarray]:
+    """The list columns of a built graph's row, in the compact form of
+    :func:`~kglightning.datamodules.graph_forms.compact_graph` (the reverse edges, a mirror of the forward ones, are
+    not stored)."""
+    src, dst, rel, kind = g.edges(mirror=False)
+    arrays = {
+        "node_text": g.node_text, "edge_index": np.concatenate([src, dst]), "edge_text": rel, "edge_kind": kind,
+        "topics": np.unique(np.asarray(g.topics, dtype=np.int64)), "answer_index": np.asarray(g.answer_nodes),
+        "ungrounded_text": np.asarray(g.ungrounded_text), "answer_grounding": np.asarray(g.grounding),
+        "answer_rank": np.asarray(g.answer_rank), "y": np.asarray(g.labels),
+        "proposer_confidence": np.asarray(g.confidences), "answer_signals": np.asarray(g.answer_signals).reshape(-1),
+    }  # fmt: skip
+    return {name: arrays[name].astype(dtype).reshape(-1) for name, (_, dtype, _) in _LISTS.items()}
+
+
+def rows_table(built: Sequence[tuple[int, DetectionStats, GraphParts | None, list[str]]]) -> pa.Table:
+    """The rows of ``(record index, counts, graph or None, the graph's texts)``, as a table of
+    :func:`graph_features`' schema (a graph's texts are what its ``node_text``, ``edge_text`` and
+    ``ungrounded_text`` index)."""
+    graphs = [g for _, _, g, _ in built]
+    empty = {name: np.zeros(0, dtype) for name, (_, dtype, _) in _LISTS.items()}
+    lists = [empty if g is None else _row_lists(g) for g in graphs]
+
+    def scalar(get: Callable[[GraphParts], Any]) -> list[Any]:
+        return [None if g is None else get(g) for g in graphs]
+
+    columns = {
+        "index": [i for i, *_ in built], "built": [g is not None for g in graphs],
+        "stats": [json.dumps(vars(stats)) for _, stats, _, _ in built], "qid": scalar(lambda g: g.qid),
+        "num_nodes": scalar(lambda g: g.num_nodes), "compact_reverse": scalar(lambda g: g.compact_reverse),
+        "labelled": scalar(lambda g: g.labelled), "texts": [t if g is not None else [] for *_, g, t in built],
+        "answer_names": [[] if g is None else g.answer_names for g in graphs],
+        "answer_entries": [[] if g is None else g.answer_entries for g in graphs],
+        **{name: _list_column([row[name] for row in lists], dtype) for name, (_, dtype, _) in _LISTS.items()},
+    }  # fmt: skip
+    return pa.Table.from_pydict(columns, schema=graph_features().arrow_schema)
+
+
+def build_graph_rows(batch: dict[str, list]) -> pa.Table:
     """The map step: the rows of the questions ``batch["index"]`` of the records in :func:`stage_state`, a tuple
     ``(records, add_reverse_edges, ungrounded, near, relation_view)`` (``near(record)``: the near-miss matcher of a
     record's nodes, or ``None``)."""
     records, add_reverse_edges, ungrounded, near, relation_view = stage_state()
-    out: dict[str, list] = {k: [] for k in graph_features()}
-    with torch_threads(1):  # the same arithmetic in every process
-        for i in batch["index"]:
-            record, stats, texts = records[i], DetectionStats(), _LocalTexts()
-            g = build_detection_graph(record, texts, stats, add_reverse_edges, ungrounded, near(record), relation_view)
-            for key, value in graph_row(g, i, stats, list(texts.index)).items():
-                out[key].append(value)
+    built = []
+    for i in batch["index"]:
+        record, stats, texts = records[i], DetectionStats(), _LocalTexts()
+        g = graph_parts(record, texts, stats, add_reverse_edges, ungrounded, near(record), relation_view)
+        built.append((i, stats, g, list(texts.index)))
     release_graphs(records[i].graph for i in batch["index"])  # read for the last time: their pages leave
-    return out
+    return rows_table(built)
 
 
 def row_stats(ds: Any) -> DetectionStats:
@@ -304,6 +333,6 @@ def _graph(batch: pa.RecordBatch, r: int, lists: dict[str, _Lists], text_rows: n
 
 
 def _narrow(rows: np.ndarray) -> torch.Tensor:
-    """Table rows as ``int32`` when every one fits (as :func:`compact_graph` keeps them), else ``int64``."""
+    """Table rows as ``int32`` when every one fits (as :func:`~kglightning.datamodules.graph_forms.compact_graph` keeps them), else ``int64``."""
     fits = not rows.size or int(rows.max()) < 2**31
     return torch.from_numpy(rows.astype(np.int32 if fits else np.int64))

@@ -181,7 +181,7 @@ def test_graph_arrays_match_a_direct_reading_of_the_triples(seed, reverse):
 
 @pytest.mark.parametrize("reverse", [True, False])
 def test_compact_graph_round_trips_exactly_in_less_memory(reverse):
-    from kglightning.datamodules.detection_graphs import compact_graph, expand_graph
+    from kglightning.datamodules.graph_forms import compact_graph, expand_graph
 
     rec = _record()
     g = build_detection_graph(rec, _ids(rec), DetectionStats(), add_reverse_edges=reverse, ungrounded="keep")

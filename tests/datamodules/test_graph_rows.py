@@ -16,13 +16,8 @@ from kglightning.data.records import KGQARecord
 from kglightning.data.stage_map import cached_map
 from kglightning.datamodules import DetectionDataModule
 from kglightning.datamodules import graph_rows as gr
-from kglightning.datamodules.detection_graphs import (
-    DetectionStats,
-    build_detection_graph,
-    compact_graph,
-    expand_graph,
-    node_texts,
-)
+from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
+from kglightning.datamodules.graph_forms import compact_graph, expand_graph
 from kglightning.datamodules.text_rows import TextRows
 from kglightning.nn import EDGE_VIRTUAL
 
@@ -122,8 +117,8 @@ def test_the_datamodule_reads_stored_rows_back_without_building_and_builds_anew_
     folder = first.graph_folder("train")
     assert (folder / "complete.json").exists()
     calls = []
-    build = gr.build_detection_graph
-    monkeypatch.setattr(gr, "build_detection_graph", lambda *a, **k: calls.append(1) or build(*a, **k))
+    build = gr.graph_parts
+    monkeypatch.setattr(gr, "graph_parts", lambda *a, **k: calls.append(1) or build(*a, **k))
     again = _dm(data, tmp_path, tiny_encoder_dir)
     again.setup("fit")
     assert calls == []  # read from the stored rows

@@ -219,7 +219,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
             if graphs is None:
                 graphs = []
                 try:  # one vocabulary-to-row map for the split, graphs kept compact; older code: neither
-                    from kglightning.datamodules.detection_graphs import compact_graph, expand_graph
+                    from kglightning.datamodules.detection_graphs import compact_graph, expand_graph  # older trees
                     from kglightning.datamodules.text_rows import TextRows
 
                     text_id = TextRows(emb._index)
@@ -231,7 +231,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
                     if g is not None:
                         graphs.append(compact_graph(g))
             else:
-                from kglightning.datamodules.detection_graphs import expand_graph
+                from kglightning.datamodules.graph_forms import expand_graph
             rows = getattr(emb, "rows", None) or emb.table.__getitem__  # older code: one float32 table
             t_batches = time.perf_counter()
             for lo in range(0, len(graphs), 32):  # what DetectionDataModule.collate does per batch
