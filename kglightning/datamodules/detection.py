@@ -310,20 +310,20 @@ class DetectionDataModule(KGQADataModule):
 
     def build_split(self, split: str) -> list[Data]:
         records = self.records(split)
-        self.prepare_split(split)
-        rows = self.graph_rows(split)
-        del self._rows[split]  # not kept once read: the pages of its map would stay in this process's memory
-        try:  # kept for every epoch as compact graphs; collate expands them
-            pairs = [(records[i], g) for i, g in graphs_from_rows(rows, self.embeddings._index)]
-        except GraphRowError as err:  # damaged stored rows: said, removed and built again
-            folder = self.graph_folder(split)
-            log.warning("%s: the stored graph rows in %s are damaged (%s); building them again", split, folder, err)
-            shutil.rmtree(folder, ignore_errors=True)
-            self._embedded.discard(split)
+        for attempt in range(2):
             self.prepare_split(split)
             rows = self.graph_rows(split)
-            del self._rows[split]
-            pairs = [(records[i], g) for i, g in graphs_from_rows(rows, self.embeddings._index)]
+            del self._rows[split]  # not kept once read: the pages of its map would stay in this process's memory
+            try:  # kept for every epoch as compact graphs; collate expands them
+                pairs = [(records[i], g) for i, g in graphs_from_rows(rows, self.embeddings._index)]
+                break
+            except GraphRowError as err:  # damaged stored rows: said, removed and built again (once)
+                if attempt:
+                    raise
+                folder = self.graph_folder(split)
+                log.warning("%s: the stored graph rows in %s are damaged (%s); building them again", split, folder, err)
+                shutil.rmtree(folder, ignore_errors=True)
+                self._embedded.discard(split)
         stats = row_stats(rows)
         del rows
         graphs = [g for _, g in pairs]

@@ -239,19 +239,28 @@ def _distinct(texts: pa.ChunkedArray) -> pa.Array:
     return pc.unique(texts) if len(texts) else pa.array([], pa.string())
 
 
+def _encoded(texts: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+    """``(distinct texts, each text's index among them)`` from one pass of Arrow's hashing."""
+    if not len(texts):
+        return pa.array([], pa.string()), np.zeros(0, np.int64)
+    if texts.null_count:
+        raise GraphRowError(f"graph rows hold {texts.null_count} missing (null) texts")
+    encoded = pc.dictionary_encode(texts).unify_dictionaries()  # one dictionary for every chunk
+    unique = encoded.chunk(0).dictionary
+    return unique, np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in encoded.chunks]).astype(np.int64)
+
+
 def graphs_from_rows(ds: Any, text_row: Mapping[str, int]) -> Iterator[tuple[int, Data]]:
     """``(record index, compact graph)`` for the rows of ``ds`` that hold a graph, in order, with texts as rows of
     ``text_row`` (``text -> row``, e.g. an embedding table's index, which must hold :func:`row_texts`)."""
     table = _table(ds)
     texts = pc.list_flatten(table.column("texts"))
-    unique = _distinct(texts)
+    unique, codes = _encoded(texts)  # the texts hashed once: each distinct one, and each text's place among them
     found = list(map(text_row.get, unique.to_pylist()))
     if None in found:
         text = unique[found.index(None)].as_py()
         raise KeyError(f"{text!r} has no row in the embedding table: embed the texts of the graph rows first")
-    table_rows = np.asarray(found, dtype=np.int64)
-    codes = _numpy(pc.index_in(texts, value_set=unique)) if len(texts) else np.zeros(0, np.int64)
-    rows_of_text = table_rows[codes]  # the table row of each text of each row, rows one after the other
+    rows_of_text = np.asarray(found, dtype=np.int64)[codes]  # each text's table row, the rows' texts one after another
     text_start = np.concatenate([[0], np.cumsum(_numpy(pc.list_value_length(table.column("texts"))))])
     n = 0
     for batch in table.to_batches():

@@ -197,6 +197,9 @@ def test_damaged_rows_are_refused_by_name_and_the_datamodule_builds_them_again(
                    features=rows.features)  # fmt: skip
     with pytest.raises(gr.GraphRowError, match="edge_index"):
         list(gr.graphs_from_rows(far, table))
+    hole = rows.map(lambda r: {"texts": [None, *r["texts"][1:]]} if r["built"] else {}, features=rows.features)
+    with pytest.raises(gr.GraphRowError, match="missing"):
+        list(gr.graphs_from_rows(hole, table))
 
     first = _dm(data, tmp_path, tiny_encoder_dir)
     first.setup("fit")
@@ -217,6 +220,13 @@ def test_damaged_rows_are_refused_by_name_and_the_datamodule_builds_them_again(
     assert "are damaged" in caplog.text and str(again.graph_folder("train")) in caplog.text
     assert len(again.datasets["train"]) == len(first.datasets["train"])
     assert (again.graph_folder("train") / "complete.json").exists()  # built again and stored
+
+    def damaged_always(ds, text_row):  # rows built anew that are still refused: raised, not looped on
+        raise gr.GraphRowError("graph row of record 0 ('x'): edge_index holds an index outside [0, 3)")
+
+    monkeypatch.setattr(detection, "graphs_from_rows", damaged_always)
+    with pytest.raises(gr.GraphRowError, match="edge_index"):
+        _dm(data, tmp_path, tiny_encoder_dir).setup("fit")
 
 
 def test_the_rows_key_follows_the_code_that_builds_them(data, tmp_path, tiny_encoder_dir, monkeypatch):
