@@ -400,6 +400,24 @@ def main(argv: list[str] | None = None) -> int:
         The exit status: 0 on success, 2 on bad input data (a :data:`USER_INPUT_ERRORS` error, printed as one
         line to stderr). Other errors propagate with their traceback. ``--help``, ``--version`` and argument
         errors exit through ``SystemExit`` as argparse does.
+
+    Example:
+        What ``python -m kglightning evaluate --predictions ...`` does on the command line: the command's output, then
+        its exit status (2, with one line on stderr, for input it cannot read):
+
+        >>> import json, tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> with open(f"{tmp.name}/predictions.jsonl", "w") as f:
+        ...     print(json.dumps({"id": "q1", "prediction": ["Paris", "Lyon"], "ground_truth": ["Paris"]}), file=f)
+        >>> main(["evaluate", "--predictions", f"{tmp.name}/predictions.jsonl"])
+        Accuracy: 100.0 Hit: 100.0 Hit1: 100.0 F1: 66.66666666666666 Precision: 50.0 Recall: 100.0
+        Strict-F1: 66.66666666666666 Strict-Precision: 50.0 Strict-Recall: 100.0 EM: 0.0
+        0
+        >>> main(["evaluate", "--predictions", f"{tmp.name}/missing.jsonl"])
+        2
+        >>> tmp.cleanup()
+
+        ``main(["fit", "--config", "configs/detector.yaml"])`` runs the main job the same way.
     """
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)

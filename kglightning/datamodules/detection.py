@@ -20,7 +20,7 @@ from kglightning.data.stage_map import cached_map, fingerprint, stored_map
 from kglightning.data.text import RELATION_VIEWS, RelationView
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.detection_graphs import DetectionStats, answer_paths
-from kglightning.datamodules.graph_forms import expand_graph
+from kglightning.datamodules.graph_forms import collate_graphs
 from kglightning.datamodules.graph_rows import (
     GraphRowError,
     build_graph_rows,
@@ -33,7 +33,6 @@ from kglightning.datamodules.graph_rows import (
 )
 from kglightning.datamodules.relation_prior import RelationPrior
 from kglightning.evidence.answer_signals import SIGNALS
-from kglightning.nn.kgguard import edge_types
 from kglightning.retrieval.faiss_grounding import FaissGrounder
 
 log = logging.getLogger(__name__)
@@ -93,6 +92,28 @@ class DetectionDataModule(KGQADataModule):
             are built in one process.
         **kwargs: the record-reading arguments of :class:`~kglightning.datamodules.KGQADataModule` (``data_dir``,
             ``max_records``, ``on_bad_record``, ``cache_dir``, ...).
+
+    Example:
+        A folder of ``train``, ``validation`` and ``test`` records (RoG's format) with the LLM's answers in
+        ``prediction`` becomes batches of graphs, their texts embedded by the bundled all-MiniLM-L6-v2 encoder:
+
+        >>> import json, tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> record = {"question": "Which country is Paris the capital of?", "answer": ["France"],
+        ...           "q_entity": ["Paris"], "a_entity": ["France"], "prediction": ["France", "Europe"],
+        ...           "graph": [["Paris", "capital of", "France"], ["Paris", "located in", "Europe"]]}
+        >>> for split in ("train", "validation", "test"):
+        ...     with open(f"{tmp.name}/{split}.jsonl", "w") as f:
+        ...         for i in range(4):
+        ...             print(json.dumps({"id": f"{split}-{i}", **record}), file=f)
+        >>> dm = DetectionDataModule(data_dir=tmp.name, cache_dir=f"{tmp.name}/cache", batch_size=4)
+        >>> dm.prepare_data(); dm.setup("fit")
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> batch.num_graphs, batch.answer_names[0], batch.y.tolist()[:2]  # y = 1: not a gold answer
+        (4, ['France', 'Europe'], [0.0, 1.0])
+        >>> tuple(batch.x_text.shape)  # 4 nodes a graph (Paris, France, Europe, the question), 384-wide texts
+        (16, 384)
+        >>> tmp.cleanup()
     """
 
     stage_splits: ClassVar[dict[str, tuple[str, ...] | None]] = {
@@ -380,16 +401,6 @@ class DetectionDataModule(KGQADataModule):
             ).view(-1, len(columns))
 
     def collate(self, items: list[Data]) -> Batch:
-        """Batch graphs and look their texts up in the embedding table.
-
-        Edge features are given per edge type (:func:`~kglightning.nn.kgguard.edge_types`): ``type_text_emb (T,
-        text_dim)`` and ``type_kind (T,)`` for the batch's distinct (relation, kind) pairs, and ``edge_type (E,)``.
-        """
-        batch = Batch.from_data_list([expand_graph(g) for g in items])
-        rows = self.embeddings.rows
-        batch.x_text = rows(batch.node_text)
-        batch.ungrounded_x = rows(batch.ungrounded_text)
-        type_text, batch.type_kind, batch.edge_type = edge_types(batch.edge_text, batch.edge_kind)
-        batch.type_text_emb = rows(type_text)
-        batch.question = batch.x_text[batch.question_index][batch.batch[batch.answer_index]]
-        return batch
+        """Batch graphs and look their texts up in the embedding table
+        (:func:`~kglightning.datamodules.graph_forms.collate_graphs`)."""
+        return collate_graphs(items, self.embeddings.rows)

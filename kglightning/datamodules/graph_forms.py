@@ -3,23 +3,24 @@ its compact form (what a split keeps between epochs and what :mod:`~kglightning.
 
 :func:`~kglightning.datamodules.detection_graphs.graph_parts` builds the parts; :meth:`GraphParts.to_data` makes
 them a graph with its reverse edges; :func:`compact_graph` drops the reverse edges again and narrows the ids, and
-:func:`expand_graph` restores them.
+:func:`expand_graph` restores them. :func:`collate_graphs` batches graphs of any form with their texts' embeddings.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch_geometric.data import Data
+from torch_geometric.data import Batch, Data
 
 from kglightning.evidence.answer_signals import SIGNALS
-from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
+from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL, edge_types
 
-__all__ = ["GraphParts", "compact_graph", "expand_graph"]
+__all__ = ["GraphParts", "collate_graphs", "compact_graph", "expand_graph"]
 
 
 @dataclass
@@ -151,3 +152,20 @@ def expand_graph(g: Data) -> Data:
         kind = torch.cat([kind[:m], torch.full((m,), EDGE_REVERSE, dtype=torch.long), kind[m:]])
     out.edge_index, out.edge_text, out.edge_kind, out.node_text = ei, text, kind, g.node_text.long()
     return out
+
+
+def collate_graphs(items: list[Data], rows: Callable[[Tensor], Tensor]) -> Batch:
+    """Batch graphs (full or compact) and look their texts up with ``rows`` (table rows ``(...)`` to embeddings
+    ``(..., text_dim)``, e.g. ``EmbeddingCache.rows``): what the detector reads.
+
+    Edge features are given per edge type (:func:`~kglightning.nn.kgguard.edge_types`): ``type_text_emb (T,
+    text_dim)`` and ``type_kind (T,)`` for the batch's distinct (relation, kind) pairs, and ``edge_type (E,)``;
+    ``question`` is each answer's question embedding.
+    """
+    batch = Batch.from_data_list([expand_graph(g) for g in items])
+    batch.x_text = rows(batch.node_text)
+    batch.ungrounded_x = rows(batch.ungrounded_text)
+    type_text, batch.type_kind, batch.edge_type = edge_types(batch.edge_text, batch.edge_kind)
+    batch.type_text_emb = rows(type_text)
+    batch.question = batch.x_text[batch.question_index][batch.batch[batch.answer_index]]
+    return batch

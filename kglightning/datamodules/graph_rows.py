@@ -240,14 +240,15 @@ def _distinct(texts: pa.ChunkedArray) -> pa.Array:
 
 
 def _encoded(texts: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
-    """``(distinct texts, each text's index among them)`` from one pass of Arrow's hashing."""
+    """``(distinct texts, each text's index among them)``."""
     if not len(texts):
         return pa.array([], pa.string()), np.zeros(0, np.int64)
     if texts.null_count:
         raise GraphRowError(f"graph rows hold {texts.null_count} missing (null) texts")
-    encoded = pc.dictionary_encode(texts).unify_dictionaries()  # one dictionary for every chunk
-    unique = encoded.chunk(0).dictionary
-    return unique, np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in encoded.chunks]).astype(np.int64)
+    # two passes: dictionary_encode and unify_dictionaries over this column of many chunks took four times the read
+    # time at WebQSP size (11.7 s against 2.9 s) and 425 MiB more peak RSS than unique + index_in
+    unique = _distinct(texts)
+    return unique, _numpy(pc.index_in(texts, value_set=unique)).astype(np.int64)
 
 
 def graphs_from_rows(ds: Any, text_row: Mapping[str, int]) -> Iterator[tuple[int, Data]]:
@@ -255,7 +256,7 @@ def graphs_from_rows(ds: Any, text_row: Mapping[str, int]) -> Iterator[tuple[int
     ``text_row`` (``text -> row``, e.g. an embedding table's index, which must hold :func:`row_texts`)."""
     table = _table(ds)
     texts = pc.list_flatten(table.column("texts"))
-    unique, codes = _encoded(texts)  # the texts hashed once: each distinct one, and each text's place among them
+    unique, codes = _encoded(texts)  # each distinct text, and each text's place among them
     found = list(map(text_row.get, unique.to_pylist()))
     if None in found:
         text = unique[found.index(None)].as_py()

@@ -94,6 +94,39 @@ class HallucinationDetector(L.LightningModule):
         ungrounded_scorer: the model of ungrounded answers, built as ``ungrounded_scorer(text_dim)`` (and
             ``answer_features=answer_features`` when there are any); name it by ``class_path`` (default
             :class:`~kglightning.nn.UngroundedAnswerScorer`).
+
+    Example:
+        One question's graph, its three proposed answers (two name nodes, one names none), scored by a small
+        detector and then fitted to them for a few steps. A run fits it with the Trainer over
+        :class:`~kglightning.datamodules.DetectionDataModule`'s graphs (``configs/detector.yaml``); here a random
+        table stands in for the text encoder.
+
+        >>> from functools import partial
+        >>> import torch
+        >>> from kglightning.data import KGQARecord
+        >>> from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
+        >>> from kglightning.datamodules.graph_forms import collate_graphs
+        >>> from kglightning.nn import GraphTransformerEncoder
+        >>> record = KGQARecord("q1", "Which country is Paris the capital of?", answer=["France"], q_entity=["Paris"],
+        ...     a_entity=["France"], graph=[("Paris", "capital of", "France"), ("Paris", "located in", "Europe")],
+        ...     prediction=["France", "Europe", "Atlantis"])
+        >>> rows = {text: i for i, text in enumerate(node_texts(record))}  # text -> row of an embedding table
+        >>> graph = build_detection_graph(record, rows, DetectionStats(), ungrounded="keep")
+        >>> graph.answer_names, graph.y.tolist()  # 1: hallucinated (not a gold answer)
+        (['France', 'Europe', 'Atlantis'], [0.0, 1.0, 1.0])
+        >>> _ = torch.manual_seed(0)
+        >>> table = torch.randn(len(rows), 16)
+        >>> batch = collate_graphs([graph], lambda ids: table[ids])
+        >>> encoder = partial(GraphTransformerEncoder, hidden_channels=16, num_layers=1, heads=2)
+        >>> detector = HallucinationDetector(text_dim=16, encoder=encoder, mark_dim=4, mlp_hidden=16)
+        >>> detector.eval()(batch).sigmoid().shape  # P(hallucinated) per answer
+        torch.Size([3])
+        >>> optimizer = torch.optim.Adam(detector.train().parameters(), lr=0.01)
+        >>> for _ in range(30):
+        ...     loss = torch.nn.functional.binary_cross_entropy_with_logits(detector(batch), batch.y)
+        ...     optimizer.zero_grad(); loss.backward(); optimizer.step()
+        >>> (detector.eval()(batch).sigmoid() > 0.5).tolist()
+        [False, True, True]
     """
 
     def __init__(

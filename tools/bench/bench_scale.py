@@ -231,7 +231,10 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
                     if g is not None:
                         graphs.append(compact_graph(g))
             else:
-                from kglightning.datamodules.graph_forms import expand_graph
+                try:
+                    from kglightning.datamodules.graph_forms import expand_graph
+                except ImportError:  # a tree with graph rows before graph_forms
+                    from kglightning.datamodules.detection_graphs import expand_graph
             rows = getattr(emb, "rows", None) or emb.table.__getitem__  # older code: one float32 table
             t_batches = time.perf_counter()
             for lo in range(0, len(graphs), 32):  # what DetectionDataModule.collate does per batch
