@@ -373,7 +373,7 @@ def _dispatch(argv: list[str], from_command_line: bool) -> int:
 
         return int(conformalize_main(argv[1:]) or 0)
     if argv and argv[0] == "cache":
-        from kglightning.data.cache_admin import main as cache_main
+        from kglightning.data.store.cache_admin import main as cache_main
 
         return cache_main(argv[1:], prog=f"{PROG} cache")
     if argv and argv[0] == "select":

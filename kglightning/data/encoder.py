@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from kglightning.data.cache import files_stamp
-from kglightning.data.stage_map import cached_map, can_fork, map_running, stage_state, torch_threads
+from kglightning.data.store.cache import files_stamp
+from kglightning.data.store.stage_map import cached_map, can_fork, map_running, stage_state, torch_threads
 
 __all__ = ["BUNDLED_MINILM", "SentenceEncoder", "bundled_minilm_path"]
 
@@ -87,7 +87,7 @@ class SentenceEncoder:
     @property
     def cache_key(self) -> str:
         """A folder name that identifies this encoder's embeddings: the model's name, its files' stamp
-        (:func:`~kglightning.data.cache.files_stamp`: a model retrained into the same folder gets new embeddings)
+        (:func:`~kglightning.data.store.cache.files_stamp`: a model retrained into the same folder gets new embeddings)
         and the normalisation."""
         if self.model == BUNDLED_MINILM:
             base = "all-MiniLM-L6-v2"

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from kglightning.data.cache import private_dir
 from kglightning.data.records import KGQARecord
+from kglightning.data.store.cache import private_dir
 
 log = logging.getLogger(__name__)
 _MISSING = object()

@@ -19,7 +19,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from kglightning.data.mapped_pages import release_array, release_arrays
+from kglightning.data.store.mapped_pages import release_array, release_arrays
 
 __all__ = ["ArrowStrings", "TripleArray", "Vocab", "as_triple_array", "graph_nodes", "node_layout", "release_graphs"]
 
@@ -242,7 +242,7 @@ class TripleArray:
     @classmethod
     def view(cls, ids: np.ndarray, vocab: Vocab) -> TripleArray:
         """A graph over ``ids`` as they are (e.g. a slice of a memory map), unchecked and uncopied: for ids this
-        package wrote itself (:mod:`~kglightning.data.record_store`); checking them would read every page."""
+        package wrote itself (:mod:`~kglightning.data.store.record_store`); checking them would read every page."""
         graph = cls.__new__(cls)
         graph.ids, graph.vocab = ids, vocab
         return graph
@@ -310,7 +310,7 @@ class TripleArray:
 
     def release_pages(self) -> int:
         """When the triples are a view of a read-only memory map (a graph of the record store), drop the pages of the
-        whole map from this process's memory (:func:`~kglightning.data.mapped_pages.release_array`): a stage that has
+        whole map from this process's memory (:func:`~kglightning.data.store.mapped_pages.release_array`): a stage that has
         read a question's graph for the last time calls it, so that its RSS does not grow to the whole split's graphs.
         Returns the bytes of the map, 0 for triples in memory."""
         return release_array(self.ids)

@@ -20,11 +20,11 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from kglightning.data.cache import default_cache_root, files_stamp
 from kglightning.data.folds import KFold
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.loaders import HF_PREFIX, RecordList, hub_fingerprint, read_records
 from kglightning.data.splits import SPLITS, locate_splits
+from kglightning.data.store.cache import default_cache_root, files_stamp
 from kglightning.retrieval.subgraphs import PCSTSubgraphs
 
 Split = Literal["train", "validation", "test"]
@@ -242,7 +242,7 @@ class KGQADataModule(L.LightningDataModule):
 
     def dataset_key(self, split: str) -> str:
         """A short hash of what ``split``'s records are: the dataset (for a local file or folder, its path and its
-        files' sizes and times, :func:`~kglightning.data.cache.files_stamp`),
+        files' sizes and times, :func:`~kglightning.data.store.cache.files_stamp`),
         the split, ``max_records``, ``on_bad_record`` and the ``subgraphs`` settings; with ``folds``, those of every
         pooled split and the fold settings (:attr:`~kglightning.data.folds.KFold.cache_key`), so no cache mixes two
         folds. Caches of work derived from the records use it."""

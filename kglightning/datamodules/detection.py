@@ -12,11 +12,11 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch_geometric.data import Batch, Data
 
-from kglightning.data.cache import folder_name
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
-from kglightning.data.stage_map import cached_map, fingerprint, stored_map
+from kglightning.data.store.cache import folder_name
+from kglightning.data.store.stage_map import cached_map, fingerprint, stored_map
 from kglightning.data.text import RELATION_VIEWS, RelationView
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.detection_graphs import DetectionStats, answer_paths

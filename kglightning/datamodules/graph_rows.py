@@ -2,7 +2,7 @@
 
 :class:`~kglightning.datamodules.DetectionDataModule` builds one graph per question
 (:func:`~kglightning.datamodules.detection_graphs.graph_parts`). :func:`build_graph_rows` runs that as a
-:func:`~kglightning.data.stage_map.cached_map` step: on ``workers`` processes, kept as Arrow files, resumed where a
+:func:`~kglightning.data.store.stage_map.cached_map` step: on ``workers`` processes, kept as Arrow files, resumed where a
 stopped run left off, and read back whole by the next run with the same inputs.
 
 A row holds a question's graph in the compact form of
@@ -31,7 +31,7 @@ import torch
 from torch_geometric.data import Data
 
 from kglightning.data.records import KGQARecord
-from kglightning.data.stage_map import stage_state
+from kglightning.data.store.stage_map import stage_state
 from kglightning.data.triple_array import TripleArray, Vocab, release_graphs
 from kglightning.datamodules.detection_graphs import DetectionStats, graph_parts
 from kglightning.datamodules.graph_forms import GraphParts

@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from kglightning.data.records import VALIDATION_VERSION
 from kglightning.data.relation_pairs import PROGRESS_MIN_RECORDS
-from kglightning.data.stage_map import cached_map, stage_state, stored_map
+from kglightning.data.store.stage_map import cached_map, stage_state, stored_map
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.sft_examples import (
     IGNORE_INDEX,
@@ -147,7 +147,7 @@ class ProxySFTDataModule(KGQADataModule):
 
     def rows(self, split: str) -> list[dict[str, Any]]:
         """The mined rows of ``split`` (see :func:`mine_row`): a cached ``datasets`` map over its questions
-        (:func:`~kglightning.data.stage_map.cached_map`, ``mine_workers`` processes), kept in :meth:`cache_path`; a
+        (:func:`~kglightning.data.store.stage_map.cached_map`, ``mine_workers`` processes), kept in :meth:`cache_path`; a
         run stopped part-way mines only the questions it had not finished, and a rerun reads them all (without
         reading the split's records, once every piece is stored)."""
         import datasets

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from kglightning.data.cache import files_stamp
 from kglightning.data.records import KGQARecord
+from kglightning.data.store.cache import files_stamp
 from kglightning.llm.backends.base import Generation
 from kglightning.llm.backends.cache import ResponseCache
 from kglightning.llm.backends.local_hf import resolve_model
@@ -52,7 +52,7 @@ def weights_digest(module: torch.nn.Module, trainable_only: bool = True) -> str:
 
 
 def model_files_key(folder: str) -> str:
-    """:func:`~kglightning.data.cache.files_stamp` of a local folder; for a hub id, the cached snapshot's commit
+    """:func:`~kglightning.data.store.cache.files_stamp` of a local folder; for a hub id, the cached snapshot's commit
     (``""`` when it is not in the local hub cache)."""
     if Path(folder).expanduser().exists():
         return files_stamp(Path(folder).expanduser())

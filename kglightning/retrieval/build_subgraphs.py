@@ -31,7 +31,7 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.sources.loaders import read_questions, write_records
 from kglightning.data.sources.triples import load_kg
 from kglightning.data.splits import locate_splits
-from kglightning.data.stage_map import parse_shard, shard_bounds, shard_suffix
+from kglightning.data.store.stage_map import parse_shard, shard_bounds, shard_suffix
 from kglightning.fileio import atomic_write
 from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats
 from kglightning.retrieval.prepare import (

@@ -9,9 +9,9 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from kglightning.data.cache import files_stamp
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.loaders import _iter_jsonl
+from kglightning.data.store.cache import files_stamp
 
 __all__ = ["DocumentSource", "EvidenceDocuments"]
 

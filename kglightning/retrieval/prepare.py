@@ -14,14 +14,14 @@ runs in two phases:
    **from the same starting cache**: a string the cache already holds keeps the row of whatever batch first encoded
    it (an earlier run on other questions), so start every machine from an empty cache or from copies of one.
 2. **cut** (:func:`cut_records`): a cached ``datasets`` map over the questions
-   (:func:`~kglightning.data.stage_map.cached_map`): contiguous pieces, each on ``workers`` forked processes (the KG
+   (:func:`~kglightning.data.store.stage_map.cached_map`): contiguous pieces, each on ``workers`` forked processes (the KG
    index and the embedding table are shared with them, not copied), one torch thread each, the results in question
    order. Nothing is encoded in this phase (checked). The cuts are kept as Arrow files under
    ``$KGLIGHTNING_CACHE/pcst-cuts/``, keyed by the questions, the KG, the settings, the encoder and the embedding
    rows the cuts read (:func:`rows_key`): a run stopped part-way cuts only the pieces it had not finished when run
    again, and a change of any of them cuts everything anew.
 
-``--shard i/N`` cuts one contiguous part of each split (:func:`~kglightning.data.stage_map.take_shard`, a
+``--shard i/N`` cuts one contiguous part of each split (:func:`~kglightning.data.store.stage_map.take_shard`, a
 ``datasets.Dataset`` of its rows), and :func:`merge_shards` concatenates the parts' files in shard order: the file one
 process writes, byte for byte (each question's seconds aside). Phase 1 reads every question of every split on every
 machine, to know the blocks; ``--embed-only`` with a shard encodes only blocks ``i, i + N, ...``, so N machines can
@@ -43,11 +43,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from kglightning.data.cache import default_cache_root
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import khop_ids
 from kglightning.data.records import KGQARecord
-from kglightning.data.stage_map import cached_map, fingerprint, stage_state, take_shard, torch_threads
+from kglightning.data.store.cache import default_cache_root
+from kglightning.data.store.stage_map import cached_map, fingerprint, stage_state, take_shard, torch_threads
 from kglightning.data.text import relation_text
 from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats
@@ -163,9 +163,9 @@ def cut_records(
 ) -> tuple[list[KGQARecord | None], SubgraphStats]:
     """Phase 2: every question's cut (``None`` for a skipped question) in question order, and their stats.
 
-    The cuts run as a cached ``datasets`` map over the questions (:func:`~kglightning.data.stage_map.cached_map`) on
+    The cuts run as a cached ``datasets`` map over the questions (:func:`~kglightning.data.store.stage_map.cached_map`) on
     ``workers`` processes; the output does not depend on ``workers``. ``shard=(i, N)`` cuts part ``i`` of ``N``
-    (:func:`~kglightning.data.stage_map.take_shard`). With ``key`` (:func:`rows_key` of the texts that
+    (:func:`~kglightning.data.store.stage_map.take_shard`). With ``key`` (:func:`rows_key` of the texts that
     :func:`embed_texts` encoded), the cuts are kept in ``$KGLIGHTNING_CACHE/pcst-cuts/<fingerprint>``, the
     fingerprint covering the questions, the KG, the retriever's settings, the encoder, ``key``, :data:`CUT_VERSION`
     and the versions of kglightning, the PCST solver, numpy and torch: a run stopped part-way is resumed, and a rerun

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kglightning.cli import main
-from kglightning.data.cache_admin import clean, entries
+from kglightning.data.store.cache_admin import clean, entries
 
 
 @pytest.fixture
@@ -104,8 +104,8 @@ def test_the_cache_command(root, capsys):
 
 
 def test_a_size_cap_evicts_older_record_stores_when_one_is_written(tmp_path, monkeypatch):
-    from kglightning.data.record_store import store_folder
     from kglightning.data.sources.loaders import read_records
+    from kglightning.data.store.record_store import store_folder
 
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")

@@ -32,7 +32,7 @@ def test_encoding_on_several_processes_gives_the_vectors_of_one_beyond_float16_r
     import datasets
     import pytest
 
-    from kglightning.data import stage_map
+    from kglightning.data.store import stage_map
 
     texts = [f"text {i} {'about rivers ' * (i % 5)}" for i in range(200)]
     one = SentenceEncoder(tiny_encoder_dir, batch_size=16, show_progress=False)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kglightning.data.embeddings import EmbeddingCache
-from kglightning.data.mapped_pages import release_array
+from kglightning.data.store.mapped_pages import release_array
 from kglightning.data.triple_array import TripleArray, Vocab
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
@@ -86,8 +86,8 @@ def test_an_embedding_cache_gives_back_its_mapped_shards_pages_and_looks_up_the_
 
 @linux
 def test_a_row_table_releases_its_mapped_segments_only_and_keeps_every_row(tmp_path):
-    from kglightning.data.embedding_files import read_shard, write_shard
-    from kglightning.data.row_table import RowTable
+    from kglightning.data.store.embedding_files import read_shard, write_shard
+    from kglightning.data.store.row_table import RowTable
 
     path = tmp_path / "s.arrow"
     write_shard(path, [str(i) for i in range(2**15)], np.arange(2**21, dtype=np.float32).reshape(-1, 64) % 1000)
@@ -111,7 +111,7 @@ def test_a_refused_release_is_logged_once_and_the_run_goes_on(tmp_path, caplog, 
     import ctypes
     import mmap as mmap_module
 
-    import kglightning.data.mapped_pages as mapped_pages
+    import kglightning.data.store.mapped_pages as mapped_pages
 
     monkeypatch.setattr(mapped_pages, "_refused", set())
     libc = ctypes.CDLL(None, use_errno=True)
@@ -133,8 +133,8 @@ def test_a_refused_release_is_logged_once_and_the_run_goes_on(tmp_path, caplog, 
 def test_an_unpickled_row_table_maps_its_file_again_and_releases_it(tmp_path):
     import pickle
 
-    from kglightning.data.embedding_files import read_shard, write_shard
-    from kglightning.data.row_table import RowTable
+    from kglightning.data.store.embedding_files import read_shard, write_shard
+    from kglightning.data.store.row_table import RowTable
 
     path = tmp_path / "s.arrow"
     write_shard(path, [str(i) for i in range(2**15)], np.arange(2**21, dtype=np.float32).reshape(-1, 64) % 1000)
@@ -156,8 +156,8 @@ def stored(tmp_path, monkeypatch):
     """Four questions of 25,000 triples each, loaded from the record store: graphs are views of records.arrow (1.2 MB)."""
     import json
 
-    from kglightning.data.record_store import store_folder
     from kglightning.data.sources.loaders import read_records
+    from kglightning.data.store.record_store import store_folder
 
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
@@ -176,7 +176,7 @@ def stored(tmp_path, monkeypatch):
 def test_the_detector_gives_back_the_graph_pages_of_each_batch_it_built(stored):
     import datasets
 
-    from kglightning.data.stage_map import cached_map
+    from kglightning.data.store.stage_map import cached_map
     from kglightning.datamodules.graph_rows import build_graph_rows, graph_features
 
     records, graphs = stored
@@ -222,7 +222,7 @@ def _anon_mib() -> int:
 
 @linux
 def test_trimming_the_heap_gives_back_what_freed_blocks_held():
-    from kglightning.data.mapped_pages import trim_heap
+    from kglightning.data.store.mapped_pages import trim_heap
 
     blocks = [bytearray(16384) for _ in range(8000)]  # 125 MiB of heap blocks (each under the mmap threshold)
     keep = blocks[::64]  # every 64th stays alive, so the heap cannot simply shrink from its top

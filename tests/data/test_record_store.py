@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from kglightning.data.kg import KGIndex
-from kglightning.data.record_store import store_folder
 from kglightning.data.sources.loaders import read_records
+from kglightning.data.store.record_store import store_folder
 
 
 def _row(i: int, **kw) -> dict:
@@ -173,7 +173,7 @@ def test_concurrent_first_reads_parse_the_file_once(store_env, monkeypatch, capl
                 waiting.set()
 
     monkeypatch.setattr(loaders, "_read", slow_read)
-    store_log = logging.getLogger("kglightning.data.record_store")
+    store_log = logging.getLogger("kglightning.data.store.record_store")
     caplog.set_level(logging.INFO, logger=store_log.name)
     seen = Seen()
     store_log.addHandler(seen)
@@ -255,7 +255,7 @@ def test_an_existing_store_is_loaded_without_waiting_for_the_lock(store_env, mon
 def test_when_the_lock_holder_writes_no_store_the_waiting_reader_parses_the_file(store_env, caplog):
     lock = _lock_of(store_env)
     box: dict = {}
-    caplog.set_level(logging.INFO, logger="kglightning.data.record_store")
+    caplog.set_level(logging.INFO, logger="kglightning.data.store.record_store")
     lock.acquire()  # a process that will fail to write its store (a full disk)
     reader = threading.Thread(target=lambda: box.setdefault("r", read_records(store_env, on_bad_record="skip")))
     reader.start()

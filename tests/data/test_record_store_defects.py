@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kglightning.data import record_store
-from kglightning.data.record_store import store_folder
 from kglightning.data.sources.loaders import read_records
+from kglightning.data.store import record_store
+from kglightning.data.store.record_store import store_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 

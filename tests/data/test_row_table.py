@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-import kglightning.data.embedding_files as embedding_files
 import kglightning.data.embeddings as embeddings_module
-from kglightning.data.embedding_files import read_shard, write_shard
+import kglightning.data.store.embedding_files as embedding_files
 from kglightning.data.embeddings import EmbeddingCache
-from kglightning.data.row_table import RowTable
+from kglightning.data.store.embedding_files import read_shard, write_shard
+from kglightning.data.store.row_table import RowTable
 
 
 class _Enc:

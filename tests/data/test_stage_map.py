@@ -10,7 +10,7 @@ import datasets
 import pytest
 
 from kglightning.data.kg import KGIndex
-from kglightning.data.stage_map import (
+from kglightning.data.store.stage_map import (
     STALE_TMP_SECONDS,
     cached_map,
     fingerprint,
@@ -161,7 +161,7 @@ def test_a_piece_cut_at_any_byte_is_mapped_again_and_the_functions_own_error_is_
 def test_asking_whether_the_pool_forks_does_not_fix_the_start_method():
     import multiprocess
 
-    from kglightning.data.stage_map import can_fork
+    from kglightning.data.store.stage_map import can_fork
 
     before = multiprocess.get_start_method(allow_none=True)
     can_fork()
@@ -169,7 +169,7 @@ def test_asking_whether_the_pool_forks_does_not_fix_the_start_method():
 
 
 def test_a_finished_map_is_read_back_without_its_input_and_an_unfinished_one_is_not(tmp_path):
-    from kglightning.data.stage_map import stored_map
+    from kglightning.data.store.stage_map import stored_map
 
     folder = tmp_path / "stage"
     with pytest.raises(RuntimeError):
@@ -186,7 +186,7 @@ def test_a_relative_folder_gets_its_manifest_and_a_manifest_naming_other_files_i
                                                                                                 monkeypatch):  # fmt: skip
     import json
 
-    from kglightning.data.stage_map import MANIFEST, stored_map
+    from kglightning.data.store.stage_map import MANIFEST, stored_map
 
     monkeypatch.chdir(tmp_path)
     cached_map(_ds(6), _square, FEATURES, "rel/stage", state={"seen": []}, piece=4, progress=False)

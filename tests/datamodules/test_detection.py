@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kglightning.data import SentenceEncoder
-from kglightning.data.cache import folder_name
 from kglightning.data.proposer import AnswerProposer
 from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.store.cache import folder_name
 from kglightning.datamodules import DetectionDataModule
 
 

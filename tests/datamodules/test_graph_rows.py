@@ -13,7 +13,7 @@ import torch
 
 from kglightning.data import SentenceEncoder
 from kglightning.data.records import KGQARecord
-from kglightning.data.stage_map import cached_map
+from kglightning.data.store.stage_map import cached_map
 from kglightning.datamodules import DetectionDataModule
 from kglightning.datamodules import graph_rows as gr
 from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts

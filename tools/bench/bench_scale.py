@@ -100,6 +100,22 @@ def _rss(field: str) -> float:
     return float("nan")
 
 
+_PHASE_PEAKS: list[float] = []  # the peaks phase_peak reset
+
+
+def phase_peak() -> float:
+    """``VmHWM`` in MiB, then reset to the current RSS (``/proc/self/clear_refs``), so that the next call gives the
+    peak of the phase in between; ``nan`` where the kernel does not allow the reset."""
+    peak = _rss("VmHWM")
+    _PHASE_PEAKS.append(peak)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return float("nan")
+    return round(peak, 1)
+
+
 class AnonPeak:
     """The highest ``RssAnon`` (memory of this process not backed by a file) seen by a thread that samples it every
     ``interval`` seconds. ``VmHWM`` also counts the pages of memory-mapped files (the embedding shards), which the
@@ -145,7 +161,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
         except ImportError:  # an older checkout may lack one; its stage then fails on its own import
             pass
     try:  # this tree: a large file's records come from the record store after its first read
-        from kglightning.data.record_store import store_folder
+        from kglightning.data.store.record_store import store_folder
 
         folder = store_folder(data, None, "raise", limit)
         stored = folder is not None and (folder / "meta.json").is_file()
@@ -212,6 +228,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
 
             stats = DetectionStats()
             # this tree: the graphs built as stored Arrow rows by a map, then read back; older trees: built directly
+            extra["peak_before_mib"] = phase_peak()  # the read and the embedding table, and each phase's own below
             graphs = _detector_rows(records, emb, cache.parent / "graph_rows", extra)
             if "rows_build_s" in extra:  # ``seconds`` is a run's whose rows are stored: read and batches
                 t0 += extra["rows_build_s"]
@@ -244,6 +261,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
                 type_text, _, _ = edge_types(batch.edge_text, batch.edge_kind)
                 batch.type_text_emb = rows(type_text)
             extra["batches_s"] = round(time.perf_counter() - t_batches, 1)
+            extra["peak_batches_mib"] = _rss("VmHWM")
         elif stage == "uag":
             from kglightning.conformal.uag.scores import score_questions
 
@@ -279,7 +297,7 @@ def _detector_rows(records, emb, folder: Path, extra: dict) -> list | None:
     try:
         import datasets
 
-        from kglightning.data.stage_map import cached_map, stored_map
+        from kglightning.data.store.stage_map import cached_map, stored_map
         from kglightning.datamodules.graph_rows import build_graph_rows, graph_features, graphs_from_rows
     except ImportError:
         return None
@@ -290,9 +308,11 @@ def _detector_rows(records, emb, folder: Path, extra: dict) -> list | None:
     rows = cached_map(questions, build_graph_rows, graph_features(), folder, state=state, piece=256, progress=False)
     extra["rows_build_s"] = time.perf_counter() - t0
     del rows
+    extra["peak_build_mib"] = phase_peak()
     t0 = time.perf_counter()
     graphs = [g for _, g in graphs_from_rows(stored_map(folder), emb._index)]
     extra["rows_read_s"] = round(time.perf_counter() - t0, 1)
+    extra["peak_read_mib"] = phase_peak()
     extra["rows_mib"] = round(sum(p.stat().st_size for p in folder.glob("*.arrow")) / 2**20, 1)
     return graphs
 
@@ -316,7 +336,7 @@ def _result(stage, records, triples, seconds, base, after_read, **extra) -> dict
         "questions_per_s": round(len(records) / seconds, 2) if seconds > 0 else None,
         "records_mib": round(after_read - base, 1),
         "bytes_per_triple": round((after_read - base) * 2**20 / max(triples, 1), 1),
-        "peak_rss_mib": round(_rss("VmHWM"), 1),
+        "peak_rss_mib": round(max(_rss("VmHWM"), *_PHASE_PEAKS), 1),  # the whole process's, over phase_peak's resets
         "peak_anon_mib": round(_ANON.stop(), 1) if _ANON is not None else None,
         **extra,
     }

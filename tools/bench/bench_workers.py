@@ -2,7 +2,7 @@
 seconds, questions per second, speed-up, and whether the output is identical.
 
 Each stage runs exactly what their DataModules run per chunk of questions, through
-:func:`~kglightning.data.stage_map.cached_map`, with nothing stored (``folder=None``):
+:func:`~kglightning.data.store.stage_map.cached_map`, with nothing stored (``folder=None``):
 
 * ``evidence``: :class:`~kglightning.datamodules.ProxySFTDataModule`'s mining (``mine_workers``): ``mine_row`` per
   question (:class:`~kglightning.evidence.EvidenceBuilder` with the paper's settings), ``MINE_CHUNK`` questions a
@@ -38,7 +38,7 @@ STAGES = ("evidence", "detector", "pcst")
 def _evidence(records, workers: int) -> tuple[float, str]:
     import datasets
 
-    from kglightning.data.stage_map import cached_map
+    from kglightning.data.store.stage_map import cached_map
     from kglightning.datamodules.sft import MINE_CHUNK, _mine_batch
     from kglightning.evidence import EvidenceBuilder
 
@@ -74,7 +74,7 @@ def _detector(records, workers: int, text_id) -> tuple[float, str]:
     import datasets
     import torch
 
-    from kglightning.data.stage_map import cached_map
+    from kglightning.data.store.stage_map import cached_map
     from kglightning.datamodules.detection import BUILD_CHUNK
     from kglightning.datamodules.graph_rows import build_graph_rows, graph_features, graphs_from_rows, row_stats
 

@@ -33,8 +33,8 @@ from tqdm.auto import tqdm
 
 from kglightning.data.embeddings import EmbeddingCache, TransientEmbeddings
 from kglightning.data.kg import KGIndex
-from kglightning.data.mapped_pages import trim_heap
 from kglightning.data.records import KGQARecord
+from kglightning.data.store.mapped_pages import trim_heap
 from kglightning.data.text import path_text, relation_text, step_query_text
 from kglightning.data.triple_array import release_graphs
 
@@ -316,7 +316,7 @@ def score_question(
 
 def release_pages(record: KGQARecord, cache: EmbeddingCache) -> None:
     """Once a question is scored, drop from this process the pages of memory-mapped files it read: its graph's, when
-    the records come from the record store, and the embedding table's (:mod:`~kglightning.data.mapped_pages`). They
+    the records come from the record store, and the embedding table's (:mod:`~kglightning.data.store.mapped_pages`). They
     stay in the page cache; without this a pass over a full-size split ends with the whole of both files in its RSS
     (3.3 GB on CWQ's training split), though no question needs them again. A few milliseconds a question."""
     release_graphs([record.graph])

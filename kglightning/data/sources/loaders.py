@@ -37,7 +37,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from kglightning.data.record_store import (
+from kglightning.data.records import KGQARecord, RecordError
+from kglightning.data.sources.json_lines import iter_json_lines
+from kglightning.data.store.record_store import (
     dataset_store_folder,
     first_reader,
     load_store,
@@ -45,8 +47,6 @@ from kglightning.data.record_store import (
     save_store,
     store_folder,
 )
-from kglightning.data.records import KGQARecord, RecordError
-from kglightning.data.sources.json_lines import iter_json_lines
 from kglightning.data.triple_array import Vocab, graph_nodes
 
 logger = logging.getLogger(__name__)
@@ -329,7 +329,7 @@ def _dataset_folder(
 
 
 def _stored(folder: Path, path: str | os.PathLike, split: str | None) -> RecordList | None:
-    """The records stored in ``folder`` (:mod:`~kglightning.data.record_store`), or ``None`` (none, or unreadable:
+    """The records stored in ``folder`` (:mod:`~kglightning.data.store.record_store`), or ``None`` (none, or unreadable:
     moved out of the way, and the file is read again)."""
     if not (folder / "meta.json").is_file():
         return None

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kglightning.data.cache import default_cache_root, private_dir, unsafe_to_unpickle
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import RecordError
+from kglightning.data.store.cache import default_cache_root, private_dir, unsafe_to_unpickle
 
 __all__ = ["load_kg", "read_triples"]
 

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import torch
 
-from kglightning.data.cache import files_stamp
 from kglightning.data.devices import resolve_device, resolve_dtype
+from kglightning.data.store.cache import files_stamp
 from kglightning.data.text import tokenizer_special_tokens
 from kglightning.llm.backends.base import ChatMessage, Generation, GenerationParams, LLMBackend
 from kglightning.llm.generation import generate_exactly, plain_generation_config

@@ -20,7 +20,7 @@ import logging
 import time
 from pathlib import Path
 
-from kglightning.data.cache import default_cache_root
+from kglightning.data.store.cache import default_cache_root
 
 from .builder import SPLITS, VERSION, build_embedded_benchmark, build_knowledge_graph
 from .kg import KnowledgeGraph

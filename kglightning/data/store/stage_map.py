@@ -48,7 +48,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from kglightning.data.cache import private_dir
+from kglightning.data.store.cache import private_dir
 
 __all__ = [
     "cached_map",

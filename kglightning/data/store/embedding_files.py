@@ -6,7 +6,7 @@ is then renamed, never through a memory map, so a full disk is an ``OSError`` fo
 seen under the final name (the data is synced to disk before the rename, and the header records the number of rows,
 so a file cut short is refused). Reading gives the texts and the vectors, the vectors either copied into memory or as a
 read-only ``numpy.memmap`` of the file's float16 buffer: the operating system pages in the rows a run looks up and
-can drop them again (:func:`~kglightning.data.mapped_pages.release_array`).
+can drop them again (:func:`~kglightning.data.store.mapped_pages.release_array`).
 
 A shard opens in any Arrow tool::
 
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kglightning.data.cache_admin import remove_stale_temporaries
+from kglightning.data.store.cache_admin import remove_stale_temporaries
 
 __all__ = ["SHARD_FORMAT", "read_shard", "remove_stale_writes", "write_shard"]
 
@@ -67,7 +67,7 @@ def write_shard(path: str | Path, texts: list[str], rows: np.ndarray) -> None:
 def remove_stale_writes(folder: str | Path) -> int:
     """Remove the temporary files that killed writers of shards left in ``folder`` (``.<shard>.<host>.<pid>.tmp``:
     their process gone on this host, or untouched for a day;
-    :func:`~kglightning.data.cache_admin.stale_temporary`); return how many."""
+    :func:`~kglightning.data.store.cache_admin.stale_temporary`); return how many."""
     return remove_stale_temporaries(Path(folder), ".shard-*.tmp", "an embedding cache writer")
 
 

@@ -1,7 +1,7 @@
 """A table of float16 embedding rows kept in segments: read-only memory maps of shard files and in-memory buffers.
 
 :class:`~kglightning.data.embeddings.EmbeddingCache` keeps its rows here. A large shard stays a read-only
-``numpy.memmap`` of its file (:func:`~kglightning.data.embedding_files.read_shard`), so the operating system pages in
+``numpy.memmap`` of its file (:func:`~kglightning.data.store.embedding_files.read_shard`), so the operating system pages in
 the rows a run looks up and can drop them again; smaller blocks are copied into one in-memory buffer that grows by
 half when full. Rows are numbered in the order they were appended.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kglightning.data.mapped_pages import release_arrays
+from kglightning.data.store.mapped_pages import release_arrays
 
 __all__ = ["RowTable"]
 

@@ -1,7 +1,7 @@
 """``kglightning cache list|du|clean``: what the cache holds, how much, and removing what is no longer used.
 
 The cache (``$KGLIGHTNING_CACHE``, default ``~/.cache/kglightning``) holds one folder per kind of thing built once:
-``records`` (record stores, :mod:`~kglightning.data.record_store`), ``kg`` (KG indexes), ``embeddings``,
+``records`` (record stores, :mod:`~kglightning.data.store.record_store`), ``kg`` (KG indexes), ``embeddings``,
 ``proposals-v2`` and the others that data modules write. Each child of a kind folder is one *entry*; its age is the
 time it was last written or, for a record store, last loaded.
 
@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kglightning.data.cache import default_cache_root
+from kglightning.data.store.cache import default_cache_root
 
 __all__ = ["CacheEntry", "clean", "entries", "main", "remove_stale_temporaries", "stale_temporary"]
 

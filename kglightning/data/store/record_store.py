@@ -56,9 +56,9 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock, Timeout
 
-from kglightning.data.cache import default_cache_root, private_dir
-from kglightning.data.cache_admin import clean, remove_stale_temporaries
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
+from kglightning.data.store.cache import default_cache_root, private_dir
+from kglightning.data.store.cache_admin import clean, remove_stale_temporaries
 from kglightning.data.triple_array import TripleArray, Vocab
 
 __all__ = ["dataset_store_folder", "first_reader", "load_store", "remove_store", "save_store", "store_folder"]
@@ -219,7 +219,7 @@ def _chunks(records: list[KGQARecord]) -> Iterator[list[KGQARecord]]:
 
 def remove_orphans(folder: Path) -> int:
     """Remove the temporary folders that writers of ``folder``'s store left when killed: on this host, those whose
-    process is gone; on any host, those untouched for a day (:func:`~kglightning.data.cache_admin.stale_temporary`).
+    process is gone; on any host, those untouched for a day (:func:`~kglightning.data.store.cache_admin.stale_temporary`).
     Returns how many were removed."""
     return remove_stale_temporaries(folder.parent, f".{folder.name}.*.tmp", "a record store writer")
 
@@ -295,7 +295,7 @@ def _mapped(path: Path) -> tuple[np.memmap, object]:
 
 def _triples(raw: np.memmap, graph) -> np.ndarray:
     """The ``(n, 3)`` ``int32`` triples of a batch's ``graph`` column, as a view of ``raw`` (so that
-    :func:`~kglightning.data.mapped_pages.release_array` can give their pages back)."""
+    :func:`~kglightning.data.store.mapped_pages.release_array` can give their pages back)."""
     fixed = graph.values
     values = fixed.values
     buf = values.buffers()[1]
