@@ -38,6 +38,7 @@ them, at each of ``--sweep-triples``, and plots seconds against both on log axes
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -144,8 +145,6 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
     and PCST texts of the first ``warm_questions`` (default: as many as those stages run on)."""
     global _ANON
     _ANON = AnonPeak()
-    import importlib
-
     from kglightning.data.sources.loaders import read_records
 
     if stage != "read":  # the read stage measures what reading costs a fresh process, imports included
@@ -161,8 +160,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
         except ImportError:  # an older checkout may lack one; its stage then fails on its own import
             pass
     try:  # this tree: a large file's records come from the record store after its first read
-        from kglightning.data.store.record_store import store_folder
-
+        store_folder = _module("kglightning.data.store.record_store", "kglightning.data.record_store").store_folder
         folder = store_folder(data, None, "raise", limit)
         stored = folder is not None and (folder / "meta.json").is_file()
     except ImportError:  # an older checkout (--baseline) has no store
@@ -290,6 +288,16 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
     return _result(stage, records, triples, time.perf_counter() - t0, base, after_read)
 
 
+def _module(*names: str):
+    """The first of the modules ``names`` that imports (a module's place in this tree, then in older ones)."""
+    for name in names[:-1]:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            pass
+    return importlib.import_module(names[-1])
+
+
 def _detector_rows(records, emb, folder: Path, extra: dict) -> list | None:
     """DetectionDataModule's graphs: the cached map that builds the graph rows into ``folder`` (emptied first, so
     they are built: ``rows_build_s``, what a first run adds), then the graphs read from the stored rows, as every
@@ -297,8 +305,10 @@ def _detector_rows(records, emb, folder: Path, extra: dict) -> list | None:
     try:
         import datasets
 
-        from kglightning.data.store.stage_map import cached_map, stored_map
         from kglightning.datamodules.graph_rows import build_graph_rows, graph_features, graphs_from_rows
+
+        stage_map = _module("kglightning.data.store.stage_map", "kglightning.data.stage_map")
+        cached_map, stored_map = stage_map.cached_map, stage_map.stored_map
     except ImportError:
         return None
     shutil.rmtree(folder, ignore_errors=True)
