@@ -24,6 +24,7 @@ from kglightning.datamodules.graph_forms import collate_graphs
 from kglightning.datamodules.graph_rows import (
     GraphRowError,
     build_graph_rows,
+    check_rows,
     code_digest,
     graph_features,
     graphs_from_rows,
@@ -315,6 +316,15 @@ class DetectionDataModule(KGQADataModule):
             records = self.records(split)
             folder = self.graph_folder(split)
             done = stored_map(folder)
+            if done is not None and len(done) == len(records):
+                try:
+                    check_rows(done)
+                except GraphRowError as err:  # damaged stored rows: said, removed and built again
+                    log.warning("%s: the stored graph rows in %s are damaged (%s); building them again", split,
+                                folder, err)  # fmt: skip
+                    del done
+                    shutil.rmtree(folder, ignore_errors=True)
+                    done = None
             if done is None or len(done) != len(records):
                 workers = self.build_workers
                 if workers > 1 and self.near_miss is not None:  # the grounder encodes answers: kept in this process
@@ -332,17 +342,19 @@ class DetectionDataModule(KGQADataModule):
     def build_split(self, split: str) -> list[Data]:
         records = self.records(split)
         for attempt in range(2):
-            self.prepare_split(split)
-            rows = self.graph_rows(split)
-            del self._rows[split]  # not kept once read: the pages of its map would stay in this process's memory
             try:  # kept for every epoch as compact graphs; collate expands them
+                self.prepare_split(split)
+                rows = self.graph_rows(split)
+                del self._rows[split]  # not kept once read: the pages of its map would stay in this process's memory
                 pairs = [(records[i], g) for i, g in graphs_from_rows(rows, self.embeddings._index)]
                 break
             except GraphRowError as err:  # damaged stored rows: said, removed and built again (once)
                 if attempt:
-                    raise
+                    raise GraphRowError(f"{err} (in rows this run has just built: a fault of the code that builds "
+                                        "them, not of the cache)") from err  # fmt: skip
                 folder = self.graph_folder(split)
                 log.warning("%s: the stored graph rows in %s are damaged (%s); building them again", split, folder, err)
+                self._rows.pop(split, None)
                 shutil.rmtree(folder, ignore_errors=True)
                 self._embedded.discard(split)
         stats = row_stats(rows)

@@ -206,26 +206,11 @@ def graph_parts(
     near_miss: Callable[[str], str | None] | None = None,
     relation_view: RelationView = "readable",
 ) -> GraphParts | None:
-    """The augmented graph of one record as numpy arrays and lists (:class:`GraphParts`; :func:`build_detection_graph`
-    makes it a ``Data``), or ``None`` when it has no answer to classify.
-
-    Nodes are the subgraph's entities in order of first appearance, then the virtual question node. Each triple
-    ``(h, r, t)`` gives an edge ``h → t`` (and, with ``add_reverse_edges``, an explicit reverse edge ``t → h`` of
-    kind ``EDGE_REVERSE``); the virtual node has an edge to each topic entity found in the graph. Each proposed
-    answer is matched to a node by exact name, else by RoG-normalised name, else (once every answer has been matched
-    by name) by ``near_miss`` (answer -> node name or ``None``; an answer whose near miss is a node another answer
-    names, before or after it, is a repeat of that answer, a vote for it, not a second answer); its label
-    is 1 (hallucinated) when neither its text nor its node's name matches a gold answer (``answer`` ∪ ``a_entity``)
-    after normalisation. An answer that matches no node is kept as an *ungrounded* answer
-    (``ungrounded="keep"``: its text is its only input, ``ungrounded_text``) or dropped and counted.
-
-    Answers come grounded first, then ungrounded, each in the order of ``prediction``: ``y``, ``answer_names``,
-    ``answer_grounding`` (index into :data:`GROUNDING_KINDS`) and ``answer_rank`` (position in ``prediction`` over
-    its length) follow that order; ``answer_index`` holds the grounded answers' nodes.
-
-    ``text_id`` maps each text to its row of the embedding table; a :class:`~kglightning.datamodules.text_rows.TextRows`
-    shared by the graphs of a split looks each vocabulary string up once for all of them.
-    """
+    """The graph :func:`build_detection_graph` describes, before it is a ``Data``: numpy arrays and lists
+    (:class:`~kglightning.datamodules.graph_forms.GraphParts`), or ``None`` when the record has no answer to classify.
+    Its ``labels``, ``grounding`` and ``answer_nodes`` become the graph's ``y``, ``answer_grounding`` and
+    ``answer_index``; its edges are the forward ones and the question node's, the reverse edges being made from them
+    (:meth:`~kglightning.datamodules.graph_forms.GraphParts.edges`)."""
     rows = text_id if isinstance(text_id, TextRows) else TextRows(text_id, memo=False)  # one graph: no memo
     stats.questions += 1
     graph = as_triple_array(record.graph)
@@ -343,8 +328,26 @@ def build_detection_graph(
     near_miss: Callable[[str], str | None] | None = None,
     relation_view: RelationView = "readable",
 ) -> Data | None:
-    """The augmented graph of one record (:func:`graph_parts` as a ``Data``), or ``None`` when it has no answer to
-    classify."""
+    """The augmented graph of one record, or ``None`` when it has no answer to classify (:func:`graph_parts` as a
+    ``Data``).
+
+    Nodes are the subgraph's entities in order of first appearance, then the virtual question node. Each triple
+    ``(h, r, t)`` gives an edge ``h → t`` (and, with ``add_reverse_edges``, an explicit reverse edge ``t → h`` of
+    kind ``EDGE_REVERSE``); the virtual node has an edge to each topic entity found in the graph. Each proposed
+    answer is matched to a node by exact name, else by RoG-normalised name, else (once every answer has been matched
+    by name) by ``near_miss`` (answer -> node name or ``None``; an answer whose near miss is a node another answer
+    names, before or after it, is a repeat of that answer, a vote for it, not a second answer); its label
+    is 1 (hallucinated) when neither its text nor its node's name matches a gold answer (``answer`` ∪ ``a_entity``)
+    after normalisation. An answer that matches no node is kept as an *ungrounded* answer
+    (``ungrounded="keep"``: its text is its only input, ``ungrounded_text``) or dropped and counted.
+
+    Answers come grounded first, then ungrounded, each in the order of ``prediction``: ``y``, ``answer_names``,
+    ``answer_grounding`` (index into :data:`GROUNDING_KINDS`) and ``answer_rank`` (position in ``prediction`` over
+    its length) follow that order; ``answer_index`` holds the grounded answers' nodes.
+
+    ``text_id`` maps each text to its row of the embedding table; a :class:`~kglightning.datamodules.text_rows.TextRows`
+    shared by the graphs of a split looks each vocabulary string up once for all of them.
+    """
     parts = graph_parts(record, text_id, stats, add_reverse_edges, ungrounded, near_miss, relation_view)
     return None if parts is None else parts.to_data()
 

@@ -25,7 +25,8 @@ __all__ = ["GraphParts", "collate_graphs", "compact_graph", "expand_graph"]
 
 @dataclass
 class GraphParts:
-    """One question's detection graph before it is a ``Data`` (what :func:`graph_parts` finds): nodes are the
+    """One question's detection graph before it is a ``Data``
+    (:func:`~kglightning.datamodules.detection_graphs.graph_parts`): nodes are the
     subgraph's entities, then the virtual question node; ``src``/``dst``/``rel`` are the triples' forward edges (the
     reverse edges, with ``reverse``, are their mirror) and ``topics`` the topic entities the virtual node links to.
     Texts are rows of the table the builder was given; answers come grounded (``answer_nodes``) then ungrounded."""
@@ -97,7 +98,7 @@ class GraphParts:
             num_answer_items=torch.tensor([answers]),
             y=torch.tensor(self.labels),
             labelled=torch.tensor([self.labelled]),
-            proposer_confidence=torch.tensor(self.confidences),
+            proposer_confidence=torch.tensor(self.confidences, dtype=torch.float),
             answer_signals=torch.tensor(self.answer_signals, dtype=torch.float).view(answers, len(SIGNALS)),
             question_index=torch.tensor([virtual]),
             qid=self.qid,
@@ -108,7 +109,8 @@ class GraphParts:
 
 def compact_graph(g: Data) -> Data:
     """``g`` in about a quarter of the memory, for keeping a split's graphs between epochs: the reverse edges that
-    :func:`build_detection_graph` adds (the forward edges mirrored, right after them) are dropped, and the id tensors
+    :func:`~kglightning.datamodules.detection_graphs.build_detection_graph` adds (the forward edges mirrored, right
+    after them) are dropped, and the id tensors
     are stored as ``int32`` (``edge_kind`` as ``int8``). :func:`expand_graph` gives back exactly ``g``."""
     if "compact_reverse" in g:
         return g

@@ -10,8 +10,10 @@ A row holds a question's graph in the compact form of
 strings the graph refers to (node names, relation texts, the question, ungrounded answers), and ``node_text``,
 ``edge_text`` and ``ungrounded_text`` index that list. The rows so do not depend on an embedding table's numbering
 (which depends on what the table held before). :func:`graphs_from_rows` turns them into graphs whose texts are rows of
-a table: the texts of all rows are hashed at once by Arrow, each distinct text is looked up once, and the local
-indices become table rows with numpy. :func:`row_texts` gives those distinct texts (what the table must hold).
+a table: Arrow finds the distinct texts of all rows and the place of each text among them, each distinct text is
+looked up once, and the local indices become table rows with numpy. :func:`row_texts` gives those distinct texts
+(what the table must hold). Rows that cannot be their graph (a missing value, an index out of range, lengths that
+disagree) raise :class:`~kglightning.datamodules.graph_row_checks.GraphRowError` naming the record.
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ from kglightning.data.store.stage_map import stage_state
 from kglightning.data.triple_array import TripleArray, Vocab, release_graphs
 from kglightning.datamodules.detection_graphs import DetectionStats, graph_parts
 from kglightning.datamodules.graph_forms import GraphParts
+from kglightning.datamodules.graph_row_checks import GraphRowError, check_nulls, check_row
 from kglightning.evidence.answer_signals import SIGNALS
-from kglightning.nn.kgguard import EDGE_VIRTUAL
+from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
 
 __all__ = [
     "GRAPH_VERSION",
     "GraphRowError",
     "build_graph_rows",
+    "check_rows",
     "code_digest",
     "graph_features",
     "graphs_from_rows",
@@ -56,20 +60,18 @@ GRAPH_VERSION = 1
 GRAPH_CODE = (
     "kglightning.datamodules.graph_rows", "kglightning.datamodules.detection_graphs",
     "kglightning.datamodules.graph_forms", "kglightning.datamodules.text_rows", "kglightning.data.text",
+    "kglightning.data.kg",
     "kglightning.data.triple_array", "kglightning.data.records", "kglightning.evidence.answer_signals",
     "kglightning.metrics.functional.qa",
 )  # fmt: skip
 
 
-class GraphRowError(ValueError):
-    """A stored graph row that cannot be a graph (an index outside what it indexes): damaged or planted rows."""
-
-
 @functools.cache
 def code_digest() -> str:
-    """A digest of the source of :data:`GRAPH_CODE` and :data:`GRAPH_VERSION`: part of the rows' cache key, so a
+    """A digest of the source of :data:`GRAPH_CODE`, :data:`GRAPH_VERSION` and the edge kinds' values: part of the
+    rows' cache key, so a
     change of the code that builds them (an upgrade, a local edit) never reads rows the old code wrote."""
-    h = hashlib.sha256(str(GRAPH_VERSION).encode())
+    h = hashlib.sha256(str((GRAPH_VERSION, EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL)).encode())  # stored edge kinds
     for name in GRAPH_CODE:
         h.update(Path(importlib.import_module(name).__file__).read_bytes())
     return h.hexdigest()[:16]
@@ -129,7 +131,6 @@ _LISTS: dict[str, tuple[str, Any, torch.dtype]] = {
     "answer_signals": ("float32", np.float32, torch.float),  # (answers, len(SIGNALS)) row by row
 }
 _TEXT_COLUMNS = ("node_text", "edge_text", "ungrounded_text")  # local indices into the row's texts
-_NODE_COLUMNS = ("edge_index", "topics", "answer_index")  # node numbers
 
 
 def graph_features() -> Any:
@@ -201,7 +202,17 @@ def rows_table(built: Sequence[tuple[int, DetectionStats, GraphParts | None, lis
         "answer_entries": [[] if g is None else g.answer_entries for g in graphs],
         **{name: _list_column([row[name] for row in lists], dtype) for name, (_, dtype, _) in _LISTS.items()},
     }  # fmt: skip
-    return pa.Table.from_pydict(columns, schema=graph_features().arrow_schema)
+    try:
+        return pa.Table.from_pydict(columns, schema=graph_features().arrow_schema)
+    except UnicodeEncodeError as err:  # a lone surrogate (a JSON "\ud800" escape): name the record
+        for i, _, g, texts in built:
+            for text in [*texts, *(g.answer_names if g is not None else []), *([g.qid] if g is not None else [])]:
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError(f"record {i} ({g.qid if g is not None else '?'!r}): the text {text!r} is not "
+                                     f"valid Unicode ({err.reason}); fix or drop it in the data") from None  # fmt: skip
+        raise
 
 
 def build_graph_rows(batch: dict[str, list]) -> pa.Table:
@@ -231,8 +242,21 @@ def _table(ds: Any) -> pa.Table:
 
 
 def row_texts(ds: Any) -> pa.Array:
-    """The distinct texts the rows of ``ds`` refer to (an Arrow string array, each once)."""
-    return _distinct(pc.list_flatten(_table(ds).column("texts")))
+    """The distinct texts the rows of ``ds`` refer to (an Arrow string array, each once).
+
+    Raises:
+        GraphRowError: a row holds a missing value (:func:`check_rows`).
+    """
+    table = _table(ds)
+    check_nulls(table)
+    return _distinct(pc.list_flatten(table.column("texts")))
+
+
+def check_rows(ds: Any) -> None:
+    """Raise :class:`GraphRowError`, naming the record, when a row of ``ds`` holds a missing value where a graph row
+    must have one (:func:`~kglightning.datamodules.graph_row_checks.check_nulls`); each row's other checks are made
+    as :func:`graphs_from_rows` reads it."""
+    check_nulls(_table(ds))
 
 
 def _distinct(texts: pa.ChunkedArray) -> pa.Array:
@@ -243,8 +267,6 @@ def _encoded(texts: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     """``(distinct texts, each text's index among them)``."""
     if not len(texts):
         return pa.array([], pa.string()), np.zeros(0, np.int64)
-    if texts.null_count:
-        raise GraphRowError(f"graph rows hold {texts.null_count} missing (null) texts")
     # two passes: dictionary_encode and unify_dictionaries over this column of many chunks took four times the read
     # time at WebQSP size (11.7 s against 2.9 s) and 425 MiB more peak RSS than unique + index_in
     unique = _distinct(texts)
@@ -255,6 +277,7 @@ def graphs_from_rows(ds: Any, text_row: Mapping[str, int]) -> Iterator[tuple[int
     """``(record index, compact graph)`` for the rows of ``ds`` that hold a graph, in order, with texts as rows of
     ``text_row`` (``text -> row``, e.g. an embedding table's index, which must hold :func:`row_texts`)."""
     table = _table(ds)
+    check_nulls(table)
     texts = pc.list_flatten(table.column("texts"))
     unique, codes = _encoded(texts)  # each distinct text, and each text's place among them
     found = list(map(text_row.get, unique.to_pylist()))
@@ -297,14 +320,12 @@ def _graph(batch: pa.RecordBatch, r: int, lists: dict[str, _Lists], text_rows: n
 
     n = cell("num_nodes")
     virtual = n - 1
-    t: Callable[[str], torch.Tensor] = lambda name: torch.from_numpy(lists[name](r)).to(_LISTS[name][2])  # noqa: E731
-    for name, bound in (*((c, len(text_rows)) for c in _TEXT_COLUMNS), *((c, n) for c in _NODE_COLUMNS)):
-        values = lists[name](r)
-        if values.size and (int(values.min()) < 0 or int(values.max()) >= bound):
-            raise GraphRowError(
-                f"graph row of record {cell('index')} ({cell('qid')!r}): {name} holds an index outside [0, {bound})"
-            )
-    texts = {name: text_rows[lists[name](r)] for name in _TEXT_COLUMNS}
+    arrays = {name: lists[name](r) for name in _LISTS}
+    entries = lists["answer_entries"]
+    lo, hi = entries.offsets[r], entries.offsets[r + 1]
+    check_row(batch, r, arrays, len(text_rows), int(hi - lo))
+    t: Callable[[str], torch.Tensor] = lambda name: torch.from_numpy(arrays[name]).to(_LISTS[name][2])  # noqa: E731
+    texts = {name: text_rows[arrays[name]] for name in _TEXT_COLUMNS}
     edge_kind = t("edge_kind")
     texts["edge_text"][edge_kind.numpy() == EDGE_VIRTUAL] = 0  # no text: 0, as built (the model masks it out)
     topic_mask = torch.zeros(n, dtype=torch.bool)
@@ -313,9 +334,7 @@ def _graph(batch: pa.RecordBatch, r: int, lists: dict[str, _Lists], text_rows: n
     answer_mask = torch.zeros(n, dtype=torch.bool)
     answer_mask[answer_index] = True
     names = cell("answer_names")
-    entries = lists["answer_entries"]
     inner = entries.values  # list<int32> per answer: the row's answers' lists
-    lo, hi = entries.offsets[r], entries.offsets[r + 1]
     return Data(
         num_nodes=n,
         node_text=_narrow(texts["node_text"]),

@@ -5,6 +5,7 @@ when a setting changes."""
 from __future__ import annotations
 
 import json
+import os
 
 import datasets
 import numpy as np
@@ -236,3 +237,77 @@ def test_the_rows_key_follows_the_code_that_builds_them(data, tmp_path, tiny_enc
     monkeypatch.setattr(detection, "code_digest", lambda: "another-build")
     assert _dm(data, tmp_path, tiny_encoder_dir).graph_folder("train") != before
     assert len(gr.code_digest()) == 16 and gr.code_digest() == gr.code_digest()
+
+
+def _damage(rows, change):
+    """``rows`` with ``change(row)`` applied to the built rows (the rows are Arrow; the change sees Python values)."""
+    return rows.map(lambda r: change(dict(r)) if r["built"] else {}, features=rows.features)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda r: r | {"texts": None}, r"record 0 \('a'\): texts missing"),
+        (lambda r: r | {"texts": [None, *r["texts"][1:]]}, r"record 0 \('a'\): texts missing"),
+        (lambda r: r | {"num_nodes": None}, r"record 0 \('a'\): num_nodes missing"),
+        (lambda r: r | {"y": []}, r"record 0 \('a'\): y holds 0 values where \d+ belong"),
+        (lambda r: r | {"edge_kind": r["edge_kind"][:-1]}, r"record 0.*holds \d+ values where \d+ belong"),
+        (lambda r: r | {"answer_grounding": [7] * len(r["answer_grounding"])}, "answer_grounding holds an index"),
+        (lambda r: r | {"compact_reverse": len(r["edge_kind"]) + 1}, "compact_reverse"),
+        (lambda r: r | {"answer_entries": r["answer_entries"][1:]}, "answer_entries for"),
+    ],
+)
+def test_rows_that_cannot_be_their_graph_are_refused_naming_the_record(change, match):
+    rows = _rows(_records())
+    table = {t: i for i, t in enumerate(gr.row_texts(rows).to_pylist())}
+    with pytest.raises(gr.GraphRowError, match=match):
+        list(gr.graphs_from_rows(_damage(rows, change), table))
+
+
+def test_a_compact_reverse_past_the_forward_edges_is_refused_not_mirrored():
+    rows = _rows(_records())  # record a: forward edges, then the question node's edge to its topic entity
+    table = {t: i for i, t in enumerate(gr.row_texts(rows).to_pylist())}
+    forward = rows[0]["compact_reverse"]
+    assert forward > 0 and rows[0]["edge_kind"][forward:] == [EDGE_VIRTUAL]
+    with pytest.raises(gr.GraphRowError, match="compact_reverse"):
+        list(gr.graphs_from_rows(_damage(rows, lambda r: r | {"compact_reverse": forward + 1}), table))
+
+
+def test_null_rows_found_before_the_texts_are_embedded_are_built_again(data, tmp_path, tiny_encoder_dir, caplog):
+    first = _dm(data, tmp_path, tiny_encoder_dir)
+    first.setup("fit")
+    folder = first.graph_folder("train")
+    piece = sorted(folder.glob("*.arrow"))[0]
+    import pyarrow as pa
+
+    with pa.memory_map(str(piece)) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    texts = table.column("texts").to_pylist()
+    texts[0] = None
+    table = table.set_column(
+        table.schema.get_field_index("texts"), "texts", pa.array(texts, table.schema.field("texts").type)
+    )
+    damaged = piece.with_name("damaged.tmp")  # written aside and renamed: the old file may still be mapped
+    with pa.OSFile(str(damaged), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(damaged, piece)
+    again = _dm(data, tmp_path, tiny_encoder_dir)
+    with caplog.at_level("WARNING"):
+        again.prepare_data()  # embeds the rows' texts: the damage is found before
+        again.setup("fit")
+    assert "are damaged" in caplog.text and "texts missing" in caplog.text
+    assert len(again.datasets["train"]) == len(first.datasets["train"])
+
+
+def test_a_text_that_is_not_unicode_is_named_with_its_record():
+    records = _records()
+    records[1].prediction = ["Atl\ud800ntis"]
+    with pytest.raises(ValueError, match=r"record 1 \('b'\).*Atl\\ud800ntis.*not valid Unicode"):
+        _rows(records)
+
+
+def test_proposer_confidences_given_as_integers_are_floats_in_the_graph_as_in_its_row():
+    record = _records()[0]
+    record.confidence = [1, 0, 1, 0, 1]
+    g = build_detection_graph(record, TextRows({t: 0 for t in node_texts(record)}), DetectionStats(), ungrounded="keep")
+    assert g.proposer_confidence.dtype == torch.float32
