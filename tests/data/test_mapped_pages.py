@@ -107,6 +107,28 @@ def test_a_row_table_releases_its_mapped_segments_only_and_keeps_every_row(tmp_p
 
 
 @linux
+def test_a_large_mapped_table_gives_each_chunk_s_pages_back_as_it_gathers(tmp_path):
+    from kglightning.data.store.embedding_files import read_shard, write_shard
+    from kglightning.data.store.row_table import ROWS_AT_ONCE, RowTable
+
+    path = tmp_path / "s.arrow"
+    write_shard(path, [str(i) for i in range(2**15)], np.arange(2**21, dtype=np.float32).reshape(-1, 64) % 1000)
+    _, mapped, _ = read_shard(path, mapped=True)
+    ids = np.random.default_rng(0).integers(0, mapped.shape[0], 3 * ROWS_AT_ONCE)
+    resident = {}
+    for threshold in (None, 0):  # None: pages stay; 0: any mapped table is large enough to give them back
+        t = RowTable(release_above=threshold)
+        t.append(torch.ones(2, 64))  # a segment in memory before the mapped one: the gather by segment
+        t.append(mapped, mapped=True)
+        got = t.rows(ids + 2)
+        resident[threshold] = _resident_kib(path)
+        assert torch.equal(got, torch.from_numpy(np.asarray(mapped[ids], dtype=np.float32)))
+        t.release_pages()
+    assert resident[None] > 3 * 1024 and resident[0] < resident[None] / 4
+    assert RowTable().release_above == 256 * 2**20
+
+
+@linux
 def test_a_refused_release_is_logged_once_and_the_run_goes_on(tmp_path, caplog, monkeypatch):
     import ctypes
     import mmap as mmap_module

@@ -21,6 +21,8 @@ __all__ = ["RowTable"]
 
 #: rows gathered at once by :meth:`RowTable.rows` (its float16 temporary: 8,192 x 384 x 2 bytes = 6 MB)
 ROWS_AT_ONCE = 8192
+#: mapped segments of at least this many bytes in all have their pages given back after each chunk of rows gathered
+RELEASE_ABOVE = 256 * 2**20
 
 
 def _is_map(segment: np.ndarray) -> bool:
@@ -39,6 +41,11 @@ def _remap(filename: str, offset: int, shape: tuple[int, int], first: np.ndarray
 class RowTable:
     """Float16 rows in segments, looked up as float32.
 
+    Args:
+        release_above: bytes of memory-mapped segments from which :meth:`rows` gives their pages back after each
+            chunk it gathers (``None``: never). The pages stay in the page cache, so a later lookup costs a minor
+            fault, not a disk read.
+
     Example:
         >>> t = RowTable()
         >>> t.append(torch.tensor([[1.0, 2.0], [3.0, 4.0]])), t.append(torch.tensor([[5.0, 6.0]]))
@@ -47,7 +54,9 @@ class RowTable:
         ([[5.0, 6.0], [1.0, 2.0]], 3, 2)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, release_above: int | None = RELEASE_ABOVE) -> None:
+        self.release_above = release_above
+        self._mapped_bytes = 0
         self._segments: list[np.ndarray] = []
         self._starts: list[int] = []
         self._tail: np.ndarray | None = None  # the buffer behind the last segment while that one is in memory
@@ -78,6 +87,7 @@ class RowTable:
             self._end_tail()
             self._segments.append(emb)
             self._starts.append(start)
+            self._mapped_bytes += emb.nbytes
         else:
             emb = emb.detach().cpu().numpy() if isinstance(emb, torch.Tensor) else np.asarray(emb)
             if emb.ndim != 2:
@@ -123,6 +133,9 @@ class RowTable:
     def rows(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """The float32 rows ``ids`` (any shape; the result has one more dimension, :attr:`dim`). Rows are gathered
         in chunks of :data:`ROWS_AT_ONCE`, so the float16 copy made on the way is one chunk, not the whole result.
+        When the mapped segments hold ``release_above`` bytes or more, each chunk's pages of them are given back
+        as soon as it is gathered (:func:`~kglightning.data.store.mapped_pages.release_arrays`): a batch's rows,
+        scattered over a large table, would otherwise bring most of the table into this process's resident memory.
 
         Raises:
             IndexError: an id outside ``[0, len(self))``.
@@ -135,17 +148,22 @@ class RowTable:
             lo, hi = int(flat.min()), int(flat.max())
             if lo < 0 or hi >= self._rows:
                 raise IndexError(f"row {lo if lo < 0 else hi} is out of range for a table of {self._rows} rows")
+        release = self.release_above is not None and self._mapped_bytes >= self.release_above
         if len(self._segments) == 1:
             seg = self._segments[0]
             for at in range(0, flat.size, ROWS_AT_ONCE):
                 out[at : at + ROWS_AT_ONCE] = seg[flat[at : at + ROWS_AT_ONCE]]
+                if release:
+                    release_arrays([seg])
         elif flat.size:
             which = np.searchsorted(np.asarray(self._starts), flat, side="right") - 1
             for s in np.unique(which).tolist():
-                where = np.flatnonzero(which == s)
+                where, seg = np.flatnonzero(which == s), self._segments[s]
                 for at in range(0, where.size, ROWS_AT_ONCE):
                     part = where[at : at + ROWS_AT_ONCE]
-                    out[part] = self._segments[s][flat[part] - self._starts[s]]
+                    out[part] = seg[flat[part] - self._starts[s]]
+                    if release:
+                        release_arrays([seg])
         return torch.from_numpy(out).view(*ids.shape, width)
 
     def release_pages(self) -> int:
