@@ -24,7 +24,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kglightning"
-API_PAGES = sorted((ROOT / "docs" / "api").glob("*.md"))
+API_PAGES = sorted((ROOT / "docs" / "api").rglob("*.md"))
 DIRECTIVE = re.compile(r"^::: *([\w.]+)[ \t]*\n((?:[ \t]+.*\n?)*)", flags=re.M)
 DOTTED = re.compile(r"^kglightning(\.[A-Za-z_]\w*)+$")
 
@@ -85,6 +85,20 @@ def _rendered(name: str, module: str, directives: dict[str, dict[str, Any]]) -> 
 def test_api_pages_exist():
     assert API_PAGES, "docs/api/*.md is missing"
     assert _directives()
+
+
+def test_each_module_has_its_own_api_page_and_the_navigation_lists_them():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "docs_api_pages.py"), "--check"], cwd=ROOT,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs" / "api").glob("*/*.md")}
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert pages and all(f": {page}\n" in nav for page in pages)
+    for page in pages:  # one module a page, titled by the module's path
+        assert len(DIRECTIVE.findall((ROOT / "docs" / page).read_text(encoding="utf-8"))) == 1, page
 
 
 def test_every_config_class_is_in_the_api_reference():

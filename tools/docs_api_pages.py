@@ -1,0 +1,168 @@
+"""Split the API reference into one page per module, and keep the site's navigation in step with the pages.
+
+A package page ``docs/api/<page>.md`` holds its introduction (the text before its first ``:::`` directive), the
+package's own docstring and a table of its modules; each module has a page ``docs/api/<page>/<name>.md`` whose one
+directive renders it with the module path as the page's title. The navigation of ``mkdocs.yml``, between the lines
+``# api-nav: start`` and ``# api-nav: end``, lists every package page and its module pages.
+
+    python tools/docs_api_pages.py           # write the pages and the navigation from the directives found
+    python tools/docs_api_pages.py --check   # exit 1, naming what differs, when they are not what it would write
+
+The directives found are those of the package pages and of the module pages already there, so a new module gets its
+page from a ``::: kglightning.x.y`` line added to its package page (``tests/test_docs.py`` says which are missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+API = ROOT / "docs" / "api"
+MKDOCS = ROOT / "mkdocs.yml"
+DIRECTIVE = re.compile(r"^::: *([\w.]+)[ \t]*\n((?:[ \t]+.*\n?)*)", flags=re.M)
+NAV_START, NAV_END = "# api-nav: start", "# api-nav: end"
+MODULES_HEADING = "## Modules"
+
+
+def _summary(module: str) -> str:
+    """The first sentence of ``module``'s docstring (as the docs hook finds it), on one line, for the package page's
+    table, its reST roles written as code."""
+    hook = _hook()
+    doc = (importlib.import_module(module).__doc__ or "").strip()
+    first = hook.summary_line(doc.split("\n\n")[0]).split("\n")[0].strip()
+    first = hook.ROLE.sub(lambda m: f"`{m.group(3).rsplit('.', 1)[-1] if m.group(2) else m.group(3)}`", first)
+    return first.replace("|", "\\|")
+
+
+@functools.cache
+def _hook() -> Any:
+    """``docs/hooks/griffe_docstrings.py``, loaded from its file."""
+    spec = importlib.util.spec_from_file_location("griffe_docstrings", ROOT / "docs" / "hooks" / "griffe_docstrings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _directive_options(block: str) -> list[str]:
+    """The option lines of a directive, ``heading_level`` left out (a module page sets its own)."""
+    lines = [line for line in block.splitlines() if line.strip()]
+    return [line for line in lines if line.strip() not in ("options:",) and "heading_level" not in line]
+
+
+def collect() -> dict[str, tuple[str, list[tuple[str, list[str]]]]]:
+    """``{page: (introduction, [(module, option lines), ...])}`` from the package pages and their module pages."""
+    pages: dict[str, tuple[str, list[tuple[str, list[str]]]]] = {}
+    for page in sorted(API.glob("*.md")):
+        if page.stem == "index":
+            continue
+        text = page.read_text(encoding="utf-8")
+        intro_end = min(i for i in (text.find("\n:::"), text.find(f"\n{MODULES_HEADING}"), len(text)) if i >= 0)
+        intro = text[:intro_end].rstrip() + "\n"
+        found = [(m.group(1), _directive_options(m.group(2))) for m in DIRECTIVE.finditer(text)]
+        for sub in sorted((API / page.stem).glob("*.md")) if (API / page.stem).is_dir() else []:
+            found += [(m.group(1), _directive_options(m.group(2))) for m in DIRECTIVE.finditer(sub.read_text("utf-8"))]
+        seen: dict[str, list[str]] = {}
+        for module, options in found:
+            seen.setdefault(module, options)
+        pages[page.stem] = (intro, sorted(seen.items(), key=lambda kv: (kv[0].count(".") > 1, kv[0])))
+    return pages
+
+
+def _package(page: str, modules: list[tuple[str, list[str]]]) -> str | None:
+    """The package a page is about: its one directive with ``members: false`` whose path is shortest, if any."""
+    own = [m for m, options in modules if any(line.strip() == "members: false" for line in options)]
+    return min(own, key=len) if own else None
+
+
+def _options(lines: list[str], heading_level: int) -> str:
+    """A directive's ``options:`` block: ``heading_level``, then the option lines as found (indented six spaces)."""
+    return "    options:\n" + "\n".join([f"      heading_level: {heading_level}", *lines]) + "\n"
+
+
+def render(pages: dict[str, tuple[str, list[tuple[str, list[str]]]]]) -> dict[Path, str]:
+    """Every page's text, by path."""
+    out: dict[Path, str] = {}
+    for page, (intro, modules) in pages.items():
+        package = _package(page, modules)
+        rows = []
+        for module, options in modules:
+            if module == package:
+                continue
+            name = module[len(package) + 1 :] if package and module.startswith(package + ".") else module
+            path = API / page / f"{name}.md"
+            out[path] = f"::: {module}\n{_options(options, 1)}"
+            rows.append(f"| [`{name}`]({page}/{name}.md) | {_summary(module)} |")
+        text = intro
+        if package:
+            text += f"\n::: {package}\n{_options(dict(modules)[package], 2)}"
+        text += f"\n{MODULES_HEADING}\n\n| module | what it holds |\n|---|---|\n" + "\n".join(rows) + "\n"
+        out[API / f"{page}.md"] = text
+    return out
+
+
+def nav(pages: dict[str, tuple[str, list[tuple[str, list[str]]]]], indent: str) -> str:
+    """The API part of the navigation: each package page, then its module pages, under the package's label."""
+    labels = _labels()
+    lines = [f"{indent}- api/index.md"]
+    for page in labels:
+        intro, modules = pages[page]
+        package = _package(page, modules)
+        lines.append(f"{indent}- {labels[page]}:")
+        lines.append(f"{indent}    - api/{page}.md")
+        for module, _ in modules:
+            if module != package:
+                name = module[len(package) + 1 :] if package and module.startswith(package + ".") else module
+                lines.append(f"{indent}    - {name}: api/{page}/{name}.md")
+    return "\n".join(lines) + "\n"
+
+
+def _labels() -> dict[str, str]:
+    """``{page: label}`` in the navigation's order, read from the current navigation (``- Label: api/page.md`` or
+    a section ``- Label:`` whose first entry is ``api/page.md``)."""
+    text = MKDOCS.read_text(encoding="utf-8")
+    block = text[text.index(NAV_START) : text.index(NAV_END)]
+    labels: dict[str, str] = {}
+    for m in re.finditer(r"- ([^:\n]+):\s*(?:api/(\w+)\.md|\n\s*- api/(\w+)\.md)", block):
+        labels[m.group(2) or m.group(3)] = m.group(1).strip()
+    return labels
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 when something differs")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    pages = collect()
+    files = render(pages)
+    text = MKDOCS.read_text(encoding="utf-8")
+    start, end = text.index(NAV_START), text.index(NAV_END)
+    indent = " " * (len(text[:end].rsplit("\n", 1)[1]))
+    new_text = text[: text.index("\n", start) + 1] + nav(pages, indent) + text[end - len(indent) :]
+    stale = [p for p in API.glob("*/*.md") if p not in files]
+    differ = [p for p, t in files.items() if not p.is_file() or p.read_text(encoding="utf-8") != t]
+    if args.check:
+        problems = [*map(str, differ), *(f"{p} (no module of that name)" for p in stale)]
+        problems += ["mkdocs.yml's API navigation"] if new_text != text else []
+        if problems:
+            print("out of date (run python tools/docs_api_pages.py):\n" + "\n".join(problems))
+            return 1
+        return 0
+    for path in differ:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files[path], encoding="utf-8")
+    for path in stale:
+        path.unlink()
+    MKDOCS.write_text(new_text, encoding="utf-8")
+    print(f"{len(files)} pages ({len(differ)} written, {len(stale)} removed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
