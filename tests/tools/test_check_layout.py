@@ -1,0 +1,44 @@
+"""tools/check_layout.py: pages measured in headless Chromium (skipped where none is installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("check_layout", ROOT / "tools/check_layout.py")
+layout = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(layout)
+
+WIDE = 'style="min-width:3000px"'
+
+
+def _page(folder: Path, body: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "index.html").write_text(f"<html><body><article style='width:700px'>{body}</article></body></html>")
+
+
+@pytest.mark.skipif(layout.find_browser() is None, reason="no Chromium on the PATH (apt-get install chromium)")
+def test_clipped_tables_and_code_and_tall_api_pages_are_found_and_scrolling_ones_are_not(tmp_path, capsys):
+    _page(tmp_path / "wide", f"<table><tr><td {WIDE}>cut off</td></tr></table>")
+    _page(tmp_path / "scrolls", f"<div style='overflow-x:auto'><table><tr><td {WIDE}>scrolls</td></tr></table></div>")
+    _page(tmp_path / "hidden", f"<pre style='overflow-x:hidden;width:200px'>{'x' * 400}</pre><pre>fits</pre>")
+    _page(tmp_path / "api" / "tall", "<div style='height:25000px'>long</div>")
+    _page(tmp_path / "tall", "<div style='height:25000px'>a long page that is not an API page</div>")
+    heights: dict[str, int] = {}
+    problems = layout.check(tmp_path, layout.find_browser(), 20_000, heights)
+    assert len(problems) == 3, problems
+    assert any(p.startswith("wide: table clipped") and "cut off" in p for p in problems)
+    assert any(p.startswith("hidden: pre clipped") for p in problems)
+    assert any(p.startswith("api/tall: ") and "px tall" in p for p in problems)
+    assert heights["tall"] > 25_000 and heights["scrolls"] <= 1_000  # a short page: the viewport
+    assert layout.main([str(tmp_path)]) == 1 and "3 problems" in capsys.readouterr().out
+
+
+def test_without_a_browser_the_check_is_skipped_with_the_reason_unless_required(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(layout.shutil, "which", lambda name: None)
+    assert layout.main([str(tmp_path)]) == 0
+    assert "skipped: no Chromium" in capsys.readouterr().out
+    assert layout.main([str(tmp_path), "--require"]) == 1
