@@ -101,6 +101,37 @@ def test_each_module_has_its_own_api_page_and_the_navigation_lists_them():
         assert len(DIRECTIVE.findall((ROOT / "docs" / page).read_text(encoding="utf-8"))) == 1, page
 
 
+def test_nav_labels_are_the_page_titles():
+    """A label in the nav is its page's title, or the title's part before a colon ("UAG" for "UAG: conformal KG
+    traversal ..."); the home page and the API's module pages (titled by the module's path) aside."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda *_: None)
+    Loader.add_multi_constructor("!", lambda *_: None)
+
+    def entries(nav: list[Any]) -> list[tuple[str, str]]:
+        out = []
+        for item in nav:
+            for label, value in item.items() if isinstance(item, dict) else ():
+                out += [(label, value)] if isinstance(value, str) else entries(value)
+        return out
+
+    nav = yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=Loader)["nav"]
+    wrong = []
+    for label, page in entries(nav):
+        if page == "index.md" or page.count("/") > 1:
+            continue
+        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        for included in re.findall(r'^--8<-- "([^"]+)"', text, flags=re.M):  # a page that includes a root file
+            text += "\n" + (ROOT / included).read_text(encoding="utf-8")
+        title = re.search(r"^# (.+)$", text, flags=re.M)
+        if title is None or (title.group(1) != label and not title.group(1).startswith(label + ":")):
+            wrong.append(f"{page}: nav {label!r}, title {title.group(1) if title else None!r}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_every_config_class_is_in_the_api_reference():
     names = _config_names()
     assert "kglightning.modules.HallucinationDetector" in names  # the walk found the main job's model
