@@ -18,6 +18,7 @@ import argparse
 import functools
 import importlib
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -51,9 +52,20 @@ def _hook() -> Any:
 
 
 def _directive_options(block: str) -> list[str]:
-    """The option lines of a directive, ``heading_level`` left out (a module page sets its own)."""
-    lines = [line for line in block.splitlines() if line.strip()]
-    return [line for line in lines if line.strip() not in ("options:",) and "heading_level" not in line]
+    """A directive's options (its YAML block parsed, whatever its indentation) as option lines indented six spaces,
+    ``heading_level`` left out (a page sets its own)."""
+    import yaml
+
+    options = ((yaml.safe_load(block) if block.strip() else None) or {}).get("options") or {}
+    return [f"      {key}: {json.dumps(value)}" for key, value in options.items() if key != "heading_level"]
+
+
+def _imports(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 def collect() -> dict[str, tuple[str, list[tuple[str, list[str]]]]]:
@@ -70,7 +82,8 @@ def collect() -> dict[str, tuple[str, list[tuple[str, list[str]]]]]:
             found += [(m.group(1), _directive_options(m.group(2))) for m in DIRECTIVE.finditer(sub.read_text("utf-8"))]
         seen: dict[str, list[str]] = {}
         for module, options in found:
-            seen.setdefault(module, options)
+            if _imports(module):  # a removed module's page is left out, and so removed (or reported by --check)
+                seen.setdefault(module, options)
         pages[page.stem] = (intro, sorted(seen.items(), key=lambda kv: (kv[0].count(".") > 1, kv[0])))
     return pages
 
@@ -110,8 +123,14 @@ def render(pages: dict[str, tuple[str, list[tuple[str, list[str]]]]]) -> dict[Pa
 def nav(pages: dict[str, tuple[str, list[tuple[str, list[str]]]]], indent: str) -> str:
     """The API part of the navigation: each package page, then its module pages, under the package's label."""
     labels = _labels()
+    for page in pages:  # a new package page: labelled by its title, after the others
+        if page not in labels:
+            title = re.search(r"^# (.+)$", pages[page][0], flags=re.M)
+            labels[page] = title.group(1).strip() if title else page
     lines = [f"{indent}- api/index.md"]
     for page in labels:
+        if page not in pages:
+            continue
         intro, modules = pages[page]
         package = _package(page, modules)
         lines.append(f"{indent}- {labels[page]}:")

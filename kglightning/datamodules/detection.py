@@ -346,7 +346,12 @@ class DetectionDataModule(KGQADataModule):
                 self.prepare_split(split)
                 rows = self.graph_rows(split)
                 del self._rows[split]  # not kept once read: the pages of its map would stay in this process's memory
-                pairs = [(records[i], g) for i, g in graphs_from_rows(rows, self.embeddings._index)]
+                pairs = [(records[i], g) for i, g in graphs_from_rows(rows, self.embeddings._index,
+                                                                       self.add_reverse_edges)]  # fmt: skip
+                stale = next(((r, g) for r, g in pairs if g.qid != r.id), None)
+                if stale is not None:
+                    raise GraphRowError(f"graph row of record {stale[0].id!r} holds the graph of {stale[1].qid!r}")
+                stats = row_stats(rows)
                 break
             except GraphRowError as err:  # damaged stored rows: said, removed and built again (once)
                 if attempt:
@@ -357,7 +362,6 @@ class DetectionDataModule(KGQADataModule):
                 self._rows.pop(split, None)
                 shutil.rmtree(folder, ignore_errors=True)
                 self._embedded.discard(split)
-        stats = row_stats(rows)
         del rows
         graphs = [g for _, g in pairs]
         for i, g in enumerate(graphs):  # names the graph across DDP processes (padded repeats are dropped by it)

@@ -37,7 +37,7 @@ from kglightning.data.store.stage_map import stage_state
 from kglightning.data.triple_array import TripleArray, Vocab, release_graphs
 from kglightning.datamodules.detection_graphs import DetectionStats, graph_parts
 from kglightning.datamodules.graph_forms import GraphParts
-from kglightning.datamodules.graph_row_checks import GraphRowError, check_nulls, check_row
+from kglightning.datamodules.graph_row_checks import GraphRowError, check_row, check_table
 from kglightning.evidence.answer_signals import SIGNALS
 from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL
 
@@ -230,10 +230,17 @@ def build_graph_rows(batch: dict[str, list]) -> pa.Table:
 
 
 def row_stats(ds: Any) -> DetectionStats:
-    """The counts of every row of ``ds`` merged (the split's :class:`DetectionStats`)."""
+    """The counts of every row of ``ds`` merged (the split's :class:`DetectionStats`).
+
+    Raises:
+        GraphRowError: a row's counts are not what :class:`DetectionStats` holds.
+    """
     stats = DetectionStats()
-    for text in ds["stats"]:
-        stats.merge(DetectionStats(**json.loads(text)))
+    for r, text in enumerate(ds["stats"]):
+        try:
+            stats.merge(DetectionStats(**json.loads(text)))
+        except (ValueError, TypeError) as err:  # JSONDecodeError is a ValueError; an unknown field a TypeError
+            raise GraphRowError(f"graph row {r}: its stats are not a DetectionStats ({err})") from None
     return stats
 
 
@@ -245,18 +252,18 @@ def row_texts(ds: Any) -> pa.Array:
     """The distinct texts the rows of ``ds`` refer to (an Arrow string array, each once).
 
     Raises:
-        GraphRowError: a row holds a missing value (:func:`check_rows`).
+        GraphRowError: the rows are damaged (:func:`check_rows`).
     """
     table = _table(ds)
-    check_nulls(table)
+    check_table(table)
     return _distinct(pc.list_flatten(table.column("texts")))
 
 
 def check_rows(ds: Any) -> None:
-    """Raise :class:`GraphRowError`, naming the record, when a row of ``ds`` holds a missing value where a graph row
-    must have one (:func:`~kglightning.datamodules.graph_row_checks.check_nulls`); each row's other checks are made
-    as :func:`graphs_from_rows` reads it."""
-    check_nulls(_table(ds))
+    """Raise :class:`GraphRowError`, naming the record, when the rows of ``ds`` as a whole are damaged
+    (:func:`~kglightning.datamodules.graph_row_checks.check_table`); each row's own checks are made as
+    :func:`graphs_from_rows` reads it."""
+    check_table(_table(ds))
 
 
 def _distinct(texts: pa.ChunkedArray) -> pa.Array:
@@ -273,11 +280,12 @@ def _encoded(texts: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     return unique, _numpy(pc.index_in(texts, value_set=unique)).astype(np.int64)
 
 
-def graphs_from_rows(ds: Any, text_row: Mapping[str, int]) -> Iterator[tuple[int, Data]]:
+def graphs_from_rows(ds: Any, text_row: Mapping[str, int], reverse: bool | None = None) -> Iterator[tuple[int, Data]]:
     """``(record index, compact graph)`` for the rows of ``ds`` that hold a graph, in order, with texts as rows of
-    ``text_row`` (``text -> row``, e.g. an embedding table's index, which must hold :func:`row_texts`)."""
+    ``text_row`` (``text -> row``, e.g. an embedding table's index, which must hold :func:`row_texts`); ``reverse``:
+    whether the rows were built with reverse edges (``None``: not checked)."""
     table = _table(ds)
-    check_nulls(table)
+    check_table(table)
     texts = pc.list_flatten(table.column("texts"))
     unique, codes = _encoded(texts)  # each distinct text, and each text's place among them
     found = list(map(text_row.get, unique.to_pylist()))
@@ -291,7 +299,7 @@ def graphs_from_rows(ds: Any, text_row: Mapping[str, int]) -> Iterator[tuple[int
         lists = {name: _Lists(batch.column(name)) for name in (*_LISTS, "answer_entries")}
         for r, (built, index) in enumerate(zip(batch.column("built").to_pylist(), batch.column("index").to_pylist())):
             if built:
-                yield index, _graph(batch, r, lists, rows_of_text[text_start[n + r] : text_start[n + r + 1]])
+                yield index, _graph(batch, r, lists, rows_of_text[text_start[n + r] : text_start[n + r + 1]], reverse)
         n += batch.num_rows
 
 
@@ -314,7 +322,9 @@ class _Lists:
         return np.array(self._flat[self.offsets[r] : self.offsets[r + 1]])
 
 
-def _graph(batch: pa.RecordBatch, r: int, lists: dict[str, _Lists], text_rows: np.ndarray) -> Data:
+def _graph(
+    batch: pa.RecordBatch, r: int, lists: dict[str, _Lists], text_rows: np.ndarray, reverse: bool | None
+) -> Data:
     def cell(name: str) -> Any:
         return batch.column(name)[r].as_py()
 
@@ -323,7 +333,7 @@ def _graph(batch: pa.RecordBatch, r: int, lists: dict[str, _Lists], text_rows: n
     arrays = {name: lists[name](r) for name in _LISTS}
     entries = lists["answer_entries"]
     lo, hi = entries.offsets[r], entries.offsets[r + 1]
-    check_row(batch, r, arrays, len(text_rows), int(hi - lo))
+    check_row(batch, r, arrays, len(text_rows), int(hi - lo), reverse)
     t: Callable[[str], torch.Tensor] = lambda name: torch.from_numpy(arrays[name]).to(_LISTS[name][2])  # noqa: E731
     texts = {name: text_rows[arrays[name]] for name in _TEXT_COLUMNS}
     edge_kind = t("edge_kind")

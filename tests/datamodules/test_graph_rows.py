@@ -206,11 +206,11 @@ def test_damaged_rows_are_refused_by_name_and_the_datamodule_builds_them_again(
     first.setup("fit")
     read, calls = gr.graphs_from_rows, []
 
-    def damaged_once(ds, text_row):
+    def damaged_once(ds, text_row, *args):
         calls.append(1)
         if len(calls) == 1:
             raise gr.GraphRowError("graph row of record 0 ('x'): node_text holds an index outside [0, 3)")
-        return read(ds, text_row)
+        return read(ds, text_row, *args)
 
     import kglightning.datamodules.detection as detection
 
@@ -222,7 +222,7 @@ def test_damaged_rows_are_refused_by_name_and_the_datamodule_builds_them_again(
     assert len(again.datasets["train"]) == len(first.datasets["train"])
     assert (again.graph_folder("train") / "complete.json").exists()  # built again and stored
 
-    def damaged_always(ds, text_row):  # rows built anew that are still refused: raised, not looped on
+    def damaged_always(ds, text_row, *args):  # rows built anew that are still refused: raised, not looped on
         raise gr.GraphRowError("graph row of record 0 ('x'): edge_index holds an index outside [0, 3)")
 
     monkeypatch.setattr(detection, "graphs_from_rows", damaged_always)
@@ -255,13 +255,49 @@ def _damage(rows, change):
         (lambda r: r | {"answer_grounding": [7] * len(r["answer_grounding"])}, "answer_grounding holds an index"),
         (lambda r: r | {"compact_reverse": len(r["edge_kind"]) + 1}, "compact_reverse"),
         (lambda r: r | {"answer_entries": r["answer_entries"][1:]}, "answer_entries for"),
+        (lambda r: r | {"answer_entries": [None, *r["answer_entries"][1:]]}, "answer_entries missing"),
+        (lambda r: r | {"index": r["index"] + 1}, r"record 1 \('a'\): stored as row 0"),
+        (lambda r: r | {"built": False}, "a row without a graph holds"),
+        (lambda r: r | {"compact_reverse": 1}, r"compact_reverse 1 for \d+ forward edges"),
+        (lambda r: r | {"compact_reverse": -1}, r"compact_reverse -1 for \d+ forward edges"),
+        (lambda r: r | {"edge_kind": [0] * len(r["edge_kind"])}, "question node's edges are not one to each topic"),
+        (lambda r: r | {"edge_kind": r["edge_kind"][::-1]}, "forward edges then the question node"),
+        (lambda r: r | {"answer_index": [r["num_nodes"] - 1] * len(r["answer_index"])}, "answer_index holds an index"),
+        (lambda r: r | {"y": [5.0] * len(r["y"])}, "other than 0 or 1"),
     ],
 )
 def test_rows_that_cannot_be_their_graph_are_refused_naming_the_record(change, match):
     rows = _rows(_records())
     table = {t: i for i, t in enumerate(gr.row_texts(rows).to_pylist())}
+    assert len(list(gr.graphs_from_rows(rows, table, reverse=True))) == 4  # the rows as built pass every check
     with pytest.raises(gr.GraphRowError, match=match):
-        list(gr.graphs_from_rows(_damage(rows, change), table))
+        list(gr.graphs_from_rows(_damage(rows, change), table, reverse=True))
+
+
+def test_rows_built_without_reverse_edges_pass_and_are_told_from_rows_with_them():
+    rows = _rows(_records(), add_reverse_edges=False)
+    table = {t: i for i, t in enumerate(gr.row_texts(rows).to_pylist())}
+    assert len(list(gr.graphs_from_rows(rows, table, reverse=False))) == 4
+    with pytest.raises(gr.GraphRowError, match="compact_reverse -1"):
+        list(gr.graphs_from_rows(rows, table, reverse=True))
+
+
+def test_rows_that_are_not_valid_arrow_data_or_whose_counts_are_broken_are_refused():
+    import pyarrow as pa
+
+    rows = _rows(_records())
+    good = rows.with_format("arrow")[:]
+    texts = good.column("texts").combine_chunks()
+    words = texts.values
+    data = bytearray(words.buffers()[2].to_pybytes())
+    data[0] = 0xFF  # not UTF-8: reading it as text would fail far from here, or worse
+    strings = pa.Array.from_buffers(pa.string(), len(words), [None, words.buffers()[1], pa.py_buffer(bytes(data))])
+    broken = pa.ListArray.from_arrays(texts.offsets, strings)
+    bad = good.set_column(good.schema.get_field_index("texts"), "texts", broken)
+    with pytest.raises(gr.GraphRowError, match="not valid Arrow data"):
+        gr.check_rows(datasets.Dataset(bad))
+    with pytest.raises(gr.GraphRowError, match="its stats are not"):
+        gr.row_stats(_damage(rows, lambda r: r | {"stats": "{"}))
 
 
 def test_a_compact_reverse_past_the_forward_edges_is_refused_not_mirrored():
@@ -273,30 +309,40 @@ def test_a_compact_reverse_past_the_forward_edges_is_refused_not_mirrored():
         list(gr.graphs_from_rows(_damage(rows, lambda r: r | {"compact_reverse": forward + 1}), table))
 
 
-def test_null_rows_found_before_the_texts_are_embedded_are_built_again(data, tmp_path, tiny_encoder_dir, caplog):
-    first = _dm(data, tmp_path, tiny_encoder_dir)
-    first.setup("fit")
-    folder = first.graph_folder("train")
-    piece = sorted(folder.glob("*.arrow"))[0]
-    import pyarrow as pa
+def _swap_qids(table):
+    qid = table.column("qid").to_pylist()
+    qid[0], qid[1] = qid[1], qid[0]
+    return "qid", qid
 
-    with pa.memory_map(str(piece)) as source:
-        table = pa.ipc.open_stream(source).read_all()
+
+def _null_text(table):
     texts = table.column("texts").to_pylist()
     texts[0] = None
-    table = table.set_column(
-        table.schema.get_field_index("texts"), "texts", pa.array(texts, table.schema.field("texts").type)
-    )
+    return "texts", texts
+
+
+@pytest.mark.parametrize("damage,said", [(_null_text, "texts missing"), (_swap_qids, "holds the graph of")])
+def test_damaged_stored_rows_are_found_in_a_run_and_built_again(data, tmp_path, tiny_encoder_dir, caplog, damage, said):
+    import pyarrow as pa
+
+    first = _dm(data, tmp_path, tiny_encoder_dir)
+    first.setup("fit")
+    piece = sorted(first.graph_folder("train").glob("*.arrow"))[0]
+    with pa.memory_map(str(piece)) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    name, values = damage(table)
+    field = table.schema.get_field_index(name)
+    table = table.set_column(field, name, pa.array(values, table.schema.field(name).type))
     damaged = piece.with_name("damaged.tmp")  # written aside and renamed: the old file may still be mapped
     with pa.OSFile(str(damaged), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     os.replace(damaged, piece)
     again = _dm(data, tmp_path, tiny_encoder_dir)
     with caplog.at_level("WARNING"):
-        again.prepare_data()  # embeds the rows' texts: the damage is found before
+        again.prepare_data()  # embeds the rows' texts: a missing one is found before
         again.setup("fit")
-    assert "are damaged" in caplog.text and "texts missing" in caplog.text
-    assert len(again.datasets["train"]) == len(first.datasets["train"])
+    assert "are damaged" in caplog.text and said in caplog.text
+    assert [g.qid for g in again.datasets["train"]] == [g.qid for g in first.datasets["train"]]
 
 
 def test_a_text_that_is_not_unicode_is_named_with_its_record():

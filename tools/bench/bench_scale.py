@@ -259,7 +259,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
                 type_text, _, _ = edge_types(batch.edge_text, batch.edge_kind)
                 batch.type_text_emb = rows(type_text)
             extra["batches_s"] = round(time.perf_counter() - t_batches, 1)
-            extra["peak_batches_mib"] = _rss("VmHWM")
+            extra["peak_batches_mib"] = round(_rss("VmHWM"), 1)
         elif stage == "uag":
             from kglightning.conformal.uag.scores import score_questions
 
@@ -346,7 +346,7 @@ def _result(stage, records, triples, seconds, base, after_read, **extra) -> dict
         "questions_per_s": round(len(records) / seconds, 2) if seconds > 0 else None,
         "records_mib": round(after_read - base, 1),
         "bytes_per_triple": round((after_read - base) * 2**20 / max(triples, 1), 1),
-        "peak_rss_mib": round(max(_rss("VmHWM"), *_PHASE_PEAKS), 1),  # the whole process's, over phase_peak's resets
+        "peak_rss_mib": round(max([_rss("VmHWM"), *_PHASE_PEAKS]), 1),  # the whole process's, over phase_peak's resets
         "peak_anon_mib": round(_ANON.stop(), 1) if _ANON is not None else None,
         **extra,
     }

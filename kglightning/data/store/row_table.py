@@ -133,8 +133,8 @@ class RowTable:
     def rows(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """The float32 rows ``ids`` (any shape; the result has one more dimension, :attr:`dim`). Rows are gathered
         in chunks of :data:`ROWS_AT_ONCE`, so the float16 copy made on the way is one chunk, not the whole result.
-        When the mapped segments hold ``release_above`` bytes or more, each chunk's pages of them are given back
-        as soon as it is gathered (:func:`~kglightning.data.store.mapped_pages.release_arrays`): a batch's rows,
+        When the mapped segments hold ``release_above`` bytes or more and the call gathers at least a chunk, each
+        chunk's pages of them are given back as soon as it is gathered (:func:`~kglightning.data.store.mapped_pages.release_arrays`): a batch's rows,
         scattered over a large table, would otherwise bring most of the table into this process's resident memory.
 
         Raises:
@@ -148,7 +148,10 @@ class RowTable:
             lo, hi = int(flat.min()), int(flat.max())
             if lo < 0 or hi >= self._rows:
                 raise IndexError(f"row {lo if lo < 0 else hi} is out of range for a table of {self._rows} rows")
-        release = self.release_above is not None and self._mapped_bytes >= self.release_above
+        # a gather of a chunk or more: a small one (a question's few rows) would pay for releasing the whole map
+        release = (
+            self.release_above is not None and self._mapped_bytes >= self.release_above and flat.size >= ROWS_AT_ONCE
+        )
         if len(self._segments) == 1:
             seg = self._segments[0]
             for at in range(0, flat.size, ROWS_AT_ONCE):
