@@ -320,10 +320,8 @@ class DetectionDataModule(KGQADataModule):
                 try:
                     check_rows(done)
                 except GraphRowError as err:  # damaged stored rows: said, removed and built again
-                    log.warning("%s: the stored graph rows in %s are damaged (%s); building them again", split,
-                                folder, err)  # fmt: skip
                     del done
-                    shutil.rmtree(folder, ignore_errors=True)
+                    self._drop_rows(split, err)
                     done = None
             if done is None or len(done) != len(records):
                 workers = self.build_workers
@@ -338,6 +336,15 @@ class DetectionDataModule(KGQADataModule):
                 )  # fmt: skip
             self._rows[split] = done
         return self._rows[split]
+
+    def _drop_rows(self, split: str, err: GraphRowError) -> None:
+        """Say that ``split``'s stored graph rows are damaged, and forget and remove them (built again when asked
+        for, their texts embedded again)."""
+        folder = self.graph_folder(split)
+        log.warning("%s: the stored graph rows in %s are damaged (%s); building them again", split, folder, err)
+        self._rows.pop(split, None)
+        self._embedded.discard(split)
+        shutil.rmtree(folder, ignore_errors=True)
 
     def build_split(self, split: str) -> list[Data]:
         records = self.records(split)
@@ -357,11 +364,7 @@ class DetectionDataModule(KGQADataModule):
                 if attempt:
                     raise GraphRowError(f"{err} (in rows this run has just built: a fault of the code that builds "
                                         "them, not of the cache)") from err  # fmt: skip
-                folder = self.graph_folder(split)
-                log.warning("%s: the stored graph rows in %s are damaged (%s); building them again", split, folder, err)
-                self._rows.pop(split, None)
-                shutil.rmtree(folder, ignore_errors=True)
-                self._embedded.discard(split)
+                self._drop_rows(split, err)
         del rows
         graphs = [g for _, g in pairs]
         for i, g in enumerate(graphs):  # names the graph across DDP processes (padded repeats are dropped by it)

@@ -72,7 +72,8 @@ class GraphParts:
         dst.append(np.asarray(self.topics, dtype=np.int64))
         rel.append(np.zeros(k, dtype=np.int64))
         kind.append(np.full(k, EDGE_VIRTUAL, dtype=np.int64))
-        return tuple(np.concatenate(parts).astype(np.int64) for parts in (src, dst, rel, kind))  # type: ignore[return-value]
+        out = tuple(np.concatenate(parts).astype(np.int64) for parts in (src, dst, rel, kind))
+        return out  # type: ignore[return-value]
 
     def to_data(self) -> Data:
         """The graph as the detector reads it (reverse edges included)."""

@@ -2,8 +2,8 @@
 
 :class:`~kglightning.datamodules.DetectionDataModule` builds one graph per question
 (:func:`~kglightning.datamodules.detection_graphs.graph_parts`). :func:`build_graph_rows` runs that as a
-:func:`~kglightning.data.store.stage_map.cached_map` step: on ``workers`` processes, kept as Arrow files, resumed where a
-stopped run left off, and read back whole by the next run with the same inputs.
+:func:`~kglightning.data.store.stage_map.cached_map` step: on ``workers`` processes, kept as Arrow files, resumed
+where a stopped run left off, and read back whole by the next run with the same inputs.
 
 A row holds a question's graph in the compact form of
 :func:`~kglightning.datamodules.graph_forms.compact_graph`, with texts of its own: ``texts`` lists the distinct
@@ -69,8 +69,8 @@ GRAPH_CODE = (
 @functools.cache
 def code_digest() -> str:
     """A digest of the source of :data:`GRAPH_CODE`, :data:`GRAPH_VERSION` and the edge kinds' values: part of the
-    rows' cache key, so a
-    change of the code that builds them (an upgrade, a local edit) never reads rows the old code wrote."""
+    rows' cache key, so a change of the code that builds them (an upgrade, a local edit) never reads rows the old
+    code wrote."""
     h = hashlib.sha256(str((GRAPH_VERSION, EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL)).encode())  # stored edge kinds
     for name in GRAPH_CODE:
         h.update(Path(importlib.import_module(name).__file__).read_bytes())
@@ -372,6 +372,7 @@ def _graph(
 
 
 def _narrow(rows: np.ndarray) -> torch.Tensor:
-    """Table rows as ``int32`` when every one fits (as :func:`~kglightning.datamodules.graph_forms.compact_graph` keeps them), else ``int64``."""
+    """Table rows as ``int32`` when every one fits (as :func:`~kglightning.datamodules.graph_forms.compact_graph`
+    keeps them), else ``int64``."""
     fits = not rows.size or int(rows.max()) < 2**31
     return torch.from_numpy(rows.astype(np.int32 if fits else np.int64))

@@ -1,8 +1,8 @@
 """A table of float16 embedding rows kept in segments: read-only memory maps of shard files and in-memory buffers.
 
 :class:`~kglightning.data.embeddings.EmbeddingCache` keeps its rows here. A large shard stays a read-only
-``numpy.memmap`` of its file (:func:`~kglightning.data.store.embedding_files.read_shard`), so the operating system pages in
-the rows a run looks up and can drop them again; smaller blocks are copied into one in-memory buffer that grows by
+``numpy.memmap`` of its file (:func:`~kglightning.data.store.embedding_files.read_shard`), so the operating system
+pages in the rows a run looks up and can drop them again; smaller blocks are copied into one in-memory buffer that grows by
 half when full. Rows are numbered in the order they were appended.
 """
 
@@ -56,7 +56,6 @@ class RowTable:
 
     def __init__(self, release_above: int | None = RELEASE_ABOVE) -> None:
         self.release_above = release_above
-        self._mapped_bytes = 0
         self._segments: list[np.ndarray] = []
         self._starts: list[int] = []
         self._tail: np.ndarray | None = None  # the buffer behind the last segment while that one is in memory
@@ -87,7 +86,6 @@ class RowTable:
             self._end_tail()
             self._segments.append(emb)
             self._starts.append(start)
-            self._mapped_bytes += emb.nbytes
         else:
             emb = emb.detach().cpu().numpy() if isinstance(emb, torch.Tensor) else np.asarray(emb)
             if emb.ndim != 2:
@@ -134,8 +132,9 @@ class RowTable:
         """The float32 rows ``ids`` (any shape; the result has one more dimension, :attr:`dim`). Rows are gathered
         in chunks of :data:`ROWS_AT_ONCE`, so the float16 copy made on the way is one chunk, not the whole result.
         When the mapped segments hold ``release_above`` bytes or more and the call gathers at least a chunk, each
-        chunk's pages of them are given back as soon as it is gathered (:func:`~kglightning.data.store.mapped_pages.release_arrays`): a batch's rows,
-        scattered over a large table, would otherwise bring most of the table into this process's resident memory.
+        chunk's pages of them are given back as soon as it is gathered
+        (:func:`~kglightning.data.store.mapped_pages.release_arrays`): a batch's rows, scattered over a large table,
+        would otherwise bring most of the table into this process's resident memory.
 
         Raises:
             IndexError: an id outside ``[0, len(self))``.
@@ -149,9 +148,8 @@ class RowTable:
             if lo < 0 or hi >= self._rows:
                 raise IndexError(f"row {lo if lo < 0 else hi} is out of range for a table of {self._rows} rows")
         # a gather of a chunk or more: a small one (a question's few rows) would pay for releasing the whole map
-        release = (
-            self.release_above is not None and self._mapped_bytes >= self.release_above and flat.size >= ROWS_AT_ONCE
-        )
+        mapped = sum(seg.nbytes for seg in self._segments if _is_map(seg))
+        release = self.release_above is not None and mapped >= self.release_above and flat.size >= ROWS_AT_ONCE
         if len(self._segments) == 1:
             seg = self._segments[0]
             for at in range(0, flat.size, ROWS_AT_ONCE):
