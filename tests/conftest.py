@@ -13,7 +13,18 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
+
+# under `pytest -n N` (pytest.ini) each worker computes on its share of the cores, and so do the processes its tests
+# start: N OpenMP pools of all the cores each, busy-waiting on the same cores, slow each other many times over
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS > 1:
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    _THREADS = str(max(1, _CORES // _WORKERS))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = _THREADS
+import torch  # noqa: E402
+
+if _WORKERS > 1:
+    torch.set_num_threads(int(_THREADS))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

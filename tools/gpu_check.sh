@@ -35,7 +35,7 @@ PY
     [ "${KGLIGHTNING_GPU_TIER_ON_CPU:-0}" = 1 ] && echo "- DRY RUN on the CPU (KGLIGHTNING_GPU_TIER_ON_CPU=1): no GPU was used"
     echo
 } > "$report"
-"$py" -m pytest tests/gpu -m gpu -p no:cacheprovider -q -rA --junitxml "$out/gpu_tier.xml" 2>&1 | tee "$out/pytest.log"
+"$py" -m pytest tests/gpu -m gpu -o addopts="" --strict-markers -p no:cacheprovider -q -rA --junitxml "$out/gpu_tier.xml" 2>&1 | tee "$out/pytest.log"
 status=${PIPESTATUS[0]}
 {
     echo "## tests/gpu (pytest exit status $status)"

@@ -21,7 +21,9 @@ def test_the_gpu_tier_dry_runs_on_the_cpu(tmp_path):
     env = dict(
         os.environ, KGLIGHTNING_GPU_TIER_ON_CPU="1", KGLIGHTNING_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1"
     )
-    args = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rA"]
+    # as tools/gpu_check.sh: pytest.ini's options cleared (its `-n auto` needs pytest-xdist, which the GPU image may lack)
+    args = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-o", "addopts=", "--strict-markers", "-q",
+            "-p", "no:cacheprovider", "-rA"]  # fmt: skip
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-6000:]
     passed = [line for line in proc.stdout.splitlines() if line.startswith("PASSED ")]

@@ -264,7 +264,9 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
             from kglightning.conformal.uag.scores import score_questions
 
             n = int(os.environ.get("BENCH_UAG_QUESTIONS", "0")) or len(records)  # score the first n (all read)
+            extra["peak_before_mib"] = phase_peak()  # the read and the embedding table; the scoring's and fit's below
             pool = score_questions(records[:n], emb, max_hops=3, progress=False)
+            extra["peak_score_mib"] = phase_peak()
             extra.update(scored=len(pool), pool_mib=round(_pool_bytes(pool) / 2**20, 1))
             # then what calibration does with the pool: the controller's grid outcomes and Learn-Then-Test
             from kglightning.conformal.uag import UAGController
@@ -272,6 +274,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
             t_fit = time.perf_counter()
             chosen = UAGController().fit(pool).select(0.1)
             calibrate_s = time.perf_counter() - t_fit
+            extra["peak_calibrate_mib"] = phase_peak()
             t0 += calibrate_s  # ``seconds`` is the scoring's alone, as before this step was added
             extra.update(calibrate_s=round(calibrate_s, 1), chosen=chosen.summary().get("selected"))
         elif stage == "embed":

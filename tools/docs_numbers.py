@@ -1,0 +1,163 @@
+"""Write the numbers of README.md and the docs from the result files the runs wrote, so each has one source.
+
+A block of a page between ``<!-- numbers: NAME -->`` and ``<!-- numbers: end -->`` is generated: its text is what
+:data:`BLOCKS` ``[NAME]`` renders from the result files in ``docs/results/`` (written by ``tools/record_run.py``).
+
+    python tools/docs_numbers.py           # rewrite every block from the result files
+    python tools/docs_numbers.py --check   # exit 1, naming the page and block, when one is not what it would write
+
+``tests/test_docs.py`` runs the check, so a table edited by hand, or a result file re-recorded without its pages,
+fails the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+PAGES = ("README.md", "docs/index.md", "docs/methods/kg-guard.md")
+BLOCK = re.compile(r"(<!-- numbers: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- numbers: end -->)", flags=re.S)
+COLUMNS = (("F1", "f1"), ("Precision", "precision"), ("Recall", "recall"), ("Accuracy", "acc"),
+           ("AUC-PR", "auc_pr"), ("AUROC", "auroc"))  # fmt: skip
+# the main table's rows: label, result file, metric prefix (the detector's own metrics have none)
+MAIN_ROWS = (
+    ("**KG-Guard (GraphTransformer)**, `configs/detector.yaml` (hidden 128, 15 epochs)", "main_job", "test/"),
+    ("KG-Guard (GAT), `configs/detector_gat.yaml` (the same recipe)", "detector_gat", "test/"),
+    ("Structural baseline (logistic regression on rank, list length, degree, hops, graph size; fitted on train)",
+     "main_job", "test/structural/"),
+    ("MostFrequent (validation majority: hallucinated)", "main_job", "test/mostfrequent/"),
+    ("Random (uniform score, threshold 0.5)", "main_job", "test/random/"),
+)  # fmt: skip
+
+
+def load(name: str) -> dict:
+    """``docs/results/<name>.json``."""
+    path = RESULTS / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"{path.relative_to(ROOT)}: no such result file (write it with tools/record_run.py)") from None
+
+
+def _metric(result: dict, key: str, name: str) -> float:
+    try:
+        return float(result["metrics"][key])
+    except KeyError:
+        raise SystemExit(f"docs/results/{name}.json: no metric {key!r}") from None
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+def _verified(*names: str) -> str:
+    results = [load(n) for n in names]
+    runs = "; ".join(
+        f"`docs/results/{n}.json`: {r['date']}, commit {r.get('commit') or 'unknown'}" for n, r in zip(names, results)
+    )
+    return f"Last verified (seed 0, CPU, an empty cache, thresholds tuned on validation): {runs}."
+
+
+def main_table() -> str:
+    """The detector against the baselines on the embedded test split."""
+    main = load("main_job")
+    test = main["splits"]["test"]
+    values = [[_metric(load(name), prefix + key, name) for _, key in COLUMNS] for _, name, prefix in MAIN_ROWS]
+    best = [max(column) for column in zip(*values)]
+    lines = [
+        f"Flagging hallucinated answers among the {test['answers']:,} answer nodes that the KBQA baseline proposed for "
+        f"the {test['questions']:,} test questions ({test['hallucinated_percent']:.1f}% of them wrong):",
+        "",
+        "| detector | " + " | ".join(header for header, _ in COLUMNS) + " |",
+        "|---" * (len(COLUMNS) + 1) + "|",
+    ]
+    for (label, _, _), row in zip(MAIN_ROWS, values):
+        cells = [f"**{v:.3f}**" if f"{v:.3f}" == f"{b:.3f}" else f"{v:.3f}" for v, b in zip(row, best)]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", _verified("main_job", "detector_gat")]) + "\n"
+
+
+def main_job_time() -> str:
+    """How long the README's first command took when it was last recorded."""
+    main = load("main_job")
+    m = main["machine"]
+    text = (
+        f"On {m['cores']} CPU cores ({m['cpu']}, no GPU) the main job's `fit` took **{_duration(main['fit_seconds'])}** "
+        f"on {main['date']} from an empty cache (the benchmark, the baseline's answers and the text encodings built, "
+        f"then training and the test)"
+    )
+    if "install_seconds" in main:
+        text += f", after {_duration(main['install_seconds'])} for `tools/install.sh` on a machine whose package " \
+                "downloads were already cached"  # fmt: skip
+    text += "."
+    if "rerun" in main:
+        rerun = main["rerun"]
+        same = "the same test metrics to the last digit" if rerun["identical_metrics"] else (
+            "different test metrics (" + ", ".join(rerun["differing"]) + ")")  # fmt: skip
+        text += f" A rerun on the cache it filled took {_duration(rerun['fit_seconds'])} and gave {same}."
+    return text + " Timings on shared machines vary by up to about 40% from hour to hour.\n"
+
+
+def test_suite() -> str:
+    """How long the README's test command took when it was last recorded, and what it counted."""
+    run = load("test_suite")
+    counts = run["counts"]
+    skipped = f", {counts['skipped']:,} skipped" if counts.get("skipped") else ""
+    return (
+        f"On {run['machine']['cores']} CPU cores, `{run['command']}` ran {counts.get('passed', 0):,} tests{skipped} in "
+        f"**{_duration(run['seconds'])}** on {run['date']} (commit {run.get('commit') or 'unknown'}, "
+        f"`docs/results/test_suite.json`).\n"
+    )
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "main-table": main_table,
+    "main-job-time": main_job_time,
+    "test-suite": test_suite,
+}
+
+
+def render(text: str, page: str) -> str:
+    """``text`` with every block rewritten; an unknown block name is an error naming the page."""
+
+    def one(m: re.Match) -> str:
+        name = m["name"]
+        if name not in BLOCKS:
+            raise SystemExit(f"{page}: unknown numbers block {name!r} (known: {', '.join(BLOCKS)})")
+        return m[1] + BLOCKS[name]() + m[4]
+
+    return BLOCK.sub(one, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only say which blocks differ; exit 1 if any")
+    args = parser.parse_args(argv)
+    stale = []
+    for page in PAGES:
+        path = ROOT / page
+        text = path.read_text()
+        new = render(text, page)
+        if new == text:
+            continue
+        if args.check:
+            pairs = zip(BLOCK.finditer(text), BLOCK.finditer(new))  # render keeps the blocks and their order
+            stale += [f"{page}: block {cur['name']!r}" for old, cur in pairs if old["body"] != cur["body"]]
+        else:
+            path.write_text(new)
+            print(f"wrote {page}")
+    if stale:
+        print("not what the result files give (run python tools/docs_numbers.py):\n  " + "\n  ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

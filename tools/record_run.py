@@ -1,0 +1,188 @@
+"""Run the README's commands as a newcomer would and write what they measured to a result file, the one source of
+the numbers that README.md and the docs show (``tools/docs_numbers.py`` renders them from it).
+
+    python tools/record_run.py fit --config configs/detector.yaml --install --rerun --output docs/results/main_job.json
+    python tools/record_run.py fit --config configs/detector_gat.yaml --output docs/results/detector_gat.json
+    python tools/record_run.py tests --output docs/results/test_suite.json
+
+``fit`` starts from an empty kglightning cache (a temporary ``KGLIGHTNING_CACHE``) in a temporary working folder,
+so it builds the benchmark, the proposals and the text encodings as a fresh clone's first run does and leaves the
+repository's ``outputs/`` alone. ``--install`` first times ``bash tools/install.sh`` (on a machine where it already
+ran, that is the time of a re-install, not of a fresh one). The result file holds the command, the date, the commit,
+the machine, the wall-clock seconds, every ``test/*`` metric of the run's CSV log, and each split's counts from the
+data module's summary line. ``--rerun`` runs it a second time on the cache the first filled and records that time and
+whether the test metrics came out the same to the last digit. ``tests`` times the README's test command, ``python -m
+pytest -q``, in the repository with an empty kglightning cache and records the counts of its summary line. A run that fails, or whose log lacks the metrics, writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# DetectionStats.summary: "test: 1497 questions -> 1497 graphs, 3805 answers (70.5% hallucinated): ..."
+SPLIT_LINE = re.compile(
+    r"^(?P<split>\w+): (?P<questions>\d+) questions -> (?P<graphs>\d+) graphs, (?P<answers>\d+) answers "
+    r"\((?P<hallucinated>[\d.]+)% hallucinated\)",
+    flags=re.M,
+)
+
+
+def test_metrics(metrics_csv: Path) -> dict[str, float]:
+    """The last logged value of every ``test/*`` column of a Lightning ``CSVLogger`` file."""
+    out: dict[str, float] = {}
+    with open(metrics_csv, newline="") as f:
+        for row in csv.DictReader(f):
+            out.update({k: float(v) for k, v in row.items() if k.startswith("test/") and v not in ("", None)})
+    if not out:
+        raise SystemExit(f"{metrics_csv}: no test/* metric was logged (does the config set test_after_fit: true?)")
+    return dict(sorted(out.items()))
+
+
+def split_counts(log: str) -> dict[str, dict[str, float]]:
+    """Each split's questions, graphs, answers and hallucinated share, from the data module's summary lines (the
+    last line of a split wins)."""
+    return {
+        m["split"]: {
+            "questions": int(m["questions"]),
+            "graphs": int(m["graphs"]),
+            "answers": int(m["answers"]),
+            "hallucinated_percent": float(m["hallucinated"]),
+        }
+        for m in SPLIT_LINE.finditer(log)
+    }
+
+
+def machine() -> dict[str, object]:
+    """What the timing depends on: CPU model, cores this process may use, Python and torch versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()  # fmt: skip
+    except OSError:
+        return None
+    return (out.stdout.strip() + ("+changes" if dirty else "")) if out.returncode == 0 else None
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], log_path: Path) -> tuple[float, str]:
+    """``cmd`` with its output shown and kept; its wall-clock seconds and the output. Exits on failure."""
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+        rc = proc.wait()
+    seconds = time.perf_counter() - start
+    if rc != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed with exit status {rc}; its output is in {log_path}")
+    return seconds, log_path.read_text()
+
+
+def record_fit(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict[str, object]:
+    """The ``fit`` subcommand: the config run (and rerun) from an empty cache in ``tmp``."""
+    config = (ROOT / args.config).resolve()
+    if not config.is_file():
+        raise SystemExit(f"{args.config}: no such config")
+    result: dict[str, object] = {}
+    work = tmp / "work"
+    work.mkdir()
+    if args.install:
+        seconds, _ = _run(["bash", "tools/install.sh"], ROOT, env, tmp / "install.log")
+        result["install_seconds"] = round(seconds, 1)
+    env = {**env, "KGLIGHTNING_CACHE": str(tmp / "cache")}  # empty: the first run of a fresh clone
+    command = ["python", "-m", "kglightning", "fit", "--config", args.config]
+    seconds, output = _run([sys.executable, *command[1:5], str(config)], work, env, tmp / "run.log")
+    found = sorted(work.rglob("metrics.csv"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise SystemExit(f"the run wrote no metrics.csv under {work} (does the config use a CSVLogger?)")
+    metrics = test_metrics(found[-1])
+    if args.rerun:
+        again = tmp / "again"
+        again.mkdir()
+        rerun_seconds, _ = _run([sys.executable, *command[1:5], str(config)], again, env, tmp / "rerun.log")
+        rerun = test_metrics(sorted(again.rglob("metrics.csv"), key=lambda p: p.stat().st_mtime)[-1])
+        result["rerun"] = {
+            "fit_seconds": round(rerun_seconds, 1),
+            "identical_metrics": rerun == metrics,
+            "differing": sorted(k for k in metrics.keys() | rerun.keys() if metrics.get(k) != rerun.get(k)),
+        }
+    return {"command": " ".join(command), **_about(), "cache": "empty", **result, "fit_seconds": round(seconds, 1),
+            "splits": split_counts(output), "metrics": metrics}  # fmt: skip
+
+
+# pytest's last line: "1822 passed, 13 skipped, 2 deselected, 5 warnings in 1679.12s (0:27:59)"
+SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
+
+
+def record_tests(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict[str, object]:
+    """The ``tests`` subcommand: the README's test command in the repository, with an empty kglightning cache."""
+    command = ["python", "-m", "pytest", "-q"]
+    env = {**env, "KGLIGHTNING_CACHE": str(tmp / "cache")}
+    seconds, output = _run([sys.executable, *command[1:]], ROOT, env, tmp / "tests.log")  # exits unless all pass
+    last = [line for line in output.splitlines() if " in " in line and "passed" in line][-1:]
+    if not last:
+        raise SystemExit("pytest printed no summary line")
+    counts = {kind.rstrip("s") if kind.startswith("error") else kind: int(n) for n, kind in SUMMARY.findall(last[0])}
+    return {"command": " ".join(command), **_about(), "seconds": round(seconds, 1), "counts": counts}
+
+
+def _about() -> dict[str, object]:
+    return {"date": date.today().isoformat(), "commit": _commit(), "machine": machine()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    fit = sub.add_parser("fit", help="a fit config, from an empty cache")
+    fit.add_argument("--config", required=True, help="the fit config, relative to the repository root")
+    fit.add_argument("--install", action="store_true", help="time `bash tools/install.sh` first")
+    fit.add_argument(
+        "--rerun", action="store_true", help="run the command again on the cache the first run filled, and record its "
+        "time and whether its test metrics are the first run's to the last digit"
+    )  # fmt: skip
+    tests = sub.add_parser("tests", help="the README's test command, `python -m pytest -q`")
+    for p in (fit, tests):
+        p.add_argument("--output", required=True, type=Path, help="the result file (JSON) to write")
+    args = parser.parse_args(argv)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    with tempfile.TemporaryDirectory(prefix="kglightning-record-") as tmp:
+        result = (record_fit if args.what == "fit" else record_tests)(args, env, Path(tmp))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
