@@ -111,7 +111,7 @@ def test_suite() -> str:
     counts = run["counts"]
     skipped = f", {counts['skipped']:,} skipped" if counts.get("skipped") else ""
     return (
-        f"On {run['machine']['cores']} CPU cores, `{run['command']}` ran {counts.get('passed', 0):,} tests{skipped} in "
+        f"On {run['machine']['cores']} CPU cores, `{run['command']}` passed {counts.get('passed', 0):,} tests{skipped} in "
         f"**{_duration(run['seconds'])}** on {run['date']} (commit {run.get('commit') or 'unknown'}, "
         f"`docs/results/test_suite.json`).\n"
     )
