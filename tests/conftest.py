@@ -16,7 +16,8 @@ import pytest
 
 # under `pytest -n N` (pytest.ini) each worker computes on its share of the cores, and so do the processes its tests
 # start: N OpenMP pools of all the cores each, busy-waiting on the same cores, slow each other many times over
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+# (an OMP_NUM_THREADS the user set is kept)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) if "OMP_NUM_THREADS" not in os.environ else 0
 if _WORKERS > 1:
     _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     _THREADS = str(max(1, _CORES // _WORKERS))

@@ -2,12 +2,15 @@
 
 A block of a page between ``<!-- numbers: NAME -->`` and ``<!-- numbers: end -->`` is generated: its text is what
 :data:`BLOCKS` ``[NAME]`` renders from the result files in ``docs/results/`` (written by ``tools/record_run.py``).
+Outside the blocks (and code), a page may not hold a number that looks like a result: three decimals or a time in
+minutes and seconds (on the KG-Guard page, in its results section).
 
     python tools/docs_numbers.py           # rewrite every block from the result files
-    python tools/docs_numbers.py --check   # exit 1, naming the page and block, when one is not what it would write
+    python tools/docs_numbers.py --check   # exit 1, naming the page and block, when one is not what it would write,
+                                           # or naming a result-like number written outside the blocks
 
-``tests/test_docs.py`` runs the check, so a table edited by hand, or a result file re-recorded without its pages,
-fails the tests.
+``tests/tools/test_docs_numbers.py`` runs the check, so a table edited by hand, or a result file recorded again
+without its pages, fails the tests.
 """
 
 from __future__ import annotations
@@ -25,15 +28,21 @@ PAGES = ("README.md", "docs/index.md", "docs/methods/kg-guard.md")
 BLOCK = re.compile(r"(<!-- numbers: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- numbers: end -->)", flags=re.S)
 COLUMNS = (("F1", "f1"), ("Precision", "precision"), ("Recall", "recall"), ("Accuracy", "acc"),
            ("AUC-PR", "auc_pr"), ("AUROC", "auroc"))  # fmt: skip
-# the main table's rows: label, result file, metric prefix (the detector's own metrics have none)
+# the main table's rows: label, result file, metric prefix (the detector's own metrics have none); a detector's label
+# gains its config's width and the epochs its run trained
 MAIN_ROWS = (
-    ("**KG-Guard (GraphTransformer)**, `configs/detector.yaml` (hidden 128, 15 epochs)", "main_job", "test/"),
-    ("KG-Guard (GAT), `configs/detector_gat.yaml` (the same recipe)", "detector_gat", "test/"),
+    ("KG-Guard (GraphTransformer), `configs/detector.yaml`", "main_job", "test/"),
+    ("KG-Guard (GAT), `configs/detector_gat.yaml`", "detector_gat", "test/"),
     ("Structural baseline (logistic regression on rank, list length, degree, hops, graph size; fitted on train)",
      "main_job", "test/structural/"),
     ("MostFrequent (validation majority: hallucinated)", "main_job", "test/mostfrequent/"),
-    ("Random (uniform score, threshold 0.5)", "main_job", "test/random/"),
+    ("Random (uniform score, flagged at 0.5)", "main_job", "test/random/"),
 )  # fmt: skip
+DETECTORS, BASELINES = MAIN_ROWS[:2], MAIN_ROWS[2:]
+# numbers that only a result file may give: three decimals (a metric) or minutes and seconds (a time)
+STRAY = re.compile(r"(?<![\w.])[01]\.\d{3}(?!\d)|\b\d+ min \d+ s\b")
+# the part of a page the stray-number check reads (the whole page when not listed)
+SECTIONS = {"docs/methods/kg-guard.md": "## Results on the embedded test split"}
 
 
 def load(name: str) -> dict:
@@ -57,19 +66,35 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {rest} s" if minutes else f"{rest} s"
 
 
+def _where(result: dict) -> str:
+    machine = result["machine"]
+    return f"GPU ({machine['gpu']})" if machine.get("gpu") else f"CPU ({machine['cores']} cores, no GPU)"
+
+
 def _verified(*names: str) -> str:
     results = [load(n) for n in names]
     runs = "; ".join(
-        f"`docs/results/{n}.json`: {r['date']}, commit {r.get('commit') or 'unknown'}" for n, r in zip(names, results)
+        f"`docs/results/{n}.json`, {r['date']}, commit {r.get('commit') or 'unknown'}, seed {r['config']['seed']}, "
+        f"{_where(r)}"
+        for n, r in zip(names, results)
     )
-    return f"Last verified (seed 0, CPU, an empty cache, thresholds tuned on validation): {runs}."
+    return f"Last verified from an empty cache, each threshold tuned on validation: {runs}."
+
+
+def _label(label: str, result: dict) -> str:
+    config = result["config"]
+    return f"{label} (hidden {config['hidden_channels']}, {result['epochs_trained']} epochs trained)"
 
 
 def main_table() -> str:
-    """The detector against the baselines on the embedded test split."""
-    main = load("main_job")
-    test = main["splits"]["test"]
-    values = [[_metric(load(name), prefix + key, name) for _, key in COLUMNS] for _, name, prefix in MAIN_ROWS]
+    """The detector against the baselines on the embedded test split, and what the rows show."""
+    results = {name: load(name) for _, name, _ in MAIN_ROWS}
+    test = results["main_job"]["splits"]["test"]
+    for name, result in results.items():
+        if result["splits"].get("test") != test:
+            raise SystemExit(f"docs/results/{name}.json: its test split {result['splits'].get('test')} is not the one "
+                             f"of docs/results/main_job.json {test}; record both on the same data")  # fmt: skip
+    values = [[_metric(results[name], prefix + key, name) for _, key in COLUMNS] for _, name, prefix in MAIN_ROWS]
     best = [max(column) for column in zip(*values)]
     lines = [
         f"Flagging hallucinated answers among the {test['answers']:,} answer nodes that the KBQA baseline proposed for "
@@ -78,10 +103,30 @@ def main_table() -> str:
         "| detector | " + " | ".join(header for header, _ in COLUMNS) + " |",
         "|---" * (len(COLUMNS) + 1) + "|",
     ]
-    for (label, _, _), row in zip(MAIN_ROWS, values):
+    for i, ((label, name, _), row) in enumerate(zip(MAIN_ROWS, values)):
         cells = [f"**{v:.3f}**" if f"{v:.3f}" == f"{b:.3f}" else f"{v:.3f}" for v, b in zip(row, best)]
+        label = _label(label, results[name]) if i < len(DETECTORS) else label
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join([*lines, "", _verified("main_job", "detector_gat")]) + "\n"
+    return "\n".join([*lines, "", _findings(values), "", _verified("main_job", "detector_gat")]) + "\n"
+
+
+def _findings(values: list[list[float]]) -> str:
+    """What the table shows, in words, read from its values (as displayed: three decimals)."""
+    shown = [[round(v, 3) for v in row] for row in values]
+    detectors, baselines = shown[: len(DETECTORS)], shown[len(DETECTORS) :]
+    ahead = [h for j, (h, _) in enumerate(COLUMNS) if min(d[j] for d in detectors) > max(b[j] for b in baselines)]
+    behind = [h for h, _ in COLUMNS if h not in ahead]
+    text = ("Both detectors score above every baseline on " + ", ".join(ahead) if ahead else
+            "No metric has both detectors above every baseline")  # fmt: skip
+    if behind:
+        text += "; not on " + ", ".join(behind)
+        if "Recall" in behind:
+            text += " (flagging every answer, as MostFrequent does, has a recall of 1)"
+    first, second = detectors
+    wins = sum(a > b for a, b in zip(first, second))
+    losses = sum(a < b for a, b in zip(first, second))
+    return (f"{text}. The GraphTransformer is ahead of the GAT on {wins} of {len(COLUMNS)} metrics and behind on "
+            f"{losses} (the paper found it ahead).")  # fmt: skip
 
 
 def main_job_time() -> str:
@@ -89,20 +134,21 @@ def main_job_time() -> str:
     main = load("main_job")
     m = main["machine"]
     text = (
-        f"On {m['cores']} CPU cores ({m['cpu']}, no GPU) the main job's `fit` took **{_duration(main['fit_seconds'])}** "
+        f"On {m['cores']} CPU cores ({m['cpu']}, {'GPU ' + m['gpu'] if m.get('gpu') else 'no GPU'}) the main job's "
+        f"`fit` took **{_duration(main['fit_seconds'])}** "
         f"on {main['date']} from an empty cache (the benchmark, the baseline's answers and the text encodings built, "
         f"then training and the test)"
     )
     if "install_seconds" in main:
-        text += f", after {_duration(main['install_seconds'])} for `tools/install.sh` on a machine whose package " \
-                "downloads were already cached"  # fmt: skip
+        text += f", after {_duration(main['install_seconds'])} for `tools/install.sh` (run again on a machine that " \
+                "had the packages)"  # fmt: skip
     text += "."
     if "rerun" in main:
         rerun = main["rerun"]
         same = "the same test metrics to the last digit" if rerun["identical_metrics"] else (
             "different test metrics (" + ", ".join(rerun["differing"]) + ")")  # fmt: skip
         text += f" A rerun on the cache it filled took {_duration(rerun['fit_seconds'])} and gave {same}."
-    return text + " Timings on shared machines vary by up to about 40% from hour to hour.\n"
+    return text + " Timings on shared machines vary from hour to hour.\n"
 
 
 def test_suite() -> str:
@@ -136,6 +182,21 @@ def render(text: str, page: str) -> str:
     return BLOCK.sub(one, text)
 
 
+def stray_numbers(text: str, page: str) -> list[str]:
+    """The result-like numbers of ``text`` outside its blocks, fenced code and inline code (and, for a page in
+    :data:`SECTIONS`, outside its results section)."""
+    if page in SECTIONS:
+        start = text.find(SECTIONS[page])
+        end = text.find("\n## ", start + 1)
+        if start < 0:
+            raise SystemExit(f"{page}: no section {SECTIONS[page]!r} (docs_numbers.SECTIONS names the one to check)")
+        text = text[start : end if end > 0 else None]
+    text = BLOCK.sub("", text)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return STRAY.findall(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only say which blocks differ; exit 1 if any")
@@ -144,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     for page in PAGES:
         path = ROOT / page
         text = path.read_text()
+        stale += [f"{page}: {n!r} outside a block (a result belongs in a result file)" for n in stray_numbers(text, page)]
         new = render(text, page)
         if new == text:
             continue
@@ -154,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(new)
             print(f"wrote {page}")
     if stale:
-        print("not what the result files give (run python tools/docs_numbers.py):\n  " + "\n  ".join(stale))
+        print("the pages and the result files disagree (python tools/docs_numbers.py rewrites the blocks):\n  "
+              + "\n  ".join(stale))  # fmt: skip
         return 1
     return 0
 

@@ -7,22 +7,29 @@ the numbers that README.md and the docs show (``tools/docs_numbers.py`` renders 
 
 ``fit`` starts from an empty kglightning cache (a temporary ``KGLIGHTNING_CACHE``) in a temporary working folder,
 so it builds the benchmark, the proposals and the text encodings as a fresh clone's first run does and leaves the
-repository's ``outputs/`` alone. ``--install`` first times ``bash tools/install.sh`` (on a machine where it already
-ran, that is the time of a re-install, not of a fresh one). The result file holds the command, the date, the commit,
-the machine, the wall-clock seconds, every ``test/*`` metric of the run's CSV log, and each split's counts from the
-data module's summary line. ``--rerun`` runs it a second time on the cache the first filled and records that time and
-whether the test metrics came out the same to the last digit. ``tests`` times the README's test command, ``python -m
-pytest -q``, in the repository with an empty kglightning cache and records the counts of its summary line. A run that fails, or whose log lacks the metrics, writes nothing.
+repository's ``outputs/`` alone. ``--install`` first times ``bash tools/install.sh`` (this tool needs torch, so that is
+the time of a re-install, not of a fresh one). The result file holds the command, the date, the commit, the machine,
+the config's seed, epochs and width, the epochs trained, the wall-clock seconds, every ``test/*`` metric of the
+run's CSV log, and each split's counts from the data module's summary line. ``--rerun`` runs it a second time on
+the cache the first filled and records that time and whether the test metrics came out the same to the last digit.
+
+``tests`` times the README's test command, ``python -m pytest -q``, in the repository with an empty kglightning
+cache, and records the counts of its summary line.
+
+A run that fails, or whose log lacks the metrics or the test split's summary, writes nothing and keeps its temporary
+folder with the logs.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,6 +55,35 @@ def test_metrics(metrics_csv: Path) -> dict[str, float]:
     if not out:
         raise SystemExit(f"{metrics_csv}: no test/* metric was logged (does the config set test_after_fit: true?)")
     return dict(sorted(out.items()))
+
+
+def run_metrics(folder: Path) -> tuple[dict[str, float], int]:
+    """The ``test/*`` metrics of the one run under ``folder`` (its newest ``metrics.csv``) and the epochs it trained."""
+    found = sorted(folder.rglob("metrics.csv"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise SystemExit(f"the run wrote no metrics.csv under {folder} (does the config use a CSVLogger?)")
+    with open(found[-1], newline="") as f:
+        epochs = [int(float(row["epoch"])) for row in csv.DictReader(f) if row.get("epoch") not in ("", None)]
+    return test_metrics(found[-1]), max(epochs, default=-1) + 1
+
+
+def config_values(config: Path) -> dict[str, object]:
+    """What the pages say of the recipe: the seed, the epochs allowed and the encoder's width (``None`` if unset)."""
+    import yaml
+
+    cfg = yaml.safe_load(config.read_text()) or {}
+
+    def get(*keys: str) -> object:
+        node: object = cfg
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        return node
+
+    return {
+        "seed": get("seed_everything"),
+        "max_epochs": get("trainer", "max_epochs"),
+        "hidden_channels": get("model", "init_args", "encoder", "init_args", "hidden_channels"),
+    }
 
 
 def split_counts(log: str) -> dict[str, dict[str, float]]:
@@ -77,6 +113,7 @@ def machine() -> dict[str, object]:
     import torch
 
     return {
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cpu": cpu,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "python": platform.python_version(),
@@ -87,8 +124,9 @@ def machine() -> dict[str, object]:
 def _commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         return None
     return (out.stdout.strip() + ("+changes" if dirty else "")) if out.returncode == 0 else None
@@ -124,22 +162,23 @@ def record_fit(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict
     env = {**env, "KGLIGHTNING_CACHE": str(tmp / "cache")}  # empty: the first run of a fresh clone
     command = ["python", "-m", "kglightning", "fit", "--config", args.config]
     seconds, output = _run([sys.executable, *command[1:5], str(config)], work, env, tmp / "run.log")
-    found = sorted(work.rglob("metrics.csv"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise SystemExit(f"the run wrote no metrics.csv under {work} (does the config use a CSVLogger?)")
-    metrics = test_metrics(found[-1])
+    metrics, epochs = run_metrics(work)
+    splits = split_counts(output)
+    if "test" not in splits:
+        raise SystemExit(f"the run printed no test split summary ('test: N questions -> ...'); see {tmp / 'run.log'}")
     if args.rerun:
         again = tmp / "again"
         again.mkdir()
         rerun_seconds, _ = _run([sys.executable, *command[1:5], str(config)], again, env, tmp / "rerun.log")
-        rerun = test_metrics(sorted(again.rglob("metrics.csv"), key=lambda p: p.stat().st_mtime)[-1])
+        rerun, _ = run_metrics(again)
         result["rerun"] = {
             "fit_seconds": round(rerun_seconds, 1),
             "identical_metrics": rerun == metrics,
             "differing": sorted(k for k in metrics.keys() | rerun.keys() if metrics.get(k) != rerun.get(k)),
         }
-    return {"command": " ".join(command), **_about(), "cache": "empty", **result, "fit_seconds": round(seconds, 1),
-            "splits": split_counts(output), "metrics": metrics}  # fmt: skip
+    return {"command": " ".join(command), **_about(), "config": config_values(config), "epochs_trained": epochs,
+            "cache": "empty", **result, "fit_seconds": round(seconds, 1), "splits": splits,
+            "metrics": metrics}  # fmt: skip
 
 
 # pytest's last line: "1822 passed, 13 skipped, 2 deselected, 5 warnings in 1679.12s (0:27:59)"
@@ -151,14 +190,20 @@ def record_tests(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> di
     command = ["python", "-m", "pytest", "-q"]
     env = {**env, "KGLIGHTNING_CACHE": str(tmp / "cache")}
     seconds, output = _run([sys.executable, *command[1:]], ROOT, env, tmp / "tests.log")  # exits unless all pass
+    return {"command": " ".join(command), **_about(), "seconds": round(seconds, 1), "counts": summary_counts(output)}
+
+
+def summary_counts(output: str) -> dict[str, int]:
+    """The counts of pytest's last summary line (``1822 passed, 13 skipped, ... in 907.94s``)."""
     last = [line for line in output.splitlines() if " in " in line and "passed" in line][-1:]
     if not last:
         raise SystemExit("pytest printed no summary line")
-    counts = {kind.rstrip("s") if kind.startswith("error") else kind: int(n) for n, kind in SUMMARY.findall(last[0])}
-    return {"command": " ".join(command), **_about(), "seconds": round(seconds, 1), "counts": counts}
+    return {kind.rstrip("s") if kind.startswith("error") else kind: int(n) for n, kind in SUMMARY.findall(last[0])}
 
 
+@functools.cache
 def _about() -> dict[str, object]:
+    """The date, commit and machine, taken once: when the run starts (main calls it first)."""
     return {"date": date.today().isoformat(), "commit": _commit(), "machine": machine()}
 
 
@@ -177,8 +222,10 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--output", required=True, type=Path, help="the result file (JSON) to write")
     args = parser.parse_args(argv)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    with tempfile.TemporaryDirectory(prefix="kglightning-record-") as tmp:
-        result = (record_fit if args.what == "fit" else record_tests)(args, env, Path(tmp))
+    _about()  # the commit as the run starts, not as it ends
+    tmp = Path(tempfile.mkdtemp(prefix="kglightning-record-"))
+    result = (record_fit if args.what == "fit" else record_tests)(args, env, tmp)  # a failure keeps tmp and its logs
+    shutil.rmtree(tmp, ignore_errors=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.output}")

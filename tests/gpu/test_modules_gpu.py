@@ -51,7 +51,7 @@ def test_detector_fit_test_predict(name, gpu_trainer, device, detection_dir, tin
     assert rows and all("conformal_set" in row for row in rows)
 
 
-def test_relation_scorer_fit(gpu_trainer, device, tiny_encoder_dir):
+def test_relation_scorer_fit(gpu_trainer, device, tiny_encoder_dir, tmp_path):
     from kglightning.data.relation_pairs import RelationPair, collate_pairs
     from kglightning.modules import RelationScorer
 
@@ -59,7 +59,8 @@ def test_relation_scorer_fit(gpu_trainer, device, tiny_encoder_dir):
              for i, c in enumerate(["France", "Peru", "Japan"])
              for j, r in enumerate(["location capital", "currency used", "languages spoken"])]  # fmt: skip
     loader = DataLoader(pairs, batch_size=4, collate_fn=collate_pairs)
-    module = RelationScorer(model=tiny_encoder_dir, optimizer=partial(torch.optim.AdamW, lr=1e-3))
+    module = RelationScorer(model=tiny_encoder_dir, optimizer=partial(torch.optim.AdamW, lr=1e-3),
+                            export_dir=str(tmp_path / "encoder"))  # fmt: skip
     trainer = gpu_trainer(max_steps=4, num_sanity_val_steps=0)
     trainer.fit(module, train_dataloaders=loader, val_dataloaders=loader)
     _ran_on(trainer, device)

@@ -21,7 +21,8 @@ def test_the_gpu_tier_dry_runs_on_the_cpu(tmp_path):
     env = dict(
         os.environ, KGLIGHTNING_GPU_TIER_ON_CPU="1", KGLIGHTNING_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1"
     )
-    # as tools/gpu_check.sh: pytest.ini's options cleared (its `-n auto` needs pytest-xdist, which the GPU image may lack)
+    # as tools/gpu_check.sh: pytest.ini's options cleared, so the tier runs in one process (one GPU, timings) and needs
+    # no pytest-xdist (the device machines' own image has none; ours installs it)
     args = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-o", "addopts=", "--strict-markers", "-q",
             "-p", "no:cacheprovider", "-rA"]  # fmt: skip
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
