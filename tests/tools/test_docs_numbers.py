@@ -32,24 +32,33 @@ def copy(tmp_path, monkeypatch):
     return numbers
 
 
+def _edit(path: Path, change) -> None:
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
 def test_the_pages_show_what_the_result_files_hold():
     assert _tool("docs_numbers").main(["--check"]) == 0
 
 
-def test_every_page_has_its_blocks():
+def test_every_page_has_its_blocks_and_the_home_page_includes_the_table():
     numbers = _tool("docs_numbers")
     found = {page: [m["name"] for m in numbers.BLOCK.finditer((ROOT / page).read_text())] for page in numbers.PAGES}
     assert found == {
         "README.md": ["main-job-time", "main-table", "test-suite"],
-        "docs/index.md": ["main-job-time", "test-suite"],  # its main table is the KG-Guard page's, included
+        "docs/index.md": ["main-job-time", "test-suite"],
         "docs/methods/kg-guard.md": ["main-table"],
     }
+    # the home page's table is the KG-Guard page's, included; and what is included there is the block alone
+    assert '--8<-- "docs/methods/kg-guard.md:main-table"' in (ROOT / "docs/index.md").read_text()
+    kg_guard = (ROOT / "docs/methods/kg-guard.md").read_text()
+    included = kg_guard.split("<!-- --8<-- [start:main-table] -->\n")[1].split("<!-- --8<-- [end:main-table] -->")[0]
+    assert numbers.BLOCK.fullmatch(included.strip())
 
 
 def test_a_number_edited_by_hand_fails_the_check(copy, capsys):
     readme = copy.ROOT / "README.md"
     text = readme.read_text()
-    f1 = "%.3f" % json.loads((copy.RESULTS / "main_job.json").read_text())["metrics"]["test/f1"]
+    f1 = f"{json.loads((copy.RESULTS / 'main_job.json').read_text())['metrics']['test/f1']:.3f}"
     assert f"**{f1}**" in text
     readme.write_text(text.replace(f"**{f1}**", "**0.999**", 1))
     assert copy.main(["--check"]) == 1
@@ -58,11 +67,41 @@ def test_a_number_edited_by_hand_fails_the_check(copy, capsys):
     assert readme.read_text() == text
 
 
+@pytest.mark.parametrize(
+    ("page", "line"),
+    [
+        ("README.md", "KG-Guard reaches F1 0.999 here.\n"),
+        ("docs/index.md", "| KG-Guard | 0.999 |\n"),  # a table written where the KG-Guard page's is included
+        ("docs/index.md", "The first run took 4 min 2 s.\n"),
+        ("docs/methods/kg-guard.md", "The GAT scored 0.951.\n"),
+    ],
+)
+def test_a_result_written_outside_the_blocks_fails_the_check(copy, capsys, page, line):
+    path = copy.ROOT / page
+    text = path.read_text()
+    anchor = "## Results on the embedded test split\n"
+    at = text.index(anchor) + len(anchor) if page.endswith("kg-guard.md") else len(text)
+    path.write_text(text[:at] + "\n" + line + text[at:])
+    assert copy.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert f"{page}: " in out and "outside a block" in out
+
+
+def test_numbers_in_code_and_in_other_sections_of_the_method_page_are_not_results(copy):
+    assert copy.stray_numbers("run `sleep 0.125`\n```\nF1 0.951\n```\n", "README.md") == []
+    page = "## Results on the embedded test split\nno numbers\n## What it misses\n| 0.911 |\n"
+    assert copy.stray_numbers(page, "docs/methods/kg-guard.md") == []
+    assert copy.stray_numbers(page.replace("no numbers", "F1 0.955"), "docs/methods/kg-guard.md") == ["0.955"]
+    with pytest.raises(SystemExit, match="no section"):
+        copy.stray_numbers("## Other\n", "docs/methods/kg-guard.md")
+
+
 def test_a_result_file_recorded_again_makes_its_pages_stale(copy, capsys):
-    path = copy.RESULTS / "detector_gat.json"
-    result = json.loads(path.read_text())
-    result["metrics"]["test/auroc"] = 0.123456
-    path.write_text(json.dumps(result))
+    def change(result):
+        result["metrics"]["test/auroc"] = 0.123456
+        return result
+
+    _edit(copy.RESULTS / "detector_gat.json", change)
     assert copy.main(["--check"]) == 1
     out = capsys.readouterr().out
     assert "README.md: block 'main-table'" in out and "docs/methods/kg-guard.md: block 'main-table'" in out
@@ -71,13 +110,44 @@ def test_a_result_file_recorded_again_makes_its_pages_stale(copy, capsys):
     assert "| 0.123 |" in (copy.ROOT / "docs/methods/kg-guard.md").read_text()
 
 
-def test_the_best_value_of_each_column_is_bold(copy):
+def test_the_best_value_of_each_column_is_bold_and_the_findings_follow_the_values(copy):
+    def gat_wins(result):
+        result["metrics"] = {k: (0.9999 if k.count("/") == 1 else v) for k, v in result["metrics"].items()}
+        return result
+
+    for change in (lambda r: r, gat_wins):
+        _edit(copy.RESULTS / "detector_gat.json", change)
+        table = copy.main_table()
+        rows = [line.split(" | ")[1:] for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+        for column in zip(*rows):
+            values = [float(cell.strip(" |*")) for cell in column]
+            bold = [cell.strip(" |").startswith("**") for cell in column]
+            assert bold == [f"{v:.3f}" == f"{max(values):.3f}" for v in values]
+        assert not any(line.startswith("| **") for line in table.splitlines())  # labels are never bold
+    assert "The GraphTransformer is ahead of the GAT on 0 of 6 metrics and behind on" in table
+    assert "Both detectors score above every baseline on F1, Precision, Accuracy, AUC-PR, AUROC; not on Recall" in table
+
+
+def test_the_labels_give_each_run_s_width_epochs_seed_and_device(copy):
+    def gpu_run(result):
+        result["config"]["hidden_channels"], result["epochs_trained"], result["config"]["seed"] = 64, 7, 3
+        result["machine"]["gpu"] = "NVIDIA H200"
+        return result
+
+    _edit(copy.RESULTS / "detector_gat.json", gpu_run)
     table = copy.main_table()
-    rows = [line.split(" | ")[1:] for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    for column in zip(*rows):
-        values = [float(cell.strip(" |*")) for cell in column]
-        bold = [cell.strip(" |").startswith("**") for cell in column]
-        assert bold == [f"{v:.3f}" == f"{max(values):.3f}" for v in values]
+    assert "`configs/detector_gat.yaml` (hidden 64, 7 epochs trained)" in table
+    assert "seed 3, GPU (NVIDIA H200)" in table
+
+
+def test_results_on_another_test_split_are_refused(copy):
+    def other(result):
+        result["splits"]["test"]["answers"] += 1
+        return result
+
+    _edit(copy.RESULTS / "detector_gat.json", other)
+    with pytest.raises(SystemExit, match="detector_gat.json: its test split"):
+        copy.main_table()
 
 
 def test_unknown_block_and_missing_result_file_are_named(copy):
@@ -88,14 +158,17 @@ def test_unknown_block_and_missing_result_file_are_named(copy):
         copy.test_suite()
 
 
-def test_record_run_reads_the_metrics_and_the_split_counts(tmp_path):
+def test_record_run_reads_the_last_metrics_the_epochs_and_the_split_counts(tmp_path):
     record = _tool("record_run")
-    csv = tmp_path / "metrics.csv"
-    csv.write_text("epoch,val/f1,test/f1,test/auroc\n0,0.5,,\n1,0.6,,\n1,,0.9,0.8\n")
-    assert record.test_metrics(csv) == {"test/auroc": 0.8, "test/f1": 0.9}
-    csv.write_text("epoch,val/f1\n0,0.5\n")
+    run = tmp_path / "run" / "version_0"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text("epoch,val/f1,test/f1,test/auroc\n0,0.5,,\n1,0.6,,\n1,,0.7,0.6\n2,,0.9,0.8\n")
+    assert record.run_metrics(tmp_path / "run") == ({"test/auroc": 0.8, "test/f1": 0.9}, 3)  # the last test row
+    (run / "metrics.csv").write_text("epoch,val/f1\n0,0.5\n")
     with pytest.raises(SystemExit, match="no test/"):
-        record.test_metrics(csv)
+        record.run_metrics(tmp_path / "run")
+    with pytest.raises(SystemExit, match="no metrics.csv"):
+        record.run_metrics(tmp_path / "nothing")
     log = (
         "train: 10 questions -> 9 graphs, 20 answers (50.0% hallucinated): 20 node; excluded: ...\n"
         "test: 1497 questions -> 1497 graphs, 3805 answers (70.5% hallucinated): 3805 node (70.5% hallucinated)\n"
@@ -104,3 +177,33 @@ def test_record_run_reads_the_metrics_and_the_split_counts(tmp_path):
         "questions": 1497, "graphs": 1497, "answers": 3805, "hallucinated_percent": 70.5,
     }  # fmt: skip
     assert set(record.split_counts(log)) == {"train", "test"}
+    out = "....\n1822 passed, 13 skipped, 3 deselected, 48 warnings in 907.94s (0:15:07)\n"
+    assert record.summary_counts(out) == {"passed": 1822, "skipped": 13, "deselected": 3, "warnings": 48}
+    assert record.summary_counts("x\n2 failed, 10 passed, 1 error in 3.0s\n") == {"failed": 2, "passed": 10, "error": 1}
+    with pytest.raises(SystemExit, match="no summary"):
+        record.summary_counts("collected 0 items\n")
+
+
+def test_record_run_reads_the_recipe_from_the_config(tmp_path):
+    record = _tool("record_run")
+    assert record.config_values(ROOT / "configs" / "detector.yaml") == {
+        "seed": 0, "max_epochs": 15, "hidden_channels": 128,
+    }  # fmt: skip
+    (tmp_path / "c.yaml").write_text("trainer: {max_epochs: 2}\nmodel: 3\n")
+    assert record.config_values(tmp_path / "c.yaml") == {"seed": None, "max_epochs": 2, "hidden_channels": None}
+
+
+@pytest.mark.heavy
+def test_a_failed_run_writes_no_result_and_keeps_its_log(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  class_path: kglightning.NoSuchModule\n")
+    out = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "record_run.py"), "fit", "--config", str(bad),
+                           "--output", str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode != 0 and not out.exists()
+    log = Path(done.stderr.strip().splitlines()[-1].split("its output is in ")[1])
+    assert log.is_file() and "NoSuchModule" in log.read_text()
+    shutil.rmtree(log.parent)

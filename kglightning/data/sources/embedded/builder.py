@@ -192,6 +192,27 @@ def make_records(
     return out
 
 
+def make_parent(out_dir: Path) -> None:
+    """Create ``out_dir``'s missing parent folders: ``0700`` inside the kglightning cache (its root included, which the
+    embedded benchmark is often the first to need), with the umask's mode elsewhere.
+
+    Example:
+        >>> import os, stat, tempfile
+        >>> os.environ["KGLIGHTNING_CACHE"] = root = tempfile.mkdtemp() + "/cache"
+        >>> make_parent(Path(root) / "embedded-v1")
+        >>> oct(stat.S_IMODE(os.stat(root).st_mode))
+        '0o700'
+        >>> del os.environ["KGLIGHTNING_CACHE"]
+    """
+    from kglightning.data.store.cache import default_cache_root, private_dir
+
+    root = default_cache_root().expanduser().resolve()
+    if out_dir.parent == root or root in out_dir.parents:
+        private_dir(out_dir.parent)
+    else:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+
+
 def build_embedded_benchmark(
     out_dir: str | Path, seed: int = 0, progress: bool = True, *, replace: bool = True, workers: int | None = None
 ) -> dict[str, Path]:
@@ -209,7 +230,7 @@ def build_embedded_benchmark(
         ``{"train": ..., "validation": ..., "test": ..., "manifest": ...}`` paths.
     """
     out_dir = Path(out_dir).expanduser().resolve()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(out_dir)
     kg = build_knowledge_graph()
     questions = generate_questions(kg)
     if workers is None:
