@@ -10,7 +10,8 @@ so it builds the benchmark, the proposals and the text encodings as a fresh clon
 repository's ``outputs/`` alone. ``--install`` first times ``bash tools/install.sh`` (this tool needs torch, so that is
 the time of a re-install, not of a fresh one). The result file holds the command, the date, the commit, the machine,
 the config's seed, epochs and width, the epochs trained, the wall-clock seconds, every ``test/*`` metric of the
-run's CSV log, and each split's counts from the data module's summary line. ``--rerun`` runs it a second time on
+run's CSV log, and each split's counts from the data module's summary line; the CSV log itself is copied beside it
+(``<output>.metrics.csv``). ``--rerun`` runs it a second time on
 the cache the first filled and records that time and whether the test metrics came out the same to the last digit.
 
 ``tests`` times the README's test command, ``python -m pytest -q``, in the repository with an empty kglightning
@@ -57,14 +58,26 @@ def test_metrics(metrics_csv: Path) -> dict[str, float]:
     return dict(sorted(out.items()))
 
 
-def run_metrics(folder: Path) -> tuple[dict[str, float], int]:
-    """The ``test/*`` metrics of the one run under ``folder`` (its newest ``metrics.csv``) and the epochs it trained."""
+def metrics_file(folder: Path) -> Path:
+    """The newest ``metrics.csv`` under ``folder`` (each run has a folder of its own)."""
     found = sorted(folder.rglob("metrics.csv"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise SystemExit(f"the run wrote no metrics.csv under {folder} (does the config use a CSVLogger?)")
-    with open(found[-1], newline="") as f:
-        epochs = [int(float(row["epoch"])) for row in csv.DictReader(f) if row.get("epoch") not in ("", None)]
-    return test_metrics(found[-1]), max(epochs, default=-1) + 1
+    return found[-1]
+
+
+def run_metrics(folder: Path) -> tuple[dict[str, float], int]:
+    """The ``test/*`` metrics of the one run under ``folder`` and the epochs it trained (counted from the rows that
+    log training or validation: the test after ``fit`` logs at the epoch after the last)."""
+    path = metrics_file(folder)
+    with open(path, newline="") as f:
+        epochs = [
+            int(float(row["epoch"]))
+            for row in csv.DictReader(f)
+            if row.get("epoch") not in ("", None) and any(
+                v not in ("", None) for k, v in row.items() if k.startswith(("train", "val")))
+        ]  # fmt: skip
+    return test_metrics(path), max(epochs, default=-1) + 1
 
 
 def config_values(config: Path) -> dict[str, object]:
@@ -163,6 +176,9 @@ def record_fit(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict
     command = ["python", "-m", "kglightning", "fit", "--config", args.config]
     seconds, output = _run([sys.executable, *command[1:5], str(config)], work, env, tmp / "run.log")
     metrics, epochs = run_metrics(work)
+    log_copy = args.output.with_suffix(".metrics.csv")  # beside the result: every logged value, for a reader to check
+    log_copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(metrics_file(work), log_copy)
     splits = split_counts(output)
     if "test" not in splits:
         raise SystemExit(f"the run printed no test split summary ('test: N questions -> ...'); see {tmp / 'run.log'}")
