@@ -137,9 +137,9 @@ def machine() -> dict[str, object]:
 def _commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+        # result files written by an earlier run of this tool do not change what a run does
+        dirty = [line for line in status.splitlines() if not line[3:].startswith("docs/results/")]
     except OSError:
         return None
     return (out.stdout.strip() + ("+changes" if dirty else "")) if out.returncode == 0 else None
