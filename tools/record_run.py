@@ -11,8 +11,8 @@ repository's ``outputs/`` alone. ``--install`` first times ``bash tools/install.
 the time of a re-install, not of a fresh one). The result file holds the command, the date, the commit, the machine,
 the config's seed, epochs and width, the epochs trained, the wall-clock seconds, every ``test/*`` metric of the
 run's CSV log, and each split's counts from the data module's summary line; the CSV log itself is copied beside it
-(``<output>.metrics.csv``). ``--rerun`` runs it a second time on
-the cache the first filled and records that time and whether the test metrics came out the same to the last digit.
+(``<output>.metrics.csv``). ``--rerun`` runs it a second time on the cache the first filled and records that time
+and whether the test metrics came out the same to the last digit.
 
 ``tests`` times the README's test command, ``python -m pytest -q``, in the repository with an empty kglightning
 cache, and records the counts of its summary line.
@@ -47,14 +47,13 @@ SPLIT_LINE = re.compile(
 )
 
 
-def test_metrics(metrics_csv: Path) -> dict[str, float]:
-    """The last logged value of every ``test/*`` column of a Lightning ``CSVLogger`` file."""
+def test_metrics(rows: list[dict[str, str]], source: Path) -> dict[str, float]:
+    """The last logged value of every ``test/*`` column among the ``rows`` of a Lightning ``CSVLogger`` file."""
     out: dict[str, float] = {}
-    with open(metrics_csv, newline="") as f:
-        for row in csv.DictReader(f):
-            out.update({k: float(v) for k, v in row.items() if k.startswith("test/") and v not in ("", None)})
+    for row in rows:
+        out.update({k: float(v) for k, v in row.items() if k.startswith("test/") and v not in ("", None)})
     if not out:
-        raise SystemExit(f"{metrics_csv}: no test/* metric was logged (does the config set test_after_fit: true?)")
+        raise SystemExit(f"{source}: no test/* metric was logged (does the config set test_after_fit: true?)")
     return dict(sorted(out.items()))
 
 
@@ -71,13 +70,14 @@ def run_metrics(folder: Path) -> tuple[dict[str, float], int]:
     log training or validation: the test after ``fit`` logs at the epoch after the last)."""
     path = metrics_file(folder)
     with open(path, newline="") as f:
-        epochs = [
-            int(float(row["epoch"]))
-            for row in csv.DictReader(f)
-            if row.get("epoch") not in ("", None) and any(
-                v not in ("", None) for k, v in row.items() if k.startswith(("train", "val")))
-        ]  # fmt: skip
-    return test_metrics(path), max(epochs, default=-1) + 1
+        rows = list(csv.DictReader(f))
+    epochs = [
+        int(float(row["epoch"]))
+        for row in rows
+        if row.get("epoch") not in ("", None) and any(
+            v not in ("", None) for k, v in row.items() if k.startswith(("train", "val")))
+    ]  # fmt: skip
+    return test_metrics(rows, path), max(epochs, default=-1) + 1
 
 
 def config_values(config: Path) -> dict[str, object]:
@@ -176,9 +176,6 @@ def record_fit(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict
     command = ["python", "-m", "kglightning", "fit", "--config", args.config]
     seconds, output = _run([sys.executable, *command[1:5], str(config)], work, env, tmp / "run.log")
     metrics, epochs = run_metrics(work)
-    log_copy = args.output.with_suffix(".metrics.csv")  # beside the result: every logged value, for a reader to check
-    log_copy.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(metrics_file(work), log_copy)
     splits = split_counts(output)
     if "test" not in splits:
         raise SystemExit(f"the run printed no test split summary ('test: N questions -> ...'); see {tmp / 'run.log'}")
@@ -192,6 +189,9 @@ def record_fit(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict
             "identical_metrics": rerun == metrics,
             "differing": sorted(k for k in metrics.keys() | rerun.keys() if metrics.get(k) != rerun.get(k)),
         }
+    log_copy = args.output.with_suffix(".metrics.csv")  # beside the result: every logged value, for a reader to check
+    log_copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(metrics_file(work), log_copy)  # only once the run has passed every check, as the result file
     return {"command": " ".join(command), **_about(), "config": config_values(config), "epochs_trained": epochs,
             "cache": "empty", **result, "fit_seconds": round(seconds, 1), "splits": splits,
             "metrics": metrics}  # fmt: skip
