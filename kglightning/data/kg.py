@@ -151,6 +151,39 @@ class KGIndex:
         return cls(triples, entities=entities)
 
     @classmethod
+    def from_ids(
+        cls, entities: Sequence[str], relations: Sequence[str], head: np.ndarray, relation: np.ndarray, tail: np.ndarray
+    ) -> KGIndex:
+        """Build the index from names and id triples (``head``/``tail`` index ``entities``, ``relation`` indexes
+        ``relations``): what :meth:`entities`, :meth:`relations` and :meth:`edge_ids` give back. The names should be
+        sorted, as the index keeps its ids in name order.
+
+        Raises:
+            ValueError: repeated names, ids out of range, arrays of different lengths, or a reverse-hop relation.
+
+        Example:
+            >>> kg = KGIndex.from_triples([("France", "capital", "Paris")])
+            >>> KGIndex.from_ids(kg.entities, kg.relations, *kg.edge_ids()).triples()
+            [('France', 'capital', 'Paris')]
+        """
+        names, rel_names = list(entities), list(relations)
+        h, r, t = (np.asarray(a).astype(np.int64, copy=True).reshape(-1) for a in (head, relation, tail))
+        if not h.size == r.size == t.size:
+            raise ValueError(f"head, relation and tail hold {h.size}, {r.size} and {t.size} ids")
+        for what, ids, n in (("entity", h, len(names)), ("relation", r, len(rel_names)), ("entity", t, len(names))):
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+                raise ValueError(f"{what} ids run from {int(ids.min())} to {int(ids.max())}, beyond the {n} names")
+        bad = [x for x in rel_names if not isinstance(x, str) or is_reverse(x)]
+        if bad or not all(isinstance(x, str) for x in names):
+            raise ValueError(f"relation {bad[0]!r} is not a relation name" if bad else "an entity name is not a string")
+        kg = object.__new__(cls)
+        kg._set_names(names, rel_names)
+        if len(kg._eid) != len(names) or len(kg._rid) != len(rel_names):
+            raise ValueError("a name is repeated")
+        kg._build(h, r, t)
+        return kg
+
+    @classmethod
     def from_record(cls, record: Any) -> KGIndex:
         """Build the index from a record's ``graph`` (a :class:`~kglightning.data.records.KGQARecord`).
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kglightning.data.records import KGQARecord
 from kglightning.data.store.cache import private_dir
+from kglightning.data.store.cache_admin import writer_temporary
 
 log = logging.getLogger(__name__)
 _MISSING = object()
@@ -69,13 +70,17 @@ def save_proposals(originals: Sequence[KGQARecord], proposed: Sequence[KGQARecor
     :func:`load_proposals` is cheap."""
     path = Path(path)
     private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for before, after in zip(originals, proposed, strict=True):
-            extra = {k: v for k, v in after.extra.items() if before.extra.get(k, _MISSING) != v}
-            row = {"id": after.id, "prediction": after.prediction, "confidence": after.confidence, "extra": extra}
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    tmp = writer_temporary(path, "a proposals writer")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            for before, after in zip(originals, proposed, strict=True):
+                extra = {k: v for k, v in after.extra.items() if before.extra.get(k, _MISSING) != v}
+                row = {"id": after.id, "prediction": after.prediction, "confidence": after.confidence, "extra": extra}
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_proposals(originals: Sequence[KGQARecord], path: str | Path) -> list[KGQARecord] | None:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import socket
+import subprocess
+import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -62,25 +67,68 @@ def test_parquet_columns_and_empty_field(tmp_path):
         read_triples(p)
 
 
-def test_index_is_cached_and_rebuilt_when_the_file_changes(tmp_path):
+def test_index_is_cached_by_content_and_rebuilt_when_the_content_changes(tmp_path):
     p = write(tmp_path, "a\tr\tb\nb\ts\tc\n")
     cache = tmp_path / "cache"
     kg = load_kg(p, cache_dir=cache)
-    assert kg.num_edges == 2 and len(list(cache.glob("*.pkl"))) == 1
-    p.write_text("a\tr\tb\n", encoding="utf-8")  # changes size (and mtime): a new key
+    (cached,) = cache.glob("*.arrow")
+    assert kg.num_edges == 2 and cached.read_bytes()[:6] == b"ARROW1"  # an Arrow file, not a pickle
+    os.utime(p, ns=(10**18, 10**18))  # touched: the same content
+    copy = write(tmp_path, p.read_text(), name="copy.tsv")
+    assert load_kg(copy, cache_dir=cache).digest() == kg.digest() and list(cache.glob("*")) == [cached]
+    p.write_text("a\tr\tb\n", encoding="utf-8")  # new content: a new key
     assert load_kg(p, cache_dir=cache).num_edges == 1
-    again = load_kg(p, cache_dir=cache)  # read from the pickle
-    assert again.triples() == [("a", "r", "b")] and len(list(cache.glob("*.pkl"))) == 2
+    again = load_kg(p, cache_dir=cache)  # read from the cache
+    assert again.triples() == [("a", "r", "b")] and len(list(cache.glob("*.arrow"))) == 2
 
 
-@pytest.mark.parametrize("content", [b"", b"\x80\x04torn", pickle.dumps({"not": "an index"})])
+def _foreign_arrow() -> bytes:
+    sink = pa.BufferOutputStream()
+    table = pa.table({"x": [1]})
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _out_of_range(cached) -> bytes:
+    """The index as written, with a tail id past the last entity (a file altered by someone else)."""
+    table = pa.ipc.open_file(pa.py_buffer(cached.read_bytes())).read_all()
+    tail = pa.LargeListArray.from_arrays(pa.array([0, 2], pa.int64()), pa.array([1, 99], pa.int32()))
+    table = table.set_column(table.column_names.index("tail"), "tail", tail)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("content", ["empty", "torn", "pickle", "foreign", "out of range"])
 def test_an_unreadable_index_cache_is_rebuilt_with_a_warning(tmp_path, caplog, content):
     p = write(tmp_path, "a\tr\tb\nb\ts\tc\n")
     cache = tmp_path / "cache"
-    load_kg(p, cache_dir=cache)
-    (pkl,) = cache.glob("*.pkl")
-    pkl.write_bytes(content)  # a torn write, or another file under the name
+    kg = load_kg(p, cache_dir=cache)
+    (cached,) = cache.glob("*.arrow")
+    planted = {"empty": lambda: b"", "torn": lambda: cached.read_bytes()[:-40], "foreign": _foreign_arrow,
+               "pickle": lambda: pickle.dumps({"not": "an index"}), "out of range": lambda: _out_of_range(cached)}
+    cached.write_bytes(planted[content]())  # fmt: skip
     with caplog.at_level(logging.WARNING):
-        kg = load_kg(p, cache_dir=cache)
-    assert kg.num_edges == 2 and "cannot be read" in caplog.text
-    assert load_kg(p, cache_dir=cache).num_edges == 2  # written again, and read back
+        again = load_kg(p, cache_dir=cache)
+    assert again.triples() == kg.triples() and "cannot be read" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert load_kg(p, cache_dir=cache).triples() == kg.triples()  # written again, and read back
+    assert not caplog.text
+
+
+def test_a_kg_index_left_by_a_killed_writer_is_removed_by_the_next(tmp_path):
+    p = write(tmp_path, "a\tr\tb\n")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    load_kg(p, cache_dir=cache)
+    (cached,) = cache.glob("*.arrow")
+    orphan = cache / f".{cached.name}.{socket.gethostname()}.{int(dead.stdout)}.tmp"
+    orphan.write_bytes(b"\0" * 4096)
+    os.utime(orphan, (time.time() - 900,) * 2)  # its writer gone and nothing written for 15 minutes
+    cached.unlink()
+    load_kg(p, cache_dir=cache)  # the next writer of that index
+    assert not orphan.exists() and [f.name for f in cache.iterdir()] == [cached.name]

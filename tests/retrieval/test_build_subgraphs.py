@@ -51,7 +51,7 @@ def test_writes_records_stats_and_times(tmp_path, user_files, tiny_encoder_dir, 
     assert stats["splits"]["test"]["questions"] == 2
     printed = capsys.readouterr().out
     assert "| test | 2 |" in printed and "avg triples" in printed
-    assert list((tmp_path / "cache" / "kg").glob("kg-*.pkl"))  # the index is cached for the next run
+    assert list((tmp_path / "cache" / "kg").glob("index-*.arrow"))  # the index is cached for the next run
 
 
 def test_the_cuts_are_kept_read_back_and_cut_again_when_a_setting_changes(tmp_path, user_files, tiny_encoder_dir,

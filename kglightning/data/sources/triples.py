@@ -7,23 +7,26 @@ Formats:
 - ``.parquet``: the string columns ``head, relation, tail`` (or ``subject, predicate, object``, or ``h, r, t``).
 
 Every field must be a non-empty string; the first one that is not is reported with its file, line and field. The
-:class:`~kglightning.data.kg.KGIndex` built from the file is pickled under ``$KGLIGHTNING_CACHE/kg/``, keyed by the
-file's absolute path, size and modification time, so a KG of millions of triples is parsed and indexed once.
+:class:`~kglightning.data.kg.KGIndex` built from the file is kept under ``$KGLIGHTNING_CACHE/kg/`` as an Arrow IPC file
+(its entity and relation names and its id triples; nothing executable), named by the file's content, so a KG of
+millions of triples is parsed once; a later run reads the names and ids and rebuilds the adjacency arrays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
-import pickle
 from pathlib import Path
 
 import numpy as np
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import RecordError
-from kglightning.data.store.cache import default_cache_root, private_dir, unsafe_to_unpickle
+from kglightning.data.store.cache import default_cache_root, private_dir
+from kglightning.data.store.cache_admin import writer_temporary
+from kglightning.data.store.record_store import content_digest
 
 __all__ = ["load_kg", "read_triples"]
 
@@ -107,52 +110,92 @@ def read_triples(path: str | os.PathLike) -> list[tuple[str, str, str]]:
     raise RecordError("unsupported KG file type (expected .tsv, .txt or .parquet)", source=str(path))
 
 
-#: the version of the pickled index (bump when :class:`~kglightning.data.kg.KGIndex` changes what it holds)
-INDEX_FORMAT = 1
+#: the version of the cached index: bump when :func:`read_triples` reads a file differently or the file's layout changes
+#: (1: a pickle keyed by path and ``stat``; 2: an Arrow file keyed by content)
+INDEX_FORMAT = 2
+_SCHEMA_META = {b"kglightning": f"kg-index/{INDEX_FORMAT}".encode()}
 
 
 def _cache_file(path: Path, cache_dir: Path) -> Path:
-    st = path.stat()
-    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{INDEX_FORMAT}|numpy-{np.__version__}"
-    key = hashlib.sha1(ident.encode()).hexdigest()[:20]
-    return cache_dir / f"{path.stem}-{key}.pkl"
+    """Where the index of ``path`` is cached: named by the file's content (a copy, or a touch, finds it again)."""
+    key = hashlib.sha1(f"{INDEX_FORMAT}|{content_digest(path)}".encode()).hexdigest()[:20]
+    return cache_dir / f"index-{key}.arrow"
+
+
+def _write_index(kg: KGIndex, path: Path) -> None:
+    """Write ``kg`` as an Arrow IPC file of one row (its names and id triples, no Python object), through a temporary
+    name renamed when whole."""
+    import pyarrow as pa
+
+    def one_row(values: pa.Array) -> pa.Array:
+        return pa.LargeListArray.from_arrays(pa.array([0, len(values)], pa.int64()), values)
+
+    ids = pa.int32() if max(kg.num_entities, kg.num_relations) < 2**31 else pa.int64()
+    h, r, t = kg.edge_ids()
+    table = pa.table(
+        {
+            "entities": one_row(pa.array(kg.entities, pa.large_string())),
+            "relations": one_row(pa.array(kg.relations, pa.large_string())),
+            **{name: one_row(pa.array(a, ids)) for name, a in (("head", h), ("relation", r), ("tail", t))},
+        }
+    ).replace_schema_metadata(_SCHEMA_META)
+    private_dir(path.parent)
+    tmp = writer_temporary(path, "a KG index writer")
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _read_index(path: Path) -> KGIndex:
+    """The index :func:`_write_index` wrote at ``path``. Raises ``ValueError`` (or what Arrow raises) for a file that
+    is not one."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    if table.schema.metadata != _SCHEMA_META or table.num_rows != 1:
+        raise ValueError(f"not a kglightning KG index of format {INDEX_FORMAT}")
+    flat = {name: table.column(name).combine_chunks().values for name in table.column_names}
+    return KGIndex.from_ids(
+        flat["entities"].to_pylist(),
+        flat["relations"].to_pylist(),
+        *(flat[name].to_numpy(zero_copy_only=False) for name in ("head", "relation", "tail")),
+    )
 
 
 def load_kg(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None, use_cache: bool = True) -> KGIndex:
-    """The :class:`KGIndex` of a triples file, from the cache when the file has not changed.
+    """The :class:`KGIndex` of a triples file, from the cache when a file of the same content was indexed before.
 
     Args:
         path: a triples file (:func:`read_triples`).
-        cache_dir: where indexes are pickled (default ``$KGLIGHTNING_CACHE/kg``).
+        cache_dir: where indexes are kept (default ``$KGLIGHTNING_CACHE/kg``).
         use_cache: ``False`` reads and indexes the file without touching the cache.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"KG file {path} does not exist")
+    if not use_cache:
+        return KGIndex.from_triples(read_triples(path))
     cached = _cache_file(path, Path(cache_dir) if cache_dir is not None else default_cache_root() / "kg")
-    unsafe = unsafe_to_unpickle(cached) if use_cache and cached.is_file() else None
-    if unsafe:
-        log.warning("not loading the KG index cache %s: %s, and unpickling runs code; indexing %s again", cached,
-                    unsafe, path)  # fmt: skip
-    elif use_cache and cached.is_file():
+    if cached.is_file():
         try:
-            with open(cached, "rb") as f:
-                kg = pickle.load(f)
-            if not isinstance(kg, KGIndex):
-                raise TypeError(f"holds a {type(kg).__name__}, not a KGIndex")
-        except Exception as err:  # a torn write, another library version: the file is only a cache, rebuild it
+            kg = _read_index(cached)
+        except Exception as err:  # a torn or foreign file: the file is only a cache, rebuild it
             log.warning("KG index cache %s cannot be read (%s: %s); indexing %s again", cached,
                         type(err).__name__, err, path)  # fmt: skip
         else:
+            with contextlib.suppress(OSError):  # last used now: what `kglightning cache clean` removes last
+                os.utime(cached)
             log.info("KG %s: %s (cached index %s)", path, kg, cached)
             return kg
     kg = KGIndex.from_triples(read_triples(path))
     log.info("KG %s: %s", path, kg)
-    if use_cache and not unsafe:
-        private_dir(cached.parent)
-        tmp = cached.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "wb") as f:  # 0600 under any umask: only this user may replace what is unpickled
-            os.chmod(tmp, 0o600)
-            pickle.dump(kg, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, cached)
+    try:
+        _write_index(kg, cached)
+    except OSError as err:  # a full disk, a read-only cache: index the file again next time
+        log.warning("could not cache the KG index of %s in %s (%s)", path, cached, err)
     return kg

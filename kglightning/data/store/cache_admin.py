@@ -34,7 +34,7 @@ from pathlib import Path
 
 from kglightning.data.store.cache import default_cache_root
 
-__all__ = ["CacheEntry", "clean", "entries", "main", "remove_stale_temporaries", "stale_temporary"]
+__all__ = ["CacheEntry", "clean", "entries", "main", "remove_stale_temporaries", "stale_temporary", "writer_temporary"]
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +197,30 @@ def remove_stale_temporaries(folder: Path, pattern: str, writer: str) -> int:
         removed += 1
         log.info("removed %s, left by %s that did not finish", tmp, writer)
     return removed
+
+
+def writer_temporary(path: str | os.PathLike, writer: str) -> Path:
+    """The temporary name beside ``path`` that this process writes before renaming it to ``path``
+    (``.<name>.<host>.<pid>.tmp``, which :func:`stale_temporary` can tell is abandoned), after removing the
+    temporaries of ``path`` that killed writers left (``writer`` names them in the log) and this process's own from
+    an earlier try.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> t = writer_temporary(d / "index.arrow", "a KG index writer")
+        >>> t.parent == d, t.name.startswith(".index.arrow."), t.name.endswith(f".{os.getpid()}.tmp")
+        (True, True, True)
+    """
+    path = Path(path)
+    remove_stale_temporaries(path.parent, f".{path.name}.*.tmp", writer)
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return tmp
 
 
 def _alive(pid: int) -> bool:

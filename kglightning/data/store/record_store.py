@@ -47,7 +47,6 @@ import logging
 import math
 import os
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from itertools import chain
@@ -58,7 +57,7 @@ from filelock import FileLock, Timeout
 
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
 from kglightning.data.store.cache import default_cache_root, private_dir
-from kglightning.data.store.cache_admin import clean, remove_stale_temporaries
+from kglightning.data.store.cache_admin import clean, remove_stale_temporaries, writer_temporary
 from kglightning.data.triple_array import TripleArray, Vocab
 
 __all__ = ["dataset_store_folder", "first_reader", "load_store", "remove_store", "save_store", "store_folder"]
@@ -244,9 +243,7 @@ def save_store(records: list[KGQARecord], folder: Path) -> None:
 
     vocab: Vocab = getattr(records, "vocab", None) or Vocab()
     private_dir(folder.parent)
-    remove_orphans(folder)
-    tmp = folder.with_name(f".{folder.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = writer_temporary(folder, "a record store writer")
     tmp.mkdir(mode=0o700)
     try:
         schema = _schema()

@@ -12,8 +12,8 @@ import multiprocessing
 import os
 import random
 import shutil
+import socket
 import statistics
-import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -143,7 +143,8 @@ def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
     if out_dir.exists():
         if not replace and (out_dir / "manifest.json").exists():
             return
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}-{tmp.name[-8:]}")
+        old = out_dir.with_name(f".{out_dir.name}.old.{socket.gethostname()}.{os.getpid()}.tmp")  # see _build_folder
+        shutil.rmtree(old, ignore_errors=True)
         os.replace(out_dir, old)
         shutil.rmtree(old, ignore_errors=True)
     try:
@@ -192,6 +193,16 @@ def make_records(
     return out
 
 
+def _build_folder(out_dir: Path) -> Path:
+    """A new empty folder beside ``out_dir`` to build into (``.<name>.<host>.<pid>.tmp``), after removing the ones
+    that killed builds left there (their process gone, or a day old)."""
+    from kglightning.data.store.cache_admin import writer_temporary
+
+    tmp = writer_temporary(out_dir, "an embedded benchmark build")
+    tmp.mkdir(mode=0o700)
+    return tmp
+
+
 def make_parent(out_dir: Path) -> None:
     """Create ``out_dir``'s missing parent folders: ``0700`` inside the kglightning cache (its root included, which the
     embedded benchmark is often the first to need), with the umask's mode elsewhere.
@@ -238,7 +249,7 @@ def build_embedded_benchmark(
     records = make_records(kg, questions, seed, SubgraphConfig(), workers, progress)
     splits = split_records(records, seed)
     manifest = summarize(kg, splits, seed)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp = _build_folder(out_dir)
     try:
         for s in SPLITS:
             _write_jsonl(tmp / f"{s}.jsonl", splits[s])

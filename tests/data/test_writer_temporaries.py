@@ -1,0 +1,84 @@
+"""Every writer of the cache writes ``.<name>.<host>.<pid>.tmp`` and renames it; the next writer of the same name
+removes what a killed one left (its process gone and nothing written for ten minutes, or a day old anywhere)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kglightning.data.proposer import load_proposals, save_proposals
+from kglightning.data.records import KGQARecord
+from kglightning.data.sources.embedded import builder
+from kglightning.data.store.cache_admin import writer_temporary
+
+
+def _dead_pid() -> int:
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(out.stdout)
+
+
+def _plant(path: Path, host: str, pid: int, age_s: float, folder: bool) -> Path:
+    tmp = path.with_name(f".{path.name}.{host}.{pid}.tmp")
+    if folder:
+        tmp.mkdir()
+        (tmp / "part").write_bytes(b"\0" * 1024)
+        os.utime(tmp / "part", (time.time() - age_s,) * 2)
+    else:
+        tmp.write_bytes(b"\0" * 1024)
+    os.utime(tmp, (time.time() - age_s,) * 2)
+    return tmp
+
+
+@pytest.mark.parametrize("folder", [False, True])
+def test_writer_temporary_removes_only_what_no_writer_will_finish(tmp_path, folder):
+    target = tmp_path / "entry"
+    host, dead = socket.gethostname(), _dead_pid()
+    orphan = _plant(target, host, dead, 900, folder)  # its process gone, quiet for 15 minutes
+    recent = _plant(target, host, dead + 1 if dead + 1 != os.getpid() else dead + 2, 0, folder)  # just written
+    elsewhere = _plant(target, "another-host", os.getpid(), 900, folder)  # may still be writing over there
+    old_elsewhere = _plant(target, "old-host", 1, 2 * 86400, folder)  # a day old: gone wherever it ran
+    other_name = _plant(tmp_path / "other", host, dead, 900, folder)  # another entry's: not this writer's business
+    mine = _plant(target, host, os.getpid(), 0, folder)  # this process's own from an earlier try
+    tmp = writer_temporary(target, "a test writer")
+    assert tmp == mine and not tmp.exists()
+    assert not orphan.exists() and not old_elsewhere.exists()
+    assert recent.exists() and elsewhere.exists() and other_name.exists()
+
+
+def test_the_next_proposals_writer_removes_a_killed_ones_file(tmp_path):
+    rec = KGQARecord("q1", "question?", ["a"], ["t"], ["a"], [("t", "r", "a")])
+    path = tmp_path / "proposals.jsonl"
+    orphan = _plant(path, socket.gethostname(), _dead_pid(), 900, folder=False)
+    save_proposals([rec], [rec], path)
+    assert not orphan.exists() and load_proposals([rec], path) == [rec]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["proposals.jsonl"]
+
+
+def test_a_failed_proposals_write_leaves_no_temporary(tmp_path):
+    rec = KGQARecord("q1", "question?", ["a"], ["t"], ["a"], [("t", "r", "a")])
+    with pytest.raises(ValueError):  # zip(strict=True): fewer proposals than records
+        save_proposals([rec, rec], [rec], tmp_path / "proposals.jsonl")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_next_embedded_build_removes_a_killed_builds_folder(tmp_path):
+    out = tmp_path / "embedded-v1"
+    orphan = _plant(out, socket.gethostname(), _dead_pid(), 900, folder=True)
+    aside = out.with_name(f".{out.name}.old.{socket.gethostname()}.{_dead_pid()}.tmp")  # moved aside, then killed
+    aside.mkdir()
+    os.utime(aside, (time.time() - 900,) * 2)
+    tmp = builder._build_folder(out)
+    (tmp / "manifest.json").write_text("{}", encoding="utf-8")
+    builder._publish(tmp, out, replace=True)
+    assert not orphan.exists() and not aside.exists() and (out / "manifest.json").is_file()
+    again = builder._build_folder(out)  # a second build replaces the first: the old one is moved aside and removed
+    (again / "manifest.json").write_text('{"v": 2}', encoding="utf-8")
+    builder._publish(again, out, replace=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["embedded-v1"]
+    assert (out / "manifest.json").read_text(encoding="utf-8") == '{"v": 2}'
