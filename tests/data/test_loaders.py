@@ -40,10 +40,11 @@ def write_jsonl(path, rows, raw_lines=()):
 
 
 @pytest.fixture(autouse=True)
-def hf_cache(tmp_path, monkeypatch):
+def hf_cache(tmp_path, tmp_path_factory, monkeypatch):
     datasets = pytest.importorskip("datasets")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path_factory.mktemp("cache")))  # each test reads its files afresh
 
 
 def test_write_then_read_jsonl(tmp_path):

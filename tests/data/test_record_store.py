@@ -41,6 +41,28 @@ def store_env(tmp_path, monkeypatch):
     return path
 
 
+@pytest.fixture
+def parses(monkeypatch) -> list:
+    """One entry per parse of a file (a read that did not come from a store)."""
+    from kglightning.data.sources import loaders
+
+    real, calls = loaders._read, []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loaders, "_read", counted)
+    return calls
+
+
+def _parsed(path, monkeypatch, **kw):
+    """The records as the file holds them, parsed without the store (what every store read must give back)."""
+    with monkeypatch.context() as m:
+        m.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "off")
+        return read_records(path, **kw)
+
+
 def _mapped(records) -> bool:
     def base(a):
         while a is not None and not isinstance(a, np.memmap):
@@ -50,12 +72,15 @@ def _mapped(records) -> bool:
     return all(base(r.graph.ids) is not None for r in records if len(r.graph))
 
 
-def test_a_second_read_loads_the_store_with_mapped_graphs(store_env):
-    first = read_records(store_env, on_bad_record="skip")
+def test_a_second_read_loads_the_store_with_mapped_graphs(store_env, parses, monkeypatch):
+    first = _parsed(store_env, monkeypatch, on_bad_record="skip")
+    stored = read_records(store_env, on_bad_record="skip")  # parses, stores, and gives the records as stored
     folder = store_folder(store_env, None, "skip", None)
-    assert folder is not None and (folder / "meta.json").is_file() and not _mapped(first)
+    assert folder is not None and (folder / "meta.json").is_file() and not _mapped(first) and _mapped(stored)
     again = read_records(store_env, on_bad_record="skip")
-    assert _mapped(again) and list(again) == list(first)
+    assert len(parses) == 2 and _mapped(again) and list(again) == list(first) == list(stored)  # 2: first and stored
+    assert [str(e) for e in stored.skipped] == [str(e) for e in first.skipped]
+    assert (stored.empty_graph, stored.unknown_topic) == (first.empty_graph, first.unknown_topic)
     assert [r.graph.tolist() for r in again] == [r.graph.tolist() for r in first]
     assert again[2].extra == {"note": {"k": [1, 2]}} and again[2].confidence == [0.7, 0.7]
     assert again[2].prediction_paths == [[["e2", "r", "e3"]], []] and again[0].prediction_paths is None
@@ -84,14 +109,17 @@ def test_other_arguments_and_a_changed_file_are_other_stores(store_env):
     assert read_records(store_env, on_bad_record="skip")[0].question == "question zero?"
 
 
-def test_a_torn_store_is_read_again_and_rewritten(store_env, caplog):
-    first = read_records(store_env, on_bad_record="skip")
+def test_a_torn_store_is_read_again_and_rewritten(store_env, caplog, parses, monkeypatch):
+    first = _parsed(store_env, monkeypatch, on_bad_record="skip")
+    read_records(store_env, on_bad_record="skip")
     folder = store_folder(store_env, None, "skip", None)
-    (folder / "records.arrow").write_bytes(b"not an arrow stream")
+    torn = folder / "torn"
+    torn.write_bytes(b"not an arrow stream")
+    os.replace(torn, folder / "records.arrow")
     with caplog.at_level(logging.WARNING):
         again = read_records(store_env, on_bad_record="skip")
-    assert "cannot be read" in caplog.text and list(again) == list(first) and not _mapped(again)
-    assert _mapped(read_records(store_env, on_bad_record="skip"))  # written again
+    assert "cannot be read" in caplog.text and list(again) == list(first) and len(parses) == 3  # parsed again
+    assert list(read_records(store_env, on_bad_record="skip")) == list(first) and len(parses) == 3  # written again
 
 
 def test_small_files_and_off_are_not_stored(store_env, monkeypatch):
@@ -229,7 +257,7 @@ def test_processes_reading_a_new_file_at_once_parse_it_once(store_env, monkeypat
     parsers = marks.read_text().split()
     assert len(parsers) == 1  # one process parsed the file
     assert all(ids == got[0][1] for _, ids, _ in got) and len(got[0][1]) == 6
-    assert sorted(str(pid) for pid, _, mapped in got if not mapped) == parsers  # the others loaded its store
+    assert all(mapped for _, _, mapped in got)  # the parser too gives the records as its store holds them
 
 
 def _lock_of(store_env):
@@ -252,7 +280,7 @@ def test_an_existing_store_is_loaded_without_waiting_for_the_lock(store_env, mon
         assert not reader.is_alive() and _mapped(box["r"]) and list(box["r"]) == list(first)
 
 
-def test_when_the_lock_holder_writes_no_store_the_waiting_reader_parses_the_file(store_env, caplog):
+def test_when_the_lock_holder_writes_no_store_the_waiting_reader_parses_the_file(store_env, caplog, parses):
     lock = _lock_of(store_env)
     box: dict = {}
     caplog.set_level(logging.INFO, logger="kglightning.data.store.record_store")
@@ -266,7 +294,7 @@ def test_when_the_lock_holder_writes_no_store_the_waiting_reader_parses_the_file
     assert "waiting for it" in caplog.text and reader.is_alive()
     lock.release()  # gone, no store written
     reader.join(timeout=30)
-    assert not reader.is_alive() and len(box["r"]) == 6 and not _mapped(box["r"])  # parsed, not loaded
+    assert not reader.is_alive() and len(box["r"]) == 6 and len(parses) == 1  # parsed, not loaded
     assert (store_folder(store_env, None, "skip", None) / "meta.json").is_file()  # and stored for the next read
 
 
@@ -301,7 +329,7 @@ def test_a_wait_of_zero_takes_no_lock(store_env, monkeypatch, caplog):
     assert "lock" not in caplog.text
 
 
-def test_a_dataset_folder_is_stored_by_its_fingerprint(tmp_path, monkeypatch):
+def test_a_dataset_folder_is_stored_by_its_fingerprint(tmp_path, monkeypatch, parses):
     """A split of a ``datasets`` folder (as a hub dataset is read) is validated once, then loaded from the store;
     other data saved at the same place has another fingerprint, so another store."""
     import datasets
@@ -314,7 +342,7 @@ def test_a_dataset_folder_is_stored_by_its_fingerprint(tmp_path, monkeypatch):
                          ).save_to_disk(str(folder))  # fmt: skip
     first = read_records(folder, split="train")
     again = read_records(folder, split="train")
-    assert not _mapped(first) and _mapped(again) and list(again) == list(first) and again.split == "train"
+    assert len(parses) == 1 and _mapped(again) and list(again) == list(first) and again.split == "train"
     assert [r.id for r in read_records(folder, split="test")] == ["q3"]
     shutil.rmtree(folder)
     datasets.DatasetDict({"train": datasets.Dataset.from_list([_row(7)])}).save_to_disk(str(folder))

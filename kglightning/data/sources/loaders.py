@@ -309,6 +309,10 @@ def _read_and_store(
         except Exception as err:  # a full or read-only cache, a value JSON cannot hold: go on without it
             logger.warning("could not keep the records of %s in %s (%s: %s); the next run reads the file again",
                            out.source, folder, type(err).__name__, err)  # fmt: skip
+        else:  # the first read gives what every later one will: the records as the store holds them
+            stored = _stored(folder, path, split, announce=False)
+            if stored is not None:
+                return stored
     return out
 
 
@@ -328,9 +332,10 @@ def _dataset_folder(
     return opened, dataset_store_folder(str(ds._fingerprint), int(data.nbytes), opened[2], on_bad_record, limit)
 
 
-def _stored(folder: Path, path: str | os.PathLike, split: str | None) -> RecordList | None:
+def _stored(folder: Path, path: str | os.PathLike, split: str | None, announce: bool = True) -> RecordList | None:
     """The records stored in ``folder`` (:mod:`~kglightning.data.store.record_store`), or ``None`` (none, or unreadable:
-    moved out of the way, and the file is read again)."""
+    moved out of the way, and the file is read again); ``announce`` logs where they came from (not on the first
+    read, which has just written them)."""
     if not (folder / "meta.json").is_file():
         return None
     out = RecordList()
@@ -347,7 +352,8 @@ def _stored(folder: Path, path: str | os.PathLike, split: str | None) -> RecordL
                        type(err).__name__, err)  # fmt: skip
         remove_store(folder)
         return None
-    logger.info("read %d records of %s from %s", len(out), out.source, folder)
+    if announce:
+        logger.info("read %d records of %s from %s", len(out), out.source, folder)
     return out
 
 

@@ -2,9 +2,10 @@
 
 Parsing and validating a RoG file is the slowest step of a run at full size (CWQ's training split, 7 GB of
 jsonl, takes about 20 minutes on 2 cores) and its graphs are most of the memory a run holds. So the first
-:func:`~kglightning.data.sources.loaders.read_records` of a local file of at least ``KGLIGHTNING_RECORD_STORE_MIN_MB``
-(default 64) MB writes what it read to ``$KGLIGHTNING_CACHE/records/<key>/``, as Apache Arrow IPC streams written
-with ordinary file writes (the format of ``datasets``' cache files):
+:func:`~kglightning.data.sources.loaders.read_records` of a local file (of at least ``KGLIGHTNING_RECORD_STORE_MIN_MB``
+MB, default 0: every file) writes what it read to ``$KGLIGHTNING_CACHE/records/<key>/``, as Apache Arrow IPC streams
+written with ordinary file writes (the format of ``datasets``' cache files), and gives back the records as the store
+holds them, as every later read does:
 
 * ``records.arrow``: one row per record: ``id``, ``question``, ``answer``, ``q_entity``, ``a_entity``,
   ``prediction``, ``confidence`` and ``prediction_paths`` as Arrow strings and lists, ``graph`` as a list of
@@ -23,9 +24,11 @@ finds the same store. Later reads load the store: the graphs are views of a read
 ``records.arrow`` (:class:`~kglightning.data.triple_array.TripleArray`), and the vocabulary stays in Arrow's flat
 buffers (:meth:`~kglightning.data.triple_array.Vocab.from_arrow`), so a question's triples are read from disk when
 a stage first looks at them and can be paged out again. ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
+The store's files are never written in place (a changed file is a new store), so records read earlier keep their
+graphs; a file someone rewrites in place under a running process changes that process's graphs.
 
 A store is written into ``.<key>.<host>.<pid>.tmp`` and renamed when whole; a writer first removes the temporary
-folders that killed writers left for its key (their process gone, or a day old). A write that fails (a full disk, a
+folders that killed writers left for its key (:func:`~kglightning.data.store.cache_admin.writer_temporary`). A write that fails (a full disk, a
 value JSON cannot hold) leaves nothing behind and the records are returned as read, with a warning. The cache
 folders are created ``0700``.
 
@@ -69,7 +72,7 @@ _BATCH_RECORDS, _BATCH_TRIPLES = 1024, 1 << 22  # a record batch ends at whichev
 
 
 def _min_bytes() -> int | None:
-    value = os.environ.get("KGLIGHTNING_RECORD_STORE_MIN_MB", "64").strip().lower()
+    value = os.environ.get("KGLIGHTNING_RECORD_STORE_MIN_MB", "0").strip().lower()
     if value in ("off", "none", "no", "false"):
         return None
     try:
