@@ -58,6 +58,7 @@ EXTRAS = {
         "mkdocs-autorefs==1.4.5",
         "griffelib==2.4.1",
         "ruff>=0.17,<0.18",  # mkdocstrings-python formats long signatures with it (one line each without it)
+        "mike==2.2.0",  # the versioned site (tools/versioned_docs.sh)
     ],
 }
 EXTRAS["all"] = sorted({*EXTRAS["cpu"], *EXTRAS["wandb"], *EXTRAS["test"], *EXTRAS["docs"]})
