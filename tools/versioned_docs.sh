@@ -7,6 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 branch="${1:-docs-site}"
+if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  echo "versioned site: skipped ($PWD is not a git clone, and mike commits the site to a branch)"
+  exit 0
+fi
 version=$(python -c "import kglightning; print('.'.join(kglightning.__version__.split('.')[:2]))")
 export GIT_AUTHOR_NAME="${GIT_AUTHOR_NAME:-kglightning docs}"
 export GIT_AUTHOR_EMAIL="${GIT_AUTHOR_EMAIL:-docs@kglightning.invalid}"
