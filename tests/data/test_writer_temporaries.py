@@ -82,3 +82,12 @@ def test_the_next_embedded_build_removes_a_killed_builds_folder(tmp_path):
     builder._publish(again, out, replace=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["embedded-v1"]
     assert (out / "manifest.json").read_text(encoding="utf-8") == '{"v": 2}'
+
+
+def test_a_name_with_glob_characters_finds_its_own_temporaries_only(tmp_path):
+    target = tmp_path / "run[1]*.jsonl"
+    dead = _dead_pid()
+    orphan = _plant(target, socket.gethostname(), dead, 900, folder=False)
+    lookalike = _plant(tmp_path / "run1x.jsonl", socket.gethostname(), dead, 900, folder=False)  # what run[1]* matches
+    writer_temporary(target, "a test writer")
+    assert not orphan.exists() and lookalike.exists()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import logging
 import os
 import shutil
@@ -213,7 +214,7 @@ def writer_temporary(path: str | os.PathLike, writer: str) -> Path:
         (True, True, True)
     """
     path = Path(path)
-    remove_stale_temporaries(path.parent, f".{path.name}.*.tmp", writer)
+    remove_stale_temporaries(path.parent, f".{glob.escape(path.name)}.*.tmp", writer)
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     if tmp.is_dir() and not tmp.is_symlink():
         shutil.rmtree(tmp, ignore_errors=True)
