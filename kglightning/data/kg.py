@@ -155,11 +155,12 @@ class KGIndex:
         cls, entities: Sequence[str], relations: Sequence[str], head: np.ndarray, relation: np.ndarray, tail: np.ndarray
     ) -> KGIndex:
         """Build the index from names and id triples (``head``/``tail`` index ``entities``, ``relation`` indexes
-        ``relations``): what :meth:`entities`, :meth:`relations` and :meth:`edge_ids` give back. The names should be
-        sorted, as the index keeps its ids in name order.
+        ``relations``): what :meth:`entities`, :meth:`relations` and :meth:`edge_ids` give back. The names must be
+        sorted and distinct, as the index keeps its ids in name order (its digest and queries depend on it).
 
         Raises:
-            ValueError: repeated names, ids out of range, arrays of different lengths, or a reverse-hop relation.
+            ValueError: names not sorted or repeated, ids out of range, arrays of different lengths, or a reverse-hop
+                relation.
 
         Example:
             >>> kg = KGIndex.from_triples([("France", "capital", "Paris")])
@@ -176,10 +177,11 @@ class KGIndex:
         bad = [x for x in rel_names if not isinstance(x, str) or is_reverse(x)]
         if bad or not all(isinstance(x, str) for x in names):
             raise ValueError(f"relation {bad[0]!r} is not a relation name" if bad else "an entity name is not a string")
+        for what, seq in (("entity", names), ("relation", rel_names)):
+            if any(a >= b for a, b in zip(seq, seq[1:])):
+                raise ValueError(f"the {what} names are not sorted and distinct")
         kg = object.__new__(cls)
         kg._set_names(names, rel_names)
-        if len(kg._eid) != len(names) or len(kg._rid) != len(rel_names):
-            raise ValueError("a name is repeated")
         kg._build(h, r, t)
         return kg
 

@@ -186,6 +186,7 @@ def stored(tmp_path, monkeypatch):
 
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    monkeypatch.setattr("kglightning.data.store.record_store.MAP_FROM_BYTES", 0)  # mapped as a large store is
     path = tmp_path / "train.jsonl"
     rows = [
         {"id": f"q{i}", "question": f"q {i}?", "answer": ["e1"], "q_entity": [f"t{i}"], "a_entity": ["e1"],

@@ -10,12 +10,14 @@ import shutil
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.sources.loaders import read_records
+from kglightning.data.store import record_store
 from kglightning.data.store.record_store import store_folder
 
 
@@ -29,6 +31,7 @@ def _row(i: int, **kw) -> dict:
 def store_env(tmp_path, monkeypatch):
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    monkeypatch.setattr(record_store, "MAP_FROM_BYTES", 0)  # mapped as a large store is
     path = tmp_path / "train.jsonl"
     rows = [_row(i) for i in range(6)]
     rows[2] = _row(2, prediction=["e3", "e3"], confidence=[0.7, 0.7], prediction_paths=[[["e2", "r", "e3"]], []],
@@ -336,6 +339,7 @@ def test_a_dataset_folder_is_stored_by_its_fingerprint(tmp_path, monkeypatch, pa
 
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    monkeypatch.setattr(record_store, "MAP_FROM_BYTES", 0)
     folder = tmp_path / "rog"
     rows = [_row(i) for i in range(4)]
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:3]), "test": datasets.Dataset.from_list(rows[3:])}
@@ -347,3 +351,34 @@ def test_a_dataset_folder_is_stored_by_its_fingerprint(tmp_path, monkeypatch, pa
     shutil.rmtree(folder)
     datasets.DatasetDict({"train": datasets.Dataset.from_list([_row(7)])}).save_to_disk(str(folder))
     assert [r.id for r in read_records(folder, split="train")] == ["q7"]
+
+
+def test_the_records_of_many_small_files_hold_no_file_descriptors(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    fds = Path("/proc/self/fd")
+    if not fds.is_dir():
+        pytest.skip("no /proc/self/fd to count descriptors on this system")
+    paths = []
+    for i in range(40):
+        paths.append(tmp_path / f"part{i}.jsonl")
+        paths[-1].write_text(json.dumps(_row(i)) + "\n", encoding="utf-8")
+    kept = [read_records(p) for p in paths]  # first reads: parsed, stored, loaded back
+    before = len(list(fds.iterdir()))
+    kept += [read_records(p) for p in paths]  # later reads: from the stores
+    assert len(list(fds.iterdir())) - before < 5 and all(len(r) == 1 for r in kept)
+    assert all(not _mapped(r) for r in kept) and kept[40][0].graph.tolist() == kept[0][0].graph.tolist()
+
+
+def test_a_cache_that_cannot_be_written_warns_once_per_file_not_at_every_read(store_env, monkeypatch, caplog):
+    def read_only(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(record_store, "private_dir", read_only)  # what a read-only cache gives every writer
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(3):
+            assert len(read_records(store_env, on_bad_record="skip")) == 6
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert sum("no lock for the record store" in m for m in warned) == 1
+    assert sum("could not keep the records" in m for m in warned) == 1
+    later = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert sum("could not keep the records" in m for m in later) == 2  # still said, at DEBUG

@@ -38,6 +38,7 @@ def cache(tmp_path, monkeypatch) -> Path:
     root = tmp_path / "cache"
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
     monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    monkeypatch.setattr(record_store, "MAP_FROM_BYTES", 0)  # mapped as a large store is
     return root
 
 
@@ -98,6 +99,11 @@ def test_no_pickle_is_read_from_the_kg_index_cache(cache, tmp_path, caplog):
     marker = tmp_path / "planted"
     cached.write_bytes(pickle.dumps(_Plant(marker)))  # a pickle under the index's own name
     os.chmod(cached, 0o666)
+    with caplog.at_level(logging.WARNING):
+        again = load_kg(kg_file)
+    assert not marker.exists() and "writable by other users" in caplog.text and again.triples() == kg.triples()
+    os.chmod(cached, 0o600)  # this user's own file, planted all the same: read as Arrow, refused, rebuilt
+    caplog.clear()
     with caplog.at_level(logging.WARNING):
         again = load_kg(kg_file)
     assert not marker.exists() and "cannot be read" in caplog.text

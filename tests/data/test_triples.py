@@ -132,3 +132,18 @@ def test_a_kg_index_left_by_a_killed_writer_is_removed_by_the_next(tmp_path):
     cached.unlink()
     load_kg(p, cache_dir=cache)  # the next writer of that index
     assert not orphan.exists() and [f.name for f in cache.iterdir()] == [cached.name]
+
+
+def test_an_unsupported_file_type_is_refused_even_when_its_content_was_indexed(tmp_path):
+    load_kg(write(tmp_path, "a\tr\tb\n"), cache_dir=tmp_path / "cache")
+    same = write(tmp_path, "a\tr\tb\n", name="kg.csv")  # the same bytes under a type read_triples refuses
+    with pytest.raises(RecordError, match="unsupported KG file type"):
+        load_kg(same, cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("names", [["b", "a"], ["a", "a"]])
+def test_from_ids_refuses_names_out_of_order(names):
+    from kglightning.data.kg import KGIndex
+
+    with pytest.raises(ValueError, match="not sorted and distinct"):
+        KGIndex.from_ids(names, ["r"], [0], [0], [1])

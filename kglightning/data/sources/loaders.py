@@ -46,6 +46,7 @@ from kglightning.data.store.record_store import (
     remove_store,
     save_store,
     store_folder,
+    warn_once,
 )
 from kglightning.data.triple_array import Vocab, graph_nodes
 
@@ -307,8 +308,8 @@ def _read_and_store(
         try:
             save_store(out, folder)
         except Exception as err:  # a full or read-only cache, a value JSON cannot hold: go on without it
-            logger.warning("could not keep the records of %s in %s (%s: %s); the next run reads the file again",
-                           out.source, folder, type(err).__name__, err)  # fmt: skip
+            warn_once("not kept", folder, "could not keep the records of %s in %s (%s: %s); the next run reads the "
+                      "file again", out.source, folder, type(err).__name__, err)  # fmt: skip
         else:  # the first read gives what every later one will: the records as the store holds them
             stored = _stored(folder, path, split, announce=False)
             if stored is not None:

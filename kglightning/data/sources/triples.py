@@ -24,7 +24,7 @@ import numpy as np
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import RecordError
-from kglightning.data.store.cache import default_cache_root, private_dir
+from kglightning.data.store.cache import default_cache_root, private_dir, untrusted
 from kglightning.data.store.cache_admin import writer_temporary
 from kglightning.data.store.record_store import content_digest
 
@@ -82,6 +82,9 @@ def _read_parquet(path: Path) -> list[tuple[str, str, str]]:
     columns = [table.column(c).to_pylist() for c in cols]
     _check(columns, str(path), 0)
     return list(zip(*columns, strict=True))
+
+
+_SUFFIXES = (".tsv", ".txt", ".parquet")
 
 
 def read_triples(path: str | os.PathLike) -> list[tuple[str, str, str]]:
@@ -178,9 +181,13 @@ def load_kg(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"KG file {path} does not exist")
-    if not use_cache:
+    if not use_cache or path.suffix.lower() not in _SUFFIXES:  # (an unsupported type: read_triples says so)
         return KGIndex.from_triples(read_triples(path))
     cached = _cache_file(path, Path(cache_dir) if cache_dir is not None else default_cache_root() / "kg")
+    refused = untrusted(cached) if cached.is_file() else None
+    if refused:
+        log.warning("not reading the KG index cache %s: %s; indexing %s again", cached, refused, path)
+        return KGIndex.from_triples(read_triples(path))
     if cached.is_file():
         try:
             kg = _read_index(cached)

@@ -36,6 +36,40 @@ def private_dir(path: str | os.PathLike) -> Path:
     return p
 
 
+def untrusted(path: str | os.PathLike) -> str | None:
+    """Why the cache file at ``path`` must not be read, or ``None``: a file is read only when it and every folder up to
+    the cache root are owned by this user (or root) and writable by no one else, so that no other user can plant a
+    file that a run takes for its own (a wrong KG, or an Arrow file that decompresses to gigabytes).
+
+    Example:
+        >>> import tempfile
+        >>> d = private_dir(Path(tempfile.mkdtemp()) / "kg")
+        >>> f = d / "index.arrow"
+        >>> _ = f.write_bytes(b"")
+        >>> os.chmod(f, 0o600); untrusted(f) is None
+        True
+        >>> os.chmod(f, 0o666); untrusted(f).endswith("is writable by other users")
+        True
+    """
+    if not hasattr(os, "getuid"):  # no POSIX permissions to read (Windows): trust the user's own profile folder
+        return None
+    me = os.getuid()
+    p = Path(path).resolve()
+    root = default_cache_root().resolve()
+    chain = [p, *p.parents]
+    if root in chain:
+        chain = chain[: chain.index(root) + 1]
+    else:  # a cache_dir outside the cache root: its own folder and the file
+        chain = chain[:2]
+    for q in chain:
+        st = q.stat()
+        if st.st_uid not in (me, 0):
+            return f"{q} belongs to another user (uid {st.st_uid})"
+        if st.st_mode & 0o022 and not (q.is_dir() and st.st_mode & 0o1000):  # a sticky folder (/tmp) is fine
+            return f"{q} is writable by other users"
+    return None
+
+
 def files_stamp(path: str | os.PathLike) -> str:
     """A short hash of what is at ``path`` now: every file's relative name, size and modification time.
 

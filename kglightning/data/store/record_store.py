@@ -21,7 +21,8 @@ The key is the file's *content* (a BLAKE2 digest, remembered per path and ``stat
 is not hashed again), :data:`FORMAT`, :data:`~kglightning.data.records.VALIDATION_VERSION`, ``on_bad_record`` and
 ``limit`` (and ``split`` for a ``.json`` file, the one local format that holds several): touching or copying a file
 finds the same store. Later reads load the store: the graphs are views of a read-only memory map of
-``records.arrow`` (:class:`~kglightning.data.triple_array.TripleArray`), and the vocabulary stays in Arrow's flat
+``records.arrow`` (of a copy in memory for a file under :data:`MAP_FROM_BYTES`, so that the records of many small
+files hold no file descriptors) (:class:`~kglightning.data.triple_array.TripleArray`), and the vocabulary stays in Arrow's flat
 buffers (:meth:`~kglightning.data.triple_array.Vocab.from_arrow`), so a question's triples are read from disk when
 a stage first looks at them and can be paged out again. ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
 The store's files are never written in place (a changed file is a new store), so records read earlier keep their
@@ -63,12 +64,32 @@ from kglightning.data.store.cache import default_cache_root, private_dir
 from kglightning.data.store.cache_admin import clean, remove_stale_temporaries, writer_temporary
 from kglightning.data.triple_array import TripleArray, Vocab
 
-__all__ = ["dataset_store_folder", "first_reader", "load_store", "remove_store", "save_store", "store_folder"]
+__all__ = [
+    "dataset_store_folder",
+    "first_reader",
+    "load_store",
+    "remove_store",
+    "save_store",
+    "store_folder",
+    "warn_once",
+]
 
 log = logging.getLogger(__name__)
 
 FORMAT = 3  # 3: Arrow IPC streams, keyed by content (2: npy + pickle, keyed by path and stat)
 _BATCH_RECORDS, _BATCH_TRIPLES = 1024, 1 << 22  # a record batch ends at whichever comes first
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(kind: str, folder: Path, msg: str, *args: object) -> None:
+    """Log ``msg`` as a WARNING the first time this process meets ``kind`` for the store ``folder``, at DEBUG after
+    (a read-only cache, or records the store cannot keep, would otherwise warn at every read of every file)."""
+    key = (kind, str(folder))
+    level = logging.DEBUG if key in _warned else logging.WARNING
+    _warned.add(key)
+    log.log(level, msg, *args)
 
 
 def _min_bytes() -> int | None:
@@ -285,17 +306,27 @@ def save_store(records: list[KGQARecord], folder: Path) -> None:
     _cap(folder)
 
 
-def _mapped(path: Path) -> tuple[np.memmap, object]:
-    """A read-only memory map of an Arrow stream file and its reader over the map (zero-copy)."""
+#: store files from this size on are memory-mapped; smaller ones are read into memory: a map holds a file descriptor
+#: for as long as the records live, and a run may hold the records of hundreds of small files
+MAP_FROM_BYTES = 16 * 2**20
+
+
+def _mapped(path: Path) -> tuple[np.ndarray, object]:
+    """The bytes of an Arrow stream file, a read-only memory map from :data:`MAP_FROM_BYTES` on (else read into
+    memory), and its reader over them (zero-copy)."""
     import pyarrow as pa
 
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    if path.stat().st_size >= MAP_FROM_BYTES:
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+    else:
+        raw = np.fromfile(path, dtype=np.uint8)
+        raw.flags.writeable = False
     return raw, pa.ipc.open_stream(pa.py_buffer(raw))
 
 
-def _triples(raw: np.memmap, graph) -> np.ndarray:
+def _triples(raw: np.ndarray, graph) -> np.ndarray:
     """The ``(n, 3)`` ``int32`` triples of a batch's ``graph`` column, as a view of ``raw`` (so that
-    :func:`~kglightning.data.store.mapped_pages.release_array` can give their pages back)."""
+    :func:`~kglightning.data.store.mapped_pages.release_array` can give their pages back when it is a map)."""
     fixed = graph.values
     values = fixed.values
     buf = values.buffers()[1]
@@ -423,8 +454,8 @@ def first_reader(folder: Path, source: str | os.PathLike) -> Iterator[str]:
                                 "(a lock left behind on a network file system), restart with "
                                 "KGLIGHTNING_RECORD_STORE_WAIT_S=0", waited, lock.lock_file, source)  # fmt: skip
     except Exception as err:  # a read-only cache, a file system without locks (filelock raises more than OSError)
-        log.warning("no lock for the record store %s (%s: %s); reading %s without one", folder,
-                    type(err).__name__, err, source)  # fmt: skip
+        warn_once("no lock", folder, "no lock for the record store %s (%s: %s); reading %s without one", folder,
+                  type(err).__name__, err, source)  # fmt: skip
         state = "unlocked"
     if state == "waited":
         lock.release()
