@@ -42,7 +42,7 @@ DETECTORS, BASELINES = MAIN_ROWS[:2], MAIN_ROWS[2:]
 # numbers that only a result file may give: three decimals (a metric) or minutes and seconds (a time)
 STRAY = re.compile(r"(?<![\w.])[01]\.\d{3}(?!\d)|\b\d+ min \d+ s\b")
 # the part of a page the stray-number check reads (the whole page when not listed)
-SECTIONS = {"docs/methods/kg-guard.md": "## Results on the embedded test split"}
+SECTIONS = {"docs/methods/kg-guard.md": ("## Results on the embedded test split", "## What the detector catches and misses")}
 
 
 def load(name: str) -> dict:
@@ -163,8 +163,55 @@ def test_suite() -> str:
     )
 
 
+MISSES = "kind of mistake (hallucinated answers)"  # tools/detector_misses.py's group of the hallucinated answers
+
+
+def _share(x: float) -> str:
+    return "–" if x != x else f"{x:.1%}"  # nan: no answer of that class in the group
+
+
+def misses_table() -> str:
+    """What the main job's detector catches and misses, by question length and by kind of mistake."""
+    run, main = load("detector_misses"), load("main_job")
+    if run["metrics"] != main["metrics"]:
+        raise SystemExit("docs/results/detector_misses.json: its run's test metrics are not those of "
+                         "docs/results/main_job.json, so its checkpoint is not the main job's; record both again")  # fmt: skip
+    groups = run["misses"]["groups"]
+    hops = sorted(groups["hops"], key=lambda r: int(r["group"]))
+    mistakes = sorted(groups[MISSES], key=lambda r: -r["nodes"])
+    lines = ["| group | answer nodes | hallucinated | caught (recall) | false alarms (faithful flagged) |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for r in hops:
+        label = f"questions of {r['group']} hop{'s' if r['group'] != '1' else ''}"
+        lines.append(f"| {label} | {r['nodes']:,} | {_share(r['hallucinated'])} | {_share(r['recall'])} | "
+                     f"{_share(r['false_alarms'])} |")  # fmt: skip
+    for r in mistakes:
+        lines.append(f"| mistake: {r['group']} | {r['nodes']:,} | {_share(r['hallucinated'])} | "
+                     f"{_share(r['recall'])} | |")  # fmt: skip
+    worst = min(mistakes, key=lambda r: r["recall"])
+    others = [r["recall"] for r in mistakes if r is not worst]
+    by_recall = sorted(hops, key=lambda r: r["recall"])
+    alarms = max(hops, key=lambda r: r["false_alarms"])
+    findings = (
+        f"It misses most often when the mistake is \"{worst['group']}\" ({_share(worst['recall'])} caught of "
+        f"{worst['nodes']:,})"
+        + (f"; the other kinds of mistake are caught {_share(min(others))} to {_share(max(others))} of the time. "
+           if others else ". ")
+        + f"By question length, recall is lowest on {by_recall[0]['group']}-hop questions "
+        f"({_share(by_recall[0]['recall'])}) and highest on {by_recall[-1]['group']}-hop ones "
+        f"({_share(by_recall[-1]['recall'])}); false alarms are highest on {alarms['group']}-hop questions, where "
+        f"{_share(alarms['false_alarms'])} of the faithful answers are flagged ({_share(alarms['hallucinated'])} of "
+        f"that group's answers are wrong)."
+    )  # fmt: skip
+    verified = (f"Last verified: `docs/results/detector_misses.json`, {run['date']}, commit {run.get('commit') or 'unknown'}, "
+                f"seed {run['config']['seed']}, {_where(run)}; a run of the main job whose test metrics equal "
+                f"`docs/results/main_job.json`'s, then `{run['misses']['command']}`.")  # fmt: skip
+    return "\n".join([*lines, "", findings, "", verified]) + "\n"
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "main-table": main_table,
+    "misses-table": misses_table,
     "main-job-time": main_job_time,
     "test-suite": test_suite,
 }
@@ -183,14 +230,17 @@ def render(text: str, page: str) -> str:
 
 
 def stray_numbers(text: str, page: str) -> list[str]:
-    """The result-like numbers of ``text`` outside its blocks, fenced code and inline code (and, for a page in
-    :data:`SECTIONS`, outside its results section)."""
+    """The result-like numbers of ``text`` outside its blocks, fenced code and inline code (for a page in
+    :data:`SECTIONS`, in its results sections only)."""
     if page in SECTIONS:
-        start = text.find(SECTIONS[page])
-        end = text.find("\n## ", start + 1)
-        if start < 0:
-            raise SystemExit(f"{page}: no section {SECTIONS[page]!r} (docs_numbers.SECTIONS names the one to check)")
-        text = text[start : end if end > 0 else None]
+        parts = []
+        for heading in SECTIONS[page]:
+            start = text.find(heading)
+            if start < 0:
+                raise SystemExit(f"{page}: no section {heading!r} (docs_numbers.SECTIONS names the ones to check)")
+            end = text.find("\n## ", start + 1)
+            parts.append(text[start : end if end > 0 else None])
+        text = "\n".join(parts)
     text = BLOCK.sub("", text)
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = re.sub(r"`[^`\n]*`", "", text)

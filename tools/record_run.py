@@ -3,6 +3,7 @@ the numbers that README.md and the docs show (``tools/docs_numbers.py`` renders 
 
     python tools/record_run.py fit --config configs/detector.yaml --install --rerun --output docs/results/main_job.json
     python tools/record_run.py fit --config configs/detector_gat.yaml --output docs/results/detector_gat.json
+    python tools/record_run.py fit --config configs/detector.yaml --misses --output docs/results/detector_misses.json
     python tools/record_run.py tests --output docs/results/test_suite.json
 
 ``fit`` starts from an empty kglightning cache (a temporary ``KGLIGHTNING_CACHE``) in a temporary working folder,
@@ -13,6 +14,10 @@ the config's seed, epochs and width, the epochs trained, the wall-clock seconds,
 run's CSV log, and each split's counts from the data module's summary line; the CSV log itself is copied beside it
 (``<output>.metrics.csv``). ``--rerun`` runs it a second time on the cache the first filled and records that time
 and whether the test metrics came out the same to the last digit.
+
+``--misses`` then runs ``tools/detector_misses.py`` on the checkpoint the run wrote, and keeps its groups (the
+answers, the share hallucinated, recall and false alarms per question kind, hop count and kind of mistake) under
+``misses``.
 
 ``tests`` times the README's test command, ``python -m pytest -q``, in the repository with an empty kglightning
 cache, and records the counts of its summary line.
@@ -189,12 +194,29 @@ def record_fit(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict
             "identical_metrics": rerun == metrics,
             "differing": sorted(k for k in metrics.keys() | rerun.keys() if metrics.get(k) != rerun.get(k)),
         }
+    if args.misses:
+        result["misses"] = detector_misses(args.config, work, env, tmp)
     log_copy = args.output.with_suffix(".metrics.csv")  # beside the result: every logged value, for a reader to check
     log_copy.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(metrics_file(work), log_copy)  # only once the run has passed every check, as the result file
     return {"command": " ".join(command), **_about(), "config": config_values(config), "epochs_trained": epochs,
             "cache": "empty", **result, "fit_seconds": round(seconds, 1), "splits": splits,
             "metrics": metrics}  # fmt: skip
+
+
+def detector_misses(config: str, work: Path, env: dict[str, str], tmp: Path) -> dict[str, object]:
+    """``tools/detector_misses.py`` on the checkpoint the run in ``work`` wrote: its groups (not its per-answer rows)."""
+    ckpts = sorted(work.glob("outputs/**/checkpoints/best*.ckpt"))
+    if len(ckpts) != 1:
+        raise SystemExit(f"expected one best checkpoint under {work / 'outputs'}, found {[str(c) for c in ckpts]}")
+    out = tmp / "misses"
+    cmd = [sys.executable, str(ROOT / "tools" / "detector_misses.py"), "--config", str((ROOT / config).resolve()),
+           "--ckpt", str(ckpts[0]), "--output", str(out)]  # fmt: skip
+    _run(cmd, work, {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))},
+         tmp / "misses.log")  # fmt: skip
+    groups = json.loads((out / "misses.json").read_text())["groups"]
+    command = f"PYTHONPATH=. python tools/detector_misses.py --config {config} --ckpt {ckpts[0].relative_to(work)}"
+    return {"command": command, "groups": groups}
 
 
 # pytest's last line: "1822 passed, 13 skipped, 2 deselected, 5 warnings in 1679.12s (0:27:59)"
@@ -232,6 +254,10 @@ def main(argv: list[str] | None = None) -> None:
     fit.add_argument(
         "--rerun", action="store_true", help="run the command again on the cache the first run filled, and record its "
         "time and whether its test metrics are the first run's to the last digit"
+    )  # fmt: skip
+    fit.add_argument(
+        "--misses", action="store_true", help="then run tools/detector_misses.py on the run's checkpoint and keep "
+        "its groups (what the detector catches and misses) in the result"
     )  # fmt: skip
     tests = sub.add_parser("tests", help="the README's test command, `python -m pytest -q`")
     for p in (fit, tests):
