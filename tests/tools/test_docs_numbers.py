@@ -46,7 +46,7 @@ def test_every_page_has_its_blocks_and_the_home_page_includes_the_table():
     assert found == {
         "README.md": ["main-job-time", "main-table", "test-suite"],
         "docs/index.md": ["main-job-time", "test-suite"],
-        "docs/methods/kg-guard.md": ["main-table"],
+        "docs/methods/kg-guard.md": ["main-table", "misses-table"],
     }
     # the home page's table is the KG-Guard page's, included; and what is included there is the block alone
     assert '--8<-- "docs/methods/kg-guard.md:main-table"' in (ROOT / "docs/index.md").read_text()
@@ -89,7 +89,8 @@ def test_a_result_written_outside_the_blocks_fails_the_check(copy, capsys, page,
 
 def test_numbers_in_code_and_in_other_sections_of_the_method_page_are_not_results(copy):
     assert copy.stray_numbers("run `sleep 0.125`\n```\nF1 0.951\n```\n", "README.md") == []
-    page = "## Results on the embedded test split\nno numbers\n## What it misses\n| 0.911 |\n"
+    page = ("## Results on the embedded test split\nno numbers\n## What the detector catches and misses\nnone\n"
+            "## Every answer, graph node or not\n| 0.911 |\n")  # fmt: skip
     assert copy.stray_numbers(page, "docs/methods/kg-guard.md") == []
     assert copy.stray_numbers(page.replace("no numbers", "F1 0.955"), "docs/methods/kg-guard.md") == ["0.955"]
     with pytest.raises(SystemExit, match="no section"):
@@ -208,3 +209,34 @@ def test_a_failed_run_writes_no_result_and_keeps_its_log(tmp_path):
     log = Path(done.stderr.strip().splitlines()[-1].split("its output is in ")[1])
     assert log.is_file() and "NoSuchModule" in log.read_text()
     shutil.rmtree(log.parent)
+
+
+def test_the_misses_table_and_its_findings_follow_the_result_file(copy):
+    path = copy.RESULTS / "detector_misses.json"
+
+    def worse(result):  # the detector now misses wrong relations most
+        for row in result["misses"]["groups"][copy.MISSES]:
+            if row["group"] == "same length, other relations":
+                row["recall"] = 0.5
+        return result
+
+    _edit(path, worse)
+    assert copy.main(["--check"]) == 1
+    assert copy.main([]) == 0
+    text = (copy.ROOT / "docs/methods/kg-guard.md").read_text()
+    assert '"same length, other relations" (50.0% caught' in text
+    assert "| mistake: same length, other relations | 766 | 100.0% | 50.0% | |" in text
+
+
+def test_a_misses_result_from_another_checkpoint_is_refused(copy):
+    _edit(copy.RESULTS / "detector_misses.json", lambda r: {**r, "metrics": {**r["metrics"], "test/f1": 0.5}})
+    with pytest.raises(SystemExit, match="not the main job's"):
+        copy.main([])
+
+
+def test_a_result_in_the_misses_section_outside_its_block_fails_the_check(copy, capsys):
+    page = copy.ROOT / "docs/methods/kg-guard.md"
+    text = page.read_text()
+    page.write_text(text.replace("## Every answer, graph node or not", "It scored F1 0.912 there.\n\n"
+                                 "## Every answer, graph node or not"))  # fmt: skip
+    assert copy.main(["--check"]) == 1 and "'0.912' outside a block" in capsys.readouterr().out
