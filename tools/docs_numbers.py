@@ -42,7 +42,11 @@ DETECTORS, BASELINES = MAIN_ROWS[:2], MAIN_ROWS[2:]
 # numbers that only a result file may give: three decimals (a metric) or minutes and seconds (a time)
 STRAY = re.compile(r"(?<![\w.])[01]\.\d{3}(?!\d)|\b\d+ min \d+ s\b")
 # the part of a page the stray-number check reads (the whole page when not listed)
-SECTIONS = {"docs/methods/kg-guard.md": ("## Results on the embedded test split", "## What the detector catches and misses")}
+SECTIONS = {
+    "docs/methods/kg-guard.md": ("## Results on the embedded test split", "## What the detector catches and misses"),
+}
+# in those sections, a share is a result too (their tables are shares)
+STRAY_SHARE = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d)?%")
 
 
 def load(name: str) -> dict:
@@ -173,40 +177,73 @@ def _share(x: float) -> str:
 def misses_table() -> str:
     """What the main job's detector catches and misses, by question length and by kind of mistake."""
     run, main = load("detector_misses"), load("main_job")
-    if run["metrics"] != main["metrics"]:
+    if json.dumps(run["metrics"], sort_keys=True) != json.dumps(main["metrics"], sort_keys=True):  # NaN equals NaN
         raise SystemExit("docs/results/detector_misses.json: its run's test metrics are not those of "
                          "docs/results/main_job.json, so its checkpoint is not the main job's; record both again")  # fmt: skip
     groups = run["misses"]["groups"]
-    hops = sorted(groups["hops"], key=lambda r: int(r["group"]))
+    _check_pooled_recall(groups, run["metrics"]["test/recall"])
+    hops = sorted(
+        groups.get("hops", []),
+        key=lambda r: (not r["group"].isdigit(), int(r["group"]) if r["group"].isdigit() else 0, r["group"]),
+    )
     mistakes = sorted(groups[MISSES], key=lambda r: -r["nodes"])
     lines = ["| group | answer nodes | hallucinated | caught (recall) | false alarms (faithful flagged) |",
              "|---|---:|---:|---:|---:|"]  # fmt: skip
     for r in hops:
-        label = f"questions of {r['group']} hop{'s' if r['group'] != '1' else ''}"
+        label = f"questions of {r['group']} hop{'s' if r['group'] != '1' else ''}" if r["group"].isdigit() else \
+            "questions of unknown length"  # fmt: skip
         lines.append(f"| {label} | {r['nodes']:,} | {_share(r['hallucinated'])} | {_share(r['recall'])} | "
                      f"{_share(r['false_alarms'])} |")  # fmt: skip
     for r in mistakes:
         lines.append(f"| mistake: {r['group']} | {r['nodes']:,} | {_share(r['hallucinated'])} | "
                      f"{_share(r['recall'])} | |")  # fmt: skip
-    worst = min(mistakes, key=lambda r: r["recall"])
-    others = [r["recall"] for r in mistakes if r is not worst]
-    by_recall = sorted(hops, key=lambda r: r["recall"])
-    alarms = max(hops, key=lambda r: r["false_alarms"])
-    findings = (
-        f"It misses most often when the mistake is \"{worst['group']}\" ({_share(worst['recall'])} caught of "
-        f"{worst['nodes']:,})"
-        + (f"; the other kinds of mistake are caught {_share(min(others))} to {_share(max(others))} of the time. "
-           if others else ". ")
-        + f"By question length, recall is lowest on {by_recall[0]['group']}-hop questions "
-        f"({_share(by_recall[0]['recall'])}) and highest on {by_recall[-1]['group']}-hop ones "
-        f"({_share(by_recall[-1]['recall'])}); false alarms are highest on {alarms['group']}-hop questions, where "
-        f"{_share(alarms['false_alarms'])} of the faithful answers are flagged ({_share(alarms['hallucinated'])} of "
-        f"that group's answers are wrong)."
-    )  # fmt: skip
-    verified = (f"Last verified: `docs/results/detector_misses.json`, {run['date']}, commit {run.get('commit') or 'unknown'}, "
-                f"seed {run['config']['seed']}, {_where(run)}; a run of the main job whose test metrics equal "
-                f"`docs/results/main_job.json`'s, then `{run['misses']['command']}`.")  # fmt: skip
-    return "\n".join([*lines, "", findings, "", verified]) + "\n"
+    return "\n".join([*lines, "", _misses_findings(hops, mistakes), "", _misses_verified(run)]) + "\n"
+
+
+def _check_pooled_recall(groups: dict, recall: float) -> None:
+    """The groups must pool to the run's test recall (they were scored with its checkpoint and thresholds)."""
+    pos = sum(r["nodes"] * r["hallucinated"] for r in groups["grounding"])
+    caught = sum(
+        r["nodes"] * r["hallucinated"] * r["recall"] for r in groups["grounding"] if r["recall"] == r["recall"]
+    )
+    if pos and abs(caught / pos - recall) > 1e-4:
+        raise SystemExit(f"docs/results/detector_misses.json: its groups pool to a recall of {caught / pos:.6f}, its "
+                         f"run's test recall is {recall:.6f}; record it again")  # fmt: skip
+
+
+def _misses_findings(hops: list[dict], mistakes: list[dict]) -> str:
+    """What the misses table shows, in words, from the groups whose values are defined (no NaN)."""
+    known = [r for r in mistakes if r["recall"] == r["recall"]]
+    parts = []
+    if known:
+        worst = min(known, key=lambda r: r["recall"])
+        text = f"It misses most often when the mistake is \"{worst['group']}\" ({_share(worst['recall'])} caught of " \
+               f"{worst['nodes']:,})"  # fmt: skip
+        others = sorted({round(r["recall"], 3) for r in known if r is not worst})
+        if len(others) > 1:
+            text += f"; the other kinds of mistake are caught {_share(others[0])} to {_share(others[-1])} of the time"
+        elif others:
+            text += f"; the other kind of mistake is caught {_share(others[0])} of the time"
+        parts.append(text + ".")
+    lengths = [r for r in hops if r["group"].isdigit()]
+    by_recall = sorted((r for r in lengths if r["recall"] == r["recall"]), key=lambda r: r["recall"])
+    if len(by_recall) > 1 and round(by_recall[0]["recall"], 3) < round(by_recall[-1]["recall"], 3):
+        parts.append(f"By question length, recall is lowest on {by_recall[0]['group']}-hop questions "
+                     f"({_share(by_recall[0]['recall'])}) and highest on {by_recall[-1]['group']}-hop ones "
+                     f"({_share(by_recall[-1]['recall'])}).")  # fmt: skip
+    alarms = [r for r in lengths if r["false_alarms"] == r["false_alarms"]]
+    if alarms:
+        top = max(alarms, key=lambda r: r["false_alarms"])
+        parts.append(f"False alarms are highest on {top['group']}-hop questions, where {_share(top['false_alarms'])} of "
+                     f"the faithful answers are flagged ({_share(top['hallucinated'])} of that group's answers are "
+                     "wrong).")  # fmt: skip
+    return " ".join(parts)
+
+
+def _misses_verified(run: dict) -> str:
+    return (f"Last verified: `docs/results/detector_misses.json`, {run['date']}, commit {run.get('commit') or 'unknown'}, "
+            f"seed {run['config']['seed']}, {_where(run)}; a run of the main job whose test metrics equal "
+            f"`docs/results/main_job.json`'s, then `{run['misses']['command']}`.")  # fmt: skip
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
@@ -244,7 +281,7 @@ def stray_numbers(text: str, page: str) -> list[str]:
     text = BLOCK.sub("", text)
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = re.sub(r"`[^`\n]*`", "", text)
-    return STRAY.findall(text)
+    return STRAY.findall(text) + (STRAY_SHARE.findall(text) if page in SECTIONS else [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     for page in PAGES:
         path = ROOT / page
         text = path.read_text()
-        stale += [f"{page}: {n!r} outside a block (a result belongs in a result file)" for n in stray_numbers(text, page)]
+        stale += [
+            f"{page}: {n!r} outside a block (a result belongs in a result file)" for n in stray_numbers(text, page)
+        ]
         new = render(text, page)
         if new == text:
             continue

@@ -382,3 +382,19 @@ def test_a_cache_that_cannot_be_written_warns_once_per_file_not_at_every_read(st
     assert sum("could not keep the records" in m for m in warned) == 1
     later = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert sum("could not keep the records" in m for m in later) == 2  # still said, at DEBUG
+
+
+def test_a_read_only_cache_warns_once_for_all_its_files(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+
+    def read_only(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(record_store, "private_dir", read_only)
+    paths = []
+    for i in range(5):
+        paths.append(tmp_path / f"part{i}.jsonl")
+        paths[-1].write_text(json.dumps(_row(i)) + "\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        assert all(len(read_records(p)) == 1 for p in paths)
+    assert len(caplog.records) == 2  # "no lock" and "could not keep", once each for the cache, not once per file

@@ -102,6 +102,8 @@ def test_no_pickle_is_read_from_the_kg_index_cache(cache, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         again = load_kg(kg_file)
     assert not marker.exists() and "writable by other users" in caplog.text and again.triples() == kg.triples()
+    assert cached.read_bytes()[:6] == b"ARROW1" and stat.S_IMODE(cached.stat().st_mode) == 0o600  # written anew
+    cached.write_bytes(pickle.dumps(_Plant(marker)))
     os.chmod(cached, 0o600)  # this user's own file, planted all the same: read as Arrow, refused, rebuilt
     caplog.clear()
     with caplog.at_level(logging.WARNING):

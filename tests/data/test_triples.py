@@ -147,3 +147,23 @@ def test_from_ids_refuses_names_out_of_order(names):
 
     with pytest.raises(ValueError, match="not sorted and distinct"):
         KGIndex.from_ids(names, ["r"], [0], [0], [1])
+
+
+def test_the_index_cache_is_private_under_a_group_writable_umask_and_read_back(tmp_path, caplog):
+    p = write(tmp_path, "a\tr\tb\nb\ts\tc\n")
+    cache = tmp_path / "cache"
+    old = os.umask(0o002)  # the default of ordinary users on many systems
+    try:
+        kg = load_kg(p, cache_dir=cache)
+        (cached,) = cache.glob("*.arrow")
+        assert oct(cached.stat().st_mode & 0o777) == "0o600"
+        os.chmod(cached, 0o664)  # as an older version, or a copy, may have left it
+        with caplog.at_level(logging.WARNING):
+            assert load_kg(p, cache_dir=cache).triples() == kg.triples()
+        assert "writable by other users" in caplog.text and oct(cached.stat().st_mode & 0o777) == "0o600"
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert load_kg(p, cache_dir=cache).triples() == kg.triples()  # read from the rewritten file
+        assert not caplog.text
+    finally:
+        os.umask(old)

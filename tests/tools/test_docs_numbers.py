@@ -240,3 +240,36 @@ def test_a_result_in_the_misses_section_outside_its_block_fails_the_check(copy, 
     page.write_text(text.replace("## Every answer, graph node or not", "It scored F1 0.912 there.\n\n"
                                  "## Every answer, graph node or not"))  # fmt: skip
     assert copy.main(["--check"]) == 1 and "'0.912' outside a block" in capsys.readouterr().out
+
+
+def test_a_share_written_by_hand_in_the_misses_section_fails_the_check(copy, capsys):
+    page = copy.ROOT / "docs/methods/kg-guard.md"
+    page.write_text(page.read_text().replace("## Every answer, graph node or not", "On 1-hop questions it catches "
+                                             "91.1%.\n\n## Every answer, graph node or not"))  # fmt: skip
+    assert copy.main(["--check"]) == 1 and "'91.1%' outside a block" in capsys.readouterr().out
+
+
+def test_the_misses_findings_leave_out_undefined_values_and_odd_groups(copy):
+    def odd(result):
+        groups = result["misses"]["groups"]
+        groups["hops"][0]["false_alarms"] = float("nan")  # 1 hop: no faithful answer
+        groups["hops"][1]["recall"] = float("nan")  # 2 hops: no hallucinated answer
+        groups["hops"].append({**groups["hops"][0], "group": "?"})  # records without a hop count
+        return result
+
+    _edit(copy.RESULTS / "detector_misses.json", odd)
+    text = copy.misses_table()
+    assert "| questions of unknown length |" in text.splitlines()[6]  # sorted after the lengths
+    findings = text.split("\n\n")[1]
+    assert "–" not in findings and "2-hop" not in findings and "?" not in findings
+    assert "False alarms are highest on 3-hop questions" in findings
+
+
+def test_misses_groups_that_do_not_pool_to_the_run_s_recall_are_refused(copy):
+    def edited(result):
+        result["misses"]["groups"]["grounding"][0]["recall"] = 0.5
+        return result
+
+    _edit(copy.RESULTS / "detector_misses.json", edited)
+    with pytest.raises(SystemExit, match="pool to a recall"):
+        copy.main([])

@@ -308,7 +308,8 @@ def _read_and_store(
         try:
             save_store(out, folder)
         except Exception as err:  # a full or read-only cache, a value JSON cannot hold: go on without it
-            warn_once("not kept", folder, "could not keep the records of %s in %s (%s: %s); the next run reads the "
+            where = folder.parent if isinstance(err, OSError) else folder  # a full or read-only cache: all of it
+            warn_once("not kept", where, "could not keep the records of %s in %s (%s: %s); the next run reads the "
                       "file again", out.source, folder, type(err).__name__, err)  # fmt: skip
         else:  # the first read gives what every later one will: the records as the store holds them
             stored = _stored(folder, path, split, announce=False)

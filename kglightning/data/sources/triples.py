@@ -147,6 +147,7 @@ def _write_index(kg: KGIndex, path: Path) -> None:
     try:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
+        os.chmod(tmp, 0o600)  # whatever the umask: load_kg reads no file that others can write
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -187,8 +188,9 @@ def load_kg(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
     refused = untrusted(cached) if cached.is_file() else None
     if refused:
         log.warning("not reading the KG index cache %s: %s; indexing %s again", cached, refused, path)
-        return KGIndex.from_triples(read_triples(path))
-    if cached.is_file():
+        if untrusted(cached.parent) is not None:  # a folder others can write: leave it alone
+            return KGIndex.from_triples(read_triples(path))
+    elif cached.is_file():
         try:
             kg = _read_index(cached)
         except Exception as err:  # a torn or foreign file: the file is only a cache, rebuild it

@@ -22,7 +22,7 @@ is not hashed again), :data:`FORMAT`, :data:`~kglightning.data.records.VALIDATIO
 ``limit`` (and ``split`` for a ``.json`` file, the one local format that holds several): touching or copying a file
 finds the same store. Later reads load the store: the graphs are views of a read-only memory map of
 ``records.arrow`` (of a copy in memory for a file under :data:`MAP_FROM_BYTES`, so that the records of many small
-files hold no file descriptors) (:class:`~kglightning.data.triple_array.TripleArray`), and the vocabulary stays in Arrow's flat
+files hold no file descriptors; those stay resident like parsed records) (:class:`~kglightning.data.triple_array.TripleArray`), and the vocabulary stays in Arrow's flat
 buffers (:meth:`~kglightning.data.triple_array.Vocab.from_arrow`), so a question's triples are read from disk when
 a stage first looks at them and can be paged out again. ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
 The store's files are never written in place (a changed file is a new store), so records read earlier keep their
@@ -83,10 +83,11 @@ _BATCH_RECORDS, _BATCH_TRIPLES = 1024, 1 << 22  # a record batch ends at whichev
 _warned: set[tuple[str, str]] = set()
 
 
-def warn_once(kind: str, folder: Path, msg: str, *args: object) -> None:
-    """Log ``msg`` as a WARNING the first time this process meets ``kind`` for the store ``folder``, at DEBUG after
-    (a read-only cache, or records the store cannot keep, would otherwise warn at every read of every file)."""
-    key = (kind, str(folder))
+def warn_once(kind: str, where: Path, msg: str, *args: object) -> None:
+    """Log ``msg`` as a WARNING the first time this process meets ``kind`` at ``where`` (a store folder, or the
+    stores' root for what holds for the whole cache), at DEBUG after: a read-only cache, or records the store cannot
+    keep, would otherwise warn at every read of every file."""
+    key = (kind, str(where))
     level = logging.DEBUG if key in _warned else logging.WARNING
     _warned.add(key)
     log.log(level, msg, *args)
@@ -454,7 +455,7 @@ def first_reader(folder: Path, source: str | os.PathLike) -> Iterator[str]:
                                 "(a lock left behind on a network file system), restart with "
                                 "KGLIGHTNING_RECORD_STORE_WAIT_S=0", waited, lock.lock_file, source)  # fmt: skip
     except Exception as err:  # a read-only cache, a file system without locks (filelock raises more than OSError)
-        warn_once("no lock", folder, "no lock for the record store %s (%s: %s); reading %s without one", folder,
+        warn_once("no lock", folder.parent, "no lock for the record store %s (%s: %s); reading %s without one", folder,
                   type(err).__name__, err, source)  # fmt: skip
         state = "unlocked"
     if state == "waited":
