@@ -18,6 +18,7 @@ import pytest
 
 from kglightning.data.sources.loaders import read_records
 from kglightning.data.store import record_store
+from kglightning.data.store.cache_admin import remove_abandoned
 from kglightning.data.store.record_store import store_folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +130,7 @@ def test_a_killed_writers_folder_is_removed_by_the_next_writer(cache, tmp_path):
     read_records(path)  # the next writer
     assert not orphan.exists() and other_host.exists() and fresh.exists() and _stores(cache) == [folder]
     os.utime(other_host, (0, 0))  # a day old: its writer is gone too, wherever it ran
-    assert record_store.remove_orphans(folder) == 1 and not other_host.exists()
+    assert remove_abandoned(folder, "a record store writer") == 1 and not other_host.exists()
 
 
 def test_one_file_has_one_store_however_it_is_touched_or_named(cache, tmp_path):

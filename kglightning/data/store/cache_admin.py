@@ -35,7 +35,16 @@ from pathlib import Path
 
 from kglightning.data.store.cache import default_cache_root
 
-__all__ = ["CacheEntry", "clean", "entries", "main", "remove_stale_temporaries", "stale_temporary", "writer_temporary"]
+__all__ = [
+    "CacheEntry",
+    "clean",
+    "entries",
+    "main",
+    "remove_abandoned",
+    "remove_stale_temporaries",
+    "stale_temporary",
+    "writer_temporary",
+]
 
 log = logging.getLogger(__name__)
 
@@ -214,14 +223,17 @@ def writer_temporary(path: str | os.PathLike, writer: str) -> Path:
         (True, True, True)
     """
     path = Path(path)
-    remove_stale_temporaries(path.parent, f".{glob.escape(path.name)}.*.tmp", writer)
+    remove_abandoned(path, writer)
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    if tmp.is_dir() and not tmp.is_symlink():
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    _remove(tmp, dry_run=False)
     return tmp
+
+
+def remove_abandoned(path: str | os.PathLike, writer: str) -> int:
+    """Remove the temporaries of ``path`` (``.<name>.<host>.<pid>.tmp``) that no writer will finish
+    (:func:`stale_temporary`); ``writer`` names them in the log. Returns how many were removed."""
+    path = Path(path)
+    return remove_stale_temporaries(path.parent, f".{glob.escape(path.name)}.*.tmp", writer)
 
 
 def _alive(pid: int) -> bool:

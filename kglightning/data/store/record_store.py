@@ -20,17 +20,17 @@ The files open with any Arrow reader, e.g. ``datasets.Dataset.from_file(".../rec
 The key is the file's *content* (a BLAKE2 digest, remembered per path and ``stat`` stamp so that an unchanged file
 is not hashed again), :data:`FORMAT`, :data:`~kglightning.data.records.VALIDATION_VERSION`, ``on_bad_record`` and
 ``limit`` (and ``split`` for a ``.json`` file, the one local format that holds several): touching or copying a file
-finds the same store. Later reads load the store: the graphs are views of a read-only memory map of
-``records.arrow`` (of a copy in memory for a file under :data:`MAP_FROM_BYTES`, so that the records of many small
-files hold no file descriptors; those stay resident like parsed records) (:class:`~kglightning.data.triple_array.TripleArray`), and the vocabulary stays in Arrow's flat
-buffers (:meth:`~kglightning.data.triple_array.Vocab.from_arrow`), so a question's triples are read from disk when
-a stage first looks at them and can be paged out again. ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
+finds the same store. Later reads load the store: the graphs (:class:`~kglightning.data.triple_array.TripleArray`)
+are views of a read-only memory map of ``records.arrow``, and the vocabulary stays in Arrow's flat buffers
+(:meth:`~kglightning.data.triple_array.Vocab.from_arrow`), so a question's triples are read from disk when a stage
+first looks at them and can be paged out again. A store file under :data:`MAP_FROM_BYTES` is read into memory
+instead and stays resident like parsed records, so that the records of many small files hold no file descriptors. ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
 The store's files are never written in place (a changed file is a new store), so records read earlier keep their
 graphs; a file someone rewrites in place under a running process changes that process's graphs.
 
 A store is written into ``.<key>.<host>.<pid>.tmp`` and renamed when whole; a writer first removes the temporary
-folders that killed writers left for its key (:func:`~kglightning.data.store.cache_admin.writer_temporary`). A write that fails (a full disk, a
-value JSON cannot hold) leaves nothing behind and the records are returned as read, with a warning. The cache
+folders that killed writers left for its key (:func:`~kglightning.data.store.cache_admin.writer_temporary`). A write
+that fails (a full disk, a value JSON cannot hold) leaves nothing behind and the records are returned as read, with a warning. The cache
 folders are created ``0700``.
 
 When several processes read a new file at once (DDP ranks, a job array), :func:`first_reader` lets one parse it and
@@ -61,7 +61,7 @@ from filelock import FileLock, Timeout
 
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
 from kglightning.data.store.cache import default_cache_root, private_dir
-from kglightning.data.store.cache_admin import clean, remove_stale_temporaries, writer_temporary
+from kglightning.data.store.cache_admin import clean, writer_temporary
 from kglightning.data.triple_array import TripleArray, Vocab
 
 __all__ = [
@@ -239,13 +239,6 @@ def _chunks(records: list[KGQARecord]) -> Iterator[list[KGQARecord]]:
             chunk, triples = [], 0
     if chunk:
         yield chunk
-
-
-def remove_orphans(folder: Path) -> int:
-    """Remove the temporary folders that writers of ``folder``'s store left when killed: on this host, those whose
-    process is gone; on any host, those untouched for a day (:func:`~kglightning.data.store.cache_admin.stale_temporary`).
-    Returns how many were removed."""
-    return remove_stale_temporaries(folder.parent, f".{folder.name}.*.tmp", "a record store writer")
 
 
 def _cap(folder: Path) -> None:

@@ -12,7 +12,6 @@ import multiprocessing
 import os
 import random
 import shutil
-import socket
 import statistics
 from collections import Counter
 from collections.abc import Iterable
@@ -143,8 +142,9 @@ def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
     if out_dir.exists():
         if not replace and (out_dir / "manifest.json").exists():
             return
-        old = out_dir.with_name(f".{out_dir.name}.old.{socket.gethostname()}.{os.getpid()}.tmp")  # see _build_folder
-        shutil.rmtree(old, ignore_errors=True)
+        from kglightning.data.store.cache_admin import writer_temporary
+
+        old = writer_temporary(out_dir.with_name(out_dir.name + ".old"), "an embedded benchmark build")
         os.replace(out_dir, old)
         shutil.rmtree(old, ignore_errors=True)
     try:
