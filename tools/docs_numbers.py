@@ -3,7 +3,7 @@
 A block of a page between ``<!-- numbers: NAME -->`` and ``<!-- numbers: end -->`` is generated: its text is what
 :data:`BLOCKS` ``[NAME]`` renders from the result files in ``docs/results/`` (written by ``tools/record_run.py``).
 Outside the blocks (and code), a page may not hold a number that looks like a result: three decimals or a time in
-minutes and seconds (on the KG-Guard page, in its results sections).
+minutes and seconds (on the KG-Guard page, in its results sections, where a share such as 91.9% counts too).
 
     python tools/docs_numbers.py           # rewrite every block from the result files
     python tools/docs_numbers.py --check   # exit 1, naming the page and block, when one is not what it would write,

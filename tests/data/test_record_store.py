@@ -369,7 +369,7 @@ def test_the_records_of_many_small_files_hold_no_file_descriptors(tmp_path, monk
     assert all(not _mapped(r) for r in kept) and kept[40][0].graph.tolist() == kept[0][0].graph.tolist()
 
 
-def test_a_cache_that_cannot_be_written_warns_once_per_file_not_at_every_read(store_env, monkeypatch, caplog):
+def test_a_cache_that_cannot_be_written_warns_once_not_at_every_read(store_env, monkeypatch, caplog):
     def read_only(path):
         raise PermissionError(13, "Permission denied", str(path))
 
