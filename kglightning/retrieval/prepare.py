@@ -21,8 +21,8 @@ runs in two phases:
    rows the cuts read (:func:`rows_key`): a run stopped part-way cuts only the pieces it had not finished when run
    again, and a change of any of them cuts everything anew.
 
-``--shard i/N`` cuts one contiguous part of each split (:func:`~kglightning.data.store.stage_map.take_shard`, a
-``datasets.Dataset`` of its rows), and :func:`merge_shards` concatenates the parts' files in shard order: the file one
+``--shard i/N`` cuts one contiguous part of each split (:func:`~kglightning.data.store.stage_map.take_shard`:
+``datasets.Dataset.shard`` of its rows, contiguous), and :func:`merge_shards` concatenates the parts' files in shard order: the file one
 process writes, byte for byte (each question's seconds aside). Phase 1 reads every question of every split on every
 machine, to know the blocks; ``--embed-only`` with a shard encodes only blocks ``i, i + N, ...``, so N machines can
 share the encoding too and then copy their cache folders into one (shards are files named by their content) before

@@ -15,6 +15,7 @@ from kglightning.data.store.stage_map import (
     cached_map,
     fingerprint,
     parse_shard,
+    shard_bounds,
     shard_suffix,
     stage_state,
     take_shard,
@@ -133,8 +134,18 @@ def test_a_stored_piece_cut_short_or_unreadable_is_mapped_again(tmp_path, caplog
     assert sorted(again["seen"]) == list(range(12)) and caplog.text.count("mapping it again") == 2
 
 
-def test_shard_parts_are_those_shard_always_cut():
-    assert [list(take_shard(_ds(10), i, 3)["x"]) for i in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+def test_shard_parts_are_datasets_contiguous_shards_and_their_recorded_bounds():
+    import datasets
+
+    assert [list(take_shard(_ds(10), i, 3)["x"]) for i in range(3)] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    for n in range(7):
+        for count in range(1, 5):
+            ds = datasets.Dataset.from_dict({"x": list(range(n))})
+            parts = [list(take_shard(ds, i, count)["x"]) for i in range(count)]
+            assert sum(parts, []) == list(range(n))  # more parts than rows: the last ones are empty, not an error
+            assert [list(range(*shard_bounds(n, i, count))) for i in range(count)] == parts
+            nonempty = [p for p in parts if p]
+            assert nonempty == [list(ds.shard(count, i, contiguous=True)["x"]) for i in range(len(nonempty))]
 
 
 def test_a_piece_cut_at_any_byte_is_mapped_again_and_the_functions_own_error_is_not_blamed_on_it(tmp_path):

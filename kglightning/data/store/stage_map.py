@@ -11,9 +11,8 @@ cannot be read, or holds fewer rows than it should, is mapped again); a change o
 is read. The output does not depend on ``workers``: pieces, and the shards
 ``datasets`` cuts them into, are contiguous and concatenated in order.
 
-:func:`take_shard` gives one contiguous part of N of the questions (``--shard i/N``) as a ``datasets.Dataset``
-(``select`` of its rows; the parts are those ``--shard`` always cut, which differ from
-:meth:`datasets.Dataset.shard`'s in where the remainder goes, so shard files of earlier versions still merge).
+:func:`take_shard` gives one contiguous part of N of the questions (``--shard i/N``):
+:meth:`datasets.Dataset.shard` with ``contiguous=True``, whose first ``len % N`` parts hold one row more.
 
 The function reads what it shares with the other processes (a KG index, an embedding table) from
 :func:`stage_state`, which holds ``state`` while the map runs: the processes are forked, so they inherit it without
@@ -28,7 +27,7 @@ Example:
     >>> features = datasets.Features({"y": datasets.Value("int64")})
     >>> out = cached_map(ds, square, features, None, state=2, piece=2, progress=False)
     >>> list(out["y"]), list(take_shard(ds, 1, 2)["x"])
-    ([0, 2, 8, 18, 32], [2, 3, 4])
+    ([0, 2, 8, 18, 32], [3, 4])
 """
 
 from __future__ import annotations
@@ -116,16 +115,31 @@ def shard_suffix(index: int, count: int) -> str:
 
 
 def shard_bounds(n: int, index: int, count: int) -> tuple[int, int]:
-    """``[lo, hi)`` of part ``index`` of ``count`` contiguous parts of ``n`` rows: ``n * index // count`` to
-    ``n * (index + 1) // count``, the parts ``--shard`` has always cut, so shard files written by earlier versions
-    merge with these."""
-    return n * index // count, n * (index + 1) // count
+    """``[lo, hi)`` of part ``index`` of ``count`` contiguous parts of ``n`` rows, the rows that
+    :meth:`datasets.Dataset.shard` (``contiguous=True``) gives that part: ``n // count`` each, and one more for each
+    of the first ``n % count`` parts.
+
+    Example:
+        >>> [shard_bounds(10, i, 3) for i in range(3)]
+        [(0, 4), (4, 7), (7, 10)]
+    """
+    size, extra = divmod(n, count)
+    lo = size * index + min(index, extra)
+    return lo, lo + size + (index < extra)
 
 
 def take_shard(ds: Any, index: int, count: int) -> Any:
-    """Part ``index`` of ``count`` contiguous parts of the dataset ``ds`` (:func:`shard_bounds`); the parts,
-    concatenated in order, are ``ds``."""
-    return ds.select(range(*shard_bounds(len(ds), index, count)))
+    """Part ``index`` of ``count`` contiguous parts of the dataset ``ds``: ``ds.shard(count, index,
+    contiguous=True)``, the rows :func:`shard_bounds` names; the parts, concatenated in order, are ``ds``. An empty
+    part (more parts than rows) is ``ds.select([])``: ``datasets`` refuses one that starts at the end."""
+    lo, hi = shard_bounds(len(ds), index, count)
+    if lo == hi:
+        return ds.select([])
+    part = ds.shard(num_shards=count, index=index, contiguous=True)
+    if len(part) != hi - lo:  # the ranges build-subgraphs records must be the rows cut (merge_shards checks them)
+        raise RuntimeError(f"datasets cut {len(part)} rows for part {index} of {count} of {len(ds)}; expected "
+                           f"rows [{lo}, {hi})")  # fmt: skip
+    return part
 
 
 def can_fork() -> bool:
