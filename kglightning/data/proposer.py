@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kglightning.data.records import KGQARecord
 from kglightning.data.store.cache import private_dir
-from kglightning.data.store.cache_admin import writer_temporary
+from kglightning.data.store.cache_admin import enforce_cap, writer_temporary
 
 log = logging.getLogger(__name__)
 _MISSING = object()
@@ -81,6 +81,7 @@ def save_proposals(originals: Sequence[KGQARecord], proposed: Sequence[KGQARecor
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    enforce_cap(path)
 
 
 def load_proposals(originals: Sequence[KGQARecord], path: str | Path) -> list[KGQARecord] | None:

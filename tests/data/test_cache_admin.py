@@ -103,6 +103,13 @@ def test_the_cache_command(root, capsys):
     assert main(["cache", "clean", "--max-size", "-1"]) == 2
 
 
+def _age_tree(path, seconds):
+    """Set the modification times of ``path`` and everything in it ``seconds`` back."""
+    past = time.time() - seconds
+    for p in [path, *path.rglob("*")]:
+        os.utime(p, (past, past), follow_symlinks=False)
+
+
 def test_a_size_cap_evicts_older_record_stores_when_one_is_written(tmp_path, monkeypatch):
     from kglightning.data.sources.loaders import read_records
     from kglightning.data.store.record_store import store_folder
@@ -117,5 +124,40 @@ def test_a_size_cap_evicts_older_record_stores_when_one_is_written(tmp_path, mon
                                  "graph": [["a", "r", f"b{i}"]]}) + "\n")  # fmt: skip
         read_records(p)
         paths.append(p)
+        _age_tree(store_folder(p, None, "raise", None), 3600)  # written an hour ago: no job is writing it
     first, second = (store_folder(p, None, "raise", None) for p in paths)
     assert not first.exists() and (second / "meta.json").is_file()
+
+
+def test_the_size_cap_covers_every_kind_and_spares_entries_written_in_the_last_ten_minutes(tmp_path, monkeypatch,
+                                                                                         caplog):  # fmt: skip
+    import logging
+
+    from kglightning.data.store import cache_admin
+    from kglightning.data.store.cache_admin import enforce_cap
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
+    monkeypatch.setattr(cache_admin, "_over_cap_said", set())
+    old_kg, old_emb, busy, written = (root / "kg/index-a.arrow", root / "embeddings/enc/shard-1.arrow",
+                                      root / "pcst-cuts/fp/tmpabc", root / "records/new/meta.json")  # fmt: skip
+    for f, n in ((old_kg, 3000), (old_emb, 4000), (busy, 5000), (written, 1000)):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"x" * n)
+    _age_tree(old_kg, 7200), _age_tree(old_emb.parent, 3600)
+    busy_entry = busy.parent
+    past = time.time() - 7200
+    os.utime(busy_entry, (past, past))  # the folder looks old; a file in it was written a moment ago
+    monkeypatch.delenv("KGLIGHTNING_CACHE_MAX_GB", raising=False)
+    assert enforce_cap(written) == [] and old_kg.exists()  # no cap set: nothing to do
+    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", str(5500 / 2**30))
+    with caplog.at_level(logging.WARNING):
+        gone = enforce_cap(written)
+        assert enforce_cap(written) == []
+    assert {e.path for e in gone} == {old_kg, old_emb.parent}  # least recently used first, of any kind
+    assert busy.exists() and written.exists()  # the entry written now, and one being written, are spared
+    assert caplog.text.count("over KGLIGHTNING_CACHE_MAX_GB") == 1  # 6000 bytes left: said once, not per write
+    assert enforce_cap(tmp_path / "elsewhere.arrow") == []  # a path outside the cache
+    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", "lots")
+    with pytest.raises(ValueError, match="KGLIGHTNING_CACHE_MAX_GB='lots'"):
+        enforce_cap(written)

@@ -25,7 +25,7 @@ import numpy as np
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import RecordError
 from kglightning.data.store.cache import default_cache_root, private_dir, untrusted
-from kglightning.data.store.cache_admin import writer_temporary
+from kglightning.data.store.cache_admin import enforce_cap, writer_temporary
 from kglightning.data.store.record_store import content_digest
 
 __all__ = ["load_kg", "read_triples"]
@@ -152,6 +152,7 @@ def _write_index(kg: KGIndex, path: Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    enforce_cap(path)
 
 
 def _read_index(path: Path) -> KGIndex:

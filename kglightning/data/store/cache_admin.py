@@ -15,8 +15,11 @@ time it was last written or, for a record store, last loaded.
 * ``--max-size GB``: the least recently used entries until the kind's total (or the cache's) is under the size.
 
 Removing an entry a running process has open is safe on POSIX systems (the process keeps its open files); the next
-run builds the entry again. ``KGLIGHTNING_CACHE_MAX_GB`` applies ``--max-size`` to the record stores each time one is
-written.
+run builds the entry again.
+
+``KGLIGHTNING_CACHE_MAX_GB`` applies ``--max-size`` to the whole cache each time an entry is written (a record
+store, a KG index, proposals, an embedding shard, a finished map step): :func:`enforce_cap`. It spares the entry
+just written and any entry written in the last ten minutes, which a running job may still be writing.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import contextlib
 import glob
 import logging
+import math
 import os
 import shutil
 import socket
@@ -38,8 +42,10 @@ from kglightning.data.store.cache import default_cache_root
 __all__ = [
     "CacheEntry",
     "clean",
+    "enforce_cap",
     "entries",
     "main",
+    "max_bytes_from_env",
     "remove_abandoned",
     "remove_stale_temporaries",
     "stale_temporary",
@@ -64,16 +70,26 @@ class CacheEntry:
 
 
 def _size(path: Path) -> int:
-    if path.is_symlink() or path.is_file():
-        with contextlib.suppress(OSError):
-            return path.lstat().st_size
-        return 0
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
+    return _measure(path)[0]
+
+
+def _measure(path: Path) -> tuple[int, float]:
+    """The bytes on disk under ``path``, and the newest modification time of ``path`` or anything in it."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return 0, 0.0
+    if path.is_symlink() or not path.is_dir():
+        return st.st_size, st.st_mtime
+    total, newest = 0, st.st_mtime
+    for dirpath, dirs, files in os.walk(path):
+        for name in (*files, *dirs):
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-    return total
+                info = os.lstat(os.path.join(dirpath, name))
+                newest = max(newest, info.st_mtime)
+                if name in files:
+                    total += info.st_size
+    return total, newest
 
 
 def _used(path: Path) -> float:
@@ -254,10 +270,13 @@ def clean(
     dry_run: bool = False,
     keep: Path | None = None,
     leftovers: bool = True,
+    spare_busy: bool = False,
 ) -> list[CacheEntry]:
     """Remove what killed runs left (``leftovers``), then the entries unused for ``older_than_s`` seconds, then the
     least recently used ones until the total is at most ``max_bytes`` (over ``kinds``, default every kind); ``keep``
-    is never removed (the entry just written). Returns the entries removed (``dry_run``: that would be)."""
+    is never removed (the entry just written), nor with ``spare_busy`` an entry with anything in it written in the
+    last ten minutes (the size cap's rule: a running job may be writing it). Returns the entries removed
+    (``dry_run``: that would be)."""
     root = default_cache_root() if root is None else root
     now = time.time()
     for aux in _stale_aux(root, kinds, now) if leftovers else ():
@@ -275,11 +294,63 @@ def clean(
         for e in left:  # oldest use first
             if total <= max_bytes:
                 break
-            if e.path != keep:
+            if e.path != keep and not (spare_busy and now - _measure(e.path)[1] < _QUIET_S):
                 gone.append(e)
                 total -= e.bytes
     for e in gone:
         _remove(e.path, dry_run)
+    return gone
+
+
+def _entry_of(path: Path, root: Path) -> Path | None:
+    """The entry (a child of a kind folder of ``root``) that ``path`` is or lies in; ``None`` outside the cache."""
+    try:
+        parts = path.resolve().relative_to(root.resolve()).parts
+    except (OSError, ValueError):
+        return None
+    return root / parts[0] / parts[1] if len(parts) >= 2 else None
+
+
+def max_bytes_from_env() -> int | None:
+    """``KGLIGHTNING_CACHE_MAX_GB`` in bytes, or ``None`` when it is unset or empty.
+
+    Raises:
+        ValueError: a value that is not a number of GB >= 0.
+    """
+    value = os.environ.get("KGLIGHTNING_CACHE_MAX_GB", "").strip()
+    if not value:
+        return None
+    try:
+        cap = float(value)
+    except ValueError:
+        cap = math.nan
+    if not cap >= 0:
+        raise ValueError(f"KGLIGHTNING_CACHE_MAX_GB={value!r}: expected a number of GB >= 0")
+    return int(cap * 2**30)
+
+
+_over_cap_said: set[str] = set()
+
+
+def enforce_cap(written: str | os.PathLike) -> list[CacheEntry]:
+    """Apply ``KGLIGHTNING_CACHE_MAX_GB`` to the whole cache after ``written`` (a file or folder in it) was written:
+    remove the least recently used entries, of every kind, until the cache fits. The entry holding ``written`` is
+    kept, and so is every entry with anything written in it in the last ten minutes (another job may be writing
+    it); when the cache still does not fit, a WARNING says so once per process. Nothing is done when the variable
+    is unset, or for a path outside the cache. Returns the entries removed."""
+    cap = max_bytes_from_env()
+    root = default_cache_root()
+    entry = None if cap is None else _entry_of(Path(written), root)
+    if entry is None:
+        return []
+    gone = clean(root, max_bytes=cap, keep=entry, leftovers=False, spare_busy=True)
+    for e in gone:
+        log.info("removed %s/%s (%s; KGLIGHTNING_CACHE_MAX_GB)", e.kind, e.path.name, _human(e.bytes))
+    total = sum(e.bytes for e in entries(root))
+    if total > cap and str(root) not in _over_cap_said:
+        _over_cap_said.add(str(root))
+        log.warning("the cache %s holds %s, over KGLIGHTNING_CACHE_MAX_GB (%s): what remains was written in the last "
+                    "ten minutes or is in use", root, _human(total), _human(cap))  # fmt: skip
     return gone
 
 

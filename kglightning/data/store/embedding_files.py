@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kglightning.data.store.cache_admin import remove_stale_temporaries
+from kglightning.data.store.cache_admin import enforce_cap, remove_stale_temporaries
 
 __all__ = ["SHARD_FORMAT", "read_shard", "remove_stale_writes", "write_shard"]
 
@@ -62,6 +62,7 @@ def write_shard(path: str | Path, texts: list[str], rows: np.ndarray) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    enforce_cap(path)
 
 
 def remove_stale_writes(folder: str | Path) -> int:

@@ -61,7 +61,7 @@ from filelock import FileLock, Timeout
 
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
 from kglightning.data.store.cache import default_cache_root, private_dir
-from kglightning.data.store.cache_admin import clean, writer_temporary
+from kglightning.data.store.cache_admin import enforce_cap, writer_temporary
 from kglightning.data.triple_array import TripleArray, Vocab
 
 __all__ = [
@@ -124,9 +124,12 @@ def content_digest(path: Path) -> str:
     out = digest.hexdigest()
     with contextlib.suppress(OSError):  # a read-only cache: hash again next time
         private_dir(memo.parent)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-        tmp.write_text(out, encoding="ascii")
-        os.replace(tmp, memo)
+        tmp = writer_temporary(memo, "a stat memo writer")
+        try:
+            tmp.write_text(out, encoding="ascii")
+            os.replace(tmp, memo)
+        finally:
+            tmp.unlink(missing_ok=True)
     return out
 
 
@@ -241,19 +244,6 @@ def _chunks(records: list[KGQARecord]) -> Iterator[list[KGQARecord]]:
         yield chunk
 
 
-def _cap(folder: Path) -> None:
-    """Apply ``KGLIGHTNING_CACHE_MAX_GB`` to the record stores, keeping ``folder`` (just written)."""
-    value = os.environ.get("KGLIGHTNING_CACHE_MAX_GB", "").strip()
-    if not value:
-        return
-    try:
-        cap = float(value)
-    except ValueError:
-        raise ValueError(f"KGLIGHTNING_CACHE_MAX_GB={value!r}: expected a number of GB") from None
-    for e in clean(max_bytes=int(cap * 2**30), kinds=["records"], keep=folder, leftovers=False):
-        log.info("removed the record store %s (%d MB; KGLIGHTNING_CACHE_MAX_GB=%s)", e.path, e.bytes >> 20, value)
-
-
 def save_store(records: list[KGQARecord], folder: Path) -> None:
     """Write ``records`` (a :class:`~kglightning.data.sources.loaders.RecordList`) to ``folder``, whole or not at
     all: into a temporary folder first, then renamed. Raises what the write raised (nothing is left behind)."""
@@ -297,7 +287,7 @@ def save_store(records: list[KGQARecord], folder: Path) -> None:
                 raise  # not another process's whole store: a real failure
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _cap(folder)
+    enforce_cap(folder)
 
 
 #: store files from this size on are memory-mapped; smaller ones are read into memory: a map holds a file descriptor

@@ -48,6 +48,7 @@ import pyarrow as pa
 import torch
 
 from kglightning.data.store.cache import private_dir
+from kglightning.data.store.cache_admin import enforce_cap
 
 __all__ = [
     "cached_map",
@@ -275,6 +276,7 @@ def cached_map(
     out = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     if folder is not None:
         _write_manifest(folder, parts, len(out))
+        enforce_cap(folder)
     return out
 
 
