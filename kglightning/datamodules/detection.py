@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch_geometric.data import Batch, Data
 
+from kglightning.data.digest import records_digest
 from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
@@ -28,7 +29,6 @@ from kglightning.datamodules.graph_rows import (
     code_digest,
     graph_features,
     graphs_from_rows,
-    records_digest,
     row_stats,
     row_texts,
 )
@@ -294,7 +294,7 @@ class DetectionDataModule(KGQADataModule):
     def graph_folder(self, split: str) -> Path:
         """Where ``split``'s graph rows are kept (:mod:`~kglightning.datamodules.graph_rows`): keyed by
         :meth:`dataset_key`, everything of the records the rows are built from
-        (:func:`~kglightning.datamodules.graph_rows.records_digest`: fields, proposed predictions, triples), the
+        (:func:`~kglightning.data.digest.records_digest`: fields, proposed predictions, triples), the
         graph settings, the near-miss grounder's :attr:`~kglightning.retrieval.FaissGrounder.cache_key`, the code
         that builds the rows (:func:`~kglightning.datamodules.graph_rows.code_digest`) and the records'
         :data:`~kglightning.data.records.VALIDATION_VERSION`. Computed once per split."""

@@ -32,9 +32,8 @@ import pyarrow.compute as pc
 import torch
 from torch_geometric.data import Data
 
-from kglightning.data.records import KGQARecord
 from kglightning.data.store.stage_map import stage_state
-from kglightning.data.triple_array import TripleArray, Vocab, release_graphs
+from kglightning.data.triple_array import release_graphs
 from kglightning.datamodules.detection_graphs import DetectionStats, graph_parts
 from kglightning.datamodules.graph_forms import GraphParts
 from kglightning.datamodules.graph_row_checks import GraphRowError, check_row, check_table
@@ -49,7 +48,6 @@ __all__ = [
     "code_digest",
     "graph_features",
     "graphs_from_rows",
-    "records_digest",
     "row_texts",
     "rows_table",
 ]
@@ -75,44 +73,6 @@ def code_digest() -> str:
     for name in GRAPH_CODE:
         h.update(Path(importlib.import_module(name).__file__).read_bytes())
     return h.hexdigest()[:16]
-
-
-def records_digest(records: Sequence[KGQARecord]) -> str:
-    """A digest of everything of ``records`` that their graph rows are built from: each record's fields (id,
-    question, answers, topic entities, predictions, confidences, cited paths) and its triples (a stored graph's
-    ``int32`` ids and, once each, the vocabulary they index). The graphs' pages are given back after."""
-    h = hashlib.sha256()
-    vocabs: dict[int, tuple[int, Vocab]] = {}
-    for r in records:
-        fields = (r.id, r.question, r.answer, r.a_entity, r.q_entity, r.prediction, r.confidence,
-                  r.prediction_paths, len(r.graph))  # fmt: skip
-        h.update(json.dumps(fields, default=str).encode() + b"\0")
-        g = r.graph
-        if isinstance(g, TripleArray):
-            k, _ = vocabs.setdefault(id(g.vocab), (len(vocabs), g.vocab))
-            h.update(k.to_bytes(8, "little"))
-            h.update(np.ascontiguousarray(g.ids, dtype="<i4").tobytes())
-        else:
-            h.update(json.dumps([list(t) for t in g]).encode())
-    for _, vocab in vocabs.values():
-        _hash_strings(h, vocab.to_arrow())
-    release_graphs(r.graph for r in records)
-    return h.hexdigest()[:32]
-
-
-def _hash_strings(h: Any, array: pa.Array) -> None:
-    """Feed ``array``'s strings to ``h``: its offsets and bytes where Arrow holds them flat, else the strings."""
-    array = array.cast(pa.large_string()) if array.type != pa.large_string() else array
-    n = len(array)
-    h.update(n.to_bytes(8, "little"))
-    if array.offset == 0 and array.null_count == 0 and n:
-        _, offsets_buf, data_buf = array.buffers()
-        offsets = np.frombuffer(offsets_buf, dtype="<i8", count=n + 1)
-        h.update((offsets - offsets[0]).tobytes())
-        h.update(memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])])
-        return
-    for lo in range(0, n, 1 << 16):
-        h.update("\0".join(array.slice(lo, 1 << 16).to_pylist()).encode("utf-8", "surrogatepass") + b"\0")
 
 
 # list columns: name -> (Arrow value type, numpy dtype of the stored values, torch dtype of the graph's tensor)

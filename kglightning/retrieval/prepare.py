@@ -43,6 +43,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from kglightning.data.digest import records_digest
 from kglightning.data.kg import KGIndex
 from kglightning.data.kg_paths import khop_ids
 from kglightning.data.records import KGQARecord
@@ -167,9 +168,10 @@ def cut_records(
     ``workers`` processes; the output does not depend on ``workers``. ``shard=(i, N)`` cuts part ``i`` of ``N``
     (:func:`~kglightning.data.store.stage_map.take_shard`). With ``key`` (:func:`rows_key` of the texts that
     :func:`embed_texts` encoded), the cuts are kept in ``$KGLIGHTNING_CACHE/pcst-cuts/<fingerprint>``, the
-    fingerprint covering the questions, the KG, the retriever's settings, the encoder, ``key``, :data:`CUT_VERSION`
-    and the versions of kglightning, the PCST solver, numpy and torch: a run stopped part-way is resumed, and a rerun
-    reads them. A rerun's stats and ``times.jsonl`` give the seconds of the run that cut them. ``kg=None`` cuts each
+    fingerprint covering the questions (:func:`~kglightning.data.digest.records_digest`, their ``extra`` included:
+    their graphs' ids, not JSON of the triples), the KG, the retriever's settings, the encoder, ``key``,
+    :data:`CUT_VERSION` and the versions of kglightning, the PCST solver, numpy and torch: a run stopped part-way is
+    resumed, and a rerun reads them. A rerun's stats and ``times.jsonl`` give the seconds of the run that cut them. ``kg=None`` cuts each
     question from its own graph. Run :func:`embed_texts` first.
     """
     import datasets
@@ -179,7 +181,7 @@ def cut_records(
         questions = take_shard(questions, *shard)
     folder = None
     if key is not None:
-        mine = [records[i].to_dict() for i in questions["index"]]
+        mine = records_digest([records[i] for i in questions["index"]], extra=True)  # ids, not JSON triples
         fp = fingerprint("pcst", CUT_VERSION, _versions(), settings(retriever), None if kg is None else kg.digest(),
                          key, mine)  # fmt: skip
         folder = default_cache_root() / "pcst-cuts" / fp

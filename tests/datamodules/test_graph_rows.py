@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kglightning.data import SentenceEncoder
+from kglightning.data.digest import records_digest
 from kglightning.data.records import KGQARecord
 from kglightning.data.store.stage_map import cached_map
 from kglightning.datamodules import DetectionDataModule
@@ -156,13 +157,13 @@ def test_rows_stored_under_another_table_numbering_give_the_same_batches(data, t
 
 def test_the_records_digest_covers_triples_and_cited_paths_not_just_sizes():
     base = _records()
-    same = gr.records_digest(_records())
-    assert gr.records_digest(base) == same
+    same = records_digest(_records())
+    assert records_digest(base) == same
     renamed = [KGQARecord.from_dict(r.to_dict() | {"graph": [["France", "capital", "Parus"], *map(list, r.graph[1:])]})
                if r.id == "a" else r for r in _records()]  # fmt: skip
     cited = [KGQARecord.from_dict(r.to_dict() | {"prediction_paths": [[["France", "capital", "Paris"]]] * 5})
              if r.id == "a" else r for r in _records()]  # fmt: skip
-    assert len({same, gr.records_digest(renamed), gr.records_digest(cited)}) == 3
+    assert len({same, records_digest(renamed), records_digest(cited)}) == 3
 
 
 @pytest.mark.parametrize("store", ["off", "0"])
@@ -182,7 +183,7 @@ def test_a_split_digest_follows_its_vocabulary(tmp_path, monkeypatch, store):
         read_records(path, report=False)
         records = read_records(path, report=False)
         assert records[0].graph.vocab.has_table == (store == "off")
-        digests.append(gr.records_digest(records))
+        digests.append(records_digest(records))
     assert digests[0] != digests[1]
 
 

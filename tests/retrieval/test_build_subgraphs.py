@@ -75,6 +75,11 @@ def test_the_cuts_are_kept_read_back_and_cut_again_when_a_setting_changes(tmp_pa
     assert (tmp_path / "out" / "test.jsonl").read_bytes() == first
     with pytest.raises(AssertionError, match="cut again"):
         run(tmp_path, tiny_encoder_dir, *args, "--topk", "4")
+    # a field the cuts carry over (kept in ``extra``) is part of the key too: the cut records hold it
+    lines = [json.loads(line) for line in qs.read_text().splitlines()]
+    qs.write_text("".join(json.dumps({**q, "note": "asked twice"}) + "\n" for q in lines))
+    with pytest.raises(AssertionError, match="cut again"):
+        run(tmp_path, tiny_encoder_dir, *args)
 
 
 def test_the_rows_key_follows_the_rows_the_cache_holds(tmp_path):
