@@ -18,7 +18,10 @@ RSS counts the pages of memory-mapped embedding shards the stage touched, which 
   ``BENCH_UAG_QUESTIONS=n``, of the first ``n`` questions of all those read), and the size of the scores it keeps;
   then calibration on them (:class:`~kglightning.conformal.uag.UAGController` ``fit`` and ``select(0.1)``, its
   seconds in ``calibrate_s``, not in ``seconds``; the peak RSS covers both);
-* ``embed``: every text of each question looked up in :class:`~kglightning.data.embeddings.EmbeddingCache`.
+* ``embed``: every text of each question looked up in :class:`~kglightning.data.embeddings.EmbeddingCache`;
+* ``cuts``: ``build-subgraphs``' path over every question of the split, each cut from its own graph:
+  :func:`~kglightning.retrieval.prepare.cut_records` with a cache key (its fingerprint of the questions, then the
+  cached map of the cuts, written to an emptied folder, and the cuts read back as records).
 
 The stages after ``index`` read a warm embedding cache (``warm`` fills it first, untimed in the table). The text
 encoder is a hashing encoder with MiniLM's width (384): the benchmark measures the data path, not the encoder, and a
@@ -52,7 +55,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-STAGES = ("read", "index", "evidence", "pcst", "detector", "uag", "embed")
+STAGES = ("read", "index", "evidence", "pcst", "detector", "uag", "embed", "cuts")
 STAGE_LIMITS = {"evidence": 300, "pcst": 300, "uag": 300}  # slow per-question stages: the first N questions
 _ANON: AnonPeak | None = None
 _STAGE_MODULES = (
@@ -189,7 +192,7 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
         builder = EvidenceBuilder()
         for r in records:
             builder.mine(r)
-    elif stage in ("pcst", "detector", "uag", "embed", "warm"):
+    elif stage in ("pcst", "detector", "uag", "embed", "warm", "cuts"):
         emb = EmbeddingCache(encoder, cache)
         load_s = time.perf_counter() - t0
         extra: dict = {}
@@ -277,6 +280,16 @@ def run_stage(stage: str, data: Path, cache: Path, limit: int | None, warm_quest
             extra["peak_calibrate_mib"] = phase_peak()
             t0 += calibrate_s  # ``seconds`` is the scoring's alone, as before this step was added
             extra.update(calibrate_s=round(calibrate_s, 1), chosen=chosen.summary().get("selected"))
+        elif stage == "cuts":
+            from kglightning.retrieval.pcst import PCSTRetriever
+            from kglightning.retrieval.prepare import cut_records
+
+            retriever = PCSTRetriever(encoder, cache_dir=str(cache.parent), show_progress=False)
+            retriever._cache = emb
+            os.environ["KGLIGHTNING_CACHE"] = str(cache.parent / "cuts-cache")  # where the stored cuts go
+            shutil.rmtree(cache.parent / "cuts-cache", ignore_errors=True)
+            cuts, _ = cut_records(retriever, records, None, key="bench")
+            extra["cut"] = sum(c is not None for c in cuts)
         elif stage == "embed":
             from kglightning.datamodules.detection_graphs import node_texts
 
