@@ -101,6 +101,20 @@ def test_a_second_read_loads_the_store_with_mapped_graphs(store_env, parses, mon
     assert clone == first[0] and not _mapped([clone])
 
 
+def test_records_name_their_store_and_arrow_readers_open_it(store_env, monkeypatch):
+    import datasets
+    import pyarrow as pa
+
+    assert _parsed(store_env, monkeypatch, on_bad_record="skip").store is None  # not from a store
+    records = read_records(store_env, on_bad_record="skip")
+    assert records.store == store_folder(store_env, None, "skip", None)
+    table = datasets.Dataset.from_file(str(records.store / "records.arrow"))
+    vocab = pa.ipc.open_stream(pa.memory_map(str(records.store / "vocab.arrow"))).read_all().column("string")
+    assert table["id"] == [r.id for r in records] and table[2]["extra"] == '{"note": {"k": [1, 2]}}'
+    for row, r in zip(table, records):
+        assert [vocab.take(pa.array(t)).to_pylist() for t in row["graph"]] == [list(t) for t in r.graph]
+
+
 def test_other_arguments_and_a_changed_file_are_other_stores(store_env):
     read_records(store_env, on_bad_record="skip")
     assert len(read_records(store_env, on_bad_record="skip", limit=2)) == 2

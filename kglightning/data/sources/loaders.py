@@ -70,6 +70,11 @@ class RecordList(list):
         empty_graph: ids of kept records whose ``graph`` is empty.
         unknown_topic: ids of kept records with a non-empty graph in which some ``q_entity`` name does not occur
             (or whose ``q_entity`` is empty).
+        store: the record store folder the records were loaded from (:mod:`~kglightning.data.store.record_store`),
+            or ``None``. Its ``records.arrow`` (one row per record, the graphs as ``int32`` id triples) and
+            ``vocab.arrow`` (the strings the ids index) open with any Arrow reader, e.g.
+            ``datasets.Dataset.from_file(str(records.store / "records.arrow"))``; they hold the records as read,
+            not changes made to this list since.
     """
 
     def __init__(self, records: Iterable[KGQARecord] = (), *, source: str = "<memory>", split: str | None = None):
@@ -80,6 +85,7 @@ class RecordList(list):
         self.vocab = Vocab()  # the strings of the graphs read into this list (records keep ids: TripleArray)
         self.empty_graph: list[str] = []
         self.unknown_topic: list[str] = []
+        self.store: Path | None = None
 
     def count_graph_issues(self) -> RecordList:
         """Fill :attr:`empty_graph` and :attr:`unknown_topic` from the records as they are now (e.g. after a

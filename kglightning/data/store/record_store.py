@@ -380,6 +380,7 @@ def load_store(folder: Path, out: list, source: str | None = None) -> None:
         RecordError(m, source=where if s == stored_source else s, line=ln, field=fd) for m, s, ln, fd in meta["skipped"]
     ]
     out.empty_graph, out.unknown_topic = meta["empty_graph"], meta["unknown_topic"]
+    out.store = folder
 
 
 def remove_store(folder: Path) -> None:
