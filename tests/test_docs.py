@@ -273,3 +273,29 @@ def test_a_summary_is_the_first_sentence_whole_on_the_first_line():
     ):
         assert hook.summary_line(abbreviated).split("\n")[1] == "More."
     assert hook.summary_line("Ends without a stop\nhere") == "Ends without a stop here"
+
+
+def _api_links():
+    spec = importlib.util.spec_from_file_location("api_links", ROOT / "docs" / "hooks" / "api_links.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kglightning_names_in_prose_become_links_to_where_the_reference_renders_them():
+    links = _api_links()
+    page = "See `kglightning.data.KGIndex`, `kglightning.nn`, [`kglightning.data`](x) and `kglightning.nope.X`.\n"
+    page += "```python\n`kglightning.data.KGIndex`\n```\n"
+    assert links.link_names(page) == (
+        "See [`kglightning.data.KGIndex`][kglightning.data.kg.KGIndex], [`kglightning.nn`][kglightning.nn], "
+        "[`kglightning.data`](x) and `kglightning.nope.X`.\n```python\n`kglightning.data.KGIndex`\n```\n"
+    )  # a re-exported class links to its defining module's page; links and fenced code are left alone
+    assert links.unresolved() == ["kglightning.nope.X"]
+
+
+def test_every_kglightning_name_the_prose_pages_give_imports():
+    links = _api_links()
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        if not page.relative_to(ROOT / "docs").as_posix().startswith(links.SKIP):
+            links.link_names(page.read_text(encoding="utf-8"))
+    assert links.unresolved() == []  # a renamed or removed object named on a page: the page must follow
