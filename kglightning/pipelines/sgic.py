@@ -264,7 +264,9 @@ class SGICPipeline(L.LightningModule):
         comparison = write_comparison(rows, methods, out, self.n_bins)
         self.counts.setdefault("truncated_documents", self.prompt.truncated)
         summary = summarize(rows, self.rounds, self.engine.cost, self.counts, self.mean)
-        summary["comparison"] = {m: {k: comparison[m].get(k) for k in ("Hit", "F1", "ECE")} for m in methods}
+        summary["comparison"] = {  # the evaluation's keys are lower case; the summary's are the tables' headers
+            m: {k: comparison[m].get(k.lower()) for k in ("Hit", "F1", "ECE")} for m in methods
+        }
         write_text_atomic(out / "sgic_summary.json", json.dumps(summary, indent=2) + "\n")
         text = summary_markdown(summary)
         write_text_atomic(out / "sgic_summary.md", text)

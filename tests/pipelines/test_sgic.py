@@ -74,6 +74,8 @@ def test_rounds_scores_and_minimum_uncertainty_selection(Scripted, passages_dir,
     # per question in comparison.md: France 10 | 10 + 2 x 10 + 3 x 10 | 2 x 10; Japan 10 | 10 + 10 + 30 | 20
     comparison = json.loads((out / "comparison.json").read_text())
     tokens = {m: comparison[m]["input_tokens"] for m in ("baseline", "sgic", "k_sampling")}
+    assert summary["comparison"]["sgic"] == {k: comparison["sgic"][k.lower()] for k in ("Hit", "F1", "ECE")}
+    assert summary["comparison"]["sgic"]["Hit"] is not None
     assert tokens == {"baseline": 10.0, "sgic": 55.0, "k_sampling": 20.0}
     assert (
         "| sgic | 100.0 |" in (out / "comparison.md").read_text() and "| 55.0 |" in (out / "comparison.md").read_text()
