@@ -30,6 +30,7 @@ if _WORKERS > 1:
 # the tests' caches go to the repository's .cache/kglightning (git ignores it; .ci/run uses the same folder), never
 # into the user's own ~/.cache/kglightning: fixtures read hundreds of small files, each kept as a record store
 os.environ.setdefault("KGLIGHTNING_CACHE", str(Path(__file__).resolve().parents[1] / ".cache" / "kglightning"))
+os.environ.pop("KGLIGHTNING_CACHE_MAX_GB", None)  # a cap the user exported would evict the tests' shared cache
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")

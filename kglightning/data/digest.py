@@ -60,6 +60,8 @@ def records_digest(records: Sequence[KGQARecord], extra: bool = False) -> str:
 def _hash_strings(h: Any, array: pa.Array) -> None:
     """Feed ``array``'s strings to ``h``: its offsets and bytes where Arrow holds them flat, else the strings."""
     array = array.cast(pa.large_string()) if array.type != pa.large_string() else array
+    if array.offset:  # a slice: copied flat, so that it hashes as the same strings held flat do
+        array = pa.concat_arrays([array])
     n = len(array)
     h.update(n.to_bytes(8, "little"))
     if array.offset == 0 and array.null_count == 0 and n:
@@ -68,5 +70,6 @@ def _hash_strings(h: Any, array: pa.Array) -> None:
         h.update((offsets - offsets[0]).tobytes())
         h.update(memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])])
         return
-    for lo in range(0, n, 1 << 16):
-        h.update("\0".join(array.slice(lo, 1 << 16).to_pylist()).encode("utf-8", "surrogatepass") + b"\0")
+    for text in array.to_pylist():  # nulls: each string's length, then its bytes (a null as length -1)
+        data = b"" if text is None else text.encode("utf-8", "surrogatepass")
+        h.update((-1 if text is None else len(data)).to_bytes(8, "little", signed=True) + data)

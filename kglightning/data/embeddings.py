@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from kglightning.data.encoder import BUNDLED_MINILM as BUNDLED_MINILM  # re-expo
 from kglightning.data.encoder import SentenceEncoder
 from kglightning.data.encoder import bundled_minilm_path as bundled_minilm_path
 from kglightning.data.store.cache import default_cache_root, private_dir
+from kglightning.data.store.cache_pins import pin, unpin
 from kglightning.data.store.embedding_files import read_shard, remove_stale_writes, write_shard
 from kglightning.data.store.row_table import RowTable
 
@@ -86,6 +88,8 @@ class EmbeddingCache:
         self._shards: set[str] = set()
         self._unlisted = False
         self._cleaned = False
+        if self.folder is not None:  # in use while this object lives: kglightning cache clean and the size cap leave it
+            weakref.finalize(self, unpin, pin(self.folder))
         self.refresh()
 
     def refresh(self) -> int:

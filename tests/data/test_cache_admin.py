@@ -117,6 +117,7 @@ def test_a_size_cap_evicts_older_record_stores_when_one_is_written(tmp_path, mon
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
     monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", str(1 / 2**30))  # one byte: only the newest store stays
+    _cap_every_write(monkeypatch)
     paths = []
     for i in range(2):
         p = tmp_path / f"s{i}.jsonl"
@@ -138,7 +139,7 @@ def test_the_size_cap_covers_every_kind_and_spares_entries_written_in_the_last_t
 
     root = tmp_path / "cache"
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
-    monkeypatch.setattr(cache_admin, "_over_cap_said", set())
+    _cap_every_write(monkeypatch)
     old_kg, old_emb, busy, written = (root / "kg/index-a.arrow", root / "embeddings/enc/shard-1.arrow",
                                       root / "pcst-cuts/fp/tmpabc", root / "records/new/meta.json")  # fmt: skip
     for f, n in ((old_kg, 3000), (old_emb, 4000), (busy, 5000), (written, 1000)):
@@ -154,10 +155,80 @@ def test_the_size_cap_covers_every_kind_and_spares_entries_written_in_the_last_t
     with caplog.at_level(logging.WARNING):
         gone = enforce_cap(written)
         assert enforce_cap(written) == []
+        assert caplog.text.count("over KGLIGHTNING_CACHE_MAX_GB") == 1
+        monkeypatch.setattr(cache_admin, "CAP_EVERY_S", 3600.0)
+        monkeypatch.setattr(cache_admin, "_last_cap", {})
+        enforce_cap(written)
+        old_kg.write_bytes(b"x" * 3000)
+        _age_tree(old_kg, 7200)
+        assert enforce_cap(written) == [] and old_kg.exists()  # walked once an hour here: not at this write
     assert {e.path for e in gone} == {old_kg, old_emb.parent}  # least recently used first, of any kind
     assert busy.exists() and written.exists()  # the entry written now, and one being written, are spared
-    assert caplog.text.count("over KGLIGHTNING_CACHE_MAX_GB") == 1  # 6000 bytes left: said once, not per write
     assert enforce_cap(tmp_path / "elsewhere.arrow") == []  # a path outside the cache
-    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", "lots")
-    with pytest.raises(ValueError, match="KGLIGHTNING_CACHE_MAX_GB='lots'"):
-        enforce_cap(written)
+
+
+def _cap_every_write(monkeypatch):
+    from kglightning.data.store import cache_admin
+
+    monkeypatch.setattr(cache_admin, "CAP_EVERY_S", 0.0)
+    monkeypatch.setattr(cache_admin, "_last_cap", {})
+    monkeypatch.setattr(cache_admin, "_said", set())
+
+
+def test_the_size_cap_leaves_the_benchmark_other_tools_folders_and_pinned_entries(tmp_path, monkeypatch):
+    from kglightning.data.store.cache_admin import enforce_cap
+    from kglightning.data.store.cache_pins import pin, unpin
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
+    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", "0")
+    _cap_every_write(monkeypatch)
+    kept = [root / "embedded-v1-seed0/validation.jsonl", root / "huggingface/hub/model.bin",
+            root / "embeddings/enc/shard-1.arrow", root / "pcst-cuts/fp/piece-0.arrow"]  # fmt: skip
+    for f in [*kept, root / "kg/index-a.arrow"]:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"x" * 100)
+    _age_tree(root, 7200)
+    in_use = pin(kept[2])  # this process's embedding cache: a pin held until it is released
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from kglightning.data.store.cache_pins import "
+                              f"pin; pin({str(kept[3])!r}); print('pinned', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert other.stdout.readline().strip() == "pinned"  # another process maps into pcst-cuts/fp
+        (root / "records/new").mkdir(parents=True)
+        gone = enforce_cap(root / "records/new")
+        assert [e.path for e in gone] == [root / "kg/index-a.arrow"] and all(f.exists() for f in kept)
+        assert main(["cache", "clean", "--older-than", "0"]) == 0
+        assert kept[2].exists() and kept[3].exists()  # clean leaves pinned entries too
+    finally:
+        other.kill()
+        other.wait()
+    unpin(in_use)
+    assert main(["cache", "clean", "--older-than", "0"]) == 0
+    assert not kept[2].exists() and not kept[3].exists()  # released: removable again
+    assert kept[1].exists()  # another tool's folder in the cache root: cleaned only when --kind names it
+
+
+def test_a_bad_or_infinite_cap_never_fails_a_write_and_a_linked_kind_folder_is_capped(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from kglightning.data.store.cache_admin import enforce_cap, max_bytes_from_env
+    from kglightning.data.store.cache_pins import entry_of
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
+    _cap_every_write(monkeypatch)
+    (root / "kg").mkdir(parents=True)
+    for value in ("inf", "1e400"):
+        monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", value)
+        assert max_bytes_from_env() is None and enforce_cap(root / "kg/x.arrow") == []
+    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", "5GB")
+    with caplog.at_level(logging.WARNING):
+        assert enforce_cap(root / "kg/x.arrow") == [] and enforce_cap(root / "kg/y.arrow") == []
+    assert caplog.text.count("KGLIGHTNING_CACHE_MAX_GB='5GB': expected a number of GB") == 1
+    with pytest.raises(ValueError, match="'5GB'"):
+        max_bytes_from_env()  # `kglightning cache` and callers that ask say it as an error
+    elsewhere = tmp_path / "big-disk/embeddings"
+    elsewhere.mkdir(parents=True)
+    (root / "embeddings").symlink_to(elsewhere)
+    assert entry_of(root / "embeddings/enc/shard.arrow") == root / "embeddings/enc"

@@ -2,8 +2,10 @@
 
 The cache (``$KGLIGHTNING_CACHE``, default ``~/.cache/kglightning``) holds one folder per kind of thing built once:
 ``records`` (record stores, :mod:`~kglightning.data.store.record_store`), ``kg`` (KG indexes), ``embeddings``,
-``proposals-v2`` and the others that data modules write. Each child of a kind folder is one *entry*; its age is the
-time it was last written or, for a record store, last loaded.
+``proposals-v2``, the embedded benchmark (``embedded-*``) and the others that data modules write
+(:data:`CAPPED_KINDS`). Each child of a kind folder is one *entry*; its age is the time it was last written or, for a
+record store, last loaded. Other folders in the cache root (another tool's, e.g. a ``HF_HOME`` placed there) are
+listed and cleaned only when ``--kind`` names them.
 
 ``clean`` removes, in every kind or in ``--kind``:
 
@@ -15,11 +17,14 @@ time it was last written or, for a record store, last loaded.
 * ``--max-size GB``: the least recently used entries until the kind's total (or the cache's) is under the size.
 
 Removing an entry a running process has open is safe on POSIX systems (the process keeps its open files); the next
-run builds the entry again.
+run builds the entry again. An entry a running process has pinned (:mod:`~kglightning.data.store.cache_pins`: an
+embedding folder while its cache object lives, a cached map while it maps) is never removed.
 
-``KGLIGHTNING_CACHE_MAX_GB`` applies ``--max-size`` to the whole cache each time an entry is written (a record
-store, a KG index, proposals, an embedding shard, a finished map step): :func:`enforce_cap`. It spares the entry
-just written and any entry written in the last ten minutes, which a running job may still be writing.
+``KGLIGHTNING_CACHE_MAX_GB`` applies ``--max-size`` each time an entry is written (a record store, a KG index,
+proposals, an embedding shard, a finished map step), at most once a minute per process: :func:`enforce_cap`. It
+evicts only what kglightning builds again when it is missing (:data:`CAPPED_KINDS`: not the embedded benchmark, nor
+folders of other tools sharing the cache root), and spares pinned entries and any entry written in the last ten
+minutes.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kglightning.data.store.cache import default_cache_root
+from kglightning.data.store.cache_pins import MARKER_SUFFIX, entry_of, removable
 
 __all__ = [
     "CacheEntry",
@@ -56,17 +62,22 @@ log = logging.getLogger(__name__)
 
 _TMP_AGE_S, _QUIET_S, _LOCK_AGE_S, _TORN_AGE_S, _STAMP_AGE_S = 86400.0, 600.0, 86400.0, 3600.0, 30 * 86400.0
 _NOT_ENTRIES = {("records", "stamps")}  # bookkeeping of a kind, not an entry
+#: the kinds the size cap may evict: what kglightning derives and builds again when it is missing (not the embedded
+#: benchmark, which data modules read split by split, nor folders of other tools that share the cache root)
+CAPPED_KINDS = ("records", "kg", "embeddings", "proposals-v2", "pcst-cuts", "pcst_subgraphs", "detection_graphs",
+                "proxy_sft")  # fmt: skip
 
 
 @dataclass
 class CacheEntry:
-    """One thing the cache holds: ``kind`` (its top folder), ``path``, ``bytes`` on disk, and ``used`` (a Unix time:
-    last written or loaded)."""
+    """One thing the cache holds: ``kind`` (its top folder), ``path``, ``bytes`` on disk, ``used`` (a Unix time:
+    last written or loaded) and ``newest`` (the last write of anything in it)."""
 
     kind: str
     path: Path
     bytes: int
     used: float
+    newest: float = 0.0  # the newest modification time of anything in it
 
 
 def _size(path: Path) -> int:
@@ -83,12 +94,12 @@ def _measure(path: Path) -> tuple[int, float]:
         return st.st_size, st.st_mtime
     total, newest = 0, st.st_mtime
     for dirpath, dirs, files in os.walk(path):
-        for name in (*files, *dirs):
-            with contextlib.suppress(OSError):
-                info = os.lstat(os.path.join(dirpath, name))
-                newest = max(newest, info.st_mtime)
-                if name in files:
-                    total += info.st_size
+        for names, counted in ((files, True), (dirs, False)):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    info = os.lstat(os.path.join(dirpath, name))
+                    newest = max(newest, info.st_mtime)
+                    total += info.st_size if counted else 0
     return total, newest
 
 
@@ -104,24 +115,31 @@ def _used(path: Path) -> float:
 def _is_aux(path: Path) -> bool:
     """A lock file, a writer's temporary folder or a kind's bookkeeping: not an entry of its own."""
     return (
-        path.name.endswith(".lock")
+        path.name.endswith((".lock", MARKER_SUFFIX))
         or (path.name.startswith(".") and path.name.endswith(".tmp"))
         or (path.parent.name, path.name) in _NOT_ENTRIES
     )
+
+
+def _kind_dirs(root: Path, kinds: list[str] | None) -> list[Path]:
+    """The kind folders of ``root`` named in ``kinds``, or by default those kglightning writes (:data:`CAPPED_KINDS`
+    and the embedded benchmark's ``embedded-*``): a folder of another tool that shares the cache root is not
+    touched unless named."""
+    if not root.is_dir():
+        return []
+    chosen = (lambda n: n in kinds) if kinds else (lambda n: n in CAPPED_KINDS or n.startswith("embedded-"))
+    return sorted(p for p in root.iterdir() if p.is_dir() and chosen(p.name))
 
 
 def entries(root: Path | None = None, kinds: list[str] | None = None) -> list[CacheEntry]:
     """The cache's entries (see the module docstring), oldest use first."""
     root = default_cache_root() if root is None else root
     out: list[CacheEntry] = []
-    if not root.is_dir():
-        return out
-    for kind_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        if kinds and kind_dir.name not in kinds:
-            continue
+    for kind_dir in _kind_dirs(root, kinds):
         for child in kind_dir.iterdir():
             if not _is_aux(child):
-                out.append(CacheEntry(kind_dir.name, child, _size(child), _used(child)))
+                size, newest = _measure(child)
+                out.append(CacheEntry(kind_dir.name, child, size, _used(child), newest))
     return sorted(out, key=lambda e: e.used)
 
 
@@ -138,9 +156,7 @@ def _remove(path: Path, dry_run: bool) -> None:
 def _stale_aux(root: Path, kinds: list[str] | None, now: float) -> list[Path]:
     host = socket.gethostname()
     stale = []
-    for kind_dir in (p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
-        if kinds and kind_dir.name not in kinds:
-            continue
+    for kind_dir in _kind_dirs(root, kinds):
         for child in kind_dir.iterdir():
             try:
                 age = now - child.stat().st_mtime
@@ -148,6 +164,9 @@ def _stale_aux(root: Path, kinds: list[str] | None, now: float) -> list[Path]:
                 continue
             if child.name.endswith(".lock"):
                 if age > _LOCK_AGE_S and not child.with_name(child.name[: -len(".lock")]).exists():
+                    stale.append(child)
+            elif child.name.startswith(".") and child.name.endswith(MARKER_SUFFIX):  # an in-use marker
+                if age > _LOCK_AGE_S and not child.with_name(child.name[1 : -len(MARKER_SUFFIX)]).exists():
                     stale.append(child)
             elif stale_temporary(child, now, host):
                 stale.append(child)
@@ -280,39 +299,50 @@ def clean(
     root = default_cache_root() if root is None else root
     now = time.time()
     for aux in _stale_aux(root, kinds, now) if leftovers else ():
-        if aux.name.endswith(".lock"):
+        if aux.name.endswith((".lock", MARKER_SUFFIX)):
             _remove_lock(aux, dry_run)
         else:
             _remove(aux, dry_run)
     current = entries(root, kinds)
     gone: list[CacheEntry] = []
     if older_than_s is not None:
-        gone += [e for e in current if now - e.used > older_than_s and e.path != keep]
+        gone += [e for e in current if now - e.used > older_than_s and e.path != keep and _take(e.path, dry_run)]
     if max_bytes is not None:
-        left = [e for e in current if e not in gone]
-        total = sum(e.bytes for e in left)
-        for e in left:  # oldest use first
-            if total <= max_bytes:
-                break
-            if e.path != keep and not (spare_busy and now - _measure(e.path)[1] < _QUIET_S):
-                gone.append(e)
-                total -= e.bytes
-    for e in gone:
-        _remove(e.path, dry_run)
+        gone += _evict([e for e in current if e not in gone], max_bytes, keep, spare_busy, dry_run, now)
     return gone
 
 
-def _entry_of(path: Path, root: Path) -> Path | None:
-    """The entry (a child of a kind folder of ``root``) that ``path`` is or lies in; ``None`` outside the cache."""
-    try:
-        parts = path.resolve().relative_to(root.resolve()).parts
-    except (OSError, ValueError):
-        return None
-    return root / parts[0] / parts[1] if len(parts) >= 2 else None
+def _evict(current: list[CacheEntry], max_bytes: int, keep: Path | None, spare_busy: bool, dry_run: bool,
+           now: float) -> list[CacheEntry]:  # fmt: skip
+    """Remove entries of ``current`` (oldest use first) until they hold at most ``max_bytes``; see :func:`clean`."""
+    gone = []
+    total = sum(e.bytes for e in current)
+    for e in current:
+        if total <= max_bytes:
+            break
+        if e.path == keep or (spare_busy and now - e.newest < _QUIET_S):
+            continue
+        if _take(e.path, dry_run):
+            gone.append(e)
+            total -= e.bytes
+    return gone
+
+
+def _take(entry: Path, dry_run: bool) -> bool:
+    """Remove ``entry`` unless a process has pinned it (:mod:`~kglightning.data.store.cache_pins`); return whether it
+    was (``dry_run``: would be) removed."""
+    with removable(entry) as ok:
+        if ok:
+            _remove(entry, dry_run)
+        return ok
+
+
+#: the cap walks the cache at most this often per process (a job writes an embedding shard per question)
+CAP_EVERY_S = 60.0
 
 
 def max_bytes_from_env() -> int | None:
-    """``KGLIGHTNING_CACHE_MAX_GB`` in bytes, or ``None`` when it is unset or empty.
+    """``KGLIGHTNING_CACHE_MAX_GB`` in bytes, or ``None`` when it is unset, empty or infinite.
 
     Raises:
         ValueError: a value that is not a number of GB >= 0.
@@ -326,31 +356,50 @@ def max_bytes_from_env() -> int | None:
         cap = math.nan
     if not cap >= 0:
         raise ValueError(f"KGLIGHTNING_CACHE_MAX_GB={value!r}: expected a number of GB >= 0")
-    return int(cap * 2**30)
+    return None if math.isinf(cap) or cap * 2**30 >= 2**62 else int(cap * 2**30)
 
 
-_over_cap_said: set[str] = set()
+_said: set[str] = set()
+_last_cap: dict[str, float] = {}
+
+
+def _say_once(key: str, msg: str, *args: object) -> None:
+    if key not in _said:
+        _said.add(key)
+        log.warning(msg, *args)
 
 
 def enforce_cap(written: str | os.PathLike) -> list[CacheEntry]:
-    """Apply ``KGLIGHTNING_CACHE_MAX_GB`` to the whole cache after ``written`` (a file or folder in it) was written:
-    remove the least recently used entries, of every kind, until the cache fits. The entry holding ``written`` is
-    kept, and so is every entry with anything written in it in the last ten minutes (another job may be writing
-    it); when the cache still does not fit, a WARNING says so once per process. Nothing is done when the variable
-    is unset, or for a path outside the cache. Returns the entries removed."""
-    cap = max_bytes_from_env()
-    root = default_cache_root()
-    entry = None if cap is None else _entry_of(Path(written), root)
-    if entry is None:
+    """Apply ``KGLIGHTNING_CACHE_MAX_GB`` after ``written`` (a file or folder in the cache) was written: remove the
+    least recently used entries of :data:`CAPPED_KINDS` until the cache fits. Spared: the entry holding ``written``,
+    every entry a running process has pinned (:func:`~kglightning.data.store.cache_pins.pin`), and every entry with
+    anything written in it in the last ten minutes. The cache is walked at most once
+    every :data:`CAP_EVERY_S` seconds per process. When it still does not fit, or the variable is not a number, a
+    WARNING says so once per process; nothing here raises, so a write that succeeded stays a success. Nothing is done
+    when the variable is unset, or for a path outside the cache. Returns the entries removed."""
+    entry = entry_of(written)
+    try:
+        cap = max_bytes_from_env()
+    except ValueError as err:
+        _say_once("bad cap", "%s; no size cap applied", err)
         return []
-    gone = clean(root, max_bytes=cap, keep=entry, leftovers=False, spare_busy=True)
+    root = default_cache_root()
+    now = time.monotonic()
+    if cap is None or entry is None or now - _last_cap.get(str(root), -math.inf) < CAP_EVERY_S:
+        return []
+    _last_cap[str(root)] = now
+    try:
+        current = entries(root, list(CAPPED_KINDS))
+        gone = _evict(current, cap, entry, True, False, time.time())
+        total = sum(e.bytes for e in current) - sum(e.bytes for e in gone)
+    except OSError as err:  # the cache changed under the walk, or cannot be read: the write itself succeeded
+        _say_once("cap failed", "could not apply KGLIGHTNING_CACHE_MAX_GB to %s (%s)", root, err)
+        return []
     for e in gone:
         log.info("removed %s/%s (%s; KGLIGHTNING_CACHE_MAX_GB)", e.kind, e.path.name, _human(e.bytes))
-    total = sum(e.bytes for e in entries(root))
-    if total > cap and str(root) not in _over_cap_said:
-        _over_cap_said.add(str(root))
-        log.warning("the cache %s holds %s, over KGLIGHTNING_CACHE_MAX_GB (%s): what remains was written in the last "
-                    "ten minutes or is in use", root, _human(total), _human(cap))  # fmt: skip
+    if total > cap:
+        _say_once(f"over {root}", "the cache %s holds %s, over KGLIGHTNING_CACHE_MAX_GB (%s): what remains is in use "
+                  "or was written in the last ten minutes", root, _human(total), _human(cap))  # fmt: skip
     return gone
 
 

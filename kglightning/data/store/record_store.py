@@ -51,6 +51,7 @@ import logging
 import math
 import os
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from itertools import chain
@@ -124,7 +125,7 @@ def content_digest(path: Path) -> str:
     out = digest.hexdigest()
     with contextlib.suppress(OSError):  # a read-only cache: hash again next time
         private_dir(memo.parent)
-        tmp = writer_temporary(memo, "a stat memo writer")
+        tmp = memo.with_name(f".{memo.name}.{socket.gethostname()}.{os.getpid()}.tmp")  # no sweep: tiny, cleaned
         try:
             tmp.write_text(out, encoding="ascii")
             os.replace(tmp, memo)

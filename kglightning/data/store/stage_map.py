@@ -49,6 +49,7 @@ import torch
 
 from kglightning.data.store.cache import private_dir
 from kglightning.data.store.cache_admin import enforce_cap
+from kglightning.data.store.cache_pins import pin, unpin
 
 __all__ = [
     "cached_map",
@@ -137,7 +138,7 @@ def take_shard(ds: Any, index: int, count: int) -> Any:
     if lo == hi:
         return ds.select([])
     part = ds.shard(num_shards=count, index=index, contiguous=True)
-    if len(part) != hi - lo:  # the ranges build-subgraphs records must be the rows cut (merge_shards checks them)
+    if len(part) != hi - lo or part[0] != ds[lo]:  # the ranges build-subgraphs records must be the rows cut
         raise RuntimeError(f"datasets cut {len(part)} rows for part {index} of {count} of {len(ds)}; expected "
                            f"rows [{lo}, {hi})")  # fmt: skip
     return part
@@ -239,6 +240,7 @@ def cached_map(
     if _RUNNING:
         raise RuntimeError("cached_map cannot run while another cached_map runs here")
     folder = None if folder is None else private_dir(Path(os.path.abspath(folder)))  # datasets' paths are absolute
+    pinned = None if folder is None else pin(folder)  # being written: kglightning cache clean and the cap leave it
     if folder is not None:
         _remove_stale_temporaries(folder)
     parts = []
@@ -271,6 +273,7 @@ def cached_map(
                 bar.update(hi - lo)
     finally:
         _STATE, _RUNNING = None, False
+        unpin(pinned)
     if not parts:
         return datasets.Dataset.from_dict({k: [] for k in features}, features=features)
     out = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
