@@ -2,8 +2,19 @@
 
 A block of a page between ``<!-- numbers: NAME -->`` and ``<!-- numbers: end -->`` is generated: its text is what
 :data:`BLOCKS` ``[NAME]`` renders from the result files in ``docs/results/`` (written by ``tools/record_run.py``).
-Outside the blocks (and code), a page may not hold a number that looks like a result: three decimals or a time in
-minutes and seconds (on the KG-Guard page, in its results sections, where a share such as 91.9% counts too).
+
+The pages checked (:data:`PAGES`) are README.md, the home page and every method page (``docs/methods/*.md``). Outside
+the blocks, fenced code and inline code, a checked page may not hold a number that looks like a result:
+
+- anywhere on the page: three decimals (``0.953``, a metric) or a time in minutes and seconds (``3 min 6 s``);
+- in a method page's results sections (:data:`RESULTS_SECTIONS`, named by their headings; a section runs to the
+  next heading of its level or above), also a share (``91.9%``) and a decimal number in a table cell
+  (``| 87.5 |``, ``| 93.3 / 101.2 |``), the form results take there. Prose decimals (``alpha = 0.2``, ``lr 5e-5``)
+  and tables outside those sections are not read for them: they are settings.
+
+A page in :data:`ONLY_RESULTS_SECTIONS` is read in its results sections only (its other sections still quote dated
+runs in their prose). Results of runs that no result file records (LLM runs of an hour, data not on the machines)
+live in BENCHMARKS.md as dated records, which this check does not read; a method page links to them.
 
     python tools/docs_numbers.py           # rewrite every block from the result files
     python tools/docs_numbers.py --check   # exit 1, naming the page and block, when one is not what it would write,
@@ -24,7 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-PAGES = ("README.md", "docs/index.md", "docs/methods/kg-guard.md")
+PAGES = ("README.md", "docs/index.md",
+         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "methods").glob("*.md")))  # fmt: skip
 BLOCK = re.compile(r"(<!-- numbers: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- numbers: end -->)", flags=re.S)
 COLUMNS = (("F1", "f1"), ("Precision", "precision"), ("Recall", "recall"), ("Accuracy", "acc"),
            ("AUC-PR", "auc_pr"), ("AUROC", "auroc"))  # fmt: skip
@@ -41,12 +53,23 @@ MAIN_ROWS = (
 DETECTORS, BASELINES = MAIN_ROWS[:2], MAIN_ROWS[2:]
 # numbers that only a result file may give: three decimals (a metric) or minutes and seconds (a time)
 STRAY = re.compile(r"(?<![\w.])[01]\.\d{3}(?!\d)|\b\d+ min \d+ s\b")
-# the part of a page the stray-number check reads (the whole page when not listed)
-SECTIONS = {
+# each method page's results sections, by heading: there a share, or a decimal number in a table cell, is a result too
+RESULTS_SECTIONS = {
     "docs/methods/kg-guard.md": ("## Results on the embedded test split", "## What the detector catches and misses"),
-}
-# in those sections, a share is a result too (their tables are shares)
+    "docs/methods/sgic.md": ("### A CPU run (bundled SmolLM2-135M)", "## Fine-tuning the calibrator"),
+    "docs/methods/uag.md": ("## Results on the embedded test split", "## The evaluator in the loop, and the paper's grid",
+                            "## LLM baselines: Top-K and split CP on the LLM's scores, CLM and LoFreeCP"),
+    "docs/methods/doublycal.md": ("## Results with the bundled SmolLM2-135M (embedded test split)",
+                                  "### SFT and GRPO proxies on the embedded test split (bundled SmolLM2-135M, CPU)",
+                                  "### Confidence after the path, decoded through the KG-Trie"),
+    "docs/methods/trust.md": ("## GNN-RAG's WebQSP answers",),
+}  # fmt: skip
+# pages read in their results sections only: the KG-Guard page's later sections (a real LLM's answers, the paper's
+# setting, the refinement loop) still quote dated runs in their prose
+ONLY_RESULTS_SECTIONS = ("docs/methods/kg-guard.md",)
+# in those sections, a share is a result too, and so is a decimal number in a table cell
 STRAY_SHARE = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d)?%")
+TABLE_DECIMAL = re.compile(r"(?<=\|)[ *]*(\d+\.\d+)(?:[ *]*/[ *]*\d+(?:\.\d+)?)?[ *]*(?=\|)")
 
 
 def load(name: str) -> dict:
@@ -246,11 +269,140 @@ def _misses_verified(run: dict) -> str:
             f"`docs/results/main_job.json`'s, then `{run['misses']['command']}`.")  # fmt: skip
 
 
+SGIC_SUMMARY = "outputs/sgic/sgic_summary.json"  # the file of docs/results/sgic.json that the tables read
+SGIC_METHODS = (("baseline", "baseline (greedy, round 0)"), ("k_sampling", "k_sampling ({k} sampled answers)"),
+                ("sgic", "SGIC (round 0, the documents' scores, {k} rounds)"))  # fmt: skip
+
+
+def _kept(result: dict, name: str, file: str) -> dict:
+    try:
+        return result["files"][file]
+    except KeyError:
+        raise SystemExit(
+            f"docs/results/{name}.json: no {file} among its files (record it with --keep {file})"
+        ) from None
+
+
+def _auroc(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def _run_verified(name: str, result: dict) -> str:
+    steps = "; ".join(f"`{s['command']}` {_duration(s['seconds'])}" for s in result["steps"])
+    return (f"Last verified from an empty cache: `docs/results/{name}.json`, {result['date']}, commit "
+            f"{result.get('commit') or 'unknown'}, seed {result['config']['seed']}, {_where(result)}; {steps}.")  # fmt: skip
+
+
+def sgic_table() -> str:
+    """SGIC's CPU run: the methods side by side, the rounds, and what they show."""
+    run = load("sgic")
+    s = _kept(run, "sgic", SGIC_SUMMARY)
+    k, methods = s["rounds"], s["methods"]
+    lines = ["| method | EM | Hit | F1 | AUROC | prompt tokens/q | generated tokens/q | s/q |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for key, label in SGIC_METHODS:
+        if key in methods:
+            m = methods[key]
+            lines.append(f"| {label.format(k=k)} | {m['EM']:.1f} | {m['Hit']:.1f} | {m['F1']:.2f} | {_auroc(m['AUROC'])} "
+                         f"| {m['prompt_tokens']:.0f} | {m['completion_tokens']:.1f} | {m['seconds']:.2f} |")  # fmt: skip
+    lines += [
+        "",
+        "| round | Hit | F1 | mean uncertainty | AUROC | chosen as final |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in s["per_round"]:
+        lines.append(f"| {r['round']} | {r['Hit']:.1f} | {r['F1']:.2f} | {r['uncertainty']:.1f} | {_auroc(r['AUROC'])} "
+                     f"| {r['chosen']} |")  # fmt: skip
+    return "\n".join([*lines, "", _sgic_findings(s), "", _run_verified("sgic", run)]) + "\n"
+
+
+def _sgic_findings(s: dict) -> str:
+    """What the SGIC tables show, in words, from the summary."""
+    n, methods, rounds, t = s["questions"], s["methods"], s["per_round"], s["transitions"]
+    base = methods["baseline"]
+    hits = round(base["Hit"] * n / 100)
+    text = (f"EM, Hit and F1 are percentages of the {n} questions; AUROC is that of the uncertainty for telling right "
+            f"from wrong answers (Hit, `correct_if: hit`). {hits} of the {n} round-0 answers contain a gold answer "
+            f"(Hit), and {round(base['EM'] * n / 100)} of the {n} are exact matches.")  # fmt: skip
+    text += (f" From round 0 to the final answer, {t['correct => correct']} stay right, {t['incorrect => correct']} "
+             f"become right, {t['correct => incorrect']} become wrong and {t['incorrect => incorrect']} stay wrong, "
+             f"while the mean uncertainty goes from {rounds[0]['uncertainty']:.0f} to {rounds[-1]['uncertainty']:.0f}.")  # fmt: skip
+    if "sgic" in methods and base["prompt_tokens"] and base["seconds"]:
+        sg = methods["sgic"]
+        text += (f" SGIC costs {sg['prompt_tokens'] / base['prompt_tokens']:.1f}x the baseline's prompt tokens and "
+                 f"{sg['seconds'] / base['seconds']:.1f}x its time per question.")  # fmt: skip
+    return text
+
+
+UAG_FILES = ("outputs/uag/metrics.json", "outputs/uag/sweep.json", "outputs/uag/ltt.json")  # of docs/results/uag.json
+UAG_METHODS = (("uag", "UAG"), ("split_cp", "Split CP"), ("top_k", "Top-K"))
+
+
+def _uag_cells(res: dict) -> list[str]:
+    return ["abstain", "–"] if res["abstained"] else [f"{100 * res['ecr']:.1f}", f"{res['apss']:.1f}"]
+
+
+def uag_table() -> str:
+    """UAG beside split CP and Top-K over the swept levels, what the selection was, and what the table shows."""
+    run = load("uag")
+    metrics, sweep, ltt = (_kept(run, "uag", f) for f in UAG_FILES)
+    rows = sweep["results"]
+    main = ltt["main"]
+    n_cal = main["n_quantile"] + main["n_calibration"] + main["n_selection"]
+    fit = [st for st in run["steps"] if " fit " in st["command"]]
+    scorer = ""
+    if fit and "val/pair_auc" in fit[0].get("logged", {}):
+        scorer = f" (validation pair AUC {fit[0]['logged']['val/pair_auc']:.2f} after fine-tuning)"
+    head = (f"The relation scorer of `configs/relation_scorer.yaml`{scorer}; δ = {main['delta']:g}; "
+            f"{main['grid_size']:,} configurations; calibration on {n_cal:,} {sweep['meta']['calibration_split']} "
+            f"questions ({main['n_quantile']} / {main['n_calibration']} / {main['n_selection']}); "
+            f"{metrics['n']:,} test questions.")  # fmt: skip
+    methods = [(m, label) for m, label in UAG_METHODS if m in rows[0]]
+    lines = [head, "", "| α | target | " + " | ".join(f"{label} ECR | {label} APSS" for _, label in methods) + " |",
+             "|---|---|" + "---|" * (2 * len(methods))]  # fmt: skip
+    for r in rows:
+        cells = [c for m, _ in methods for c in _uag_cells(r[m])]
+        lines.append(f"| {r['alpha']:g} | ≥ {100 * (1 - r['alpha']):.0f} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", _uag_findings(rows, metrics, ltt), "", _run_verified("uag", run)]) + "\n"
+
+
+def _levels(alphas: list[float]) -> str:
+    names = [f"{a:g}" for a in alphas]
+    return "none" if not names else names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _uag_findings(rows: list[dict], metrics: dict, ltt: dict) -> str:
+    """What the UAG table shows, in words, from the run's files."""
+    certified = [r for r in rows if not r["uag"]["abstained"]]
+    below = [r["alpha"] for r in certified if r["uag"]["ecr"] < 1 - r["alpha"] - 1e-12]
+    abstained = [r["alpha"] for r in rows if r["uag"]["abstained"]]
+    parts = [f"UAG certified {len(certified)} of the {len(rows)} levels and abstained at {_levels(abstained)}."]
+    parts.append("Its coverage is at least 1 − α at every level it certified." if not below else
+                 f"Its coverage is below 1 − α at {_levels(below)}, which its guarantee allows with probability "
+                 "at most δ over the calibration draw.")  # fmt: skip
+    both = [r for r in certified if "split_cp" in r and not r["split_cp"]["abstained"]]
+    smaller = [r["alpha"] for r in both if r["uag"]["apss"] < r["split_cp"]["apss"]]
+    if both:
+        parts.append(f"Its sets are smaller than split CP's at {len(smaller)} of the {len(both)} levels both "
+                     f"certified ({_levels(smaller)}).")  # fmt: skip
+    sel = metrics["ltt"]
+    if not sel["abstained"]:
+        chosen = ", ".join(f"{c} α = {v['alpha']:g}" for c, v in sel["selected"].items())
+        parts.append(f"At α = {metrics['alpha']:g}, Learn-Then-Test selected {chosen} (0: the component off); the "
+                     f"calibration error rate was {100 * sel['calibration_error_rate']:.1f}% (p = {sel['pvalue']:.2g}), "
+                     f"and {sel['num_valid']:,} of the {sel['grid_size']:,} configurations were valid.")  # fmt: skip
+    on = [float(a) for a, v in ltt["evaluator"]["selected_alpha3"].items() if v]
+    parts.append(f"The evaluator was kept (α3 > 0) at {_levels(sorted(on))} of the swept levels.")
+    return " ".join(parts)
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "main-table": main_table,
     "misses-table": misses_table,
     "main-job-time": main_job_time,
     "test-suite": test_suite,
+    "sgic-table": sgic_table,
+    "uag-table": uag_table,
 }
 
 
@@ -266,22 +418,32 @@ def render(text: str, page: str) -> str:
     return BLOCK.sub(one, text)
 
 
-def stray_numbers(text: str, page: str) -> list[str]:
-    """The result-like numbers of ``text`` outside its blocks, fenced code and inline code (for a page in
-    :data:`SECTIONS`, in its results sections only)."""
-    if page in SECTIONS:
-        parts = []
-        for heading in SECTIONS[page]:
-            start = text.find(heading)
-            if start < 0:
-                raise SystemExit(f"{page}: no section {heading!r} (docs_numbers.SECTIONS names the ones to check)")
-            end = text.find("\n## ", start + 1)
-            parts.append(text[start : end if end > 0 else None])
-        text = "\n".join(parts)
+def section(text: str, heading: str, page: str) -> str:
+    """The section of ``text`` that starts at the line ``heading`` and runs to the next heading of its level or
+    above; an error naming the page when there is none."""
+    m = re.search(rf"^{re.escape(heading)}[ \t]*$", text, flags=re.M)
+    if m is None:
+        raise SystemExit(f"{page}: no section {heading!r} (docs_numbers.RESULTS_SECTIONS names the ones to check)")
+    level = len(heading) - len(heading.lstrip("#"))
+    end = re.compile(rf"^#{{1,{level}}} ", flags=re.M).search(text, m.end())
+    return text[m.start() : end.start() if end else None]
+
+
+def _strip(text: str) -> str:
+    """``text`` without its blocks, fenced code and inline code."""
     text = BLOCK.sub("", text)
     text = re.sub(r"```.*?```", "", text, flags=re.S)
-    text = re.sub(r"`[^`\n]*`", "", text)
-    return STRAY.findall(text) + (STRAY_SHARE.findall(text) if page in SECTIONS else [])
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def stray_numbers(text: str, page: str) -> list[str]:
+    """The result-like numbers of ``text`` outside its blocks, fenced code and inline code: three decimals and
+    times on the whole page (for a page in :data:`ONLY_RESULTS_SECTIONS`, in its results sections only), and shares
+    and decimal table cells in its results sections (:data:`RESULTS_SECTIONS`)."""
+    results = "\n".join(_strip(section(text, h, page)) for h in RESULTS_SECTIONS.get(page, ()))
+    whole = results if page in ONLY_RESULTS_SECTIONS else _strip(text)
+    cells = [m for line in results.splitlines() if line.lstrip().startswith("|") for m in TABLE_DECIMAL.findall(line)]
+    return STRAY.findall(whole) + STRAY_SHARE.findall(results) + cells
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,10 @@ the numbers that README.md and the docs show (``tools/docs_numbers.py`` renders 
     python tools/record_run.py fit --config configs/detector_gat.yaml --output docs/results/detector_gat.json
     python tools/record_run.py fit --config configs/detector.yaml --misses --output docs/results/detector_misses.json
     python tools/record_run.py tests --output docs/results/test_suite.json
+    python tools/record_run.py predict --config configs/sgic.yaml --keep outputs/sgic/sgic_summary.json \
+        --output docs/results/sgic.json
+    python tools/record_run.py predict --config configs/uag.yaml --fit-first configs/relation_scorer.yaml \
+        --keep outputs/uag/metrics.json outputs/uag/sweep.json --output docs/results/uag.json
 
 ``fit`` starts from an empty kglightning cache (a temporary ``KGLIGHTNING_CACHE``) in a temporary working folder,
 so it builds the benchmark, the proposals and the text encodings as a fresh clone's first run does and leaves the
@@ -18,6 +22,12 @@ and whether the test metrics came out the same to the last digit.
 ``--misses`` then runs ``tools/detector_misses.py`` on the checkpoint the run wrote, and keeps its groups (the
 answers, the share hallucinated, recall and false alarms per question kind, hop count and kind of mistake) under
 ``misses``.
+
+``predict`` runs a pipeline's ``predict`` config the same way (an empty cache, a temporary working folder), after
+the ``fit`` of each ``--fit-first`` config in that folder (e.g. the model the pipeline loads from ``outputs/``), and
+keeps the JSON files named by ``--keep`` (paths the pipeline writes, relative to the working folder) under
+``files``, beside each command's wall-clock seconds and, for a fit that logs to CSV, the last value of each metric it
+logged.
 
 ``tests`` times the README's test command, ``python -m pytest -q``, in the repository with an empty kglightning
 cache, and records the counts of its summary line.
@@ -219,6 +229,49 @@ def detector_misses(config: str, work: Path, env: dict[str, str], tmp: Path) -> 
     return {"command": command, "groups": groups}
 
 
+def last_logged(folder: Path) -> dict[str, float]:
+    """The last logged value of every metric column of the newest ``metrics.csv`` under ``folder`` ({} if none)."""
+    found = sorted(folder.rglob("metrics.csv"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        return {}
+    out: dict[str, float] = {}
+    with open(found[-1], newline="") as f:
+        for row in csv.DictReader(f):
+            out.update({k: float(v) for k, v in row.items() if k not in ("epoch", "step") and v not in ("", None)})
+    return dict(sorted(out.items()))
+
+
+def record_predict(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict[str, object]:
+    """The ``predict`` subcommand: each ``--fit-first`` config's ``fit``, then the config's ``predict``, in one working
+    folder from an empty cache; the ``--keep`` files the pipeline wrote."""
+    configs = [*args.fit_first, args.config]
+    for name in configs:
+        if not (ROOT / name).is_file():
+            raise SystemExit(f"{name}: no such config")
+    work = tmp / "work"
+    work.mkdir()
+    env = {**env, "KGLIGHTNING_CACHE": str(tmp / "cache")}  # empty: the first run of a fresh clone
+    steps = []
+    for i, name in enumerate(configs):
+        what = "predict" if i == len(configs) - 1 else "fit"
+        seconds, _ = _run([sys.executable, "-m", "kglightning", what, "--config", str((ROOT / name).resolve())], work,
+                          env, tmp / f"run{i}.log")  # fmt: skip
+        step: dict[str, object] = {"command": f"python -m kglightning {what} --config {name}",
+                                   "seconds": round(seconds, 1)}  # fmt: skip
+        if what == "fit":
+            step["logged"] = last_logged(work)
+        steps.append(step)
+    files = {}
+    for name in args.keep:
+        path = work / name
+        if not path.is_file():
+            raise SystemExit(f"the run wrote no {name}; its output is in {tmp}")
+        files[name] = json.loads(path.read_text())
+    return {"command": " && ".join(s["command"] for s in steps), **_about(),
+            "config": config_values(ROOT / args.config), "cache": "empty", "steps": steps,
+            "seconds": round(sum(s["seconds"] for s in steps), 1), "files": files}  # fmt: skip
+
+
 # pytest's last line: "1822 passed, 13 skipped, 2 deselected, 5 warnings in 1679.12s (0:27:59)"
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
@@ -259,14 +312,20 @@ def main(argv: list[str] | None = None) -> None:
         "--misses", action="store_true", help="then run tools/detector_misses.py on the run's checkpoint and keep "
         "its groups (what the detector catches and misses) in the result"
     )  # fmt: skip
+    predict = sub.add_parser("predict", help="a pipeline's predict config (after fit configs), from an empty cache")
+    predict.add_argument("--config", required=True, help="the predict config, relative to the repository root")
+    predict.add_argument("--fit-first", nargs="*", default=[], help="fit configs to run first, in that order")
+    predict.add_argument("--keep", nargs="+", required=True, help="JSON files the run writes (relative to its "
+                         "working folder) to keep in the result")  # fmt: skip
     tests = sub.add_parser("tests", help="the README's test command, `python -m pytest -q`")
-    for p in (fit, tests):
+    for p in (fit, predict, tests):
         p.add_argument("--output", required=True, type=Path, help="the result file (JSON) to write")
     args = parser.parse_args(argv)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     _about()  # the commit as the run starts, not as it ends
     tmp = Path(tempfile.mkdtemp(prefix="kglightning-record-"))
-    result = (record_fit if args.what == "fit" else record_tests)(args, env, tmp)  # a failure keeps tmp and its logs
+    record = {"fit": record_fit, "predict": record_predict, "tests": record_tests}[args.what]
+    result = record(args, env, tmp)  # a failure keeps tmp and its logs
     shutil.rmtree(tmp, ignore_errors=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")

@@ -46,8 +46,20 @@ def test_every_page_has_its_blocks_and_the_home_page_includes_the_table():
     assert found == {
         "README.md": ["main-job-time", "main-table", "test-suite"],
         "docs/index.md": ["main-job-time", "test-suite"],
+        "docs/methods/conformal.md": [],
+        "docs/methods/doublycal.md": [],
         "docs/methods/kg-guard.md": ["main-table", "misses-table"],
+        "docs/methods/sgic.md": ["sgic-table"],
+        "docs/methods/trust.md": [],
+        "docs/methods/uag.md": ["uag-table"],
     }
+    # every method page is checked, and each results section named for the check exists
+    assert {p for p in numbers.PAGES if p.startswith("docs/methods/")} == {
+        f"docs/methods/{p.name}" for p in (ROOT / "docs" / "methods").glob("*.md")
+    }
+    for page, headings in numbers.RESULTS_SECTIONS.items():
+        for heading in headings:
+            numbers.section((ROOT / page).read_text(), heading, page)
     # the home page's table is the KG-Guard page's, included; and what is included there is the block alone
     assert '--8<-- "docs/methods/kg-guard.md:main-table"' in (ROOT / "docs/index.md").read_text()
     kg_guard = (ROOT / "docs/methods/kg-guard.md").read_text()
@@ -68,23 +80,63 @@ def test_a_number_edited_by_hand_fails_the_check(copy, capsys):
 
 
 @pytest.mark.parametrize(
-    ("page", "line"),
+    ("page", "line", "results_section"),
     [
-        ("README.md", "KG-Guard reaches F1 0.999 here.\n"),
-        ("docs/index.md", "| KG-Guard | 0.999 |\n"),  # a table written where the KG-Guard page's is included
-        ("docs/index.md", "The first run took 4 min 2 s.\n"),
-        ("docs/methods/kg-guard.md", "The GAT scored 0.951.\n"),
+        ("README.md", "KG-Guard reaches F1 0.999 here.\n", False),
+        ("docs/index.md", "| KG-Guard | 0.999 |\n", False),  # a table written where the KG-Guard page's is included
+        ("docs/index.md", "The first run took 4 min 2 s.\n", False),
+        ("docs/methods/kg-guard.md", "The GAT scored 0.951.\n", True),
+        # every method page, anywhere on it: three decimals and times
+        ("docs/methods/conformal.md", "On the embedded data the sets covered 0.912 of the answers.\n", False),
+        ("docs/methods/doublycal.md", "The GRPO proxy's reward was 0.244.\n", False),
+        ("docs/methods/trust.md", "`top` kept FDR at 0.178 over 20 splits.\n", False),
+        ("docs/methods/sgic.md", "The run took 3 min 6 s.\n", False),
+        ("docs/methods/uag.md", "The whole predict run took 1 min 49 s.\n", False),
+        # in a results section, a share and a decimal table cell too
+        ("docs/methods/uag.md", "| 0.2 | ≥ 80 | 87.5 | 34.8 |\n", True),
+        ("docs/methods/uag.md", "| 0.2 | 93.3 / 112.2 |\n", True),
+        ("docs/methods/sgic.md", "| baseline | 0.0 | 37.5 | 11.81 |\n", True),
+        ("docs/methods/sgic.md", "The fine-tuning set kept 23% of the questions.\n", True),
+        ("docs/methods/doublycal.md", "| DoublyCal | **45.7** |\n", True),
+        ("docs/methods/trust.md", "At 0.2, `top` answers 97.6% of the questions.\n", True),
     ],
 )
-def test_a_result_written_outside_the_blocks_fails_the_check(copy, capsys, page, line):
+def test_a_result_written_outside_the_blocks_fails_the_check(copy, capsys, page, line, results_section):
     path = copy.ROOT / page
     text = path.read_text()
-    anchor = "## Results on the embedded test split\n"
-    at = text.index(anchor) + len(anchor) if page.endswith("kg-guard.md") else len(text)
+    if results_section:
+        anchor = copy.RESULTS_SECTIONS[page][0] + "\n"
+        at = text.index(anchor) + len(anchor)
+    else:
+        at = len(text)
     path.write_text(text[:at] + "\n" + line + text[at:])
     assert copy.main(["--check"]) == 1
     out = capsys.readouterr().out
     assert f"{page}: " in out and "outside a block" in out
+
+
+def test_settings_and_prose_decimals_are_not_results():
+    numbers = _tool("docs_numbers")
+    page = "docs/methods/uag.md"
+    settings = ("## Running it\n| option | value |\n|---|---|\n| alpha | 0.2 |\n| grid_step | 0.1 |\nIt keeps 10% of the pool.\n"
+                "## Results on the embedded test split\nAt α = 0.2 and δ = 0.05, with lr 5e-5 (`alpha: 0.3`):\n"
+                "<!-- numbers: uag-table -->\n| 0.2 | 87.5 | 0.953 |\n<!-- numbers: end -->\n"
+                "```\n| 0.2 | 87.5 |\n```\n"
+                "## The evaluator in the loop, and the paper's grid\n## LLM baselines: Top-K and split CP on the "
+                "LLM's scores, CLM and LoFreeCP\n")  # fmt: skip
+    assert numbers.stray_numbers(settings, page) == []
+    results = settings.replace("(`alpha: 0.3`):", "(`alpha: 0.3`): coverage 81.8%, APSS 0.912\n| 0.3 | **79.9** |")
+    assert sorted(numbers.stray_numbers(results, page)) == ["0.3", "0.912", "79.9", "81.8%"]
+
+
+def test_a_results_section_runs_to_the_next_heading_of_its_level():
+    numbers = _tool("docs_numbers")
+    text = "# Page\n## A\na\n### A CPU run\nrun\n#### detail\nd\n### Next\nn\n## B\nb\n"
+    assert numbers.section(text, "### A CPU run", "p.md") == "### A CPU run\nrun\n#### detail\nd\n"
+    assert numbers.section(text, "## A", "p.md") == "## A\na\n### A CPU run\nrun\n#### detail\nd\n### Next\nn\n"
+    assert numbers.section(text, "## B", "p.md") == "## B\nb\n"
+    with pytest.raises(SystemExit, match="p.md: no section '## C'"):
+        numbers.section(text, "## C", "p.md")
 
 
 def test_numbers_in_code_and_in_other_sections_of_the_method_page_are_not_results(copy):
@@ -273,3 +325,70 @@ def test_misses_groups_that_do_not_pool_to_the_run_s_recall_are_refused(copy):
     _edit(copy.RESULTS / "detector_misses.json", edited)
     with pytest.raises(SystemExit, match="pool to a recall"):
         copy.main([])
+
+
+@pytest.mark.parametrize(("name", "page", "block"), [("sgic", "docs/methods/sgic.md", "sgic-table"),
+                                                     ("uag", "docs/methods/uag.md", "uag-table")])  # fmt: skip
+def test_a_pipeline_result_recorded_again_makes_its_method_page_stale(copy, capsys, name, page, block):
+    def change(result):
+        if name == "sgic":
+            result["files"]["outputs/sgic/sgic_summary.json"]["methods"]["sgic"]["F1"] = 99.99
+        else:
+            result["files"]["outputs/uag/sweep.json"]["results"][1]["uag"]["apss"] = 1234.5
+        return result
+
+    _edit(copy.RESULTS / f"{name}.json", change)
+    assert copy.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert f"{page}: block {block!r}" in out and "README.md" not in out
+    assert copy.main([]) == 0
+    assert ("| 99.99 |" if name == "sgic" else "| 1234.5 |") in (copy.ROOT / page).read_text()
+
+
+@pytest.mark.parametrize("page", ["docs/methods/sgic.md", "docs/methods/uag.md"])
+def test_a_method_table_edited_by_hand_fails_the_check(copy, capsys, page):
+    path = copy.ROOT / page
+    text = path.read_text()
+    block = next(copy.BLOCK.finditer(text))
+    edited = block["body"].replace("| 0 |", "| 9 |", 1).replace("| 0.2 |", "| 0.25 |", 1)
+    assert edited != block["body"]
+    path.write_text(text.replace(block["body"], edited))
+    assert copy.main(["--check"]) == 1
+    assert f"{page}: block {block['name']!r}" in capsys.readouterr().out
+
+
+def test_the_sgic_findings_follow_the_summary(copy):
+    def corrected(result):
+        summary = result["files"]["outputs/sgic/sgic_summary.json"]
+        summary["transitions"].update({"incorrect => correct": 3, "incorrect => incorrect": 12})
+        return result
+
+    _edit(copy.RESULTS / "sgic.json", corrected)
+    assert "9 stay right, 3 become right, 0 become wrong and 12 stay wrong" in copy.sgic_table()
+
+
+def test_the_uag_findings_follow_the_sweep(copy):
+    def uncovered(result):
+        row = result["files"]["outputs/uag/sweep.json"]["results"][-1]
+        row["uag"].update({"abstained": False, "ecr": 1 - row["alpha"] - 0.05})
+        return result
+
+    _edit(copy.RESULTS / "uag.json", uncovered)
+    last = json.loads((copy.RESULTS / "uag.json").read_text())["files"]["outputs/uag/sweep.json"]["results"][-1]
+    assert f"Its coverage is below 1 − α at {last['alpha']:g}" in copy.uag_table()
+    (copy.RESULTS / "uag.json").write_text(
+        json.dumps({**json.loads((copy.RESULTS / "uag.json").read_text()), "files": {}})
+    )
+    with pytest.raises(SystemExit, match="no outputs/uag/metrics.json among its files"):
+        copy.uag_table()
+
+
+def test_record_run_keeps_the_last_value_of_each_logged_metric(tmp_path):
+    record = _tool("record_run")
+    run = tmp_path / "scorer" / "version_0"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/pair_auc\n0,19,0.5,\n0,39,,0.9\n0,59,0.2,\n0,79,,0.99\n"
+    )
+    assert record.last_logged(tmp_path) == {"train/loss": 0.2, "val/pair_auc": 0.99}
+    assert record.last_logged(tmp_path / "none") == {}
