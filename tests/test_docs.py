@@ -291,6 +291,22 @@ def test_kglightning_names_in_prose_become_links_to_where_the_reference_renders_
         "[`kglightning.data`](x) and `kglightning.nope.X`.\n```python\n`kglightning.data.KGIndex`\n```\n"
     )  # a re-exported class links to its defining module's page; links and fenced code are left alone
     assert links.unresolved() == ["kglightning.nope.X"]
+    untouched = ("See [the `kglightning.data.KGIndex` class](x.md) and `` `kglightning.nn` ``.\n"
+                 "````\n```\n`kglightning.nn`\n````\n`kglightning.nn`()")  # fmt: skip
+    assert links.link_names(untouched) == untouched  # link text, a double-backtick span, a longer fence, a call
+
+
+def test_the_inventory_urls_are_absolute_and_change_with_the_files(tmp_path):
+    spec = importlib.util.spec_from_file_location("inventories_hook", ROOT / "docs" / "hooks" / "inventories.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    (tmp_path / "inv").mkdir()
+    (tmp_path / "inv" / "torch.inv").write_bytes(b"one")
+    first = hook.fresh_url("file:inv/torch.inv", tmp_path)
+    assert first.startswith((tmp_path / "inv" / "torch.inv").as_uri() + "#sha256=")
+    (tmp_path / "inv" / "torch.inv").write_bytes(b"two")
+    assert hook.fresh_url("file:inv/torch.inv", tmp_path) != first  # MkDocs' day-long URL cache sees a new URL
+    assert hook.fresh_url("https://example.org/objects.inv", tmp_path) == "https://example.org/objects.inv"
 
 
 def test_every_kglightning_name_the_prose_pages_give_imports():

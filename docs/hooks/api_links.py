@@ -19,8 +19,9 @@ from typing import Any
 
 #: pages (paths relative to docs/, by prefix) left alone: the API reference links its own names
 SKIP = ("api/",)
-NAME = re.compile(r"(?<![\[\w])`(kglightning(?:\.[A-Za-z_]\w*)+)`(?![\]\w(])")
-FENCE = re.compile(r"^(\s*)(```|~~~)")
+NAME = re.compile(r"kglightning(?:\.[A-Za-z_]\w*)+")
+SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")  # an inline code span: backticks, closed by as many
+FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
 _unresolved: set[str] = set()
 
 
@@ -50,28 +51,40 @@ def target(name: str) -> str | None:
 
 
 def link_names(markdown: str) -> str:
-    """``markdown`` with every inline-code ``kglightning`` name outside fenced code turned into a cross-reference
-    (names that do not import are kept as code and remembered for :func:`unresolved`)."""
-    out, fence = [], None
+    """``markdown`` with every inline-code ``kglightning`` name outside fenced code and outside link text turned into
+    a cross-reference (names that do not import are kept as code and remembered for :func:`unresolved`)."""
+    out, fence = [], None  # fence: the open fence's character and length
     for line in markdown.split("\n"):
         m = FENCE.match(line)
-        if m:
-            fence = None if fence == m.group(2) else (fence or m.group(2))
-            out.append(line)
-            continue
-        if fence is None:
-            line = NAME.sub(_link, line)
+        if fence is None and m:
+            fence = (m.group(1)[0], len(m.group(1)))
+        elif fence is not None and m and _closes(m, fence):
+            fence = None
+        elif fence is None:
+            line = _link_line(line)
         out.append(line)
     return "\n".join(out)
 
 
-def _link(m: re.Match) -> str:
-    name = m.group(1)
-    ident = target(name)
-    if ident is None:
-        _unresolved.add(name)
-        return m.group(0)
-    return f"[`{name}`][{ident}]"
+def _closes(m: re.Match, fence: tuple[str, int]) -> bool:
+    """Whether a fence line closes the open ``fence``: the same character, at least as many, nothing after."""
+    return m.group(1)[0] == fence[0] and len(m.group(1)) >= fence[1] and not m.group(2).strip()
+
+
+def _link_line(line: str) -> str:
+    parts, at = [], 0
+    for m in SPAN.finditer(line):
+        before, code, name = line[: m.start()], m.group(0), m.group(2)
+        in_link_text = before.count("[") > before.count("]")
+        if len(m.group(1)) == 1 and NAME.fullmatch(name) and not in_link_text and line[m.end() : m.end() + 1] != "(":
+            ident = target(name)
+            if ident is None:
+                _unresolved.add(name)
+            else:
+                code = f"[{code}][{ident}]"
+        parts += [line[at : m.start()], code]
+        at = m.end()
+    return "".join([*parts, line[at:]])
 
 
 def unresolved() -> list[str]:

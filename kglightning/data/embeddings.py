@@ -88,9 +88,19 @@ class EmbeddingCache:
         self._shards: set[str] = set()
         self._unlisted = False
         self._cleaned = False
-        if self.folder is not None:  # in use while this object lives: kglightning cache clean and the size cap leave it
-            weakref.finalize(self, unpin, pin(self.folder))
+        self._pin()
         self.refresh()
+
+    def _pin(self) -> None:
+        """Pin :attr:`folder` while this object lives (:func:`~kglightning.data.store.cache_pins.pin`):
+        ``kglightning cache clean`` and the size cap leave it."""
+        if self.folder is not None:
+            weakref.finalize(self, unpin, pin(self.folder))
+
+    def __setstate__(self, state: dict) -> None:
+        """A copy (pickled to a DataLoader worker, ``copy.deepcopy``) pins the folder for itself."""
+        self.__dict__.update(state)
+        self._pin()
 
     def refresh(self) -> int:
         """Load the shards that appeared in :attr:`folder` since this cache last looked (written by another cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import socket
 import subprocess
@@ -232,3 +233,18 @@ def test_a_bad_or_infinite_cap_never_fails_a_write_and_a_linked_kind_folder_is_c
     elsewhere.mkdir(parents=True)
     (root / "embeddings").symlink_to(elsewhere)
     assert entry_of(root / "embeddings/enc/shard.arrow") == root / "embeddings/enc"
+
+
+def test_an_earlier_versions_kind_is_cleaned_and_other_tools_folders_are_named_not_counted(tmp_path, monkeypatch,
+                                                                                          capsys):  # fmt: skip
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
+    for f in (root / "proposals/old/rows.jsonl", root / "huggingface/hub/model.bin", root / "kg/index-a.arrow"):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"x" * 1024)
+    assert main(["cache", "du"]) == 0
+    out = capsys.readouterr().out
+    assert "proposals" in out and re.search(r"total +2.0 KiB", out)  # proposals/ (earlier versions) and kg/
+    assert "not kglightning's, not counted (--kind NAME to include): huggingface" in out
+    assert main(["cache", "clean", "--older-than", "0"]) == 0
+    assert not (root / "proposals/old").exists() and (root / "huggingface/hub/model.bin").exists()

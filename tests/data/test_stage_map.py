@@ -146,6 +146,8 @@ def test_shard_parts_are_datasets_contiguous_shards_and_their_recorded_bounds():
             assert [list(range(*shard_bounds(n, i, count))) for i in range(count)] == parts
             nonempty = [p for p in parts if p]
             assert nonempty == [list(ds.shard(count, i, contiguous=True)["x"]) for i in range(len(nonempty))]
+    rows = datasets.Dataset.from_dict({"x": [float("nan"), 1.0, float("nan"), 2.0], "v": [[1, 2]] * 4})
+    assert [len(take_shard(rows.with_format("numpy"), i, 2)) for i in range(2)] == [2, 2]  # NaN rows, array rows
 
 
 def test_a_piece_cut_at_any_byte_is_mapped_again_and_the_functions_own_error_is_not_blamed_on_it(tmp_path):

@@ -50,6 +50,7 @@ __all__ = [
     "clean",
     "enforce_cap",
     "entries",
+    "other_folders",
     "main",
     "max_bytes_from_env",
     "remove_abandoned",
@@ -127,8 +128,18 @@ def _kind_dirs(root: Path, kinds: list[str] | None) -> list[Path]:
     touched unless named."""
     if not root.is_dir():
         return []
-    chosen = (lambda n: n in kinds) if kinds else (lambda n: n in CAPPED_KINDS or n.startswith("embedded-"))
+    chosen = (lambda n: n in kinds) if kinds else _ours
     return sorted(p for p in root.iterdir() if p.is_dir() and chosen(p.name))
+
+
+def _ours(kind: str) -> bool:
+    return kind in CAPPED_KINDS or kind in LEGACY_KINDS or kind.startswith("embedded-")
+
+
+def other_folders(root: Path | None = None) -> list[str]:
+    """The folders of the cache root that kglightning did not write (left alone unless ``--kind`` names them)."""
+    root = default_cache_root() if root is None else root
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not _ours(p.name)) if root.is_dir() else []
 
 
 def entries(root: Path | None = None, kinds: list[str] | None = None) -> list[CacheEntry]:
@@ -337,6 +348,8 @@ def _take(entry: Path, dry_run: bool) -> bool:
         return ok
 
 
+#: kinds that earlier versions wrote and nothing reads now: listed, cleaned and evicted like the others
+LEGACY_KINDS = ("proposals",)
 #: the cap walks the cache at most this often per process (a job writes an embedding shard per question)
 CAP_EVERY_S = 60.0
 
@@ -371,7 +384,7 @@ def _say_once(key: str, msg: str, *args: object) -> None:
 
 def enforce_cap(written: str | os.PathLike) -> list[CacheEntry]:
     """Apply ``KGLIGHTNING_CACHE_MAX_GB`` after ``written`` (a file or folder in the cache) was written: remove the
-    least recently used entries of :data:`CAPPED_KINDS` until the cache fits. Spared: the entry holding ``written``,
+    least recently used entries of :data:`CAPPED_KINDS` and :data:`LEGACY_KINDS` until they fit. Spared: the entry holding ``written``,
     every entry a running process has pinned (:func:`~kglightning.data.store.cache_pins.pin`), and every entry with
     anything written in it in the last ten minutes. The cache is walked at most once
     every :data:`CAP_EVERY_S` seconds per process. When it still does not fit, or the variable is not a number, a
@@ -389,7 +402,7 @@ def enforce_cap(written: str | os.PathLike) -> list[CacheEntry]:
         return []
     _last_cap[str(root)] = now
     try:
-        current = entries(root, list(CAPPED_KINDS))
+        current = entries(root, [*CAPPED_KINDS, *LEGACY_KINDS])
         gone = _evict(current, cap, entry, True, False, time.time())
         total = sum(e.bytes for e in current) - sum(e.bytes for e in gone)
     except OSError as err:  # the cache changed under the walk, or cannot be read: the write itself succeeded
@@ -434,6 +447,9 @@ def main(argv: list[str] | None = None, prog: str = "kglightning cache") -> int:
         for kind, n in sorted(totals.items()):
             print(f"{kind:14s} {_human(n):>10s}")
         print(f"{'total':14s} {_human(sum(totals.values())):>10s}  ({root})")
+        others = [] if args.kind else other_folders(root)
+        if others:
+            print(f"not kglightning's, not counted (--kind NAME to include): {', '.join(others)}")
         return 0
     if args.older_than is not None and args.older_than < 0 or args.max_size is not None and args.max_size < 0:
         print(f"{prog}: error: --older-than and --max-size must be >= 0", file=sys.stderr)

@@ -25,7 +25,7 @@ try:
 except ImportError:  # pragma: no cover (Windows)
     fcntl = None  # type: ignore[assignment]
 
-from kglightning.data.store.cache import default_cache_root
+from kglightning.data.store.cache import default_cache_root, private_dir
 
 __all__ = ["MARKER_SUFFIX", "entry_of", "marker", "pin", "removable", "unpin"]
 
@@ -61,18 +61,32 @@ def pin(path: str | os.PathLike) -> Path | None:
     if str(entry) in _pinned:
         _pinned[str(entry)][1] += 1
         return entry
+    for _ in range(10):
+        fd = _open_marker(entry)
+        if fd is None:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            same = os.fstat(fd).st_ino == os.stat(marker(entry)).st_ino
+        except OSError:
+            same = False
+        if same:
+            _pinned[str(entry)] = [fd, 1]
+            return entry
+        os.close(fd)  # the marker was removed (kglightning cache clean) while this waited: pin the new one
+    return None
+
+
+def _open_marker(entry: Path) -> int | None:
+    """A descriptor of ``entry``'s marker, created (its folders ``0700``, like the cache's) when missing; ``None``
+    when it cannot be (a read-only cache)."""
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(marker(entry), os.O_RDWR | os.O_CREAT, 0o600)
+        private_dir(entry.parent)
+        return os.open(marker(entry), os.O_RDONLY | os.O_CREAT, 0o600)
     except OSError:
+        with contextlib.suppress(OSError):
+            return os.open(marker(entry), os.O_RDONLY)  # a read-only cache whose marker exists
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    except OSError:
-        os.close(fd)
-        return None
-    _pinned[str(entry)] = [fd, 1]
-    return entry
 
 
 def unpin(entry: Path | None) -> None:
@@ -91,13 +105,9 @@ def unpin(entry: Path | None) -> None:
 def removable(entry: Path) -> Iterator[bool]:
     """Whether ``entry`` may be removed now: no process pins it. While the block runs, the entry's marker is locked
     exclusively, so no process can pin it meanwhile (one that tries waits for the block to end)."""
-    if fcntl is None or not marker(entry).exists():
+    fd = None if fcntl is None else _open_marker(entry)
+    if fd is None:  # no locks here, or a cache where no marker can be made (read-only: nothing is removed anyway)
         yield True
-        return
-    try:
-        fd = os.open(marker(entry), os.O_RDWR)
-    except OSError:
-        yield True  # gone meanwhile: nobody holds it
         return
     try:
         try:

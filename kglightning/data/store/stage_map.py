@@ -37,6 +37,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import tempfile
 import time
@@ -138,7 +139,8 @@ def take_shard(ds: Any, index: int, count: int) -> Any:
     if lo == hi:
         return ds.select([])
     part = ds.shard(num_shards=count, index=index, contiguous=True)
-    if len(part) != hi - lo or part[0] != ds[lo]:  # the ranges build-subgraphs records must be the rows cut
+    first = [pickle.dumps(d.with_format(None)[i]) for d, i in ((part, 0), (ds, lo))]  # NaN-safe, any format
+    if len(part) != hi - lo or first[0] != first[1]:  # the ranges build-subgraphs records must be the rows cut
         raise RuntimeError(f"datasets cut {len(part)} rows for part {index} of {count} of {len(ds)}; expected "
                            f"rows [{lo}, {hi})")  # fmt: skip
     return part
