@@ -12,9 +12,9 @@ the blocks, fenced code and inline code, a checked page may not hold a number th
   (``| 87.5 |``, ``| 93.3 / 101.2 |``), the form results take there. Prose decimals (``alpha = 0.2``, ``lr 5e-5``)
   and tables outside those sections are not read for them: they are settings.
 
-A page in :data:`ONLY_RESULTS_SECTIONS` is read in its results sections only (its other sections still quote dated
-runs in their prose). Results of runs that no result file records (LLM runs of an hour, data not on the machines)
-live in BENCHMARKS.md as dated records, which this check does not read; a method page links to them.
+Every checked page is read as a whole; no section is exempt. Results of runs that no result file records (LLM runs
+of an hour, data not on the machines) live in BENCHMARKS.md as dated records, which this check does not read: a
+method page says in words what such a run showed and links to its record.
 
     python tools/docs_numbers.py           # rewrite every block from the result files
     python tools/docs_numbers.py --check   # exit 1, naming the page and block, when one is not what it would write,
@@ -64,9 +64,6 @@ RESULTS_SECTIONS = {
                                   "### Confidence after the path, decoded through the KG-Trie"),
     "docs/methods/trust.md": ("## GNN-RAG's WebQSP answers",),
 }  # fmt: skip
-# pages read in their results sections only: the KG-Guard page's later sections (a real LLM's answers, the paper's
-# setting, the refinement loop) still quote dated runs in their prose
-ONLY_RESULTS_SECTIONS = ("docs/methods/kg-guard.md",)
 # in those sections, a share is a result too, and so is a decimal number in a table cell
 STRAY_SHARE = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d)?%")
 TABLE_DECIMAL = re.compile(r"(?<=\|)[ *]*(\d+\.\d+)(?:[ *]*/[ *]*\d+(?:\.\d+)?)?[ *]*(?=\|)")
@@ -438,12 +435,10 @@ def _strip(text: str) -> str:
 
 def stray_numbers(text: str, page: str) -> list[str]:
     """The result-like numbers of ``text`` outside its blocks, fenced code and inline code: three decimals and
-    times on the whole page (for a page in :data:`ONLY_RESULTS_SECTIONS`, in its results sections only), and shares
-    and decimal table cells in its results sections (:data:`RESULTS_SECTIONS`)."""
+    times on the whole page, and shares and decimal table cells in its results sections (:data:`RESULTS_SECTIONS`)."""
     results = "\n".join(_strip(section(text, h, page)) for h in RESULTS_SECTIONS.get(page, ()))
-    whole = results if page in ONLY_RESULTS_SECTIONS else _strip(text)
     cells = [m for line in results.splitlines() if line.lstrip().startswith("|") for m in TABLE_DECIMAL.findall(line)]
-    return STRAY.findall(whole) + STRAY_SHARE.findall(results) + cells
+    return STRAY.findall(_strip(text)) + STRAY_SHARE.findall(results) + cells
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -139,14 +140,49 @@ def test_a_results_section_runs_to_the_next_heading_of_its_level():
         numbers.section(text, "## C", "p.md")
 
 
-def test_numbers_in_code_and_in_other_sections_of_the_method_page_are_not_results(copy):
+def test_numbers_in_code_are_not_results_and_a_method_page_is_read_as_a_whole(copy):
     assert copy.stray_numbers("run `sleep 0.125`\n```\nF1 0.951\n```\n", "README.md") == []
     page = ("## Results on the embedded test split\nno numbers\n## What the detector catches and misses\nnone\n"
-            "## Every answer, graph node or not\n| 0.911 |\n")  # fmt: skip
+            "## Every answer, graph node or not\n| 12.5 | 40% |\n")  # fmt: skip
+    # outside the results sections a share or a decimal table cell is a setting
     assert copy.stray_numbers(page, "docs/methods/kg-guard.md") == []
+    # three decimals and times are results in every section
+    later = page.replace("| 12.5 |", "| 0.911 | 4 min 21 s |")
+    assert copy.stray_numbers(later, "docs/methods/kg-guard.md") == ["0.911", "4 min 21 s"]
     assert copy.stray_numbers(page.replace("no numbers", "F1 0.955"), "docs/methods/kg-guard.md") == ["0.955"]
     with pytest.raises(SystemExit, match="no section"):
         copy.stray_numbers("## Other\n", "docs/methods/kg-guard.md")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "In 5-fold cross-validation the detector's F1 over every answer was 0.668.\n",
+        "| KG-Guard | 0.668 ± 0.075 | 0.747 ± 0.086 |\n",
+        "The cross-validation took 24 min 50 s on 2 cores.\n",
+    ],
+)
+def test_a_result_written_by_hand_in_the_kg_guard_gnn_rag_section_fails_the_check(copy, capsys, line):
+    path = copy.ROOT / "docs/methods/kg-guard.md"
+    heading = "## A real LLM's answers: GNN-RAG on WebQSP\n"
+    text = path.read_text()
+    at = text.index(heading) + len(heading)
+    path.write_text(text[:at] + "\n" + line + text[at:])
+    assert copy.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert "docs/methods/kg-guard.md: " in out and "outside a block" in out
+
+
+def test_no_section_of_a_checked_page_is_exempt(copy):
+    for page in copy.PAGES:
+        text = (copy.ROOT / page).read_text()
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)  # a "# comment" in a code block is no heading
+        headings = re.findall(r"^#{1,6} .*$", prose, flags=re.M)
+        assert headings, page
+        for heading in headings:
+            at = text.index(heading + "\n") + len(heading) + 1
+            edited = text[:at] + "\nIt scored 0.987 here.\n" + text[at:]
+            assert "0.987" in copy.stray_numbers(edited, page), (page, heading)
 
 
 def test_a_result_file_recorded_again_makes_its_pages_stale(copy, capsys):
