@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -169,11 +169,11 @@ def test_the_size_cap_covers_every_kind_and_spares_entries_written_in_the_last_t
 
 
 def _cap_every_write(monkeypatch):
-    from kglightning.data.store import cache_admin
+    from kglightning.data.store import cache, cache_admin
 
     monkeypatch.setattr(cache_admin, "CAP_EVERY_S", 0.0)
     monkeypatch.setattr(cache_admin, "_last_cap", {})
-    monkeypatch.setattr(cache_admin, "_said", set())
+    monkeypatch.setattr(cache, "_warned", set())
 
 
 def test_the_size_cap_leaves_the_benchmark_other_tools_folders_and_pinned_entries(tmp_path, monkeypatch):

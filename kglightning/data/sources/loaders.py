@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
+from kglightning.data.store.cache import warn_once
 from kglightning.data.store.record_store import (
     dataset_store_folder,
     first_reader,
@@ -46,7 +47,6 @@ from kglightning.data.store.record_store import (
     remove_store,
     save_store,
     store_folder,
-    warn_once,
 )
 from kglightning.data.triple_array import Vocab, graph_nodes
 
@@ -316,7 +316,7 @@ def _read_and_store(
         except Exception as err:  # a full or read-only cache, a value JSON cannot hold: go on without it
             where = folder.parent if isinstance(err, OSError) else folder  # a full or read-only cache: all of it
             warn_once("not kept", where, "could not keep the records of %s in %s (%s: %s); the next run reads the "
-                      "file again", out.source, folder, type(err).__name__, err)  # fmt: skip
+                      "file again", out.source, folder, type(err).__name__, err, logger=logger)  # fmt: skip
         else:  # the first read gives what every later one will: the records as the store holds them
             stored = _stored(folder, path, split, announce=False)
             if stored is not None:

@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from pathlib import Path
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(kind: str, where: str | os.PathLike, msg: str, *args: object, logger: logging.Logger) -> None:
+    """Log ``msg`` to ``logger`` as a WARNING the first time this process meets ``kind`` at ``where`` (a store folder,
+    or a root for what holds for the whole cache), at DEBUG after: a read-only cache, or records the store cannot
+    keep, would otherwise warn at every read of every file."""
+    key = (kind, str(where))
+    logger.log(logging.DEBUG if key in _warned else logging.WARNING, msg, *args)
+    _warned.add(key)
 
 
 def default_cache_root() -> Path:

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kglightning.data.store.cache import default_cache_root
+from kglightning.data.store.cache import default_cache_root, warn_once
 from kglightning.data.store.cache_pins import MARKER_SUFFIX, entry_of, removable
 
 __all__ = [
@@ -67,6 +67,10 @@ _NOT_ENTRIES = {("records", "stamps")}  # bookkeeping of a kind, not an entry
 #: benchmark, which data modules read split by split, nor folders of other tools that share the cache root)
 CAPPED_KINDS = ("records", "kg", "embeddings", "proposals-v2", "pcst-cuts", "pcst_subgraphs", "detection_graphs",
                 "proxy_sft")  # fmt: skip
+#: kinds that earlier versions wrote and nothing reads now: listed, cleaned and evicted like the others
+LEGACY_KINDS = ("proposals",)
+#: the cap walks the cache at most this often per process (a job writes an embedding shard per question)
+CAP_EVERY_S = 60.0
 
 
 @dataclass
@@ -79,10 +83,6 @@ class CacheEntry:
     bytes: int
     used: float
     newest: float = 0.0  # the newest modification time of anything in it
-
-
-def _size(path: Path) -> int:
-    return _measure(path)[0]
 
 
 def _measure(path: Path) -> tuple[int, float]:
@@ -173,11 +173,9 @@ def _stale_aux(root: Path, kinds: list[str] | None, now: float) -> list[Path]:
                 age = now - child.stat().st_mtime
             except OSError:
                 continue
-            if child.name.endswith(".lock"):
-                if age > _LOCK_AGE_S and not child.with_name(child.name[: -len(".lock")]).exists():
-                    stale.append(child)
-            elif child.name.startswith(".") and child.name.endswith(MARKER_SUFFIX):  # an in-use marker
-                if age > _LOCK_AGE_S and not child.with_name(child.name[1 : -len(MARKER_SUFFIX)]).exists():
+            owner = _lock_owner(child)
+            if owner is not None:  # a lock or an in-use marker: stale when old and its entry is gone
+                if age > _LOCK_AGE_S and not child.with_name(owner).exists():
                     stale.append(child)
             elif stale_temporary(child, now, host):
                 stale.append(child)
@@ -187,6 +185,16 @@ def _stale_aux(root: Path, kinds: list[str] | None, now: float) -> list[Path]:
                 if not (child / "meta.json").exists() and age > _TORN_AGE_S:  # a removal killed part-way
                     stale.append(child)
     return stale
+
+
+def _lock_owner(path: Path) -> str | None:
+    """The name of the entry whose lock (``<name>.lock``) or in-use marker (``.<name>.in-use``) ``path`` is, or
+    ``None`` for anything else."""
+    if path.name.endswith(".lock"):
+        return path.name[: -len(".lock")]
+    if path.name.startswith(".") and path.name.endswith(MARKER_SUFFIX):
+        return path.name[1 : -len(MARKER_SUFFIX)]
+    return None
 
 
 def _age(path: Path, now: float) -> float:
@@ -300,17 +308,15 @@ def clean(
     dry_run: bool = False,
     keep: Path | None = None,
     leftovers: bool = True,
-    spare_busy: bool = False,
 ) -> list[CacheEntry]:
     """Remove what killed runs left (``leftovers``), then the entries unused for ``older_than_s`` seconds, then the
     least recently used ones until the total is at most ``max_bytes`` (over ``kinds``, default every kind); ``keep``
-    is never removed (the entry just written), nor with ``spare_busy`` an entry with anything in it written in the
-    last ten minutes (the size cap's rule: a running job may be writing it). Returns the entries removed
+    is never removed (the entry just written), nor an entry a running process has pinned. Returns the entries removed
     (``dry_run``: that would be)."""
     root = default_cache_root() if root is None else root
     now = time.time()
     for aux in _stale_aux(root, kinds, now) if leftovers else ():
-        if aux.name.endswith((".lock", MARKER_SUFFIX)):
+        if _lock_owner(aux) is not None:
             _remove_lock(aux, dry_run)
         else:
             _remove(aux, dry_run)
@@ -319,13 +325,15 @@ def clean(
     if older_than_s is not None:
         gone += [e for e in current if now - e.used > older_than_s and e.path != keep and _take(e.path, dry_run)]
     if max_bytes is not None:
-        gone += _evict([e for e in current if e not in gone], max_bytes, keep, spare_busy, dry_run, now)
+        gone += _evict([e for e in current if e not in gone], max_bytes, keep, False, dry_run, now)
     return gone
 
 
 def _evict(current: list[CacheEntry], max_bytes: int, keep: Path | None, spare_busy: bool, dry_run: bool,
            now: float) -> list[CacheEntry]:  # fmt: skip
-    """Remove entries of ``current`` (oldest use first) until they hold at most ``max_bytes``; see :func:`clean`."""
+    """Remove entries of ``current`` (oldest use first) until they hold at most ``max_bytes``, never ``keep`` nor a
+    pinned entry, nor with ``spare_busy`` one with anything in it written in the last ten minutes (the size cap's
+    rule: another job may be writing it)."""
     gone = []
     total = sum(e.bytes for e in current)
     for e in current:
@@ -348,12 +356,6 @@ def _take(entry: Path, dry_run: bool) -> bool:
         return ok
 
 
-#: kinds that earlier versions wrote and nothing reads now: listed, cleaned and evicted like the others
-LEGACY_KINDS = ("proposals",)
-#: the cap walks the cache at most this often per process (a job writes an embedding shard per question)
-CAP_EVERY_S = 60.0
-
-
 def max_bytes_from_env() -> int | None:
     """``KGLIGHTNING_CACHE_MAX_GB`` in bytes, or ``None`` when it is unset, empty or infinite.
 
@@ -372,29 +374,22 @@ def max_bytes_from_env() -> int | None:
     return None if math.isinf(cap) or cap * 2**30 >= 2**62 else int(cap * 2**30)
 
 
-_said: set[str] = set()
 _last_cap: dict[str, float] = {}
-
-
-def _say_once(key: str, msg: str, *args: object) -> None:
-    if key not in _said:
-        _said.add(key)
-        log.warning(msg, *args)
 
 
 def enforce_cap(written: str | os.PathLike) -> list[CacheEntry]:
     """Apply ``KGLIGHTNING_CACHE_MAX_GB`` after ``written`` (a file or folder in the cache) was written: remove the
-    least recently used entries of :data:`CAPPED_KINDS` and :data:`LEGACY_KINDS` until they fit. Spared: the entry holding ``written``,
-    every entry a running process has pinned (:func:`~kglightning.data.store.cache_pins.pin`), and every entry with
-    anything written in it in the last ten minutes. The cache is walked at most once
-    every :data:`CAP_EVERY_S` seconds per process. When it still does not fit, or the variable is not a number, a
-    WARNING says so once per process; nothing here raises, so a write that succeeded stays a success. Nothing is done
-    when the variable is unset, or for a path outside the cache. Returns the entries removed."""
+    least recently used entries of :data:`CAPPED_KINDS` and :data:`LEGACY_KINDS` until they fit. Spared: the entry
+    holding ``written``, every entry a running process has pinned (:func:`~kglightning.data.store.cache_pins.pin`),
+    and every entry with anything written in it in the last ten minutes. The cache is walked at most once every
+    :data:`CAP_EVERY_S` seconds per process. When it still does not fit, or the variable is not a number, a WARNING
+    says so once per process; nothing here raises, so a write that succeeded stays a success. Nothing is done when
+    the variable is unset, or for a path outside the cache. Returns the entries removed."""
     entry = entry_of(written)
     try:
         cap = max_bytes_from_env()
     except ValueError as err:
-        _say_once("bad cap", "%s; no size cap applied", err)
+        warn_once("bad cap", default_cache_root(), "%s; no size cap applied", err, logger=log)
         return []
     root = default_cache_root()
     now = time.monotonic()
@@ -406,13 +401,13 @@ def enforce_cap(written: str | os.PathLike) -> list[CacheEntry]:
         gone = _evict(current, cap, entry, True, False, time.time())
         total = sum(e.bytes for e in current) - sum(e.bytes for e in gone)
     except OSError as err:  # the cache changed under the walk, or cannot be read: the write itself succeeded
-        _say_once("cap failed", "could not apply KGLIGHTNING_CACHE_MAX_GB to %s (%s)", root, err)
+        warn_once("cap failed", root, "could not apply KGLIGHTNING_CACHE_MAX_GB to %s (%s)", root, err, logger=log)
         return []
     for e in gone:
         log.info("removed %s/%s (%s; KGLIGHTNING_CACHE_MAX_GB)", e.kind, e.path.name, _human(e.bytes))
     if total > cap:
-        _say_once(f"over {root}", "the cache %s holds %s, over KGLIGHTNING_CACHE_MAX_GB (%s): what remains is in use "
-                  "or was written in the last ten minutes", root, _human(total), _human(cap))  # fmt: skip
+        warn_once("over the cap", root, "the cache %s holds %s, over KGLIGHTNING_CACHE_MAX_GB (%s): what remains is in "
+                  "use or was written in the last ten minutes", root, _human(total), _human(cap), logger=log)  # fmt: skip
     return gone
 
 

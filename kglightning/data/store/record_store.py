@@ -61,7 +61,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
-from kglightning.data.store.cache import default_cache_root, private_dir
+from kglightning.data.store.cache import default_cache_root, private_dir, warn_once
 from kglightning.data.store.cache_admin import enforce_cap, writer_temporary
 from kglightning.data.triple_array import TripleArray, Vocab
 
@@ -72,26 +72,12 @@ __all__ = [
     "remove_store",
     "save_store",
     "store_folder",
-    "warn_once",
 ]
 
 log = logging.getLogger(__name__)
 
 FORMAT = 3  # 3: Arrow IPC streams, keyed by content (2: npy + pickle, keyed by path and stat)
 _BATCH_RECORDS, _BATCH_TRIPLES = 1024, 1 << 22  # a record batch ends at whichever comes first
-
-
-_warned: set[tuple[str, str]] = set()
-
-
-def warn_once(kind: str, where: Path, msg: str, *args: object) -> None:
-    """Log ``msg`` as a WARNING the first time this process meets ``kind`` at ``where`` (a store folder, or the
-    stores' root for what holds for the whole cache), at DEBUG after: a read-only cache, or records the store cannot
-    keep, would otherwise warn at every read of every file."""
-    key = (kind, str(where))
-    level = logging.DEBUG if key in _warned else logging.WARNING
-    _warned.add(key)
-    log.log(level, msg, *args)
 
 
 def _min_bytes() -> int | None:
@@ -441,7 +427,7 @@ def first_reader(folder: Path, source: str | os.PathLike) -> Iterator[str]:
                                 "KGLIGHTNING_RECORD_STORE_WAIT_S=0", waited, lock.lock_file, source)  # fmt: skip
     except Exception as err:  # a read-only cache, a file system without locks (filelock raises more than OSError)
         warn_once("no lock", folder.parent, "no lock for the record store %s (%s: %s); reading %s without one", folder,
-                  type(err).__name__, err, source)  # fmt: skip
+                  type(err).__name__, err, source, logger=log)  # fmt: skip
         state = "unlocked"
     if state == "waited":
         lock.release()
