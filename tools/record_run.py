@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from datetime import date
 from pathlib import Path
 
@@ -62,14 +63,21 @@ SPLIT_LINE = re.compile(
 )
 
 
-def test_metrics(rows: list[dict[str, str]], source: Path) -> dict[str, float]:
-    """The last logged value of every ``test/*`` column among the ``rows`` of a Lightning ``CSVLogger`` file."""
+def last_values(rows: Iterable[dict[str, str]], keep: Callable[[str], bool]) -> dict[str, float]:
+    """The last logged value of each column that ``keep`` accepts among the ``rows`` of a Lightning ``CSVLogger``
+    file, sorted by name."""
     out: dict[str, float] = {}
     for row in rows:
-        out.update({k: float(v) for k, v in row.items() if k.startswith("test/") and v not in ("", None)})
+        out.update({k: float(v) for k, v in row.items() if keep(k) and v not in ("", None)})
+    return dict(sorted(out.items()))
+
+
+def test_metrics(rows: list[dict[str, str]], source: Path) -> dict[str, float]:
+    """The last logged value of every ``test/*`` column among the ``rows`` of a Lightning ``CSVLogger`` file."""
+    out = last_values(rows, lambda k: k.startswith("test/"))
     if not out:
         raise SystemExit(f"{source}: no test/* metric was logged (does the config set test_after_fit: true?)")
-    return dict(sorted(out.items()))
+    return out
 
 
 def metrics_file(folder: Path) -> Path:
@@ -231,14 +239,10 @@ def detector_misses(config: str, work: Path, env: dict[str, str], tmp: Path) -> 
 
 def last_logged(folder: Path) -> dict[str, float]:
     """The last logged value of every metric column of the newest ``metrics.csv`` under ``folder`` ({} if none)."""
-    found = sorted(folder.rglob("metrics.csv"), key=lambda p: p.stat().st_mtime)
-    if not found:
+    if not any(folder.rglob("metrics.csv")):
         return {}
-    out: dict[str, float] = {}
-    with open(found[-1], newline="") as f:
-        for row in csv.DictReader(f):
-            out.update({k: float(v) for k, v in row.items() if k not in ("epoch", "step") and v not in ("", None)})
-    return dict(sorted(out.items()))
+    with open(metrics_file(folder), newline="") as f:
+        return last_values(csv.DictReader(f), lambda k: k not in ("epoch", "step"))
 
 
 def record_predict(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict[str, object]:
