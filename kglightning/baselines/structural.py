@@ -18,7 +18,7 @@ import torch
 from kglightning.data.proposer import AnswerNodeScorer
 from kglightning.data.records import KGQARecord
 from kglightning.evidence.answer_signals import LLM_SIGNALS, AnswerSignals, LLMSignal
-from kglightning.metrics.functional.qa import is_abstention, node_matcher, normalize
+from kglightning.metrics.functional.qa import answer_key, is_abstention, node_matcher
 
 __all__ = ["FEATURES", "StructuralBaseline", "structural_features"]
 
@@ -69,10 +69,10 @@ def structural_features(
     dist = _hops(record.graph, record.q_entity, max_hops)
     groups: dict[tuple[str, str], tuple[str, str | None, list[int]]] = {}  # key -> (first text, node, entries)
     for k, answer in enumerate(preds):
-        if is_abstention(answer):
+        node = match(answer) if answer_key(answer) else None
+        if node is None and is_abstention(answer):  # as the detector: an answer naming a node is no abstention
             continue
-        node = match(answer)
-        key = ("node", node) if node is not None else ("text", normalize(answer))
+        key = ("node", node) if node is not None else ("text", answer_key(answer))
         groups.setdefault(key, (answer, node, []))[2].append(k)
     llm = AnswerSignals(record) if signals else None
     out: dict[str, list[float]] = {}
@@ -129,12 +129,14 @@ class StructuralBaseline(AnswerNodeScorer):
     def _matrix(self, records: Sequence[KGQARecord]) -> tuple[torch.Tensor, torch.Tensor]:
         rows, labels = [], []
         for r in records:
-            gold = {normalize(a) for a in [*r.answer, *r.a_entity]}
+            gold = {key for a in [*r.answer, *r.a_entity] if (key := answer_key(a))}
+            if not gold:  # no gold answer: nothing to label its answers against (the detector leaves them out too)
+                continue
             match = node_matcher(n for h, _, t in r.graph for n in (h, t))
             for answer, feats in structural_features(r, self.max_hops, self.signals).items():
                 rows.append(feats)
                 node = match(answer)  # as the detector labels it: right when its text or its node's name is gold
-                labels.append(float(normalize(answer) not in gold and (node is None or normalize(node) not in gold)))
+                labels.append(float(answer_key(answer) not in gold and (node is None or answer_key(node) not in gold)))
         x = torch.tensor(rows, dtype=torch.float64).view(-1, len(FEATURES) + len(self.signals))
         return x, torch.tensor(labels, dtype=torch.float64)
 

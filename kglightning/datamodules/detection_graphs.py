@@ -23,7 +23,7 @@ from kglightning.data.triple_array import Vocab, as_triple_array, graph_nodes, n
 from kglightning.datamodules.graph_forms import GraphParts
 from kglightning.datamodules.text_rows import TextRows
 from kglightning.evidence.answer_signals import AnswerSignals
-from kglightning.metrics.functional.qa import is_abstention, normalize
+from kglightning.metrics.functional.qa import answer_key, is_abstention
 from kglightning.metrics.functional.qa import node_matcher as match_node
 
 GROUNDING_KINDS = ("exact", "near_miss", "ungrounded")
@@ -34,8 +34,10 @@ GROUNDING_KINDS = ("exact", "near_miss", "ungrounded")
 class DetectionStats:
     """Counts of what graph construction kept and dropped for one split.
 
-    ``instances`` and ``hallucinated`` count every answer kept; ``by_grounding`` splits them by
-    :data:`GROUNDING_KINDS` as ``{kind: [answers, hallucinated]}``. ``unmatched`` counts the distinct answers that
+    ``instances`` and ``hallucinated`` count every labelled answer kept; ``by_grounding`` splits them by
+    :data:`GROUNDING_KINDS` as ``{kind: [answers, hallucinated]}``. ``unlabelled`` counts the answers kept for
+    questions with no gold answer (``labelled=False``: they have no label, and neither the loss nor a metric reads
+    them). ``unmatched`` counts the distinct answers that
     name no node: kept as ungrounded answers, or dropped (``ungrounded="drop"``, counted in ``dropped``);
     ``duplicates`` the answers that repeat one already kept (the same node, or the same normalised text).
     """
@@ -49,6 +51,7 @@ class DetectionStats:
     dropped: int = 0
     duplicates: int = 0
     no_instance: int = 0
+    unlabelled: int = 0
     unmatched_examples: list[str] = field(default_factory=list)
     by_grounding: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in GROUNDING_KINDS})
 
@@ -88,7 +91,8 @@ class DetectionStats:
             f"{split}: {self.questions} questions -> {self.graphs} graphs, {self.instances} answers "
             f"({rate(self.hallucinated, self.instances)} hallucinated): {groups}; excluded: {self.abstained} "
             f"abstentions, {self.duplicates} repeats of an answer, {self.dropped} ungrounded answers dropped, "
-            f"{self.no_instance} questions with no answer left"
+            f"{self.no_instance} questions with no answer left, {self.unlabelled} answers of questions with no gold "
+            "answer (kept unlabelled: no loss, no metric)"
         )
 
 
@@ -219,13 +223,13 @@ def graph_parts(
     virtual = len(node_of)
     match = node_of.match
 
-    gold = {normalize(a) for a in [*record.answer, *record.a_entity]}
+    gold = {key for a in [*record.answer, *record.a_entity] if (key := answer_key(a))}
     preds = record.prediction or []
-    # pass 1: names (exact, then RoG-normalised); pass 2: the near-miss grounder for what is left, so a misspelling
-    # never takes the node of a later exact answer
-    abstained = {k for k, pred in enumerate(preds) if is_abstention(pred)}
+    # pass 1: names (exact, then by answer_key); pass 2: the near-miss grounder for what is left, so a misspelling
+    # never takes the node of a later exact answer; an answer that names a node is never an abstention
+    named = {k: n for k, pred in enumerate(preds) if answer_key(pred) and (n := match(pred)) is not None}
+    abstained = {k for k, pred in enumerate(preds) if k not in named and is_abstention(pred)}
     stats.abstained += len(abstained)
-    named = {k: n for k, pred in enumerate(preds) if k not in abstained and (n := match(pred)) is not None}
     grounded: list[tuple[int, str, int, int, str]] = []  # (node, answer, kind, rank, node name)
     loose: list[tuple[str, int]] = []  # (answer, rank)
     # the entries of ``prediction`` behind each kept answer (its votes), by node or by normalised text
@@ -239,7 +243,7 @@ def graph_parts(
             continue
         node_name, kind = named.get(k), 0
         if node_name is None and near_miss is not None and node_of:
-            key = normalize(pred)
+            key = answer_key(pred)
             near = near_of_text[key] if key in near_of_text else near_miss(pred)  # a repeat is not looked up again
             near_of_text[key] = near
             if near is not None and near in node_of:
@@ -258,11 +262,11 @@ def graph_parts(
             seen_nodes.add(node_of[node_name])
             grounded.append((node_of[node_name], pred, kind, k, node_name))
             continue
-        entries.setdefault(("text", normalize(pred)), []).append(k)
-        if normalize(pred) in seen_loose:
+        entries.setdefault(("text", answer_key(pred)), []).append(k)
+        if answer_key(pred) in seen_loose:
             stats.duplicates += 1
             continue
-        seen_loose.add(normalize(pred))  # before the drop: a dropped answer's repeats are repeats, counted as such
+        seen_loose.add(answer_key(pred))  # before the drop: a dropped answer's repeats are repeats, counted as such
         stats.unmatched += 1
         if len(stats.unmatched_examples) < 5:
             stats.unmatched_examples.append(f"{record.id}: {pred!r}")
@@ -277,10 +281,13 @@ def graph_parts(
     kinds = [kind for _, _, kind, _, _ in grounded] + [2] * len(loose)
     ranks = [rank for _, _, _, rank, _ in grounded] + [rank for _, rank in loose]
     # an answer grounded to a node is that node: right when its own text or its node's name is a gold answer
-    labels = [float(normalize(name) not in gold and normalize(node) not in gold) for _, name, _, _, node in grounded]
-    labels += [float(normalize(name) not in gold) for name, _ in loose]
-    for kind, label in zip(kinds, labels):
-        stats.count(GROUNDING_KINDS[kind], bool(label))
+    labels = [float(answer_key(name) not in gold and answer_key(node) not in gold) for _, name, _, _, node in grounded]
+    labels += [float(answer_key(name) not in gold) for name, _ in loose]
+    if gold:
+        for kind, label in zip(kinds, labels):
+            stats.count(GROUNDING_KINDS[kind], bool(label))
+    else:  # no gold answer: nothing to label against (y is kept but masked by ``labelled``)
+        stats.unlabelled += len(labels)
     confidences = [
         record.confidence[k] if record.confidence and k < len(record.confidence) else float("nan") for k in ranks
     ]
@@ -293,9 +300,9 @@ def graph_parts(
     signals = AnswerSignals(record)
     degree = np.bincount(np.concatenate([src_arr, dst_arr]), minlength=virtual)
     answer_signals = [signals.values(entries["node", node], int(degree[node])) for node, *_ in grounded]
-    answer_signals += [signals.values(entries["text", normalize(name)], None) for name, _ in loose]
+    answer_signals += [signals.values(entries["text", answer_key(name)], None) for name, _ in loose]
     answer_entries = [sorted(entries["node", node]) for node, *_ in grounded]
-    answer_entries += [sorted(entries["text", normalize(name)]) for name, _ in loose]
+    answer_entries += [sorted(entries["text", answer_key(name)]) for name, _ in loose]
 
     stats.graphs += 1
     return GraphParts(

@@ -14,7 +14,7 @@ import numpy as np
 
 from kglightning.data.text import RelationView, relation_text
 from kglightning.data.triple_array import Vocab
-from kglightning.metrics.functional.qa import normalize
+from kglightning.metrics.functional.qa import answer_key
 
 __all__ = ["TextRows"]
 
@@ -24,8 +24,8 @@ class TextRows:
     :func:`~kglightning.data.text.relation_text` writes for a view.
 
     ``text_id`` may grow between calls (an :class:`~kglightning.data.embeddings.EmbeddingCache` index does) but must
-    never change a row it has given; a string without a row is a :class:`KeyError` naming it. The strings' RoG normal
-    forms (:meth:`normal_forms`, for matching answers to nodes) are kept the same way.
+    never change a row it has given; a string without a row is a :class:`KeyError` naming it. The strings' answer
+    keys (:meth:`normal_forms`, for matching answers to nodes) are kept the same way.
 
     Args:
         text_id: string -> row, e.g. ``EmbeddingCache._index``.
@@ -58,17 +58,17 @@ class TextRows:
         return self._rows(vocab, ids, view)
 
     def normal_forms(self, vocab: Vocab, ids: np.ndarray) -> list[str]:
-        """The :func:`~kglightning.metrics.functional.qa.normalize`-d strings ``vocab.strings[ids]``, each string
-        normalised once."""
+        """The :func:`~kglightning.metrics.functional.qa.answer_key`-s of the strings ``vocab.strings[ids]`` (how
+        answers are matched to nodes), each string keyed once."""
         ids = np.asarray(ids, dtype=np.int64)
         if not self.memo:
-            return [normalize(s) for s in vocab.take(ids)]
+            return [answer_key(s) for s in vocab.take(ids)]
         table = self._table(vocab, "normal", object)
         out = table[ids]
         missing = np.equal(out, None)
         if missing.any():
             fresh = np.unique(ids[missing])
-            table[fresh] = [normalize(s) for s in vocab.take(fresh)]
+            table[fresh] = [answer_key(s) for s in vocab.take(fresh)]
             out = table[ids]
         return out.tolist()
 

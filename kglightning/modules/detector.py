@@ -16,7 +16,13 @@ from kglightning.conformal.scorer import ConformalScores
 from kglightning.datamodules.detection_graphs import GROUNDING_KINDS, answer_owner
 from kglightning.metrics.classification import detection_scores
 from kglightning.modules.detector_compat import build_ungrounded_scorer, upgrade_state_dict
-from kglightning.modules.detector_scores import ScoreBuffer, answer_keys, detection_loss, item_uniform
+from kglightning.modules.detector_scores import (
+    ScoreBuffer,
+    answer_keys,
+    detection_loss,
+    item_uniform,
+    labelled_answers,
+)
 from kglightning.modules.detector_thresholds import Decision, shifted_probs, tune_decision
 from kglightning.nn import GraphEncoder, GraphTransformerEncoder, KGGuard, UngroundedAnswerScorer, nearest_nodes
 
@@ -288,13 +294,19 @@ class HallucinationDetector(L.LightningModule):
         return self.ungrounded(answer, x[q_index], nearest, sim, batch.answer_rank[loose].to(x.dtype), **extra)
 
     def _loss(self, batch: Any, stage: str) -> tuple[Tensor, Tensor]:
+        """The loss over the batch's labelled answers (:func:`~kglightning.modules.detector_scores.labelled_answers`:
+        an answer of a question with no gold answer has no label), and the logits of every answer."""
         logits = self(batch, calibrated=stage == "test")  # validation tunes the offset on the raw logits
-        loss = detection_loss(logits, batch.y, self.pos_weight, self.focal_gamma)
+        mask = labelled_answers(batch)
+        scored, target = (logits, batch.y) if mask is None else (logits[mask], batch.y[mask])
+        if not target.numel():  # nothing labelled: a zero that keeps every parameter in the step (DDP)
+            return logits.sum() * 0.0, logits
+        loss = detection_loss(scored, target, self.pos_weight, self.focal_gamma)
         train = stage == "train"
         self.log(
             f"{stage}/loss",
             loss,
-            batch_size=batch.y.numel(),
+            batch_size=target.numel(),
             prog_bar=train,
             on_step=train,
             on_epoch=True,
@@ -315,11 +327,17 @@ class HallucinationDetector(L.LightningModule):
             )
         grounding = getattr(batch, "answer_grounding", None)
         grounded = grounding != UNGROUNDED if grounding is not None else torch.ones_like(batch.y, dtype=torch.bool)
+        labelled = labelled_answers(batch)
+        if labelled is not None:  # an answer without a label tunes nothing
+            labelled = labelled.to(grounded.device)
+            grounded, loose = grounded & labelled, ~grounded & labelled
+        else:
+            loose = ~grounded
         pick = (lambda m: None) if keys is None else (lambda m: keys[m])  # noqa: E731
         # the raw logits of each population tune the decision rule (updated every step, empty or not, so every
         # process holds the state); val/* is over the graph model's answers, as test/*
         self.val_scores.update(logits[grounded], batch.y[grounded], pick(grounded))
-        self.val_ungrounded.update(logits[~grounded], batch.y[~grounded], pick(~grounded))
+        self.val_ungrounded.update(logits[loose], batch.y[loose], pick(loose))
 
     def on_validation_epoch_end(self) -> None:
         logits, target = self.val_scores.compute()
@@ -389,6 +407,11 @@ class HallucinationDetector(L.LightningModule):
             scores[:, k].to(probs) if scores is not None else torch.full_like(probs, float("nan"))
             for k in range(len(self.llm_baseline_names))
         ]
+        labelled = labelled_answers(batch)
+        if labelled is not None:  # the answers of a question without a gold answer have no label to score
+            labelled = labelled.to(probs.device)
+            columns, target, grounded = [c[labelled] for c in columns], target[labelled], grounded[labelled]
+            keys = None if keys is None else keys[labelled]
         for buf, column in zip(self.test_scores.values(), columns):
             buf.update(column, target, keys)
         self.test_grounded.update(grounded.float(), target, keys)

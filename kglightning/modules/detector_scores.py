@@ -15,7 +15,7 @@ from torchmetrics.utilities import dim_zero_cat
 from kglightning.datamodules.detection_graphs import answer_owner
 from kglightning.metrics.functional import unique_by_key
 
-__all__ = ["ScoreBuffer", "answer_keys", "detection_loss", "item_uniform"]
+__all__ = ["ScoreBuffer", "answer_keys", "detection_loss", "item_uniform", "labelled_answers"]
 
 
 class ScoreBuffer(Metric):
@@ -73,6 +73,16 @@ def answer_keys(batch: Any) -> Tensor | None:
     start = counts.cumsum(0) - counts
     position = torch.arange(owner.numel(), device=owner.device) - start[owner]
     return item.to(owner.device).long()[owner] * 2**20 + position
+
+
+def labelled_answers(batch: Any) -> Tensor | None:
+    """``(A,)`` whether each answer of a batch has a label: its question has a gold answer (the graph's
+    ``labelled``); ``None`` when every answer has one (or the graphs predate the mark). An unlabelled answer's ``y``
+    says nothing, so neither the loss nor a metric may read it."""
+    labelled = getattr(batch, "labelled", None)
+    if labelled is None or bool(labelled.all()):
+        return None
+    return labelled.to(torch.bool)[answer_owner(batch)]
 
 
 def detection_loss(logits: Tensor, target: Tensor, pos_weight: float | None = None, gamma: float = 0.0) -> Tensor:

@@ -54,7 +54,7 @@ from kglightning.fileio import clear_outputs
 from kglightning.llm.backends import ChatMessage, GenerationParams, LLMBackend, LocalHFBackend
 from kglightning.llm.grounding import ground_answers
 from kglightning.llm.parsing import parse_answers
-from kglightning.metrics.functional.qa import ABSTENTIONS, normalize
+from kglightning.metrics.functional.qa import is_abstention
 from kglightning.modules.detector import HallucinationDetector
 from kglightning.nn import GraphEncoder
 from kglightning.pipelines._ddp import gather_unique_rows, sum_over_ranks
@@ -234,9 +234,7 @@ class KGGuardRefinement(L.LightningModule):
     def read_answers(self, record: KGQARecord, text: str, step: int, follow_up: str | None = None) -> dict[str, Any]:
         """Parse and ground one response into a history entry (``scores``/``flagged`` are filled by :meth:`score`)."""
         parsed = parse_answers(text)
-        answers = {
-            a: c for a, c in parsed.answers.items() if normalize(a) not in ABSTENTIONS and a.lower() not in ABSTENTIONS
-        }
+        answers = {a: c for a, c in parsed.answers.items() if not is_abstention(a)}
         entities = {n for triple in record.graph for n in (triple[0], triple[2])}
         grounded = ground_answers(answers, sorted(entities), near_miss=self.grounder)
         unmatched = list(grounded.unmatched)

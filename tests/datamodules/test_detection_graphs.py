@@ -209,3 +209,44 @@ def test_compact_graph_round_trips_exactly_in_less_memory(reverse):
     odd = g.clone()
     odd.edge_index = odd.edge_index.flip(1)  # not the layout build_detection_graph writes: nothing is dropped
     assert torch.equal(expand_graph(compact_graph(odd)).edge_index, odd.edge_index)
+
+
+def test_a_question_without_gold_answers_is_unlabelled_and_not_counted_as_hallucinated():
+    rec = _record(answer=[], a_entity=[], prediction=["Paris", "Euro", "Atlantis"])
+    stats = DetectionStats()
+    g = build_detection_graph(rec, _ids(rec), stats, ungrounded="keep")
+    assert g.labelled.tolist() == [False] and g.answer_names == ["Paris", "Euro", "Atlantis"]
+    # issue 57: these three answers were counted as 3 hallucinated instances of 3
+    assert (stats.instances, stats.hallucinated, stats.unlabelled) == (0, 0, 3)
+    assert "3 answers of questions with no gold answer" in stats.summary("train")
+
+
+def test_answers_that_rog_normalises_to_nothing_are_answers_not_abstentions():
+    # a band called "The The" and a blood type "A" are graph nodes; RoG's normalize empties both names
+    graph = [["Matt Johnson", "member of", "The The"], ["Matt Johnson", "blood type", "A"], ["Matt Johnson", "x", "B"]]
+    rec = _record(question="Which band?", answer=["The The"], a_entity=["The The"], q_entity=["Matt Johnson"],
+                  graph=graph, prediction=["The The", "A", "the the", " ", "unknown"])  # fmt: skip
+    stats = DetectionStats()
+    g = build_detection_graph(rec, _ids(rec), stats, ungrounded="keep")
+    assert g.answer_names == ["The The", "A"] and g.answer_grounding.tolist() == [0, 0]
+    assert g.y.tolist() == [0.0, 1.0]  # "The The" is the gold answer; "A" is not
+    assert (stats.abstained, stats.duplicates) == (2, 1)  # the blank answer and "unknown"; "the the" is a repeat
+    # a gold answer "A" labels the answer "A" faithful (it was dropped as an abstention, and its gold matched "")
+    rec = _record(question="Blood type?", answer=["A"], a_entity=[], q_entity=["Matt Johnson"], graph=graph,
+                  prediction=["A", "B"])  # fmt: skip
+    g = build_detection_graph(rec, _ids(rec), DetectionStats(), ungrounded="keep")
+    assert g.answer_names == ["A", "B"] and g.y.tolist() == [0.0, 1.0]
+
+
+def test_unicode_spellings_of_one_name_are_one_answer():
+    nfc, nfd = "Z\u00fcrich", "Zu\u0308rich"
+    graph = [["Switzerland", "largest city", nfc], ["Switzerland", "capital", "Bern"]]
+    # the gold answer in NFD, the node and the prediction in NFC; then the reverse
+    rec = _record(question="largest city?", answer=[nfd], a_entity=[], q_entity=["Switzerland"], graph=graph,
+                  prediction=[nfc, "Bern"])  # fmt: skip
+    g = build_detection_graph(rec, _ids(rec), DetectionStats(), ungrounded="keep")
+    assert g.answer_names == [nfc, "Bern"] and g.y.tolist() == [0.0, 1.0]
+    rec = _record(question="largest city?", answer=[nfc], a_entity=[nfc], q_entity=["Switzerland"], graph=graph,
+                  prediction=[nfd])  # fmt: skip
+    g = build_detection_graph(rec, _ids(rec), DetectionStats(), ungrounded="keep")
+    assert g.answer_grounding.tolist() == [0] and g.y.tolist() == [0.0]  # grounded on the node, and faithful

@@ -322,3 +322,57 @@ def test_mostfrequent_takes_the_validation_majority_without_threshold_tuning(tin
                                   tune_threshold=False)  # fmt: skip
     _trainer(tmp_path, 1).fit(model, dm)
     assert float(model.majority) == 0.0 and float(model.threshold) == 0.5  # faithful majority; threshold as given
+
+
+def test_answers_of_a_question_without_gold_answers_enter_no_loss_and_no_metric(tiny_encoder_dir, tmp_path):
+    """Issue 57: such a question's graph is marked ``labelled=False`` with ``y = 1``; the loss, the tuned threshold
+    and the test metrics read ``y`` and took its answers as hallucinated."""
+    import json
+
+    from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
+    from kglightning.datamodules.graph_forms import collate_graphs
+    from kglightning.data import KGQARecord
+
+    graph = [["France", "capital", "Paris"], ["Paris", "river", "Seine"], ["France", "river", "Loire"],
+             ["France", "borders", "Spain"]]  # fmt: skip
+    row = {"question": "capital of France?", "answer": ["Paris"], "q_entity": ["France"], "a_entity": ["Paris"],
+           "graph": graph}  # fmt: skip
+    preds = {"train": [["Paris", "Seine"], ["Loire", "Paris"], ["Spain"]], "validation": [["Paris", "Loire"], ["Seine"]],
+             "test": [["Paris", "Seine"], ["Loire"]]}  # fmt: skip
+    # the same questions, plus in validation and test one with no gold answer whose four answers are all "right"
+    # in what they name (the graph's nodes), so that reading their y = 1 moves the threshold and every test metric
+    unlabelled = {**row, "answer": [], "a_entity": [], "prediction": ["Paris", "Seine", "Loire", "Spain"]}
+    results = []
+    for extra in (False, True):
+        data = tmp_path / f"data{int(extra)}"
+        data.mkdir()
+        for split, rows in preds.items():
+            lines = [json.dumps({**row, "id": f"{split}-{i}", "prediction": p}) for i, p in enumerate(rows)]
+            if extra and split != "train":
+                lines.append(json.dumps({**unlabelled, "id": f"{split}-none"}))
+            (data / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+        L.seed_everything(0)
+        dm = DetectionDataModule(data_dir=str(data), encoder=SentenceEncoder(tiny_encoder_dir, show_progress=False),
+                                 cache_dir=str(tmp_path / "cache"), batch_size=8)  # fmt: skip
+        model = HallucinationDetector(text_dim=32, encoder=partial(GraphTransformerEncoder, hidden_channels=16,
+                                                                   heads=4))  # fmt: skip
+        trainer = _trainer(tmp_path, 2)
+        trainer.fit(model, dm)
+        (test,) = trainer.test(model, dm)
+        results.append(({k: v for k, v in test.items() if "loss" not in k}, float(model.threshold)))
+        if extra:
+            assert dm.stats["test"].unlabelled == 4 and dm.stats["test"].instances == 3
+    assert results[1] == results[0]
+
+    # the training loss is the loss of the labelled answers alone
+    record = KGQARecord.from_dict({**row, "id": "a", "prediction": ["Paris", "Seine"]})
+    blank = KGQARecord.from_dict({**unlabelled, "id": "b"})
+    rows = {t: i for i, t in enumerate(dict.fromkeys(node_texts(record) + node_texts(blank)))}
+    graphs = [build_detection_graph(r, rows, DetectionStats(), ungrounded="keep") for r in (record, blank)]
+    table = torch.randn(len(rows), 32, generator=torch.Generator().manual_seed(0))
+    both, alone = collate_graphs(graphs, lambda ids: table[ids]), collate_graphs(graphs[:1], lambda ids: table[ids])
+    model = HallucinationDetector(text_dim=32, encoder=partial(GraphTransformerEncoder, hidden_channels=16, heads=4))
+    model.eval()
+    with torch.no_grad():
+        assert model._loss(both, "train")[0].item() == pytest.approx(model._loss(alone, "train")[0].item())
+        assert model._loss(collate_graphs(graphs[1:], lambda ids: table[ids]), "train")[0].item() == 0.0

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -61,41 +62,61 @@ def normalize(s: str) -> str:
     return " ".join(s.split())
 
 
-ABSTENTIONS = frozenset({"", "unknown", "none", "n/a", "na", "no answer", "i don't know", "i do not know", "not sure"})
-"""Answers that mean "no answer" (after :func:`normalize`, or lowercased)."""
+ABSTENTIONS = frozenset({"unknown", "none", "n/a", "na", "no answer", "i don't know", "i do not know", "not sure"})
+"""Answers that mean "no answer" (after :func:`answer_key`, or lowercased), besides an empty or blank answer."""
+
+
+def answer_key(s: str) -> str:
+    """The key by which the detector's labels and grounding compare an answer with a gold answer or a node name:
+    Unicode NFKC first (``"Zu\\u0308rich"`` is ``"Zürich"``), then :func:`normalize`; a non-empty answer that RoG's
+    normalisation empties (``"A"``, ``"The The"``, ``"-"``) keeps its NFKC, case-folded text instead, so that it is
+    still an answer and matches only itself. Only a blank string has the key ``""``.
+
+    :func:`normalize` and :func:`match` (what ``kglightning evaluate`` scores with) stay RoG's own.
+
+    Example:
+        >>> answer_key("The  Barack-Obama's"), answer_key("Zu\u0308rich") == answer_key("Zürich")
+        ('barackobamas', True)
+        >>> answer_key("The The"), answer_key("A"), answer_key("  ")
+        ('the the', 'a', '')
+    """
+    s = unicodedata.normalize("NFKC", s)
+    return normalize(s) or " ".join(s.casefold().split())
 
 
 def is_abstention(answer: str) -> bool:
-    """Whether ``answer`` means "no answer".
+    """Whether ``answer`` means "no answer": blank, or one of :data:`ABSTENTIONS`. An answer that RoG's
+    :func:`normalize` empties but that is not blank (``"A"``, ``"The The"``) is an answer.
 
-    >>> is_abstention(" Unknown "), is_abstention("N/A"), is_abstention("Paris")
-    (True, True, False)
+    >>> is_abstention(" Unknown "), is_abstention("N/A"), is_abstention("Paris"), is_abstention(" "), is_abstention("A")
+    (True, True, False, True, False)
     """
-    return normalize(answer) in ABSTENTIONS or answer.strip().lower() in ABSTENTIONS
+    key = answer_key(answer)
+    return not key or key in ABSTENTIONS or answer.strip().lower() in ABSTENTIONS
 
 
 def node_matcher(nodes: Iterable[str], normal_forms: Iterable[str] | None = None) -> Callable[[str], str | None]:
     """How an answer string names one of ``nodes``: the node with that exact name, else the one node whose
-    :func:`normalize`-d name is the answer's (``"paris"`` -> ``"Paris"``); ``None`` for no node, or for several.
-    ``normal_forms``, when given, are the nodes' :func:`normalize`-d names in the same order (computed once by a
-    caller that matches against the same names many times).
+    :func:`answer_key` is the answer's (``"paris"`` -> ``"Paris"``, an NFD spelling -> the NFC name); ``None`` for no
+    node, or for several. ``normal_forms``, when given, are the nodes' :func:`answer_key`-s in the same order
+    (computed once by a caller that matches against the same names many times).
 
     Example:
-        >>> match = node_matcher(["France", "Paris"])
-        >>> match("paris"), match("Paris"), match("Lyon"), match("the")
-        ('Paris', 'Paris', None, None)
+        >>> match = node_matcher(["France", "Paris", "The The"])
+        >>> match("paris"), match("Paris"), match("Lyon"), match("the"), match("the the")
+        ('Paris', 'Paris', None, None, 'The The')
     """
     if normal_forms is None:
-        names = {name: normalize(name) for name in dict.fromkeys(nodes)}
+        names = {name: answer_key(name) for name in dict.fromkeys(nodes)}
     else:
         names = dict(zip(nodes, normal_forms, strict=True))
     by_norm: dict[str, str | None] = {}
     for name, key in names.items():
-        if key:  # a name of punctuation or articles only normalises to "": it matches nothing by its normal form
-            by_norm[key] = name if key not in by_norm else None  # ambiguous normalised names match nothing
+        if key:  # a blank name matches nothing by its key
+            by_norm[key] = name if key not in by_norm else None  # ambiguous keys match nothing
 
     def match(answer: str) -> str | None:
-        return answer if answer in names else by_norm.get(normalize(answer))
+        return answer if answer in names else by_norm.get(answer_key(answer))
 
     return match
 
