@@ -60,3 +60,17 @@ def test_a_line_on_its_own_takes_its_graph_from_the_cited_paths():
     with pytest.raises(RecordError) as err:
         record_from_gcr({**row, "ground_truth": None}, source="p.jsonl", line=2)
     assert (err.value.line, err.value.field) == (2, "ground_truth")
+
+
+def test_a_repeated_answer_header_is_not_an_answer():
+    """Issue 57: GCR's beams for WebQSP test questions 60 and 699 repeat ``# Answer:``; the import took the second
+    header as the literal answer ``'# Answer:'``, then scored as a hallucination."""
+    assert parse_beam(f"# Reasoning Path:\n{POLK}\n# Answer:\n# Answer:\nGovernor") == ([POLK], ["Governor"])
+    assert parse_beam(f"# Reasoning Path:\n{POLK}\n# Answer:\n# Answer:\n") is None
+    assert parse_beam(f"# Reasoning Path:\n{POLK}\n# Answer: Governor") == ([POLK], ["Governor"])
+    # a second reasoning path after an answer is a path, not an answer
+    two = f"# Reasoning Path:\n{POLK}\n# Answer:\nGovernor\n# Reasoning Path:\n{POLK}\n# Answer:\nLawyer"
+    assert parse_beam(two) == ([POLK, POLK], ["Governor", "Lawyer"])
+    prediction, _ = gcr_answers([f"# Reasoning Path:\n{POLK}\n# Answer:\n# Answer:\nGovernor"])
+    assert prediction == ["Governor"]
+    assert parse_beam(f"Sure:\n# Reasoning Path:\n{POLK}\n# Answer:\nGovernor") == ([POLK], ["Governor"])

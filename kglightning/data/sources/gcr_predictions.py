@@ -44,27 +44,39 @@ def is_gcr_row(row: dict[str, Any]) -> bool:
 
 
 def parse_beam(text: str) -> tuple[list[str], list[str]] | None:
-    """A beam's ``(path lines, answers)``: the non-empty lines between ``# Reasoning Path:`` and ``# Answer:`` (GCR's
-    ``<PATH>``/``</PATH>`` marks taken off), and the non-empty lines after ``# Answer:``; ``None`` when the beam has
-    no ``# Answer:`` part or an empty one.
+    """A beam's ``(path lines, answers)``: the non-empty lines of its ``# Reasoning Path:`` parts (GCR's
+    ``<PATH>``/``</PATH>`` marks taken off; without a ``# Reasoning Path:`` header, the lines before ``# Answer:`` are the path), and the
+    non-empty lines of its ``# Answer:`` parts (text after a header on its own line counts); ``None`` when the beam
+    has no ``# Answer:`` part or only empty ones. A header repeated inside the answer part (GCR wrote
+    ``# Answer:\\n# Answer:\\n...`` for some WebQSP questions) is a header, never an answer, and a
+    ``# Reasoning Path:`` after an answer starts another path part.
 
     Example:
         >>> parse_beam("# Reasoning Path:\\nJamaica -> lang.spoken -> Jamaican English\\n# Answer:\\nJamaican English")
         (['Jamaica -> lang.spoken -> Jamaican English'], ['Jamaican English'])
         >>> parse_beam("# Reasoning Path:\\nJamaica -> lang.spoken -> Jamaican English") is None
         True
+        >>> parse_beam("# Reasoning Path:\\nA -> r -> B\\n# Answer:\\n# Answer:\\nB")
+        (['A -> r -> B'], ['B'])
     """
-    head, found, tail = text.partition(ANSWER_HEADER)
-    answers = [s.strip() for s in tail.split("\n") if s.strip()]
+    lines: list[str] = []
+    answers: list[str] = []
+    found = False
+    # the lines before a first "# Reasoning Path:" are not a path (a preamble); without one, they are the path
+    part = [] if PATH_HEADER in text.partition(ANSWER_HEADER)[0] else lines
+    for raw in text.split("\n"):
+        s = raw.strip()
+        for header, target in ((ANSWER_HEADER, answers), (PATH_HEADER, lines)):
+            if s.startswith(header):
+                found |= header == ANSWER_HEADER
+                part, s = target, s[len(header) :].strip()
+                break
+        if part is lines:
+            s = s.removeprefix("<PATH>").removesuffix("</PATH>").strip()
+        if s:
+            part.append(s)
     if not found or not answers:
         return None
-    start = head.find(PATH_HEADER)
-    block = head[start + len(PATH_HEADER) :] if start >= 0 else head
-    lines = []
-    for raw in block.split("\n"):
-        s = raw.strip().removeprefix("<PATH>").removesuffix("</PATH>").strip()
-        if s:
-            lines.append(s)
     return lines, answers
 
 
