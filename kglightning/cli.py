@@ -24,6 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import kglightning
 from kglightning.data.records import RecordError
+from kglightning.fileio import OutputOverInputError
 
 PROG = "kglightning"
 
@@ -53,7 +54,7 @@ DESCRIPTION = (
 )
 
 #: errors that mean "the input is wrong", reported as one line with exit status 2
-USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (RecordError, FileNotFoundError)
+USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (RecordError, FileNotFoundError, OutputOverInputError)
 
 
 def version_string() -> str:

@@ -28,9 +28,45 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_write", "clear_outputs", "write_text_atomic"]
+__all__ = ["OutputOverInputError", "atomic_write", "check_outputs_apart", "clear_outputs", "write_text_atomic"]
 
 log = logging.getLogger(__name__)
+
+
+class OutputOverInputError(ValueError):
+    """A command was asked to write an output where one of its inputs lives (:func:`check_outputs_apart`)."""
+
+
+def check_outputs_apart(
+    outputs: Iterable[str | os.PathLike[str]], inputs: Iterable[str | os.PathLike[str] | None]
+) -> None:
+    """Refuse, before anything is written, outputs that would replace or sit inside an input.
+
+    An output file must not be an input file (compared by resolved path, links and ``..`` followed, and by inode
+    where both exist: a hard link is the same file) and must not lie inside an input folder. ``None`` inputs are
+    skipped (an option not given).
+
+    Raises:
+        OutputOverInputError: naming the output and the input it would write over.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp()); (d / "test.jsonl").write_text("{}\\n")
+        3
+        >>> check_outputs_apart([d / "out" / "test.jsonl"], [d / "test.jsonl"])  # apart: nothing said
+        >>> check_outputs_apart([d / "test.jsonl"], [d / "test.jsonl"])
+        Traceback (most recent call last):
+        ...
+        kglightning.fileio.OutputOverInputError: would write .../test.jsonl over the input .../test.jsonl: choose an output outside the inputs
+    """
+    resolved = [(Path(i), Path(os.path.realpath(i))) for i in inputs if i is not None]
+    for out in outputs:
+        target = Path(os.path.realpath(out))
+        for given, real in resolved:
+            same = target == real or (target.exists() and real.exists() and os.path.samefile(target, real))
+            if same or (real.is_dir() and target.is_relative_to(real)):
+                where = "over the input" if same else "inside the input folder"
+                raise OutputOverInputError(f"would write {out} {where} {given}: choose an output outside the inputs")
 
 
 @contextlib.contextmanager

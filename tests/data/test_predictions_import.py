@@ -251,3 +251,51 @@ def test_a_killed_import_leaves_backups_named_and_temporaries_removed_and_modes_
     assert not (out / ".test.jsonl.1-dead.tmp").exists() and (out / ".validation.jsonl.1-dead.old").exists()
     assert ".validation.jsonl.1-dead.old" in caplog.text
     assert (out / "train.jsonl").stat().st_mode & 0o777 == 0o600
+
+
+def test_an_import_never_writes_over_its_inputs(tmp_path, capsys):
+    """Issue 57: ``--records data/rog --output data/rog`` with test predictions emptied train and validation, and
+    ``--input results/test.jsonl --output results`` replaced the input; both exited 0."""
+    folder = _records_folder(tmp_path)
+    src = write_lines(tmp_path / "plain.jsonl", [{"id": "WebQTest-1", "prediction": "Governor"}])
+    before = folder_state(folder)
+    for out in (folder, folder / "sub", folder / ".." / "rog"):
+        code, _, err = run(capsys, "--input", src, "--records", folder, "--output", out)
+        assert code == 2 and "inside the input folder" in err and folder_state(folder) == before
+    results = tmp_path / "results"
+    results.mkdir()
+    gcr = write_lines(results / "test.jsonl", GCR_ROWS)
+    kept = (results / "test.jsonl").read_bytes()
+    code, _, err = run(capsys, "--input", gcr, "--output", results)
+    assert code == 2 and "over the input" in err and (results / "test.jsonl").read_bytes() == kept
+    assert sorted(p.name for p in results.iterdir()) == ["test.jsonl"]
+    # through a link to the input folder too
+    (tmp_path / "link").symlink_to(results)
+    assert run(capsys, "--input", gcr, "--output", tmp_path / "link")[0] == 2
+    assert (results / "test.jsonl").read_bytes() == kept
+
+
+def test_an_empty_input_or_split_never_replaces_an_earlier_import(tmp_path, capsys):
+    """Issue 57: an empty predictions file exited 0 and wrote three empty splits over the previous import."""
+    out = tmp_path / "out"
+    src = write_lines(tmp_path / "a.jsonl", [prompt_row(i) for i in range(10)])
+    assert run(capsys, "--input", src, "--output", out)[0] == 0
+    before = folder_state(out)
+    for text in ("", "\n\n  \n"):
+        (tmp_path / "empty.jsonl").write_text(text)
+        code, _, err = run(capsys, "--input", tmp_path / "empty.jsonl", "--output", out)
+        assert code == 2 and "holds no prediction line" in err and folder_state(out) == before
+    # predictions of the test split only, joined into a folder holding an earlier import of every split
+    folder = _records_folder(tmp_path)
+    joined = tmp_path / "joined"
+    every = write_lines(tmp_path / "every.jsonl", [{"id": i, "prediction": "x"} for i in ("WebQTrn-0", "WebQTrn-2",
+                                                                                           "WebQTest-0")])  # fmt: skip
+    assert run(capsys, "--input", every, "--records", folder, "--output", joined)[0] == 0
+    before = folder_state(joined)
+    only_test = write_lines(tmp_path / "test_only.jsonl", [{"id": "WebQTest-1", "prediction": "Governor"}])
+    code, _, err = run(capsys, "--input", only_test, "--records", folder, "--output", joined)
+    assert code == 2 and "holds no question of split 'train'" in err and folder_state(joined) == before
+    # every line skipped: nothing to write, an error
+    none = write_lines(tmp_path / "none.jsonl", [{"id": "WebQTest-99", "prediction": "Mars"}])
+    code, _, err = run(capsys, "--input", none, "--records", folder, "--output", tmp_path / "new", "--on-missing", "skip")
+    assert code == 2 and "gave no record to write" in err and not (tmp_path / "new").exists()

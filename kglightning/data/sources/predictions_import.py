@@ -17,7 +17,10 @@ setting), the answers (and GCR's cited paths) from the line. Records stay in the
 ``--resplit``; without ``--records`` the questions are split by a seeded shuffle (:func:`split_by_question`).
 
 Every record is validated before anything is written, and the three split files are written whole or not at all
-(temporary files renamed once all three are written): a failed import leaves the output folder as it was.
+(temporary files renamed once all three are written): a failed import leaves the output folder as it was. The
+output's split files may not be an input file or lie inside ``--records`` (refused before anything is read), an
+input file with no line is an error, and an import never empties a non-empty split file of the output folder
+(:func:`refuse_emptying`).
 
     kglightning import-predictions --input predictions.jsonl --output data/gnn_rag_webqsp
     kglightning import-predictions --input gcr/predictions.jsonl --records data/RoG-webqsp --output data/gcr_webqsp
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kglightning.data.records import KGQARecord, RecordError
+from kglightning.fileio import check_outputs_apart
 from kglightning.data.sources.gcr_predictions import gcr_answers, is_gcr_row, record_from_gcr
 from kglightning.data.sources.loaders import read_records
 from kglightning.data.sources.prediction_lines import (
@@ -54,7 +58,8 @@ from kglightning.data.splits import SPLITS, locate_splits
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FORMATS", "detect_format", "import_predictions", "main", "split_by_question", "write_splits"]
+__all__ = ["FORMATS", "detect_format", "import_predictions", "main", "refuse_emptying", "split_by_question",
+           "write_splits"]
 
 FORMATS = ("auto", "prompt", "gcr", "plain")
 Format = Literal["auto", "prompt", "gcr", "plain"]
@@ -99,6 +104,9 @@ def _read_lines(paths: Sequence[str], fmt: Format, stats: ImportStats) -> list[t
     for path in paths:
         source = str(path)
         rows = list(read_json_objects(path, stats))
+        if not rows:  # an empty file must never replace an earlier import with empty splits
+            raise RecordError("holds no prediction line (it is empty, or blank lines only): nothing to import",
+                              source=source)  # fmt: skip
         file_fmt = detect_format(rows) if fmt == "auto" else fmt
         stats.formats[source] = file_fmt
         for line, row in rows:
@@ -286,6 +294,24 @@ def _clean_stale(out: Path, names: list[str]) -> None:
                         path, out / f"{name}.jsonl")  # fmt: skip
 
 
+def refuse_emptying(splits: dict[str, list[KGQARecord]], out: str | Path, inputs: Sequence[str]) -> None:
+    """Refuse an import that would replace records with nothing: one that holds no record at all, or an empty split
+    where ``out`` holds a non-empty file of that split (an earlier import's, say).
+
+    Raises:
+        RecordError: naming the inputs and, for a split, the file it would empty.
+    """
+    source = ", ".join(map(str, inputs))
+    if not any(splits.values()):
+        raise RecordError("gave no record to write (every line was skipped or joined no record): nothing written",
+                          source=source)  # fmt: skip
+    for name, rows in splits.items():
+        old = Path(out) / f"{name}.jsonl"
+        if not rows and old.is_file() and old.stat().st_size > 0:
+            raise RecordError(f"holds no question of split {name!r}, and {old} is not empty: writing would empty it; "
+                              "choose a new --output folder, or remove that file first", source=source)  # fmt: skip
+
+
 def _summary(stats: ImportStats, splits: dict[str, list[KGQARecord]], out: Path, args: argparse.Namespace) -> str:
     sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
     how = (
@@ -351,11 +377,14 @@ def main(argv: list[str] | None = None, prog: str = "import-predictions") -> int
     f = args.fractions
     if any(x < 0 for x in f) or abs(sum(f) - 1) > 1e-6:
         p.error(f"--fractions must be three non-negative numbers that sum to 1, got {f}")
+    # before anything is read or written: the output folder's split files are never an input, nor inside --records
+    check_outputs_apart([Path(args.output) / f"{name}.jsonl" for name in SPLITS], [*args.input, args.records])
     stats = ImportStats()
     splits, origin = import_predictions(args.input, records=args.records, fmt=args.format, resplit=args.resplit,
                                         fractions=f, seed=args.seed, on_missing=args.on_missing,
                                         stats=stats)  # fmt: skip
     out = Path(args.output)
+    refuse_emptying(splits, out, args.input)
     write_splits(splits, out, origin)
     print(_summary(stats, splits, out, args))
     return 0
