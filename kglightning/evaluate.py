@@ -40,7 +40,8 @@ from typing import Literal
 
 from kglightning.data.predictions import add_on_bad_record_argument, read_predictions
 from kglightning.data.records import RecordError
-from kglightning.metrics.evaluation import format_result, write_evaluation
+from kglightning.fileio import check_outputs_apart
+from kglightning.metrics.evaluation import evaluation_files, format_result, write_evaluation
 from kglightning.metrics.functional.evaluation import AnswerError
 
 __all__ = ["build_parser", "evaluate_predictions", "main"]
@@ -71,6 +72,8 @@ def evaluate_predictions(
 
     Raises:
         RecordError: a malformed line (naming file, line and field), an empty file, or no question with a gold answer.
+        OutputOverInputError: an output file would replace ``predictions``
+            (:func:`~kglightning.fileio.check_outputs_apart`).
         FileNotFoundError: ``predictions`` does not exist.
 
     Example:
@@ -85,8 +88,9 @@ def evaluate_predictions(
         ['detailed_eval_result.jsonl', 'eval_result.txt', 'predictions.jsonl']
     """
     predictions = Path(predictions)
-    records = read_predictions(predictions, on_bad_record=on_bad_record)
     out_dir = Path(output) if output is not None else predictions.parent
+    check_outputs_apart(evaluation_files(out_dir, topk).values(), [predictions])  # before the first write
+    records = read_predictions(predictions, on_bad_record=on_bad_record)
     try:
         results = write_evaluation(records, out_dir, topk=topk, n_bins=n_bins, title=predictions.name)
     except AnswerError as e:

@@ -186,3 +186,14 @@ def test_skip_bad_rows_on_request(tmp_path, capsys):
     assert [json.loads(r)["id"] for r in rows] == ["q1", "q2", "q3"]  # the duplicate q2 (line 5) is not scored twice
     res = evaluate_predictions(pred, on_bad_record="skip")
     assert res["n_skipped"] == 2 and res["n_questions"] == 3 and res["hit"] == _pct(HIT)
+
+
+def test_an_evaluation_never_writes_over_its_predictions(tmp_path, capsys):
+    """Issue 57 (a user's files): a predictions file named as one of the outputs is refused, exit 2, untouched."""
+    path = tmp_path / "detailed_eval_result.jsonl"
+    path.write_text(json.dumps(LINES[0]) + "\n")
+    kept = path.read_bytes()
+    assert main(["--predictions", str(path)]) == 2
+    assert "over the input" in capsys.readouterr().err and path.read_bytes() == kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["detailed_eval_result.jsonl"]
+    assert main(["--predictions", str(path), "--output", str(tmp_path / "out")]) == 0

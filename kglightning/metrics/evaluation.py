@@ -73,12 +73,20 @@ def write_evaluation(
     results, detailed, (conf, correct) = score_predictions(rows, topk, n_bins)
     if out is not None:
         out.update(detailed=detailed, pairs=(conf, correct))
-    suffix = f"_top_{topk}" if topk > 0 else ""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_write(out_dir / f"detailed_eval_result{suffix}.jsonl") as f:
+    files = evaluation_files(out_dir, topk)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    with atomic_write(files["detailed"]) as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in detailed)
     if conf:
-        plot_reliability_diagram(conf, correct, out_dir / f"reliability{suffix}.png", n_bins=n_bins, title=title)
-    write_text_atomic(out_dir / f"eval_result{suffix}.txt", format_result(results))
+        plot_reliability_diagram(conf, correct, files["reliability"], n_bins=n_bins, title=title)
+    write_text_atomic(files["result"], format_result(results))
     return results
+
+
+def evaluation_files(out_dir: str | Path, topk: int = -1) -> dict[str, Path]:
+    """The files :func:`write_evaluation` writes into ``out_dir`` (``result``, ``detailed``, ``reliability``); with
+    ``topk > 0`` their names get a ``_top_{topk}`` suffix."""
+    suffix = f"_top_{topk}" if topk > 0 else ""
+    out_dir = Path(out_dir)
+    return {"result": out_dir / f"eval_result{suffix}.txt", "detailed": out_dir / f"detailed_eval_result{suffix}.jsonl",
+            "reliability": out_dir / f"reliability{suffix}.png"}  # fmt: skip

@@ -32,7 +32,7 @@ from kglightning.data.sources.loaders import read_questions, write_records
 from kglightning.data.sources.triples import load_kg
 from kglightning.data.splits import locate_splits
 from kglightning.data.store.stage_map import parse_shard, shard_bounds, shard_suffix
-from kglightning.fileio import atomic_write
+from kglightning.fileio import OutputOverInputError, atomic_write, check_outputs_apart
 from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats
 from kglightning.retrieval.prepare import (
     cut_records,
@@ -176,6 +176,14 @@ def main(argv: list[str] | None = None, prog: str = "kglightning build-subgraphs
     if args.workers < 1:
         p.error(f"--workers must be at least 1, got {args.workers}")
     questions = _question_files(args.questions, args.kg, p)
+    suffix = "" if args.shard is None else f".{shard_suffix(*args.shard)}"
+    out = Path(args.out)
+    written = [out / f"{s}{suffix}{kind}" for s in questions for kind in (".jsonl", ".times.jsonl")]
+    written.append(out / f"subgraph_stats{suffix}.json")
+    try:  # before anything is read or written: no output replaces a questions file or the KG
+        check_outputs_apart(written, [*questions.values(), None if args.kg == "embedded" else args.kg])
+    except OutputOverInputError as err:
+        p.error(str(err))
     kg = embedded_kg() if args.kg == "embedded" else load_kg(args.kg, use_cache=not args.no_cache)
     print(f"KG {args.kg}: {kg}")
     encoder = SentenceEncoder(args.encoder) if args.encoder else SentenceEncoder()
@@ -188,7 +196,6 @@ def main(argv: list[str] | None = None, prog: str = "kglightning build-subgraphs
         print(f"embeddings of {', '.join(questions)} encoded into {retriever.embeddings.folder}")
         return 0
     print(stats_table(stats))
-    suffix = "" if args.shard is None else f".{shard_suffix(*args.shard)}"
     print(f"wrote {', '.join(f'{s}{suffix}.jsonl' for s in stats)} and subgraph_stats{suffix}.json to {args.out}")
     return 0
 

@@ -297,5 +297,7 @@ def test_an_empty_input_or_split_never_replaces_an_earlier_import(tmp_path, caps
     assert code == 2 and "holds no question of split 'train'" in err and folder_state(joined) == before
     # every line skipped: nothing to write, an error
     none = write_lines(tmp_path / "none.jsonl", [{"id": "WebQTest-99", "prediction": "Mars"}])
-    code, _, err = run(capsys, "--input", none, "--records", folder, "--output", tmp_path / "new", "--on-missing", "skip")
+    code, _, err = run(
+        capsys, "--input", none, "--records", folder, "--output", tmp_path / "new", "--on-missing", "skip"
+    )
     assert code == 2 and "gave no record to write" in err and not (tmp_path / "new").exists()

@@ -329,9 +329,9 @@ def test_answers_of_a_question_without_gold_answers_enter_no_loss_and_no_metric(
     and the test metrics read ``y`` and took its answers as hallucinated."""
     import json
 
+    from kglightning.data import KGQARecord
     from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
     from kglightning.datamodules.graph_forms import collate_graphs
-    from kglightning.data import KGQARecord
 
     graph = [["France", "capital", "Paris"], ["Paris", "river", "Seine"], ["France", "river", "Loire"],
              ["France", "borders", "Spain"]]  # fmt: skip

@@ -265,3 +265,15 @@ def test_merge_checks_everything_before_it_writes(tmp_path, caplog):
         with pytest.raises(ValueError, match=match):
             merge_shards(folder)
         assert not (folder / "test.jsonl").exists() and not (folder / "subgraph_stats.json").exists()
+
+
+def test_the_output_never_replaces_a_questions_file(tmp_path, user_files, tiny_encoder_dir, capsys):
+    """Issue 57 (a user's files): questions at OUT/test.jsonl would be replaced by their own subgraphs."""
+    kg, qs = user_files
+    (tmp_path / "out").mkdir()
+    mine = tmp_path / "out" / "test.jsonl"
+    mine.write_bytes(qs.read_bytes())
+    with pytest.raises(SystemExit) as exc:
+        run(tmp_path, tiny_encoder_dir, "--kg", str(kg), "--questions", str(mine))
+    assert exc.value.code == 2 and "over the input" in capsys.readouterr().err
+    assert mine.read_bytes() == qs.read_bytes() and sorted(p.name for p in mine.parent.iterdir()) == ["test.jsonl"]

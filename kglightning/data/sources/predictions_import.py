@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kglightning.data.records import KGQARecord, RecordError
-from kglightning.fileio import check_outputs_apart
 from kglightning.data.sources.gcr_predictions import gcr_answers, is_gcr_row, record_from_gcr
 from kglightning.data.sources.loaders import read_records
 from kglightning.data.sources.prediction_lines import (
@@ -55,11 +54,19 @@ from kglightning.data.sources.prediction_lines import (
 )
 from kglightning.data.sources.prompt_predictions import is_prompt_row, record_from_prompt
 from kglightning.data.splits import SPLITS, locate_splits
+from kglightning.fileio import check_outputs_apart
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FORMATS", "detect_format", "import_predictions", "main", "refuse_emptying", "split_by_question",
-           "write_splits"]
+__all__ = [
+    "FORMATS",
+    "detect_format",
+    "import_predictions",
+    "main",
+    "refuse_emptying",
+    "split_by_question",
+    "write_splits",
+]
 
 FORMATS = ("auto", "prompt", "gcr", "plain")
 Format = Literal["auto", "prompt", "gcr", "plain"]
