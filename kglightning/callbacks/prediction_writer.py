@@ -94,14 +94,28 @@ class JsonlPredictionWriter(BasePredictionWriter):
     must be on a file system that every rank sees.
 
     Args:
-        output: the jsonl file to write.
+        output: the jsonl file to write. ``{split}`` in it is the split predicted: the datamodule's
+            ``predict_split`` (``"predict"`` when it has none), so that predicting another split
+            (``--data.init_args.predict_split validation``) never writes over the test split's rows.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> writer = JsonlPredictionWriter("outputs/scores_{split}.jsonl")
+        >>> str(writer.resolve(SimpleNamespace(datamodule=SimpleNamespace(predict_split="validation"))))
+        'outputs/scores_validation.jsonl'
     """
 
     def __init__(self, output: str) -> None:
         super().__init__(write_interval="batch")
+        self.template = str(output)
         self.output = Path(output)
         self.num_written = 0
         self._file: IO[str] | None = None
+
+    def resolve(self, trainer: Any) -> Path:
+        """The file this run writes: ``output`` with ``{split}`` filled from the trainer's datamodule."""
+        split = getattr(getattr(trainer, "datamodule", None), "predict_split", None) or "predict"
+        return Path(self.template.replace("{split}", str(split)))
 
     def path_for(self, trainer: L.Trainer) -> Path:
         """Where this process's rows go while predicting (``output`` itself in one process)."""
@@ -119,6 +133,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
         return [self.output, *parts]
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.output = self.resolve(trainer)
         if trainer.is_global_zero:  # the last run's output and rank files, whatever its world size was
             self.output.parent.mkdir(parents=True, exist_ok=True)
             clear_outputs(self._stale())

@@ -118,3 +118,28 @@ def test_rows_are_strict_json(tmp_path: Path):
     for line in out.open():
         row = json.loads(line, parse_constant=lambda name: pytest.fail(f"non-standard JSON constant {name}"))
         assert row["conformal_qhat"] == [0.3, None] and row["score"] is None
+
+
+def test_predicting_another_split_never_writes_over_the_test_splits_rows(tmp_path: Path):
+    """Issue 57: ``predict --data.init_args.predict_split validation`` (as the own-answers tutorial suggests) wrote over
+    the test split's scores in the same file; ``{split}`` in the output names the split predicted."""
+
+    class Splits(L.LightningDataModule):
+        def __init__(self, predict_split: str) -> None:
+            super().__init__()
+            self.predict_split = predict_split
+
+        def predict_dataloader(self):
+            n = 3 if self.predict_split == "test" else 5
+            return torch.utils.data.DataLoader(list(range(n)), batch_size=2)
+
+    template = str(tmp_path / "scores_{split}.jsonl")
+    for split in ("test", "validation"):
+        trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                            callbacks=[JsonlPredictionWriter(template)])  # fmt: skip
+        trainer.predict(Boom(), datamodule=Splits(split), return_predictions=False)
+    assert len(rows(tmp_path / "scores_test.jsonl")) == 3 and len(rows(tmp_path / "scores_validation.jsonl")) == 5
+    for config in sorted((ROOT / "configs").rglob("*.yaml")):  # every shipped writer names the split
+        text = config.read_text()
+        if "JsonlPredictionWriter" in text:
+            assert "{split}" in text, config

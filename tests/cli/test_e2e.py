@@ -124,7 +124,7 @@ def test_fit_test_predict_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
     _cli(tmp_path, "predict", *_fixture_args(detection_dir, tiny_encoder_dir, "pred"), "--ckpt_path", str(ckpt))
     rows = [
         json.loads(line)
-        for line in (tmp_path / "outputs/detector/graph_transformer/hallucination_predictions.jsonl").open()
+        for line in (tmp_path / "outputs/detector/graph_transformer/hallucination_predictions_test.jsonl").open()
     ]
     assert len(rows) == 16 and all(len(r["hallucination_prob"]) == len(r["prediction"]) for r in rows)
 

@@ -114,7 +114,7 @@ def test_documented_conformal_recipe_and_fast_dev_run_keep_last_ckpt(detection_d
     late = tmp_path / "late_writer.jsonl"
     writer = ["--trainer.callbacks+=kglightning.callbacks.JsonlPredictionWriter", f"--trainer.callbacks.output={late}"]
     _cli(tmp_path, "predict", *predict, *fixture, *writer)
-    early = [json.loads(line) for line in (tmp_path / RUN_DIR / "hallucination_predictions.jsonl").open()]
+    early = [json.loads(line) for line in (tmp_path / RUN_DIR / "hallucination_predictions_test.jsonl").open()]
     assert len(early) == 16
     for row in early:
         assert row["conformal_qhat"] == state["qhat"] and row["conformal_full_set"] is False
@@ -126,8 +126,8 @@ def test_documented_conformal_recipe_and_fast_dev_run_keep_last_ckpt(detection_d
     # dataset order, and no rank file is left
     ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
     _cli(tmp_path, "predict", *predict, *fixture, *ddp)
-    assert not list((tmp_path / RUN_DIR).glob("hallucination_predictions.rank*.jsonl"))
-    rows = [json.loads(line) for line in (tmp_path / RUN_DIR / "hallucination_predictions.jsonl").open()]
+    assert not list((tmp_path / RUN_DIR).glob("hallucination_predictions_test.rank*.jsonl"))
+    rows = [json.loads(line) for line in (tmp_path / RUN_DIR / "hallucination_predictions_test.jsonl").open()]
     # each rank batches other graphs together, which may move a probability in its last printed digit
     for got, want in zip(rows, early, strict=True):
         assert got["hallucination_prob"] == pytest.approx(want["hallucination_prob"], abs=1e-5)

@@ -65,7 +65,7 @@ def test_the_tutorial_runs_as_written_and_prints_what_it_shows(
     assert "test/conformal_coverage" in logged and "test/conformal_set_size" in logged
     run_command(predict, *extra)
     rows = [json.loads(x) for x in
-            (tmp_path / "outputs/detector/graph_transformer/hallucination_predictions.jsonl").open()]  # fmt: skip
+            (tmp_path / "outputs/detector/graph_transformer/hallucination_predictions_test.jsonl").open()]  # fmt: skip
     assert rows
     for row in rows:
         assert len(row["conformal_set"]) == len(row["hallucination_prob"]) > 0

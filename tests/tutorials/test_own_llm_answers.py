@@ -49,7 +49,7 @@ def test_the_tutorial_runs_as_written_and_writes_what_it_says(
     assert sum(map(len, splits.values())) == 80 and all(splits.values())  # split by question
     assert (tmp_path / "outputs/detector_real/graph_transformer/checkpoints/best.ckpt").is_file()
     flagged = [json.loads(x) for x in
-               (tmp_path / "outputs/detector_real/graph_transformer/hallucination_predictions.jsonl").open()]  # fmt: skip
+               (tmp_path / "outputs/detector_real/graph_transformer/hallucination_predictions_test.jsonl").open()]  # fmt: skip
     assert len(flagged) == len(splits["test"])  # one line per test question
     for row in flagged:
         assert len(row["hallucination_prob"]) == len(row["hallucination_logit"]) == len(row["grounding"]) > 0
