@@ -26,6 +26,7 @@ from pathlib import Path
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.sources.loaders import read_records, write_records
+from kglightning.data.store.cache_marks import entry_holding, mark_file, touch
 from kglightning.fileio import write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever
 
@@ -104,6 +105,7 @@ class PCSTSubgraphs:
             cached = list(read_records(path))
             if [r.id for r in cached] == [r.id for r in records]:
                 log.info("PCST subgraphs read from %s", path)
+                touch(path)  # a cache entry's use (when it is one): what `kglightning cache clean` removes last
                 return cached
             log.warning("%s does not hold the same questions; cutting the subgraphs again", path)
         retriever = self.retriever
@@ -112,7 +114,11 @@ class PCSTSubgraphs:
         summary = retriever.stats.summary()
         log.info("PCST subgraphs: %s", summary)
         if path is not None:
+            stats_path = path.with_suffix(".stats.json")
+            for p in (path, stats_path):  # files of a cache's kind folder (pcst_subgraphs/): kglightning's marker
+                if entry_holding(p) == p:
+                    mark_file(p)
             write_records(out, path)
             stats = {"kg": self.kg, "retriever": repr(retriever), **summary}
-            write_text_atomic(path.with_suffix(".stats.json"), json.dumps(stats, indent=2))
+            write_text_atomic(stats_path, json.dumps(stats, indent=2))
         return out

@@ -144,9 +144,13 @@ def test_small_files_and_off_are_not_stored(store_env, monkeypatch):
     assert store_folder(store_env, None, "raise", None) is None
     monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "off")
     assert store_folder(store_env, None, "raise", None) is None
-    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "lots")
-    with pytest.raises(ValueError, match="expected a number of MB or 'off'"):
-        store_folder(store_env, None, "raise", None)
+    for value in ("inf", "Infinity", "1e400"):  # no file is that large: nothing stored (was an OverflowError)
+        monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", value)
+        assert store_folder(store_env, None, "raise", None) is None
+    for value in ("lots", "nan", "-1"):
+        monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", value)
+        with pytest.raises(ValueError, match=rf"MIN_MB='{value}': expected a number of MB >= 0, or 'off'"):
+            store_folder(store_env, None, "raise", None)
     assert store_folder("hf:rmanluo/RoG-webqsp", "test", "raise", None) is None
 
 
