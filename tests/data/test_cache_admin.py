@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from kglightning.cli import main
-from kglightning.data.store.cache_admin import entries
 from kglightning.data.store.cache_clean import clean
 from kglightning.data.store.cache_marks import mark_file, mark_folder, marker_of
+from kglightning.data.store.cache_scan import entries
 
 DAY = 86400
 

@@ -11,7 +11,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pytest
 import torch

@@ -109,8 +109,8 @@ def test_an_unreadable_index_cache_is_rebuilt_with_a_warning(tmp_path, caplog, c
     kg = load_kg(p, cache_dir=cache)
     (cached,) = cache.glob("*.arrow")
     planted = {"empty": lambda: b"", "torn": lambda: cached.read_bytes()[:-40], "foreign": _foreign_arrow,
-               "pickle": lambda: pickle.dumps({"not": "an index"}), "out of range": lambda: _out_of_range(cached)}
-    cached.write_bytes(planted[content]())  # fmt: skip
+               "pickle": lambda: pickle.dumps({"not": "an index"}), "out of range": lambda: _out_of_range(cached)}  # fmt: skip
+    cached.write_bytes(planted[content]())
     with caplog.at_level(logging.WARNING):
         again = load_kg(p, cache_dir=cache)
     assert again.triples() == kg.triples() and "cannot be read" in caplog.text

@@ -48,8 +48,9 @@ def test_record_mode_cuts_each_graph_caches_it_and_keys_the_data(tmp_path, encod
     assert missing.id == "test-1" and missing.graph == [] and "skipped" in missing.extra["retrieval"]
     assert dm.read_split("test").empty_graph == ["test-1"]
     assert dm.subgraphs.retriever.stats.missing_topic == 1
-    files = sorted(p.name for p in (tmp_path / "cache" / "pcst_subgraphs").iterdir())
+    files = sorted(p.name for p in (tmp_path / "cache" / "pcst_subgraphs").iterdir() if not p.name.startswith("."))
     assert len(files) == 2 and files[0].endswith(".jsonl") and files[1].endswith(".stats.json")
+    assert all((tmp_path / "cache" / "pcst_subgraphs" / f".{f}.kglightning-entry").is_file() for f in files)
     assert json.loads((tmp_path / "cache" / "pcst_subgraphs" / files[1]).read_text())["missing_topic"] == 1
     # the cached cut is read back, without cutting again
     again = KGQADataModule(data_dir=folder, cache_dir=str(tmp_path / "cache"), subgraphs=_source(encoder, tmp_path))

@@ -24,9 +24,9 @@ except ImportError:  # pragma: no cover (Windows)
     fcntl = None  # type: ignore[assignment]
 
 from kglightning.data.store.cache import default_cache_root
-from kglightning.data.store.cache_admin import CacheEntry, human, scan
 from kglightning.data.store.cache_marks import MARK, marker_of
 from kglightning.data.store.cache_pins import MARKER_SUFFIX, removable
+from kglightning.data.store.cache_scan import CacheEntry, human, scan
 from kglightning.data.store.temporaries import temporary_name
 
 __all__ = ["Cleaned", "clean"]

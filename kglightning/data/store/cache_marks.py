@@ -96,7 +96,9 @@ def mark_folder(folder: str | os.PathLike) -> None:
 
 
 def mark_file(path: str | os.PathLike) -> None:
-    """Put the marker beside the file entry ``path`` (before the file is renamed into place)."""
+    """Put the marker beside the file entry ``path`` (before the file is renamed into place; its folder is made
+    ``0700`` when missing)."""
+    private_dir(Path(path).parent)
     _write_marker(marker_of(path, folder=False))
 
 

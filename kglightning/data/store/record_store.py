@@ -58,7 +58,6 @@ import logging
 import math
 import os
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from itertools import chain
