@@ -100,7 +100,7 @@ class EmbeddingCache:
 
     def _pin(self) -> None:
         """Pin :attr:`folder` while this object lives (:func:`~kglightning.data.store.cache_pins.pin`):
-        ``kglightning cache clean`` and the size cap leave it."""
+        ``kglightning cache clean`` leaves it."""
         if self.folder is not None:
             weakref.finalize(self, unpin, pin(self.folder))
 

@@ -145,3 +145,13 @@ def test_an_embedding_shard_with_offsets_out_of_range_is_set_aside_not_a_crash(r
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[[6.0, 66.0]]" and "not a whole embedding shard" in done.stderr
     assert (shard.parent / f"{shard.name}.unreadable").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving a file away needs root")
+def test_a_shard_owned_by_another_user_is_not_read(root, caplog):
+    EmbeddingCache(Toy(), root / "embeddings").add(["Paris", "Berlin"])
+    planted = _plant_berlin(root / "embeddings" / "toy")
+    os.chown(planted, 12345, 12345)
+    with caplog.at_level(logging.WARNING):
+        berlin = EmbeddingCache(Toy(), root / "embeddings").embed(["Berlin"])
+    assert berlin.tolist() == Toy().encode(["Berlin"]).tolist() and "belongs to another user (uid 12345)" in caplog.text

@@ -39,9 +39,9 @@ from typing import Any, Literal
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
 from kglightning.data.store.cache import warn_once
+from kglightning.data.store.record_lock import first_reader
 from kglightning.data.store.record_store import (
     dataset_store_folder,
-    first_reader,
     load_store,
     save_store,
     set_store_aside,

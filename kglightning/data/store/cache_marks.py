@@ -60,7 +60,7 @@ LEGACY_KINDS = ("proposals",)
 EMBEDDED = re.compile(r"^embedded-v\d+-seed\d+$")
 #: a read moves an entry's last use forward at most this often
 TOUCH_EVERY_S = 3600.0
-_touched: dict[str, float] = {}  # marker -> when this process last moved it (time.monotonic)
+_touched: dict[str, float] = {}  # entry -> when this process last recorded its use (time.monotonic)
 
 
 def marker_of(entry: str | os.PathLike, folder: bool | None = None) -> Path:
@@ -146,15 +146,17 @@ def entry_holding(path: str | os.PathLike) -> Path | None:
 
 def touch(entry: str | os.PathLike | None) -> None:
     """Record a use of ``entry``: move its marker's modification time to now, when this process has not done so in
-    the last hour and the marker is older than that (one ``stat``; a read-only cache, or an unmarked entry, is left
-    as it is)."""
-    if entry is None or not is_marked(entry):
+    the last hour and the marker is older than that (a few ``stat`` calls an hour; a read-only cache, or an unmarked
+    entry, is left as it is)."""
+    if entry is None:
         return
-    marker = marker_of(entry)
-    key, now = str(marker), time.monotonic()
+    key, now = str(entry), time.monotonic()
     if now - _touched.get(key, -TOUCH_EVERY_S) < TOUCH_EVERY_S:
         return
     _touched[key] = now
+    if not is_marked(entry):
+        return
+    marker = marker_of(entry)
     with contextlib.suppress(OSError):
         if time.time() - marker.lstat().st_mtime >= TOUCH_EVERY_S:
             os.utime(marker, follow_symlinks=False)

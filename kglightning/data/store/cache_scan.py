@@ -21,7 +21,7 @@ from kglightning.data.store.temporaries import is_temporary, stale_temporary
 __all__ = ["CacheEntry", "Found", "entries", "human", "measure", "other_folders", "scan"]
 
 _LOCK_AGE_S, _MEMO_AGE_S = 86400.0, 30 * 86400.0
-_LOCK = re.compile(r"^[0-9a-f]{16}\.lock$")  # records/<key>.lock (record_store.first_reader)
+_LOCK = re.compile(r"^[0-9a-f]{16}\.lock$")  # records/<key>.lock (record_lock.first_reader)
 _MEMO = re.compile(r"^[0-9a-f]{20}$")  # records/stamps/<memo> (cache.content_digest)
 
 
