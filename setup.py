@@ -11,7 +11,7 @@ from setuptools import find_packages, setup
 HERE = Path(__file__).parent
 
 INSTALL_REQUIRES = [
-    "torch>=2.4,<3",
+    "torch>=2.6,<3",  # 2.6: torch.load(weights_only=True) can no longer be bypassed (CVE-2025-32434)
     "lightning>=2.5",
     "torchmetrics>=1.6",
     "torch-geometric>=2.6",

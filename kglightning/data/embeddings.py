@@ -23,7 +23,8 @@ import torch
 from kglightning.data.encoder import BUNDLED_MINILM as BUNDLED_MINILM  # re-exported: importable from here too
 from kglightning.data.encoder import SentenceEncoder
 from kglightning.data.encoder import bundled_minilm_path as bundled_minilm_path
-from kglightning.data.store.cache import default_cache_root, private_dir
+from kglightning.data.store.cache import default_cache_root, untrusted
+from kglightning.data.store.cache_marks import entry_folder, touch
 from kglightning.data.store.cache_pins import pin, unpin
 from kglightning.data.store.embedding_files import read_shard, remove_stale_writes, write_shard
 from kglightning.data.store.row_table import RowTable
@@ -51,8 +52,13 @@ class EmbeddingCache:
 
     Each call to :meth:`embed` encodes only the strings never seen before and appends them as a new shard
     ``shard-<content hash>.arrow`` (texts and float16 vectors, :mod:`~kglightning.data.store.embedding_files`) in
-    ``root/<encoder.cache_key>/``. Loading reads every shard once. Shards of the earlier format
-    (``shard-<hash>.pt``) are rewritten as Arrow shards when first seen.
+    ``root/<encoder.cache_key>/``, a folder created with kglightning's marker
+    (:mod:`~kglightning.data.store.cache_marks`). Loading reads every shard once, each only after it is checked: the
+    folder (and those above it, up to the cache root) and the shard must be this user's and writable by no one else
+    (:func:`~kglightning.data.store.cache.untrusted`; a refused folder is not used at all, and the cache works in
+    memory), and the shard must pass a full Arrow validation; a shard that fails is moved aside (``.unreadable``)
+    and its strings encoded again. Shards of the earlier format (``shard-<hash>.pt``) are rewritten as Arrow shards
+    when first seen.
 
     Rows are kept in float16, the shards' precision, and handed out as float32 (:meth:`rows`, :meth:`embed`), so a
     run and its rerun from the disk cache see the same numbers. A shard of at least ``mmap_rows`` rows is
@@ -88,12 +94,13 @@ class EmbeddingCache:
         self._shards: set[str] = set()
         self._unlisted = False
         self._cleaned = False
+        self._refused: str | None = None  # why the folder is not used (another user's, writable by others)
         self._pin()
         self.refresh()
 
     def _pin(self) -> None:
         """Pin :attr:`folder` while this object lives (:func:`~kglightning.data.store.cache_pins.pin`):
-        ``kglightning cache clean`` and the size cap leave it."""
+        ``kglightning cache clean`` leaves it."""
         if self.folder is not None:
             weakref.finalize(self, unpin, pin(self.folder))
 
@@ -105,8 +112,9 @@ class EmbeddingCache:
     def refresh(self) -> int:
         """Load the shards that appeared in :attr:`folder` since this cache last looked (written by another cache
         on the same folder, e.g. the answer proposer's, or by another process); return how many strings came in."""
-        if self.folder is None or not self.folder.is_dir():
+        if self.folder is None or not self.folder.is_dir() or self._untrusted_folder():
             return 0
+        touch(self.folder)  # used now (at most once an hour): what `kglightning cache clean --older-than` spares
         before = len(self._index)
         try:  # every add() looks: names only, the known ones dropped in one set difference, the rest sorted
             names = set(os.listdir(self.folder)).difference(self._shards)
@@ -127,6 +135,33 @@ class EmbeddingCache:
             self._load(fresh[lo : lo + _SHARDS_AT_ONCE], last=lo + _SHARDS_AT_ONCE >= len(fresh))
         return len(self._index) - before
 
+    def _untrusted_folder(self) -> bool:
+        """Whether :attr:`folder` is refused (:func:`~kglightning.data.store.cache.untrusted`: it, or a folder above
+        it up to the cache root, belongs to another user or is writable by others): its shards are not read and none
+        is written there; the cache works in memory, with a WARNING once."""
+        if self._refused is None:
+            try:
+                self._refused = untrusted(self.folder) or ""
+            except FileNotFoundError:  # not made yet: it will be, privately
+                return False
+            except OSError as err:
+                self._refused = str(err)
+            if self._refused:
+                log.warning("embedding cache folder %s is not used (%s); the strings are encoded again and kept in "
+                            "memory only", self.folder, self._refused)  # fmt: skip
+        return bool(self._refused)
+
+    def _trusted(self, shard: Path) -> bool:
+        """Whether the shard file ``shard`` may be read (this user's, writable by no one else); one that may not is
+        moved aside (``.unreadable``) and its texts are encoded again."""
+        try:
+            why = untrusted(shard, alone=True)
+        except OSError:  # gone meanwhile: the reader says so
+            return True
+        if why is not None:
+            self._set_aside(shard, ValueError(f"not trusted: {why}"))
+        return why is None
+
     def _converted(self, names: list[str]) -> list[Path]:
         """The Arrow shards that the legacy shards ``names`` were rewritten as. One that cannot be read is moved
         aside, as an unreadable shard is; one that cannot be rewritten now (a full disk, a read-only folder) keeps
@@ -136,6 +171,8 @@ class EmbeddingCache:
         for name in names:
             self._shards.add(name)
             legacy, arrow = self.folder / name, (self.folder / name).with_suffix(".arrow")
+            if not self._trusted(legacy):
+                continue
             try:
                 texts, emb = _read_legacy(legacy)
             except FileNotFoundError:  # converted and removed by another process meanwhile
@@ -181,6 +218,8 @@ class EmbeddingCache:
         opened: list[tuple[Path, list[str], np.ndarray, bool]] = []
         for shard in shards:
             self._shards.add(shard.name)
+            if not self._trusted(shard):
+                continue
             try:
                 opened.append((shard, *self._open(shard)))
             except (OSError, MemoryError) as err:  # the file system or memory, not the file: skip it here only
@@ -283,10 +322,11 @@ class EmbeddingCache:
 
     def _store(self, new: list[str], emb: torch.Tensor) -> None:
         """Keep the rows ``emb`` of the strings ``new``: in memory, or written as a shard of the folder."""
-        if self.folder is None:
+        if self.folder is not None and not self._untrusted_folder():
+            entry_folder(self.folder)  # made (0700) with kglightning's marker: `kglightning cache clean` may remove it
+        if self.folder is None or self._untrusted_folder():
             self._index_rows(new, self._table.append(emb))
             return
-        private_dir(self.folder)
         if not self._cleaned:  # once per cache: what writers killed mid-write left (a block's rows each)
             remove_stale_writes(self.folder)
             self._cleaned = True

@@ -86,17 +86,18 @@ class SentenceEncoder:
 
     @property
     def cache_key(self) -> str:
-        """A folder name that identifies this encoder's embeddings: the model's name, its files' stamp
-        (:func:`~kglightning.data.store.cache.files_stamp`: a model retrained into the same folder gets new embeddings)
-        and the normalisation."""
+        """A folder name that identifies this encoder's embeddings: the model's name, a digest of its files' bytes
+        (:func:`~kglightning.data.store.cache.files_stamp`: other weights under the same name or path get other
+        embeddings, even when their sizes and times are the same; the files are hashed once per content, remembered
+        per path and ``stat`` stamp) and the normalisation."""
         if self.model == BUNDLED_MINILM:
             base = "all-MiniLM-L6-v2"
         else:
             resolved = str(Path(self.model).resolve())
             base = Path(resolved).name + "-" + hashlib.sha1(resolved.encode()).hexdigest()[:8]
-        if self._weights_stamp is None:  # read once per encoder
-            self._weights_stamp = files_stamp(self.path)[:8]
-        return f"{base}-w{self._weights_stamp}{'-norm' if self.normalize else ''}"
+        if self._weights_stamp is None:  # read once per encoder (the model it loads is loaded once, too)
+            self._weights_stamp = files_stamp(self.path)
+        return f"{base}-c{self._weights_stamp}{'-norm' if self.normalize else ''}"
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str]) -> torch.Tensor:

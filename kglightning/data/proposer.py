@@ -12,7 +12,8 @@ from pathlib import Path
 
 from kglightning.data.records import KGQARecord
 from kglightning.data.store.cache import private_dir
-from kglightning.data.store.cache_admin import enforce_cap, writer_temporary
+from kglightning.data.store.cache_marks import entry_folder, entry_holding, mark_file, touch
+from kglightning.data.store.temporaries import writer_temporary
 
 log = logging.getLogger(__name__)
 _MISSING = object()
@@ -67,8 +68,12 @@ class AnswerNodeScorer(ABC):
 def save_proposals(originals: Sequence[KGQARecord], proposed: Sequence[KGQARecord], path: str | Path) -> None:
     """Write what a proposer added to ``originals``: per record its id, ``prediction``, ``confidence`` and the
     ``extra`` keys it added or changed (one jsonl row each, written atomically). The graphs are not repeated, so
-    :func:`load_proposals` is cheap."""
+    :func:`load_proposals` is cheap. Under a kind folder of a cache (``.../proposals-v2/<dataset>/...``) the entry
+    that holds ``path`` carries kglightning's marker (:mod:`~kglightning.data.store.cache_marks`)."""
     path = Path(path)
+    entry = entry_holding(path)
+    if entry is not None and entry != path:
+        entry_folder(entry)
     private_dir(path.parent)
     tmp = writer_temporary(path, "a proposals writer")
     try:
@@ -77,11 +82,12 @@ def save_proposals(originals: Sequence[KGQARecord], proposed: Sequence[KGQARecor
                 extra = {k: v for k, v in after.extra.items() if before.extra.get(k, _MISSING) != v}
                 row = {"id": after.id, "prediction": after.prediction, "confidence": after.confidence, "extra": extra}
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        if entry == path:  # a file entry of its own: its marker beside it
+            mark_file(path)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    enforce_cap(path)
 
 
 def load_proposals(originals: Sequence[KGQARecord], path: str | Path) -> list[KGQARecord] | None:
@@ -110,4 +116,5 @@ def load_proposals(originals: Sequence[KGQARecord], path: str | Path) -> list[KG
     except (ValueError, KeyError, TypeError) as e:
         log.warning("%s: cached proposals do not match the records (%s); proposing again", path, e)
         return None
+    touch(entry_holding(path))  # used now: what `kglightning cache clean --older-than` removes last
     return out

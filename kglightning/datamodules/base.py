@@ -241,8 +241,8 @@ class KGQADataModule(L.LightningDataModule):
         return list(self.read_split(split))
 
     def dataset_key(self, split: str) -> str:
-        """A short hash of what ``split``'s records are: the dataset (for a local file or folder, its path and its
-        files' sizes and times, :func:`~kglightning.data.store.cache.files_stamp`),
+        """A short hash of what ``split``'s records are: the dataset (for a local file or folder, its path and a digest
+        of its files' bytes, :func:`~kglightning.data.store.cache.files_stamp`),
         the split, ``max_records``, ``on_bad_record`` and the ``subgraphs`` settings; with ``folds``, those of every
         pooled split and the fold settings (:attr:`~kglightning.data.folds.KFold.cache_key`), so no cache mixes two
         folds. Caches of work derived from the records use it."""

@@ -26,6 +26,8 @@ from pathlib import Path
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.sources.loaders import read_records, write_records
+from kglightning.data.store.cache import content_digest
+from kglightning.data.store.cache_marks import entry_holding, mark_file, touch
 from kglightning.fileio import write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever
 
@@ -70,15 +72,14 @@ class PCSTSubgraphs:
 
     @property
     def cache_key(self) -> str:
-        """A short hash of the KG source and the retriever's settings (a file's size and mtime included)."""
+        """A short hash of the KG source (a triples file by the digest of its bytes) and the retriever's settings."""
         source = self.kg
         if self.kg == "embedded":  # rebuilt from packaged data: its version says which
             from kglightning.data.sources.embedded import VERSION
 
             source = f"embedded-v{VERSION}"
         elif self.kg != "record":
-            p = Path(self.kg)
-            source = f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
+            source = f"{Path(self.kg).resolve()}:{content_digest(self.kg)}"
         ident = f"{source}|{self.retriever!r}|{self.retriever.num_clusters}|{self.retriever.encoder.cache_key}"
         return hashlib.sha1(ident.encode()).hexdigest()[:12]
 
@@ -104,6 +105,7 @@ class PCSTSubgraphs:
             cached = list(read_records(path))
             if [r.id for r in cached] == [r.id for r in records]:
                 log.info("PCST subgraphs read from %s", path)
+                touch(path)  # a cache entry's use (when it is one): what `kglightning cache clean` removes last
                 return cached
             log.warning("%s does not hold the same questions; cutting the subgraphs again", path)
         retriever = self.retriever
@@ -112,7 +114,11 @@ class PCSTSubgraphs:
         summary = retriever.stats.summary()
         log.info("PCST subgraphs: %s", summary)
         if path is not None:
+            stats_path = path.with_suffix(".stats.json")
+            for p in (path, stats_path):  # files of a cache's kind folder (pcst_subgraphs/): kglightning's marker
+                if entry_holding(p) == p:
+                    mark_file(p)
             write_records(out, path)
             stats = {"kg": self.kg, "retriever": repr(retriever), **summary}
-            write_text_atomic(path.with_suffix(".stats.json"), json.dumps(stats, indent=2))
+            write_text_atomic(stats_path, json.dumps(stats, indent=2))
         return out

@@ -1,10 +1,10 @@
-"""kglightning cache list|du|clean: entries, sizes, what killed runs left, age and size limits."""
+"""kglightning cache list|du|clean: only what carries kglightning's marker goes, no link is followed, every removed
+path is printed, a dry run writes nothing, and no write evicts anything."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -14,237 +14,267 @@ from pathlib import Path
 import pytest
 
 from kglightning.cli import main
-from kglightning.data.store.cache_admin import clean, entries
+from kglightning.data.store.cache_clean import clean
+from kglightning.data.store.cache_marks import mark_file, mark_folder, marker_of
+from kglightning.data.store.cache_scan import entries
+
+DAY = 86400
+
+
+def _age(path: Path, days: float) -> None:
+    """Set the modification times of ``path``, everything in it and its marker ``days`` back."""
+    past = time.time() - days * DAY
+    for p in [path, *(path.rglob("*") if path.is_dir() else ()), marker_of(path)]:
+        if os.path.lexists(p):
+            os.utime(p, (past, past), follow_symlinks=False)
+
+
+def _entry(root: Path, rel: str, size: int, days: float, marked: bool = True) -> Path:
+    """A cache entry at ``root/rel``: a folder holding ``size`` bytes, or a file when ``rel`` ends in ``.arrow``."""
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.suffix == ".arrow":
+        p.write_bytes(b"\0" * size)
+        if marked:
+            mark_file(p)
+    else:
+        p.mkdir()
+        (p / "data").write_bytes(b"\0" * size)
+        if marked:
+            mark_folder(p)
+    _age(p, days)
+    return p
+
+
+def _tree(root: Path) -> dict[str, tuple[float, int]]:
+    """Every path under ``root`` (links not followed) with its modification time and size."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(dirpath, name))
+            out[os.path.relpath(os.path.join(dirpath, name), root)] = (st.st_mtime, st.st_size)
+    return out
 
 
 @pytest.fixture
 def root(tmp_path, monkeypatch) -> Path:
     r = tmp_path / "cache"
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(r))
-    now = time.time()
-    for kind, name, size, age_days in (
-        ("records", "aaaa", 3000, 40), ("records", "bbbb", 2000, 1), ("kg", "kg-x.pkl", 500, 10),
-        ("embeddings", "shard0", 1000, 0),
-    ):  # fmt: skip
-        p = r / kind / name
-        if name.endswith(".pkl"):
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(b"\0" * size)
-        else:
-            p.mkdir(parents=True)
-            (p / ("meta.json" if kind == "records" else "data")).write_bytes(b"\0" * size)  # a store has its meta
-        os.utime(p, (now - age_days * 86400, now - age_days * 86400))
+    monkeypatch.delenv("KGLIGHTNING_CACHE_MAX_GB", raising=False)
     return r
 
 
-def test_entries_are_listed_oldest_first_with_their_sizes(root):
-    got = [(e.kind, e.path.name, e.bytes) for e in entries(root)]
-    assert got == [("records", "aaaa", 3000), ("kg", "kg-x.pkl", 500), ("records", "bbbb", 2000),
-                   ("embeddings", "shard0", 1000)]  # fmt: skip
-    assert [e.path.name for e in entries(root, ["kg"])] == ["kg-x.pkl"]
-
-
-def test_clean_by_age_and_by_size_least_recently_used_first(root):
-    assert [e.path.name for e in clean(root, older_than_s=30 * 86400, dry_run=True)] == ["aaaa"]
-    assert (root / "records/aaaa").exists()  # a dry run removes nothing
-    gone = clean(root, max_bytes=3000)  # 6500 bytes: the oldest go until 3000 or less are left
-    assert [e.path.name for e in gone] == ["aaaa", "kg-x.pkl"]
-    assert not (root / "records/aaaa").exists() and (root / "records/bbbb").exists()
-    assert clean(root, max_bytes=0, kinds=["records"], keep=root / "records/bbbb") == []
-
-
-def test_clean_removes_what_killed_writers_left(root):
-    recs = root / "records"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    orphan = recs / f".bbbb.{socket.gethostname()}.{int(dead.stdout)}.tmp"
-    running = recs / f".cccc.{socket.gethostname()}.{os.getpid()}.tmp"
-    old_lock, fresh_lock, held_lock = recs / "dddd.lock", recs / "eeee.lock", recs / "bbbb.lock"
-    for p in (orphan, running):
-        p.mkdir()
-        os.utime(p, (time.time() - 900, time.time() - 900))  # nothing written for 15 minutes
-    torn = recs / "ffff"  # a store whose removal was killed: no meta.json
-    torn.mkdir()
-    (torn / "records.arrow").write_bytes(b"\0")
-    os.utime(torn, (time.time() - 7200, time.time() - 7200))
-    (recs / "stamps").mkdir()
-    (recs / "stamps/old").write_text("0" * 32)
-    (recs / "stamps/new").write_text("0" * 32)
-    os.utime(recs / "stamps/old", (0, 0))
-    for p in (old_lock, fresh_lock, held_lock):
-        p.write_text("")
-    os.utime(old_lock, (0, 0))
-    os.utime(held_lock, (0, 0))
-    from filelock import FileLock
-
-    held = FileLock(str(recs / "gggg.lock"))  # held by a reader still parsing: no store yet, and kept
-    held.acquire()
-    os.utime(recs / "gggg.lock", (0, 0))
-    try:
-        clean(root)
-    finally:
-        held.release()
-    assert (recs / "gggg.lock").exists() and not torn.exists()
-    assert not (recs / "stamps/old").exists() and (recs / "stamps/new").exists()
-    assert "stamps" not in [e.path.name for e in entries(root)]
-    assert not orphan.exists() and running.exists()  # this process is alive
-    assert not old_lock.exists() and fresh_lock.exists() and held_lock.exists()  # bbbb's store is there
-    assert all(not e.path.name.startswith(".") and not e.path.name.endswith(".lock") for e in entries(root))
-
-
-def test_the_cache_command(root, capsys):
-    assert main(["cache", "du"]) == 0
-    out = capsys.readouterr().out
-    assert "records" in out and "4.9 KiB" in out and "total" in out  # 5000 bytes of records
-    assert main(["cache", "list", "--kind", "kg"]) == 0
-    assert "kg-x.pkl" in capsys.readouterr().out
-    assert main(["cache", "clean", "--older-than", "5", "--dry-run"]) == 0
-    assert "would remove 2 entries" in capsys.readouterr().out and (root / "kg/kg-x.pkl").exists()
+def test_clean_removes_only_marked_entries_and_prints_every_path(root, capsys):
+    old_store = _entry(root, "records/aaaa", 3000, 40)
+    new_store = _entry(root, "records/bbbb", 2000, 0)
+    old_index = _entry(root, "kg/index-x.arrow", 500, 10)
+    notes = _entry(root, "records/my_notes", 100, 30, marked=False)  # no meta.json, a month old: the user's
+    dump = _entry(root, "kg/my_freebase_dump", 4000, 30, marked=False)
+    legacy = _entry(root, "embeddings/enc-w1234", 1000, 30, marked=False)  # an entry of an earlier version
     assert main(["cache", "clean", "--older-than", "5"]) == 0
-    assert not (root / "kg/kg-x.pkl").exists() and (root / "records/bbbb").exists()
-    assert main(["cache", "clean", "--max-size", "-1"]) == 2
+    out = capsys.readouterr().out
+    assert not old_store.exists() and not old_index.exists() and not marker_of(old_index).exists()
+    assert new_store.exists() and notes.exists() and dump.exists() and legacy.exists()
+    assert f"removed {old_store} (2.9 KiB; unused for 40.0 days)" in out and f"removed {old_index} (" in out
+    assert "removed 2 paths, 3.4 KiB" in out and "left 3 unmarked entries" in out
+    assert main(["cache", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "my_freebase_dump  (unmarked: never removed by clean)" in listed and "remove them by hand" in listed
 
 
-def _age_tree(path, seconds):
-    """Set the modification times of ``path`` and everything in it ``seconds`` back."""
-    past = time.time() - seconds
-    for p in [path, *path.rglob("*")]:
-        os.utime(p, (past, past), follow_symlinks=False)
+def test_max_size_counts_and_removes_marked_entries_only(root, capsys, monkeypatch):
+    older, newer = _entry(root, "records/aaaa", 3000, 3), _entry(root, "embeddings/enc", 2000, 1)
+    dump = _entry(root, "kg/my_freebase_dump", 10_000, 30, marked=False)
+    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", str(2500 / 2**30))  # the default of --max-size only
+    assert main(["cache", "clean"]) == 0
+    assert not older.exists() and newer.exists() and dump.exists()  # 2000 bytes of marked entries left
+    assert f"removed {older} (2.9 KiB; least recently used, over --max-size 2.4 KiB)" in capsys.readouterr().out
+    assert main(["cache", "clean", "--max-size", "0"]) == 0
+    assert not newer.exists() and dump.exists()
 
 
-def test_a_size_cap_evicts_older_record_stores_when_one_is_written(tmp_path, monkeypatch):
+def test_no_write_evicts_anything_whatever_the_cap(root, tmp_path, monkeypatch):
     from kglightning.data.sources.loaders import read_records
     from kglightning.data.store.record_store import store_folder
 
-    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
-    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", str(1 / 2**30))  # one byte: only the newest store stays
-    _cap_every_write(monkeypatch)
-    paths = []
+    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", "0")
+    dump = _entry(root, "kg/my_freebase_dump", 100, 30, marked=False)
+    stores = []
     for i in range(2):
         p = tmp_path / f"s{i}.jsonl"
         p.write_text(json.dumps({"id": f"q{i}", "question": "?", "answer": [], "q_entity": ["a"], "a_entity": [],
                                  "graph": [["a", "r", f"b{i}"]]}) + "\n")  # fmt: skip
         read_records(p)
-        paths.append(p)
-        _age_tree(store_folder(p, None, "raise", None), 3600)  # written an hour ago: no job is writing it
-    first, second = (store_folder(p, None, "raise", None) for p in paths)
-    assert not first.exists() and (second / "meta.json").is_file()
+        stores.append(store_folder(p, None, "raise", None))
+        _age(stores[-1], 1)
+    assert all((s / "meta.json").is_file() and (s / ".kglightning-entry").is_file() for s in stores)
+    assert dump.exists()
 
 
-def test_the_size_cap_covers_every_kind_and_spares_entries_written_in_the_last_ten_minutes(tmp_path, monkeypatch,
-                                                                                         caplog):  # fmt: skip
-    import logging
-
-    from kglightning.data.store import cache_admin
-    from kglightning.data.store.cache_admin import enforce_cap
-
-    root = tmp_path / "cache"
-    monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
-    _cap_every_write(monkeypatch)
-    old_kg, old_emb, busy, written = (root / "kg/index-a.arrow", root / "embeddings/enc/shard-1.arrow",
-                                      root / "pcst-cuts/fp/tmpabc", root / "records/new/meta.json")  # fmt: skip
-    for f, n in ((old_kg, 3000), (old_emb, 4000), (busy, 5000), (written, 1000)):
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_bytes(b"x" * n)
-    _age_tree(old_kg, 7200), _age_tree(old_emb.parent, 3600)
-    busy_entry = busy.parent
-    past = time.time() - 7200
-    os.utime(busy_entry, (past, past))  # the folder looks old; a file in it was written a moment ago
-    monkeypatch.delenv("KGLIGHTNING_CACHE_MAX_GB", raising=False)
-    assert enforce_cap(written) == [] and old_kg.exists()  # no cap set: nothing to do
-    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", str(5500 / 2**30))
-    with caplog.at_level(logging.WARNING):
-        gone = enforce_cap(written)
-        assert enforce_cap(written) == []
-        assert caplog.text.count("over KGLIGHTNING_CACHE_MAX_GB") == 1
-        monkeypatch.setattr(cache_admin, "CAP_EVERY_S", 3600.0)
-        monkeypatch.setattr(cache_admin, "_last_cap", {})
-        enforce_cap(written)
-        old_kg.write_bytes(b"x" * 3000)
-        _age_tree(old_kg, 7200)
-        assert enforce_cap(written) == [] and old_kg.exists()  # walked once an hour here: not at this write
-    assert {e.path for e in gone} == {old_kg, old_emb.parent}  # least recently used first, of any kind
-    assert busy.exists() and written.exists()  # the entry written now, and one being written, are spared
-    assert enforce_cap(tmp_path / "elsewhere.arrow") == []  # a path outside the cache
+def test_a_linked_kind_folder_or_entry_is_skipped_and_nothing_outside_the_root_goes(root, tmp_path, capsys):
+    outside = tmp_path / "projects"
+    mine = _entry(outside, "thesis", 100, 30)  # even one that looks like an entry: the link is not followed
+    (outside / "torn").mkdir()
+    _age(outside / "torn", 30)
+    root.mkdir()
+    (root / "records").symlink_to(outside)
+    (root / "kg").mkdir()
+    (root / "kg" / "index-link").symlink_to(mine)
+    for argv in (["--older-than", "0"], ["--max-size", "0"], []):
+        assert main(["cache", "clean", *argv]) == 0
+        out = capsys.readouterr().out
+        assert f"skipped {root / 'records'}: a symbolic link" in out and f"skipped {root / 'kg/index-link'}" in out
+    assert mine.exists() and (mine / "data").exists() and (outside / "torn").exists()
+    assert (root / "kg" / "index-link").is_symlink()
 
 
-def _cap_every_write(monkeypatch):
-    from kglightning.data.store import cache, cache_admin
+def test_a_dry_run_lists_what_would_go_and_writes_nothing(root, capsys):
+    _entry(root, "records/aaaa", 3000, 40)
+    _entry(root, "kg/index-x.arrow", 500, 10)
+    dead = _dead_pid()
+    tmp = root / "records" / f".cccc.{socket.gethostname()}.{dead}.tmp"
+    tmp.mkdir()
+    _age(tmp, 1)
+    lock = root / "records" / "0123456789abcdef.lock"
+    lock.write_text("")
+    _age(lock, 2)
+    before = _tree(root)
+    assert main(["cache", "clean", "--older-than", "0", "--max-size", "0", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert _tree(root) == before  # no marker, lock or folder written, nothing removed or touched
+    for p in (root / "records/aaaa", root / "kg/index-x.arrow", tmp, lock):
+        assert f"would remove {p} (" in out
+    assert "would remove 4 paths" in out
 
-    monkeypatch.setattr(cache_admin, "CAP_EVERY_S", 0.0)
-    monkeypatch.setattr(cache_admin, "_last_cap", {})
-    monkeypatch.setattr(cache, "_warned", set())
+
+def _dead_pid() -> int:
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(out.stdout)
 
 
-def test_the_size_cap_leaves_the_benchmark_other_tools_folders_and_pinned_entries(tmp_path, monkeypatch):
-    from kglightning.data.store.cache_admin import enforce_cap
+def test_what_killed_runs_left_is_listed_then_cleaned_by_its_exact_names(root, capsys):
+    recs = root / "records"
+    store = _entry(root, "records/bbbb", 10, 0)
+    host, dead = socket.gethostname(), _dead_pid()
+    orphan = recs / f".aaaa.{host}.{dead}.tmp"  # a store writer killed part-way
+    running = recs / f".cccc.{host}.{os.getpid()}.tmp"  # this process is alive: still writing
+    for p in (orphan, running):
+        p.mkdir()
+        (p / "records.arrow").write_bytes(b"\0" * 41_000)
+        _age(p, 900 / DAY)  # nothing written for 15 minutes
+    assert {(e.path, e.state) for e in entries(root)} >= {(orphan, "temporary"), (running, "temporary")}
+    assert main(["cache", "du"]) == 0
+    assert "records (temporary)" in capsys.readouterr().out
+    old_lock, held_lock, kept_lock = recs / "dddd0000dddd0000.lock", recs / "eeee0000eeee0000.lock", recs / "bbbb.lock"
+    own_lock = recs / "bbbbbbbbbbbbbbbb.lock"
+    (recs / "bbbbbbbbbbbbbbbb").mkdir()  # its entry is there
+    user_lock = recs / "notes.lock"  # not a name kglightning writes
+    for p in (old_lock, held_lock, kept_lock, own_lock, user_lock):
+        p.write_text("")
+        _age(p, 2)
+    (recs / "stamps").mkdir()
+    (recs / "stamps" / ("0" * 20)).write_text("0" * 32)
+    (recs / "stamps" / ("1" * 20)).write_text("0" * 32)
+    (recs / "stamps" / "my-note").write_text("keep")
+    _age(recs / "stamps" / ("0" * 20), 40)
+    _age(recs / "stamps" / "my-note", 40)
+    sidecar = root / "kg" / ".index-gone.arrow.kglightning-entry"  # a KG index writer killed before its rename
+    sidecar.parent.mkdir()
+    sidecar.write_text("")
+    _age(sidecar, 2)
+    from filelock import FileLock
+
+    held = FileLock(str(held_lock))  # a reader still parsing: no store yet, and kept
+    held.acquire()
+    try:
+        assert main(["cache", "clean"]) == 0
+    finally:
+        held.release()
+    out = capsys.readouterr().out
+    gone = [orphan, old_lock, recs / "stamps" / ("0" * 20), sidecar]
+    assert all(not p.exists() and f"removed {p} (" in out for p in gone), out
+    kept = [running, held_lock, kept_lock, own_lock, user_lock, recs / "stamps" / ("1" * 20), store,
+            recs / "stamps" / "my-note"]  # fmt: skip
+    assert all(p.exists() for p in kept) and "removed 4 paths" in out
+
+
+def test_clean_spares_pinned_entries(root):
     from kglightning.data.store.cache_pins import pin, unpin
 
-    root = tmp_path / "cache"
-    monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
-    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", "0")
-    _cap_every_write(monkeypatch)
-    kept = [root / "embedded-v1-seed0/validation.jsonl", root / "huggingface/hub/model.bin",
-            root / "embeddings/enc/shard-1.arrow", root / "pcst-cuts/fp/piece-0.arrow"]  # fmt: skip
-    for f in [*kept, root / "kg/index-a.arrow"]:
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_bytes(b"x" * 100)
-    _age_tree(root, 7200)
-    in_use = pin(kept[2])  # this process's embedding cache: a pin held until it is released
-    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from kglightning.data.store.cache_pins import "
-                              f"pin; pin({str(kept[3])!r}); print('pinned', flush=True); time.sleep(60)"],
+    emb, cuts = _entry(root, "embeddings/enc", 100, 3), _entry(root, "pcst-cuts/fp", 100, 3)
+    in_use = pin(emb / "data")  # this process's embedding cache
+    other = subprocess.Popen([sys.executable, "-c", "import time; from kglightning.data.store.cache_pins import pin; "
+                              f"pin({str(cuts)!r}); print('pinned', flush=True); time.sleep(60)"],
                              stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        assert other.stdout.readline().strip() == "pinned"  # another process maps into pcst-cuts/fp
-        (root / "records/new").mkdir(parents=True)
-        gone = enforce_cap(root / "records/new")
-        assert [e.path for e in gone] == [root / "kg/index-a.arrow"] and all(f.exists() for f in kept)
-        assert main(["cache", "clean", "--older-than", "0"]) == 0
-        assert kept[2].exists() and kept[3].exists()  # clean leaves pinned entries too
+        assert other.stdout.readline().strip() == "pinned"
+        done = clean(root, older_than_s=0, max_bytes=0)
+        assert emb.exists() and cuts.exists() and done.removed == []
+        assert f"{emb}: in use by a running process" in done.skipped
     finally:
         other.kill()
         other.wait()
     unpin(in_use)
-    assert main(["cache", "clean", "--older-than", "0"]) == 0
-    assert not kept[2].exists() and not kept[3].exists()  # released: removable again
-    assert kept[1].exists()  # another tool's folder in the cache root: cleaned only when --kind names it
+    assert {p for p, _, _ in clean(root, older_than_s=0).removed} == {emb, cuts}
 
 
-def test_a_bad_or_infinite_cap_never_fails_a_write_and_a_linked_kind_folder_is_capped(tmp_path, monkeypatch, caplog):
-    import logging
+def test_reading_an_entry_counts_as_using_it(root, tmp_path):
+    import torch
 
-    from kglightning.data.store.cache_admin import enforce_cap, max_bytes_from_env
-    from kglightning.data.store.cache_pins import entry_of
+    from kglightning.data.embeddings import EmbeddingCache
 
-    root = tmp_path / "cache"
-    monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
-    _cap_every_write(monkeypatch)
-    (root / "kg").mkdir(parents=True)
-    for value in ("inf", "1e400"):
-        monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", value)
-        assert max_bytes_from_env() is None and enforce_cap(root / "kg/x.arrow") == []
-    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", "5GB")
-    with caplog.at_level(logging.WARNING):
-        assert enforce_cap(root / "kg/x.arrow") == [] and enforce_cap(root / "kg/y.arrow") == []
-    assert caplog.text.count("KGLIGHTNING_CACHE_MAX_GB='5GB': expected a number of GB") == 1
-    with pytest.raises(ValueError, match="'5GB'"):
-        max_bytes_from_env()  # `kglightning cache` and callers that ask say it as an error
-    elsewhere = tmp_path / "big-disk/embeddings"
-    elsewhere.mkdir(parents=True)
-    (root / "embeddings").symlink_to(elsewhere)
-    assert entry_of(root / "embeddings/enc/shard.arrow") == root / "embeddings/enc"
+    class Toy:
+        dim, cache_key = 2, "toy"
+
+        def encode(self, texts):
+            return torch.tensor([[len(t), 1.0] for t in texts])
+
+    EmbeddingCache(Toy(), root / "embeddings").add(["Paris", "Berlin"])
+    folder = root / "embeddings" / "toy"
+    _age(folder, 3)  # written three days ago
+    from kglightning.data.store import cache_marks
+
+    cache_marks._touched.clear()  # a new process
+    assert EmbeddingCache(Toy(), root / "embeddings").embed(["Paris"]).tolist() == [[5.0, 1.0]]  # read today
+    assert clean(root, older_than_s=1 * DAY).removed == [] and folder.exists()
+    assert (folder / ".kglightning-entry").stat().st_mtime > time.time() - 60
 
 
-def test_an_earlier_versions_kind_is_cleaned_and_other_tools_folders_are_named_not_counted(tmp_path, monkeypatch,
-                                                                                          capsys):  # fmt: skip
-    root = tmp_path / "cache"
-    monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
-    for f in (root / "proposals/old/rows.jsonl", root / "huggingface/hub/model.bin", root / "kg/index-a.arrow"):
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_bytes(b"x" * 1024)
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--max-size", "nan"], "--max-size='nan': expected a number of GB >= 0"),
+        (["--max-size", "-1"], "--max-size='-1': expected a number of GB >= 0"),
+        (["--older-than", "nan"], "--older-than nan: expected a number of days >= 0"),
+        (["--older-than", "1day"], "--older-than 1day: expected a number of days >= 0"),
+    ],
+)
+def test_numbers_that_are_not_sizes_or_days_are_refused_with_a_message(root, capsys, argv, message):
+    assert main(["cache", "clean", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_infinite_size_or_age_removes_nothing_and_a_bad_cap_variable_is_refused(root, capsys, monkeypatch):
+    store = _entry(root, "records/aaaa", 3000, 40)
+    assert main(["cache", "clean", "--max-size", "inf"]) == 0 and store.exists()
+    assert main(["cache", "clean", "--older-than", "inf"]) == 0 and store.exists()
+    monkeypatch.setenv("KGLIGHTNING_CACHE_MAX_GB", "nan")
+    capsys.readouterr()
+    assert main(["cache", "clean"]) == 2 and store.exists()
+    assert "KGLIGHTNING_CACHE_MAX_GB='nan': expected a number of GB >= 0" in capsys.readouterr().err
+
+
+def test_other_tools_folders_and_the_embedded_benchmark(root, capsys):
+    hub = root / "huggingface" / "hub" / "model.bin"
+    hub.parent.mkdir(parents=True)
+    hub.write_bytes(b"x" * 1024)
+    _age(root / "huggingface", 30)
+    bench = _entry(root, "embedded-v1-seed0", 100, 30)
+    old_bench = _entry(root, "embedded-v1-seed1", 100, 30, marked=False)
+    proposals = _entry(root, "proposals/old", 100, 30, marked=False)  # an earlier version's kind
     assert main(["cache", "du"]) == 0
     out = capsys.readouterr().out
-    assert "proposals" in out and re.search(r"total +2.0 KiB", out)  # proposals/ (earlier versions) and kg/
-    assert "not kglightning's, not counted (--kind NAME to include): huggingface" in out
+    assert "not kglightning's, not counted: huggingface" in out and "proposals (unmarked)" in out
     assert main(["cache", "clean", "--older-than", "0"]) == 0
-    assert not (root / "proposals/old").exists() and (root / "huggingface/hub/model.bin").exists()
+    assert not bench.exists() and old_bench.exists() and proposals.exists() and hub.exists()
+    assert main(["cache", "clean", "--older-than", "0", "--kind", "huggingface"]) == 0 and hub.exists()

@@ -17,7 +17,7 @@ import pytest
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.sources.loaders import read_records
-from kglightning.data.store import record_store
+from kglightning.data.store import record_lock, record_store
 from kglightning.data.store.record_store import store_folder
 
 
@@ -144,9 +144,13 @@ def test_small_files_and_off_are_not_stored(store_env, monkeypatch):
     assert store_folder(store_env, None, "raise", None) is None
     monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "off")
     assert store_folder(store_env, None, "raise", None) is None
-    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "lots")
-    with pytest.raises(ValueError, match="expected a number of MB or 'off'"):
-        store_folder(store_env, None, "raise", None)
+    for value in ("inf", "Infinity", "1e400"):  # no file is that large: nothing stored (was an OverflowError)
+        monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", value)
+        assert store_folder(store_env, None, "raise", None) is None
+    for value in ("lots", "nan", "-1"):
+        monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", value)
+        with pytest.raises(ValueError, match=rf"MIN_MB='{value}': expected a number of MB >= 0, or 'off'"):
+            store_folder(store_env, None, "raise", None)
     assert store_folder("hf:rmanluo/RoG-webqsp", "test", "raise", None) is None
 
 
@@ -218,7 +222,7 @@ def test_concurrent_first_reads_parse_the_file_once(store_env, monkeypatch, capl
                 waiting.set()
 
     monkeypatch.setattr(loaders, "_read", slow_read)
-    store_log = logging.getLogger("kglightning.data.store.record_store")
+    store_log = logging.getLogger("kglightning.data.store.record_lock")
     caplog.set_level(logging.INFO, logger=store_log.name)
     seen = Seen()
     store_log.addHandler(seen)
@@ -300,7 +304,7 @@ def test_an_existing_store_is_loaded_without_waiting_for_the_lock(store_env, mon
 def test_when_the_lock_holder_writes_no_store_the_waiting_reader_parses_the_file(store_env, caplog, parses):
     lock = _lock_of(store_env)
     box: dict = {}
-    caplog.set_level(logging.INFO, logger="kglightning.data.store.record_store")
+    caplog.set_level(logging.INFO, logger="kglightning.data.store.record_lock")
     lock.acquire()  # a process that will fail to write its store (a full disk)
     reader = threading.Thread(target=lambda: box.setdefault("r", read_records(store_env, on_bad_record="skip")))
     reader.start()
@@ -388,6 +392,7 @@ def test_a_cache_that_cannot_be_written_warns_once_not_at_every_read(store_env, 
         raise PermissionError(13, "Permission denied", str(path))
 
     monkeypatch.setattr(record_store, "private_dir", read_only)  # what a read-only cache gives every writer
+    monkeypatch.setattr(record_lock, "private_dir", read_only)
     with caplog.at_level(logging.DEBUG):
         for _ in range(3):
             assert len(read_records(store_env, on_bad_record="skip")) == 6
@@ -405,6 +410,7 @@ def test_a_read_only_cache_warns_once_for_all_its_files(tmp_path, monkeypatch, c
         raise PermissionError(13, "Permission denied", str(path))
 
     monkeypatch.setattr(record_store, "private_dir", read_only)
+    monkeypatch.setattr(record_lock, "private_dir", read_only)
     paths = []
     for i in range(5):
         paths.append(tmp_path / f"part{i}.jsonl")

@@ -18,8 +18,8 @@ import pytest
 
 from kglightning.data.sources.loaders import read_records
 from kglightning.data.store import record_store
-from kglightning.data.store.cache_admin import remove_abandoned
 from kglightning.data.store.record_store import store_folder
+from kglightning.data.store.temporaries import remove_abandoned
 
 ROOT = Path(__file__).resolve().parents[2]
 

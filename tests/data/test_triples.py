@@ -75,7 +75,8 @@ def test_index_is_cached_by_content_and_rebuilt_when_the_content_changes(tmp_pat
     assert kg.num_edges == 2 and cached.read_bytes()[:6] == b"ARROW1"  # an Arrow file, not a pickle
     os.utime(p, ns=(10**18, 10**18))  # touched: the same content
     copy = write(tmp_path, p.read_text(), name="copy.tsv")
-    assert load_kg(copy, cache_dir=cache).digest() == kg.digest() and list(cache.glob("*")) == [cached]
+    assert load_kg(copy, cache_dir=cache).digest() == kg.digest() and list(cache.glob("index-*")) == [cached]
+    assert (cache / f".{cached.name}.kglightning-entry").is_file()  # kglightning's marker, beside the file
     p.write_text("a\tr\tb\n", encoding="utf-8")  # new content: a new key
     assert load_kg(p, cache_dir=cache).num_edges == 1
     again = load_kg(p, cache_dir=cache)  # read from the cache
@@ -108,11 +109,12 @@ def test_an_unreadable_index_cache_is_rebuilt_with_a_warning(tmp_path, caplog, c
     kg = load_kg(p, cache_dir=cache)
     (cached,) = cache.glob("*.arrow")
     planted = {"empty": lambda: b"", "torn": lambda: cached.read_bytes()[:-40], "foreign": _foreign_arrow,
-               "pickle": lambda: pickle.dumps({"not": "an index"}), "out of range": lambda: _out_of_range(cached)}
-    cached.write_bytes(planted[content]())  # fmt: skip
+               "pickle": lambda: pickle.dumps({"not": "an index"}), "out of range": lambda: _out_of_range(cached)}  # fmt: skip
+    cached.write_bytes(planted[content]())
     with caplog.at_level(logging.WARNING):
         again = load_kg(p, cache_dir=cache)
     assert again.triples() == kg.triples() and "cannot be read" in caplog.text
+    assert len(list(cache.glob(f"{cached.name}.unreadable-*"))) == 1  # set aside (with its marker), not deleted
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         assert load_kg(p, cache_dir=cache).triples() == kg.triples()  # written again, and read back
@@ -131,7 +133,8 @@ def test_a_kg_index_left_by_a_killed_writer_is_removed_by_the_next(tmp_path):
     os.utime(orphan, (time.time() - 900,) * 2)  # its writer gone and nothing written for 15 minutes
     cached.unlink()
     load_kg(p, cache_dir=cache)  # the next writer of that index
-    assert not orphan.exists() and [f.name for f in cache.iterdir()] == [cached.name]
+    assert not orphan.exists() and sorted(f.name for f in cache.iterdir()) == [f".{cached.name}.kglightning-entry",
+                                                                              cached.name]  # fmt: skip
 
 
 def test_an_unsupported_file_type_is_refused_even_when_its_content_was_indexed(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from kglightning.data.proposer import load_proposals, save_proposals
 from kglightning.data.records import KGQARecord
 from kglightning.data.sources.embedded import builder
-from kglightning.data.store.cache_admin import writer_temporary
+from kglightning.data.store.temporaries import writer_temporary
 
 
 def _dead_pid() -> int:
@@ -91,3 +91,29 @@ def test_a_name_with_glob_characters_finds_its_own_temporaries_only(tmp_path):
     lookalike = _plant(tmp_path / "run1x.jsonl", socket.gethostname(), dead, 900, folder=False)  # what run[1]* matches
     writer_temporary(target, "a test writer")
     assert not orphan.exists() and lookalike.exists()
+
+
+def test_write_records_killed_mid_write_leaves_a_temporary_the_next_write_removes(tmp_path):
+    out = tmp_path / "train.jsonl"
+    code = f"""
+import os, signal
+from kglightning.data.records import KGQARecord
+from kglightning.data.sources.loaders import write_records
+def records():
+    for i in range(3):
+        yield KGQARecord(f"q{{i}}", "question?", ["a"], ["t"], ["a"], [("t", "r", "a")])
+        os.kill(os.getpid(), signal.SIGKILL)  # kill -9 part-way through the write
+write_records(records(), {str(out)!r})
+"""
+    killed = subprocess.run([sys.executable, "-c", code], env=os.environ)
+    assert killed.returncode == -9
+    (left,) = tmp_path.glob(".train.jsonl.*.tmp")
+    host, _, pid = left.name[: -len(".tmp")].removeprefix(".train.jsonl.").rpartition(".")
+    assert host == socket.gethostname() and pid.isdigit()  # named so that the next writer can tell it is abandoned
+    os.utime(left, (time.time() - 900,) * 2)  # nothing written in it for 15 minutes: no writer will finish it
+    old = _plant(out, "x", 0, 2 * 86400, folder=False).rename(tmp_path / ".train.jsonl.k2j3h4g5.tmp")  # mkstemp's
+    os.utime(old, (time.time() - 2 * 86400,) * 2)
+    from kglightning.data.sources.loaders import write_records
+
+    write_records([KGQARecord("q1", "question?", ["a"], ["t"], ["a"], [("t", "r", "a")])], out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.jsonl"]

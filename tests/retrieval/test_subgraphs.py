@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -48,8 +49,9 @@ def test_record_mode_cuts_each_graph_caches_it_and_keys_the_data(tmp_path, encod
     assert missing.id == "test-1" and missing.graph == [] and "skipped" in missing.extra["retrieval"]
     assert dm.read_split("test").empty_graph == ["test-1"]
     assert dm.subgraphs.retriever.stats.missing_topic == 1
-    files = sorted(p.name for p in (tmp_path / "cache" / "pcst_subgraphs").iterdir())
+    files = sorted(p.name for p in (tmp_path / "cache" / "pcst_subgraphs").iterdir() if not p.name.startswith("."))
     assert len(files) == 2 and files[0].endswith(".jsonl") and files[1].endswith(".stats.json")
+    assert all((tmp_path / "cache" / "pcst_subgraphs" / f".{f}.kglightning-entry").is_file() for f in files)
     assert json.loads((tmp_path / "cache" / "pcst_subgraphs" / files[1]).read_text())["missing_topic"] == 1
     # the cached cut is read back, without cutting again
     again = KGQADataModule(data_dir=folder, cache_dir=str(tmp_path / "cache"), subgraphs=_source(encoder, tmp_path))
@@ -99,7 +101,12 @@ def test_the_kg_source_and_its_version_are_in_the_cut_key(encoder, tmp_path, mon
     from_file = _source(encoder, tmp_path, kg=str(kg)).cache_key
     with kg.open("a") as f:
         f.write("Paris\ttwin\tRome\n")
-    assert _source(encoder, tmp_path, kg=str(kg)).cache_key != from_file  # the file changed
+    changed = _source(encoder, tmp_path, kg=str(kg)).cache_key
+    assert changed != from_file  # the file changed
+    st = kg.stat()
+    kg.write_text(kg.read_text().replace("Rome", "Roma"))  # the same size, its time set back: cp -p, rsync -t
+    os.utime(kg, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _source(encoder, tmp_path, kg=str(kg)).cache_key not in (from_file, changed)
     first = _source(encoder, tmp_path, kg="embedded").cache_key
     monkeypatch.setattr(embedded, "VERSION", "next")
     assert _source(encoder, tmp_path, kg="embedded").cache_key != first  # another build of the embedded KG

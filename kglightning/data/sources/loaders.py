@@ -31,7 +31,6 @@ import functools
 import json
 import logging
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -40,14 +39,15 @@ from typing import Any, Literal
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
 from kglightning.data.store.cache import warn_once
+from kglightning.data.store.record_lock import first_reader
 from kglightning.data.store.record_store import (
     dataset_store_folder,
-    first_reader,
     load_store,
-    remove_store,
     save_store,
+    set_store_aside,
     store_folder,
 )
+from kglightning.data.store.temporaries import remove_mkstemp_leftovers, writer_temporary
 from kglightning.data.triple_array import Vocab, graph_nodes
 
 logger = logging.getLogger(__name__)
@@ -355,10 +355,8 @@ def _stored(folder: Path, path: str | os.PathLike, split: str | None, announce: 
         logger.warning("record store %s cannot be loaded now (%s: %s); reading the file", folder,
                        type(err).__name__, err)  # fmt: skip
         return None
-    except Exception as err:  # a torn or foreign store: read the file instead, and write the store again
-        logger.warning("record store %s cannot be read (%s: %s); reading the file again", folder,
-                       type(err).__name__, err)  # fmt: skip
-        remove_store(folder)
+    except Exception as err:  # a torn, damaged, foreign or untrusted store: set aside, and written again
+        set_store_aside(folder, f"cannot be read as a record store ({type(err).__name__}: {err})")
         return None
     if announce:
         logger.info("read %d records of %s from %s", len(out), out.source, folder)
@@ -450,7 +448,10 @@ def _log_summary(out: RecordList) -> None:
 
 
 def write_records(records: Iterable[KGQARecord | Mapping[str, Any]], path: str | os.PathLike) -> int:
-    """Write records as UTF-8 ``.jsonl`` (non-ASCII kept as is), atomically: a temp file, then ``os.replace``.
+    """Write records as UTF-8 ``.jsonl`` (non-ASCII kept as is), atomically: a temporary file
+    (``.<name>.<host>.<pid>.tmp``), then ``os.replace``. A temporary that a killed writer left beside ``path`` is
+    removed by the next write of ``path`` (:func:`~kglightning.data.store.temporaries.writer_temporary`: its process
+    gone and nothing written for ten minutes, or a day old).
 
     Args:
         records: :class:`KGQARecord` objects, or dicts (validated with :meth:`KGQARecord.from_dict` first).
@@ -470,8 +471,10 @@ def write_records(records: Iterable[KGQARecord | Mapping[str, Any]], path: str |
     if p.suffix.lower() != ".jsonl":
         raise ValueError(f"{p}: write_records writes .jsonl only")
     p.parent.mkdir(parents=True, exist_ok=True)
-    mode = p.stat().st_mode & 0o777 if p.exists() else 0o644  # mkstemp's 0600 would leak into the result
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    mode = p.stat().st_mode & 0o777 if p.exists() else 0o644  # the result's mode, whatever the umask
+    remove_mkstemp_leftovers(p, "a records writer")  # those of earlier versions
+    tmp = writer_temporary(p, "a records writer")  # .<name>.<host>.<pid>.tmp: the next writer removes it if killed
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     n = 0
     try:
         os.chmod(tmp, mode)
@@ -485,6 +488,6 @@ def write_records(records: Iterable[KGQARecord | Mapping[str, Any]], path: str |
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return n

@@ -9,12 +9,14 @@ Formats:
 Every field must be a non-empty string; the first one that is not is reported with its file, line and field. The
 :class:`~kglightning.data.kg.KGIndex` built from the file is kept under ``$KGLIGHTNING_CACHE/kg/`` as an Arrow IPC file
 (its entity and relation names and its id triples; nothing executable), named by the file's content, so a KG of
-millions of triples is parsed once; a later run reads the names and ids and rebuilds the adjacency arrays.
+millions of triples is parsed once; a later run reads the names and ids and rebuilds the adjacency arrays. The file
+carries kglightning's marker beside it (:mod:`~kglightning.data.store.cache_marks`), and is read only when it passes
+:func:`~kglightning.data.store.cache.untrusted` and a full Arrow validation; one that fails is moved aside (with a
+WARNING) and the KG indexed again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -24,9 +26,9 @@ import numpy as np
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import RecordError
-from kglightning.data.store.cache import default_cache_root, private_dir, untrusted
-from kglightning.data.store.cache_admin import enforce_cap, writer_temporary
-from kglightning.data.store.record_store import content_digest
+from kglightning.data.store.cache import content_digest, default_cache_root, private_dir, untrusted
+from kglightning.data.store.cache_marks import mark_file, set_aside, touch
+from kglightning.data.store.temporaries import writer_temporary
 
 __all__ = ["load_kg", "read_triples"]
 
@@ -148,11 +150,11 @@ def _write_index(kg: KGIndex, path: Path) -> None:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
         os.chmod(tmp, 0o600)  # whatever the umask: load_kg reads no file that others can write
+        mark_file(path)  # kglightning's (beside it): `kglightning cache clean` may remove it
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    enforce_cap(path)
 
 
 def _read_index(path: Path) -> KGIndex:
@@ -164,6 +166,7 @@ def _read_index(path: Path) -> KGIndex:
         table = pa.ipc.open_file(source).read_all()
     if table.schema.metadata != _SCHEMA_META or table.num_rows != 1:
         raise ValueError(f"not a kglightning KG index of format {INDEX_FORMAT}")
+    table.validate(full=True)  # offsets and lengths checked before any value is read: a damaged file raises
     flat = {name: table.column(name).combine_chunks().values for name in table.column_names}
     return KGIndex.from_ids(
         flat["entities"].to_pylist(),
@@ -188,18 +191,17 @@ def load_kg(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
     cached = _cache_file(path, Path(cache_dir) if cache_dir is not None else default_cache_root() / "kg")
     refused = untrusted(cached) if cached.is_file() else None
     if refused:
-        log.warning("not reading the KG index cache %s: %s; indexing %s again", cached, refused, path)
         if untrusted(cached.parent) is not None:  # a folder others can write: leave it alone
+            log.warning("not reading the KG index cache %s: %s; indexing %s", cached, refused, path)
             return KGIndex.from_triples(read_triples(path))
+        set_aside(cached, f"is not trusted ({refused})")
     elif cached.is_file():
         try:
             kg = _read_index(cached)
-        except Exception as err:  # a torn or foreign file: the file is only a cache, rebuild it
-            log.warning("KG index cache %s cannot be read (%s: %s); indexing %s again", cached,
-                        type(err).__name__, err, path)  # fmt: skip
+        except Exception as err:  # a torn, damaged or foreign file: the file is only a cache, set aside and rebuilt
+            set_aside(cached, f"cannot be read as the KG index of {path} ({type(err).__name__}: {err})")
         else:
-            with contextlib.suppress(OSError):  # last used now: what `kglightning cache clean` removes last
-                os.utime(cached)
+            touch(cached)  # used now: what `kglightning cache clean --older-than` removes last
             log.info("KG %s: %s (cached index %s)", path, kg, cached)
             return kg
     kg = KGIndex.from_triples(read_triples(path))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import re
+import socket
 from pathlib import Path
 
 _warned: set[tuple[str, str]] = set()
@@ -48,10 +50,11 @@ def private_dir(path: str | os.PathLike) -> Path:
     return p
 
 
-def untrusted(path: str | os.PathLike) -> str | None:
+def untrusted(path: str | os.PathLike, alone: bool = False) -> str | None:
     """Why the cache file at ``path`` must not be read, or ``None``: a file is read only when it and every folder up to
     the cache root are owned by this user (or root) and writable by no one else, so that no other user can plant a
-    file that a run takes for its own (a wrong KG, or an Arrow file that decompresses to gigabytes).
+    file that a run takes for its own (a wrong KG, another string's vector, an Arrow file that decompresses to
+    gigabytes). ``alone`` checks ``path`` itself only (its folder was checked already: the files of one entry).
 
     Example:
         >>> import tempfile
@@ -69,7 +72,9 @@ def untrusted(path: str | os.PathLike) -> str | None:
     p = Path(path).resolve()
     root = default_cache_root().resolve()
     chain = [p, *p.parents]
-    if root in chain:
+    if alone:
+        chain = chain[:1]
+    elif root in chain:
         chain = chain[: chain.index(root) + 1]
     else:  # a cache_dir outside the cache root: its own folder and the file
         chain = chain[:2]
@@ -82,20 +87,64 @@ def untrusted(path: str | os.PathLike) -> str | None:
     return None
 
 
+#: where :func:`content_digest` remembers digests, under the cache root (bookkeeping of the record store's kind)
+STAMPS = ("records", "stamps")
+_digests: dict[str, str] = {}  # stat stamp -> digest, for this process
+
+
+def content_digest(path: str | os.PathLike) -> str:
+    """The BLAKE2b-128 hex digest of the bytes of the file at ``path``.
+
+    It is remembered per resolved path and ``stat`` stamp (inode, size, modification time and change time: a write,
+    a ``cp -p`` or a ``touch -r`` moves the change time, which no user can set back), in this process and under
+    ``records/stamps/`` of the cache root (a memo is read only when :func:`untrusted` passes it), so that an
+    unchanged file is hashed once.
+    """
+    path = Path(path)
+    st = path.stat()
+    stamp = f"{path.resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    if stamp in _digests:
+        return _digests[stamp]
+    memo = default_cache_root().joinpath(*STAMPS, hashlib.sha1(stamp.encode()).hexdigest()[:20])
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        known = memo.read_text(encoding="ascii").strip()
+        if len(known) == 32 and all(c in "0123456789abcdef" for c in known) and untrusted(memo) is None:
+            _digests[stamp] = known
+            return known
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            digest.update(chunk)
+    out = _digests[stamp] = digest.hexdigest()
+    with contextlib.suppress(OSError):  # a read-only cache: hash again in the next process
+        private_dir(memo.parent)
+        tmp = memo.with_name(f".{memo.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(out)
+            os.replace(tmp, memo)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return out
+
+
 def files_stamp(path: str | os.PathLike) -> str:
-    """A short hash of what is at ``path`` now: every file's relative name, size and modification time.
+    """A short digest of what is at ``path`` now: every file's relative name and the digest of its bytes
+    (:func:`content_digest`).
 
     A file is stamped alone; a folder by all its files, recursively (names starting with ``.`` skipped: editor and
-    lock files); a path that does not exist (a hub id) stamps as ``""``. Caches of what is computed from model
-    weights or data put it in their key, so that rewriting the files (a retrained model exported to the same
-    folder, an updated dataset) misses the cache. Contents are not read: a copy with new times stamps differently.
+    lock files; links followed, as a model hub's snapshot folder links its files); a path that does not exist (a hub
+    id) stamps as ``""``. Caches of what is computed from model weights or data put it in their key, so that other
+    bytes under the same name (a retrained model exported to the same folder, an updated dataset, even one copied
+    with ``cp -p`` so that its size and time stay the same) miss the cache, and a copy of the same bytes finds it.
 
     Example:
         >>> import tempfile
         >>> d = Path(tempfile.mkdtemp())
         >>> _ = (d / "model.safetensors").write_bytes(b"v1")
         >>> a = files_stamp(d)
-        >>> _ = (d / "model.safetensors").write_bytes(b"v2 longer")
+        >>> _ = (d / "model.safetensors").write_bytes(b"v2")
         >>> a != files_stamp(d), files_stamp(d / "missing")
         (True, '')
     """
@@ -112,8 +161,7 @@ def files_stamp(path: str | os.PathLike) -> str:
         )
     digest = hashlib.sha1()
     for name, f in files:
-        st = f.stat()
-        digest.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        digest.update(f"{name}\0{content_digest(f)}\n".encode())
     return digest.hexdigest()[:12]
 
 

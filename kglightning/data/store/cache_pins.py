@@ -6,8 +6,8 @@ still being written. :func:`pin` marks the entry as in use: a shared ``flock`` o
 held until :func:`unpin` (as many times as it was pinned) or the process's exit (the kernel releases it then, also
 after a kill). :class:`~kglightning.data.embeddings.EmbeddingCache` pins its folder while the object lives, and
 :func:`~kglightning.data.store.stage_map.cached_map` its folder while it maps. :func:`removable` takes the same lock
-exclusively, without waiting, before an entry is removed, so ``kglightning cache clean`` and the size cap skip an
-entry any process has pinned; a process that pins an entry while it is being removed waits until the removal ends,
+exclusively, without waiting, before an entry is removed, so ``kglightning cache clean`` skips an entry any
+process has pinned; a process that pins an entry while it is being removed waits until the removal ends,
 then finds it gone and builds it again.
 
 Where ``fcntl`` is missing (Windows), nothing is pinned and every entry counts as removable.
@@ -102,10 +102,19 @@ def unpin(entry: Path | None) -> None:
 
 
 @contextlib.contextmanager
-def removable(entry: Path) -> Iterator[bool]:
+def removable(entry: Path, create: bool = True) -> Iterator[bool]:
     """Whether ``entry`` may be removed now: no process pins it. While the block runs, the entry's marker is locked
-    exclusively, so no process can pin it meanwhile (one that tries waits for the block to end)."""
-    fd = None if fcntl is None else _open_marker(entry)
+    exclusively, so no process can pin it meanwhile (one that tries waits for the block to end). ``create=False``
+    (a dry run) writes nothing: an entry without a marker is one no process has pinned."""
+    if fcntl is None:
+        fd = None
+    elif create:
+        fd = _open_marker(entry)
+    else:
+        try:
+            fd = os.open(marker(entry), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # no marker: never pinned
+            fd = None
     if fd is None:  # no locks here, or a cache where no marker can be made (read-only: nothing is removed anyway)
         yield True
         return

@@ -1,10 +1,11 @@
 """Embedding shards as Arrow files: one ``text`` column and one ``embedding`` column of float16 vectors.
 
 :class:`~kglightning.data.embeddings.EmbeddingCache` writes each batch of newly encoded strings as one such file
-(an Arrow IPC stream, the format of ``datasets``' own cache files). It is written normally, to a temporary name that
+(an Arrow IPC stream, the format of ``datasets``' own cache files, mode ``0600``). It is written normally, to a temporary name that
 is then renamed, never through a memory map, so a full disk is an ``OSError`` for the writer and a torn file is never
 seen under the final name (the data is synced to disk before the rename, and the header records the number of rows,
-so a file cut short is refused). Reading gives the texts and the vectors, the vectors either copied into memory or as a
+so a file cut short is refused). A shard is read only after a full Arrow validation, so a damaged one is refused
+(``ValueError``), never a crash. Reading gives the texts and the vectors, the vectors either copied into memory or as a
 read-only ``numpy.memmap`` of the file's float16 buffer: the operating system pages in the rows a run looks up and
 can drop them again (:func:`~kglightning.data.store.mapped_pages.release_array`).
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kglightning.data.store.cache_admin import enforce_cap, remove_stale_temporaries
+from kglightning.data.store.temporaries import remove_stale_temporaries, temporary_name
 
 __all__ = ["SHARD_FORMAT", "read_shard", "remove_stale_writes", "write_shard"]
 
@@ -49,10 +49,11 @@ def write_shard(path: str | Path, texts: list[str], rows: np.ndarray) -> None:
     vectors = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1), type=pa.float16()), rows.shape[1])
     table = pa.table({"text": pa.array(texts, type=pa.large_string()), "embedding": vectors})
     table = table.replace_schema_metadata({"kglightning": SHARD_FORMAT, "rows": str(len(texts))})
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")  # see remove_stale_writes
+    tmp = path.with_name(temporary_name(path.name))  # see remove_stale_writes
     try:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
+        os.chmod(tmp, 0o600)  # whatever the umask: a shard others can write is not read
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)  # on disk before the name says the shard is whole
@@ -62,7 +63,6 @@ def write_shard(path: str | Path, texts: list[str], rows: np.ndarray) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    enforce_cap(path)
 
 
 def remove_stale_writes(folder: str | Path) -> int:
@@ -103,12 +103,16 @@ def read_shard(path: str | Path, mapped: bool = False) -> tuple[list[str], np.nd
 
 
 def _parse(source: Any, path: Path) -> pa.Table:
-    """The table of a shard's bytes (mapped or read): any failure to parse them is the file's, a torn or foreign
-    shard (pyarrow raises ``OSError`` for a message cut short, ``ArrowInvalid`` for other damage)."""
+    """The table of a shard's bytes (mapped or read), fully validated (offsets, lengths and UTF-8 checked before a
+    value is read: a damaged offset would otherwise crash the process): any failure to parse or validate them is the
+    file's, a torn, damaged or foreign shard (pyarrow raises ``OSError`` for a message cut short, ``ArrowInvalid``
+    for other damage)."""
     try:
-        return pa.ipc.open_stream(source).read_all()
-    except (pa.ArrowInvalid, OSError) as err:
+        table = pa.ipc.open_stream(source).read_all()
+        table.validate(full=True)
+    except (pa.ArrowException, OSError) as err:
         raise ValueError(f"{path}: not a whole embedding shard ({err})") from err
+    return table
 
 
 def _columns(table: pa.Table, path: Path) -> tuple[list[str], pa.Array, int]:

@@ -13,8 +13,11 @@ holds them, as every later read does:
 * ``vocab.arrow``: the split's strings, one ``large_string`` column (``string``), in id order;
 * ``meta.json``: what the read skipped and counted.
 
-Nothing in the store is executable (no pickle): a folder someone else could write can at worst hold wrong records.
-The files open with any Arrow reader, e.g. ``datasets.Dataset.from_file(".../records.arrow")``,
+Nothing in the store is executable (no pickle). A store is read only after it is checked: its files must be this
+user's and writable by no one else (:func:`~kglightning.data.store.cache.untrusted`; a ``records`` folder that fails
+it is not used at all), and each Arrow table passes a full validation (offsets, lengths, UTF-8) and its graph ids a
+range check before a value is read, so that a damaged or planted file cannot crash the process. A store that fails
+a check is moved aside (``<key>.unreadable-<time>``, with a WARNING) and written again. The files open with any Arrow reader, e.g. ``datasets.Dataset.from_file(".../records.arrow")``,
 ``pyarrow.ipc.open_stream(...).read_pandas()``, or DuckDB over that table (see the data guide).
 
 The key is the file's *content* (a BLAKE2 digest, remembered per path and ``stat`` stamp so that an unchanged file
@@ -23,27 +26,26 @@ is not hashed again), :data:`FORMAT`, :data:`~kglightning.data.records.VALIDATIO
 finds the same store. Later reads load the store: the graphs (:class:`~kglightning.data.triple_array.TripleArray`)
 are views of a read-only memory map of ``records.arrow``, and the vocabulary stays in Arrow's flat buffers
 (:meth:`~kglightning.data.triple_array.Vocab.from_arrow`), so a question's triples are read from disk when a stage
-first looks at them and can be paged out again. A store file under :data:`MAP_FROM_BYTES` is read into memory
-instead and stays resident like parsed records, so that the records of many small files hold no file descriptors. ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` turns the store off.
+first looks at them and can be paged out again (the check at load reads them once and gives the pages back). A store
+file under :data:`MAP_FROM_BYTES` is read into memory instead and stays resident like parsed records, so that the
+records of many small files hold no file descriptors. ``KGLIGHTNING_RECORD_STORE_MIN_MB=off`` (or ``inf``) turns
+the store off.
 The store's files are never written in place (a changed file is a new store), so records read earlier keep their
 graphs; a file someone rewrites in place under a running process changes that process's graphs.
 
-A store is written into ``.<key>.<host>.<pid>.tmp`` and renamed when whole; a writer first removes the temporary
-folders that killed writers left for its key (:func:`~kglightning.data.store.cache_admin.writer_temporary`). A write
-that fails (a full disk, a value JSON cannot hold) leaves nothing behind and the records are returned as read, with a warning. The cache
-folders are created ``0700``.
+A store is written into ``.<key>.<host>.<pid>.tmp``, with kglightning's marker
+(:mod:`~kglightning.data.store.cache_marks`), and renamed when whole; a writer first removes the temporary folders
+that killed writers left for its key (:func:`~kglightning.data.store.temporaries.writer_temporary`). A write that
+fails (a full disk, a value JSON cannot hold) leaves nothing behind and the records are returned as read, with a
+warning. The cache folders are created ``0700`` and the files ``0600``. A load records the use on the marker
+(:func:`~kglightning.data.store.cache_marks.touch`), so that ``kglightning cache clean --older-than`` counts it.
 
-When several processes read a new file at once (DDP ranks, a job array), :func:`first_reader` lets one parse it and
-write the store while the others wait on ``<key>.lock`` and then load the store: the file is parsed once. A store
-that exists is loaded without the lock. The wait is bounded (``KGLIGHTNING_RECORD_STORE_WAIT_S``, default 7200 s,
-``0`` for no lock; a WARNING every 10 minutes names the lock file); past it, or when no lock can be taken (a
-read-only cache, a file system without locks), or when the process that held the lock wrote no store (a full disk, a
-bad record), a process parses the file on its own, as without the lock.
+When several processes read a new file at once, one parses it and writes the store while the others wait
+(:func:`~kglightning.data.store.record_lock.first_reader`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
@@ -51,25 +53,24 @@ import logging
 import math
 import os
 import shutil
-import socket
-import time
 from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
 
 import numpy as np
-from filelock import FileLock, Timeout
 
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
-from kglightning.data.store.cache import default_cache_root, private_dir, warn_once
-from kglightning.data.store.cache_admin import enforce_cap, writer_temporary
+from kglightning.data.store.cache import content_digest, default_cache_root, private_dir, untrusted, warn_once
+from kglightning.data.store.cache_marks import mark_folder, set_aside, touch
+from kglightning.data.store.mapped_pages import release_array
+from kglightning.data.store.temporaries import writer_temporary
 from kglightning.data.triple_array import TripleArray, Vocab
 
 __all__ = [
+    "content_digest",
     "dataset_store_folder",
-    "first_reader",
     "load_store",
-    "remove_store",
+    "set_store_aside",
     "save_store",
     "store_folder",
 ]
@@ -81,43 +82,35 @@ _BATCH_RECORDS, _BATCH_TRIPLES = 1024, 1 << 22  # a record batch ends at whichev
 
 
 def _min_bytes() -> int | None:
+    """``KGLIGHTNING_RECORD_STORE_MIN_MB`` in bytes; ``None`` for ``off`` (or an infinite size: no file is stored).
+
+    Raises:
+        ValueError: a value that is not ``off`` nor a number of MB >= 0 (``nan``, ``-1``, ``5MB``).
+    """
     value = os.environ.get("KGLIGHTNING_RECORD_STORE_MIN_MB", "0").strip().lower()
     if value in ("off", "none", "no", "false"):
         return None
     try:
-        return int(float(value) * 2**20)
+        mb = float(value)
     except ValueError:
-        raise ValueError(f"KGLIGHTNING_RECORD_STORE_MIN_MB={value!r}: expected a number of MB or 'off'") from None
+        mb = math.nan
+    if not mb >= 0:
+        raise ValueError(f"KGLIGHTNING_RECORD_STORE_MIN_MB={value!r}: expected a number of MB >= 0, or 'off'")
+    return None if math.isinf(mb) or mb * 2**20 >= 2**62 else int(mb * 2**20)
 
 
 def _root() -> Path:
-    return default_cache_root() / "records"
-
-
-def content_digest(path: Path) -> str:
-    """The BLAKE2b-128 hex digest of the file at ``path``, remembered under ``records/stamps/`` per resolved path and
-    ``stat`` stamp (inode, size, modification and change times), so that an unchanged file is hashed once."""
-    st = path.stat()
-    stamp = f"{path.resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
-    memo = _root() / "stamps" / hashlib.sha1(stamp.encode()).hexdigest()[:20]
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        known = memo.read_text(encoding="ascii").strip()
-        if len(known) == 32 and all(c in "0123456789abcdef" for c in known):
-            return known
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 23):
-            digest.update(chunk)
-    out = digest.hexdigest()
-    with contextlib.suppress(OSError):  # a read-only cache: hash again next time
-        private_dir(memo.parent)
-        tmp = memo.with_name(f".{memo.name}.{socket.gethostname()}.{os.getpid()}.tmp")  # no sweep: tiny, cleaned
-        try:
-            tmp.write_text(out, encoding="ascii")
-            os.replace(tmp, memo)
-        finally:
-            tmp.unlink(missing_ok=True)
-    return out
+    """The record stores' kind folder; ``None`` (no store used) when it cannot be trusted (:func:`untrusted`: another
+    user's, or writable by others), said once."""
+    root = default_cache_root() / "records"
+    try:
+        why = untrusted(root) if root.exists() else None
+    except OSError as err:
+        why = str(err)
+    if why is not None:
+        warn_once("untrusted", root, "the record store folder %s is not used: %s", root, why, logger=log)
+        return None
+    return root
 
 
 def store_folder(path: str | os.PathLike, split: str | None, on_bad_record: str, limit: int | None) -> Path | None:
@@ -132,8 +125,11 @@ def store_folder(path: str | os.PathLike, split: str | None, on_bad_record: str,
     if p.stat().st_size < threshold:
         return None
     split_key = split if p.suffix.lower() == ".json" else None  # .jsonl and .parquet hold one split
+    root = _root()
+    if root is None:
+        return None
     ident = f"{FORMAT}|{VALIDATION_VERSION}|{content_digest(p)}|{split_key}|{on_bad_record}|{limit}"
-    return _root() / hashlib.sha1(ident.encode()).hexdigest()[:16]
+    return root / hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 
 def dataset_store_folder(
@@ -142,10 +138,11 @@ def dataset_store_folder(
     """Where the records of a ``datasets`` split (a hub dataset, a dataset folder) with this ``fingerprint`` are
     stored; ``None`` below the size threshold (``nbytes``, the split's Arrow data) or with the store turned off."""
     threshold = _min_bytes()
-    if threshold is None or nbytes < threshold or not fingerprint:
+    root = None if threshold is None or nbytes < threshold or not fingerprint else _root()
+    if root is None:
         return None
     ident = f"{FORMAT}|{VALIDATION_VERSION}|dataset:{fingerprint}|{split}|{on_bad_record}|{limit}"
-    return _root() / hashlib.sha1(ident.encode()).hexdigest()[:16]
+    return root / hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 
 def _schema():
@@ -265,8 +262,11 @@ def save_store(records: list[KGQARecord], folder: Path) -> None:
             "strings": len(strings),
         }
         (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
-        if folder.is_dir() and not (folder / "meta.json").exists():  # torn by a killed removal: never a store
-            shutil.rmtree(folder, ignore_errors=True)
+        for name in ("records.arrow", "vocab.arrow", "meta.json"):
+            os.chmod(tmp / name, 0o600)  # whatever the umask: a store others can write is not read
+        mark_folder(tmp)  # kglightning's: `kglightning cache clean` may remove it
+        if folder.is_dir() and not (folder / "meta.json").exists():  # torn (or not a store): never read, moved aside
+            set_aside(folder, "holds no meta.json")
         try:
             os.replace(tmp, folder)
         except OSError as err:
@@ -274,7 +274,6 @@ def save_store(records: list[KGQARecord], folder: Path) -> None:
                 raise  # not another process's whole store: a real failure
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    enforce_cap(folder)
 
 
 #: store files from this size on are memory-mapped; smaller ones are read into memory: a map holds a file descriptor
@@ -310,10 +309,51 @@ def _triples(raw: np.ndarray, graph) -> np.ndarray:
     return ids[: 3 * (fixed.offset + len(fixed))].reshape(-1, 3)[fixed.offset :]
 
 
+def _check_trusted(folder: Path) -> None:
+    """Raise ``ValueError`` when a file of the store could have been written by another user
+    (:func:`~kglightning.data.store.cache.untrusted`: the store's folder, those above it up to the cache root, and
+    its files must be this user's and writable by no one else)."""
+    why = untrusted(folder / "meta.json")
+    for name in ("records.arrow", "vocab.arrow"):
+        why = why or untrusted(folder / name, alone=True)
+    if why is not None:
+        raise ValueError(f"not trusted: {why}")
+
+
+def _checked(batch, schema, n_strings: int, raw: np.ndarray):
+    """``batch`` after a full Arrow validation (offsets, lengths and UTF-8 checked before any value is read: a
+    damaged offset would otherwise crash the process) and a check that its graph ids name strings of the vocabulary;
+    raises ``ValueError`` for a batch that fails either."""
+    import pyarrow as pa
+
+    if not batch.schema.equals(schema):
+        raise ValueError(f"records.arrow has the schema {batch.schema}, not the record store's")
+    try:
+        batch.validate(full=True)
+    except pa.ArrowException as err:
+        raise ValueError(f"records.arrow is damaged ({err})") from err
+    triples = _triples(raw, batch.column("graph"))
+    if triples.size and (int(triples.min()) < 0 or int(triples.max()) >= n_strings):
+        raise ValueError(f"records.arrow holds graph ids outside the {n_strings} strings of vocab.arrow")
+    return batch, triples
+
+
 def load_store(folder: Path, out: list, source: str | None = None) -> None:
     """Fill ``out`` (an empty :class:`~kglightning.data.sources.loaders.RecordList`) with the records
     :func:`save_store` wrote to ``folder``, their graphs views of a memory map; ``source`` (the path being read)
-    replaces the one stored, in ``out.source`` and in the skipped records' errors."""
+    replaces the one stored, in ``out.source`` and in the skipped records' errors.
+
+    The store is checked before anything in it is used: its files must be this user's and writable by no one else
+    (:func:`~kglightning.data.store.cache.untrusted`), each Arrow table passes a full validation, and every graph id
+    must name a string of the vocabulary (reading the graphs once; the pages of a mapped file are given back).
+
+    Raises:
+        ValueError: a store that fails a check, is torn, or is of another format (the caller sets it aside).
+        OSError: a file that cannot be read now.
+    """
+    import pyarrow as pa
+
+    _check_trusted(folder)
     meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     if meta.get("format") != FORMAT or meta.get("validation") != VALIDATION_VERSION:
         raise ValueError(f"{folder}: record store format {meta.get('format')}/{meta.get('validation')}, expected "
@@ -321,27 +361,21 @@ def load_store(folder: Path, out: list, source: str | None = None) -> None:
     stored_source = meta["source"]
     out.source, out.split = source or stored_source, meta["split"]
     _, vocab_reader = _mapped(folder / "vocab.arrow")
-    vocab = Vocab.from_arrow(vocab_reader.read_all().column("string"))
+    strings = vocab_reader.read_all()
+    try:
+        strings.validate(full=True)
+    except pa.ArrowException as err:
+        raise ValueError(f"vocab.arrow is damaged ({err})") from err
+    if strings.schema.names != ["string"] or not pa.types.is_large_string(strings.schema.field(0).type):
+        raise ValueError(f"vocab.arrow has the schema {strings.schema}, not one large_string column 'string'")
+    vocab = Vocab.from_arrow(strings.column("string"))
     out.vocab = vocab
     raw, reader = _mapped(folder / "records.arrow")
+    schema = _schema()
     for batch in reader:
-        graph = batch.column("graph")
-        triples = _triples(raw, graph)
-        offsets = graph.offsets.to_numpy()
-        cols = {
-            name: batch.column(name).to_pylist()
-            for name in (
-                "id",
-                "question",
-                "answer",
-                "q_entity",
-                "a_entity",
-                "prediction",
-                "confidence",
-                "prediction_paths",
-                "extra",
-            )  # fmt: skip
-        }
+        batch, triples = _checked(batch, schema, len(vocab), raw)
+        offsets = batch.column("graph").offsets.to_numpy()
+        cols = {name: batch.column(name).to_pylist() for name in schema.names if name != "graph"}
         for i in range(batch.num_rows):
             out.append(
                 KGQARecord(
@@ -357,11 +391,11 @@ def load_store(folder: Path, out: list, source: str | None = None) -> None:
                     cols["prediction_paths"][i],
                 )  # fmt: skip
             )
-    with contextlib.suppress(OSError):  # last used now: what `kglightning cache clean` removes last
-        os.utime(folder)
+    release_array(raw)  # the check read every graph: their pages are given back until a stage looks at them
     if len(out) != meta["records"] or len(vocab) != meta["strings"]:
         raise ValueError(f"{folder}: {len(out)} records and {len(vocab)} strings where {meta['records']} and "
                          f"{meta['strings']} were stored")  # fmt: skip
+    touch(folder)  # used now: what `kglightning cache clean --older-than` removes last
     where = out.source
     out.skipped = [
         RecordError(m, source=where if s == stored_source else s, line=ln, field=fd) for m, s, ln, fd in meta["skipped"]
@@ -370,69 +404,7 @@ def load_store(folder: Path, out: list, source: str | None = None) -> None:
     out.store = folder
 
 
-def remove_store(folder: Path) -> None:
-    """Delete a store that could not be read (it is written again by the next read)."""
-    with contextlib.suppress(OSError):
-        shutil.rmtree(folder)
-
-
-def _wait_limit() -> float:
-    value = os.environ.get("KGLIGHTNING_RECORD_STORE_WAIT_S", "7200").strip()
-    try:
-        limit = float(value)
-    except ValueError:
-        limit = math.nan
-    if math.isnan(limit):
-        raise ValueError(f"KGLIGHTNING_RECORD_STORE_WAIT_S={value!r}: expected a number of seconds (0: no lock)")
-    return limit
-
-
-@contextlib.contextmanager
-def first_reader(folder: Path, source: str | os.PathLike) -> Iterator[str]:
-    """Take the lock of ``folder``'s store for a process about to read ``source`` (see the module docstring).
-
-    Yields ``"first"`` when this process holds the lock without having waited (it parses and writes the store, the
-    lock held until the block ends), ``"waited"`` when it held it after another process had it (the block looks for
-    the store that process wrote; the lock is released before the block runs, so that processes that find none
-    parse at the same time, not one after another), or ``"unlocked"`` (no lock: the wait ran out, or none could be
-    taken).
-    """
-    limit = _wait_limit()
-    if limit <= 0:  # no lock asked for: every process reads the file itself
-        yield "unlocked"
-        return
-    lock = FileLock(str(folder.with_name(folder.name + ".lock")))
-    start, warned = time.monotonic(), 0.0
-    state = "first"
-    try:
-        private_dir(folder.parent)
-        while True:
-            waited = time.monotonic() - start
-            try:
-                lock.acquire(timeout=0 if state == "first" else min(60.0, max(limit - waited, 0.0)))
-                break
-            except Timeout:
-                if state == "first":
-                    log.info("another process is reading %s into the record store %s; waiting for it", source, folder)
-                state = "waited"
-                if waited >= limit:
-                    log.warning("waited %.1f s for the record store lock %s (KGLIGHTNING_RECORD_STORE_WAIT_S); "
-                                "reading %s without it", waited, lock.lock_file, source)  # fmt: skip
-                    state = "unlocked"
-                    break
-                if waited - warned >= 600:
-                    warned = waited
-                    log.warning("still waiting (%.0f s) for the record store lock %s; if no process is reading %s "
-                                "(a lock left behind on a network file system), restart with "
-                                "KGLIGHTNING_RECORD_STORE_WAIT_S=0", waited, lock.lock_file, source)  # fmt: skip
-    except Exception as err:  # a read-only cache, a file system without locks (filelock raises more than OSError)
-        warn_once("no lock", folder.parent, "no lock for the record store %s (%s: %s); reading %s without one", folder,
-                  type(err).__name__, err, source, logger=log)  # fmt: skip
-        state = "unlocked"
-    if state == "waited":
-        lock.release()
-    try:
-        yield state
-    finally:
-        if state == "first":
-            lock.release()
+def set_store_aside(folder: Path, why: str) -> None:
+    """Move a store that could not be read or trusted out of the way (:func:`~kglightning.data.store.cache_marks.
+    set_aside`, with a WARNING); the next read writes it again."""
+    set_aside(folder, why)

@@ -7,9 +7,11 @@ folder named by the stage's fingerprint (:func:`fingerprint`: the questions' con
 whatever else its output depends on). A run that stopped part-way (killed, out of memory, a machine lost) is run
 again with the same arguments and maps only the pieces it had not finished, with any number of processes
 (``datasets`` keeps the layout of a piece's files that it finds and maps only its missing parts; a stored piece that
-cannot be read, or holds fewer rows than it should, is mapped again); a change of any parameter gives another fingerprint, so nothing stale
-is read. The output does not depend on ``workers``: pieces, and the shards
-``datasets`` cuts them into, are contiguous and concatenated in order.
+cannot be read, is not trusted (:func:`~kglightning.data.store.cache.untrusted`), fails a full Arrow validation, or
+holds fewer rows than it should, is mapped again); a change of any parameter gives another fingerprint, so nothing
+stale is read. A folder under a kind folder of a cache (``pcst-cuts/<fingerprint>``) is a cache entry created with
+kglightning's marker (:mod:`~kglightning.data.store.cache_marks`); its files are made ``0600``. The output does not
+depend on ``workers``: pieces, and the shards ``datasets`` cuts them into, are contiguous and concatenated in order.
 
 :func:`take_shard` gives one contiguous part of N of the questions (``--shard i/N``):
 :meth:`datasets.Dataset.shard` with ``contiguous=True``, whose first ``len % N`` parts hold one row more.
@@ -48,8 +50,8 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from kglightning.data.store.cache import private_dir
-from kglightning.data.store.cache_admin import enforce_cap
+from kglightning.data.store.cache import private_dir, untrusted
+from kglightning.data.store.cache_marks import entry_folder, entry_holding, touch
 from kglightning.data.store.cache_pins import pin, unpin
 
 __all__ = [
@@ -241,8 +243,8 @@ def cached_map(
         workers = 1
     if _RUNNING:
         raise RuntimeError("cached_map cannot run while another cached_map runs here")
-    folder = None if folder is None else private_dir(Path(os.path.abspath(folder)))  # datasets' paths are absolute
-    pinned = None if folder is None else pin(folder)  # being written: kglightning cache clean and the cap leave it
+    folder = None if folder is None else _open_folder(Path(os.path.abspath(folder)))  # datasets' paths are absolute
+    pinned = None if folder is None else pin(folder)  # being written: kglightning cache clean leaves it
     if folder is not None:
         _remove_stale_temporaries(folder)
     parts = []
@@ -261,12 +263,21 @@ def cached_map(
                     num_proc=procs if procs > 1 else None,
                 )  # fmt: skip
                 stored = name is not None and any(name.parent.glob(f"{name.stem}*{name.suffix}"))
+                why, done = _refused_piece(name) if stored else None, None
                 try:
-                    done = part.map(function, **kwargs)
+                    done = part.map(function, **kwargs) if why is None else None
                 except (pa.ArrowInvalid, OSError) as err:  # a stored piece that cannot be read: mapped again
                     if not stored:  # the function's own error, not the file's
                         raise
-                    done = _map_again(part, function, kwargs, name, f"cannot be read ({err})")
+                    why = f"cannot be read ({err})"
+                if done is not None and stored and why is None:
+                    why = _damaged(done)
+                if why is not None:
+                    done = _map_again(part, function, kwargs, name, why)
+                if name is not None:  # whatever the umask: a piece others can write is not read again
+                    for f in name.parent.glob(f"{name.stem}*{name.suffix}"):
+                        with contextlib.suppress(OSError):
+                            os.chmod(f, 0o600)
                 if len(done) != hi - lo and stored:  # a stored piece cut short (a crash, a partial copy)
                     done = _map_again(part, function, kwargs, name, f"holds {len(done)} rows, not {hi - lo}")
                 if len(done) != hi - lo:
@@ -281,8 +292,43 @@ def cached_map(
     out = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     if folder is not None:
         _write_manifest(folder, parts, len(out))
-        enforce_cap(folder)
     return out
+
+
+def _open_folder(folder: Path) -> Path | None:
+    """``folder`` made ready for a map's pieces: the cache entry holding it (under a kind folder, e.g.
+    ``pcst-cuts/<fingerprint>``) created with kglightning's marker, the folder ``0700``; ``None`` (nothing kept, with
+    a WARNING) when it cannot be trusted (:func:`~kglightning.data.store.cache.untrusted`)."""
+    entry = entry_holding(folder)
+    if entry is not None:
+        entry_folder(entry)
+    private_dir(folder)
+    why = untrusted(folder)
+    if why is not None:
+        log.warning("map folder %s is not used (%s); nothing is kept", folder, why)
+        return None
+    touch(entry)  # used now: what `kglightning cache clean --older-than` removes last
+    return folder
+
+
+def _refused_piece(name: Path) -> str | None:
+    """Why the stored files of the piece ``name`` must not be read (another user's, or writable by others), or
+    ``None``."""
+    for p in name.parent.glob(f"{name.stem}*{name.suffix}"):
+        why = untrusted(p, alone=True)
+        if why is not None:
+            return f"is not trusted ({why})"
+    return None
+
+
+def _damaged(done: Any) -> str | None:
+    """What a full Arrow validation of a stored piece's table finds wrong (a damaged offset would otherwise crash the
+    process when a value is read), or ``None``."""
+    try:
+        done.data.table.validate(full=True)
+    except pa.ArrowException as err:
+        return f"is damaged ({err})"
+    return None
 
 
 #: written when every piece of a map is stored: what :func:`stored_map` reads
@@ -302,22 +348,32 @@ def _write_manifest(folder: Path, parts: list[Any], rows: int) -> None:
 
 def stored_map(folder: str | Path | None) -> Any:
     """The output of a :func:`cached_map` that finished in ``folder``, read from its files without its input, or
-    ``None`` when there is none (not finished, or a file gone or unreadable: run :func:`cached_map`, which maps
-    only what is missing)."""
+    ``None`` when there is none (not finished, or a file gone, unreadable, damaged or not trusted: run
+    :func:`cached_map`, which maps only what is missing and maps a damaged piece again). The files are read only
+    when they pass :func:`~kglightning.data.store.cache.untrusted` and a full Arrow validation."""
     import datasets
 
     if folder is None:
         return None
     folder = Path(os.path.abspath(folder))
     try:
+        if untrusted(folder / MANIFEST) is not None:
+            return None  # cached_map says why
         manifest = json.loads((folder / MANIFEST).read_text())
         if not all(isinstance(name, str) and Path(name).name == name for name in manifest["files"]):
             return None  # only files of the folder itself are read
+        if any(untrusted(folder / name, alone=True) is not None for name in manifest["files"]):
+            return None
         parts = [datasets.Dataset.from_file(str(folder / name)) for name in manifest["files"]]
+        for part in parts:
+            part.data.table.validate(full=True)
         out = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, pa.ArrowInvalid):
+    except (OSError, ValueError, KeyError, TypeError, IndexError, pa.ArrowException):
         return None
-    return out if len(out) == manifest["rows"] else None
+    if len(out) != manifest["rows"]:
+        return None
+    touch(entry_holding(folder))  # used now: what `kglightning cache clean --older-than` removes last
+    return out
 
 
 @contextlib.contextmanager

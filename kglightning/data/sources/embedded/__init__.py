@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from kglightning.data.store.cache import default_cache_root
+from kglightning.data.store.cache_marks import touch
 
 from .builder import SPLITS, VERSION, build_embedded_benchmark, build_knowledge_graph
 from .kg import KnowledgeGraph
@@ -59,6 +60,7 @@ def ensure_embedded_benchmark(root: str | Path | None = None, seed: int = 0, pro
     folder = Path(root).expanduser() if root is not None else default_cache_root()
     folder = folder / f"embedded-v{VERSION}-seed{seed}"
     if _complete(folder):
+        touch(folder)  # used now: what `kglightning cache clean --older-than` removes last
         return folder
     log.info("building the embedded KGQA benchmark (seed %d) into %s", seed, folder)
     start = time.perf_counter()

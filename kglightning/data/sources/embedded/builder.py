@@ -142,7 +142,7 @@ def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
     if out_dir.exists():
         if not replace and (out_dir / "manifest.json").exists():
             return
-        from kglightning.data.store.cache_admin import writer_temporary
+        from kglightning.data.store.temporaries import writer_temporary
 
         old = writer_temporary(out_dir.with_name(out_dir.name + ".old"), "an embedded benchmark build")
         os.replace(out_dir, old)
@@ -196,7 +196,7 @@ def make_records(
 def _build_folder(out_dir: Path) -> Path:
     """A new empty folder beside ``out_dir`` to build into (``.<name>.<host>.<pid>.tmp``), after removing the ones
     that killed builds left there (their process gone, or a day old)."""
-    from kglightning.data.store.cache_admin import writer_temporary
+    from kglightning.data.store.temporaries import writer_temporary
 
     tmp = writer_temporary(out_dir, "an embedded benchmark build")
     tmp.mkdir(mode=0o700)
@@ -254,6 +254,10 @@ def build_embedded_benchmark(
         for s in SPLITS:
             _write_jsonl(tmp / f"{s}.jsonl", splits[s])
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
+        from kglightning.data.store.cache_marks import EMBEDDED, mark_folder
+
+        if EMBEDDED.match(out_dir.name):  # the cache's layout (embedded-v<V>-seed<S>): an entry kglightning may remove
+            mark_folder(tmp)
         os.chmod(tmp, 0o755)
         _publish(tmp, out_dir, replace)
     finally:

@@ -1,0 +1,182 @@
+"""Which entries of the cache kglightning wrote: each carries a marker, and only a marked entry is ever removed.
+
+The cache root holds one folder per *kind* (:data:`KINDS`: ``records``, ``kg``, ``embeddings``, ...), and each child
+of a kind folder is one *entry* (a record store ``records/<key>/``, a KG index ``kg/index-<key>.arrow``, an encoder's
+embedding folder ``embeddings/<encoder>/``, ...); the embedded benchmark's folders (``embedded-v<V>-seed<S>``) are
+entries of the root itself. An entry kglightning writes carries a marker:
+
+* a folder entry holds the file ``.kglightning-entry``, written into its temporary folder before the rename that
+  puts it in place (:func:`mark_folder`), or, for a folder written piece by piece over many runs (an encoder's
+  embedding shards, a cached map's pieces, a dataset's proposals), into the folder when kglightning creates it
+  (:func:`entry_folder`);
+* a file entry has the file ``.<name>.kglightning-entry`` beside it, written before the file is renamed into place
+  (:func:`mark_file`).
+
+``kglightning cache clean`` removes marked entries only (and the temporaries and locks that kglightning's writers
+leave, by their exact names); a folder or file without a marker (another tool's, a user's, or an entry written
+before markers existed) is listed as unmarked and never removed. The marker's modification time is the entry's last
+use: set when it is written, and moved forward when the entry is read (:func:`touch`, at most once an hour), so that
+``clean --older-than`` removes what no run has read for that long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import stat
+import time
+from pathlib import Path
+
+from kglightning.data.store.cache import private_dir
+from kglightning.data.store.temporaries import writer_temporary
+
+__all__ = [
+    "KINDS",
+    "LEGACY_KINDS",
+    "MARK",
+    "entry_folder",
+    "entry_holding",
+    "is_marked",
+    "mark_file",
+    "mark_folder",
+    "marker_of",
+    "set_aside",
+    "touch",
+]
+
+log = logging.getLogger(__name__)
+
+#: the marker's name inside a folder entry (a file entry's is ``.<name>`` followed by it, beside the file)
+MARK = ".kglightning-entry"
+#: the kind folders of the cache root whose children are entries kglightning writes
+KINDS = ("records", "kg", "embeddings", "proposals-v2", "pcst-cuts", "pcst_subgraphs", "detection_graphs",
+         "proxy_sft")  # fmt: skip
+#: kinds that earlier versions wrote and nothing reads now: their entries carry no marker, and are listed only
+LEGACY_KINDS = ("proposals",)
+#: the embedded benchmark's folders, entries of the cache root itself
+EMBEDDED = re.compile(r"^embedded-v\d+-seed\d+$")
+#: a read moves an entry's last use forward at most this often
+TOUCH_EVERY_S = 3600.0
+_touched: dict[str, float] = {}  # entry -> when this process last recorded its use (time.monotonic)
+
+
+def marker_of(entry: str | os.PathLike, folder: bool | None = None) -> Path:
+    """The marker of ``entry``: ``entry/.kglightning-entry`` for a folder, ``.<name>.kglightning-entry`` beside a
+    file (``folder`` says which; by default what ``entry`` is now)."""
+    p = Path(entry)
+    if folder is None:
+        folder = p.is_dir() and not p.is_symlink()
+    return p / MARK if folder else p.with_name(f".{p.name}{MARK}")
+
+
+def is_marked(entry: str | os.PathLike) -> bool:
+    """Whether ``entry`` (not a link) carries kglightning's marker, itself a plain file (not a link)."""
+    p = Path(entry)
+    try:
+        st = p.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            return False
+        return stat.S_ISREG(marker_of(p, stat.S_ISDIR(st.st_mode)).lstat().st_mode)
+    except OSError:
+        return False
+
+
+def _write_marker(marker: Path) -> None:
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+
+
+def mark_folder(folder: str | os.PathLike) -> None:
+    """Put the marker in ``folder`` (an entry's temporary folder before its rename, or an entry folder kglightning
+    created), unless it is there."""
+    _write_marker(Path(folder) / MARK)
+
+
+def mark_file(path: str | os.PathLike) -> None:
+    """Put the marker beside the file entry ``path`` (before the file is renamed into place; its folder is made
+    ``0700`` when missing)."""
+    private_dir(Path(path).parent)
+    _write_marker(marker_of(path, folder=False))
+
+
+def entry_folder(folder: str | os.PathLike) -> Path:
+    """Make sure the entry folder ``folder`` exists and carries its marker, and return it: a missing one is built
+    as a temporary folder holding the marker and renamed into place (``0700``, its missing parents too), so that it
+    never exists unmarked; an existing one (a real folder) gets the marker when it lacks it (kglightning writes into
+    it from now on: an entry of an earlier version that is written again)."""
+    folder = Path(folder)
+    if folder.is_dir() and not folder.is_symlink():
+        if not (folder / MARK).is_file():
+            mark_folder(folder)
+        return folder
+    private_dir(folder.parent)
+    tmp = writer_temporary(folder, "a cache writer")
+    tmp.mkdir(mode=0o700)
+    try:
+        mark_folder(tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process made it meanwhile
+            if not folder.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def entry_holding(path: str | os.PathLike) -> Path | None:
+    """The entry that ``path`` is or lies in: the child, on the way to ``path``, of its nearest folder named as a
+    kind (:data:`KINDS`); ``None`` when no folder on the way is (a path outside any cache layout).
+
+    Example:
+        >>> entry_holding("/c/proposals-v2/0a1b/proposer-9f/train.jsonl").as_posix()
+        '/c/proposals-v2/0a1b'
+        >>> entry_holding("/home/me/notes/run.jsonl") is None
+        True
+    """
+    p = Path(os.path.abspath(path))
+    for child in (p, *p.parents):
+        if child.parent.name in KINDS and child.parent != child:
+            return child
+    return None
+
+
+def touch(entry: str | os.PathLike | None) -> None:
+    """Record a use of ``entry``: move its marker's modification time to now, when this process has not done so in
+    the last hour and the marker is older than that (a few ``stat`` calls an hour; a read-only cache, or an unmarked
+    entry, is left as it is)."""
+    if entry is None:
+        return
+    key, now = str(entry), time.monotonic()
+    if now - _touched.get(key, -TOUCH_EVERY_S) < TOUCH_EVERY_S:
+        return
+    _touched[key] = now
+    if not is_marked(entry):
+        return
+    marker = marker_of(entry)
+    with contextlib.suppress(OSError):
+        if time.time() - marker.lstat().st_mtime >= TOUCH_EVERY_S:
+            os.utime(marker, follow_symlinks=False)
+
+
+def set_aside(entry: str | os.PathLike, why: str) -> Path | None:
+    """Move a damaged or untrusted ``entry`` out of its reader's way, to ``<name>.unreadable-<time>`` beside it (its
+    marker with it, so that ``kglightning cache clean`` removes it in time like any entry), with a WARNING that
+    says ``why`` and where it went. Returns the new path, or ``None`` when it could not be moved."""
+    p = Path(entry)
+    aside = p.with_name(f"{p.name}.unreadable-{time.time_ns()}")
+    sidecar = marker_of(p)
+    file_entry = sidecar.parent == p.parent
+    try:
+        p.rename(aside)
+    except OSError as err:
+        log.warning("cache entry %s %s, and cannot be moved aside (%s); it is not read", p, why, err)
+        return None
+    if file_entry and sidecar.is_file():
+        with contextlib.suppress(OSError):
+            sidecar.rename(marker_of(aside, folder=False))
+    log.warning("cache entry %s %s; moved to %s and built again", p, why, aside.name)
+    return aside

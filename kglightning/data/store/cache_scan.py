@@ -1,0 +1,167 @@
+"""What the cache holds, sorted for ``kglightning cache``: entries, writers' temporaries and what killed runs left.
+
+Entries are marked (kglightning's) or unmarked; what killed runs left is found by the exact names kglightning's
+writers use; no link is followed. :mod:`~kglightning.data.store.cache_admin` states the rules."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kglightning.data.store.cache import default_cache_root
+from kglightning.data.store.cache_marks import EMBEDDED, KINDS, LEGACY_KINDS, MARK, is_marked, marker_of
+from kglightning.data.store.cache_pins import MARKER_SUFFIX
+from kglightning.data.store.temporaries import is_temporary, stale_temporary
+
+__all__ = ["CacheEntry", "Found", "entries", "human", "measure", "other_folders", "scan"]
+
+_LOCK_AGE_S, _MEMO_AGE_S = 86400.0, 30 * 86400.0
+_LOCK = re.compile(r"^[0-9a-f]{16}\.lock$")  # records/<key>.lock (record_lock.first_reader)
+_MEMO = re.compile(r"^[0-9a-f]{20}$")  # records/stamps/<memo> (cache.content_digest)
+
+
+@dataclass
+class CacheEntry:
+    """One thing the cache holds: ``kind`` (its kind folder, or ``embedded``), ``path``, ``bytes`` on disk, ``used``
+    (a Unix time: last written or read) and ``state``: ``entry`` (marked: kglightning's), ``unmarked`` (no marker:
+    never removed) or ``temporary`` (a writer's, running or killed)."""
+
+    kind: str
+    path: Path
+    bytes: int
+    used: float
+    state: str = "entry"
+
+    @property
+    def marked(self) -> bool:
+        return self.state == "entry"
+
+
+@dataclass
+class Found:
+    """What :func:`scan` found: the entries (marked and unmarked) and temporaries, the ``leftovers`` that ``clean``
+    removes (path, bytes, why), and the ``links`` it skipped."""
+
+    entries: list[CacheEntry] = field(default_factory=list)
+    leftovers: list[tuple[Path, int, str]] = field(default_factory=list)
+    links: list[Path] = field(default_factory=list)
+
+
+def measure(path: Path) -> int:
+    """The bytes on disk under ``path`` (links not followed)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _wanted(name: str, kinds: list[str] | None) -> bool:
+    return name in kinds if kinds else name in KINDS or name in LEGACY_KINDS or name == "embedded"
+
+
+def scan(root: Path | None = None, kinds: list[str] | None = None, now: float | None = None) -> Found:
+    """Walk the kind folders of ``root`` (default the cache root) named in ``kinds`` (default every kind, and the
+    embedded benchmark as ``embedded``), following no link, and sort what they hold (see the module docstring)."""
+    root = default_cache_root() if root is None else root
+    now = time.time() if now is None else now
+    found = Found()
+    if not root.is_dir():
+        return found
+    for p in sorted(root.iterdir()):
+        if EMBEDDED.match(p.name) or is_temporary(p.name) and p.name.startswith(".embedded-"):
+            if _wanted("embedded", kinds):  # the embedded benchmark: entries of the root itself
+                _sort(p, "embedded", found, now)
+        elif _wanted(p.name, kinds):
+            if p.is_symlink():
+                found.links.append(p)
+            elif p.is_dir():
+                for child in sorted(p.iterdir()):
+                    _sort(child, p.name, found, now)
+    found.entries.sort(key=lambda e: e.used)
+    return found
+
+
+def _sort(child: Path, kind: str, found: Found, now: float) -> None:
+    """Put ``child`` of a kind folder (or an ``embedded-*`` folder of the root) where it belongs in ``found``."""
+    name = child.name
+    if child.is_symlink():
+        found.links.append(child)
+    elif is_temporary(name):
+        size = measure(child)
+        found.entries.append(CacheEntry(kind, child, size, _mtime(child), "temporary"))
+        if stale_temporary(child, now):
+            found.leftovers.append((child, size, "left by a writer that did not finish"))
+    elif _owner(child, kind) is not None:
+        owner = child.with_name(_owner(child, kind) or "")
+        if now - _mtime(child) > _LOCK_AGE_S and not os.path.lexists(owner):
+            found.leftovers.append((child, measure(child), f"a marker or lock of {owner.name}, which is gone"))
+    elif kind == "records" and name == "stamps" and child.is_dir():
+        for memo in sorted(child.iterdir()):
+            if memo.is_symlink():
+                found.links.append(memo)
+            elif _MEMO.match(memo.name) and memo.is_file() and now - _mtime(memo) > _MEMO_AGE_S:
+                found.leftovers.append((memo, measure(memo), "a digest memo unused for a month"))
+            elif is_temporary(memo.name) and stale_temporary(memo, now):
+                found.leftovers.append((memo, measure(memo), "left by a writer that did not finish"))
+    else:
+        marked = is_marked(child)
+        used = _mtime(marker_of(child)) if marked else _mtime(child)
+        found.entries.append(CacheEntry(kind, child, measure(child), used, "entry" if marked else "unmarked"))
+
+
+def _owner(path: Path, kind: str) -> str | None:
+    """The name of the entry whose lock (``records/<key>.lock``), in-use marker (``.<name>.in-use``) or entry marker
+    (``.<name>.kglightning-entry``, beside a file entry) ``path`` is, for a plain file of one of those exact names;
+    ``None`` for anything else."""
+    name = path.name
+    if not path.is_file():
+        return None
+    if kind == "records" and _LOCK.match(name):
+        return name[: -len(".lock")]
+    for suffix in (MARKER_SUFFIX, MARK):
+        if name.startswith(".") and name.endswith(suffix) and len(name) > len(suffix) + 1:
+            return name[1 : -len(suffix)]
+    return None
+
+
+def entries(root: Path | None = None, kinds: list[str] | None = None) -> list[CacheEntry]:
+    """The cache's entries and writers' temporaries (see :class:`CacheEntry`), oldest use first."""
+    return scan(root, kinds).entries
+
+
+def other_folders(root: Path | None = None) -> list[str]:
+    """The folders of the cache root that are not kglightning's kinds (another tool's; never cleaned)."""
+    root = default_cache_root() if root is None else root
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not _wanted(p.name, None)
+                  and not EMBEDDED.match(p.name) and not p.name.startswith("."))  # fmt: skip
+
+
+def human(n: float) -> str:
+    """``n`` bytes for people: ``512 B``, ``1.5 KiB``, ..., ``3.0 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
