@@ -17,6 +17,7 @@ from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
 from kglightning.data.store.cache import folder_name
+from kglightning.data.store.cache_marks import set_aside
 from kglightning.data.store.stage_map import cached_map, fingerprint, stored_map
 from kglightning.data.text import RELATION_VIEWS, RelationView
 from kglightning.datamodules.base import KGQADataModule
@@ -338,13 +339,14 @@ class DetectionDataModule(KGQADataModule):
         return self._rows[split]
 
     def _drop_rows(self, split: str, err: GraphRowError) -> None:
-        """Say that ``split``'s stored graph rows are damaged, and forget and remove them (built again when asked
-        for, their texts embedded again)."""
+        """Say that ``split``'s stored graph rows are damaged, forget them and set them aside
+        (:func:`~kglightning.data.store.cache_marks.set_aside`; built again when asked for, their texts embedded
+        again)."""
         folder = self.graph_folder(split)
-        log.warning("%s: the stored graph rows in %s are damaged (%s); building them again", split, folder, err)
         self._rows.pop(split, None)
         self._embedded.discard(split)
-        shutil.rmtree(folder, ignore_errors=True)
+        if set_aside(folder, f"holds {split} graph rows that are damaged ({err})") is None:  # said; cannot move: removed
+            shutil.rmtree(folder, ignore_errors=True)
 
     def build_split(self, split: str) -> list[Data]:
         records = self.records(split)

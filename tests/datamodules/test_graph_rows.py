@@ -222,6 +222,8 @@ def test_damaged_rows_are_refused_by_name_and_the_datamodule_builds_them_again(
     assert "are damaged" in caplog.text and str(again.graph_folder("train")) in caplog.text
     assert len(again.datasets["train"]) == len(first.datasets["train"])
     assert (again.graph_folder("train") / "complete.json").exists()  # built again and stored
+    folder = again.graph_folder("train")  # the damaged rows are set aside beside it, not deleted (issue 57)
+    assert [p.name for p in folder.parent.iterdir() if p.name.startswith(f"{folder.name}.unreadable-")]
 
     def damaged_always(ds, text_row, *args):  # rows built anew that are still refused: raised, not looped on
         raise gr.GraphRowError("graph row of record 0 ('x'): edge_index holds an index outside [0, 3)")
