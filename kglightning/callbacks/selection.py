@@ -293,7 +293,7 @@ class SelectionCallback(Callback):
             meta["achieved"] = grouped_selection_metrics(sel.keep, t.hallucinated, t.question, t.group)
             sweep = []
             for alpha in self.report_alphas:
-                keep = s.with_alpha(alpha).select(self.calibration.answers, t).keep
+                keep = s.with_alpha(alpha).select(self.calibration.answers, t, check_lengths=False).keep
                 metrics = grouped_selection_metrics(keep, t.hallucinated, t.question, t.group)
                 sweep += [{"split": 0, "rule": s.rule, "alpha": alpha, "group": g, **m} for g, m in metrics.items()]
             summary = summarize(sweep, s.delta)

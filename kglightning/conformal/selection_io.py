@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 import torch
 
-from kglightning.conformal.selection import ALL, AnswerSelector, ScoredAnswers, Selection
+from kglightning.conformal.scored import ALL, ScoredAnswers
+from kglightning.conformal.selection import AnswerSelector, Selection
 from kglightning.data.records import RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
 from kglightning.metrics.functional.qa import answer_correctness

@@ -100,7 +100,8 @@ def repeated_selection(
         rows += [{"split": r, "rule": KEEP_ALL, "alpha": None, "group": g, **m} for g, m in base.items()]
         for rule in rules:
             for alpha in alphas:
-                out = AnswerSelector(rule=rule, alpha=alpha, delta=delta, seed=seed + r, **selector).select(cal, test)
+                sel = AnswerSelector(rule=rule, alpha=alpha, delta=delta, seed=seed + r, **selector)
+                out = sel.select(cal, test, check_lengths=False)  # one pool split at random: drawn alike
                 metrics = grouped_selection_metrics(out.keep, test.hallucinated, test.question, test.group)
                 for g, m in metrics.items():
                     info = out.groups.get(g)
