@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kglightning.conformal.selection import RULES, AnswerSelector
-from kglightning.conformal.selection_io import ScoredFile, json_number, read_scored, selected_rows
+from kglightning.conformal.selection_io import ScoredFile, json_number, labelled_part, read_scored, selected_rows
 from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
 from kglightning.data.predictions import add_on_bad_record_argument
 from kglightning.data.records import RecordError
@@ -42,15 +42,11 @@ def _read(path: str, args: argparse.Namespace) -> ScoredFile:
 def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
     """Calibrate on ``--calibration``, select on ``--predictions``, write the rows and the summary."""
     cal, test = _read(args.calibration, args), _read(args.predictions, args)
-    if not cal.labelled:
-        raise RecordError(
-            "every calibration row needs labels ('hallucinated', or gold answers); this one has none",
-            source=args.calibration, line=cal.first_unlabelled, field="hallucinated",
-        )  # fmt: skip
+    cal_answers = labelled_part(cal, args.calibration)
     selector = AnswerSelector(
         args.rule[0], args.alpha[0], args.delta, args.min_calibration, args.grid, args.start, args.chains, args.seed
     )
-    sel = selector.select(cal.answers, test.answers)
+    sel = selector.select(cal_answers, test.answers)
     rows = selected_rows(test.rows, test.names, test.answers, sel, selector)
     out = Path(args.output) if args.output else Path(args.predictions).with_suffix(".selected.jsonl")
     summary: dict[str, Any] = {
@@ -59,7 +55,9 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
         "delta": selector.delta,
         "groups": {g: vars(s) for g, s in sel.groups.items()},
         "n_calibration_skipped": len(cal.skipped),
+        "n_calibration_no_gold": len(cal.no_gold_lines),
         "n_test_skipped": len(test.skipped),
+        "n_test_no_answer": test.no_answer_rows,
         "output": str(out),
     }
     if test.labelled:
@@ -83,20 +81,16 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
 def check_rules(args: argparse.Namespace) -> Path:
     """Repeated random splits of ``--pool``; write the report."""
     pool = _read(args.pool, args)
-    if not pool.labelled:
-        raise RecordError(
-            "every pool row needs labels ('hallucinated', or gold answers); this one has none",
-            source=args.pool, line=pool.first_unlabelled, field="hallucinated",
-        )  # fmt: skip
+    answers = labelled_part(pool, args.pool, "pool")
     kw = {"grid": args.grid, "start": args.start, "chains": args.chains, "min_calibration": args.min_calibration}
-    rows = repeated_selection(pool.answers, args.rule, args.alpha, args.delta, args.repeats, args.calibration_share,
+    rows = repeated_selection(answers, args.rule, args.alpha, args.delta, args.repeats, args.calibration_share,
                               args.seed, args.one_per_question, **kw)  # fmt: skip
     summary = summarize(rows, args.delta)
     out = Path(args.report_dir)
     title = f"Selection on {Path(args.pool).name}: {args.repeats} random calibration/test splits by question"
     write_report(summary, out, title, args.delta, pool=args.pool, repeats=args.repeats, seed=args.seed,
                  calibration_share=args.calibration_share, group_by=args.group_by, score=args.score,
-                 one_per_question=args.one_per_question)  # fmt: skip
+                 one_per_question=args.one_per_question, no_gold_rows=len(pool.no_gold_lines))  # fmt: skip
     write_text_atomic(out / "splits.json", json.dumps(json_number(rows), allow_nan=False) + "\n")
     return out
 
