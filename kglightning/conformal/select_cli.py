@@ -105,8 +105,9 @@ def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
                    help="fdr: expected hallucinated share of the kept answers <= alpha (answers exchangeable); "
                         "top: the same on each question's best answer, at most one kept per question (questions "
                         "exchangeable); "
-                        "kept_rate: the hallucinated share of the kept answers, each question weighing one, <= alpha "
-                        "with probability >= 1 - delta (Learn-Then-Test); question: P(a question keeps a "
+                        "kept_rate: the hallucinated share of the answers its cut keeps over the population of "
+                        "questions, each weighing one, <= alpha with probability >= 1 - delta (Learn-Then-Test); "
+                        "question: P(a question keeps a "
                         "hallucinated answer) <= alpha")  # fmt: skip
     p.add_argument("--alpha", nargs="+", type=float, default=[0.1], help="level(s) in (0, 1)")
     p.add_argument("--delta", type=float, default=0.1, help="kept_rate: probability the bound may fail")

@@ -20,6 +20,12 @@ its own calibration answers only, so each guarantee holds within each group (Mon
 exchangeability it needs holding within the group. A group with fewer calibration items than the rule needs to
 keep anything (``min_calibration``) is flagged ``too_small`` and keeps nothing: a warning, never a guarantee that
 the data cannot give.
+
+Every rule needs the calibration and test units drawn alike. The selector checks what it can see: per group, the
+calibration and test questions' list lengths are compared by a two-sample Kolmogorov-Smirnov test, and a clear
+difference (p below :data:`LENGTH_LEVEL`) is a warning with both sides' summaries. Its random draws come from
+``seed`` and a digest of the data (:meth:`AnswerSelector.select`), so that the promise, which averages over them,
+holds for each seed over fresh data.
 """
 
 from __future__ import annotations
@@ -137,9 +143,9 @@ class AnswerSelector:
         chains: ``"kept_rate"`` only: fixed sequences started at evenly spaced points of the grid, each run at
             ``delta / chains`` (Bonferroni), so that a strict threshold with too little evidence does not end every
             test (a single chain from ``start`` stops there).
-        seed: seeds the random tie-breaking of the p-values (and of each question's best answer for ``"top"``) and
-            the order in which the ``kept_rate``
-            rule's betting p-values visit the calibration questions.
+        seed: seeds, together with a digest of the data, the random tie-breaking of the p-values (and of each
+            question's best answer for ``"top"``) and the order in which the ``kept_rate`` rule's betting p-values
+            visit the calibration questions.
     """
 
     def __init__(

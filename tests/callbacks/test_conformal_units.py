@@ -160,3 +160,19 @@ def test_fit_and_test_through_the_trainer_count_units(tmp_path):
     again = ConformalCallback(alpha=0.2, by_group=True)
     again.load_state_dict(old)
     assert again.calibrated_on == "items" and again.per_unit == "one"
+
+
+def test_validation_mode_gathers_units_with_the_scores():
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), sanity_checking=False, world_size=1)
+    model, loader = _Clustered(), _loader(40, 5, 0)
+    cb = ConformalCallback(alpha=0.2, fit_on="validation", by_group=True)
+    cb.on_validation_epoch_start(trainer, model)
+    for i, batch in enumerate(loader):
+        cb.on_validation_batch_end(trainer, model, None, batch, i)
+    cb.on_validation_epoch_end(trainer, model)
+    manual = ConformalCallback(alpha=0.2, fit_on="manual", by_group=True)
+    manual.fit(None, model, loader)
+    assert (cb.qhat, cb.n_cal, cb.group_qhat) == (manual.qhat, manual.n_cal, manual.group_qhat)
+    assert cb.n_cal == 40 and cb.calibrated_on == "units"
