@@ -284,7 +284,8 @@ class ConformalCallback(ConformalThresholds, Callback):
         # give sets calibrated on the very questions they are for
         log.warning(
             "ConformalCallback: %s holds no qhat; calibrated now on the validation data with its weights (qhat %s -> "
-            "%.6g, %d items); do not predict on that split", trainer.ckpt_path, before, self.qhat, self.n_cal,
+            "%.6g, %d %s); do not predict on that split", trainer.ckpt_path, before, self.qhat, self.n_cal,
+            self._counted(),
         )  # fmt: skip
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

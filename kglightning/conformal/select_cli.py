@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kglightning.conformal.selection import RULES, AnswerSelector
+from kglightning.conformal.selection import LENGTH_LEVEL, RULES, AnswerSelector
 from kglightning.conformal.selection_io import ScoredFile, json_number, labelled_part, read_scored, selected_rows
 from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
 from kglightning.data.predictions import add_on_bad_record_argument
@@ -95,6 +95,14 @@ def check_rules(args: argparse.Namespace) -> Path:
     return out
 
 
+def _shift(info: dict[str, Any]) -> str:
+    c, t = info["calibration_lengths"], info["test_lengths"]
+    return (
+        f"calibration and test questions have answer lists of different lengths, p = {info['length_pvalue']:.2g}: "
+        f"{c['mean']:.2f} against {t['mean']:.2f} answers on average; the guarantee assumes them drawn alike"
+    )
+
+
 def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     mode = p.add_mutually_exclusive_group(required=True)
@@ -141,6 +149,8 @@ def main(argv: list[str] | None = None, prog: str = "kglightning select") -> int
             s = apply_selection(args)
             for g, info in s["groups"].items():
                 flag = " (too few calibration items: nothing kept)" if info["too_small"] else ""
+                shift = info["length_pvalue"] is not None and info["length_pvalue"] < LENGTH_LEVEL
+                flag += f" (WARNING: {_shift(info)})" if shift else ""
                 print(f"group {g}: kept {info['n_kept']} of {info['n_test']} answers{flag}")
             if "achieved" in s:
                 a = s["achieved"]["all"]

@@ -257,9 +257,9 @@ class AnswerSelector:
             log.warning(
                 "AnswerSelector: group %r: the calibration and test questions have answer lists of different lengths "
                 "(two-sample Kolmogorov-Smirnov p = %.2g < %g): calibration %s; test %s. Rule %r assumes both drawn "
-                "alike (exchangeable), and then its bound need not hold: with longer test lists a question's best "
-                "answer is the least of more scores, and more wrong answers pass. Calibrate on questions answered "
-                "like the test questions (the same LLM and settings).",
+                "alike (exchangeable), and its bound need not hold when they are not (with longer test lists, "
+                "top's best answer of a question is the least of more scores, and more wrong answers pass). "
+                "Calibrate on questions answered like the test questions (the same LLM and settings).",
                 info.group, info.length_pvalue, LENGTH_LEVEL, _lengths(info.calibration_lengths),
                 _lengths(info.test_lengths), self.rule,
             )  # fmt: skip

@@ -248,3 +248,20 @@ def test_rows_with_no_answer_or_an_empty_gold_list_follow_one_rule_each(tmp_path
     bare = _write(tmp_path / "bare.jsonl", rows)
     assert main(["select", "--calibration", str(bare), "--predictions", str(test)]) == 2
     assert "no calibration row has a gold answer" in capsys.readouterr().err
+
+
+def test_cli_flags_lists_of_other_lengths(tmp_path, capsys):
+    rows = _pool(60)
+    short = [{**r, "prediction": r["prediction"][:1], "hallucination_prob": r["hallucination_prob"][:1],
+              "hallucinated": r["hallucinated"][:1], "grounding": r["grounding"][:1]} for r in rows]  # fmt: skip
+    long = [{**r, "id": f"t{i}", "prediction": r["prediction"] * 3, "hallucination_prob": r["hallucination_prob"] * 3,
+             "hallucinated": r["hallucinated"] * 3, "grounding": r["grounding"] * 3} for i, r in enumerate(rows)]  # fmt: skip
+    cal, test = _write(tmp_path / "cal.jsonl", short), _write(tmp_path / "test.jsonl", long)
+    assert main(["select", "--calibration", str(cal), "--predictions", str(test)]) == 0
+    out = capsys.readouterr().out
+    assert "(WARNING: calibration and test questions have answer lists of different lengths, p = " in out
+    assert "1.00 against 7.05 answers on average" in out  # the pool's 1-4 answers, three times over
+    summary = json.loads((tmp_path / "test.selected.summary.json").read_text())
+    assert summary["groups"]["all"]["length_pvalue"] < 0.01
+    assert main(["select", "--calibration", str(cal), "--predictions", str(cal), "--output", str(tmp_path / "o")]) == 0
+    assert "WARNING" not in capsys.readouterr().out
