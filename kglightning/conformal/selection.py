@@ -80,8 +80,8 @@ class GroupSelection:
         length_pvalue: the two-sample Kolmogorov-Smirnov p-value comparing how many answers the group's calibration
             and test questions have (:func:`~kglightning.conformal.functional.two_sample.ks_two_sample`); below
             :data:`LENGTH_LEVEL` the selector warns that they are not drawn alike. ``None`` when not checked.
-        calibration_lengths, test_lengths: the two sides' list lengths (:func:`~kglightning.conformal.functional.
-            two_sample.summary`), or ``None``.
+        calibration_lengths, test_lengths: summaries of the two sides' list lengths
+            (:func:`~kglightning.conformal.functional.two_sample.summary`), or ``None``.
     """
 
     group: str

@@ -48,9 +48,9 @@ Sense = Literal["hallucination", "confidence"]
 @dataclass
 class ScoredFile:
     """The answers of a file (:class:`ScoredAnswers`, question ``i`` = the ``i``-th kept row), the kept rows, each
-    row's answers, whether every row is labelled (and how many are, and the line of the first with no label field),
-    and the skipped rows' errors; per row whether it is labelled and its line; the lines of the rows whose gold
-    list is empty, and how many rows have no answer."""
+    row's answers, whether every row is labelled (and how many are, and the line of the first that is not), and the
+    skipped rows' errors; per row whether it is labelled; the line of the first row with no label field at all, the
+    lines of the rows whose gold list is empty, and how many rows have no answer."""
 
     answers: ScoredAnswers
     rows: list[dict[str, Any]]
@@ -60,7 +60,7 @@ class ScoredFile:
     labelled_rows: int = 0
     first_unlabelled: int | None = None
     row_labelled: list[bool] = field(default_factory=list)
-    lines: list[int] = field(default_factory=list)
+    no_label_field: int | None = None
     no_gold_lines: list[int] = field(default_factory=list)
     no_answer_rows: int = 0
     answer_labels: torch.Tensor | None = None  # every answer's label, False in unlabelled rows
@@ -204,7 +204,7 @@ def scored_rows(
     groups: list[str] = []
     rows, names, skipped, seen, keys = [], [], [], {}, []
     labelled, labelled_rows, first_unlabelled = True, 0, None
-    row_labelled, lines, no_gold_lines, no_answer_rows = [], [], [], 0
+    row_labelled, no_label_field, no_gold_lines, no_answer_rows = [], None, [], 0
     for line, raw in items:
 
         def err(message: str, name: str | None = None, line: int = line) -> RecordError:
@@ -233,9 +233,9 @@ def scored_rows(
         no_gold_lines += [line] if no_gold else []
         no_answer_rows += not ans
         row_labelled.append(y is not None)
-        lines.append(line)
-        unfit = y is None and not no_gold and first_unlabelled is None  # no label field at all
-        first_unlabelled = line if unfit else first_unlabelled
+        first_unlabelled = line if y is None and first_unlabelled is None else first_unlabelled
+        unfit = y is None and not no_gold and no_label_field is None  # no label field at all
+        no_label_field = line if unfit else no_label_field
         keys += [f"{key}#{i}" for i in range(len(ans))]
         labels += y if y is not None else [False] * len(ans)
         groups += g if g is not None else []
@@ -255,8 +255,8 @@ def scored_rows(
     if no_answer_rows:
         log.info("%s: %d of %d rows have no answer (they keep nothing)", source, no_answer_rows, len(rows))
     return ScoredFile(
-        answers, rows, names, labelled, skipped, labelled_rows, first_unlabelled, row_labelled, lines, no_gold_lines,
-        no_answer_rows, label_tensor,
+        answers, rows, names, labelled, skipped, labelled_rows, first_unlabelled, row_labelled, no_label_field,
+        no_gold_lines, no_answer_rows, label_tensor,
     )  # fmt: skip
 
 
@@ -266,10 +266,10 @@ def labelled_part(scored: ScoredFile, source: str, what: str = "calibration") ->
     A row whose gold list is empty is left out (logged, with the count and the first line); a row with no label
     field at all is an error naming its line (the file was not labelled), and so is a file with no labelled row.
     """
-    if scored.first_unlabelled is not None:
+    if scored.no_label_field is not None:
         raise RecordError(
             f"every {what} row needs labels ('hallucinated', or gold answers); this one has none",
-            source=source, line=scored.first_unlabelled, field="hallucinated",
+            source=source, line=scored.no_label_field, field="hallucinated",
         )  # fmt: skip
     if scored.labelled:
         return scored.answers

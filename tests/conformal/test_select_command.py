@@ -237,7 +237,7 @@ def test_rows_with_no_answer_or_an_empty_gold_list_follow_one_rule_each(tmp_path
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["n_calibration_no_gold"] == 1 and summary["n_test_no_answer"] == 2
     f = read_scored(cal)
-    assert f.no_gold_lines == [3] and f.no_answer_rows == 2 and f.first_unlabelled is None
+    assert f.no_gold_lines == [3] and f.no_answer_rows == 2 and f.no_label_field is None and f.first_unlabelled == 3
     assert not f.labelled and f.labelled_rows == 29
     # the pool follows the same rule
     assert main(["select", "--pool", str(cal), "--repeats", "2", "--rule", "question", "--report-dir",
