@@ -11,7 +11,6 @@ the calibration (validation) data, keeps it in its ``state_dict`` (so checkpoint
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -20,8 +19,20 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from kglightning.callbacks.conformal_items import _gather_items, _writers_before, ahead_of_writers, attach_sets
-from kglightning.conformal.functional import conformal_quantile
+from kglightning.callbacks.conformal_items import (
+    _gather_items,
+    _writers_before,
+    ahead_of_writers,
+    all_or_none,
+    attach_sets,
+    check_scorer,
+    gathered_units,
+    offset,
+    unit_column,
+    unit_coverage,
+    val_loaders,
+)
+from kglightning.callbacks.conformal_thresholds import ConformalThresholds
 from kglightning.conformal.scorer import ConformalScorer, ConformalScores
 from kglightning.metrics.functional.coverage import covered, set_sizes
 
@@ -30,13 +41,31 @@ log = logging.getLogger(__name__)
 __all__ = ["ConformalCallback", "ConformalScorer", "ConformalScores", "attach_sets"]
 
 
-class ConformalCallback(Callback):
+class ConformalCallback(ConformalThresholds, Callback):
     """Fits a split-conformal threshold on the validation data and emits prediction sets.
 
     ``qhat`` is the ``ceil((n+1)(1-alpha))``-th smallest of the ``n`` calibration scores (``+inf`` when that rank
     exceeds ``n``: the sets are then the full candidate sets, with ``conformal_full_set = True``). An item's
     calibration score is the max (``coverage="all"``) or min (``"any"``) non-conformity over its true candidates,
     so that ``P(every / some true candidate is in the set) >= 1 - alpha`` for exchangeable test items.
+
+    The exchangeable unit: items are often not exchangeable one by one. The detector's items are answers, and the
+    answers of one question depend on each other (a question the model gets wrong tends to have every answer
+    scored alike), so that the *questions* are the exchangeable draws. A threshold fitted on every item then counts
+    items in its finite-sample rank and under-covers: 5 calibration questions with 10 answers each give 50 items
+    and a finite ``qhat``, which covers about 0.85 of new answers for a promised 0.9. When
+    ``ConformalScores.units`` names each item's unit (its question), the callback calibrates on one score per unit
+    (:func:`~kglightning.conformal.functional.unit_scores`) and ``n`` counts units, in the quantile's rank and in
+    the "too few" warning alike:
+
+    * ``per_unit="one"`` (default): the score of one item per unit, drawn at random (seeded by ``seed`` and the
+      calibration data). Promise: for exchangeable units, the expected share of a test unit's items whose set
+      covers the truth, each unit weighing one, is ``>= 1 - alpha`` (a random item of a random test unit is
+      covered with probability ``>= 1 - alpha``).
+    * ``per_unit="every"``: the largest item score of each unit. Promise: every item of a test unit is covered with
+      probability ``>= 1 - alpha`` (larger sets).
+
+    Without ``units`` every item is its own unit, and the promise needs exchangeable items.
 
     When it fits (``fit_on``):
 
@@ -61,7 +90,9 @@ class ConformalCallback(Callback):
     writer); every rank does the same, so DDP runs agree. ``test`` logs
     ``test/conformal_coverage`` (the share of items whose set covers the truth, as
     :class:`~kglightning.metrics.coverage.EmpiricalCoverage`) and ``test/conformal_set_size`` (the mean set size),
-    each item counted once by its key under DDP. The module must implement :class:`ConformalScorer`; ``predict`` and ``test`` run a
+    each item counted once by its key under DDP; with ``units`` also ``test/conformal_unit_coverage``, the quantity
+    the promise bounds (the mean over units of the share of their items covered, or of all covered with
+    ``per_unit="every"``). The module must implement :class:`ConformalScorer`; ``predict`` and ``test`` run a
     second forward pass through ``conformal_scores``.
 
     DDP: with ``"validation"`` the per-rank calibration scores are gathered before the quantile, keeping one score per
@@ -72,9 +103,11 @@ class ConformalCallback(Callback):
 
     Groups (Mondrian): with ``by_group=True`` the module's ``ConformalScores.groups`` (e.g. the detector's grounded
     and ungrounded answers) each get a ``qhat`` fitted on their own calibration items (``group_qhat``, beside the
-    pooled ``qhat``), so the coverage holds within every group. A group with too few items for ``alpha`` gets
-    ``+inf`` (full sets, logged); a group met in ``predict`` or ``test`` that calibration never saw gets full sets
-    too. ``test`` then also logs ``test/conformal_coverage/<group>`` and ``test/conformal_set_size/<group>``.
+    pooled ``qhat``), so the coverage holds within every group; with ``units``, on one score per unit of the group
+    (a question's answers of that group). A group with too few units (items, without ``units``) for ``alpha`` gets
+    ``+inf`` (full sets, logged with the count); a group met in ``predict`` or ``test`` that calibration never saw
+    gets full sets too. ``test`` then also logs ``test/conformal_coverage/<group>`` and
+    ``test/conformal_set_size/<group>`` (and ``test/conformal_unit_coverage/<group>`` with units).
 
     Args:
         alpha: miscoverage level in ``(0, 1)``.
@@ -82,6 +115,10 @@ class ConformalCallback(Callback):
         coverage: ``"all"`` (every true candidate in the set) or ``"any"`` (at least one).
         fit_on: when to fit, see above.
         by_group: one ``qhat`` per group of ``ConformalScores.groups`` (see above).
+        per_unit: with ``ConformalScores.units``, ``"one"`` (a random item per unit) or ``"every"`` (each unit's
+            largest score), see above.
+        seed: seeds the draws of ``per_unit="one"`` (together with a digest of the calibration scores, so that one
+            seed draws afresh for fresh data).
 
     Example:
         Any module with ``conformal_scores(batch)``; here each item has two candidate labels, the true one first, and
@@ -111,109 +148,50 @@ class ConformalCallback(Callback):
         coverage: Literal["all", "any"] = "all",
         fit_on: Literal["fit_end", "validation", "manual"] = "fit_end",
         by_group: bool = False,
+        per_unit: Literal["one", "every"] = "one",
+        seed: int = 0,
     ) -> None:
-        super().__init__()
-        if not 0.0 < alpha < 1.0:
-            raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+        Callback.__init__(self)
         if calibration != "val":
             raise ValueError(f"calibration must be 'val', got {calibration!r}")
         if coverage not in ("all", "any"):
             raise ValueError(f"coverage must be 'all' or 'any', got {coverage!r}")
         if fit_on not in ("fit_end", "validation", "manual"):
             raise ValueError(f"fit_on must be 'fit_end', 'validation' or 'manual', got {fit_on!r}")
-        self.alpha, self.calibration, self.coverage, self.fit_on = alpha, calibration, coverage, fit_on
-        self.by_group = by_group
-        self.qhat: float | None = None
-        self.n_cal: int = 0
-        self.group_qhat: dict[int, float] = {}
-        self.group_n_cal: dict[int, int] = {}
-        self.group_names: dict[int, str] = {}
-        self._warned: set[int] = set()  # unseen groups already warned about
+        ConformalThresholds.__init__(self, alpha, coverage, by_group, per_unit, seed)
+        self.calibration, self.fit_on = calibration, fit_on
         self._unlabelled_warned = False
         self._restored = False  # load_state_dict ran since the last setup: the loaded checkpoint held a qhat
         self._val_scores: list[Tensor] = []
         self._val_keys: list[Tensor | None] = []
         self._val_groups: list[Tensor] = []
-        self._test_items: list[tuple[Tensor, Tensor, Tensor, Tensor | None]] = []  # covered, size, group, key
+        self._val_units: list[Tensor] = []  # unit ids, -1 where the module gave none
+        self._test_items: list[tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]] = []  # + key, unit
 
     # ---------------------------------------------------------------- fitting
-    @property
-    def fitted(self) -> bool:
-        return self.qhat is not None
-
-    def fit_scores(self, calibration_scores: Tensor, groups: Tensor | None = None) -> float:
-        """Set ``qhat`` from per-item calibration scores ``(n,)`` (and, with ``by_group``, one per group of the
-        ``(n,)`` integer ``groups``); return the pooled ``qhat``."""
-        s = calibration_scores.detach().double().flatten().cpu()
-        if s.numel() == 0:
-            raise ValueError("calibration set is empty: the validation data gave no item to calibrate on")
-        self.qhat, self.n_cal = float(conformal_quantile(s, self.alpha)), int(s.numel())
-        if math.isinf(self.qhat):
-            log.warning(
-                "ConformalCallback: %d calibration items are too few for alpha=%g (need >= %d); qhat=+inf and every "
-                "prediction set is the full candidate set",
-                self.n_cal,
-                self.alpha,
-                math.ceil(1 / self.alpha - 1),
-            )
-        if not self.by_group:
-            self.group_qhat, self.group_n_cal = {}, {}  # thresholds of an earlier grouped fit no longer apply
-        else:
-            if groups is None:
-                raise ValueError("by_group=True needs ConformalScores.groups from the module's conformal_scores(batch)")
-            g = groups.detach().long().flatten().cpu()
-            self.group_qhat, self.group_n_cal = {}, {}
-            for gid in torch.unique(g).tolist():
-                mine = s[g == gid]
-                self.group_qhat[gid] = float(conformal_quantile(mine, self.alpha))
-                self.group_n_cal[gid] = int(mine.numel())
-                if math.isinf(self.group_qhat[gid]):
-                    log.warning(
-                        "ConformalCallback: group %s has %d calibration items, too few for alpha=%g: its sets are the "
-                        "full candidate sets", self._name(gid), mine.numel(), self.alpha,
-                    )  # fmt: skip
-        return self.qhat
-
-    def _name(self, gid: int) -> str:
-        return self.group_names.get(gid, str(gid))
-
-    def item_qhat(self, cs: ConformalScores) -> float | Tensor:
-        """The threshold of each item: the pooled ``qhat``, or with ``by_group`` its group's (``(N,)`` float64; a group
-        calibration never saw gets ``+inf``, full sets)."""
-        if not self.by_group:
-            return self.qhat
-        if cs.groups is None:
-            raise ValueError("by_group=True needs ConformalScores.groups from the module's conformal_scores(batch)")
-        if cs.group_names is not None:
-            self.group_names.update(enumerate(cs.group_names))
-        ids = cs.groups.detach().long().cpu().tolist()
-        unseen = sorted({i for i in ids if i not in self.group_qhat} - self._warned)
-        self._warned |= set(unseen)
-        if unseen:
-            log.warning(
-                "ConformalCallback: groups %s have no calibration item: their sets are the full candidate sets",
-                [self._name(i) for i in unseen],
-            )
-        return torch.tensor([self.group_qhat.get(i, math.inf) for i in ids], dtype=torch.float64, device="cpu")
-
     @torch.no_grad()
     def fit(self, trainer: L.Trainer | None, pl_module: L.LightningModule, dataloader: Iterable | None = None) -> float:
         """Fit ``qhat`` on ``dataloader`` (default: the validation loader of ``trainer``) and return it.
 
         The module runs in eval mode without grad; its training mode is restored afterwards.
         """
-        _check_scorer(pl_module)
-        loaders = [dataloader] if dataloader is not None else _val_loaders(trainer)
+        check_scorer(pl_module)
+        loaders = [dataloader] if dataloader is not None else val_loaders(trainer)
         was_training = pl_module.training
         pl_module.eval()
         scores: list[Tensor] = []
         groups: list[Tensor | None] = []
+        units: list[Tensor | None] = []
+        keys: list[Tensor | None] = []
         try:
-            for loader in loaders:
+            for index, loader in enumerate(loaders):
                 for batch in loader:  # each batch reduced to its calibration scores at once (memory)
                     cs = pl_module.conformal_scores(pl_module.transfer_batch_to_device(batch, pl_module.device, 0))
                     scores.append(cs.calibration_scores(self.coverage).cpu())
                     groups.append(cs.groups.detach().long().cpu() if cs.groups is not None else None)
+                    # units and keys name items within one loader: the loader's index keeps two loaders' apart
+                    units.append(offset(cs.units, index))
+                    keys.append(offset(cs.keys, index))
                     if cs.group_names is not None:
                         self.group_names.update(enumerate(cs.group_names))
         finally:
@@ -222,6 +200,8 @@ class ConformalCallback(Callback):
         return self.fit_scores(
             torch.cat(scores) if scores else torch.empty(0, device="cpu"),
             torch.cat(groups) if self.by_group and every else None,  # type: ignore[arg-type]
+            all_or_none(units, "units"),
+            all_or_none(keys, "keys", required=False),
         )
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -229,7 +209,7 @@ class ConformalCallback(Callback):
             self.fit(trainer, pl_module)
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_scores, self._val_keys, self._val_groups = [], [], []
+        self._val_scores, self._val_keys, self._val_groups, self._val_units = [], [], [], []
 
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
@@ -238,9 +218,9 @@ class ConformalCallback(Callback):
         if self.fit_on == "validation" and trainer.state.fn == "fit" and not trainer.sanity_checking:
             cs = pl_module.conformal_scores(batch)
             self._val_scores.append(cs.calibration_scores(self.coverage).detach().cpu())
-            # keys name items within one loader: the loader's index keeps two loaders' items apart
-            keys = None if cs.keys is None else cs.keys.detach().long().cpu() + (dataloader_idx << 48)
-            self._val_keys.append(keys)
+            # keys and units name items within one loader: the loader's index keeps two loaders' apart
+            self._val_keys.append(offset(cs.keys, dataloader_idx))
+            self._val_units.append(unit_column(cs, dataloader_idx))
             if self.by_group:
                 if cs.groups is None:
                     raise ValueError("by_group=True needs ConformalScores.groups from conformal_scores(batch)")
@@ -250,10 +230,11 @@ class ConformalCallback(Callback):
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # every process takes part in the gather, with or without scores of its own
-        columns = [self._val_scores, self._val_groups] if self.by_group else [self._val_scores]
-        gathered, keyed = _gather_items(columns, self._val_keys, (torch.float64, torch.long)[: len(columns)])
-        scores, groups = gathered[0], (gathered[1] if self.by_group else None)
-        self._val_scores, self._val_keys, self._val_groups = [], [], []
+        columns = [self._val_scores, self._val_units] + ([self._val_groups] if self.by_group else [])
+        gathered, keyed = _gather_items(columns, self._val_keys, (torch.float64, torch.long, torch.long))
+        scores, units = gathered[0], gathered_units(gathered[1])
+        groups = gathered[2] if self.by_group else None
+        self._val_scores, self._val_keys, self._val_groups, self._val_units = [], [], [], []
         if not scores.numel():
             return
         if not keyed and trainer.world_size > 1:
@@ -261,11 +242,11 @@ class ConformalCallback(Callback):
                 "ConformalCallback: conformal_scores(batch) gives no keys, so the items a distributed sampler repeats "
                 "to pad the last shard are calibrated on twice; set ConformalScores.keys to drop them"
             )
-        self.fit_scores(scores, groups)
+        self.fit_scores(scores, groups, units)  # gathered by key: already in key order
 
     # ---------------------------------------------------------------- checks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        _check_scorer(pl_module)
+        check_scorer(pl_module)
         self._restored = False  # the checkpoint restore (if any) comes after setup
         if stage == "predict":
             reordered = ahead_of_writers(self, trainer.callbacks)
@@ -303,7 +284,8 @@ class ConformalCallback(Callback):
         # give sets calibrated on the very questions they are for
         log.warning(
             "ConformalCallback: %s holds no qhat; calibrated now on the validation data with its weights (qhat %s -> "
-            "%.6g, %d items); do not predict on that split", trainer.ckpt_path, before, self.qhat, self.n_cal,
+            "%.6g, %d %s); do not predict on that split", trainer.ckpt_path, before, self.qhat, self.n_cal,
+            self._counted(),
         )  # fmt: skip
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -353,26 +335,34 @@ class ConformalCallback(Callback):
             return
         members = cs.sets(self.item_qhat(cs)).cpu()
         hit = covered(members, (cs.labels.bool() & cs.valid).cpu(), self.coverage)
-        keys = None if cs.keys is None else cs.keys.detach().long().cpu() + (dataloader_idx << 48)
+        keys, units = offset(cs.keys, dataloader_idx), unit_column(cs, dataloader_idx)
         groups = cs.groups.detach().long().cpu() if cs.groups is not None else torch.zeros_like(hit, dtype=torch.long)
-        self._test_items.append((hit.cpu(), set_sizes(members).cpu(), groups, keys))
+        self._test_items.append((hit.cpu(), set_sizes(members).cpu(), groups, keys, units))
 
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """``test/conformal_coverage`` and ``test/conformal_set_size`` over every process's items, each item once by
         its key (the repeats a distributed sampler pads the last shard with are not counted twice)."""
         items, self._test_items = self._test_items, []
-        hits, sizes, groups, keys = ([list(c) for c in zip(*items)]) if items else ([], [], [], [])
-        (hit, size, group), _ = _gather_items([hits, sizes, groups], keys, (torch.bool, torch.long, torch.long))
+        hits, sizes, groups, keys, units = ([list(c) for c in zip(*items)]) if items else ([], [], [], [], [])
+        dtypes = (torch.bool, torch.long, torch.long, torch.long)
+        (hit, size, group, unit_ids), _ = _gather_items([hits, sizes, groups, units], keys, dtypes)
         if not hit.numel():
             return
+        unit = gathered_units(unit_ids)
         pl_module.log("test/conformal_coverage", float(hit.float().mean()))
         pl_module.log("test/conformal_set_size", float(size.float().mean()))
+        if unit is not None:
+            pl_module.log("test/conformal_unit_coverage", unit_coverage(hit, unit, self.per_unit))
         if self.by_group:
             for gid in sorted(set(self.group_qhat) | set(torch.unique(group).tolist())):
                 mine = group == gid
                 if mine.any():
-                    pl_module.log(f"test/conformal_coverage/{self._name(gid)}", float(hit[mine].float().mean()))
-                    pl_module.log(f"test/conformal_set_size/{self._name(gid)}", float(size[mine].float().mean()))
+                    name = self._name(gid)
+                    pl_module.log(f"test/conformal_coverage/{name}", float(hit[mine].float().mean()))
+                    pl_module.log(f"test/conformal_set_size/{name}", float(size[mine].float().mean()))
+                    if unit is not None:
+                        value = unit_coverage(hit[mine], unit[mine], self.per_unit)
+                        pl_module.log(f"test/conformal_unit_coverage/{name}", value)
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -381,15 +371,15 @@ class ConformalCallback(Callback):
         return {
             "qhat": self.qhat, "n_cal": self.n_cal, "alpha": self.alpha, "coverage": self.coverage,
             "group_qhat": dict(self.group_qhat), "group_n_cal": dict(self.group_n_cal),
-            "group_names": dict(self.group_names),
+            "group_names": dict(self.group_names), "calibrated_on": self.calibrated_on, "per_unit": self.per_unit,
         }  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
         self._restored = True
-        for key in ("alpha", "coverage"):
-            if state_dict[key] != getattr(self, key):
+        for key in ("alpha", "coverage", "per_unit"):
+            if state_dict.get(key, getattr(self, key)) != getattr(self, key):
                 log.warning(
                     "ConformalCallback: the checkpoint's qhat was fitted with %s=%r, not %r; using the checkpoint's",
                     key,
@@ -398,6 +388,8 @@ class ConformalCallback(Callback):
                 )
         self.qhat, self.n_cal = float(state_dict["qhat"]), int(state_dict["n_cal"])
         self.alpha, self.coverage = float(state_dict["alpha"]), state_dict["coverage"]
+        self.per_unit = state_dict.get("per_unit", self.per_unit)
+        self.calibrated_on = state_dict.get("calibrated_on", "items")  # checkpoints before units calibrated on items
         self.group_qhat = {int(k): float(v) for k, v in state_dict.get("group_qhat", {}).items()}
         self.group_n_cal = {int(k): int(v) for k, v in state_dict.get("group_n_cal", {}).items()}
         self.group_names = {int(k): str(v) for k, v in state_dict.get("group_names", {}).items()}
@@ -405,24 +397,3 @@ class ConformalCallback(Callback):
             # as for a checkpoint without qhat: the thresholds are fitted again, by group, for the loaded weights
             self._restored = False
             log.warning("ConformalCallback: by_group=True, but the checkpoint holds no group thresholds; fitting them")
-
-
-def _check_scorer(pl_module: L.LightningModule) -> None:
-    if not callable(getattr(pl_module, "conformal_scores", None)):
-        raise TypeError(
-            f"{type(pl_module).__name__} does not implement conformal_scores(batch) -> ConformalScores, which "
-            "ConformalCallback needs (see kglightning.callbacks.conformal.ConformalScorer)"
-        )
-
-
-def _val_loaders(trainer: L.Trainer | None) -> list[Iterable]:
-    if trainer is None:
-        raise ValueError("pass a dataloader, or a trainer whose datamodule has a val_dataloader")
-    dm = trainer.datamodule
-    if dm is not None and callable(getattr(dm, "val_dataloader", None)):
-        loaders = dm.val_dataloader()
-    else:
-        loaders = trainer.val_dataloaders
-    if loaders is None:
-        raise ValueError("no validation dataloader to calibrate on; pass one to ConformalCallback.fit")
-    return list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]

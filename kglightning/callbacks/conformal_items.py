@@ -1,18 +1,84 @@
 """Helpers of :class:`~kglightning.callbacks.ConformalCallback`: gathering per-item columns across DDP processes,
-writing sets into ``predict`` outputs, and keeping the callback ahead of the prediction writers."""
+one calibration score per exchangeable unit, writing sets into ``predict`` outputs, and keeping the callback ahead
+of the prediction writers."""
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
 
+import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 from torch import Tensor
 
+from kglightning.conformal.functional import unit_scores
 from kglightning.data.devices import all_gather_objects
 from kglightning.metrics.functional import unique_by_key
+
+
+def per_unit_scores(
+    scores: Tensor, units: Tensor, per_unit: Literal["one", "every"], seed: int, keys: Tensor | None = None
+) -> Tensor:
+    """One calibration score per unit (:func:`~kglightning.conformal.functional.unit_scores`), the same whatever
+    the order the items arrive in when they have ``keys`` (they are put in key order first).
+
+    The draws of ``"one"`` come from a generator seeded by ``seed`` and a digest of the scores and units, so that
+    one seed gives fresh draws for fresh calibration data (a draw fixed by the seed alone would pick the same
+    positions of every unit on every data set) and the same draws for the same data.
+    """
+    s, u = scores.detach().double().flatten().cpu(), units.detach().long().flatten().cpu()
+    if keys is not None:
+        order = torch.argsort(keys.detach().long().flatten().cpu(), stable=True)
+        s, u = s[order], u[order]
+    digest = hashlib.blake2b(str(seed).encode(), digest_size=8)
+    digest.update(s.numpy().tobytes())
+    digest.update(u.numpy().tobytes())
+    generator = torch.Generator().manual_seed(int.from_bytes(digest.digest(), "big") >> 1)
+    return unit_scores(s, u, per_unit, generator)
+
+
+def unit_coverage(hit: Tensor, units: Tensor, per_unit: Literal["one", "every"]) -> float:
+    """The coverage the unit-level threshold promises: the mean over units of the share of their items covered
+    (``"one"``) or of whether every item is covered (``"every"``).
+
+    Example:
+        >>> hit, units = torch.tensor([True, False, True, True]), torch.tensor([0, 0, 0, 1])
+        >>> round(unit_coverage(hit, units, "one"), 4), unit_coverage(hit, units, "every")
+        (0.8333, 0.5)
+    """
+    _, inverse = torch.unique(units.long().cpu(), return_inverse=True)
+    n = int(inverse.max()) + 1 if inverse.numel() else 0
+    size = torch.zeros(n, dtype=torch.float64, device="cpu").scatter_add_(
+        0, inverse, torch.ones_like(hit, dtype=torch.float64)
+    )
+    got = torch.zeros(n, dtype=torch.float64, device="cpu").scatter_add_(0, inverse, hit.double().cpu())
+    share = got / size.clamp(min=1)
+    return float((share if per_unit == "one" else (got == size).double()).mean()) if n else math.nan
+
+
+def check_scorer(pl_module: L.LightningModule) -> None:
+    if not callable(getattr(pl_module, "conformal_scores", None)):
+        raise TypeError(
+            f"{type(pl_module).__name__} does not implement conformal_scores(batch) -> ConformalScores, which "
+            "ConformalCallback needs (see kglightning.callbacks.conformal.ConformalScorer)"
+        )
+
+
+def val_loaders(trainer: L.Trainer | None) -> list[Iterable]:
+    """The validation loaders of ``trainer``'s datamodule, else of the trainer."""
+    if trainer is None:
+        raise ValueError("pass a dataloader, or a trainer whose datamodule has a val_dataloader")
+    dm = trainer.datamodule
+    if dm is not None and callable(getattr(dm, "val_dataloader", None)):
+        loaders = dm.val_dataloader()
+    else:
+        loaders = trainer.val_dataloaders
+    if loaders is None:
+        raise ValueError("no validation dataloader to calibrate on; pass one to ConformalCallback.fit")
+    return list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
 
 
 def _gather_items(
@@ -77,3 +143,45 @@ def ahead_of_writers(callback: Callback, callbacks: list[Callback]) -> list[Call
 def _writers_before(callback: Callback, callbacks: list[Callback]) -> list[Callback]:
     index = next((i for i, cb in enumerate(callbacks) if cb is callback), 0)
     return [cb for cb in callbacks[:index] if isinstance(cb, BasePredictionWriter)]
+
+
+def offset(t: Tensor | None, loader: int) -> Tensor | None:
+    """Item keys or unit ids of one loader made distinct across loaders (the loader's index in the top bits)."""
+    return None if t is None else t.detach().long().cpu() + (loader << 48)
+
+
+def unit_column(cs: Any, loader: int) -> Tensor:
+    """The ``(N,)`` unit ids of a batch's :class:`~kglightning.conformal.scorer.ConformalScores` made distinct
+    across loaders (:func:`offset`), or ``-1`` for each item when the module gives none (so that every process
+    gathers the same columns)."""
+    if cs.units is None:
+        return torch.full((cs.scores.shape[0],), -1, dtype=torch.long, device="cpu")
+    return offset(cs.units, loader)  # type: ignore[return-value]
+
+
+def gathered_units(units: Tensor) -> Tensor | None:
+    """Gathered unit ids (:func:`unit_column`), or ``None`` when no batch named units; a mix is an error."""
+    given = units >= 0
+    if not bool(given.any()):
+        return None
+    if not bool(given.all()):
+        raise ValueError(
+            f"conformal_scores(batch) gave ConformalScores.units for {int(given.sum())} of {units.numel()} items; "
+            "give them for every batch or for none"
+        )
+    return units
+
+
+def all_or_none(parts: list[Tensor | None], name: str, required: bool = True) -> Tensor | None:
+    """``parts`` concatenated when every batch gave them, ``None`` when none did; a mix is an error for ``units``
+    (``required``): calibrating on items where some batches name units would count the items of a unit as
+    independent without a word."""
+    given = [p for p in parts if p is not None]
+    if not given or (len(given) < len(parts) and not required):
+        return None
+    if len(given) < len(parts):
+        raise ValueError(
+            f"conformal_scores(batch) gave ConformalScores.{name} for {len(given)} of {len(parts)} batches; give them "
+            "for every batch or for none"
+        )
+    return torch.cat(given)

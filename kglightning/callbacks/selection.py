@@ -16,7 +16,9 @@ default), and when ``predict`` ends it keeps each predicted question's answers w
 * ``reliability.png``: the reliability diagram of the scores (``1 - score`` against being right) on the predicted
   split when it is labelled, else on the calibration split.
 
-The guarantee assumes the calibration and predicted questions exchangeable (drawn alike); a checkpoint chosen on the
+Calibration questions without labels (records without gold answers) are left out of calibration, with a warning
+that counts them; with none labelled, ``predict`` stops. The guarantee assumes the calibration and predicted
+questions exchangeable (drawn alike), which the selector checks on their list lengths; a checkpoint chosen on the
 calibration split (early stopping on validation) bends that a little, so calibrate on a split that chose nothing
 when there is one (``calibration_split``). Under DDP every process calibrates on the whole calibration loader,
 the predicted rows are gathered (each question once) and process 0 writes.
@@ -227,12 +229,20 @@ class SelectionCallback(Callback):
                 f"SelectionCallback: the {self.calibration_split!r} split has no question to calibrate on"
             )
         cal = self._scored(rows, f"<{self.calibration_split} split>")
-        if not cal.labelled:
+        if not cal.labelled_rows:
             raise RuntimeError(
-                f"SelectionCallback: {len(cal.rows) - cal.labelled_rows} of {len(cal.rows)} questions of the "
-                f"{self.calibration_split!r} split have no 'hallucinated' labels from predict_step (no gold answers); "
-                "calibration needs every question labelled"
+                f"SelectionCallback: {len(cal.rows)} of {len(cal.rows)} questions of the {self.calibration_split!r} "
+                "split have no 'hallucinated' labels from predict_step (no gold answers); calibration needs labelled "
+                "questions"
             )
+        if not cal.labelled:  # questions without gold answers: left out, one by one, and said so
+            unlabelled = [str(r["id"]) for r, ok in zip(cal.rows, cal.row_labelled) if not ok]
+            log.warning(
+                "SelectionCallback: left %d of %d questions of the %r split out of calibration, which have no "
+                "'hallucinated' labels (no gold answers), e.g. id %s; the guarantee is for questions drawn like the "
+                "labelled ones", len(unlabelled), len(cal.rows), self.calibration_split, unlabelled[0],
+            )  # fmt: skip
+            cal = self._scored([r for r, ok in zip(rows, cal.row_labelled) if ok], f"<{self.calibration_split} split>")
         return cal
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -293,7 +303,7 @@ class SelectionCallback(Callback):
             meta["achieved"] = grouped_selection_metrics(sel.keep, t.hallucinated, t.question, t.group)
             sweep = []
             for alpha in self.report_alphas:
-                keep = s.with_alpha(alpha).select(self.calibration.answers, t).keep
+                keep = s.with_alpha(alpha).select(self.calibration.answers, t, check_lengths=False).keep
                 metrics = grouped_selection_metrics(keep, t.hallucinated, t.question, t.group)
                 sweep += [{"split": 0, "rule": s.rule, "alpha": alpha, "group": g, **m} for g, m in metrics.items()]
             summary = summarize(sweep, s.delta)

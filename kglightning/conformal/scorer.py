@@ -36,6 +36,10 @@ class ConformalScores:
         groups: ``(N,)`` integer group ids for Mondrian calibration (``ConformalCallback(by_group=True)`` fits one
             ``qhat`` per group), e.g. grounded or not; ``None``: one group.
         group_names: the names of the group ids (``group_names[i]`` names id ``i``), for logs and metric names.
+        units: ``(N,)`` integer ids in ``[0, 2**48)`` of the exchangeable unit each item belongs to, unique within a
+            loader (e.g. the index of an answer's question in its split): when items cluster (the answers of one
+            question depend on each other), ``ConformalCallback`` calibrates on one score per unit and counts units,
+            not items. ``None``: every item is its own unit (items exchangeable).
 
     Example:
         >>> cs = ConformalScores(torch.tensor([[0.2, 0.8], [0.6, 0.4]]), labels=torch.tensor([[1, 0], [0, 1]]).bool())
@@ -50,6 +54,7 @@ class ConformalScores:
     keys: Tensor | None = None
     groups: Tensor | None = None
     group_names: Sequence[str] | None = None
+    units: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.scores.dim() != 2:
@@ -60,6 +65,10 @@ class ConformalScores:
                 raise ValueError(f"{name} must have the shape of scores {tuple(self.scores.shape)}")
         if self.keys is not None and self.keys.shape != self.scores.shape[:1]:
             raise ValueError(f"keys must have shape ({self.scores.shape[0]},), got {tuple(self.keys.shape)}")
+        if self.units is not None and self.units.shape != self.scores.shape[:1]:
+            raise ValueError(f"units must have shape ({self.scores.shape[0]},), got {tuple(self.units.shape)}")
+        if self.units is not None and (self.units.is_floating_point() or bool((self.units < 0).any())):
+            raise ValueError("units must be non-negative integer ids")
         if self.groups is not None and self.groups.shape != self.scores.shape[:1]:
             raise ValueError(f"groups must have shape ({self.scores.shape[0]},), got {tuple(self.groups.shape)}")
         if self.candidates is not None and len(self.candidates) != self.scores.shape[1]:

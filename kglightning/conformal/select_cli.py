@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kglightning.conformal.selection import RULES, AnswerSelector
-from kglightning.conformal.selection_io import ScoredFile, json_number, read_scored, selected_rows
+from kglightning.conformal.selection import LENGTH_LEVEL, RULES, AnswerSelector
+from kglightning.conformal.selection_io import ScoredFile, json_number, labelled_part, read_scored, selected_rows
 from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
 from kglightning.data.predictions import add_on_bad_record_argument
 from kglightning.data.records import RecordError
@@ -42,15 +42,11 @@ def _read(path: str, args: argparse.Namespace) -> ScoredFile:
 def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
     """Calibrate on ``--calibration``, select on ``--predictions``, write the rows and the summary."""
     cal, test = _read(args.calibration, args), _read(args.predictions, args)
-    if not cal.labelled:
-        raise RecordError(
-            "every calibration row needs labels ('hallucinated', or gold answers); this one has none",
-            source=args.calibration, line=cal.first_unlabelled, field="hallucinated",
-        )  # fmt: skip
+    cal_answers = labelled_part(cal, args.calibration)
     selector = AnswerSelector(
         args.rule[0], args.alpha[0], args.delta, args.min_calibration, args.grid, args.start, args.chains, args.seed
     )
-    sel = selector.select(cal.answers, test.answers)
+    sel = selector.select(cal_answers, test.answers)
     rows = selected_rows(test.rows, test.names, test.answers, sel, selector)
     out = Path(args.output) if args.output else Path(args.predictions).with_suffix(".selected.jsonl")
     summary: dict[str, Any] = {
@@ -59,7 +55,9 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
         "delta": selector.delta,
         "groups": {g: vars(s) for g, s in sel.groups.items()},
         "n_calibration_skipped": len(cal.skipped),
+        "n_calibration_no_gold": len(cal.no_gold_lines),
         "n_test_skipped": len(test.skipped),
+        "n_test_no_answer": test.no_answer_rows,
         "output": str(out),
     }
     if test.labelled:
@@ -83,22 +81,26 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
 def check_rules(args: argparse.Namespace) -> Path:
     """Repeated random splits of ``--pool``; write the report."""
     pool = _read(args.pool, args)
-    if not pool.labelled:
-        raise RecordError(
-            "every pool row needs labels ('hallucinated', or gold answers); this one has none",
-            source=args.pool, line=pool.first_unlabelled, field="hallucinated",
-        )  # fmt: skip
+    answers = labelled_part(pool, args.pool, "pool")
     kw = {"grid": args.grid, "start": args.start, "chains": args.chains, "min_calibration": args.min_calibration}
-    rows = repeated_selection(pool.answers, args.rule, args.alpha, args.delta, args.repeats, args.calibration_share,
+    rows = repeated_selection(answers, args.rule, args.alpha, args.delta, args.repeats, args.calibration_share,
                               args.seed, args.one_per_question, **kw)  # fmt: skip
     summary = summarize(rows, args.delta)
     out = Path(args.report_dir)
     title = f"Selection on {Path(args.pool).name}: {args.repeats} random calibration/test splits by question"
     write_report(summary, out, title, args.delta, pool=args.pool, repeats=args.repeats, seed=args.seed,
                  calibration_share=args.calibration_share, group_by=args.group_by, score=args.score,
-                 one_per_question=args.one_per_question)  # fmt: skip
+                 one_per_question=args.one_per_question, no_gold_rows=len(pool.no_gold_lines))  # fmt: skip
     write_text_atomic(out / "splits.json", json.dumps(json_number(rows), allow_nan=False) + "\n")
     return out
+
+
+def _shift(info: dict[str, Any]) -> str:
+    c, t = info["calibration_lengths"], info["test_lengths"]
+    return (
+        f"calibration and test questions have answer lists of different lengths, p = {info['length_pvalue']:.2g}: "
+        f"{c['mean']:.2f} against {t['mean']:.2f} answers on average; the guarantee assumes them drawn alike"
+    )
 
 
 def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
@@ -111,8 +113,9 @@ def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
                    help="fdr: expected hallucinated share of the kept answers <= alpha (answers exchangeable); "
                         "top: the same on each question's best answer, at most one kept per question (questions "
                         "exchangeable); "
-                        "kept_rate: the hallucinated share of the kept answers, each question weighing one, <= alpha "
-                        "with probability >= 1 - delta (Learn-Then-Test); question: P(a question keeps a "
+                        "kept_rate: the hallucinated share of the answers its cut keeps over the population of "
+                        "questions, each weighing one, <= alpha with probability >= 1 - delta (Learn-Then-Test); "
+                        "question: P(a question keeps a "
                         "hallucinated answer) <= alpha")  # fmt: skip
     p.add_argument("--alpha", nargs="+", type=float, default=[0.1], help="level(s) in (0, 1)")
     p.add_argument("--delta", type=float, default=0.1, help="kept_rate: probability the bound may fail")
@@ -146,6 +149,8 @@ def main(argv: list[str] | None = None, prog: str = "kglightning select") -> int
             s = apply_selection(args)
             for g, info in s["groups"].items():
                 flag = " (too few calibration items: nothing kept)" if info["too_small"] else ""
+                shift = info["length_pvalue"] is not None and info["length_pvalue"] < LENGTH_LEVEL
+                flag += f" (WARNING: {_shift(info)})" if shift else ""
                 print(f"group {g}: kept {info['n_kept']} of {info['n_test']} answers{flag}")
             if "achieved" in s:
                 a = s["achieved"]["all"]

@@ -20,6 +20,12 @@ its own calibration answers only, so each guarantee holds within each group (Mon
 exchangeability it needs holding within the group. A group with fewer calibration items than the rule needs to
 keep anything (``min_calibration``) is flagged ``too_small`` and keeps nothing: a warning, never a guarantee that
 the data cannot give.
+
+Every rule needs the calibration and test units drawn alike. The selector checks what it can see: per group, the
+calibration and test questions' list lengths are compared by a two-sample Kolmogorov-Smirnov test, and a clear
+difference (p below :data:`LENGTH_LEVEL`) is a warning with both sides' summaries. Its random draws come from
+``seed`` and a digest of the data (:meth:`AnswerSelector.select`), so that the promise, which averages over them,
+holds for each seed over fresh data.
 """
 
 from __future__ import annotations
@@ -42,74 +48,21 @@ from kglightning.conformal.functional.selection import (
     kept_rate_pvalues,
     question_cutoff,
 )
+from kglightning.conformal.functional.two_sample import ks_two_sample, summary
+from kglightning.conformal.scored import ScoredAnswers
 
 log = logging.getLogger(__name__)
 
 Rule = Literal["fdr", "top", "kept_rate", "question"]
+LENGTH_LEVEL = 0.01  # a length-shift p-value below it is warned about
 RULES = ("fdr", "top", "kept_rate", "question")
-ALL = "all"  # the one group of a selection without groups
 
 
-@dataclass
-class ScoredAnswers:
-    """Answers with a hallucination score each, the question they answer, an optional group and label.
-
-    Args:
-        scores: ``(N,)`` hallucination scores, higher = more likely hallucinated; finite.
-        question: ``(N,)`` integer ids of the answers' questions (the exchangeable unit of the ``"question"`` rule).
-        group: ``N`` group names, or ``None`` for one group.
-        hallucinated: ``(N,)`` booleans (``True`` = hallucinated); required for calibration answers.
-        keys: ``N`` stable names of the answers (e.g. ``"<question id>#<position>"``): the FDR rules then draw each
-            answer's tie-breaks from its name and the seed, so the selection does not depend on the answers' order
-            (as after a DDP gather). ``None``: draws in order from the seed.
-    """
-
-    scores: Tensor
-    question: Tensor
-    group: list[str] | None = None
-    hallucinated: Tensor | None = None
-    keys: list[str] | None = None
-
-    def __post_init__(self) -> None:
-        self.scores = torch.as_tensor(self.scores, dtype=torch.float64, device="cpu").flatten()
-        self.question = torch.as_tensor(self.question, dtype=torch.long, device="cpu").flatten()
-        n = self.scores.numel()
-        if not bool(torch.isfinite(self.scores).all()):
-            raise ValueError("scores must be finite (no NaN or inf)")
-        if self.question.numel() != n:
-            raise ValueError(f"question has {self.question.numel()} entries for {n} scores")
-        if self.group is not None and len(self.group) != n:
-            raise ValueError(f"group has {len(self.group)} entries for {n} scores")
-        if self.group is not None and ALL in self.group:
-            raise ValueError(f"the group name {ALL!r} is reserved for every answer together; rename that group")
-        if self.keys is not None and len(self.keys) != n:
-            raise ValueError(f"keys has {len(self.keys)} entries for {n} scores")
-        if self.hallucinated is not None:
-            self.hallucinated = torch.as_tensor(self.hallucinated, device="cpu").flatten().bool()
-            if self.hallucinated.numel() != n:
-                raise ValueError(f"hallucinated has {self.hallucinated.numel()} entries for {n} scores")
-
-    def __len__(self) -> int:
-        return self.scores.numel()
-
-    def groups(self) -> list[str]:
-        return [ALL] * len(self) if self.group is None else [str(g) for g in self.group]
-
-    def draws(self, seed: int, mask: Tensor, salt: str = "") -> Tensor | None:
-        """Tie-break draws in ``[0, 1)`` for the answers in ``mask``, from their keys and ``seed`` (``None`` without
-        keys): the first 53 bits of ``blake2b(seed, salt, key)``; another ``salt`` gives independent draws."""
-        if self.keys is None:
-            return None
-        picked = [
-            f"{seed}\x00{salt}\x00{k}" if salt else f"{seed}\x00{k}" for k, m in zip(self.keys, mask.tolist()) if m
-        ]
-        return torch.tensor(
-            [int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8).digest(), "big") >> 11 for k in picked],
-            dtype=torch.float64, device="cpu",
-        ) / float(2**53)  # fmt: skip
-
-    def mask(self, group: str) -> Tensor:
-        return torch.tensor([g == group for g in self.groups()], dtype=torch.bool, device="cpu")
+def _lengths(s: dict[str, float]) -> str:
+    return (
+        f"{s['n']} questions, {s['mean']:.2f} answers on average (quartiles {s['q25']:g}/{s['median']:g}/"
+        f"{s['q75']:g}, range {s['min']:g}-{s['max']:g})"
+    )
 
 
 @dataclass
@@ -124,6 +77,11 @@ class GroupSelection:
         cut: the score cut (``"kept_rate"``: kept when ``score <= cut``; ``"question"``: when ``score < cut``); ``None``
             for ``"fdr"`` and ``"top"`` (BH has no fixed cut) and when nothing is kept by ``"kept_rate"``.
         n_test: test answers of the group; ``n_kept``: how many are kept.
+        length_pvalue: the two-sample Kolmogorov-Smirnov p-value comparing how many answers the group's calibration
+            and test questions have (:func:`~kglightning.conformal.functional.two_sample.ks_two_sample`); below
+            :data:`LENGTH_LEVEL` the selector warns that they are not drawn alike. ``None`` when not checked.
+        calibration_lengths, test_lengths: summaries of the two sides' list lengths
+            (:func:`~kglightning.conformal.functional.two_sample.summary`), or ``None``.
     """
 
     group: str
@@ -133,6 +91,9 @@ class GroupSelection:
     cut: float | None
     n_test: int
     n_kept: int
+    length_pvalue: float | None = None
+    calibration_lengths: dict[str, float] | None = None
+    test_lengths: dict[str, float] | None = None
 
 
 @dataclass
@@ -182,9 +143,9 @@ class AnswerSelector:
         chains: ``"kept_rate"`` only: fixed sequences started at evenly spaced points of the grid, each run at
             ``delta / chains`` (Bonferroni), so that a strict threshold with too little evidence does not end every
             test (a single chain from ``start`` stops there).
-        seed: seeds the random tie-breaking of the p-values (and of each question's best answer for ``"top"``) and
-            the order in which the ``kept_rate``
-            rule's betting p-values visit the calibration questions.
+        seed: seeds, together with a digest of the data, the random tie-breaking of the p-values (and of each
+            question's best answer for ``"top"``) and the order in which the ``kept_rate`` rule's betting p-values
+            visit the calibration questions.
     """
 
     def __init__(
@@ -225,15 +186,33 @@ class AnswerSelector:
             given = max(given, calibration_floor(self.rule, alpha, self.delta, self.chains))
         return AnswerSelector(self.rule, alpha, self.delta, given, self.grid, self.start, self.chains, self.seed)
 
-    def select(self, calibration: ScoredAnswers, test: ScoredAnswers) -> Selection:
-        """The test answers to keep, calibrated on ``calibration`` (which must carry ``hallucinated``)."""
+    def select(self, calibration: ScoredAnswers, test: ScoredAnswers, check_lengths: bool = True) -> Selection:
+        """The test answers to keep, calibrated on ``calibration`` (which must carry ``hallucinated``).
+
+        The random draws (tie-breaks, ``top``'s pick among tied answers, the order ``kept_rate`` visits the
+        questions in) come from a stream seeded by ``seed`` and by a digest of both sides' content
+        (:meth:`ScoredAnswers.fingerprint`; the test answers' labels left out, so that labelled and unlabelled
+        copies of one file keep the same answers): one seed thus draws afresh for fresh data, as the guarantee over
+        the draws needs, and the same data give the same selection. With ``check_lengths`` each group's calibration
+        and test list lengths are compared (:attr:`GroupSelection.length_pvalue`) and a clear difference is
+        warned about; a check over random splits of one pool leaves it off.
+        """
         if calibration.hallucinated is None:
             raise ValueError("calibration answers need hallucinated labels")
         if len(calibration) == 0:
             raise ValueError("calibration set is empty")
+        if (calibration.group is None) != (test.group is None):
+            which = ("calibration", "test") if test.group is None else ("test", "calibration")
+            raise ValueError(
+                f"the {which[0]} answers have groups and the {which[1]} answers have none: no group would find its "
+                "calibration answers and nothing would be kept; group both or neither"
+            )
         keep = torch.zeros(len(test), dtype=torch.bool, device="cpu")
         out = Selection(keep)
-        gen = torch.Generator().manual_seed(self.seed)
+        mixed = hashlib.blake2b(str(self.seed).encode(), digest_size=8)
+        mixed.update(calibration.fingerprint(labels=True) + test.fingerprint(labels=False))
+        stream = int.from_bytes(mixed.digest(), "big") >> 1
+        gen = torch.Generator().manual_seed(stream)
         for g in sorted(set(test.groups())):
             cm, tm = calibration.mask(g), test.mask(g)
             cal_s, cal_y, cal_q = calibration.scores[cm], calibration.hallucinated[cm], calibration.question[cm]
@@ -242,13 +221,15 @@ class AnswerSelector:
             cut: float | None = None
             kept = torch.zeros(int(tm.sum()), dtype=torch.bool, device="cpu")
             if not too_small and self.rule == "top":
-                kept = self._select_top(calibration, cm, test, tm, gen)
+                kept = self._select_top(calibration, cm, test, tm, gen, stream)
             elif not too_small:
-                kept, cut = self._select_group(cal_s, cal_y, cal_q, test.scores[tm], gen, test.draws(self.seed, tm))
+                kept, cut = self._select_group(cal_s, cal_y, cal_q, test.scores[tm], gen, test.draws(stream, tm))
             keep[tm] = kept
             out.groups[g] = GroupSelection(
                 g, n_cal, self.min_calibration, too_small, cut, int(tm.sum()), int(kept.sum())
             )
+            if check_lengths:
+                self._compare_lengths(out.groups[g], cal_q, test.question[tm])
             if too_small:
                 log.warning(
                     "AnswerSelector: group %r has %d calibration %s, fewer than the %d that rule %r needs at alpha=%g: "
@@ -264,16 +245,35 @@ class AnswerSelector:
                 )  # fmt: skip
         return out
 
+    def _compare_lengths(self, info: GroupSelection, cal_q: Tensor, test_q: Tensor) -> None:
+        """Compare how many answers the group's calibration and test questions have; warn when they differ."""
+        cal_len = torch.unique(cal_q, return_counts=True)[1]
+        test_len = torch.unique(test_q, return_counts=True)[1]
+        if not cal_len.numel() or not test_len.numel():
+            return
+        _, info.length_pvalue = ks_two_sample(cal_len, test_len)
+        info.calibration_lengths, info.test_lengths = summary(cal_len), summary(test_len)
+        if info.length_pvalue < LENGTH_LEVEL:
+            log.warning(
+                "AnswerSelector: group %r: the calibration and test questions have answer lists of different lengths "
+                "(two-sample Kolmogorov-Smirnov p = %.2g < %g): calibration %s; test %s. Rule %r assumes both drawn "
+                "alike (exchangeable), and its bound need not hold when they are not (with longer test lists, "
+                "top's best answer of a question is the least of more scores, and more wrong answers pass). "
+                "Calibrate on questions answered like the test questions (the same LLM and settings).",
+                info.group, info.length_pvalue, LENGTH_LEVEL, _lengths(info.calibration_lengths),
+                _lengths(info.test_lengths), self.rule,
+            )  # fmt: skip
+
     def _select_top(
-        self, cal: ScoredAnswers, cm: Tensor, test: ScoredAnswers, tm: Tensor, gen: torch.Generator
+        self, cal: ScoredAnswers, cm: Tensor, test: ScoredAnswers, tm: Tensor, gen: torch.Generator, stream: int
     ) -> Tensor:
         """``"top"``: BH on the p-values of each test question's best answer against each calibration question's."""
         kept = torch.zeros(int(tm.sum()), dtype=torch.bool, device="cpu")
         if not bool(tm.any()):
             return kept
-        best_c = best_per_question(cal.scores[cm], cal.question[cm], cal.draws(self.seed, cm, "best"), gen)
-        best_t = best_per_question(test.scores[tm], test.question[tm], test.draws(self.seed, tm, "best"), gen)
-        u = test.draws(self.seed, tm)
+        best_c = best_per_question(cal.scores[cm], cal.question[cm], cal.draws(stream, cm, "best"), gen)
+        best_t = best_per_question(test.scores[tm], test.question[tm], test.draws(stream, tm, "best"), gen)
+        u = test.draws(stream, tm)
         p = conformal_pvalues(
             cal.scores[cm][best_c], cal.hallucinated[cm][best_c], test.scores[tm][best_t], gen,
             None if u is None else u[best_t],

@@ -7,6 +7,16 @@ answer is the row's ``hallucinated`` list when there is one, else whether it fai
 calibration). ``group_by`` names a key whose value is a list aligned with the answers (``grounding``) or one value
 for the row (``hops``, a dotted path such as ``extra.type``, the LLM that answered).
 
+Rows that hold less, each by one rule:
+
+* no answer (``prediction: ""`` or ``[]``): the question is kept with no answer (its score column ``[]`` or
+  absent); it keeps nothing, and in calibration it is no unit (it has no answer to calibrate on). Counted in
+  :attr:`ScoredFile.no_answer_rows`. A blank answer *within* a list is an error.
+* an empty gold list (``ground_truth: []``, no ``hallucinated``): no answer of the row can be judged right or
+  wrong, so the row is unlabelled; :func:`labelled_part` leaves it out of a calibration set or a pool (counted
+  and logged with its line) instead of refusing the whole file. A row with no label field at all is still an
+  error in calibration: that file was not labelled.
+
 Problems raise :class:`~kglightning.data.records.RecordError` naming the file, the line and the field; with
 ``on_bad_record="skip"`` such rows are left out, logged and counted (:attr:`ScoredFile.skipped`).
 """
@@ -24,7 +34,8 @@ from typing import Any, Literal
 
 import torch
 
-from kglightning.conformal.selection import ALL, AnswerSelector, ScoredAnswers, Selection
+from kglightning.conformal.scored import ALL, ScoredAnswers
+from kglightning.conformal.selection import AnswerSelector, Selection
 from kglightning.data.records import RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
 from kglightning.metrics.functional.qa import answer_correctness
@@ -38,7 +49,8 @@ Sense = Literal["hallucination", "confidence"]
 class ScoredFile:
     """The answers of a file (:class:`ScoredAnswers`, question ``i`` = the ``i``-th kept row), the kept rows, each
     row's answers, whether every row is labelled (and how many are, and the line of the first that is not), and the
-    skipped rows' errors."""
+    skipped rows' errors; per row whether it is labelled; the line of the first row with no label field at all, the
+    lines of the rows whose gold list is empty, and how many rows have no answer."""
 
     answers: ScoredAnswers
     rows: list[dict[str, Any]]
@@ -47,6 +59,11 @@ class ScoredFile:
     skipped: list[RecordError] = field(default_factory=list)
     labelled_rows: int = 0
     first_unlabelled: int | None = None
+    row_labelled: list[bool] = field(default_factory=list)
+    no_label_field: int | None = None
+    no_gold_lines: list[int] = field(default_factory=list)
+    no_answer_rows: int = 0
+    answer_labels: torch.Tensor | None = None  # every answer's label, False in unlabelled rows
 
 
 def lookup_key(row: dict[str, Any], key: str) -> Any:
@@ -88,19 +105,21 @@ def group_name(v: Any) -> str:
 
 def _row(
     row: Any, score: str, sense: Sense, group_by: str | None, err
-) -> tuple[list[str], list[float], list[bool] | None, list[str] | None]:
+) -> tuple[list[str], list[float], list[bool] | None, list[str] | None, bool]:
+    """The row's answers, scores, labels (``None``: unlabelled), groups, and whether its gold list is empty."""
     if not isinstance(row, dict):
         raise err(f"expected a JSON object, got {type(row).__name__}")
     if "id" not in row or isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)) or row["id"] == "":
         raise err("missing, or not a non-empty string or integer", "id")
     pred = row.get("prediction")
-    names = pred.split("\n") if isinstance(pred, str) else pred
+    names = ([] if pred == "" else pred.split("\n")) if isinstance(pred, str) else pred
     if not isinstance(names, list) or not all(isinstance(p, str) for p in names):
         raise err("expected a list of strings or a newline-joined string", "prediction")
     blank = [i for i, p in enumerate(names) if not p.strip()]
     if blank:
         raise err(f"answer {blank[0]} is blank", "prediction")
-    values = row.get(score)
+    values = row.get(score, [] if not names else None)
+    values = [] if values is None and not names else values  # a row with no answer needs no scores
     if not isinstance(values, list) or len(values) != len(names):
         got = f"{len(values)} values" if isinstance(values, list) else type(values).__name__
         raise err(f"expected a list of {len(names)} numbers (one per answer), got {got}", score)
@@ -114,6 +133,7 @@ def _row(
         if not isinstance(lab, list) or len(lab) != len(names) or not all(v in (0, 1) for v in lab):
             raise err(f"expected a list of {len(names)} booleans (one per answer)", "hallucinated")
         labels = [bool(v) for v in lab]
+        no_gold = False
     else:
         gold = row.get("ground_truth", row.get("answer"))
         gold = [gold] if isinstance(gold, str) else gold
@@ -121,6 +141,7 @@ def _row(
             raise err("expected a list of strings", "ground_truth")
         if gold:
             labels = [not ok for ok in answer_correctness(names, gold)]
+        no_gold = gold is not None and not gold
     groups: list[str] | None = None
     if group_by is not None:
         try:
@@ -137,7 +158,7 @@ def _row(
             raise err(f"expected a string, finite number or boolean, got {type(g).__name__}", group_by)
         if ALL in groups:
             raise err(f"the group name {ALL!r} is reserved for every answer together", group_by)
-    return names, scores, labels, groups
+    return names, scores, labels, groups, no_gold
 
 
 def read_scored(
@@ -183,6 +204,7 @@ def scored_rows(
     groups: list[str] = []
     rows, names, skipped, seen, keys = [], [], [], {}, []
     labelled, labelled_rows, first_unlabelled = True, 0, None
+    row_labelled, no_label_field, no_gold_lines, no_answer_rows = [], None, [], 0
     for line, raw in items:
 
         def err(message: str, name: str | None = None, line: int = line) -> RecordError:
@@ -191,7 +213,7 @@ def scored_rows(
         try:
             if isinstance(raw, RecordError):
                 raise raw
-            ans, s, y, g = _row(raw, score, sense, group_by, err)
+            ans, s, y, g, no_gold = _row(raw, score, sense, group_by, err)
             key = str(raw["id"])
             if key in seen:
                 raise err(f"duplicate id {raw['id']!r} (first seen at line {seen[key]})", "id")
@@ -208,7 +230,12 @@ def scored_rows(
         scores += s
         labelled = labelled and y is not None
         labelled_rows += y is not None
+        no_gold_lines += [line] if no_gold else []
+        no_answer_rows += not ans
+        row_labelled.append(y is not None)
         first_unlabelled = line if y is None and first_unlabelled is None else first_unlabelled
+        unfit = y is None and not no_gold and no_label_field is None  # no label field at all
+        no_label_field = line if unfit else no_label_field
         keys += [f"{key}#{i}" for i in range(len(ans))]
         labels += y if y is not None else [False] * len(ans)
         groups += g if g is not None else []
@@ -217,14 +244,57 @@ def scored_rows(
         log.warning("skipped %d rows of %s: %s", len(skipped), source, ", ".join(f"{n} x {r}" for r, n in why.items()))
     if not rows:
         raise RecordError("no scored rows (the file is empty, or every row was skipped)", source=source)
+    label_tensor = torch.tensor(labels, dtype=torch.bool, device="cpu")
     answers = ScoredAnswers(
         torch.tensor(scores, dtype=torch.float64, device="cpu"),
         torch.tensor(question, dtype=torch.long, device="cpu"),
         groups if group_by is not None else None,
-        torch.tensor(labels, dtype=torch.bool, device="cpu") if labelled else None,
+        label_tensor if labelled else None,
         keys,
     )
-    return ScoredFile(answers, rows, names, labelled, skipped, labelled_rows, first_unlabelled)
+    if no_answer_rows:
+        log.info("%s: %d of %d rows have no answer (they keep nothing)", source, no_answer_rows, len(rows))
+    return ScoredFile(
+        answers, rows, names, labelled, skipped, labelled_rows, first_unlabelled, row_labelled, no_label_field,
+        no_gold_lines, no_answer_rows, label_tensor,
+    )  # fmt: skip
+
+
+def labelled_part(scored: ScoredFile, source: str, what: str = "calibration") -> ScoredAnswers:
+    """The labelled rows' answers, to calibrate on (or to split, ``what="pool"``).
+
+    A row whose gold list is empty is left out (logged, with the count and the first line); a row with no label
+    field at all is an error naming its line (the file was not labelled), and so is a file with no labelled row.
+    """
+    if scored.no_label_field is not None:
+        raise RecordError(
+            f"every {what} row needs labels ('hallucinated', or gold answers); this one has none",
+            source=source, line=scored.no_label_field, field="hallucinated",
+        )  # fmt: skip
+    if scored.labelled:
+        return scored.answers
+    if not scored.labelled_rows:
+        raise RecordError(f"no {what} row has a gold answer to judge its answers by", source=source)
+    log.warning(
+        "%s: left %d of %d %s rows out, whose gold answer list is empty (no answer can be judged right or wrong; "
+        "first at line %d); the guarantee is for questions drawn like the labelled ones",
+        source, len(scored.no_gold_lines), len(scored.rows), what, scored.no_gold_lines[0],
+    )  # fmt: skip
+    return _rows_subset(scored, scored.row_labelled)
+
+
+def _rows_subset(scored: ScoredFile, keep_rows: list[bool]) -> ScoredAnswers:
+    """The answers of the rows where ``keep_rows`` is true, with labels (every kept row must have them)."""
+    counts = [len(n) for n in scored.names]
+    mask = torch.tensor([k for k, c in zip(keep_rows, counts) for _ in range(c)], dtype=torch.bool, device="cpu")
+    a, picked = scored.answers, mask.tolist()
+    return ScoredAnswers(
+        a.scores[mask],
+        a.question[mask],
+        [g for g, m in zip(a.group, picked) if m] if a.group is not None else None,
+        scored.answer_labels[mask],  # type: ignore[index]
+        [k for k, m in zip(a.keys, picked) if m] if a.keys is not None else None,
+    )
 
 
 def json_number(x: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from functools import partial
 
 import lightning as L
@@ -72,7 +73,7 @@ def test_predict_writes_the_selection_an_independent_selector_makes(fitted, tmp_
     assert "one run" in (out / "report.md").read_text()
 
 
-def test_groups_are_grounded_or_not_and_unlabelled_calibration_is_refused(fitted, tmp_path):
+def test_groups_are_grounded_or_not_and_unlabelled_calibration_is_refused(fitted, tmp_path, caplog):
     model, dm = fitted
     cb = SelectionCallback(output_dir=str(tmp_path / "t"), group_by="grounded")
     _trainer(tmp_path, [cb]).predict(model, dm)
@@ -89,6 +90,19 @@ def test_groups_are_grounded_or_not_and_unlabelled_calibration_is_refused(fitted
     bare.load_state_dict(model.state_dict())
     with pytest.raises(RuntimeError, match="16 of 16 questions of the 'validation' split have no 'hallucinated'"):
         _trainer(tmp_path, [SelectionCallback(output_dir=str(tmp_path / "u"))]).predict(bare, dm)
+
+    class SomeUnlabelled(HallucinationDetector):  # records without gold answers: their rows carry no labels
+        def predict_step(self, batch, batch_idx):
+            rows = super().predict_step(batch, batch_idx)
+            return [{k: v for k, v in r.items() if k != "hallucinated" or i % 4} for i, r in enumerate(rows)]
+
+    some = SomeUnlabelled(text_dim=32, encoder=ENCODER, mlp_hidden=16)
+    some.load_state_dict(model.state_dict())
+    cb = SelectionCallback(output_dir=str(tmp_path / "s"), group_by="none")
+    with caplog.at_level(logging.WARNING, logger="kglightning.callbacks.selection"):
+        _trainer(tmp_path, [cb]).predict(some, dm)
+    assert "left 4 of 16 questions of the 'validation' split out of calibration" in caplog.text
+    assert len(cb.calibration.rows) == 12 and cb.calibration.labelled
     with pytest.raises(ValueError, match="group_by"):
         SelectionCallback(group_by="hops")
     with pytest.raises(ValueError, match="report_alphas"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 
 import pytest
@@ -212,3 +213,55 @@ def test_unlabelled_calibration_row_is_named_by_line(tmp_path, capsys):
     cal = _write(tmp_path / "cal.jsonl", rows)
     assert main(["select", "--calibration", str(cal), "--predictions", str(cal)]) == 2
     assert "cal.jsonl:4: field 'hallucinated'" in capsys.readouterr().err
+
+
+def test_rows_with_no_answer_or_an_empty_gold_list_follow_one_rule_each(tmp_path, capsys, caplog):
+    rows = _pool(30)
+    for r in rows:  # labels from gold answers: the answers named a{i}_0 are right
+        r["ground_truth"] = [f"a{r['id'][1:]}_0"]
+        del r["hallucinated"]
+    rows[2]["ground_truth"] = []  # no gold answer: the row is left out of calibration, not the whole file
+    rows[5]["prediction"], rows[5]["hallucination_prob"] = "", []  # no answer: a question that keeps nothing
+    del rows[6]["hallucination_prob"]
+    rows[6]["prediction"] = []  # no answer and no score column
+    cal = _write(tmp_path / "cal.jsonl", rows)
+    test = _write(tmp_path / "test.jsonl", rows[:8])
+    out = tmp_path / "out.jsonl"
+    args = ["select", "--calibration", str(cal), "--predictions", str(test), "--rule", "question", "--alpha", "0.2"]
+    with caplog.at_level(logging.WARNING):
+        assert main([*args, "--output", str(out)]) == 0, capsys.readouterr().err
+    assert "left 1 of 30 calibration rows out, whose gold answer list is empty" in caplog.text
+    assert "first at line 3" in caplog.text
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(written) == 8 and written[5]["kept"] == [] and written[5]["abstained"] and written[6]["abstained"]
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["n_calibration_no_gold"] == 1 and summary["n_test_no_answer"] == 2
+    f = read_scored(cal)
+    assert f.no_gold_lines == [3] and f.no_answer_rows == 2 and f.no_label_field is None and f.first_unlabelled == 3
+    assert not f.labelled and f.labelled_rows == 29
+    # the pool follows the same rule
+    assert main(["select", "--pool", str(cal), "--repeats", "2", "--rule", "question", "--report-dir",
+                 str(tmp_path / "rep")]) == 0  # fmt: skip
+    # a file whose every gold list is empty cannot calibrate
+    for r in rows:
+        r["ground_truth"] = []
+    bare = _write(tmp_path / "bare.jsonl", rows)
+    assert main(["select", "--calibration", str(bare), "--predictions", str(test)]) == 2
+    assert "no calibration row has a gold answer" in capsys.readouterr().err
+
+
+def test_cli_flags_lists_of_other_lengths(tmp_path, capsys):
+    rows = _pool(60)
+    short = [{**r, "prediction": r["prediction"][:1], "hallucination_prob": r["hallucination_prob"][:1],
+              "hallucinated": r["hallucinated"][:1], "grounding": r["grounding"][:1]} for r in rows]  # fmt: skip
+    long = [{**r, "id": f"t{i}", "prediction": r["prediction"] * 3, "hallucination_prob": r["hallucination_prob"] * 3,
+             "hallucinated": r["hallucinated"] * 3, "grounding": r["grounding"] * 3} for i, r in enumerate(rows)]  # fmt: skip
+    cal, test = _write(tmp_path / "cal.jsonl", short), _write(tmp_path / "test.jsonl", long)
+    assert main(["select", "--calibration", str(cal), "--predictions", str(test)]) == 0
+    out = capsys.readouterr().out
+    assert "(WARNING: calibration and test questions have answer lists of different lengths, p = " in out
+    assert "1.00 against 7.05 answers on average" in out  # the pool's 1-4 answers, three times over
+    summary = json.loads((tmp_path / "test.selected.summary.json").read_text())
+    assert summary["groups"]["all"]["length_pvalue"] < 0.01
+    assert main(["select", "--calibration", str(cal), "--predictions", str(cal), "--output", str(tmp_path / "o")]) == 0
+    assert "WARNING" not in capsys.readouterr().out

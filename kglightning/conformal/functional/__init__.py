@@ -7,7 +7,7 @@ from kglightning.conformal.functional.pvalues import (
     binomial_tail_pvalue,
     hoeffding_bentkus_pvalue,
 )
-from kglightning.conformal.functional.quantile import conformal_quantile, conformal_rank, prediction_sets
+from kglightning.conformal.functional.quantile import conformal_quantile, conformal_rank, prediction_sets, unit_scores
 from kglightning.conformal.functional.selection import (
     benjamini_hochberg,
     best_per_question,
@@ -33,4 +33,5 @@ __all__ = [
     "ltt_select",
     "prediction_sets",
     "question_cutoff",
+    "unit_scores",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -88,6 +89,63 @@ def conformal_quantile(scores: Tensor | Sequence, alpha: float | Tensor) -> Tens
     k = k.to(s.device).expand(batch)
     picked = torch.gather(sorted_s, -1, (k.clamp(1, n) - 1).unsqueeze(-1)).squeeze(-1)
     return torch.where(k > n, torch.full_like(picked, math.inf), picked)
+
+
+def unit_scores(
+    scores: Tensor | Sequence,
+    units: Tensor | Sequence,
+    per_unit: Literal["one", "every"] = "one",
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """One calibration score per exchangeable unit (e.g. a question) from the scores of its items (its answers).
+
+    When items cluster in units (the answers of one question depend on each other), the units, not the items, are
+    exchangeable, and a threshold fitted on every item counts the items in its finite-sample rank: it under-covers
+    (a group of 5 questions with 10 answers each gets a finite threshold from 50 items). The split-conformal
+    quantile of one score per unit, with the rank on the number of units, keeps its promise for exchangeable units:
+
+    * ``"one"``: the score of one item of the unit, drawn uniformly at random (independently of the scores). The
+      ``n`` drawn scores and the score of a random item of a test unit are exchangeable, so the threshold covers a
+      random item of a test unit with probability ``>= 1 - alpha``: the expected share of a test unit's items that
+      are covered, each unit weighing one, is ``>= 1 - alpha``.
+    * ``"every"``: the largest score of the unit's items; the threshold covers *every* item of a test unit with
+      probability ``>= 1 - alpha`` (stronger, and larger sets).
+
+    Args:
+        scores: ``(N,)`` per-item calibration scores (``+-inf`` allowed, NaN not).
+        units: ``(N,)`` integer unit ids.
+        per_unit: ``"one"`` or ``"every"``, see above.
+        generator: seeds the draws of ``"one"``.
+
+    Returns:
+        ``(n_units,)`` scores, one per distinct unit id, in increasing id order, in the dtype of ``scores``.
+
+    Example:
+        >>> s, u = torch.tensor([0.2, 0.9, 0.4, 0.1]), torch.tensor([7, 7, 3, 7])
+        >>> unit_scores(s, u, "every")
+        tensor([0.4000, 0.9000])
+        >>> picked = unit_scores(s, u, "one", torch.Generator().manual_seed(0))  # unit 3's only item, one of unit 7's
+        >>> picked[0].item() == s[2].item(), picked[1].item() in s[u == 7].tolist()
+        (True, True)
+    """
+    s = as_float_tensor(scores, "scores").flatten()
+    u = torch.as_tensor(units, device=s.device).flatten()
+    if u.numel() != s.numel():
+        raise ValueError(f"units has {u.numel()} entries for {s.numel()} scores")
+    if u.is_floating_point() or u.dtype == torch.bool:
+        raise ValueError(f"units must be integer ids, got dtype {u.dtype}")
+    if per_unit not in ("one", "every"):
+        raise ValueError(f"per_unit must be 'one' or 'every', got {per_unit!r}")
+    ids, inverse = torch.unique(u, return_inverse=True)
+    if per_unit == "every":
+        out = torch.full((ids.numel(),), -math.inf, dtype=s.dtype, device=s.device)
+        return out.scatter_reduce(0, inverse, s, reduce="amax", include_self=True)
+    draw = torch.rand(s.shape, generator=generator, dtype=torch.float64, device="cpu").to(s.device)
+    order = torch.argsort(draw)
+    order = order[torch.argsort(inverse[order], stable=True)]  # by unit, then draw: the first of each is the pick
+    first = torch.ones(order.numel(), dtype=torch.bool, device=s.device)
+    first[1:] = inverse[order][1:] != inverse[order][:-1]
+    return s[order[first]]
 
 
 def prediction_sets(scores: Tensor | Sequence, qhat: float | Tensor) -> Tensor:

@@ -1,0 +1,125 @@
+"""AnswerSelector's conditions: fresh tie-break draws for every seed, a warning when calibration and test lists
+differ in length, and inputs that a cast would change refused."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+from kglightning.conformal import AnswerSelector, ScoredAnswers
+from kglightning.conformal.functional.two_sample import ks_two_sample, summary
+
+
+@pytest.mark.parametrize("rule", ["fdr", "top"])
+def test_tie_breaks_keep_the_promise_for_each_seed_over_fresh_data_with_fixed_ids(rule):
+    # every score tied, so the tie-break draws decide; the answers' ids (keys) are the same in every data set. A draw
+    # that is a function of the seed and the id alone is the same on every data set, and some seeds then keep
+    # answers every time (FDR 0.4-0.5 there); drawn from the data too, each seed keeps its bound.
+    n, m, seeds, reps = 19, 10, 40, 50
+    gen = torch.Generator().manual_seed(0)
+    cal_keys, test_keys = [f"c{i}#0" for i in range(n)], [f"t{i}#0" for i in range(m)]
+    per_seed = []
+    for seed in range(seeds):
+        fdp = []
+        for _ in range(reps):
+            cal_bad, test_bad = torch.rand(n, generator=gen) < 0.5, torch.rand(m, generator=gen) < 0.5
+            cal = ScoredAnswers(torch.full((n,), 0.5), torch.arange(n), hallucinated=cal_bad, keys=cal_keys)
+            test = ScoredAnswers(torch.full((m,), 0.5), torch.arange(m), keys=test_keys)
+            keep = AnswerSelector(rule, 0.1, seed=seed).select(cal, test).keep
+            fdp.append(float((keep & test_bad).sum()) / max(int(keep.sum()), 1))
+        per_seed.append(sum(fdp) / reps)
+    mean = sum(per_seed) / seeds
+    assert max(per_seed) <= 0.22, sorted(per_seed)[-5:]  # each seed: 0.1 + 4 standard errors of 50 draws
+    assert mean <= 0.1 + 3 * 0.2 / math.sqrt(seeds * reps)
+
+
+def test_the_same_data_in_another_order_gives_the_same_selection_and_labels_of_the_test_side_do_not_count():
+    gen = torch.Generator().manual_seed(1)
+    s = torch.round(torch.rand(60, generator=gen) * 4) / 4  # many ties
+    bad = torch.rand(60, generator=gen) < s
+    keys = [f"q{i // 3}#{i % 3}" for i in range(60)]
+    cal = ScoredAnswers(s[:30], torch.arange(30) // 3, hallucinated=bad[:30], keys=keys[:30])
+    test = ScoredAnswers(s[30:], torch.arange(30) // 3, keys=keys[30:])
+    labelled = ScoredAnswers(s[30:], torch.arange(30) // 3, hallucinated=bad[30:], keys=keys[30:])
+    perm = torch.randperm(30, generator=gen)
+    shuffled = ScoredAnswers(s[30:][perm], (torch.arange(30) // 3)[perm], keys=[keys[30 + int(i)] for i in perm])
+    for rule in ("fdr", "top"):
+        sel = AnswerSelector(rule, 0.3, seed=4)
+        a, b = sel.select(cal, test).keep, sel.select(cal, shuffled).keep
+        assert torch.equal(a[perm], b) and torch.equal(a, sel.select(cal, labelled).keep)
+
+
+def _lists(gen: torch.Generator, lengths: torch.Tensor) -> ScoredAnswers:
+    """Questions with the given list lengths; a third of them wrong throughout, the others' answers wrong half the
+    time; wrong answers score higher."""
+    q = torch.arange(lengths.numel()).repeat_interleave(lengths)
+    bad = (torch.rand(lengths.numel(), generator=gen) < 0.3)[q] | (torch.rand(q.numel(), generator=gen) < 0.5)
+    s = torch.randn(q.numel(), generator=gen, dtype=torch.float64) + bad.double()
+    return ScoredAnswers(s, q, hallucinated=bad)
+
+
+def test_lists_of_other_lengths_are_warned_about_with_both_summaries(caplog):
+    gen = torch.Generator().manual_seed(2)
+    cal = _lists(gen, torch.full((200,), 2))
+    test = _lists(gen, torch.full((200,), 10))
+    with caplog.at_level(logging.WARNING, logger="kglightning.conformal.selection"):
+        sel = AnswerSelector("top", 0.1).select(cal, test)
+    info = sel.groups["all"]
+    assert info.length_pvalue < 1e-10 and info.calibration_lengths["mean"] == 2 and info.test_lengths["max"] == 10
+    text = caplog.text
+    assert "answer lists of different lengths (two-sample Kolmogorov-Smirnov p = " in text
+    assert "calibration 200 questions, 2.00 answers on average (quartiles 2/2/2, range 2-2)" in text
+    assert "test 200 questions, 10.00 answers on average (quartiles 10/10/10, range 10-10)" in text
+    # the same lengths' distribution on both sides: no warning
+    caplog.clear()
+    alike = [_lists(gen, torch.randint(1, 11, (200,), generator=gen)) for _ in range(2)]
+    with caplog.at_level(logging.WARNING, logger="kglightning.conformal.selection"):
+        sel = AnswerSelector("top", 0.1).select(alike[0], alike[1])
+    assert sel.groups["all"].length_pvalue >= 0.01 and "different lengths" not in caplog.text
+    # and not over random splits of one pool (check_lengths=False)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kglightning.conformal.selection"):
+        sel = AnswerSelector("top", 0.1).select(cal, test, check_lengths=False)
+    assert sel.groups["all"].length_pvalue is None and "different lengths" not in caplog.text
+
+
+def test_the_length_test_keeps_its_level_on_counts_and_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    special = pytest.importorskip("scipy.special")
+    gen = torch.Generator().manual_seed(3)
+    rejected = 0
+    for _ in range(1000):  # one distribution of list lengths on both sides: the warning's false alarm rate
+        lengths = torch.poisson(torch.full((2, 60), 3.0), generator=gen) + 1
+        rejected += ks_two_sample(lengths[0], lengths[1])[1] < 0.01
+    assert rejected <= 20  # at most 1% (+ 3.3 standard errors); counts with ties make it conservative
+    x, y = torch.randint(1, 8, (40,), generator=gen), torch.randint(2, 12, (70,), generator=gen)
+    d, p = ks_two_sample(x, y)
+    assert d == pytest.approx(stats.ks_2samp(x.numpy(), y.numpy()).statistic)
+    ne = math.sqrt(40 * 70 / 110)
+    assert p == pytest.approx(float(special.kolmogorov((ne + 0.12 + 0.11 / ne) * d)))
+    assert ks_two_sample([], [1, 2]) == (0.0, 1.0) and summary([])["n"] == 0
+
+
+def test_inputs_a_cast_would_change_are_refused():
+    with pytest.raises(ValueError, match=r"hallucinated must hold booleans or 0/1 .* got 0\.3"):
+        ScoredAnswers(torch.zeros(3), torch.arange(3), hallucinated=[0.3, float("nan"), 0.0])
+    with pytest.raises(ValueError, match="hallucinated must hold booleans or 0/1 .* got nan"):
+        ScoredAnswers(torch.zeros(2), torch.arange(2), hallucinated=[1.0, float("nan")])
+    with pytest.raises(ValueError, match=r"question must hold integer ids, got 1\.2"):
+        ScoredAnswers(torch.zeros(2), [1.2, 1.7])
+    with pytest.raises(ValueError, match="integer ids, got booleans"):
+        ScoredAnswers(torch.zeros(2), [True, False])
+    ok = ScoredAnswers(torch.zeros(3), [1.0, 2.0, 2.0], hallucinated=[1, 0, 1.0])
+    assert ok.question.tolist() == [1, 2, 2] and ok.hallucinated.tolist() == [True, False, True]
+
+
+def test_grouped_calibration_with_ungrouped_test_answers_is_an_error():
+    cal = ScoredAnswers(torch.rand(20), torch.arange(20), ["a"] * 20, torch.zeros(20, dtype=torch.bool))
+    bare = ScoredAnswers(torch.rand(20), torch.arange(20), hallucinated=torch.zeros(20, dtype=torch.bool))
+    with pytest.raises(ValueError, match="the calibration answers have groups and the test answers have none"):
+        AnswerSelector("question", 0.2).select(cal, bare)
+    with pytest.raises(ValueError, match="the test answers have groups and the calibration answers have none"):
+        AnswerSelector("question", 0.2).select(bare, cal)
