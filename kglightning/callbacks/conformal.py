@@ -186,7 +186,8 @@ class ConformalCallback(ConformalThresholds, Callback):
         try:
             for index, loader in enumerate(loaders):
                 for batch in loader:  # each batch reduced to its calibration scores at once (memory)
-                    cs = pl_module.conformal_scores(pl_module.transfer_batch_to_device(batch, pl_module.device, 0))
+                    batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
+                    cs = pl_module.conformal_scores(batch).labelled_part()
                     scores.append(cs.calibration_scores(self.coverage).cpu())
                     groups.append(cs.groups.detach().long().cpu() if cs.groups is not None else None)
                     # units and keys name items within one loader: the loader's index keeps two loaders' apart
@@ -216,7 +217,7 @@ class ConformalCallback(ConformalThresholds, Callback):
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
         if self.fit_on == "validation" and trainer.state.fn == "fit" and not trainer.sanity_checking:
-            cs = pl_module.conformal_scores(batch)
+            cs = pl_module.conformal_scores(batch).labelled_part()
             self._val_scores.append(cs.calibration_scores(self.coverage).detach().cpu())
             # keys and units name items within one loader: the loader's index keeps two loaders' apart
             self._val_keys.append(offset(cs.keys, dataloader_idx))
@@ -324,7 +325,7 @@ class ConformalCallback(ConformalThresholds, Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
-        cs = pl_module.conformal_scores(batch)
+        cs = pl_module.conformal_scores(batch).labelled_part()
         if cs.labels is None:
             if not self._unlabelled_warned:
                 self._unlabelled_warned = True

@@ -40,6 +40,9 @@ class ConformalScores:
             loader (e.g. the index of an answer's question in its split): when items cluster (the answers of one
             question depend on each other), ``ConformalCallback`` calibrates on one score per unit and counts units,
             not items. ``None``: every item is its own unit (items exchangeable).
+        labelled: ``(N,)`` bool, ``False`` for an item whose ``labels`` say nothing (e.g. an answer of a question with
+            no gold answer): left out of calibration and of test coverage (:meth:`labelled_part`). ``None``: every
+            item is labelled (when ``labels`` are given).
 
     Example:
         >>> cs = ConformalScores(torch.tensor([[0.2, 0.8], [0.6, 0.4]]), labels=torch.tensor([[1, 0], [0, 1]]).bool())
@@ -55,6 +58,7 @@ class ConformalScores:
     groups: Tensor | None = None
     group_names: Sequence[str] | None = None
     units: Tensor | None = None
+    labelled: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.scores.dim() != 2:
@@ -69,6 +73,8 @@ class ConformalScores:
             raise ValueError(f"units must have shape ({self.scores.shape[0]},), got {tuple(self.units.shape)}")
         if self.units is not None and (self.units.is_floating_point() or bool((self.units < 0).any())):
             raise ValueError("units must be non-negative integer ids")
+        if self.labelled is not None and self.labelled.shape != self.scores.shape[:1]:
+            raise ValueError(f"labelled must have shape ({self.scores.shape[0]},), got {tuple(self.labelled.shape)}")
         if self.groups is not None and self.groups.shape != self.scores.shape[:1]:
             raise ValueError(f"groups must have shape ({self.scores.shape[0]},), got {tuple(self.groups.shape)}")
         if self.candidates is not None and len(self.candidates) != self.scores.shape[1]:
@@ -78,6 +84,25 @@ class ConformalScores:
     def valid(self) -> Tensor:
         """``(N, C)`` bool mask of real candidates."""
         return torch.ones_like(self.scores, dtype=torch.bool) if self.mask is None else self.mask.bool()
+
+    def labelled_part(self) -> ConformalScores:
+        """These scores restricted to their labelled items (all of them when ``labelled`` is ``None``).
+
+        Example:
+            >>> cs = ConformalScores(torch.tensor([[0.2, 0.8], [0.6, 0.4]]), labels=torch.tensor([[1, 0], [1, 0]]).bool(),
+            ...                      labelled=torch.tensor([True, False]))
+            >>> cs.labelled_part().calibration_scores("all")
+            tensor([0.2000], dtype=torch.float64)
+        """
+        if self.labelled is None or bool(self.labelled.all()):
+            return self
+        keep = self.labelled.bool()
+
+        def take(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[keep.to(t.device)]
+
+        return ConformalScores(take(self.scores), take(self.labels), take(self.mask), self.candidates, take(self.keys),
+                               take(self.groups), self.group_names, take(self.units))  # fmt: skip
 
     def calibration_scores(self, coverage: Literal["all", "any"] = "all") -> Tensor:
         """Per item: the largest (``"all"``) or smallest (``"any"``) score over its true candidates, ``(N,)`` float64.

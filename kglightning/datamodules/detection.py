@@ -345,7 +345,8 @@ class DetectionDataModule(KGQADataModule):
         folder = self.graph_folder(split)
         self._rows.pop(split, None)
         self._embedded.discard(split)
-        if set_aside(folder, f"holds {split} graph rows that are damaged ({err})") is None:  # said; cannot move: removed
+        why = f"holds {split} graph rows that are damaged ({err})"
+        if set_aside(folder, why) is None:  # said; it could not be moved: removed
             shutil.rmtree(folder, ignore_errors=True)
 
     def build_split(self, split: str) -> list[Data]:

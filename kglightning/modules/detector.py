@@ -483,17 +483,16 @@ class HallucinationDetector(L.LightningModule):
 
     def conformal_scores(self, batch: Any) -> ConformalScores:
         """For :class:`~kglightning.callbacks.ConformalCallback`: each answer node is an item with the candidate labels
-        ``("faithful", "hallucinated")`` and non-conformity ``1 - p(label)``; ``labels`` one-hot of ``batch.y`` (``None``
-        when a record of the batch has no gold answers); the
-        groups are grounded (0) and ungrounded (1) answers, for ``ConformalCallback(by_group=True)``."""
+        ``("faithful", "hallucinated")`` and non-conformity ``1 - p(label)``; ``labels`` one-hot of ``batch.y``, with
+        ``labelled`` ``False`` for the answers of a question without gold answers; ``units`` the answer's question
+        (its graph's ``item_id``), the exchangeable unit; the groups are grounded (0) and ungrounded (1) answers, for
+        ``ConformalCallback(by_group=True)``."""
         p = torch.sigmoid(self(batch)).double()
         y = getattr(batch, "y", None)
-        labelled = getattr(batch, "labelled", None)  # a record without gold answers has no labels to calibrate on
-        if labelled is not None and not bool(labelled.all()):
-            y = None
         labels = F.one_hot(y.long(), 2).bool() if y is not None else None
         grounding = getattr(batch, "answer_grounding", None)
         groups = (grounding == UNGROUNDED).long() if grounding is not None else torch.zeros_like(p, dtype=torch.long)
+        item = getattr(batch, "item_id", None)  # the answers of one question cluster: the question is the unit
         return ConformalScores(
             torch.stack([p, 1 - p], dim=1),
             labels=labels,
@@ -501,6 +500,8 @@ class HallucinationDetector(L.LightningModule):
             keys=answer_keys(batch),
             groups=groups,
             group_names=("grounded", "ungrounded"),
+            units=item.to(p.device).long()[answer_owner(batch)] if item is not None else None,
+            labelled=labelled_answers(batch),  # a question without gold answers has no labels to calibrate on
         )
 
     def attach_conformal_sets(

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kglightning.callbacks import ConformalCallback, ConformalScores, JsonlPredictionWriter
+from kglightning.callbacks.conformal_items import per_unit_scores
 from kglightning.conformal.functional import conformal_quantile
 from kglightning.data import SentenceEncoder
 from kglightning.datamodules import DetectionDataModule
@@ -49,11 +50,16 @@ def _scores(model, loader) -> ConformalScores:
     model.eval()
     with torch.no_grad():
         parts = [model.conformal_scores(b) for b in loader]
-    return ConformalScores(
-        torch.cat([p.scores for p in parts]),
-        labels=torch.cat([p.labels for p in parts]),
-        candidates=parts[0].candidates,
-    )
+    cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+    return ConformalScores(cat("scores"), labels=cat("labels"), candidates=parts[0].candidates, keys=cat("keys"),
+                           units=cat("units"))  # fmt: skip
+
+
+def _expected_qhat(model, loader, alpha=0.2, seed=0) -> float:
+    """The callback's threshold computed apart: the exact quantile of one score per question (the unit)."""
+    cal = _scores(model, loader)
+    return float(conformal_quantile(per_unit_scores(cal.calibration_scores("all"), cal.units, "one", seed, cal.keys),
+                                    alpha))  # fmt: skip
 
 
 @pytest.fixture
@@ -70,14 +76,19 @@ def fitted(detection_dir, tiny_encoder_dir, tmp_path):
 def test_qhat_is_the_exact_quantile_of_validation_scores(fitted):
     trainer, model, dm, cb = fitted
     cal = _scores(model, dm.val_dataloader())
-    expected = conformal_quantile(cal.calibration_scores("all"), 0.2)
     n = cal.scores.shape[0]
-    assert cb.n_cal == n == sum(len(g.answer_names) for g in dm.datasets["validation"])
-    assert cb.qhat == float(expected) and math.isfinite(cb.qhat)
-    # hand check of the calibration score: 1 - p(true label), the rank ceil((n+1)(1-alpha))
+    assert n == sum(len(g.answer_names) for g in dm.datasets["validation"])
+    # hand check of the calibration score: 1 - p(true label)
     p_true = 1 - cal.scores[torch.arange(n), cal.labels.long().argmax(1)]
     assert torch.allclose(cal.calibration_scores("all"), 1 - p_true)
-    assert cb.qhat == sorted((1 - p_true).tolist())[math.ceil((n + 1) * 0.8) - 1]
+    # the detector's answers cluster by question: one score per question (issue 57), the rank ceil((m+1)(1-alpha))
+    # over the m questions, not over the n answers
+    assert cal.units.unique().numel() == len(dm.datasets["validation"]) == cb.n_cal < n
+    picked = per_unit_scores(cal.calibration_scores("all"), cal.units, "one", cb.seed, cal.keys)
+    assert picked.numel() == cb.n_cal and set(picked.tolist()) <= set((1 - p_true).tolist())
+    expected = conformal_quantile(picked, 0.2)
+    assert cb.qhat == float(expected) and math.isfinite(cb.qhat)
+    assert cb.qhat == sorted(picked.tolist())[math.ceil((cb.n_cal + 1) * 0.8) - 1]
 
 
 def test_test_metrics_equal_an_independent_computation(fitted):
@@ -178,8 +189,7 @@ def test_validation_mode_fits_every_epoch_and_unfitted_errors(detection_dir, tin
     model.train()
     cb = ConformalCallback(alpha=0.2, fit_on="validation")
     _trainer(tmp_path, [cb], epochs=1).fit(model, dm)
-    cal = _scores(model, dm.val_dataloader())
-    assert cb.qhat == float(conformal_quantile(cal.calibration_scores("all"), 0.2))
+    assert cb.qhat == _expected_qhat(model, dm.val_dataloader())
 
 
 class _NotAScorer(L.LightningModule):
@@ -240,7 +250,7 @@ def test_fit_end_qhat_is_refitted_for_the_checkpoint_that_is_tested(
     assert "epoch=0" in first.best_model_path
     trainer.test(model, dm, ckpt_path="best", verbose=False)
     best = HallucinationDetector.load_from_checkpoint(first.best_model_path, encoder=ENCODER)
-    expected = float(conformal_quantile(_scores(best, dm.val_dataloader()).calibration_scores("all"), 0.2))
+    expected = _expected_qhat(best, dm.val_dataloader())
     assert cb.qhat == pytest.approx(expected) and cb.qhat != pytest.approx(last_qhat)
 
 
@@ -268,7 +278,7 @@ def test_fit_end_a_new_predict_run_calibrates_a_checkpoint_written_during_fit(
         rows = [r for b in _trainer(tmp_path, [cb]).predict(fresh, dm, ckpt_path=path) for r in b]
     assert "holds no qhat; calibrated now on the validation data" in caplog.text  # shown on the CLI
     loaded = HallucinationDetector.load_from_checkpoint(path, encoder=ENCODER, mlp_hidden=16)
-    expected = float(conformal_quantile(_scores(loaded, dm.val_dataloader()).calibration_scores("all"), 0.2))
+    expected = _expected_qhat(loaded, dm.val_dataloader())
     assert cb.qhat == pytest.approx(expected) and rows and all("conformal_set" in r for r in rows)
     with pytest.raises(RuntimeError, match="no threshold yet"):
         _trainer(tmp_path, [ConformalCallback(fit_on="manual")]).predict(fresh, dm, ckpt_path=path)
@@ -361,7 +371,7 @@ def test_group_state_follows_the_mode_and_unseen_groups_warn_once(caplog):
     assert caplog.text.count("have no calibration item") == 1
 
 
-def test_detector_gives_no_labels_for_records_without_gold_answers(detection_dir, tiny_encoder_dir, tmp_path):
+def test_the_answers_of_records_without_gold_answers_do_not_calibrate(detection_dir, tiny_encoder_dir, tmp_path):
     import json as _json
     from pathlib import Path
 
@@ -376,6 +386,11 @@ def test_detector_gives_no_labels_for_records_without_gold_answers(detection_dir
     dm.setup("fit")
     model = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
     (batch,) = list(dm.val_dataloader())
-    assert model.conformal_scores(batch).labels is None  # not one made-up "hallucinated" label per answer
-    with pytest.raises(ValueError, match="calibration needs labels"):
-        ConformalCallback(alpha=0.2, fit_on="manual").fit(None, model, dm.val_dataloader())
+    cs = model.conformal_scores(batch)
+    blank = cs.units == cs.units.min()  # the first question's answers: it has no gold answer
+    assert cs.labelled.tolist() == (~blank).tolist()  # not one made-up "hallucinated" label per answer
+    assert cs.labelled_part().scores.shape[0] == int((~blank).sum())
+    # calibration leaves them out (it stopped the whole calibration before) and counts the other questions
+    cb = ConformalCallback(alpha=0.2, fit_on="manual")
+    cb.fit(None, model, dm.val_dataloader())
+    assert cb.n_cal == len(dm.datasets["validation"]) - 1
