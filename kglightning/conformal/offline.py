@@ -47,7 +47,7 @@ from kglightning.conformal.functional import conformal_quantile, conformal_rank
 from kglightning.conformal.selection_io import group_name, group_value, lookup_key
 from kglightning.data.predictions import PredictionLine, PredictionList, add_on_bad_record_argument, read_predictions
 from kglightning.data.records import RecordError
-from kglightning.fileio import atomic_write, write_text_atomic
+from kglightning.fileio import atomic_write, check_outputs_apart, write_text_atomic
 from kglightning.metrics.functional.evaluation import AnswerError, confidence_pairs
 from kglightning.metrics.functional.qa import prepare_prediction
 
@@ -113,10 +113,13 @@ def conformalize(
 
     Raises:
         RecordError: a malformed line (naming file, line and field) or an empty file.
-        ValueError: ``alpha`` outside ``(0, 1)``.
+        ValueError: ``alpha`` outside ``(0, 1)``, or an output that would replace an input
+            (:class:`~kglightning.fileio.OutputOverInputError`).
     """
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    out_path = Path(output) if output else Path(predictions).with_suffix(".conformal.jsonl")
+    check_outputs_apart([out_path, out_path.with_suffix(".summary.json")], [calibration, predictions])
     cal = read_predictions(calibration, on_bad_record=on_bad_record, require_confidence=True)
     # the questions to add sets to may be new ones, without gold answers (ECR and coverage then cover those with)
     test = read_predictions(predictions, on_bad_record=on_bad_record, require_confidence=True, require_gold=False)
@@ -155,7 +158,6 @@ def conformalize(
     sizes = sum(v["sizes"] for v in stats.values())
     qhat = math.nan if group_by else qhats["all"]  # grouped: one qhat per group, under "groups"
     scores = torch.tensor([x for v in by_group.values() for x in v], dtype=torch.float64, device="cpu")
-    out_path = Path(output) if output else Path(predictions).with_suffix(".conformal.jsonl")
     summary = {
         "alpha": alpha,
         "qhat": None if math.isinf(qhat) or math.isnan(qhat) else qhat,  # grouped: per group, under "groups"

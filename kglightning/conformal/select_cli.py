@@ -29,10 +29,14 @@ from kglightning.conformal.selection_io import ScoredFile, json_number, labelled
 from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
 from kglightning.data.predictions import add_on_bad_record_argument
 from kglightning.data.records import RecordError
-from kglightning.fileio import atomic_write, write_text_atomic
+from kglightning.fileio import atomic_write, check_outputs_apart, write_text_atomic
 from kglightning.metrics.functional.selection import grouped_selection_metrics
 
 log = logging.getLogger(__name__)
+
+
+#: what ``--pool`` writes into ``--report-dir``
+REPORT_FILES = ("report.md", "report.json", "selection.png", "splits.json")
 
 
 def _read(path: str, args: argparse.Namespace) -> ScoredFile:
@@ -41,6 +45,8 @@ def _read(path: str, args: argparse.Namespace) -> ScoredFile:
 
 def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
     """Calibrate on ``--calibration``, select on ``--predictions``, write the rows and the summary."""
+    out = Path(args.output) if args.output else Path(args.predictions).with_suffix(".selected.jsonl")
+    check_outputs_apart([out, out.with_suffix(".summary.json")], [args.calibration, args.predictions])
     cal, test = _read(args.calibration, args), _read(args.predictions, args)
     cal_answers = labelled_part(cal, args.calibration)
     selector = AnswerSelector(
@@ -48,7 +54,6 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
     )
     sel = selector.select(cal_answers, test.answers)
     rows = selected_rows(test.rows, test.names, test.answers, sel, selector)
-    out = Path(args.output) if args.output else Path(args.predictions).with_suffix(".selected.jsonl")
     summary: dict[str, Any] = {
         "rule": selector.rule,
         "alpha": selector.alpha,
@@ -80,13 +85,14 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_rules(args: argparse.Namespace) -> Path:
     """Repeated random splits of ``--pool``; write the report."""
+    out = Path(args.report_dir)
+    check_outputs_apart([out / name for name in REPORT_FILES], [args.pool])
     pool = _read(args.pool, args)
     answers = labelled_part(pool, args.pool, "pool")
     kw = {"grid": args.grid, "start": args.start, "chains": args.chains, "min_calibration": args.min_calibration}
     rows = repeated_selection(answers, args.rule, args.alpha, args.delta, args.repeats, args.calibration_share,
                               args.seed, args.one_per_question, **kw)  # fmt: skip
     summary = summarize(rows, args.delta)
-    out = Path(args.report_dir)
     title = f"Selection on {Path(args.pool).name}: {args.repeats} random calibration/test splits by question"
     write_report(summary, out, title, args.delta, pool=args.pool, repeats=args.repeats, seed=args.seed,
                  calibration_share=args.calibration_share, group_by=args.group_by, score=args.score,
@@ -159,7 +165,7 @@ def main(argv: list[str] | None = None, prog: str = "kglightning select") -> int
         else:
             out = check_rules(args)
             print((out / "report.md").read_text())
-            print(f"wrote {out}/report.md, report.json, selection.png, splits.json")
+            print(f"wrote {out}/{', '.join(REPORT_FILES)}")
     except (RecordError, ValueError, OSError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2

@@ -244,3 +244,16 @@ def test_new_questions_without_gold_answers_get_sets(tmp_path, capsys):
     assert s["n_gold"] == 1 and s["ecr"] == 0.0 and s["n_test"] == 2
     offline_main(["--calibration", str(cal), "--predictions", str(mixed), "--alpha", "0.2"])
     assert "ECR 0.0000 over the 1 questions with gold answers, APSS 1.00 over 2 questions" in capsys.readouterr().out
+
+
+def test_the_output_never_replaces_an_input(tmp_path, capsys):
+    """Issue 57 (a user's files): an output, or its summary, that would replace an input is refused, exit 2."""
+    rng = random.Random(0)
+    rows = [_row(i, ["a", "b"], [rng.random(), rng.random()], ["a"]) for i in range(20)]
+    cal, test = _write(tmp_path / "out.summary.json", rows), _write(tmp_path / "test.jsonl", rows)
+    kept = cal.read_bytes(), test.read_bytes()
+    for output in (test, tmp_path / "out.jsonl"):  # the test file itself; a summary over the calibration file
+        code = offline_main(["--calibration", str(cal), "--predictions", str(test), "--alpha", "0.2",
+                             "--output", str(output)])  # fmt: skip
+        assert code == 2 and "over the input" in capsys.readouterr().err
+    assert (cal.read_bytes(), test.read_bytes()) == kept and not (tmp_path / "out.jsonl").exists()

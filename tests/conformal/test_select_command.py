@@ -265,3 +265,16 @@ def test_cli_flags_lists_of_other_lengths(tmp_path, capsys):
     assert summary["groups"]["all"]["length_pvalue"] < 0.01
     assert main(["select", "--calibration", str(cal), "--predictions", str(cal), "--output", str(tmp_path / "o")]) == 0
     assert "WARNING" not in capsys.readouterr().out
+
+
+def test_select_never_writes_over_its_inputs(tmp_path, capsys):
+    """Issue 57 (a user's files): ``--output`` naming an input, or a report folder holding the pool under a report
+    file's name, is refused with exit 2 and the input is kept."""
+    cal, test = _write(tmp_path / "cal.jsonl", _pool(40)), _write(tmp_path / "test.jsonl", _pool(20, 1))
+    kept = test.read_bytes()
+    argv = ["select", "--calibration", str(cal), "--predictions", str(test), "--output", str(test)]
+    assert main(argv) == 2 and "over the input" in capsys.readouterr().err and test.read_bytes() == kept
+    pool = _write(tmp_path / "splits.json", _pool(40))
+    kept = pool.read_bytes()
+    assert main(["select", "--pool", str(pool), "--report-dir", str(tmp_path), "--repeats", "2"]) == 2
+    assert "over the input" in capsys.readouterr().err and pool.read_bytes() == kept
