@@ -43,8 +43,10 @@ def check_outputs_apart(
     """Refuse, before anything is written, outputs that would replace or sit inside an input.
 
     An output file must not be an input file (compared by resolved path, links and ``..`` followed, and by inode
-    where both exist: a hard link is the same file) and must not lie inside an input folder. ``None`` inputs are
-    skipped (an option not given).
+    where both exist: a hard link is the same file) and must not lie inside an input folder. The files an input
+    folder holds through symbolic links (in it, or one folder down, as a hub snapshot's ``data/`` holds them) are
+    inputs too: a folder of links to another folder's split files is read from there. ``None`` inputs are skipped
+    (an option not given).
 
     Raises:
         OutputOverInputError: naming the output and the input it would write over.
@@ -59,7 +61,10 @@ def check_outputs_apart(
         ...
         kglightning.fileio.OutputOverInputError: would write .../test.jsonl over the input .../test.jsonl: choose an output outside the inputs
     """
-    resolved = [(Path(i), Path(os.path.realpath(i))) for i in inputs if i is not None]
+    resolved = []
+    for given in (Path(i) for i in inputs if i is not None):
+        resolved.append((given, Path(os.path.realpath(given))))
+        resolved += [(given / link, Path(os.path.realpath(given / link))) for link in _links_inside(given)]
     for out in outputs:
         target = Path(os.path.realpath(out))
         for given, real in resolved:
@@ -67,6 +72,29 @@ def check_outputs_apart(
             if same or (real.is_dir() and target.is_relative_to(real)):
                 where = "over the input" if same else "inside the input folder"
                 raise OutputOverInputError(f"would write {out} {where} {given}: choose an output outside the inputs")
+
+
+def _links_inside(folder: Path, limit: int = 10_000) -> list[Path]:
+    """The symbolic links in ``folder`` and in its sub-folders (one level down), relative to it; at most ``limit``
+    entries are looked at."""
+    if not folder.is_dir():
+        return []
+    links, seen = [], 0
+    for level in (folder, *(d for d in _children(folder) if d.is_dir() and not d.is_symlink())):
+        for child in _children(level):
+            seen += 1
+            if seen > limit:
+                return links
+            if child.is_symlink():
+                links.append(child.relative_to(folder))
+    return links
+
+
+def _children(folder: Path) -> list[Path]:
+    try:
+        return sorted(folder.iterdir())
+    except OSError:
+        return []
 
 
 @contextlib.contextmanager

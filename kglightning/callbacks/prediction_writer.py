@@ -15,9 +15,9 @@ import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from kglightning.data.records import KGQARecord
-from kglightning.fileio import atomic_write, clear_outputs
+from kglightning.fileio import atomic_write, check_outputs_apart, clear_outputs
 
-__all__ = ["JsonlPredictionWriter", "merge_rank_files"]
+__all__ = ["JsonlPredictionWriter", "check_apart_from_data", "merge_rank_files"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,19 @@ def merge_rank_files(parts: Sequence[Path], output: Path) -> tuple[int, int]:
     return len(indexed) + len(unindexed), duplicates
 
 
+def check_apart_from_data(trainer: Any, outputs: Sequence[str | os.PathLike]) -> None:
+    """Refuse, before anything is written, outputs that would replace or sit inside the folder the trainer's
+    datamodule reads its records from (its ``data_dir``; none for the embedded benchmark or a hub dataset).
+
+    Raises:
+        OutputOverInputError: naming the output and the data folder
+            (:func:`~kglightning.fileio.check_outputs_apart`).
+    """
+    data_dir = getattr(getattr(trainer, "datamodule", None), "data_dir", None)
+    if isinstance(data_dir, (str, os.PathLike)) and not str(data_dir).startswith("hf:"):
+        check_outputs_apart(outputs, [data_dir])
+
+
 def _tracks_indices(trainer: L.Trainer, dataloader_idx: int) -> bool:
     """Whether Lightning knows the dataset indices of this loader's batches (its batch sampler is wrapped to record
     them); otherwise ``batch_indices`` may be a previous loader's, and rows are written without an index."""
@@ -96,7 +109,8 @@ class JsonlPredictionWriter(BasePredictionWriter):
     Args:
         output: the jsonl file to write. ``{split}`` in it is the split predicted: the datamodule's
             ``predict_split`` (``"predict"`` when it has none), so that predicting another split
-            (``--data.init_args.predict_split validation``) never writes over the test split's rows.
+            (``--data.init_args.predict_split validation``) never writes over the test split's rows. An output
+            inside the datamodule's ``data_dir`` is refused (:func:`check_apart_from_data`).
 
     Example:
         >>> from types import SimpleNamespace
@@ -134,6 +148,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.output = self.resolve(trainer)
+        check_apart_from_data(trainer, [self.output])  # never over (or inside) the records it predicts
         if trainer.is_global_zero:  # the last run's output and rank files, whatever its world size was
             self.output.parent.mkdir(parents=True, exist_ok=True)
             clear_outputs(self._stale())

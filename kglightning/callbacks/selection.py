@@ -35,6 +35,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from kglightning.callbacks.prediction_writer import check_apart_from_data
 from kglightning.conformal.selection import AnswerSelector
 from kglightning.conformal.selection_io import ScoredFile, json_number, lookup_key, scored_rows, selected_rows
 from kglightning.conformal.selection_report import report_markdown, summarize, write_report
@@ -42,6 +43,9 @@ from kglightning.data.devices import all_gather_objects
 from kglightning.data.records import RecordError
 from kglightning.fileio import atomic_write, write_text_atomic
 from kglightning.metrics.functional.selection import grouped_selection_metrics
+
+#: what a predict run writes into ``output_dir``
+OUTPUT_FILES = ("trusted_answers.jsonl", "report.md", "report.json", "selection.png", "reliability.png")
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +250,7 @@ class SelectionCallback(Callback):
         return cal
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        check_apart_from_data(trainer, [self.output_dir / name for name in OUTPUT_FILES])
         self._rows = []
         self.calibration = self.calibrate(trainer, pl_module)
         log.info(

@@ -299,9 +299,10 @@ class HallucinationDetector(L.LightningModule):
         logits = self(batch, calibrated=stage == "test")  # validation tunes the offset on the raw logits
         mask = labelled_answers(batch)
         scored, target = (logits, batch.y) if mask is None else (logits[mask], batch.y[mask])
-        if not target.numel():  # nothing labelled: a zero that keeps every parameter in the step (DDP)
-            return logits.sum() * 0.0, logits
-        loss = detection_loss(scored, target, self.pos_weight, self.focal_gamma)
+        if target.numel():
+            loss = detection_loss(scored, target, self.pos_weight, self.focal_gamma)
+        else:  # nothing labelled: a zero that keeps every parameter in the step, logged with weight 0 so that every
+            loss = logits.sum() * 0.0  # process reaches the same collectives (DDP)
         train = stage == "train"
         self.log(
             f"{stage}/loss",

@@ -143,3 +143,26 @@ def test_predicting_another_split_never_writes_over_the_test_splits_rows(tmp_pat
         text = config.read_text()
         if "JsonlPredictionWriter" in text:
             assert "{split}" in text, config
+
+
+def test_the_output_never_goes_into_the_data_folder(tmp_path: Path):
+    """Review of issue 57: ``output: data/{split}.jsonl`` beside ``data_dir: data`` replaced the test records."""
+    from kglightning.fileio import OutputOverInputError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.jsonl").write_text('{"id": "q"}\n')
+
+    class Folder(L.LightningDataModule):
+        data_dir, predict_split = str(data), "test"
+
+        def predict_dataloader(self):
+            return torch.utils.data.DataLoader(list(range(3)), batch_size=2)
+
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[JsonlPredictionWriter(str(data / "{split}.jsonl"))])  # fmt: skip
+    with pytest.raises(OutputOverInputError, match="inside the input folder"):
+        trainer.predict(Boom(), datamodule=Folder(), return_predictions=False)
+    assert (data / "test.jsonl").read_text() == '{"id": "q"}\n' and sorted(p.name for p in data.iterdir()) == [
+        "test.jsonl"
+    ]

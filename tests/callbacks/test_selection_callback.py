@@ -210,3 +210,17 @@ def test_reliability_uses_probabilities_when_selecting_on_logits():
     bare = scored_rows(enumerate([{k: v for k, v in rows[0].items() if k != "hallucination_prob"}], 1), "<rows>",
                        score="hallucination_logit")  # fmt: skip
     assert _probabilities(bare) is None
+
+
+def test_the_outputs_never_go_into_the_data_folder(tmp_path):
+    """Review of issue 57 (a user's files): ``output_dir`` inside the datamodule's ``data_dir`` is refused before
+    anything is calibrated or written."""
+    from types import SimpleNamespace
+
+    from kglightning.fileio import OutputOverInputError
+
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(data_dir=str(tmp_path)))
+    cb = SelectionCallback(output_dir=str(tmp_path / "trust"), selector=AnswerSelector("top", 0.1))
+    with pytest.raises(OutputOverInputError, match="inside the input folder"):
+        cb.on_predict_start(trainer, None)
+    assert list(tmp_path.iterdir()) == []

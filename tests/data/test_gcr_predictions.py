@@ -74,3 +74,9 @@ def test_a_repeated_answer_header_is_not_an_answer():
     prediction, _ = gcr_answers([f"# Reasoning Path:\n{POLK}\n# Answer:\n# Answer:\nGovernor"])
     assert prediction == ["Governor"]
     assert parse_beam(f"Sure:\n# Reasoning Path:\n{POLK}\n# Answer:\nGovernor") == ([POLK], ["Governor"])
+
+
+def test_a_header_in_the_middle_of_a_line_is_a_header():
+    """Review of issue 57: ``<PATH>...</PATH> # Answer: X`` on one line lost its answer."""
+    assert parse_beam(f"# Reasoning Path:\n<PATH>{POLK}</PATH> # Answer: Governor") == ([POLK], ["Governor"])
+    assert parse_beam(f"# Reasoning Path: {POLK} # Answer: Governor") == ([POLK], ["Governor"])

@@ -301,3 +301,18 @@ def test_an_empty_input_or_split_never_replaces_an_earlier_import(tmp_path, caps
         capsys, "--input", none, "--records", folder, "--output", tmp_path / "new", "--on-missing", "skip"
     )
     assert code == 2 and "gave no record to write" in err and not (tmp_path / "new").exists()
+
+
+def test_records_read_through_links_are_inputs_too(tmp_path, capsys):
+    """Review of issue 57: a --records folder of links to another folder's split files; writing into that folder
+    replaced the files the import had just read."""
+    real = _records_folder(tmp_path)
+    view = tmp_path / "view"
+    view.mkdir()
+    for split in ("train", "validation", "test"):
+        (view / f"{split}.jsonl").symlink_to(real / f"{split}.jsonl")
+    src = write_lines(tmp_path / "plain.jsonl", [{"id": i, "prediction": "x"} for i in ("WebQTrn-0", "WebQTrn-2",
+                                                                                         "WebQTest-0")])  # fmt: skip
+    before = folder_state(real)
+    code, _, err = run(capsys, "--input", src, "--records", view, "--output", real)
+    assert code == 2 and "over the input" in err and folder_state(real) == before

@@ -250,3 +250,12 @@ def test_unicode_spellings_of_one_name_are_one_answer():
                   prediction=[nfd])  # fmt: skip
     g = build_detection_graph(rec, _ids(rec), DetectionStats(), ungrounded="keep")
     assert g.answer_grounding.tolist() == [0] and g.y.tolist() == [0.0]  # grounded on the node, and faithful
+
+
+def test_punctuation_does_not_split_an_answer_that_rog_normalises_to_nothing():
+    """Review of issue 57: 'The The.' was labelled hallucinated against the gold answer 'The The'."""
+    graph = [["Matt Johnson", "member of", "The The"], ["Matt Johnson", "blood type", "A"]]
+    rec = _record(question="Which band?", answer=["The The"], a_entity=[], q_entity=["Matt Johnson"], graph=graph,
+                  prediction=["The The.", "A."])  # fmt: skip
+    g = build_detection_graph(rec, _ids(rec), DetectionStats(), ungrounded="keep")
+    assert g.answer_grounding.tolist() == [0, 0] and g.y.tolist() == [0.0, 1.0]

@@ -376,3 +376,22 @@ def test_answers_of_a_question_without_gold_answers_enter_no_loss_and_no_metric(
     with torch.no_grad():
         assert model._loss(both, "train")[0].item() == pytest.approx(model._loss(alone, "train")[0].item())
         assert model._loss(collate_graphs(graphs[1:], lambda ids: table[ids]), "train")[0].item() == 0.0
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_ddp_finishes_when_a_rank_holds_only_unlabelled_answers(tiny_encoder_dir, tmp_path):
+    """Review of issue 57: a rank whose batches had no labelled answer skipped logging the loss, so the ranks'
+    collectives fell out of step and validation hung."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    script = str(root / "tests/modules/_detector_ddp_unlabelled.py")
+    proc = subprocess.run([sys.executable, script, str(tmp_path), tiny_encoder_dir], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=280)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert proc.stdout.count("test f1") == 2

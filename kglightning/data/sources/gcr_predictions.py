@@ -17,6 +17,7 @@ records folder, :func:`record_from_gcr` builds the record's graph from the paths
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = ["ANSWER_HEADER", "PATH_HEADER", "gcr_answers", "is_gcr_row", "parse_b
 
 ANSWER_HEADER = "# Answer:"
 PATH_HEADER = "# Reasoning Path:"
+_HEADERS = re.compile(f"({re.escape(ANSWER_HEADER)}|{re.escape(PATH_HEADER)})")
 ORIGIN = "reasoning paths GCR wrote"
 
 
@@ -45,11 +47,11 @@ def is_gcr_row(row: dict[str, Any]) -> bool:
 
 def parse_beam(text: str) -> tuple[list[str], list[str]] | None:
     """A beam's ``(path lines, answers)``: the non-empty lines of its ``# Reasoning Path:`` parts (GCR's
-    ``<PATH>``/``</PATH>`` marks taken off; without a ``# Reasoning Path:`` header, the lines before ``# Answer:`` are the path), and the
-    non-empty lines of its ``# Answer:`` parts (text after a header on its own line counts); ``None`` when the beam
-    has no ``# Answer:`` part or only empty ones. A header repeated inside the answer part (GCR wrote
-    ``# Answer:\\n# Answer:\\n...`` for some WebQSP questions) is a header, never an answer, and a
-    ``# Reasoning Path:`` after an answer starts another path part.
+    ``<PATH>``/``</PATH>`` marks taken off; without a ``# Reasoning Path:`` header, the lines before ``# Answer:``
+    are the path), and the non-empty lines of its ``# Answer:`` parts; ``None`` when the beam has no ``# Answer:``
+    part or only empty ones. A header may stand anywhere in a line (the text after it counts). A header repeated
+    inside the answer part (GCR wrote ``# Answer:\\n# Answer:\\n...`` for some WebQSP questions) is a header,
+    never an answer, and a ``# Reasoning Path:`` after an answer starts another path part.
 
     Example:
         >>> parse_beam("# Reasoning Path:\\nJamaica -> lang.spoken -> Jamaican English\\n# Answer:\\nJamaican English")
@@ -61,20 +63,22 @@ def parse_beam(text: str) -> tuple[list[str], list[str]] | None:
     """
     lines: list[str] = []
     answers: list[str] = []
-    found = False
-    # the lines before a first "# Reasoning Path:" are not a path (a preamble); without one, they are the path
+    # the parts between headers, wherever a header stands in its line (GCR's "<PATH>...</PATH> # Answer: X")
+    pieces = _HEADERS.split(text)
+    # the text before a first "# Reasoning Path:" is not a path (a preamble); without one, it is the path
     part = [] if PATH_HEADER in text.partition(ANSWER_HEADER)[0] else lines
-    for raw in text.split("\n"):
-        s = raw.strip()
-        for header, target in ((ANSWER_HEADER, answers), (PATH_HEADER, lines)):
-            if s.startswith(header):
-                found |= header == ANSWER_HEADER
-                part, s = target, s[len(header) :].strip()
-                break
-        if part is lines:
-            s = s.removeprefix("<PATH>").removesuffix("</PATH>").strip()
-        if s:
-            part.append(s)
+    found = False
+    for piece in pieces:
+        if piece in (ANSWER_HEADER, PATH_HEADER):
+            found |= piece == ANSWER_HEADER
+            part = answers if piece == ANSWER_HEADER else lines
+            continue
+        for raw in piece.split("\n"):
+            s = raw.strip()
+            if part is lines:
+                s = s.removeprefix("<PATH>").removesuffix("</PATH>").strip()
+            if s:
+                part.append(s)
     if not found or not answers:
         return None
     return lines, answers

@@ -69,19 +69,23 @@ ABSTENTIONS = frozenset({"unknown", "none", "n/a", "na", "no answer", "i don't k
 def answer_key(s: str) -> str:
     """The key by which the detector's labels and grounding compare an answer with a gold answer or a node name:
     Unicode NFKC first (``"Zu\\u0308rich"`` is ``"Zürich"``), then :func:`normalize`; a non-empty answer that RoG's
-    normalisation empties (``"A"``, ``"The The"``, ``"-"``) keeps its NFKC, case-folded text instead, so that it is
-    still an answer and matches only itself. Only a blank string has the key ``""``.
+    normalisation empties (``"A"``, ``"The The."``, ``"-"``) keeps its NFKC, case-folded text instead, without its
+    punctuation (unless it is only punctuation), so that it is still an answer and matches only its own spellings.
+    Only a blank string has the key ``""``.
 
     :func:`normalize` and :func:`match` (what ``kglightning evaluate`` scores with) stay RoG's own.
 
     Example:
         >>> answer_key("The  Barack-Obama's"), answer_key("Zu\u0308rich") == answer_key("Zürich")
         ('barackobamas', True)
-        >>> answer_key("The The"), answer_key("A"), answer_key("  ")
-        ('the the', 'a', '')
+        >>> answer_key("The The"), answer_key("The The."), answer_key("A"), answer_key("-"), answer_key("  ")
+        ('the the', 'the the', 'a', '-', '')
     """
     s = unicodedata.normalize("NFKC", s)
-    return normalize(s) or " ".join(s.casefold().split())
+    if key := normalize(s):
+        return key
+    folded = s.casefold()  # RoG's normalisation without dropping articles, then, for punctuation only, as it is
+    return " ".join(folded.translate(_PUNCT_TABLE).split()) or " ".join(folded.split())
 
 
 def is_abstention(answer: str) -> bool:
