@@ -18,7 +18,6 @@ from kglightning.cli import main
 from kglightning.data.store.cache_clean import clean
 from kglightning.data.store.cache_marks import mark_file, mark_folder, marker_of
 from kglightning.data.store.cache_scan import entries
-from kglightning.data.store.owned_files import remove_tree_at
 
 DAY = 86400
 
@@ -330,6 +329,8 @@ def test_a_deeply_nested_folder_is_listed_and_cleaned_without_recursion(root, ca
         assert unmarked.exists() and not marked.exists() and f"removed {marked} (" in capsys.readouterr().out
         assert sorted(p.name for p in (root / "kg").iterdir()) == []
     finally:  # (pytest's own clean-up of old tmp_path folders recurses)
+        from kglightning.data.store.owned_files import remove_tree_at
+
         for tree in (unmarked, marked):
             fd = os.open(tree.parent, os.O_RDONLY)
             with contextlib.suppress(FileNotFoundError):
