@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kglightning.data.records import KGQARecord
-from kglightning.data.store.cache import private_dir, untrusted
+from kglightning.data.store.cache import private_dir, untrusted, untrusted_above
 from kglightning.data.store.cache_marks import entry_folder, entry_holding, mark_file, set_aside, touch
 from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.temporaries import writer_temporary
@@ -75,10 +75,12 @@ def save_proposals(originals: Sequence[KGQARecord], proposed: Sequence[KGQARecor
     writable by others): a WARNING says so, and the next run proposes again."""
     path = Path(path)
     entry = entry_holding(path)
-    if entry is not None and entry != path:
-        entry_folder(entry)
-    private_dir(path.parent)
-    why = _folder_refused(path)
+    why = untrusted_above(path.parent)  # nothing is made in a folder another user owns or can write
+    if why is None:
+        if entry is not None and entry != path:
+            entry_folder(entry)
+        private_dir(path.parent)
+        why = _folder_refused(path)
     if why is not None:
         log.warning("the proposals are not kept in %s: %s", path, why)
         return

@@ -27,7 +27,7 @@ from pathlib import Path
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.sources.loaders import read_records, write_records
-from kglightning.data.store.cache import content_digest, untrusted
+from kglightning.data.store.cache import content_digest, untrusted, untrusted_above
 from kglightning.data.store.cache_marks import entry_holding, mark_file, set_aside, touch
 from kglightning.fileio import write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever
@@ -135,7 +135,7 @@ def _usable(path: Path) -> bool:
     :func:`~kglightning.data.store.cache.untrusted` (else ``False``, with a WARNING); a file at ``path`` that does
     not pass is set aside (:func:`~kglightning.data.store.cache_marks.set_aside`), and the subgraphs cut again."""
     try:
-        why = untrusted(path.parent) if path.parent.exists() else None
+        why = untrusted_above(path.parent)
     except OSError as err:
         why = str(err)
     if why is not None:

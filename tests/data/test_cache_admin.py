@@ -356,3 +356,21 @@ def test_each_removal_is_printed_as_it_happens(root, capsys, monkeypatch):
         main(["cache", "clean", "--older-than", "1"])
     out = capsys.readouterr().out
     assert f"removed {first} (" in out and not first.exists() and second.exists()
+
+
+def test_a_cache_root_that_is_a_link_is_used_and_cleaned(tmp_path, monkeypatch, capsys):
+    """Links are refused inside the cache; the root itself may be one (``~/.cache`` on another disk)."""
+    real = tmp_path / "scratch"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "link"))
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"id": "q1", "question": "q?", "answer": ["a"], "q_entity": ["t"], "a_entity": ["a"],
+                                "graph": [["t", "r", "a"]]}) + "\n")  # fmt: skip
+    from kglightning.data.sources.loaders import read_records
+
+    store = read_records(data).store
+    assert store is not None and store.parent == tmp_path / "link" / "records"
+    assert main(["cache", "clean", "--older-than", "0"]) == 0
+    assert f"removed {store} (" in capsys.readouterr().out and not (real / "records" / store.name).exists()

@@ -134,6 +134,7 @@ def test_an_embedding_cache_never_creates_a_file_through_an_in_use_link(root, tm
     (kind / ".toy.in-use").symlink_to(outside)
     assert EmbeddingCache(Toy(), root=kind).embed(["ab"]).tolist() == [[2.0, 1.0]]
     assert not os.path.lexists(outside)
+    assert (kind / "toy").exists() != shared_kind  # nothing made in a folder others can write
 
 
 _CLEAN = """

@@ -12,7 +12,8 @@ Every field must be a non-empty string; the first one that is not is reported wi
 millions of triples is parsed once; a later run reads the names and ids and rebuilds the adjacency arrays. The file
 carries kglightning's marker beside it (:mod:`~kglightning.data.store.cache_marks`), and is read only when it passes
 :func:`~kglightning.data.store.cache.untrusted` and a full Arrow validation; one that fails is moved aside (with a
-WARNING) and the KG indexed again.
+WARNING) and the KG indexed again. A cache folder that fails the check (another user's, or writable by others) is
+neither read nor written: the KG is indexed each time, with a WARNING once.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ import numpy as np
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import RecordError
-from kglightning.data.store.cache import content_digest, default_cache_root, private_dir, untrusted, warn_once
+from kglightning.data.store.cache import (
+    content_digest,
+    default_cache_root,
+    private_dir,
+    untrusted,
+    untrusted_above,
+    warn_once,
+)
 from kglightning.data.store.cache_marks import mark_file, set_aside, touch
 from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.temporaries import writer_temporary
@@ -191,7 +199,7 @@ def load_kg(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
         return KGIndex.from_triples(read_triples(path))
     cached = _cache_file(path, Path(cache_dir) if cache_dir is not None else default_cache_root() / "kg")
     try:
-        folder_refused = untrusted(cached.parent) if cached.parent.exists() else None
+        folder_refused = untrusted_above(cached.parent)
     except OSError as err:
         folder_refused = str(err)
     if folder_refused is not None:  # a folder others can write: neither read nor written

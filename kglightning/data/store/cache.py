@@ -56,8 +56,8 @@ def untrusted(path: str | os.PathLike, alone: bool = False) -> str | None:
     """Why the cache file at ``path`` must not be read, or ``None``: a file is read only when it and every folder up to
     the cache root are owned by this user (or root) and writable by no one else, so that no other user can plant a
     file that a run takes for its own (a wrong KG, another string's vector, an Arrow file that decompresses to
-    gigabytes). ``path`` itself must not be a symbolic link (kglightning follows no link in its cache; the folders
-    above it may be, as a cache root often is). ``alone`` checks ``path`` itself only (its folder was checked
+    gigabytes). ``path`` itself must not be a symbolic link (kglightning follows no link in its cache; the cache
+    root and the folders above it may be one, as ``~/.cache`` often is). ``alone`` checks ``path`` itself only (its folder was checked
     already: the files of one entry).
 
     Example:
@@ -73,7 +73,7 @@ def untrusted(path: str | os.PathLike, alone: bool = False) -> str | None:
     if not hasattr(os, "getuid"):  # no POSIX permissions to read (Windows): trust the user's own profile folder
         return None
     me = os.getuid()
-    if os.path.islink(path):
+    if os.path.islink(path) and Path(os.path.abspath(path)) != Path(os.path.abspath(default_cache_root())):
         return f"{path} is a symbolic link"
     p = Path(path).resolve()
     root = default_cache_root().resolve()
@@ -91,6 +91,14 @@ def untrusted(path: str | os.PathLike, alone: bool = False) -> str | None:
         if st.st_mode & 0o022 and not (q.is_dir() and st.st_mode & 0o1000):  # a sticky folder (/tmp) is fine
             return f"{q} is writable by other users"
     return None
+
+
+def untrusted_above(path: str | os.PathLike) -> str | None:
+    """:func:`untrusted` of the nearest folder at or above ``path`` that exists (``None`` when none does): asked before
+    a folder is made at ``path``, so that nothing is made inside a folder that another user owns or can write."""
+    p = Path(os.path.abspath(path))
+    there = next((q for q in (p, *p.parents) if q.exists()), None)
+    return None if there is None else untrusted(there)
 
 
 #: where :func:`content_digest` remembers digests, under the cache root (bookkeeping of the record store's kind)
@@ -133,8 +141,7 @@ def _remember(memo: Path, digest: str) -> None:
     can write could hold a link planted at the temporary's name, or a memo of theirs) and through a new file
     (``O_EXCL``, no link followed), renamed into place; a read-only cache, or one refused, is left as it is."""
     with contextlib.suppress(OSError):
-        there = next(q for q in (memo.parent, *memo.parent.parents) if q.exists())
-        if untrusted(there) is not None:  # (nothing is made in a folder another user may own)
+        if untrusted_above(memo.parent) is not None:  # (nothing is made in a folder another user may own)
             return
         private_dir(memo.parent)
         if untrusted(memo.parent) is not None:

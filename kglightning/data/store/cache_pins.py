@@ -29,7 +29,7 @@ try:
 except ImportError:  # pragma: no cover (Windows)
     fcntl = None  # type: ignore[assignment]
 
-from kglightning.data.store.cache import default_cache_root, private_dir, untrusted, warn_once
+from kglightning.data.store.cache import default_cache_root, private_dir, untrusted, untrusted_above, warn_once
 from kglightning.data.store.owned_files import NotOurs, create_new, open_own
 
 __all__ = ["MARKER_SUFFIX", "entry_of", "marker", "pin", "removable", "unpin"]
@@ -91,11 +91,11 @@ def _open_marker(entry: Path) -> int | None:
     this user (:func:`~kglightning.data.store.owned_files.open_own`: no link followed, no FIFO waited on); ``None``
     when it cannot be (said once), or cannot be written (a read-only cache)."""
     try:
-        private_dir(entry.parent)
-    except OSError:
-        pass  # a read-only cache: the file may exist all the same
-    try:
-        why = untrusted(entry.parent)
+        why = untrusted_above(entry.parent)
+        if why is None:
+            with contextlib.suppress(OSError):  # a read-only cache: the file may exist all the same
+                private_dir(entry.parent)
+            why = untrusted(entry.parent)
     except OSError:
         return None
     if why is not None:
