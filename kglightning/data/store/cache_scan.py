@@ -136,13 +136,18 @@ def _any_temporary(name: str) -> bool:
     return is_temporary(name) or other_host_temporary(name)
 
 
+def _writers(child: Path) -> bool:
+    """Whether ``child`` is a writer's temporary: this host's by its exact name, or another host's folder of such a
+    name that holds kglightning's marker (any other file of such a name may be a user's: it is listed as unmarked)."""
+    return is_temporary(child.name) or other_host_temporary(child.name) and why_unmarked(child) is None
+
+
 def _sort(child: Path, kind: str, found: Found, now: float) -> None:
     """Put ``child`` of a kind folder (or an ``embedded-*`` folder of the root) where it belongs in ``found``."""
     name = child.name
     if child.is_symlink():
         found.links.append(child)
-    elif is_temporary(name) or other_host_temporary(name) and why_unmarked(child) is None:  # (another host's: a
-        # writer's marked folder; any other file of such a name may be a user's, and is listed as unmarked)
+    elif _writers(child):
         size = measure(child)
         found.entries.append(CacheEntry(kind, child, size, _mtime(child), "temporary"))
         if stale_temporary(child, now):

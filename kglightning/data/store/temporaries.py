@@ -104,17 +104,17 @@ def _marked_folder(path: Path) -> bool:
 
 
 def stale_temporary(path: Path, now: float | None = None, in_cache: bool = True) -> bool:
-    """Whether ``path`` (a file or a folder, not a link) is a writer's temporary that no writer will finish: one of
-    this host (:func:`is_temporary`) whose process is gone and in which nothing was written for ten minutes, or, in
-    the cache only (``in_cache``), a folder of any host holding kglightning's marker that has not changed for a day.
-    """
+    """Whether ``path`` (a file or a folder of this user, not a link) is a writer's temporary that no writer will
+    finish: one of this host (:func:`is_temporary`) whose process is gone and in which nothing was written for ten
+    minutes, or, in the cache only (``in_cache``), a folder of any host holding kglightning's marker that has not
+    changed for a day."""
     now = time.time() if now is None else now
     try:
         st = path.lstat()
     except OSError:
         return False
-    if stat.S_ISLNK(st.st_mode):
-        return False
+    if stat.S_ISLNK(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+        return False  # a link, or another user's: never taken for this user's writer's
     parts = _parts(path.name)
     if parts is not None and not _alive(parts[1]):
         try:
