@@ -23,7 +23,7 @@ import torch
 from kglightning.data.encoder import BUNDLED_MINILM as BUNDLED_MINILM  # re-exported: importable from here too
 from kglightning.data.encoder import SentenceEncoder
 from kglightning.data.encoder import bundled_minilm_path as bundled_minilm_path
-from kglightning.data.store.cache import default_cache_root, untrusted
+from kglightning.data.store.cache import default_cache_root, untrusted, untrusted_above
 from kglightning.data.store.cache_marks import entry_folder, touch
 from kglightning.data.store.cache_pins import pin, unpin
 from kglightning.data.store.embedding_files import read_shard, remove_stale_writes, write_shard
@@ -142,8 +142,14 @@ class EmbeddingCache:
         if self._refused is None:
             try:
                 self._refused = untrusted(self.folder) or ""
-            except FileNotFoundError:  # not made yet: it will be, privately
-                return False
+            except FileNotFoundError:  # not made yet: it will be, privately, unless a folder above is refused
+                try:
+                    why = untrusted_above(self.folder)
+                except OSError as err:
+                    why = str(err)
+                if why is None:
+                    return False
+                self._refused = why
             except OSError as err:
                 self._refused = str(err)
             if self._refused:

@@ -11,8 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from kglightning.data.records import KGQARecord
-from kglightning.data.store.cache import private_dir
-from kglightning.data.store.cache_marks import entry_folder, entry_holding, mark_file, touch
+from kglightning.data.store.cache import private_dir, untrusted, untrusted_above
+from kglightning.data.store.cache_marks import entry_folder, entry_holding, mark_file, set_aside, touch
+from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.temporaries import writer_temporary
 
 log = logging.getLogger(__name__)
@@ -69,15 +70,24 @@ def save_proposals(originals: Sequence[KGQARecord], proposed: Sequence[KGQARecor
     """Write what a proposer added to ``originals``: per record its id, ``prediction``, ``confidence`` and the
     ``extra`` keys it added or changed (one jsonl row each, written atomically). The graphs are not repeated, so
     :func:`load_proposals` is cheap. Under a kind folder of a cache (``.../proposals-v2/<dataset>/...``) the entry
-    that holds ``path`` carries kglightning's marker (:mod:`~kglightning.data.store.cache_marks`)."""
+    that holds ``path`` carries kglightning's marker (:mod:`~kglightning.data.store.cache_marks`). Nothing is
+    written into a folder that :func:`~kglightning.data.store.cache.untrusted` refuses (another user's, or
+    writable by others): a WARNING says so, and the next run proposes again."""
     path = Path(path)
     entry = entry_holding(path)
-    if entry is not None and entry != path:
-        entry_folder(entry)
-    private_dir(path.parent)
+    why = untrusted_above(path.parent)  # nothing is made in a folder another user owns or can write
+    if why is None:
+        if entry is not None and entry != path:
+            entry_folder(entry)
+        private_dir(path.parent)
+        why = _folder_refused(path)
+    if why is not None:
+        log.warning("the proposals are not kept in %s: %s", path, why)
+        return
     tmp = writer_temporary(path, "a proposals writer")
+    fd = create_new(tmp)  # a new file: nothing is written through a name someone else prepared
     try:
-        with tmp.open("w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             for before, after in zip(originals, proposed, strict=True):
                 extra = {k: v for k, v in after.extra.items() if before.extra.get(k, _MISSING) != v}
                 row = {"id": after.id, "prediction": after.prediction, "confidence": after.confidence, "extra": extra}
@@ -90,11 +100,34 @@ def save_proposals(originals: Sequence[KGQARecord], proposed: Sequence[KGQARecor
         raise
 
 
+def _folder_refused(path: Path) -> str | None:
+    """Why the folder of ``path`` must not be used (:func:`~kglightning.data.store.cache.untrusted`), or ``None``."""
+    try:
+        return untrusted(path.parent) if path.parent.exists() else None
+    except OSError as err:
+        return str(err)
+
+
 def load_proposals(originals: Sequence[KGQARecord], path: str | Path) -> list[KGQARecord] | None:
     """``originals`` with the proposals saved by :func:`save_proposals` applied, or ``None`` when the file does not
-    exist or does not match them (another id, another count, an unreadable row), so the caller proposes again."""
+    exist or does not match them (another id, another count, an unreadable row), so the caller proposes again. The
+    file is read only when :func:`~kglightning.data.store.cache.untrusted` passes it (this user's, and no one else
+    can write it or a folder above it); one that fails in a folder that passes is set aside
+    (:func:`~kglightning.data.store.cache_marks.set_aside`), and one in a folder that fails is left, with a
+    WARNING."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
+        return None
+    why = _folder_refused(path)
+    if why is not None:
+        log.warning("%s: cached proposals not read (%s); proposing again", path, why)
+        return None
+    try:
+        why = untrusted(path)
+    except OSError as err:
+        why = str(err)
+    if why is not None:
+        set_aside(path, f"is not trusted ({why})")
         return None
     out: list[KGQARecord] = []
     try:

@@ -20,14 +20,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.sources.loaders import read_records, write_records
-from kglightning.data.store.cache import content_digest
-from kglightning.data.store.cache_marks import entry_holding, mark_file, touch
+from kglightning.data.store.cache import content_digest, untrusted, untrusted_above
+from kglightning.data.store.cache_marks import entry_holding, mark_file, set_aside, touch
 from kglightning.fileio import write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever
 
@@ -99,13 +100,19 @@ class PCSTSubgraphs:
         return self._index
 
     def apply(self, records: Sequence[KGQARecord], cache_file: str | Path | None = None) -> list[KGQARecord]:
-        """The records with PCST graphs, read from ``cache_file`` when it exists and written there otherwise."""
+        """The records with PCST graphs, read from ``cache_file`` when it exists and written there otherwise. The
+        cache is used only in a folder that :func:`~kglightning.data.store.cache.untrusted` passes (else the graphs
+        are cut and not kept, with a WARNING), and a file there is read only when it passes too (else it is set
+        aside and cut again)."""
         path = Path(cache_file) if cache_file is not None and self.use_cache else None
+        path = path if path is not None and _usable(path) else None
+        stats_path = None if path is None else path.with_suffix(".stats.json")
         if path is not None and path.is_file():
             cached = list(read_records(path))
             if [r.id for r in cached] == [r.id for r in records]:
                 log.info("PCST subgraphs read from %s", path)
-                touch(path)  # a cache entry's use (when it is one): what `kglightning cache clean` removes last
+                for p in (path, stats_path):  # cache entries' use (when they are): what `kglightning cache clean`
+                    touch(p)  # removes last; the statistics with the subgraphs they describe
                 return cached
             log.warning("%s does not hold the same questions; cutting the subgraphs again", path)
         retriever = self.retriever
@@ -113,8 +120,7 @@ class PCSTSubgraphs:
         out = list(retriever.retrieve_records(records, self.index(), f"PCST subgraphs ({self.kg})", keep_skipped=True))
         summary = retriever.stats.summary()
         log.info("PCST subgraphs: %s", summary)
-        if path is not None:
-            stats_path = path.with_suffix(".stats.json")
+        if path is not None and stats_path is not None:
             for p in (path, stats_path):  # files of a cache's kind folder (pcst_subgraphs/): kglightning's marker
                 if entry_holding(p) == p:
                     mark_file(p)
@@ -122,3 +128,23 @@ class PCSTSubgraphs:
             stats = {"kg": self.kg, "retriever": repr(retriever), **summary}
             write_text_atomic(stats_path, json.dumps(stats, indent=2))
         return out
+
+
+def _usable(path: Path) -> bool:
+    """Whether the cache file ``path`` may be read and written: its folder passes
+    :func:`~kglightning.data.store.cache.untrusted` (else ``False``, with a WARNING); a file at ``path`` that does
+    not pass is set aside (:func:`~kglightning.data.store.cache_marks.set_aside`), and the subgraphs cut again."""
+    try:
+        why = untrusted_above(path.parent)
+    except OSError as err:
+        why = str(err)
+    if why is not None:
+        log.warning("PCST subgraph cache %s is not used (%s); the subgraphs are cut and not kept", path, why)
+        return False
+    try:
+        why = untrusted(path) if os.path.lexists(path) else None
+    except OSError as err:  # a link to nowhere
+        why = str(err)
+    if why is not None:
+        set_aside(path, f"is not trusted ({why})")
+    return True

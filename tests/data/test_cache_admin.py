@@ -3,6 +3,7 @@ path is printed, a dry run writes nothing, and no write evicts anything."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -278,3 +279,98 @@ def test_other_tools_folders_and_the_embedded_benchmark(root, capsys):
     assert main(["cache", "clean", "--older-than", "0"]) == 0
     assert not bench.exists() and old_bench.exists() and proposals.exists() and hub.exists()
     assert main(["cache", "clean", "--older-than", "0", "--kind", "huggingface"]) == 0 and hub.exists()
+
+
+def test_a_users_files_of_names_like_kglightnings_are_never_removed(root, capsys):
+    """Finding 9: only this host's temporaries, by their exact form, and empty bookkeeping files of this user go."""
+    host, dead = socket.gethostname(), _dead_pid()
+    users = {"records/.backup.2023.tmp": "u", "kg/.notes.1.tmp": "u", "records/stamps/0123456789abcdef0123": "mine",
+             "records/0123456789abcdef.lock": "l", "kg/.mydata.kglightning-entry": "m", "kg/.foo.in-use": "m",
+             f"kg/.other.elsewhere.{dead}.tmp": "u"}  # fmt: skip
+    for rel, text in users.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+        _age(root / rel, 30)
+    orphan = root / "kg" / f".index-1.arrow.{host}.{dead}.tmp"  # a KG index writer's, killed
+    orphan.write_bytes(b"\0" * 10)
+    _age(orphan, 30)
+    assert main(["cache", "clean", "--older-than", "1", "--max-size", "0"]) == 0
+    assert all((root / rel).read_text() == text for rel, text in users.items())
+    assert not orphan.exists() and "removed 1 paths" in capsys.readouterr().out
+
+
+def _deep(top: Path, levels: int) -> Path:
+    top.mkdir(parents=True)
+    fd = os.open(top, os.O_RDONLY)
+    try:
+        for _ in range(levels):  # relative to the folder above: no path gets longer than a name
+            os.mkdir("d", dir_fd=fd)
+            sub = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        with open(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "wb") as f:
+            f.write(b"\0" * 100)
+    finally:
+        os.close(fd)
+    return top
+
+
+def test_a_deeply_nested_folder_is_listed_and_cleaned_without_recursion(root, capsys):
+    """Finding 10: 1200 levels of folders (past Python's recursion limit) are measured, and removed when marked."""
+    unmarked = _deep(root / "records" / "my_tree", 1200)
+    marked = _deep(root / "kg" / "old_tree", 1200)
+    try:
+        mark_folder(marked)
+        os.utime(marked / ".kglightning-entry", (time.time() - 3 * DAY,) * 2)  # its last use
+        assert main(["cache", "list"]) == 0
+        out = capsys.readouterr().out
+        assert "my_tree  (unmarked" in out and "old_tree" in out
+        assert main(["cache", "clean", "--older-than", "1"]) == 0
+        assert unmarked.exists() and not marked.exists() and f"removed {marked} (" in capsys.readouterr().out
+        assert sorted(p.name for p in (root / "kg").iterdir()) == []
+    finally:  # (pytest's own clean-up of old tmp_path folders recurses)
+        from kglightning.data.store.owned_files import remove_tree_at
+
+        for tree in (unmarked, marked):
+            fd = os.open(tree.parent, os.O_RDONLY)
+            with contextlib.suppress(FileNotFoundError):
+                remove_tree_at(fd, tree.name)
+            os.close(fd)
+
+
+def test_each_removal_is_printed_as_it_happens(root, capsys, monkeypatch):
+    """A clean stopped part-way has printed what it removed."""
+    from kglightning.data.store import cache_clean
+
+    first, second = _entry(root, "records/aaaa", 10, 30), _entry(root, "records/bbbb", 10, 20)
+    real, calls = cache_clean._remove_entry, []
+
+    def stopped(fd, name):
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # ^C while removing the second entry
+        return real(fd, name)
+
+    monkeypatch.setattr(cache_clean, "_remove_entry", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        main(["cache", "clean", "--older-than", "1"])
+    out = capsys.readouterr().out
+    assert f"removed {first} (" in out and not first.exists() and second.exists()
+
+
+def test_a_cache_root_that_is_a_link_is_used_and_cleaned(tmp_path, monkeypatch, capsys):
+    """Links are refused inside the cache; the root itself may be one (``~/.cache`` on another disk)."""
+    real = tmp_path / "scratch"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "link"))
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"id": "q1", "question": "q?", "answer": ["a"], "q_entity": ["t"], "a_entity": ["a"],
+                                "graph": [["t", "r", "a"]]}) + "\n")  # fmt: skip
+    from kglightning.data.sources.loaders import read_records
+
+    store = read_records(data).store
+    assert store is not None and store.parent == tmp_path / "link" / "records"
+    assert main(["cache", "clean", "--older-than", "0"]) == 0
+    assert f"removed {store} (" in capsys.readouterr().out and not (real / "records" / store.name).exists()

@@ -29,8 +29,8 @@ def root(tmp_path, monkeypatch):
 
 
 def _in_use(entry) -> bool:
-    with removable(entry) as ok:
-        return not ok
+    with removable(entry) as busy:
+        return busy is not None
 
 
 def test_a_pin_makes_private_folders_and_is_counted(root):
@@ -68,8 +68,8 @@ def test_a_pin_waits_for_a_removal_and_ends_on_the_current_marker(root):
     entry = root / "pcst-cuts" / "fp"
     entry.mkdir(parents=True)
     pinned = []
-    with removable(entry) as ok:  # a removal holds the (new) marker exclusively
-        assert ok and marker(entry).exists()
+    with removable(entry) as busy:  # a removal holds the (new) marker exclusively
+        assert busy is None and marker(entry).exists()
         waiter = threading.Thread(target=lambda: pinned.append(pin(entry)))
         waiter.start()
         time.sleep(0.3)

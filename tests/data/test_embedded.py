@@ -172,6 +172,38 @@ def test_ensure_builds_once_into_versioned_folder(tmp_path, monkeypatch, caplog)
     assert embedded.ensure_embedded_benchmark(tmp_path / "other", seed=0).parent == tmp_path / "other"
 
 
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_built_folder_others_can_write_is_not_read(tmp_path, monkeypatch, marked):
+    """A reader of the cache checks it first: a build of kglightning that others can write is set aside and built
+    again; a folder kglightning did not build stops the run with its name (it is never removed)."""
+    import os
+
+    from kglightning.data.store.cache_marks import mark_folder
+
+    def fake_build(out_dir, seed=0, progress=True, replace=True):
+        Path(out_dir).mkdir(parents=True)
+        for name in (*(f"{s}.jsonl" for s in SPLITS), "manifest.json"):
+            (Path(out_dir) / name).write_text("{}\n")
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path))
+    folder = tmp_path / f"embedded-v{embedded.VERSION}-seed0"
+    fake_build(folder)
+    os.chmod(folder / "train.jsonl", 0o666)  # anyone could have rewritten it
+    if marked:
+        mark_folder(folder)
+    monkeypatch.setattr(embedded, "build_embedded_benchmark", fake_build)
+    if not marked:
+        with pytest.raises(FileExistsError, match=f"{folder} is not trusted .*writable by other users.*move it away"):
+            embedded.ensure_embedded_benchmark(seed=0)
+        assert (folder / "train.jsonl").exists()
+        return
+    assert embedded.ensure_embedded_benchmark(seed=0) == folder
+    assert (
+        len(list(tmp_path.glob(f"{folder.name}.unreadable-*"))) == 1
+        and os.stat(folder / "train.jsonl").st_mode & 0o022 == 0
+    )
+
+
 # ------------------------------------------------------------------------------------------ the full build
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from kglightning.data.sources.loaders import read_records
 from kglightning.data.store import record_store
+from kglightning.data.store.cache_marks import mark_folder
 from kglightning.data.store.record_store import store_folder
 from kglightning.data.store.temporaries import remove_abandoned
 
@@ -129,7 +130,10 @@ def test_a_killed_writers_folder_is_removed_by_the_next_writer(cache, tmp_path):
     fresh.mkdir()  # a pid that looks gone, but written to just now: not removed yet
     read_records(path)  # the next writer
     assert not orphan.exists() and other_host.exists() and fresh.exists() and _stores(cache) == [folder]
-    os.utime(other_host, (0, 0))  # a day old: its writer is gone too, wherever it ran
+    os.utime(other_host, (0, 0))  # a day old, but no marker: it may be anyone's folder of that name
+    assert remove_abandoned(folder, "a record store writer") == 0 and other_host.exists()
+    mark_folder(other_host)  # a writer's folder (it holds kglightning's marker), a day old: gone wherever it ran
+    os.utime(other_host, (0, 0))
     assert remove_abandoned(folder, "a record store writer") == 1 and not other_host.exists()
 
 
@@ -236,3 +240,36 @@ def test_values_json_would_change_are_not_stored(cache, tmp_path, monkeypatch, c
         first = read_records(path)
     assert "a tuple" in caplog.text and not (store_folder(path, None, "raise", None) / "meta.json").exists()
     assert read_records(path)[0].extra == {"attrs": [("k", 1)]} == first[0].extra
+
+
+def test_a_dataset_folder_changed_in_place_is_read_again(cache, tmp_path, monkeypatch):
+    """Finding 7: a data file changed with its modification time set back (``touch -r``, ``cp -p``) is another
+    store, and is read from the file, not from the datasets cache."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    data = _write(folder / "train.jsonl")
+    first = read_records(folder, split="train")
+    assert first[0].answer == ["e0"] and first.store is not None
+    st = data.stat()
+    data.write_text(data.read_text().replace('"e0"', '"x0"'), encoding="utf-8")  # the same length
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = read_records(folder, split="train")
+    assert again[0].answer == ["x0"] and again.store != first.store
+    assert read_records(folder, split="train").store == again.store  # and stored: read once
+
+
+@pytest.mark.parametrize("name", ["records.arrow", "vocab.arrow"])
+def test_a_store_cut_short_is_set_aside_and_written_again(cache, tmp_path, caplog, name):
+    """Finding 8: pyarrow tells a stream cut short as an OSError without errno: damage, not the system's."""
+    path = _write(tmp_path / "train.jsonl", questions=40)
+    read_records(path)
+    folder = store_folder(path, None, "raise", None)
+    raw = (folder / name).read_bytes()
+    (folder / name).write_bytes(raw[: len(raw) // 2])
+    with caplog.at_level(logging.WARNING):
+        again = read_records(path)
+    assert len(again) == 40 and again.store == folder and "cannot be read as a record store" in caplog.text
+    assert list(folder.parent.glob(f"{folder.name}.unreadable-*")) and (folder / name).read_bytes() == raw

@@ -42,13 +42,30 @@ def test_writer_temporary_removes_only_what_no_writer_will_finish(tmp_path, fold
     orphan = _plant(target, host, dead, 900, folder)  # its process gone, quiet for 15 minutes
     recent = _plant(target, host, dead + 1 if dead + 1 != os.getpid() else dead + 2, 0, folder)  # just written
     elsewhere = _plant(target, "another-host", os.getpid(), 900, folder)  # may still be writing over there
-    old_elsewhere = _plant(target, "old-host", 1, 2 * 86400, folder)  # a day old: gone wherever it ran
+    old_elsewhere = _plant(target, "old-host", 1, 2 * 86400, folder)  # another host's: outside the cache, never
     other_name = _plant(tmp_path / "other", host, dead, 900, folder)  # another entry's: not this writer's business
     mine = _plant(target, host, os.getpid(), 0, folder)  # this process's own from an earlier try
     tmp = writer_temporary(target, "a test writer")
     assert tmp == mine and not tmp.exists()
-    assert not orphan.exists() and not old_elsewhere.exists()
+    assert not orphan.exists() and old_elsewhere.exists()
     assert recent.exists() and elsewhere.exists() and other_name.exists()
+
+
+def test_in_the_cache_another_hosts_temporary_goes_only_as_a_marked_folder_a_day_old(tmp_path, monkeypatch):
+    from kglightning.data.store.cache_marks import mark_folder
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path))
+    target = tmp_path / "records" / "entry"
+    target.parent.mkdir()
+    marked = _plant(target, "old-host", 1, 2 * 86400, folder=True)
+    mark_folder(marked)
+    os.utime(marked, (time.time() - 2 * 86400,) * 2)
+    unmarked = _plant(target, "older-host", 1, 2 * 86400, folder=True)  # may be anyone's folder of such a name
+    a_file = _plant(target, "oldest-host", 1, 2 * 86400, folder=False)
+    young = _plant(target, "new-host", 1, 3600, folder=True)
+    mark_folder(young)
+    writer_temporary(target, "a test writer")
+    assert not marked.exists() and unmarked.exists() and a_file.exists() and young.exists()
 
 
 def test_the_next_proposals_writer_removes_a_killed_ones_file(tmp_path):
@@ -111,9 +128,47 @@ write_records(records(), {str(out)!r})
     host, _, pid = left.name[: -len(".tmp")].removeprefix(".train.jsonl.").rpartition(".")
     assert host == socket.gethostname() and pid.isdigit()  # named so that the next writer can tell it is abandoned
     os.utime(left, (time.time() - 900,) * 2)  # nothing written in it for 15 minutes: no writer will finish it
-    old = _plant(out, "x", 0, 2 * 86400, folder=False).rename(tmp_path / ".train.jsonl.k2j3h4g5.tmp")  # mkstemp's
-    os.utime(old, (time.time() - 2 * 86400,) * 2)
     from kglightning.data.sources.loaders import write_records
 
     write_records([KGQARecord("q1", "question?", ["a"], ["t"], ["a"], [("t", "r", "a")])], out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.jsonl"]
+
+
+def test_write_records_leaves_a_users_look_alike_files_beside_its_output(tmp_path):
+    """A user's ``.preds.jsonl.backup.20240101.tmp`` cannot be told from an old mkstemp or another host's temporary:
+    beside a user's output, only this host's temporaries of that exact name whose process is gone are removed."""
+    out = tmp_path / "preds.jsonl"
+    dead = _dead_pid()
+    mine = [_plant(out, "backup", 20240101, 2 * 86400, folder=False),  # .preds.jsonl.backup.20240101.tmp
+            tmp_path / ".preds.jsonl.mynotes1.tmp", _plant(out, "elsewhere", dead, 2 * 86400, folder=False),
+            _plant(tmp_path / "preds.jsonl.x", socket.gethostname(), dead, 900, folder=False)]  # fmt: skip
+    mine[1].write_text("notes")
+    os.utime(mine[1], (time.time() - 2 * 86400,) * 2)
+    orphan = _plant(out, socket.gethostname(), dead, 900, folder=False)
+    from kglightning.data.sources.loaders import write_records
+
+    write_records([KGQARecord("q1", "question?", ["a"], ["t"], ["a"], [("t", "r", "a")])], out)
+    assert all(p.exists() for p in mine) and not orphan.exists()
+
+
+def test_a_build_never_removes_a_folder_kglightning_did_not_build(tmp_path):
+    """Finding 5: a user's folder at the benchmark's name (no kglightning marker) stops the build with its name."""
+    out = tmp_path / "embedded-v1-seed0"
+    out.mkdir()
+    (out / "my-notes.txt").write_text("keep")
+    tmp = builder._build_folder(out)
+    (tmp / "manifest.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(FileExistsError, match=f"{out} exists and is not a build of kglightning .*move it away"):
+        builder._publish(tmp, out, replace=False)
+    assert (out / "my-notes.txt").read_text() == "keep" and not (out / "manifest.json").exists()
+
+
+def test_a_torn_build_of_kglightning_is_set_aside(tmp_path):
+    out = tmp_path / "embedded-v1-seed0"
+    torn = builder._build_folder(out)  # marked, as every build is; killed before its manifest
+    torn.rename(out)
+    tmp = builder._build_folder(out)
+    (tmp / "manifest.json").write_text("{}", encoding="utf-8")
+    builder._publish(tmp, out, replace=False)
+    (aside,) = tmp_path.glob("embedded-v1-seed0.unreadable-*")
+    assert (out / "manifest.json").is_file() and (aside / ".kglightning-entry").is_file()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,46 @@ def test_the_cut_records_are_counted_again(tmp_path, encoder, monkeypatch):
     dm = KGQADataModule(data_dir=_write(tmp_path, rows), cache_dir=str(tmp_path / "cache"), subgraphs=source)
     cut = dm.read_split("test")
     assert cut.unknown_topic == ["test-0"] and cut.empty_graph == ["test-1"]
+
+
+def _planted_cut(path: Path) -> None:
+    """A cut of the question another user wrote: the capital is Berlin."""
+    row = {**_record("q1"), "graph": [["France", "capital", "Berlin"], ["Berlin", "river", "Seine"]]}
+    path.write_text(json.dumps(row) + "\n")
+    os.chmod(path, 0o666)
+
+
+@pytest.mark.parametrize("shared_folder", [False, True])
+def test_a_planted_cut_is_not_used(tmp_path, encoder, monkeypatch, caplog, shared_folder):
+    from kglightning.data.records import KGQARecord
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "pcst_subgraphs"
+    folder.mkdir(parents=True, mode=0o700)
+    os.chmod(folder, 0o777 if shared_folder else 0o700)
+    path = folder / "train-abc.jsonl"
+    _planted_cut(path)
+    [cut] = _source(encoder, tmp_path).apply([KGQARecord.from_dict(_record("q1"))], path)
+    assert ("Paris", "river", "Seine") in cut.graph and ("France", "capital", "Berlin") not in cut.graph
+    if shared_folder:  # nothing read nor written in a folder others can write
+        assert "is not used" in caplog.text and "Berlin" in path.read_text()
+    else:  # set aside, and the cut written anew
+        assert list(folder.glob("train-abc.jsonl.unreadable-*")) and "Berlin" not in path.read_text()
+
+
+def test_reading_the_cut_counts_as_using_its_statistics_too(tmp_path, encoder, monkeypatch):
+    from kglightning.data.records import KGQARecord
+    from kglightning.data.store import cache_marks
+    from kglightning.data.store.cache_clean import clean
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
+    path = root / "pcst_subgraphs" / "train-abc.jsonl"
+    _source(encoder, tmp_path).apply([KGQARecord.from_dict(_record("q1"))], path)
+    past = time.time() - 8 * 86400
+    for p in (root / "pcst_subgraphs").iterdir():
+        os.utime(p, (past, past))
+    cache_marks._touched.clear()  # a new process, a week later
+    _source(encoder, tmp_path).apply([KGQARecord.from_dict(_record("q1"))], path)
+    removed = [p.name for p, _, _ in clean(root, older_than_s=7 * 86400, kinds=["pcst_subgraphs"]).removed]
+    assert removed == [] and path.with_suffix(".stats.json").exists()

@@ -38,7 +38,8 @@ from typing import Any, Literal
 
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
-from kglightning.data.store.cache import warn_once
+from kglightning.data.store.cache import files_stamp, warn_once
+from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.record_lock import first_reader
 from kglightning.data.store.record_store import (
     dataset_store_folder,
@@ -46,8 +47,9 @@ from kglightning.data.store.record_store import (
     save_store,
     set_store_aside,
     store_folder,
+    system_error,
 )
-from kglightning.data.store.temporaries import remove_mkstemp_leftovers, writer_temporary
+from kglightning.data.store.temporaries import writer_temporary
 from kglightning.data.triple_array import Vocab, graph_nodes
 
 logger = logging.getLogger(__name__)
@@ -216,7 +218,10 @@ def _open_dataset(path: str | os.PathLike, split: str | None) -> tuple[str, Any,
     if (p / "dataset_dict.json").exists() or (p / "state.json").exists():
         loaded = datasets.load_from_disk(str(p))
     elif any(p.rglob("*.parquet")) or any(p.rglob("*.jsonl")) or any(p.rglob("*.json")):
-        loaded = datasets.load_dataset(str(p))  # all splits, then pick: one error message for both cases
+        # all splits, then pick (one error message for both cases); prepared again from the files, not taken from
+        # the datasets cache, which knows files by their modification time and would give a file changed in place
+        # (its time set back) as it was
+        loaded = datasets.load_dataset(str(p), download_mode="force_redownload")
     else:
         raise ValueError(f"{source}: directory holds no dataset (supported inputs: {SUPPORTED_FORMATS})")
     ds, split = _pick_split(loaded, split, source)
@@ -286,7 +291,7 @@ def read_records(
         raise ValueError(f"on_bad_record must be 'raise' or 'skip', got {on_bad_record!r}")
     folder = store_folder(path, split, on_bad_record, limit)
     opened = None
-    if folder is None and _is_dataset(path):  # opened once: for its fingerprint, and to read it when not stored
+    if folder is None and _is_dataset(path):  # a hub dataset is opened once: for its fingerprint, and to read it
         opened, folder = _dataset_folder(path, split, on_bad_record, limit)
     out = _stored(folder, path, split) if folder is not None else None
     if out is None and folder is not None:
@@ -327,8 +332,16 @@ def _read_and_store(
 def _dataset_folder(
     path: str | os.PathLike, split: str | None, on_bad_record: str, limit: int | None
 ) -> tuple[tuple[str, Any, str | None] | None, Path | None]:
-    """A hub dataset's or a dataset folder's split opened (``None`` when it cannot be: the read says why) and its
-    store, keyed by its ``datasets`` fingerprint (``None`` for a streamed dataset, or below the threshold)."""
+    """The store of a dataset folder's or a hub dataset's split, and the split opened when it had to be (``None``
+    otherwise, or when it cannot be: the read says why). A dataset folder is keyed by the bytes of its files
+    (:func:`~kglightning.data.store.cache.files_stamp`: a file changed in place, whatever its modification time,
+    is another store), without opening it; a hub dataset by its ``datasets`` fingerprint (``None`` for a streamed
+    one, or below the threshold)."""
+    if not (isinstance(path, str) and path.startswith(HF_PREFIX)):
+        p = Path(path)
+        files = [f for f in p.rglob("*") if f.is_file() and not any(s.startswith(".") for s in f.relative_to(p).parts)]
+        size = sum(f.stat().st_size for f in files)
+        return None, dataset_store_folder(f"files:{files_stamp(p)}", size, split, on_bad_record, limit)
     try:
         opened = _open_dataset(path, split)
     except Exception:  # noqa: BLE001 (the read raises it again, with the file, the split and the reason)
@@ -337,7 +350,7 @@ def _dataset_folder(
     data = getattr(ds, "data", None)
     if data is None or not hasattr(ds, "_fingerprint"):
         return opened, None
-    return opened, dataset_store_folder(str(ds._fingerprint), int(data.nbytes), opened[2], on_bad_record, limit)
+    return opened, dataset_store_folder(f"hub:{ds._fingerprint}", int(data.nbytes), opened[2], on_bad_record, limit)
 
 
 def _stored(folder: Path, path: str | os.PathLike, split: str | None, announce: bool = True) -> RecordList | None:
@@ -351,7 +364,10 @@ def _stored(folder: Path, path: str | os.PathLike, split: str | None, announce: 
         load_store(folder, out, str(path))
         if Path(str(path)).suffix.lower() != ".json" and not _is_dataset(path):  # one split per file: the caller's
             out.split = split
-    except (OSError, MemoryError) as err:  # the system, not the store: read the file this time, keep the store
+    except (OSError, MemoryError) as err:
+        if not system_error(err):  # the store's own damage, told as an OSError: set aside, and written again
+            set_store_aside(folder, f"cannot be read as a record store ({type(err).__name__}: {err})")
+            return None
         logger.warning("record store %s cannot be loaded now (%s: %s); reading the file", folder,
                        type(err).__name__, err)  # fmt: skip
         return None
@@ -450,8 +466,9 @@ def _log_summary(out: RecordList) -> None:
 def write_records(records: Iterable[KGQARecord | Mapping[str, Any]], path: str | os.PathLike) -> int:
     """Write records as UTF-8 ``.jsonl`` (non-ASCII kept as is), atomically: a temporary file
     (``.<name>.<host>.<pid>.tmp``), then ``os.replace``. A temporary that a killed writer left beside ``path`` is
-    removed by the next write of ``path`` (:func:`~kglightning.data.store.temporaries.writer_temporary`: its process
-    gone and nothing written for ten minutes, or a day old).
+    removed by the next write of ``path`` (:func:`~kglightning.data.store.temporaries.writer_temporary`): only one
+    of this host, of that exact name, whose process is gone and in which nothing was written for ten minutes;
+    nothing else beside ``path`` is ever removed (a user's ``.preds.jsonl.backup.tmp`` is theirs).
 
     Args:
         records: :class:`KGQARecord` objects, or dicts (validated with :meth:`KGQARecord.from_dict` first).
@@ -472,9 +489,8 @@ def write_records(records: Iterable[KGQARecord | Mapping[str, Any]], path: str |
         raise ValueError(f"{p}: write_records writes .jsonl only")
     p.parent.mkdir(parents=True, exist_ok=True)
     mode = p.stat().st_mode & 0o777 if p.exists() else 0o644  # the result's mode, whatever the umask
-    remove_mkstemp_leftovers(p, "a records writer")  # those of earlier versions
     tmp = writer_temporary(p, "a records writer")  # .<name>.<host>.<pid>.tmp: the next writer removes it if killed
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = create_new(tmp)  # a new file (0600 until the mode below), never written through a name someone prepared
     n = 0
     try:
         os.chmod(tmp, mode)

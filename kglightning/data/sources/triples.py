@@ -12,7 +12,8 @@ Every field must be a non-empty string; the first one that is not is reported wi
 millions of triples is parsed once; a later run reads the names and ids and rebuilds the adjacency arrays. The file
 carries kglightning's marker beside it (:mod:`~kglightning.data.store.cache_marks`), and is read only when it passes
 :func:`~kglightning.data.store.cache.untrusted` and a full Arrow validation; one that fails is moved aside (with a
-WARNING) and the KG indexed again.
+WARNING) and the KG indexed again. A cache folder that fails the check (another user's, or writable by others) is
+neither read nor written: the KG is indexed each time, with a WARNING once.
 """
 
 from __future__ import annotations
@@ -26,8 +27,16 @@ import numpy as np
 
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import RecordError
-from kglightning.data.store.cache import content_digest, default_cache_root, private_dir, untrusted
+from kglightning.data.store.cache import (
+    content_digest,
+    default_cache_root,
+    private_dir,
+    untrusted,
+    untrusted_above,
+    warn_once,
+)
 from kglightning.data.store.cache_marks import mark_file, set_aside, touch
+from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.temporaries import writer_temporary
 
 __all__ = ["load_kg", "read_triples"]
@@ -146,10 +155,10 @@ def _write_index(kg: KGIndex, path: Path) -> None:
     ).replace_schema_metadata(_SCHEMA_META)
     private_dir(path.parent)
     tmp = writer_temporary(path, "a KG index writer")
+    fd = create_new(tmp)  # 0600 whatever the umask (load_kg reads no file others can write); a new file, no link
     try:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
-        os.chmod(tmp, 0o600)  # whatever the umask: load_kg reads no file that others can write
         mark_file(path)  # kglightning's (beside it): `kglightning cache clean` may remove it
         os.replace(tmp, path)
     except BaseException:
@@ -189,11 +198,19 @@ def load_kg(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
     if not use_cache or path.suffix.lower() not in _SUFFIXES:  # (an unsupported type: read_triples says so)
         return KGIndex.from_triples(read_triples(path))
     cached = _cache_file(path, Path(cache_dir) if cache_dir is not None else default_cache_root() / "kg")
-    refused = untrusted(cached) if cached.is_file() else None
+    try:
+        folder_refused = untrusted_above(cached.parent)
+    except OSError as err:
+        folder_refused = str(err)
+    if folder_refused is not None:  # a folder others can write: neither read nor written
+        warn_once("untrusted", cached.parent, "the KG index cache %s is not used: %s; indexing %s", cached.parent,
+                  folder_refused, path, logger=log)  # fmt: skip
+        return KGIndex.from_triples(read_triples(path))
+    try:
+        refused = untrusted(cached) if os.path.lexists(cached) else None
+    except OSError as err:  # a link to nowhere
+        refused = str(err)
     if refused:
-        if untrusted(cached.parent) is not None:  # a folder others can write: leave it alone
-            log.warning("not reading the KG index cache %s: %s; indexing %s", cached, refused, path)
-            return KGIndex.from_triples(read_triples(path))
         set_aside(cached, f"is not trusted ({refused})")
     elif cached.is_file():
         try:

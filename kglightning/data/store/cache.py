@@ -10,6 +10,8 @@ import re
 import socket
 from pathlib import Path
 
+from kglightning.data.store.owned_files import create_new, open_own
+
 _warned: set[tuple[str, str]] = set()
 
 
@@ -54,7 +56,9 @@ def untrusted(path: str | os.PathLike, alone: bool = False) -> str | None:
     """Why the cache file at ``path`` must not be read, or ``None``: a file is read only when it and every folder up to
     the cache root are owned by this user (or root) and writable by no one else, so that no other user can plant a
     file that a run takes for its own (a wrong KG, another string's vector, an Arrow file that decompresses to
-    gigabytes). ``alone`` checks ``path`` itself only (its folder was checked already: the files of one entry).
+    gigabytes). ``path`` itself must not be a symbolic link (kglightning follows no link in its cache; the cache
+    root and the folders above it may be one, as ``~/.cache`` often is). ``alone`` checks ``path`` itself only (its folder was checked
+    already: the files of one entry).
 
     Example:
         >>> import tempfile
@@ -69,6 +73,8 @@ def untrusted(path: str | os.PathLike, alone: bool = False) -> str | None:
     if not hasattr(os, "getuid"):  # no POSIX permissions to read (Windows): trust the user's own profile folder
         return None
     me = os.getuid()
+    if os.path.islink(path) and Path(os.path.abspath(path)) != Path(os.path.abspath(default_cache_root())):
+        return f"{path} is a symbolic link"
     p = Path(path).resolve()
     root = default_cache_root().resolve()
     chain = [p, *p.parents]
@@ -87,6 +93,14 @@ def untrusted(path: str | os.PathLike, alone: bool = False) -> str | None:
     return None
 
 
+def untrusted_above(path: str | os.PathLike) -> str | None:
+    """:func:`untrusted` of the nearest folder at or above ``path`` that exists (``None`` when none does): asked before
+    a folder is made at ``path``, so that nothing is made inside a folder that another user owns or can write."""
+    p = Path(os.path.abspath(path))
+    there = next((q for q in (p, *p.parents) if q.exists()), None)
+    return None if there is None else untrusted(there)
+
+
 #: where :func:`content_digest` remembers digests, under the cache root (bookkeeping of the record store's kind)
 STAMPS = ("records", "stamps")
 _digests: dict[str, str] = {}  # stat stamp -> digest, for this process
@@ -97,8 +111,8 @@ def content_digest(path: str | os.PathLike) -> str:
 
     It is remembered per resolved path and ``stat`` stamp (inode, size, modification time and change time: a write,
     a ``cp -p`` or a ``touch -r`` moves the change time, which no user can set back), in this process and under
-    ``records/stamps/`` of the cache root (a memo is read only when :func:`untrusted` passes it), so that an
-    unchanged file is hashed once.
+    ``records/stamps/`` of the cache root (a memo is read only when :func:`untrusted` passes it, and written only
+    into a folder it passes, through a new file: see :func:`_remember`), so that an unchanged file is hashed once.
     """
     path = Path(path)
     st = path.stat()
@@ -107,26 +121,41 @@ def content_digest(path: str | os.PathLike) -> str:
         return _digests[stamp]
     memo = default_cache_root().joinpath(*STAMPS, hashlib.sha1(stamp.encode()).hexdigest()[:20])
     with contextlib.suppress(OSError, UnicodeDecodeError):
-        known = memo.read_text(encoding="ascii").strip()
-        if len(known) == 32 and all(c in "0123456789abcdef" for c in known) and untrusted(memo) is None:
-            _digests[stamp] = known
-            return known
+        if untrusted(memo) is None:
+            with os.fdopen(open_own(memo), encoding="ascii") as f:  # a regular file of this user, no link, no FIFO
+                known = f.read(64).strip()
+            if len(known) == 32 and all(c in "0123456789abcdef" for c in known):
+                _digests[stamp] = known
+                return known
     digest = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
         while chunk := f.read(1 << 23):
             digest.update(chunk)
     out = _digests[stamp] = digest.hexdigest()
-    with contextlib.suppress(OSError):  # a read-only cache: hash again in the next process
-        private_dir(memo.parent)
-        tmp = memo.with_name(f".{memo.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(out)
-            os.replace(tmp, memo)
-        finally:
-            tmp.unlink(missing_ok=True)
+    _remember(memo, out)
     return out
+
+
+def _remember(memo: Path, digest: str) -> None:
+    """Write ``digest`` to the memo file ``memo``, only into a folder :func:`untrusted` passes (one that another user
+    can write could hold a link planted at the temporary's name, or a memo of theirs) and through a new file
+    (``O_EXCL``, no link followed), renamed into place; a read-only cache, or one refused, is left as it is."""
+    with contextlib.suppress(OSError):
+        if untrusted_above(memo.parent) is not None:  # (nothing is made in a folder another user may own)
+            return
+        private_dir(memo.parent)
+        if untrusted(memo.parent) is not None:
+            return
+        tmp = memo.with_name(f".{memo.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+        fd = create_new(tmp)  # raises when anything is at the name: nothing is written through it
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(digest)
+            os.replace(tmp, memo)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
 
 def files_stamp(path: str | os.PathLike) -> str:

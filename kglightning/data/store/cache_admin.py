@@ -10,20 +10,23 @@ the folders of other tools in the cache root; they are never removed.
 
 ``clean`` (:func:`~kglightning.data.store.cache_clean.clean`) removes, in every kind or in ``--kind``:
 
-* always: what killed runs left, by the exact names kglightning's writers use: temporaries
-  (``.<name>.<host>.<pid>.tmp``) whose process is gone on this host and in which nothing was written for ten
-  minutes, or that are a day old; lock files (``records/<key>.lock``), in-use markers (``.<name>.in-use``) and
+* always: what killed runs left, by the exact names kglightning's writers use: temporaries of this host
+  (``.<name>.<host>.<pid>.tmp``) whose process is gone and in which nothing was written for ten minutes, and
+  temporary folders of any host that hold kglightning's marker and are a day old; lock files (``records/<key>.lock``), in-use markers (``.<name>.in-use``) and
   entry markers (``.<name>.kglightning-entry``) of entries that are gone, a day old and held by no process; and
   digest memos (``records/stamps/<digest>``) a month old;
 * ``--older-than DAYS``: marked entries not used for that long;
 * ``--max-size GB`` (default ``KGLIGHTNING_CACHE_MAX_GB`` when it is set): the least recently used marked entries,
   until the marked entries of the kinds cleaned hold at most that much.
 
-It removes only marked entries and kglightning's own temporaries and locks, never an entry a running process has
-pinned (:mod:`~kglightning.data.store.cache_pins`), never follows a link (a kind folder or an entry that is a link
-is skipped, with a message), removes nothing outside the cache root, and prints every path it removed (``--dry-run``:
-would remove, and writes nothing). Nothing is removed when an entry is written: the cache grows until ``clean``
-runs.
+It removes only marked entries (this user's, with a marker that is a regular file of this user no one else can
+write; an entry whose marker is not believed is skipped, with the reason) and kglightning's own temporaries
+(of this host, by their exact names) and locks (empty regular files of this user), never an entry a running process
+has pinned (:mod:`~kglightning.data.store.cache_pins`), never follows a link (a kind folder or an entry that is a
+link is skipped, with a message), never walks a kind folder that others can write, removes nothing outside the cache
+root, and prints every path it removed as it removes it (``--dry-run``: would remove, and writes nothing), the
+totals at the end. The in-use files it makes to lock an entry while removing it are removed with the entry. Nothing
+is removed when an entry is written: the cache grows until ``clean`` runs.
 """
 
 from __future__ import annotations
@@ -89,9 +92,12 @@ def _show(root: Path, kinds: list[str] | None, du: bool) -> None:
         print(f"{root}")
         for e in found.entries:
             note = "" if e.marked else f"  ({e.state}{': never removed by clean' if e.state == 'unmarked' else ''})"
+            note = f"  (refused: {e.why})" if e.state == "refused" else note
             print(f"{e.kind:18s} {human(e.bytes):>10s} {(now - e.used) / 86400:7.1f} d  {e.path.name}{note}")
     for link in found.links:
         print(f"skipped {link}: {_NO_LINKS}")
+    for folder, why in found.untrusted:
+        print(f"skipped {folder}: {why}; kglightning neither reads nor cleans a folder others could have written")
     if any(e.state == "unmarked" for e in found.entries):
         print("unmarked: no kglightning marker (written before markers existed, or not by kglightning); "
               "`kglightning cache clean` leaves them: remove them by hand once no run needs them")  # fmt: skip
@@ -119,12 +125,8 @@ def main(argv: list[str] | None = None, prog: str = "kglightning cache") -> int:
     except ValueError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
-    done = clean(root, older, cap, args.kind, args.dry_run)
+    done = clean(root, older, cap, args.kind, args.dry_run, say=lambda line: print(line, flush=True))
     verb = "would remove" if args.dry_run else "removed"
-    for path, size, why in done.removed:
-        print(f"{verb} {path} ({human(size)}; {why})")
-    for line in done.skipped:
-        print(f"skipped {line}")
     print(f"{verb} {len(done.removed)} paths, {human(sum(size for _, size, _ in done.removed))}")
     if done.unmarked:
         print(f"left {len(done.unmarked)} unmarked entries ({human(sum(e.bytes for e in done.unmarked))}): no "

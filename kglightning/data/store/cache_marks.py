@@ -12,9 +12,12 @@ entries of the root itself. An entry kglightning writes carries a marker:
 * a file entry has the file ``.<name>.kglightning-entry`` beside it, written before the file is renamed into place
   (:func:`mark_file`).
 
-``kglightning cache clean`` removes marked entries only (and the temporaries and locks that kglightning's writers
-leave, by their exact names); a folder or file without a marker (another tool's, a user's, or an entry written
-before markers existed) is listed as unmarked and never removed. The marker's modification time is the entry's last
+An entry counts as marked only when it is this user's (not a link) and its marker is a regular file of this user
+that no one else can write (:func:`why_unmarked`): a marker another user put into a folder they can write is not
+believed. ``kglightning cache clean`` removes marked entries only (and the temporaries and locks that kglightning's
+writers leave, by their exact names); a folder or file without a marker (another tool's, a user's, or an entry
+written before markers existed) is listed as unmarked and never removed, and one whose marker is not believed is
+skipped with the reason. The marker's modification time is the entry's last
 use: set when it is written, and moved forward when the entry is read (:func:`touch`, at most once an hour), so that
 ``clean --older-than`` removes what no run has read for that long.
 """
@@ -30,8 +33,9 @@ import stat
 import time
 from pathlib import Path
 
-from kglightning.data.store.cache import private_dir
-from kglightning.data.store.temporaries import writer_temporary
+from kglightning.data.store.cache import private_dir, untrusted
+from kglightning.data.store.owned_files import open_own, refusal
+from kglightning.data.store.temporaries import MARK, writer_temporary
 
 __all__ = [
     "KINDS",
@@ -45,19 +49,18 @@ __all__ = [
     "marker_of",
     "set_aside",
     "touch",
+    "why_unmarked",
 ]
 
 log = logging.getLogger(__name__)
 
-#: the marker's name inside a folder entry (a file entry's is ``.<name>`` followed by it, beside the file)
-MARK = ".kglightning-entry"
 #: the kind folders of the cache root whose children are entries kglightning writes
 KINDS = ("records", "kg", "embeddings", "proposals-v2", "pcst-cuts", "pcst_subgraphs", "detection_graphs",
          "proxy_sft")  # fmt: skip
 #: kinds that earlier versions wrote and nothing reads now: their entries carry no marker, and are listed only
 LEGACY_KINDS = ("proposals",)
-#: the embedded benchmark's folders, entries of the cache root itself
-EMBEDDED = re.compile(r"^embedded-v\d+-seed\d+$")
+#: the embedded benchmark's folders, entries of the cache root itself (and those set aside)
+EMBEDDED = re.compile(r"^embedded-v\d+-seed\d+(\.unreadable-\d+)?$")
 #: a read moves an entry's last use forward at most this often
 TOUCH_EVERY_S = 3600.0
 _touched: dict[str, float] = {}  # entry -> when this process last recorded its use (time.monotonic)
@@ -72,21 +75,42 @@ def marker_of(entry: str | os.PathLike, folder: bool | None = None) -> Path:
     return p / MARK if folder else p.with_name(f".{p.name}{MARK}")
 
 
-def is_marked(entry: str | os.PathLike) -> bool:
-    """Whether ``entry`` (not a link) carries kglightning's marker, itself a plain file (not a link)."""
+def why_unmarked(entry: str | os.PathLike) -> str | None:
+    """``None`` when ``entry`` carries kglightning's marker and may be taken for kglightning's; ``""`` when it has no
+    marker (an unmarked entry); otherwise why its marker is not believed: the entry is a link or another user's, or
+    its marker is not a regular file of this user that no one else can write (another user may have put it there)."""
     p = Path(entry)
     try:
         st = p.lstat()
-        if stat.S_ISLNK(st.st_mode):
-            return False
-        return stat.S_ISREG(marker_of(p, stat.S_ISDIR(st.st_mode)).lstat().st_mode)
     except OSError:
-        return False
+        return ""
+    if stat.S_ISLNK(st.st_mode):
+        return ""
+    mark = marker_of(p, stat.S_ISDIR(st.st_mode))
+    try:
+        mst = mark.lstat()
+    except OSError:
+        return ""
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"belongs to another user (uid {st.st_uid}); its marker is not believed"
+    why = refusal(mst, private=True)
+    return None if why is None else f"its marker {mark.name} {why}; not believed"
+
+
+def is_marked(entry: str | os.PathLike) -> bool:
+    """Whether ``entry`` (this user's, not a link) carries kglightning's marker, a regular file of this user that no
+    one else can write (:func:`why_unmarked`)."""
+    return why_unmarked(entry) is None
 
 
 def _write_marker(marker: Path) -> None:
-    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    os.close(fd)
+    """Create the marker (``0600``), or open the one there: never through a link, never a FIFO or another user's file
+    (:func:`~kglightning.data.store.owned_files.open_own` raises)."""
+    fd = open_own(marker, os.O_WRONLY, create=True)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
 
 
 def mark_folder(folder: str | os.PathLike) -> None:
@@ -106,11 +130,14 @@ def entry_folder(folder: str | os.PathLike) -> Path:
     """Make sure the entry folder ``folder`` exists and carries its marker, and return it: a missing one is built
     as a temporary folder holding the marker and renamed into place (``0700``, its missing parents too), so that it
     never exists unmarked; an existing one (a real folder) gets the marker when it lacks it (kglightning writes into
-    it from now on: an entry of an earlier version that is written again)."""
+    it from now on: an entry of an earlier version that is written again), unless it is not trusted
+    (:func:`~kglightning.data.store.cache.untrusted`: another user's, or writable by others): such a folder is left
+    as it is, and the caller, which checks it before use, writes nothing there."""
     folder = Path(folder)
     if folder.is_dir() and not folder.is_symlink():
-        if not (folder / MARK).is_file():
-            mark_folder(folder)
+        if why_unmarked(folder) is not None and untrusted(folder) is None:
+            with contextlib.suppress(OSError):  # a marker that is not a file of ours is left (and not believed)
+                mark_folder(folder)
         return folder
     private_dir(folder.parent)
     tmp = writer_temporary(folder, "a cache writer")

@@ -1,7 +1,11 @@
 """What the cache holds, sorted for ``kglightning cache``: entries, writers' temporaries and what killed runs left.
 
-Entries are marked (kglightning's) or unmarked; what killed runs left is found by the exact names kglightning's
-writers use; no link is followed. :mod:`~kglightning.data.store.cache_admin` states the rules."""
+Entries are marked (kglightning's), unmarked, or refused (a marker that is not believed: see
+:func:`~kglightning.data.store.cache_marks.why_unmarked`); what killed runs left is found by the exact names
+kglightning's writers use, and only a regular file of this user of the size kglightning writes counts; no link is
+followed, no folder is walked by recursion, and a kind folder that
+:func:`~kglightning.data.store.cache.untrusted` refuses is not walked at all (kglightning neither reads nor cleans
+it). :mod:`~kglightning.data.store.cache_admin` states the rules."""
 
 from __future__ import annotations
 
@@ -13,10 +17,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kglightning.data.store.cache import default_cache_root
-from kglightning.data.store.cache_marks import EMBEDDED, KINDS, LEGACY_KINDS, MARK, is_marked, marker_of
+from kglightning.data.store.cache import default_cache_root, untrusted
+from kglightning.data.store.cache_marks import EMBEDDED, KINDS, LEGACY_KINDS, MARK, marker_of, why_unmarked
 from kglightning.data.store.cache_pins import MARKER_SUFFIX
-from kglightning.data.store.temporaries import is_temporary, stale_temporary
+from kglightning.data.store.owned_files import refusal
+from kglightning.data.store.temporaries import is_temporary, other_host_temporary, stale_temporary
 
 __all__ = ["CacheEntry", "Found", "entries", "human", "measure", "other_folders", "scan"]
 
@@ -29,13 +34,15 @@ _MEMO = re.compile(r"^[0-9a-f]{20}$")  # records/stamps/<memo> (cache.content_di
 class CacheEntry:
     """One thing the cache holds: ``kind`` (its kind folder, or ``embedded``), ``path``, ``bytes`` on disk, ``used``
     (a Unix time: last written or read) and ``state``: ``entry`` (marked: kglightning's), ``unmarked`` (no marker:
-    never removed) or ``temporary`` (a writer's, running or killed)."""
+    never removed), ``refused`` (a marker that is not believed, ``why``: never removed) or ``temporary`` (a
+    writer's, running or killed)."""
 
     kind: str
     path: Path
     bytes: int
     used: float
     state: str = "entry"
+    why: str = ""
 
     @property
     def marked(self) -> bool:
@@ -44,27 +51,37 @@ class CacheEntry:
 
 @dataclass
 class Found:
-    """What :func:`scan` found: the entries (marked and unmarked) and temporaries, the ``leftovers`` that ``clean``
-    removes (path, bytes, why), and the ``links`` it skipped."""
+    """What :func:`scan` found: the entries (marked, unmarked and refused) and temporaries, the ``leftovers`` that
+    ``clean`` removes (path, bytes, why), the ``links`` it skipped, and the kind folders it did not walk because
+    they are not trusted (``untrusted``: path, why)."""
 
     entries: list[CacheEntry] = field(default_factory=list)
     leftovers: list[tuple[Path, int, str]] = field(default_factory=list)
     links: list[Path] = field(default_factory=list)
+    untrusted: list[tuple[Path, str]] = field(default_factory=list)
 
 
 def measure(path: Path) -> int:
-    """The bytes on disk under ``path`` (links not followed)."""
+    """The bytes on disk under ``path``: an explicit stack of folders read with ``os.scandir`` (no recursion, so a
+    folder nested thousands of levels deep is measured too), links not followed."""
     try:
         st = path.lstat()
     except OSError:
         return 0
     if not stat.S_ISDIR(st.st_mode):
         return st.st_size
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+    total, stack = 0, [str(path)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    with contextlib.suppress(OSError):
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(e.path)
+                        else:
+                            total += e.stat(follow_symlinks=False).st_size
+        except OSError:  # gone, or not readable: not counted
+            continue
     return total
 
 
@@ -87,18 +104,42 @@ def scan(root: Path | None = None, kinds: list[str] | None = None, now: float | 
     found = Found()
     if not root.is_dir():
         return found
+    if _refused(root, found):
+        return found
     for p in sorted(root.iterdir()):
-        if EMBEDDED.match(p.name) or is_temporary(p.name) and p.name.startswith(".embedded-"):
+        if EMBEDDED.match(p.name) or _any_temporary(p.name) and p.name.startswith(".embedded-"):
             if _wanted("embedded", kinds):  # the embedded benchmark: entries of the root itself
                 _sort(p, "embedded", found, now)
         elif _wanted(p.name, kinds):
             if p.is_symlink():
                 found.links.append(p)
-            elif p.is_dir():
+            elif p.is_dir() and not _refused(p, found):
                 for child in sorted(p.iterdir()):
                     _sort(child, p.name, found, now)
     found.entries.sort(key=lambda e: e.used)
     return found
+
+
+def _refused(folder: Path, found: Found) -> bool:
+    """Whether ``folder`` (the root, or a kind folder) is not trusted (another user's, or writable by others: what is
+    in it may have been put there by anyone), noted in ``found``."""
+    try:
+        why = untrusted(folder)
+    except OSError as err:
+        why = str(err)
+    if why is not None:
+        found.untrusted.append((folder, why))
+    return why is not None
+
+
+def _any_temporary(name: str) -> bool:
+    return is_temporary(name) or other_host_temporary(name)
+
+
+def _writers(child: Path) -> bool:
+    """Whether ``child`` is a writer's temporary: this host's by its exact name, or another host's folder of such a
+    name that holds kglightning's marker (any other file of such a name may be a user's: it is listed as unmarked)."""
+    return is_temporary(child.name) or other_host_temporary(child.name) and why_unmarked(child) is None
 
 
 def _sort(child: Path, kind: str, found: Found, now: float) -> None:
@@ -106,7 +147,7 @@ def _sort(child: Path, kind: str, found: Found, now: float) -> None:
     name = child.name
     if child.is_symlink():
         found.links.append(child)
-    elif is_temporary(name):
+    elif _writers(child):
         size = measure(child)
         found.entries.append(CacheEntry(kind, child, size, _mtime(child), "temporary"))
         if stale_temporary(child, now):
@@ -119,22 +160,34 @@ def _sort(child: Path, kind: str, found: Found, now: float) -> None:
         for memo in sorted(child.iterdir()):
             if memo.is_symlink():
                 found.links.append(memo)
-            elif _MEMO.match(memo.name) and memo.is_file() and now - _mtime(memo) > _MEMO_AGE_S:
+            elif _MEMO.match(memo.name) and _own_file(memo, 32) and now - _mtime(memo) > _MEMO_AGE_S:
                 found.leftovers.append((memo, measure(memo), "a digest memo unused for a month"))
             elif is_temporary(memo.name) and stale_temporary(memo, now):
                 found.leftovers.append((memo, measure(memo), "left by a writer that did not finish"))
     else:
-        marked = is_marked(child)
-        used = _mtime(marker_of(child)) if marked else _mtime(child)
-        found.entries.append(CacheEntry(kind, child, measure(child), used, "entry" if marked else "unmarked"))
+        why = why_unmarked(child)
+        used = _mtime(marker_of(child)) if why is None else _mtime(child)
+        state = "entry" if why is None else "unmarked" if why == "" else "refused"
+        found.entries.append(CacheEntry(kind, child, measure(child), used, state, why or ""))
+
+
+def _own_file(path: Path, size: int) -> bool:
+    """Whether ``path`` is a regular file of this user (not a link) of ``size`` bytes: what kglightning writes at
+    the names of its bookkeeping files (empty markers, in-use files and locks; a memo of 32 hex digits)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return refusal(st) is None and st.st_size == size
 
 
 def _owner(path: Path, kind: str) -> str | None:
     """The name of the entry whose lock (``records/<key>.lock``), in-use marker (``.<name>.in-use``) or entry marker
     (``.<name>.kglightning-entry``, beside a file entry) ``path`` is, for a plain file of one of those exact names;
-    ``None`` for anything else."""
+    ``None`` for anything else, a file that is not an empty regular file of this user included (it may be a
+    user's own file of that name: listed, never removed)."""
     name = path.name
-    if not path.is_file():
+    if not _own_file(path, 0):
         return None
     if kind == "records" and _LOCK.match(name):
         return name[: -len(".lock")]

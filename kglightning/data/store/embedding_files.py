@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.temporaries import remove_stale_temporaries, temporary_name
 
 __all__ = ["SHARD_FORMAT", "read_shard", "remove_stale_writes", "write_shard"]
@@ -50,15 +51,13 @@ def write_shard(path: str | Path, texts: list[str], rows: np.ndarray) -> None:
     table = pa.table({"text": pa.array(texts, type=pa.large_string()), "embedding": vectors})
     table = table.replace_schema_metadata({"kglightning": SHARD_FORMAT, "rows": str(len(texts))})
     tmp = path.with_name(temporary_name(path.name))  # see remove_stale_writes
+    fd = create_new(tmp)  # 0600, a new file: nothing is written through a name someone else prepared
     try:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        os.chmod(tmp, 0o600)  # whatever the umask: a shard others can write is not read
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # on disk before the name says the shard is whole
-        finally:
-            os.close(fd)
+        with os.fdopen(fd, "wb", buffering=1 << 20) as sink:
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            sink.flush()
+            os.fsync(sink.fileno())  # on disk before the name says the shard is whole
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -66,10 +65,10 @@ def write_shard(path: str | Path, texts: list[str], rows: np.ndarray) -> None:
 
 
 def remove_stale_writes(folder: str | Path) -> int:
-    """Remove the temporary files that killed writers of shards left in ``folder`` (``.<shard>.<host>.<pid>.tmp``:
-    their process gone on this host, or untouched for a day;
-    :func:`~kglightning.data.store.cache_admin.stale_temporary`); return how many."""
-    return remove_stale_temporaries(Path(folder), ".shard-*.tmp", "an embedding cache writer")
+    """Remove the temporary files that killed writers of shards left in ``folder`` (``.<shard>.<host>.<pid>.tmp`` of
+    this host, their process gone and nothing written for ten minutes:
+    :func:`~kglightning.data.store.temporaries.stale_temporary`); return how many."""
+    return remove_stale_temporaries(Path(folder), None, "an embedding cache writer")
 
 
 def read_shard(path: str | Path, mapped: bool = False) -> tuple[list[str], np.ndarray, bool]:

@@ -6,8 +6,10 @@ the store: the file is parsed once. A store that exists is loaded without the lo
 (``KGLIGHTNING_RECORD_STORE_WAIT_S``, default 7200 s, ``0`` for no lock; a WARNING every 10 minutes names the lock
 file); past it, or when no lock can be taken (a read-only cache, a file system without locks), or when the process
 that held the lock wrote no store (a full disk, a bad record), a process parses the file on its own, as without the
-lock. The lock files stay beside the stores; ``kglightning cache clean`` removes those a day old, with no store beside
-them, that no process holds.
+lock. The lock file is used only when it is a regular file of this user (opened first without following a link or
+waiting on a FIFO: :func:`~kglightning.data.store.owned_files.open_own`); anything else at its name means no lock. The
+lock files stay beside the stores; ``kglightning cache clean`` removes those a day old, with no store beside them,
+that no process holds.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from kglightning.data.store.cache import private_dir, warn_once
+from kglightning.data.store.owned_files import open_own
 
 __all__ = ["first_reader"]
 
@@ -59,6 +62,7 @@ def first_reader(folder: Path, source: str | os.PathLike) -> Iterator[str]:
     state = "first"
     try:
         private_dir(folder.parent)
+        os.close(open_own(lock.lock_file, create=True))  # a regular file of this user: no link, no FIFO (raises)
         while True:
             waited = time.monotonic() - start
             try:

@@ -23,7 +23,8 @@ a check is moved aside (``<key>.unreadable-<time>``, with a WARNING) and written
 The key is the file's *content* (a BLAKE2 digest, remembered per path and ``stat`` stamp so that an unchanged file
 is not hashed again), :data:`FORMAT`, :data:`~kglightning.data.records.VALIDATION_VERSION`, ``on_bad_record`` and
 ``limit`` (and ``split`` for a ``.json`` file, the one local format that holds several): touching or copying a file
-finds the same store. Later reads load the store: the graphs (:class:`~kglightning.data.triple_array.TripleArray`)
+finds the same store. A dataset folder is keyed by the bytes of its files, a hub dataset (``hf:``) by its
+``datasets`` fingerprint (:func:`dataset_store_folder`). Later reads load the store: the graphs (:class:`~kglightning.data.triple_array.TripleArray`)
 are views of a read-only memory map of ``records.arrow``, and the vocabulary stays in Arrow's flat buffers
 (:meth:`~kglightning.data.triple_array.Vocab.from_arrow`), so a question's triples are read from disk when a stage
 first looks at them and can be paged out again (the check at load reads them once and gives the pages back). A store
@@ -73,6 +74,7 @@ __all__ = [
     "set_store_aside",
     "save_store",
     "store_folder",
+    "system_error",
 ]
 
 log = logging.getLogger(__name__)
@@ -133,15 +135,18 @@ def store_folder(path: str | os.PathLike, split: str | None, on_bad_record: str,
 
 
 def dataset_store_folder(
-    fingerprint: str, nbytes: int, split: str | None, on_bad_record: str, limit: int | None
+    content: str, nbytes: int, split: str | None, on_bad_record: str, limit: int | None
 ) -> Path | None:
-    """Where the records of a ``datasets`` split (a hub dataset, a dataset folder) with this ``fingerprint`` are
-    stored; ``None`` below the size threshold (``nbytes``, the split's Arrow data) or with the store turned off."""
+    """Where the records of a ``datasets`` split with this ``content`` key are stored: for a dataset folder
+    (``save_to_disk``, or data files ``datasets`` loads) a digest of its files' bytes
+    (:func:`~kglightning.data.store.cache.files_stamp`), for a hub dataset (``hf:``) its ``datasets`` fingerprint;
+    ``None`` below the size threshold (``nbytes``, the folder's files or the split's Arrow data) or with the store
+    turned off."""
     threshold = _min_bytes()
-    root = None if threshold is None or nbytes < threshold or not fingerprint else _root()
+    root = None if threshold is None or nbytes < threshold or not content else _root()
     if root is None:
         return None
-    ident = f"{FORMAT}|{VALIDATION_VERSION}|dataset:{fingerprint}|{split}|{on_bad_record}|{limit}"
+    ident = f"{FORMAT}|{VALIDATION_VERSION}|dataset:{content}|{split}|{on_bad_record}|{limit}"
     return root / hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 
@@ -349,7 +354,8 @@ def load_store(folder: Path, out: list, source: str | None = None) -> None:
 
     Raises:
         ValueError: a store that fails a check, is torn, or is of another format (the caller sets it aside).
-        OSError: a file that cannot be read now.
+        OSError: a file that cannot be read now (with an ``errno``: the system), or, without one, an Arrow stream
+            cut short (pyarrow's format error: the store is damaged).
     """
     import pyarrow as pa
 
@@ -402,6 +408,16 @@ def load_store(folder: Path, out: list, source: str | None = None) -> None:
     ]
     out.empty_graph, out.unknown_topic = meta["empty_graph"], meta["unknown_topic"]
     out.store = folder
+
+
+def system_error(err: BaseException) -> bool:
+    """Whether ``err``, raised while a store was loaded, is the system's (memory, file handles, an I/O error, a full
+    disk: an ``OSError`` with an ``errno``; the store is kept and read again later) rather than the store's damage
+    (set aside and written again): pyarrow tells a stream cut short as an ``OSError`` without ``errno``, and a file
+    missing from the store (a torn store) is damage too."""
+    if isinstance(err, MemoryError):
+        return True
+    return isinstance(err, OSError) and err.errno is not None and not isinstance(err, FileNotFoundError)
 
 
 def set_store_aside(folder: Path, why: str) -> None:

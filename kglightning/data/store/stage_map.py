@@ -50,7 +50,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from kglightning.data.store.cache import private_dir, untrusted
+from kglightning.data.store.cache import private_dir, untrusted, untrusted_above
 from kglightning.data.store.cache_marks import entry_folder, entry_holding, touch
 from kglightning.data.store.cache_pins import pin, unpin
 
@@ -300,10 +300,12 @@ def _open_folder(folder: Path) -> Path | None:
     ``pcst-cuts/<fingerprint>``) created with kglightning's marker, the folder ``0700``; ``None`` (nothing kept, with
     a WARNING) when it cannot be trusted (:func:`~kglightning.data.store.cache.untrusted`)."""
     entry = entry_holding(folder)
-    if entry is not None:
-        entry_folder(entry)
-    private_dir(folder)
-    why = untrusted(folder)
+    why = untrusted_above(folder)  # nothing is made in a folder another user owns or can write
+    if why is None:
+        if entry is not None:
+            entry_folder(entry)
+        private_dir(folder)
+        why = untrusted(folder)
     if why is not None:
         log.warning("map folder %s is not used (%s); nothing is kept", folder, why)
         return None

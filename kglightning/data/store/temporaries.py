@@ -2,15 +2,18 @@
 
 Every writer of the cache (and :func:`~kglightning.data.sources.loaders.write_records`) writes a file or folder
 under a temporary name beside its target, ``.<name>.<host>.<pid>.tmp``, and renames it when whole. A writer killed
-part-way leaves that name behind; :func:`stale_temporary` tells from the name alone whose it was: a temporary of a
-process that is gone on this host (and in which nothing was written for ten minutes), or one untouched for a day on
-any host, will never be finished. The next writer of the same target removes those
-(:func:`writer_temporary`), and ``kglightning cache clean`` removes those of the cache's kind folders.
+part-way leaves that name behind. A name is taken for a temporary only when it has exactly that form with *this*
+host's name (:func:`is_temporary`): a user's ``.backup.2023.tmp`` or ``.notes.1.tmp`` is not one. Such a temporary is
+abandoned (:func:`stale_temporary`) when its process is gone on this host and nothing was written in it for ten
+minutes. A temporary of another host (:func:`other_host_temporary`) cannot be asked about: it is abandoned only when
+it is a folder holding kglightning's marker (``.kglightning-entry``, a regular file of this user that no one else
+can write) and a day old, and only inside the cache. The next writer of the same target removes the abandoned
+temporaries of that exact target (:func:`writer_temporary`); outside the cache (beside a user's output file) only
+this host's, of that exact name. ``kglightning cache clean`` removes those of the cache's kind folders.
 """
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import re
@@ -20,10 +23,14 @@ import stat
 import time
 from pathlib import Path
 
+from kglightning.data.store.cache import default_cache_root
+from kglightning.data.store.owned_files import refusal
+
 __all__ = [
+    "MARK",
     "is_temporary",
+    "other_host_temporary",
     "remove_abandoned",
-    "remove_mkstemp_leftovers",
     "remove_stale_temporaries",
     "stale_temporary",
     "temporary_name",
@@ -32,12 +39,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: a temporary untouched this long is taken for abandoned wherever its writer ran
+#: a marked temporary folder of another host untouched this long is taken for abandoned (inside the cache only)
 TMP_AGE_S = 86400.0
 #: a temporary of a process gone on this host is abandoned once nothing was written in it for this long (a container
 #: that shares the host name sees other pids)
 QUIET_S = 600.0
-_NAME = re.compile(r"^\..+\.\d+\.tmp$")  # .<name>.<host>.<pid>.tmp (a host name may hold dots)
+#: the marker of a folder entry (:mod:`~kglightning.data.store.cache_marks`), which a writer's temporary folder holds
+MARK = ".kglightning-entry"
+_ANY_HOST = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]+(?:\.[^.]+)*)\.(?P<pid>\d+)\.tmp$")
 
 
 def temporary_name(name: str, host: str | None = None, pid: int | None = None) -> str:
@@ -45,9 +54,24 @@ def temporary_name(name: str, host: str | None = None, pid: int | None = None) -
     return f".{name}.{host or socket.gethostname()}.{os.getpid() if pid is None else pid}.tmp"
 
 
-def is_temporary(name: str) -> bool:
-    """Whether ``name`` has the form of :func:`temporary_name`."""
-    return _NAME.match(name) is not None
+def _parts(name: str, host: str | None = None) -> tuple[str, int] | None:
+    """``(target name, pid)`` of a temporary of ``host`` (default this one) named ``name``, or ``None``."""
+    host = host or socket.gethostname()
+    suffix = re.match(rf"^\.(.+)\.{re.escape(host)}\.(\d+)\.tmp$", name)
+    return None if suffix is None else (suffix.group(1), int(suffix.group(2)))
+
+
+def is_temporary(name: str, target: str | None = None) -> bool:
+    """Whether ``name`` is :func:`temporary_name` of a writer on this host (of ``target`` when given)."""
+    parts = _parts(name)
+    return parts is not None and (target is None or parts[0] == target)
+
+
+def other_host_temporary(name: str) -> bool:
+    """Whether ``name`` has the form of a temporary of another host (``.<name>.<host>.<pid>.tmp``, the host not this
+    one). Such a name may be a user's own file as well (``.backup.2023.tmp``): it is never removed unless
+    :func:`stale_temporary` finds it is a marked folder a day old."""
+    return not is_temporary(name) and _ANY_HOST.match(name) is not None
 
 
 def _alive(pid: int) -> bool:
@@ -67,40 +91,70 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def stale_temporary(path: Path, now: float | None = None, host: str | None = None) -> bool:
-    """Whether ``path`` is a writer's temporary (``.<name>.<host>.<pid>.tmp``, a file or a folder, not a link) that
-    no writer will finish: its process is gone (on this host) and nothing was written in it for ten minutes, or it
-    has not changed for a day (on any host)."""
-    if _NAME.match(path.name) is None:
+def _marked_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder of this user holding kglightning's marker, a regular file of this user that no one
+    else can write."""
+    try:
+        st = path.lstat()
+        if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+            return False
+        return refusal((path / MARK).lstat(), private=True) is None
+    except OSError:
         return False
+
+
+def stale_temporary(path: Path, now: float | None = None, in_cache: bool = True) -> bool:
+    """Whether ``path`` (a file or a folder of this user, not a link) is a writer's temporary that no writer will
+    finish: one of this host (:func:`is_temporary`) whose process is gone and in which nothing was written for ten
+    minutes, or, in the cache only (``in_cache``), a folder of any host holding kglightning's marker that has not
+    changed for a day."""
     now = time.time() if now is None else now
     try:
         st = path.lstat()
     except OSError:
         return False
-    if path.is_symlink():
-        return False
-    owner, _, pid = path.name[: -len(".tmp")].rpartition(".")
-    gone = owner.endswith("." + (host or socket.gethostname())) and not _alive(int(pid))
-    if gone:
+    if stat.S_ISLNK(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+        return False  # a link, or another user's: never taken for this user's writer's
+    parts = _parts(path.name)
+    if parts is not None and not _alive(parts[1]):
         try:
-            newest = max((_mtime(f) for f in path.iterdir()), default=0.0) if path.is_dir() else 0.0
+            newest = max((_mtime(f) for f in path.iterdir()), default=0.0) if stat.S_ISDIR(st.st_mode) else 0.0
         except OSError:  # removed meanwhile (its writer finished, or another clean)
             return False
-        gone = now - max(newest, st.st_mtime) > QUIET_S
-    return gone or now - st.st_mtime > TMP_AGE_S
+        if now - max(newest, st.st_mtime) > QUIET_S:
+            return True
+    if not in_cache or (parts is None and _ANY_HOST.match(path.name) is None):
+        return False
+    return now - st.st_mtime > TMP_AGE_S and _marked_folder(path)
 
 
-def remove_stale_temporaries(folder: Path, pattern: str, writer: str) -> int:
-    """Remove what killed writers left in ``folder``: its children matching ``pattern`` that
-    :func:`stale_temporary` finds no writer will finish (folders, or files). Returns how many were removed;
-    ``writer`` names them in the log."""
+def _in_cache(path: Path) -> bool:
+    try:
+        return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(default_cache_root()))
+    except (OSError, ValueError):
+        return False
+
+
+def remove_stale_temporaries(folder: Path, target: str | None, writer: str) -> int:
+    """Remove what killed writers left in ``folder``: its children that are temporaries of ``target`` (any target when
+    ``None``; any host's in the cache, this host's elsewhere) that :func:`stale_temporary` finds no writer will
+    finish (folders, or files). Returns how many were removed; ``writer`` names them in the log."""
     removed = 0
-    for tmp in Path(folder).glob(pattern):
-        if not stale_temporary(tmp):
+    in_cache = _in_cache(folder)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return 0
+    for name in names:
+        if target is not None and not name.startswith(f".{target}."):
+            continue
+        if not (is_temporary(name, target) or (in_cache and _ANY_HOST.match(name) is not None)):
+            continue
+        tmp = folder / name
+        if not stale_temporary(tmp, in_cache=in_cache):
             continue
         try:
-            if tmp.is_dir():
+            if tmp.is_dir() and not tmp.is_symlink():
                 shutil.rmtree(tmp)
             else:
                 tmp.unlink()
@@ -115,31 +169,15 @@ def remove_abandoned(path: str | os.PathLike, writer: str) -> int:
     """Remove the temporaries of ``path`` (``.<name>.<host>.<pid>.tmp``) that no writer will finish
     (:func:`stale_temporary`); ``writer`` names them in the log. Returns how many were removed."""
     path = Path(path)
-    return remove_stale_temporaries(path.parent, f".{glob.escape(path.name)}.*.tmp", writer)
-
-
-def remove_mkstemp_leftovers(path: str | os.PathLike, writer: str) -> int:
-    """Remove the temporaries of ``path`` that earlier versions of a writer named with ``tempfile.mkstemp``
-    (``.<name>.<8 random characters>.tmp``, no process id to ask) once they are a day old. Returns how many."""
-    path = Path(path)
-    exact = re.compile(rf"^\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.tmp$")
-    removed = 0
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        try:
-            st = tmp.lstat()
-            if exact.match(tmp.name) and stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime > TMP_AGE_S:
-                tmp.unlink()
-                removed += 1
-                log.info("removed %s, left by %s that did not finish", tmp, writer)
-        except OSError:
-            continue
-    return removed
+    return remove_stale_temporaries(path.parent, path.name, writer)
 
 
 def writer_temporary(path: str | os.PathLike, writer: str) -> Path:
     """The temporary name beside ``path`` that this process writes before renaming it to ``path``
     (:func:`temporary_name`), after removing the temporaries of ``path`` that killed writers left (``writer`` names
-    them in the log) and this process's own from an earlier try.
+    them in the log) and this process's own from an earlier try. The writer creates it with ``O_EXCL`` (a file:
+    :func:`~kglightning.data.store.owned_files.create_new`; a folder: ``mkdir``), so that nothing is written through
+    a name someone else prepared.
 
     Example:
         >>> import tempfile

@@ -20,8 +20,8 @@ import logging
 import time
 from pathlib import Path
 
-from kglightning.data.store.cache import default_cache_root
-from kglightning.data.store.cache_marks import touch
+from kglightning.data.store.cache import default_cache_root, untrusted
+from kglightning.data.store.cache_marks import is_marked, set_aside, touch
 
 from .builder import SPLITS, VERSION, build_embedded_benchmark, build_knowledge_graph
 from .kg import KnowledgeGraph
@@ -46,6 +46,19 @@ def _complete(folder: Path) -> bool:
     return (folder / "manifest.json").is_file() and all((folder / f"{s}.jsonl").is_file() for s in SPLITS)
 
 
+def _refused(folder: Path) -> str | None:
+    """Why the built benchmark in ``folder`` must not be read (:func:`~kglightning.data.store.cache.untrusted`: it,
+    its files or a folder above it up to the cache root is another user's or writable by others), or ``None``."""
+    names = ("manifest.json", *(f"{s}.jsonl" for s in SPLITS))
+    try:
+        why = untrusted(folder)
+        for name in names:
+            why = why or untrusted(folder / name, alone=True)
+    except OSError as err:
+        return str(err)
+    return why
+
+
 def ensure_embedded_benchmark(root: str | Path | None = None, seed: int = 0, progress: bool = True) -> Path:
     """The folder of the embedded benchmark for ``seed``, building it on first use.
 
@@ -56,12 +69,25 @@ def ensure_embedded_benchmark(root: str | Path | None = None, seed: int = 0, pro
 
     Returns:
         The folder holding ``train.jsonl``, ``validation.jsonl``, ``test.jsonl`` and ``manifest.json``.
+
+    Raises:
+        FileExistsError: a folder of that name that kglightning did not build (no kglightning marker) is there and
+            cannot be used (incomplete, or not trusted); it is never removed: the message names it.
+
+    A complete folder is used only when it passes :func:`~kglightning.data.store.cache.untrusted`; a build of
+    kglightning that does not is set aside (``<name>.unreadable-<time>``, with a WARNING) and built again.
     """
     folder = Path(root).expanduser() if root is not None else default_cache_root()
     folder = folder / f"embedded-v{VERSION}-seed{seed}"
     if _complete(folder):
-        touch(folder)  # used now: what `kglightning cache clean --older-than` removes last
-        return folder
+        why = _refused(folder)
+        if why is None:
+            touch(folder)  # used now: what `kglightning cache clean --older-than` removes last
+            return folder
+        if not is_marked(folder):
+            raise FileExistsError(f"{folder} is not trusted ({why}) and is not a build of kglightning (no kglightning "
+                                  "marker); it is never removed: move it away")  # fmt: skip
+        set_aside(folder, f"is not trusted ({why})")
     log.info("building the embedded KGQA benchmark (seed %d) into %s", seed, folder)
     start = time.perf_counter()
     build_embedded_benchmark(folder, seed=seed, progress=progress, replace=False)

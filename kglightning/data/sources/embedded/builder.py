@@ -136,17 +136,33 @@ def _write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
 def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
     """Rename a finished build into place.
 
-    With ``replace=False`` a complete build already in place (say, from a concurrent process) is kept and ours
-    is discarded; with ``replace=True`` the old folder is moved aside first and then deleted.
-    """
-    if out_dir.exists():
-        if not replace and (out_dir / "manifest.json").exists():
-            return
-        from kglightning.data.store.temporaries import writer_temporary
+    A folder already at ``out_dir`` is moved only when it is a build of kglightning (it carries kglightning's
+    marker, :func:`~kglightning.data.store.cache_marks.why_unmarked`): with ``replace=False`` a complete one (say,
+    from a concurrent process) is kept and ours is discarded; a torn one (no ``manifest.json``) is set aside
+    (``<name>.unreadable-<time>``, with a WARNING; ``kglightning cache clean`` removes it in time); with
+    ``replace=True`` a complete one is moved aside and deleted. Anything else at ``out_dir`` (a user's folder, a
+    link) is never removed nor moved.
 
-        old = writer_temporary(out_dir.with_name(out_dir.name + ".old"), "an embedded benchmark build")
-        os.replace(out_dir, old)
-        shutil.rmtree(old, ignore_errors=True)
+    Raises:
+        FileExistsError: ``out_dir`` exists and is not a build of kglightning (the message names it: move it away).
+    """
+    from kglightning.data.store.cache_marks import set_aside, why_unmarked
+    from kglightning.data.store.temporaries import writer_temporary
+
+    if os.path.lexists(out_dir):
+        why = "it is a symbolic link" if out_dir.is_symlink() else why_unmarked(out_dir)
+        if why is not None:
+            raise FileExistsError(f"{out_dir} exists and is not a build of kglightning ({why or 'no kglightning marker'}"
+                                  "); it is never removed: move it away, or build into another folder")  # fmt: skip
+        complete = (out_dir / "manifest.json").is_file()
+        if complete and not replace:
+            return
+        if not complete:
+            set_aside(out_dir, "holds no manifest.json (a build that did not finish)")
+        else:
+            old = writer_temporary(out_dir.with_name(out_dir.name + ".old"), "an embedded benchmark build")
+            os.replace(out_dir, old)
+            shutil.rmtree(old, ignore_errors=True)
     try:
         os.replace(tmp, out_dir)
     except OSError:
@@ -194,12 +210,17 @@ def make_records(
 
 
 def _build_folder(out_dir: Path) -> Path:
-    """A new empty folder beside ``out_dir`` to build into (``.<name>.<host>.<pid>.tmp``), after removing the ones
-    that killed builds left there (their process gone, or a day old)."""
-    from kglightning.data.store.temporaries import writer_temporary
+    """A new folder beside ``out_dir`` to build into (``.<name>.<host>.<pid>.tmp``), holding kglightning's marker
+    (a build of kglightning, which a later build may replace and, in the cache, ``kglightning cache clean`` may
+    remove), after removing the ones that killed builds left there, and the old builds they had moved aside
+    (:func:`~kglightning.data.store.temporaries.writer_temporary`)."""
+    from kglightning.data.store.cache_marks import mark_folder
+    from kglightning.data.store.temporaries import remove_abandoned, writer_temporary
 
+    remove_abandoned(out_dir.with_name(out_dir.name + ".old"), "an embedded benchmark build")  # a replaced build's
     tmp = writer_temporary(out_dir, "an embedded benchmark build")
     tmp.mkdir(mode=0o700)
+    mark_folder(tmp)
     return tmp
 
 
@@ -230,8 +251,9 @@ def build_embedded_benchmark(
     """Build the benchmark into ``out_dir`` (written in a temp folder, then renamed into place).
 
     Args:
-        out_dir: destination folder; an existing one is replaced as a whole (unless ``replace=False`` and it
-            already holds a complete build, which is then kept).
+        out_dir: destination folder; an existing build of kglightning there is replaced as a whole (unless
+            ``replace=False`` and it is complete, which is then kept). A folder there that kglightning did not
+            build (it carries no kglightning marker) is never removed: the build stops with ``FileExistsError``.
         seed: seed of the split, the subgraph sampling and the missing answers.
         progress: show a tqdm progress bar.
         workers: processes that cut the subgraphs (default: the CPUs this process may use); the files are the same
@@ -254,10 +276,6 @@ def build_embedded_benchmark(
         for s in SPLITS:
             _write_jsonl(tmp / f"{s}.jsonl", splits[s])
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
-        from kglightning.data.store.cache_marks import EMBEDDED, mark_folder
-
-        if EMBEDDED.match(out_dir.name):  # the cache's layout (embedded-v<V>-seed<S>): an entry kglightning may remove
-            mark_folder(tmp)
         os.chmod(tmp, 0o755)
         _publish(tmp, out_dir, replace)
     finally:
