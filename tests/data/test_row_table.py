@@ -323,7 +323,7 @@ def test_a_shard_cut_anywhere_is_refused_as_torn_and_one_without_a_row_count_is_
     assert len(texts) == 20 and rows.shape == (20, 8)
 
 
-def test_a_killed_writers_temporary_shard_is_removed_by_the_next_writer_and_a_live_ones_kept(tmp_path):
+def test_a_killed_writers_temporary_shard_is_removed_by_the_next_writer_and_others_kept(tmp_path):
     import socket
 
     folder = tmp_path / "enc"
@@ -340,4 +340,6 @@ def test_a_killed_writers_temporary_shard_is_removed_by_the_next_writer_and_a_li
     cache = EmbeddingCache(_Enc(), tmp_path)
     assert {p.name for p in folder.iterdir()} >= {dead.name, live.name}  # reading removes nothing
     cache.add(["new"])
-    assert not dead.exists() and not old_elsewhere.exists() and live.exists()
+    assert not dead.exists() and live.exists()
+    # another host's file temporary cannot be told from a user's look-alike file: kept (issue 57's cache review)
+    assert old_elsewhere.exists()
