@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kglightning.conformal.selection import LENGTH_LEVEL, RULES, AnswerSelector
+from kglightning.conformal.selection import CLUSTERED_NOTE, LENGTH_LEVEL, RULES, AnswerSelector
 from kglightning.conformal.selection_io import ScoredFile, json_number, labelled_part, read_scored, selected_rows
 from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
 from kglightning.data.predictions import add_on_bad_record_argument
@@ -157,6 +157,11 @@ def main(argv: list[str] | None = None, prog: str = "kglightning select") -> int
                 flag = " (too few calibration items: nothing kept)" if info["too_small"] else ""
                 shift = info["length_pvalue"] is not None and info["length_pvalue"] < LENGTH_LEVEL
                 flag += f" (WARNING: {_shift(info)})" if shift else ""
+                flag += (
+                    f" (WARNING: its questions carry several answers; {CLUSTERED_NOTE})"
+                    if info.get("clustered")
+                    else ""
+                )
                 print(f"group {g}: kept {info['n_kept']} of {info['n_test']} answers{flag}")
             if "achieved" in s:
                 a = s["achieved"]["all"]

@@ -19,6 +19,7 @@ verdict reads the share of splits where it is ``<= alpha``.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -27,12 +28,15 @@ from typing import Any
 
 import torch
 
-from kglightning.conformal.selection import AnswerSelector, Rule, ScoredAnswers, Selection
+from kglightning.conformal.selection import CLUSTERED_NOTE, AnswerSelector, Rule, ScoredAnswers, Selection
 from kglightning.conformal.selection_io import json_number
 from kglightning.fileio import write_text_atomic
 from kglightning.metrics.functional.selection import grouped_selection_metrics
 
+log = logging.getLogger(__name__)
+
 KEEP_ALL = "keep_all"
+
 _TARGET = {"fdr": "fdr", "top": "fdr", "kept_rate": "population_rate", "question": "question_error", KEEP_ALL: "fdr"}
 
 
@@ -117,7 +121,8 @@ def repeated_selection(
         for rule in rules:
             for alpha in alphas:
                 sel = AnswerSelector(rule=rule, alpha=alpha, delta=delta, seed=seed + r, **selector)
-                out = sel.select(cal, test, check_lengths=False)  # one pool split at random: drawn alike
+                # one pool split at random: drawn alike; fdr's clustered answers are warned about once, below
+                out = sel.select(cal, test, check_lengths=False, warn_clustered=False)
                 metrics = grouped_selection_metrics(out.keep, test.hallucinated, test.question, test.group)
                 population = population_rates(pool, out) if rule == "kept_rate" else {}
                 for g, m in metrics.items():
@@ -133,9 +138,14 @@ def repeated_selection(
                             if info
                             else any(i.too_small for i in out.groups.values()),
                             "n_calibration": info.n_calibration if info else None,
+                            "clustered": bool(info.clustered)
+                            if info
+                            else any(bool(i.clustered) for i in out.groups.values()),
                             **({"population_rate": population[g]} if g in population else {}),
                         }
                     )
+    if any(row.get("clustered") for row in rows):
+        log.warning("repeated selection: the questions carry several answers; %s", CLUSTERED_NOTE)
     return rows
 
 
@@ -173,6 +183,7 @@ def summarize(rows: list[dict[str, Any]], delta: float = 0.1) -> list[dict[str, 
             cell[name], cell[f"{name}_std"] = _mean_std([r[name] for r in rs])
         cell["answers"] = sum(r["answers"] for r in rs) / len(rs)
         cell["too_small"] = sum(bool(r.get("too_small")) for r in rs)
+        cell["clustered"] = any(bool(r.get("clustered")) for r in rs)
         if alpha is not None and len(rs) == 1:  # one run: a guarantee in expectation cannot be read from it
             cell["within"], cell["holds"] = float(rs[0][key] <= alpha), None
         elif alpha is not None:
@@ -229,6 +240,12 @@ def report_markdown(summary: list[dict[str, Any]], title: str, delta: float) -> 
         "abstention: share of questions that keep no answer.",
         "",
     ]
+    if any(c["rule"] == "fdr" and c.get("clustered") for c in summary):
+        lines += [
+            f"**fdr on answer lists**: the questions carry several answers; {CLUSTERED_NOTE} "
+            "(`--one-per-question` checks fdr where its assumption holds.)",
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -278,3 +278,31 @@ def test_select_never_writes_over_its_inputs(tmp_path, capsys):
     kept = pool.read_bytes()
     assert main(["select", "--pool", str(pool), "--report-dir", str(tmp_path), "--repeats", "2"]) == 2
     assert "over the input" in capsys.readouterr().err and pool.read_bytes() == kept
+
+
+def test_fdr_on_answer_lists_is_flagged_in_the_summary_the_output_and_the_report(tmp_path, capsys, caplog):
+    pool = _pool(300)  # 1 to 4 answers per question
+    cal, test = _write(tmp_path / "cal.jsonl", pool[:150]), _write(tmp_path / "test.jsonl", pool[150:])
+    out = tmp_path / "kept.jsonl"
+    argv = ["select", "--calibration", str(cal), "--predictions", str(test), "--rule", "fdr", "--output", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "group all: kept" in printed and "(WARNING: its questions carry several answers; rule 'fdr' assumes" in printed
+    )
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["groups"]["all"]["clustered"] is True
+    assert summary["groups"]["all"]["n_calibration"] == 150  # questions, not answers
+    assert main([*argv[:5], "--rule", "top", "--output", str(out)]) == 0  # top: no such warning
+    assert "WARNING" not in capsys.readouterr().out
+    report = tmp_path / "report"
+    args = ["select", "--pool", str(_write(tmp_path / "pool.jsonl", pool)), "--repeats", "3", "--rule", "fdr", "top"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert main([*args, "--report-dir", str(report)]) == 0
+    assert "**fdr on answer lists**" in (report / "report.md").read_text()
+    assert caplog.text.count("exchangeable one by one") == 1  # once for the whole check, not once per split
+    cells = json.loads((report / "report.json").read_text())["summary"]
+    assert {c["rule"]: c["clustered"] for c in cells} == {"keep_all": False, "fdr": True, "top": False}
+    assert main([*args, "--one-per-question", "--report-dir", str(tmp_path / "one")]) == 0
+    assert "fdr on answer lists" not in (tmp_path / "one" / "report.md").read_text()

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
+import time
 
 import pytest
 import torch
 
-from kglightning.conformal import AnswerSelector, ScoredAnswers
+from kglightning.conformal import AnswerSelector, ScoredAnswers, calibration_floor
 from kglightning.conformal.functional.two_sample import ks_two_sample, summary
 
 
@@ -123,3 +125,61 @@ def test_grouped_calibration_with_ungrouped_test_answers_is_an_error():
         AnswerSelector("question", 0.2).select(cal, bare)
     with pytest.raises(ValueError, match="the test answers have groups and the calibration answers have none"):
         AnswerSelector("question", 0.2).select(bare, cal)
+
+
+def _clustered(gen: torch.Generator, questions: int, answers: int = 10) -> ScoredAnswers:
+    """Whole questions right or wrong (30% wrong), an uninformative score shared by a question's answers."""
+    q = torch.arange(questions).repeat_interleave(answers)
+    wrong = (torch.rand(questions, generator=gen) < 0.3)[q]
+    s = torch.sigmoid(
+        torch.randn(questions, generator=gen, dtype=torch.float64)[q]
+        + 0.05 * torch.randn(q.numel(), generator=gen, dtype=torch.float64)
+    )
+    return ScoredAnswers(s, q, hallucinated=wrong)
+
+
+def test_fdr_counts_calibration_questions_and_flags_answers_that_cluster(caplog):
+    gen = torch.Generator().manual_seed(5)
+    # 8 calibration questions (one below the floor) of 10 answers each: 80 answers passed fdr's floor of 9 and kept
+    # answers with an FDR near 0.25 at alpha 0.1; counted as questions they are too few (a floor one lower fails)
+    fdp = []
+    for seed in range(300):
+        cal, test = _clustered(gen, 8), _clustered(gen, 50)
+        keep = AnswerSelector("fdr", 0.1, seed=seed).select(cal, ScoredAnswers(test.scores, test.question)).keep
+        fdp.append(float((keep & test.hallucinated).sum()) / max(int(keep.sum()), 1))
+    assert sum(fdp) / len(fdp) <= 0.1 + 3 * 0.3 / math.sqrt(len(fdp))
+    cal, test = _clustered(gen, 5), _clustered(gen, 50)
+    with caplog.at_level(logging.WARNING, logger="kglightning.conformal.selection"):
+        info = AnswerSelector("fdr", 0.1).select(cal, test).groups["all"]
+    assert info.too_small and info.n_calibration == 5 and info.min_calibration == 9 and info.n_kept == 0
+    assert "has 5 calibration questions (50 answers), fewer than the 9" in caplog.text
+    # enough questions, but several answers each: kept, flagged and warned about (the bound can fail there)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kglightning.conformal.selection"):
+        info = AnswerSelector("fdr", 0.1).select(_clustered(gen, 20), test).groups["all"]
+    assert info.clustered and not info.too_small and info.n_calibration == 20
+    assert "calibration 200 answers in 20 questions, test 500 in 50 (up to 10 per question)" in caplog.text
+    assert "rule 'fdr' assumes the answers exchangeable one by one" in caplog.text and "Rule 'top'" in caplog.text
+    caplog.clear()  # once only when asked: sweeps warn once themselves
+    with caplog.at_level(logging.WARNING, logger="kglightning.conformal.selection"):
+        assert (
+            AnswerSelector("fdr", 0.1).select(_clustered(gen, 20), test, warn_clustered=False).groups["all"].clustered
+        )
+    assert "exchangeable one by one" not in caplog.text
+    # one answer per question on both sides: what fdr assumes, no flag; the other rules are not flagged at all
+    single, single_test = _clustered(gen, 30, answers=1), _clustered(gen, 30, answers=1)
+    with caplog.at_level(logging.WARNING, logger="kglightning.conformal.selection"):
+        assert AnswerSelector("fdr", 0.1).select(single, single_test).groups["all"].clustered is False
+        assert AnswerSelector("top", 0.1).select(cal, test).groups["all"].clustered is None
+    assert "exchangeable one by one" not in caplog.text
+
+
+@pytest.mark.timeout(60)  # counting up from 1 never ended at alpha 1e-300
+def test_a_tiny_alpha_gives_its_floor_at_once():
+    start = time.perf_counter()
+    assert calibration_floor("top", 1e-5, 0.1) == 99990 and calibration_floor("question", 1e-300, 0.1) > 9 * 10**8
+    assert calibration_floor("kept_rate", 5e-324, 0.1) == sys.maxsize  # one bet cannot grow the wealth
+    info = AnswerSelector("top", 1e-300).select(
+        _clustered(torch.Generator().manual_seed(6), 20), ScoredAnswers([0.1], [0])
+    )
+    assert info.groups["all"].too_small and time.perf_counter() - start < 2.0  # the count up took 6 s at 1e-5

@@ -7,7 +7,13 @@ from kglightning.conformal.functional.pvalues import (
     binomial_tail_pvalue,
     hoeffding_bentkus_pvalue,
 )
-from kglightning.conformal.functional.quantile import conformal_quantile, conformal_rank, prediction_sets, unit_scores
+from kglightning.conformal.functional.quantile import (
+    conformal_min_n,
+    conformal_quantile,
+    conformal_rank,
+    prediction_sets,
+    unit_scores,
+)
 from kglightning.conformal.functional.selection import (
     benjamini_hochberg,
     best_per_question,
@@ -24,6 +30,7 @@ __all__ = [
     "binomial_cdf",
     "binomial_tail_pvalue",
     "bonferroni",
+    "conformal_min_n",
     "conformal_pvalues",
     "conformal_quantile",
     "conformal_rank",
