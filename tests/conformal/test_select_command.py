@@ -306,3 +306,27 @@ def test_fdr_on_answer_lists_is_flagged_in_the_summary_the_output_and_the_report
     assert {c["rule"]: c["clustered"] for c in cells} == {"keep_all": False, "fdr": True, "top": False}
     assert main([*args, "--one-per-question", "--report-dir", str(tmp_path / "one")]) == 0
     assert "fdr on answer lists" not in (tmp_path / "one" / "report.md").read_text()
+
+
+def test_labels_from_gold_answers_agree_with_the_detector(tmp_path, capsys, caplog):
+    nfd = "Zu\u0308rich"  # the NFD spelling of Zürich: the detector's answer_key calls them one name
+    rows = [
+        {"id": "the", "prediction": ["Paris", "the", "THE"], "ground_truth": ["The"]},  # RoG: "" matched everything
+        {"id": "a", "prediction": ["Lyon", "A"], "ground_truth": ["A"]},
+        {"id": "nfc", "prediction": ["Zürich", "Bern"], "ground_truth": [nfd]},  # RoG: NFC answer, NFD gold, a miss
+        {"id": "texas", "prediction": ["Paris, Texas", "paris"], "ground_truth": ["Paris"]},  # RoG: both match
+        {"id": "blank", "prediction": ["x", "y"], "ground_truth": [" ", ""]},  # no usable gold: unlabelled
+        {"id": "empty", "prediction": ["z"], "ground_truth": ""},
+    ]
+    for r in rows:
+        r["hallucination_prob"] = [0.5] * len(r["prediction"])
+    f = read_scored(_write(tmp_path / "g.jsonl", rows))
+    assert f.row_labelled == [True, True, True, True, False, False] and f.no_gold_lines == [5, 6]
+    assert f.answer_labels.tolist() == [True, False, False, True, False, False, True, True, False, False, False, False]
+    # left out of calibration and counted, like ground_truth: []
+    cal = _write(tmp_path / "cal.jsonl", [*rows, *_pool(40)])
+    out = tmp_path / "out.jsonl"
+    with caplog.at_level(logging.WARNING):
+        assert main(["select", "--calibration", str(cal), "--predictions", str(cal), "--output", str(out)]) == 0
+    assert json.loads(out.with_suffix(".summary.json").read_text())["n_calibration_no_gold"] == 2
+    assert "left 2 of 46 calibration rows out, whose gold answer list is empty or blank" in caplog.text
