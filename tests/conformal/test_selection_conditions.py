@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kglightning.conformal import AnswerSelector, ScoredAnswers, calibration_floor
+from kglightning.conformal.functional.selection import kept_rate_pvalues
 from kglightning.conformal.functional.two_sample import ks_two_sample, summary
 
 
@@ -183,3 +184,38 @@ def test_a_tiny_alpha_gives_its_floor_at_once():
         _clustered(torch.Generator().manual_seed(6), 20), ScoredAnswers([0.1], [0])
     )
     assert info.groups["all"].too_small and time.perf_counter() - start < 2.0  # the count up took 6 s at 1e-5
+
+
+def test_kept_rate_does_not_depend_on_the_order_or_the_ids_of_the_calibration_questions():
+    gen = torch.Generator().manual_seed(7)
+
+    def rows(n: int, prefix: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        out = []
+        for i in range(n):  # whole questions wrong, and the scores say so
+            m, wrong = int(torch.randint(1, 9, (1,), generator=gen)), bool(torch.rand(1, generator=gen) < 0.3)
+            s = torch.sigmoid(torch.randn(1, generator=gen) + 3 * wrong + 0.05 * torch.randn(m, generator=gen))
+            out.append((f"{prefix}{i}", s.double(), torch.full((m,), wrong)))
+        return out
+
+    def scored(rs, labels: bool = True) -> ScoredAnswers:  # as read_scored builds it: question = row index
+        q = torch.cat([torch.full((len(s),), k) for k, (_, s, _) in enumerate(rs)])
+        keys = [f"{i}#{j}" for i, s, _ in rs for j in range(len(s))]
+        y = torch.cat([y for *_, y in rs]) if labels else None
+        return ScoredAnswers(torch.cat([s for _, s, _ in rs]), q, None, y, keys)
+
+    cal, test = rows(300, "c"), rows(100, "t")
+    shuffled = [cal[int(i)] for i in torch.randperm(len(cal), generator=gen)]
+    sel = AnswerSelector("kept_rate", 0.3, seed=0)
+    a, b = sel.select(scored(cal), scored(test, False)), sel.select(scored(shuffled), scored(test, False))
+    assert a.groups["all"].cut is not None and a.groups["all"].cut == b.groups["all"].cut
+    assert torch.equal(a.keep, b.keep)  # the file in another order kept 355 answers instead of 378
+    # the p-values themselves: the same questions under other ids, in another order, with the same seed
+    c = scored(cal)
+    ids = torch.randperm(300, generator=gen) * 7 + 5
+    perm = torch.randperm(len(c), generator=gen)
+    t = torch.linspace(0.2, 1.0, 9, dtype=torch.float64)
+    p1, r1 = kept_rate_pvalues(c.scores, c.hallucinated, c.question, t, 0.3, generator=torch.Generator().manual_seed(1))
+    p2, r2 = kept_rate_pvalues(
+        c.scores[perm], c.hallucinated[perm], ids[c.question][perm], t, 0.3, generator=torch.Generator().manual_seed(1)
+    )
+    assert torch.equal(p1, p2) and torch.allclose(r1, r2)
