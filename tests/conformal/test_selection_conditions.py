@@ -14,6 +14,7 @@ import torch
 from kglightning.conformal import AnswerSelector, ScoredAnswers, calibration_floor
 from kglightning.conformal.functional.selection import kept_rate_pvalues
 from kglightning.conformal.functional.two_sample import ks_two_sample, summary
+from kglightning.conformal.selection import LENGTH_LEVEL
 
 
 @pytest.mark.parametrize("rule", ["fdr", "top"])
@@ -91,19 +92,32 @@ def test_lists_of_other_lengths_are_warned_about_with_both_summaries(caplog):
 
 def test_the_length_test_keeps_its_level_on_counts_and_matches_scipy():
     stats = pytest.importorskip("scipy.stats")
-    special = pytest.importorskip("scipy.special")
     gen = torch.Generator().manual_seed(3)
     rejected = 0
     for _ in range(1000):  # one distribution of list lengths on both sides: the warning's false alarm rate
         lengths = torch.poisson(torch.full((2, 60), 3.0), generator=gen) + 1
         rejected += ks_two_sample(lengths[0], lengths[1])[1] < 0.01
     assert rejected <= 20  # at most 1% (+ 3.3 standard errors); counts with ties make it conservative
-    x, y = torch.randint(1, 8, (40,), generator=gen), torch.randint(2, 12, (70,), generator=gen)
-    d, p = ks_two_sample(x, y)
-    assert d == pytest.approx(stats.ks_2samp(x.numpy(), y.numpy()).statistic)
-    ne = math.sqrt(40 * 70 / 110)
-    assert p == pytest.approx(float(special.kolmogorov((ne + 0.12 + 0.11 / ne) * d)))
+    for n, m in ((40, 70), (9, 13), (1, 4), (150, 120)):  # the exact p-value of scipy
+        x, y = torch.randint(1, 8, (n,), generator=gen), torch.randint(2, 12, (m,), generator=gen)
+        d, p = ks_two_sample(x, y)
+        want = stats.ks_2samp(x.numpy(), y.numpy(), method="exact")
+        assert d == pytest.approx(want.statistic) and p == pytest.approx(want.pvalue, rel=1e-9)
     assert ks_two_sample([], [1, 2]) == (0.0, 1.0) and summary([])["n"] == 0
+
+
+@pytest.mark.parametrize("n", [20, 50, 100])
+def test_the_length_test_warns_at_most_at_its_level_on_continuous_lengths(n):
+    # the rate at which one continuous distribution on both sides is warned about, computed exactly: the
+    # probability of the smallest D that the test rejects at LENGTH_LEVEL (with n = m, D is a multiple of 1 / n,
+    # and x, x + k have D = k / n). The asymptotic p-value with Stephens' correction warned 1.23% at 20, 1.15% at 50.
+    stats = pytest.importorskip("scipy.stats")
+    x = torch.arange(n, dtype=torch.float64)
+    k = next(k for k in range(1, n + 1) if ks_two_sample(x, x + k)[1] < LENGTH_LEVEL)
+    rate = stats.ks_2samp(x.numpy(), (x + k).numpy(), method="exact").pvalue  # P(D >= k / n)
+    assert rate <= LENGTH_LEVEL
+    assert ks_two_sample(x, x + k - 1)[1] >= LENGTH_LEVEL  # and it rejects as soon as the exact p-value allows
+    assert stats.ks_2samp(x.numpy(), (x + k - 1).numpy(), method="exact").pvalue > LENGTH_LEVEL
 
 
 def test_inputs_a_cast_would_change_are_refused():
