@@ -129,6 +129,16 @@ def test_inputs_a_cast_would_change_are_refused():
         ScoredAnswers(torch.zeros(2), [1.2, 1.7])
     with pytest.raises(ValueError, match="integer ids, got booleans"):
         ScoredAnswers(torch.zeros(2), [True, False])
+    # whole floats outside int64 wrapped to one id in the cast, and merged distinct questions
+    for ids in ([1e19, 2e19], [2.0**63, 1.0], torch.tensor([-1e30, 0.0], dtype=torch.float64)):
+        with pytest.raises(ValueError, match=r"integer ids in \[-2\*\*63, 2\*\*63\), got"):
+            ScoredAnswers(torch.zeros(2), ids)
+    with pytest.raises(ValueError, match=r"below 2\*\*63"):
+        ScoredAnswers(torch.zeros(2), torch.tensor([2**63 + 5, 1], dtype=torch.uint64))
+    with pytest.raises(ValueError, match="fit in 64 bits"):
+        ScoredAnswers(torch.zeros(2), [2**64, 1])
+    assert ScoredAnswers(torch.zeros(2), [-(2.0**63), 2.0**62]).question.tolist() == [-(2**63), 2**62]
+    assert ScoredAnswers(torch.zeros(2), [16777217.0, 16777216.0]).question.tolist() == [16777217, 16777216]
     ok = ScoredAnswers(torch.zeros(3), [1.0, 2.0, 2.0], hallucinated=[1, 0, 1.0])
     assert ok.question.tolist() == [1, 2, 2] and ok.hallucinated.tolist() == [True, False, True]
 
