@@ -21,7 +21,7 @@ from kglightning.conformal import (
     ltt_select,
     prediction_sets,
 )
-from kglightning.conformal.functional import conformal_min_n, conformal_rank
+from kglightning.conformal.functional import conformal_min_n, conformal_rank, student_t_sf
 
 ALPHAS = [0.01, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.5, 0.7, 0.9]
 
@@ -271,3 +271,12 @@ def test_vectorised_grid_1000_by_1000():
             assert res.index is not None and res.valid[res.index] and res.pvalues.shape == (K,)
     qhat = conformal_quantile(torch.rand(K, n, generator=gen), torch.rand(K, generator=gen) * 0.5 + 0.01)
     assert qhat.shape == (K,) and torch.isfinite(qhat).all()
+
+
+def test_student_t_sf_matches_scipy():
+    for df in (1, 2, 3, 4, 5, 10, 19, 20, 99, 400):
+        for t in np.linspace(-6, 6, 49):
+            assert student_t_sf(float(t), df) == pytest.approx(stats.t.sf(t, df), abs=1e-12)
+    assert student_t_sf(math.inf, 3) == 0.0 and student_t_sf(-math.inf, 3) == 1.0
+    with pytest.raises(ValueError, match="df"):
+        student_t_sf(1.0, 0)

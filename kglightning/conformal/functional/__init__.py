@@ -6,6 +6,7 @@ from kglightning.conformal.functional.pvalues import (
     binomial_cdf,
     binomial_tail_pvalue,
     hoeffding_bentkus_pvalue,
+    student_t_sf,
 )
 from kglightning.conformal.functional.quantile import (
     conformal_min_n,
@@ -40,5 +41,6 @@ __all__ = [
     "ltt_select",
     "prediction_sets",
     "question_cutoff",
+    "student_t_sf",
     "unit_scores",
 ]
