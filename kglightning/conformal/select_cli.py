@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None, prog: str = "kglightning select") -> int
                 raise ValueError("--predictions takes one --rule and one --alpha (several are for --pool)")
             s = apply_selection(args)
             for g, info in s["groups"].items():
-                flag = " (too few calibration items: nothing kept)" if info["too_small"] else ""
+                flag = " (too few calibration questions: nothing kept)" if info["too_small"] else ""
                 shift = info["length_pvalue"] is not None and info["length_pvalue"] < LENGTH_LEVEL
                 flag += f" (WARNING: {_shift(info)})" if shift else ""
                 flag += (
