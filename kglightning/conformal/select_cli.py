@@ -129,7 +129,7 @@ def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
     p.add_argument("--score", default="hallucination_prob", help="the per-answer score column")
     p.add_argument("--sense", default="hallucination", choices=("hallucination", "confidence"),
                    help="hallucination: higher = more likely wrong; confidence: higher = more likely right")  # fmt: skip
-    p.add_argument("--min-calibration", type=int, default=None, help="fewest calibration items a group needs")
+    p.add_argument("--min-calibration", type=int, default=None, help="fewest calibration questions a group needs")
     p.add_argument("--grid", type=int, default=100, help="kept_rate: thresholds tested")
     p.add_argument("--start", type=float, default=0.1, help="kept_rate: share of test answers the strictest keeps")
     p.add_argument("--chains", type=int, default=4, help="kept_rate: fixed sequences, Bonferroni over them")

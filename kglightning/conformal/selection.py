@@ -121,7 +121,7 @@ class Selection:
 
 
 def calibration_floor(rule: Rule, alpha: float, delta: float, chains: int = 1) -> int:
-    """The fewest calibration items with which ``rule`` can keep anything at all.
+    """The fewest calibration questions with which ``rule`` can keep anything at all.
 
     ``"fdr"``, ``"top"`` and ``"question"``: the smallest ``n`` with ``(n + 1) alpha >= 1`` (below it the best
     p-value without luck in the tie-break, ``1 / (n + 1)``, exceeds ``alpha``, and the conformal rank exceeds ``n``),
