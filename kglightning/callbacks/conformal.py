@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from kglightning.callbacks.conformal_items import (
+    LeftOut,
     _gather_items,
     _writers_before,
     ahead_of_writers,
@@ -27,6 +28,8 @@ from kglightning.callbacks.conformal_items import (
     attach_sets,
     check_scorer,
     gathered_units,
+    labelled_scores,
+    log_left_out,
     offset,
     unit_column,
     unit_coverage,
@@ -166,6 +169,7 @@ class ConformalCallback(ConformalThresholds, Callback):
         self._val_keys: list[Tensor | None] = []
         self._val_groups: list[Tensor] = []
         self._val_units: list[Tensor] = []  # unit ids, -1 where the module gave none
+        self._val_left: list[LeftOut] = []  # the unlabelled items left out
         self._test_items: list[tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]] = []  # + key, unit
 
     # ---------------------------------------------------------------- fitting
@@ -183,11 +187,12 @@ class ConformalCallback(ConformalThresholds, Callback):
         groups: list[Tensor | None] = []
         units: list[Tensor | None] = []
         keys: list[Tensor | None] = []
+        left_out: list[LeftOut] = []  # the unlabelled items, counted and logged once
         try:
             for index, loader in enumerate(loaders):
                 for batch in loader:  # each batch reduced to its calibration scores at once (memory)
                     batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
-                    cs = pl_module.conformal_scores(batch).labelled_part()
+                    cs = labelled_scores(pl_module, batch, index, left_out)
                     scores.append(cs.calibration_scores(self.coverage).cpu())
                     groups.append(cs.groups.detach().long().cpu() if cs.groups is not None else None)
                     # units and keys name items within one loader: the loader's index keeps two loaders' apart
@@ -197,6 +202,7 @@ class ConformalCallback(ConformalThresholds, Callback):
                         self.group_names.update(enumerate(cs.group_names))
         finally:
             pl_module.train(was_training)
+        log_left_out(left_out)
         every = bool(groups) and all(g is not None for g in groups)
         return self.fit_scores(
             torch.cat(scores) if scores else torch.empty(0, device="cpu"),
@@ -210,14 +216,14 @@ class ConformalCallback(ConformalThresholds, Callback):
             self.fit(trainer, pl_module)
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_scores, self._val_keys, self._val_groups, self._val_units = [], [], [], []
+        self._val_scores, self._val_keys, self._val_groups, self._val_units, self._val_left = [], [], [], [], []
 
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
         if self.fit_on == "validation" and trainer.state.fn == "fit" and not trainer.sanity_checking:
-            cs = pl_module.conformal_scores(batch).labelled_part()
+            cs = labelled_scores(pl_module, batch, dataloader_idx, self._val_left)
             self._val_scores.append(cs.calibration_scores(self.coverage).detach().cpu())
             # keys and units name items within one loader: the loader's index keeps two loaders' apart
             self._val_keys.append(offset(cs.keys, dataloader_idx))
@@ -235,7 +241,8 @@ class ConformalCallback(ConformalThresholds, Callback):
         gathered, keyed = _gather_items(columns, self._val_keys, (torch.float64, torch.long, torch.long))
         scores, units = gathered[0], gathered_units(gathered[1])
         groups = gathered[2] if self.by_group else None
-        self._val_scores, self._val_keys, self._val_groups, self._val_units = [], [], [], []
+        log_left_out(self._val_left, gather=True)  # every process takes part here too
+        self._val_scores, self._val_keys, self._val_groups, self._val_units, self._val_left = [], [], [], [], []
         if not scores.numel():
             return
         if not keyed and trainer.world_size > 1:

@@ -5,6 +5,7 @@ of the prediction writers."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
@@ -17,6 +18,8 @@ from torch import Tensor
 from kglightning.conformal.functional import unit_scores
 from kglightning.data.devices import all_gather_objects
 from kglightning.metrics.functional import unique_by_key
+
+log = logging.getLogger("kglightning.callbacks.conformal")  # the callback's logger: its warnings are the callback's
 
 
 def per_unit_scores(
@@ -143,6 +146,43 @@ def ahead_of_writers(callback: Callback, callbacks: list[Callback]) -> list[Call
 def _writers_before(callback: Callback, callbacks: list[Callback]) -> list[Callback]:
     index = next((i for i, cb in enumerate(callbacks) if cb is callback), 0)
     return [cb for cb in callbacks[:index] if isinstance(cb, BasePredictionWriter)]
+
+
+#: one batch's unlabelled items: their count, keys and unit ids (``None`` when the module gives none)
+LeftOut = tuple[int, Tensor | None, Tensor | None]
+
+
+def labelled_scores(pl_module: Any, batch: Any, loader: int, left_out: list[LeftOut]) -> Any:
+    """The batch's :class:`~kglightning.conformal.scorer.ConformalScores` restricted to its labelled items; the
+    unlabelled ones (``ConformalScores.labelled`` false) are recorded in ``left_out`` for :func:`log_left_out`."""
+    cs = pl_module.conformal_scores(batch)
+    if cs.labelled is not None and not bool(cs.labelled.all()):
+        miss = ~cs.labelled.detach().bool().cpu()
+        keys, units = offset(cs.keys, loader), offset(cs.units, loader)
+        left_out.append((int(miss.sum()), None if keys is None else keys[miss], None if units is None else units[miss]))
+    return cs.labelled_part()
+
+
+def log_left_out(left_out: list[LeftOut], gather: bool = False) -> tuple[int, int | None]:
+    """Log, once, how many unlabelled items (and units) calibration left out; return ``(items, units)`` (``units``
+    ``None`` when the module gives none). Items are counted once per key when every batch has keys (the repeats a
+    distributed sampler pads a shard with count once). With ``gather``, every process's records are gathered first
+    (every process must call it then)."""
+    parts = [p for rank in all_gather_objects(left_out) for p in rank] if gather else left_out
+    if not parts:
+        return 0, None
+    keys = [k for _, k, _ in parts]
+    items = (
+        int(torch.unique(torch.cat(keys)).numel()) if all(k is not None for k in keys) else sum(n for n, _, _ in parts)
+    )
+    unit_ids = [u for _, _, u in parts]
+    units = int(torch.unique(torch.cat(unit_ids)).numel()) if all(u is not None for u in unit_ids) else None
+    log.warning(
+        "ConformalCallback: left %d unlabelled items%s out of calibration (ConformalScores.labelled is false for them, "
+        "e.g. the answers of a question without gold answers): the threshold holds for items drawn like the "
+        "labelled ones", items, "" if units is None else f" ({units} units)",
+    )  # fmt: skip
+    return items, units
 
 
 def offset(t: Tensor | None, loader: int) -> Tensor | None:

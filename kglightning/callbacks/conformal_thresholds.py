@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from kglightning.callbacks.conformal_items import per_unit_scores
-from kglightning.conformal.functional import conformal_quantile
+from kglightning.conformal.functional import conformal_min_n, conformal_quantile
 from kglightning.conformal.scorer import ConformalScores
 
 log = logging.getLogger("kglightning.callbacks.conformal")  # the callback's logger: its warnings are the callback's
@@ -79,7 +79,7 @@ class ConformalThresholds:
             log.warning(
                 "ConformalCallback: %d calibration %s are too few for alpha=%g (need >= %d); qhat=+inf and every "
                 "prediction set is the full candidate set%s",
-                self.n_cal, self._counted(), self.alpha, math.ceil(1 / self.alpha - 1), self._why(s.numel()),
+                self.n_cal, self._counted(), self.alpha, conformal_min_n(self.alpha), self._why(s.numel()),
             )  # fmt: skip
         if not self.by_group:
             self.group_qhat, self.group_n_cal = {}, {}  # thresholds of an earlier grouped fit no longer apply
@@ -97,7 +97,7 @@ class ConformalThresholds:
                     log.warning(
                         "ConformalCallback: group %s has %d calibration %s, too few for alpha=%g (need >= %d): its "
                         "sets are the full candidate sets%s", self._name(gid), mine.numel(), self._counted(),
-                        self.alpha, math.ceil(1 / self.alpha - 1), self._why(int(m.sum())),
+                        self.alpha, conformal_min_n(self.alpha), self._why(int(m.sum())),
                     )  # fmt: skip
         return self.qhat
 

@@ -36,7 +36,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from kglightning.callbacks.prediction_writer import check_apart_from_data
-from kglightning.conformal.selection import AnswerSelector
+from kglightning.conformal.selection import CLUSTERED_NOTE, AnswerSelector
 from kglightning.conformal.selection_io import ScoredFile, json_number, lookup_key, scored_rows, selected_rows
 from kglightning.conformal.selection_report import report_markdown, summarize, write_report
 from kglightning.data.devices import all_gather_objects
@@ -301,6 +301,8 @@ class SelectionCallback(Callback):
             *(f"| {g} | {i.n_calibration} | {'**yes**' if i.too_small else 'no'} | {i.n_test} | {i.n_kept} |"
               for g, i in sel.groups.items()),
             "",
+            *([f"**fdr on answer lists**: the questions carry several answers; {CLUSTERED_NOTE}", ""] if any(i.clustered for i in sel.groups.values())
+              else []),
         ]  # fmt: skip
         summary: list[dict[str, Any]] | None = None
         if test.labelled:
@@ -308,7 +310,7 @@ class SelectionCallback(Callback):
             meta["achieved"] = grouped_selection_metrics(sel.keep, t.hallucinated, t.question, t.group)
             sweep = []
             for alpha in self.report_alphas:
-                keep = s.with_alpha(alpha).select(self.calibration.answers, t, check_lengths=False).keep
+                keep = s.with_alpha(alpha).select(self.calibration.answers, t, False, warn_clustered=False).keep
                 metrics = grouped_selection_metrics(keep, t.hallucinated, t.question, t.group)
                 sweep += [{"split": 0, "rule": s.rule, "alpha": alpha, "group": g, **m} for g, m in metrics.items()]
             summary = summarize(sweep, s.delta)

@@ -19,7 +19,8 @@ class ScoredAnswers:
     Args:
         scores: ``(N,)`` hallucination scores, higher = more likely hallucinated; finite.
         question: ``(N,)`` integer ids of the answers' questions (the exchangeable unit of every rule but ``"fdr"``);
-            floats that are not whole numbers are refused (``1.2`` and ``1.7`` would become one question).
+            floats that are not whole numbers are refused (``1.2`` and ``1.7`` would become one question), and so
+            are ids outside int64 (a cast would wrap ``1e19`` and ``2e19`` to one id).
         group: ``N`` group names, or ``None`` for one group.
         hallucinated: ``(N,)`` booleans, or 0 and 1 (``True`` = hallucinated); required for calibration answers.
             Anything else (``0.3``, NaN) is refused, not cast.
@@ -101,15 +102,32 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")  # an id read from JSON may hold a lone surrogate
 
 
+_INT64 = 2.0**63  # int64 holds [-2**63, 2**63): a float outside would wrap in a cast, and merge questions
+
+
 def _ids(x: Tensor | Sequence) -> Tensor:
-    q = torch.as_tensor(x, device="cpu").flatten()
+    try:  # a list of Python floats in float64 (torch's default float32 would merge ids above 2**24)
+        floats = isinstance(x, (list, tuple)) and any(isinstance(v, float) for v in x)
+        q = torch.as_tensor(x, dtype=torch.float64 if floats else None, device="cpu").flatten()
+    except (OverflowError, RuntimeError, ValueError) as e:  # a Python integer beyond 64 bits
+        raise ValueError(f"question must hold integer ids that fit in 64 bits ({e})") from None
     if q.dtype == torch.bool:
         raise ValueError("question must hold integer ids, got booleans")
     if q.is_floating_point():
+        q = q.double()  # a float32 id is compared in float64, where 2**63 and its neighbours are exact
         whole = torch.isfinite(q) & (q == torch.round(q))
         if not bool(whole.all()):
             bad = float(q[~whole][0])
             raise ValueError(f"question must hold integer ids, got {bad!r} (a cast would merge distinct questions)")
+        inside = (q >= -_INT64) & (q < _INT64)
+        if not bool(inside.all()):
+            bad = float(q[~inside][0])
+            raise ValueError(
+                f"question must hold integer ids in [-2**63, 2**63), got {bad!r} (a cast to int64 would wrap it and "
+                "merge distinct questions)"
+            )
+    elif q.dtype == torch.uint64 and bool((q.view(torch.int64) < 0).any()):  # at or above 2**63
+        raise ValueError("question must hold integer ids below 2**63 (a cast to int64 would wrap them)")
     return q.long()
 
 

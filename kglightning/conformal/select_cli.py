@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kglightning.conformal.selection import LENGTH_LEVEL, RULES, AnswerSelector
+from kglightning.conformal.selection import CLUSTERED_NOTE, LENGTH_LEVEL, RULES, AnswerSelector
 from kglightning.conformal.selection_io import ScoredFile, json_number, labelled_part, read_scored, selected_rows
 from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
 from kglightning.data.predictions import add_on_bad_record_argument
@@ -129,7 +129,7 @@ def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
     p.add_argument("--score", default="hallucination_prob", help="the per-answer score column")
     p.add_argument("--sense", default="hallucination", choices=("hallucination", "confidence"),
                    help="hallucination: higher = more likely wrong; confidence: higher = more likely right")  # fmt: skip
-    p.add_argument("--min-calibration", type=int, default=None, help="fewest calibration items a group needs")
+    p.add_argument("--min-calibration", type=int, default=None, help="fewest calibration questions a group needs")
     p.add_argument("--grid", type=int, default=100, help="kept_rate: thresholds tested")
     p.add_argument("--start", type=float, default=0.1, help="kept_rate: share of test answers the strictest keeps")
     p.add_argument("--chains", type=int, default=4, help="kept_rate: fixed sequences, Bonferroni over them")
@@ -154,9 +154,14 @@ def main(argv: list[str] | None = None, prog: str = "kglightning select") -> int
                 raise ValueError("--predictions takes one --rule and one --alpha (several are for --pool)")
             s = apply_selection(args)
             for g, info in s["groups"].items():
-                flag = " (too few calibration items: nothing kept)" if info["too_small"] else ""
+                flag = " (too few calibration questions: nothing kept)" if info["too_small"] else ""
                 shift = info["length_pvalue"] is not None and info["length_pvalue"] < LENGTH_LEVEL
                 flag += f" (WARNING: {_shift(info)})" if shift else ""
+                flag += (
+                    f" (WARNING: its questions carry several answers; {CLUSTERED_NOTE})"
+                    if info.get("clustered")
+                    else ""
+                )
                 print(f"group {g}: kept {info['n_kept']} of {info['n_test']} answers{flag}")
             if "achieved" in s:
                 a = s["achieved"]["all"]

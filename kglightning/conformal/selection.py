@@ -6,7 +6,8 @@ keep under one of four rules (the statistics are in :mod:`kglightning.conformal.
 
 * ``"fdr"``: conformal p-values and Benjamini-Hochberg; ``E[hallucinated kept / kept] <= alpha`` over every kept
   answer. Needs exchangeable *answers*: it can fail when the answers of a question depend on each other (it does on
-  an LLM's answer lists, whose errors cluster by question).
+  an LLM's answer lists, whose errors cluster by question), so a group whose questions carry several answers is
+  flagged (``GroupSelection.clustered``) and warned about.
 * ``"top"``: the same on one answer per question, its lowest-scored one; ``E[hallucinated kept / kept] <= alpha``
   with questions exchangeable, at most one answer kept per question (per group). The FDR rule for answer lists.
 * ``"kept_rate"``: Learn-Then-Test over score thresholds (betting p-values on one loss per question, fixed
@@ -17,8 +18,8 @@ keep under one of four rules (the statistics are in :mod:`kglightning.conformal.
 
 With groups (``ScoredAnswers.group``: grounded or not, hop count, the answering LLM ...) each group is calibrated on
 its own calibration answers only, so each guarantee holds within each group (Mondrian conformal), with the
-exchangeability it needs holding within the group. A group with fewer calibration items than the rule needs to
-keep anything (``min_calibration``) is flagged ``too_small`` and keeps nothing: a warning, never a guarantee that
+exchangeability it needs holding within the group. A group with fewer calibration questions than the rule needs to
+keep anything (``min_calibration``; questions for every rule, since answers cluster by question) is flagged ``too_small`` and keeps nothing: a warning, never a guarantee that
 the data cannot give.
 
 Every rule needs the calibration and test units drawn alike. The selector checks what it can see: per group, the
@@ -33,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,7 +42,7 @@ import torch
 from torch import Tensor
 
 from kglightning.conformal.functional.ltt import fixed_sequence
-from kglightning.conformal.functional.quantile import conformal_rank
+from kglightning.conformal.functional.quantile import conformal_min_n
 from kglightning.conformal.functional.selection import (
     benjamini_hochberg,
     best_per_question,
@@ -56,6 +58,13 @@ log = logging.getLogger(__name__)
 Rule = Literal["fdr", "top", "kept_rate", "question"]
 LENGTH_LEVEL = 0.01  # a length-shift p-value below it is warned about
 RULES = ("fdr", "top", "kept_rate", "question")
+#: said (logged, printed, written in reports) when rule fdr runs on questions that carry several answers
+CLUSTERED_NOTE = (
+    "rule 'fdr' assumes the answers exchangeable one by one, and the answers of one question rarely are (they tend "
+    "to be right or wrong together): its bound can then fail (an FDR of 0.24 at alpha 0.1 in a simulation with 20 "
+    "calibration questions of 10 answers each, right or wrong together). Rule 'top' is the FDR rule with the "
+    "question as its unit (one answer kept per question); 'question' and 'kept_rate' also count questions."
+)
 
 
 def _lengths(s: dict[str, float]) -> str:
@@ -71,7 +80,8 @@ class GroupSelection:
 
     Attributes:
         group: the group's name.
-        n_calibration: calibration answers (``"fdr"``) or questions (the other rules) of the group.
+        n_calibration: calibration questions of the group (for every rule: when answers cluster by question, the
+            question is what a "too few" must count, ``fdr`` included).
         min_calibration: the fewest the rule needs to keep anything.
         too_small: ``n_calibration < min_calibration``: nothing of the group is kept.
         cut: the score cut (``"kept_rate"``: kept when ``score <= cut``; ``"question"``: when ``score < cut``); ``None``
@@ -82,6 +92,11 @@ class GroupSelection:
             :data:`LENGTH_LEVEL` the selector warns that they are not drawn alike. ``None`` when not checked.
         calibration_lengths, test_lengths: summaries of the two sides' list lengths
             (:func:`~kglightning.conformal.functional.two_sample.summary`), or ``None``.
+        clustered: ``"fdr"`` only: whether some calibration or test question of the group carries more than one
+            answer. ``fdr`` assumes the answers exchangeable one by one, which the answers of one question rarely
+            are (they tend to be right or wrong together), and its bound can then fail; the selector warns, and
+            ``top`` is the FDR rule for answer lists. ``None`` for the other rules, which take the question as their
+            unit.
     """
 
     group: str
@@ -94,6 +109,7 @@ class GroupSelection:
     length_pvalue: float | None = None
     calibration_lengths: dict[str, float] | None = None
     test_lengths: dict[str, float] | None = None
+    clustered: bool | None = None
 
 
 @dataclass
@@ -105,10 +121,12 @@ class Selection:
 
 
 def calibration_floor(rule: Rule, alpha: float, delta: float, chains: int = 1) -> int:
-    """The fewest calibration items with which ``rule`` can keep anything at all.
+    """The fewest calibration questions with which ``rule`` can keep anything at all.
 
-    ``"fdr"``, ``"top"`` and ``"question"``: the smallest ``n`` with ``(n + 1) alpha >= 1`` (below it the best p-value without
-    luck in the tie-break, ``1 / (n + 1)``, exceeds ``alpha``, and the conformal rank exceeds ``n``).
+    ``"fdr"``, ``"top"`` and ``"question"``: the smallest ``n`` with ``(n + 1) alpha >= 1`` (below it the best
+    p-value without luck in the tie-break, ``1 / (n + 1)``, exceeds ``alpha``, and the conformal rank exceeds ``n``),
+    in closed form (:func:`~kglightning.conformal.functional.conformal_min_n`), so that a tiny ``alpha`` gives a
+    huge floor at once. The selector counts calibration *questions* against it, for every rule.
     ``"kept_rate"``: the smallest ``n`` whose best case can reach the wealth of a chain's test, ``chains / delta``:
     ``n`` questions that keep every answer, none hallucinated (each loss 0), each bet at its cap, ``(1 + alpha / (2
     (1 - alpha))) ** n >= chains / delta``.
@@ -117,12 +135,12 @@ def calibration_floor(rule: Rule, alpha: float, delta: float, chains: int = 1) -
         >>> calibration_floor("fdr", 0.1, 0.1), calibration_floor("kept_rate", 0.1, 0.1, chains=4)
         (9, 69)
     """
-    n = 1
-    if rule == "kept_rate":
-        return max(1, math.ceil(math.log(chains / delta) / math.log1p(0.5 * alpha / (1 - alpha)) - 1e-9))
-    while int(conformal_rank(n, alpha)) > n:
-        n += 1
-    return n
+    if rule != "kept_rate":
+        return conformal_min_n(alpha)  # closed form: a tiny alpha gives a huge floor at once, not a long count
+    growth = math.log1p(0.5 * alpha / (1 - alpha))
+    if growth == 0.0:  # alpha so small that one bet cannot grow the wealth in float arithmetic
+        return sys.maxsize
+    return max(1, math.ceil(math.log(chains / delta) / growth - 1e-9))
 
 
 class AnswerSelector:
@@ -132,7 +150,7 @@ class AnswerSelector:
         rule: ``"fdr"``, ``"top"``, ``"kept_rate"`` or ``"question"``.
         alpha: the tolerated hallucinated share (fdr, top), rate (kept_rate) or per-question probability (question).
         delta: ``"kept_rate"`` only: the probability that the calibration draw breaks the bound.
-        min_calibration: the fewest calibration items a group needs (default and floor: the least with which the
+        min_calibration: the fewest calibration questions a group needs (default and floor: the least with which the
             rule can keep anything, :func:`calibration_floor`); smaller groups keep nothing and are flagged.
         grid: ``"kept_rate"`` only: how many thresholds to test, at evenly spaced quantiles of the group's test
             scores from ``start`` to 1 (the test scores do not depend on the calibration draw, so the order is
@@ -186,7 +204,9 @@ class AnswerSelector:
             given = max(given, calibration_floor(self.rule, alpha, self.delta, self.chains))
         return AnswerSelector(self.rule, alpha, self.delta, given, self.grid, self.start, self.chains, self.seed)
 
-    def select(self, calibration: ScoredAnswers, test: ScoredAnswers, check_lengths: bool = True) -> Selection:
+    def select(
+        self, calibration: ScoredAnswers, test: ScoredAnswers, check_lengths: bool = True, warn_clustered: bool = True
+    ) -> Selection:
         """The test answers to keep, calibrated on ``calibration`` (which must carry ``hallucinated``).
 
         The random draws (tie-breaks, ``top``'s pick among tied answers, the order ``kept_rate`` visits the
@@ -195,7 +215,9 @@ class AnswerSelector:
         copies of one file keep the same answers): one seed thus draws afresh for fresh data, as the guarantee over
         the draws needs, and the same data give the same selection. With ``check_lengths`` each group's calibration
         and test list lengths are compared (:attr:`GroupSelection.length_pvalue`) and a clear difference is
-        warned about; a check over random splits of one pool leaves it off.
+        warned about; a check over random splits of one pool leaves it off. For ``"fdr"``, a group whose questions
+        carry several answers is flagged (:attr:`GroupSelection.clustered`) and, with ``warn_clustered``, warned
+        about (a sweep over many alphas or splits warns once itself and passes ``False``).
         """
         if calibration.hallucinated is None:
             raise ValueError("calibration answers need hallucinated labels")
@@ -216,7 +238,7 @@ class AnswerSelector:
         for g in sorted(set(test.groups())):
             cm, tm = calibration.mask(g), test.mask(g)
             cal_s, cal_y, cal_q = calibration.scores[cm], calibration.hallucinated[cm], calibration.question[cm]
-            n_cal = int(cm.sum()) if self.rule == "fdr" else int(torch.unique(cal_q).numel())
+            n_cal = int(torch.unique(cal_q).numel())  # the exchangeable unit: questions, for every rule
             too_small = n_cal < self.min_calibration
             cut: float | None = None
             kept = torch.zeros(int(tm.sum()), dtype=torch.bool, device="cpu")
@@ -230,12 +252,13 @@ class AnswerSelector:
             )
             if check_lengths:
                 self._compare_lengths(out.groups[g], cal_q, test.question[tm])
+            if self.rule == "fdr":
+                self._check_clustered(out.groups[g], cal_q, test.question[tm], warn_clustered)
             if too_small:
                 log.warning(
-                    "AnswerSelector: group %r has %d calibration %s, fewer than the %d that rule %r needs at alpha=%g: "
-                    "none of its %d test answers is kept",
-                    g, n_cal, "answers" if self.rule == "fdr" else "questions", self.min_calibration, self.rule,
-                    self.alpha, int(tm.sum()),
+                    "AnswerSelector: group %r has %d calibration questions (%d answers), fewer than the %d that rule "
+                    "%r needs at alpha=%g: none of its %d test answers is kept",
+                    g, n_cal, int(cm.sum()), self.min_calibration, self.rule, self.alpha, int(tm.sum()),
                 )  # fmt: skip
             elif not bool(kept.any()) and bool(tm.any()):
                 log.warning(
@@ -244,6 +267,19 @@ class AnswerSelector:
                     self.rule, self.alpha, g, int(tm.sum()),
                 )  # fmt: skip
         return out
+
+    def _check_clustered(self, info: GroupSelection, cal_q: Tensor, test_q: Tensor, warn: bool) -> None:
+        """``"fdr"``: flag (and warn about) a group whose questions carry more than one answer."""
+        cal_len = torch.unique(cal_q, return_counts=True)[1]
+        test_len = torch.unique(test_q, return_counts=True)[1]
+        most = max(int(cal_len.max()) if cal_len.numel() else 0, int(test_len.max()) if test_len.numel() else 0)
+        info.clustered = most > 1
+        if info.clustered and warn:
+            log.warning(
+                "AnswerSelector: group %r: calibration %d answers in %d questions, test %d in %d (up to %d per "
+                "question): %s", info.group, int(cal_len.sum()), cal_len.numel(), int(test_len.sum()),
+                test_len.numel(), most, CLUSTERED_NOTE,
+            )  # fmt: skip
 
     def _compare_lengths(self, info: GroupSelection, cal_q: Tensor, test_q: Tensor) -> None:
         """Compare how many answers the group's calibration and test questions have; warn when they differ."""

@@ -2,8 +2,11 @@
 
 A row is a JSON object with ``id``, ``prediction`` (a list of answers, or RoG's newline-joined string) and a score
 column aligned with it (by default ``hallucination_prob``, what ``predict`` with a detector writes). The label of each
-answer is the row's ``hallucinated`` list when there is one, else whether it fails to RoG-match every answer of
-``ground_truth`` (or ``answer``); a row with neither is unlabelled (fine for the answers to select, not for
+answer is the row's ``hallucinated`` list when there is one, else whether its
+:func:`~kglightning.metrics.functional.qa.answer_key` (NFKC, then RoG's normalisation, which keeps an answer it
+would empty) equals the key of no answer of ``ground_truth`` (or ``answer``): the detector's comparison, so that
+``select`` and the detector label an answer alike (RoG's substring match, which ``evaluate`` keeps, would call
+every answer right for a gold ``"The"`` and ``"Paris, Texas"`` right for ``"Paris"``); a row with neither is unlabelled (fine for the answers to select, not for
 calibration). ``group_by`` names a key whose value is a list aligned with the answers (``grounding``) or one value
 for the row (``hops``, a dotted path such as ``extra.type``, the LLM that answered).
 
@@ -12,8 +15,8 @@ Rows that hold less, each by one rule:
 * no answer (``prediction: ""`` or ``[]``): the question is kept with no answer (its score column ``[]`` or
   absent); it keeps nothing, and in calibration it is no unit (it has no answer to calibrate on). Counted in
   :attr:`ScoredFile.no_answer_rows`. A blank answer *within* a list is an error.
-* an empty gold list (``ground_truth: []``, no ``hallucinated``): no answer of the row can be judged right or
-  wrong, so the row is unlabelled; :func:`labelled_part` leaves it out of a calibration set or a pool (counted
+* an empty gold list (``ground_truth: []``, no ``hallucinated``), or one of blank strings only (a blank gold is no
+  gold): no answer of the row can be judged right or wrong, so the row is unlabelled; :func:`labelled_part` leaves it out of a calibration set or a pool (counted
   and logged with its line) instead of refusing the whole file. A row with no label field at all is still an
   error in calibration: that file was not labelled.
 
@@ -38,7 +41,7 @@ from kglightning.conformal.scored import ALL, ScoredAnswers
 from kglightning.conformal.selection import AnswerSelector, Selection
 from kglightning.data.records import RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
-from kglightning.metrics.functional.qa import answer_correctness
+from kglightning.metrics.functional.qa import gold_keys, key_hallucinated
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ class ScoredFile:
     """The answers of a file (:class:`ScoredAnswers`, question ``i`` = the ``i``-th kept row), the kept rows, each
     row's answers, whether every row is labelled (and how many are, and the line of the first that is not), and the
     skipped rows' errors; per row whether it is labelled; the line of the first row with no label field at all, the
-    lines of the rows whose gold list is empty, and how many rows have no answer."""
+    lines of the rows whose gold list is empty (or blank), and how many rows have no answer."""
 
     answers: ScoredAnswers
     rows: list[dict[str, Any]]
@@ -106,7 +109,8 @@ def group_name(v: Any) -> str:
 def _row(
     row: Any, score: str, sense: Sense, group_by: str | None, err
 ) -> tuple[list[str], list[float], list[bool] | None, list[str] | None, bool]:
-    """The row's answers, scores, labels (``None``: unlabelled), groups, and whether its gold list is empty."""
+    """The row's answers, scores, labels (``None``: unlabelled), groups, and whether its gold list is empty (or
+    holds blank strings only)."""
     if not isinstance(row, dict):
         raise err(f"expected a JSON object, got {type(row).__name__}")
     if "id" not in row or isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)) or row["id"] == "":
@@ -139,9 +143,10 @@ def _row(
         gold = [gold] if isinstance(gold, str) else gold
         if gold is not None and (not isinstance(gold, list) or not all(isinstance(a, str) for a in gold)):
             raise err("expected a list of strings", "ground_truth")
-        if gold:
-            labels = [not ok for ok in answer_correctness(names, gold)]
-        no_gold = gold is not None and not gold
+        keys = gold_keys(gold or [])
+        if keys:
+            labels = key_hallucinated(names, keys)
+        no_gold = gold is not None and not keys
     groups: list[str] | None = None
     if group_by is not None:
         try:
@@ -263,7 +268,7 @@ def scored_rows(
 def labelled_part(scored: ScoredFile, source: str, what: str = "calibration") -> ScoredAnswers:
     """The labelled rows' answers, to calibrate on (or to split, ``what="pool"``).
 
-    A row whose gold list is empty is left out (logged, with the count and the first line); a row with no label
+    A row whose gold list is empty (or blank) is left out (logged, with the count and the first line); a row with no label
     field at all is an error naming its line (the file was not labelled), and so is a file with no labelled row.
     """
     if scored.no_label_field is not None:
@@ -276,7 +281,8 @@ def labelled_part(scored: ScoredFile, source: str, what: str = "calibration") ->
     if not scored.labelled_rows:
         raise RecordError(f"no {what} row has a gold answer to judge its answers by", source=source)
     log.warning(
-        "%s: left %d of %d %s rows out, whose gold answer list is empty (no answer can be judged right or wrong; "
+        "%s: left %d of %d %s rows out, whose gold answer list is empty or blank (no answer can be judged right or "
+        "wrong; "
         "first at line %d); the guarantee is for questions drawn like the labelled ones",
         source, len(scored.no_gold_lines), len(scored.rows), what, scored.no_gold_lines[0],
     )  # fmt: skip

@@ -23,6 +23,11 @@ from kglightning.nn import GraphTransformerEncoder
 ENCODER = partial(GraphTransformerEncoder, hidden_channels=16, heads=4)
 
 
+def _apart(tmp_path):
+    """A folder beside ``tmp_path``, which is the datamodule's data_dir: writers refuse outputs inside it."""
+    return tmp_path.with_name(f"{tmp_path.name}-out")
+
+
 def _dm(detection_dir, tiny_encoder_dir, tmp_path, batch_size=8):
     return DetectionDataModule(
         data_dir=detection_dir,
@@ -113,12 +118,12 @@ def test_checkpoint_reload_restores_qhat_and_predict_emits_sets(fitted, tmp_path
     fresh_cb = ConformalCallback(alpha=0.1)  # another alpha: the checkpoint's wins, with a warning
     assert not fresh_cb.fitted
     fresh_model = HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16)
-    writer = JsonlPredictionWriter(str(tmp_path / "preds.jsonl"))
+    writer = JsonlPredictionWriter(str(_apart(tmp_path) / "preds.jsonl"))
     with caplog.at_level(logging.WARNING, logger="kglightning.callbacks.conformal"):
         preds = _trainer(tmp_path, [fresh_cb, writer]).predict(fresh_model, dm, ckpt_path=path)
     assert "fitted with alpha=0.2, not 0.1" in caplog.text
     assert fresh_cb.qhat == cb.qhat and fresh_cb.n_cal == cb.n_cal and fresh_cb.alpha == 0.2
-    written = [json.loads(line) for line in (tmp_path / "preds.jsonl").read_text().splitlines()]
+    written = [json.loads(line) for line in (_apart(tmp_path) / "preds.jsonl").read_text().splitlines()]
     assert [w["conformal_set"] for w in written] == [r["conformal_set"] for b in preds for r in b]
     rows = [row for batch in preds for row in batch]
     assert len(rows) == len(dm.datasets["test"])
@@ -140,10 +145,10 @@ def test_sets_reach_the_writer_whatever_the_callback_order(fitted, tmp_path, wri
     trainer, model, dm, cb = fitted
     path = tmp_path / "calibrated.ckpt"
     trainer.save_checkpoint(path)
-    fresh_cb, writer = ConformalCallback(alpha=0.2), JsonlPredictionWriter(str(tmp_path / "preds.jsonl"))
+    fresh_cb, writer = ConformalCallback(alpha=0.2), JsonlPredictionWriter(str(_apart(tmp_path) / "preds.jsonl"))
     predictor = _trainer(tmp_path, [writer, fresh_cb] if writer_first else [fresh_cb, writer])
     preds = predictor.predict(HallucinationDetector(text_dim=32, encoder=ENCODER, mlp_hidden=16), dm, ckpt_path=path)
-    written = [json.loads(line) for line in (tmp_path / "preds.jsonl").read_text().splitlines()]
+    written = [json.loads(line) for line in (_apart(tmp_path) / "preds.jsonl").read_text().splitlines()]
     assert len(written) == len(dm.datasets["test"])
     assert all(w["conformal_qhat"] == cb.qhat for w in written)
     assert [w["conformal_set"] for w in written] == [r["conformal_set"] for b in preds for r in b]
@@ -159,7 +164,7 @@ class _PutsWritersFirst(L.Callback):
 
 def test_a_writer_put_back_first_after_setup_is_an_error(fitted, tmp_path):
     trainer, model, dm, cb = fitted
-    writer = JsonlPredictionWriter(str(tmp_path / "preds.jsonl"))
+    writer = JsonlPredictionWriter(str(_apart(tmp_path) / "preds.jsonl"))
     with pytest.raises(RuntimeError, match="JsonlPredictionWriter would write predictions before ConformalCallback"):
         _trainer(tmp_path, [cb, _PutsWritersFirst(), writer]).predict(model, dm)
 

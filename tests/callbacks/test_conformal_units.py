@@ -176,3 +176,37 @@ def test_validation_mode_gathers_units_with_the_scores():
     manual.fit(None, model, loader)
     assert (cb.qhat, cb.n_cal, cb.group_qhat) == (manual.qhat, manual.n_cal, manual.group_qhat)
     assert cb.n_cal == 40 and cb.calibrated_on == "units"
+
+
+class _SomeUnlabelled(_Clustered):
+    """Every fourth question has no gold answer: its items are unlabelled."""
+
+    def conformal_scores(self, batch):
+        cs = super().conformal_scores(batch)
+        cs.labelled = batch[1] % 4 != 0
+        return cs
+
+
+def test_unlabelled_items_left_out_of_calibration_are_counted_and_logged_once(caplog):
+    loader = _loader(40, 5, 0)  # 40 questions of 5 answers: 10 questions (50 answers) unlabelled
+    with caplog.at_level(logging.WARNING, logger="kglightning.callbacks.conformal"):
+        cb = ConformalCallback(alpha=0.2, fit_on="manual")
+        cb.fit(None, _SomeUnlabelled(), loader)
+    assert cb.n_cal == 30
+    assert caplog.text.count("left 50 unlabelled items (10 units) out of calibration") == 1
+    # the validation mode counts them too, once per epoch's fit
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), sanity_checking=False, world_size=1)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kglightning.callbacks.conformal"):
+        cb = ConformalCallback(alpha=0.2, fit_on="validation")
+        cb.on_validation_epoch_start(trainer, _SomeUnlabelled())
+        for i, batch in enumerate(loader):
+            cb.on_validation_batch_end(trainer, _SomeUnlabelled(), None, batch, i)
+        cb.on_validation_epoch_end(trainer, _SomeUnlabelled())
+    assert cb.n_cal == 30 and caplog.text.count("left 50 unlabelled items (10 units)") == 1
+    caplog.clear()  # every item labelled: nothing to say
+    with caplog.at_level(logging.WARNING, logger="kglightning.callbacks.conformal"):
+        ConformalCallback(alpha=0.2, fit_on="manual").fit(None, _Clustered(), loader)
+    assert "unlabelled" not in caplog.text

@@ -25,6 +25,11 @@ def _trainer(tmp_path, callbacks, epochs=2):
                      enable_checkpointing=False, default_root_dir=tmp_path, accelerator="cpu", callbacks=callbacks)  # fmt: skip
 
 
+def _apart(tmp_path):
+    """A folder beside ``tmp_path``, which is the datamodule's data_dir: the callback refuses outputs inside it."""
+    return tmp_path.with_name(f"{tmp_path.name}-out")
+
+
 @pytest.fixture
 def fitted(detection_dir, tiny_encoder_dir, tmp_path):
     L.seed_everything(0)
@@ -44,7 +49,7 @@ def _rows(model, loader):
 @pytest.mark.parametrize("rule", ["fdr", "question"])
 def test_predict_writes_the_selection_an_independent_selector_makes(fitted, tmp_path, rule):
     model, dm = fitted
-    out = tmp_path / "trust"
+    out = _apart(tmp_path) / "trust"
     selector = AnswerSelector(rule=rule, alpha=0.3, seed=3)
     cb = SelectionCallback(output_dir=str(out), selector=selector, group_by="none", report_alphas=[0.2, 0.3])
     _trainer(tmp_path, [cb]).predict(model, dm)
@@ -71,13 +76,16 @@ def test_predict_writes_the_selection_an_independent_selector_makes(fitted, tmp_
     for name in ("report.md", "selection.png", "reliability.png"):
         assert (out / name).stat().st_size > 0
     assert "one run" in (out / "report.md").read_text()
+    # fdr on the detector's answer lists (several answers a question) is flagged in the report
+    assert report["groups"]["all"]["clustered"] is (True if rule == "fdr" else None)
+    assert ("**fdr on answer lists**" in (out / "report.md").read_text()) is (rule == "fdr")
 
 
 def test_groups_are_grounded_or_not_and_unlabelled_calibration_is_refused(fitted, tmp_path, caplog):
     model, dm = fitted
-    cb = SelectionCallback(output_dir=str(tmp_path / "t"), group_by="grounded")
+    cb = SelectionCallback(output_dir=str(_apart(tmp_path) / "t"), group_by="grounded")
     _trainer(tmp_path, [cb]).predict(model, dm)
-    report = json.loads((tmp_path / "t" / "report.json").read_text())
+    report = json.loads((_apart(tmp_path) / "t" / "report.json").read_text())
     assert set(report["groups"]) <= {"grounded", "ungrounded"} and report["groups"]
 
     class Unlabelled(HallucinationDetector):
@@ -89,7 +97,7 @@ def test_groups_are_grounded_or_not_and_unlabelled_calibration_is_refused(fitted
     bare = Unlabelled(text_dim=32, encoder=ENCODER, mlp_hidden=16)
     bare.load_state_dict(model.state_dict())
     with pytest.raises(RuntimeError, match="16 of 16 questions of the 'validation' split have no 'hallucinated'"):
-        _trainer(tmp_path, [SelectionCallback(output_dir=str(tmp_path / "u"))]).predict(bare, dm)
+        _trainer(tmp_path, [SelectionCallback(output_dir=str(_apart(tmp_path) / "u"))]).predict(bare, dm)
 
     class SomeUnlabelled(HallucinationDetector):  # records without gold answers: their rows carry no labels
         def predict_step(self, batch, batch_idx):
@@ -98,7 +106,7 @@ def test_groups_are_grounded_or_not_and_unlabelled_calibration_is_refused(fitted
 
     some = SomeUnlabelled(text_dim=32, encoder=ENCODER, mlp_hidden=16)
     some.load_state_dict(model.state_dict())
-    cb = SelectionCallback(output_dir=str(tmp_path / "s"), group_by="none")
+    cb = SelectionCallback(output_dir=str(_apart(tmp_path) / "s"), group_by="none")
     with caplog.at_level(logging.WARNING, logger="kglightning.callbacks.selection"):
         _trainer(tmp_path, [cb]).predict(some, dm)
     assert "left 4 of 16 questions of the 'validation' split out of calibration" in caplog.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from fractions import Fraction
 
 import numpy as np
@@ -20,6 +21,7 @@ from kglightning.conformal import (
     ltt_select,
     prediction_sets,
 )
+from kglightning.conformal.functional import conformal_min_n, conformal_rank, student_t_sf
 
 ALPHAS = [0.01, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.5, 0.7, 0.9]
 
@@ -66,6 +68,32 @@ def test_quantile_n_too_small_is_inf():
     assert conformal_quantile(torch.arange(19.0), 0.05).item() == 18.0  # ceil(20 * 0.95) = 19
     assert conformal_quantile([3.0], 0.4).item() == math.inf  # ceil(2 * 0.6) = 2 > 1
     assert conformal_quantile([3.0], 0.5).item() == 3.0
+
+
+def _count_up(alpha: float) -> int:
+    """The fewest calibration scores with a finite threshold, counted up from 1 (the old, slow way)."""
+    n = 1
+    while int(conformal_rank(n, alpha)) > n:
+        n += 1
+    return n
+
+
+def test_conformal_min_n_is_the_count_up_in_closed_form():
+    gen = np.random.default_rng(0)
+    alphas = [*ALPHAS, *np.exp(gen.uniform(math.log(0.004), math.log(0.999), 300)).tolist()]
+    alphas += [1 / k for k in range(2, 120)] + [i / 100 for i in range(1, 100)]
+    alphas += [np.nextafter(a, d) for a in (0.1, 0.05, 0.2, 1 / 3, 0.01) for d in (0.0, 1.0)]  # at the boundary
+    assert [conformal_min_n(a) for a in alphas] == [_count_up(a) for a in alphas]
+    # a tiny alpha: at once (counting up took seconds at 1e-5 and never ended at 1e-300), and still the first n
+    start = time.perf_counter()
+    tiny = {a: conformal_min_n(a) for a in (1e-5, 1e-7, 1e-300, 5e-324)}
+    assert time.perf_counter() - start < 1.0
+    assert tiny[1e-5] == 99990 and tiny[1e-300] == tiny[5e-324] > 9 * 10**8
+    for a, m in tiny.items():
+        below = torch.arange(max(1, m - 5000), m, dtype=torch.float64)  # rounding blurs the boundary here
+        assert int(conformal_rank(m, a)) <= m and not any(int(conformal_rank(int(k), a)) <= k for k in below[-50:])
+        x = (below + 1) * (1.0 - torch.tensor(a, dtype=torch.float64))  # conformal_rank's operations, vectorised
+        assert not bool((torch.ceil(x - 1e-9 * x.clamp(min=1.0)) <= below).any())
 
 
 @pytest.mark.parametrize(
@@ -243,3 +271,12 @@ def test_vectorised_grid_1000_by_1000():
             assert res.index is not None and res.valid[res.index] and res.pvalues.shape == (K,)
     qhat = conformal_quantile(torch.rand(K, n, generator=gen), torch.rand(K, generator=gen) * 0.5 + 0.01)
     assert qhat.shape == (K,) and torch.isfinite(qhat).all()
+
+
+def test_student_t_sf_matches_scipy():
+    for df in (1, 2, 3, 4, 5, 10, 19, 20, 99, 400):
+        for t in np.linspace(-6, 6, 49):
+            assert student_t_sf(float(t), df) == pytest.approx(stats.t.sf(t, df), abs=1e-12)
+    assert student_t_sf(math.inf, 3) == 0.0 and student_t_sf(-math.inf, 3) == 1.0
+    with pytest.raises(ValueError, match="df"):
+        student_t_sf(1.0, 0)

@@ -278,3 +278,55 @@ def test_select_never_writes_over_its_inputs(tmp_path, capsys):
     kept = pool.read_bytes()
     assert main(["select", "--pool", str(pool), "--report-dir", str(tmp_path), "--repeats", "2"]) == 2
     assert "over the input" in capsys.readouterr().err and pool.read_bytes() == kept
+
+
+def test_fdr_on_answer_lists_is_flagged_in_the_summary_the_output_and_the_report(tmp_path, capsys, caplog):
+    pool = _pool(300)  # 1 to 4 answers per question
+    cal, test = _write(tmp_path / "cal.jsonl", pool[:150]), _write(tmp_path / "test.jsonl", pool[150:])
+    out = tmp_path / "kept.jsonl"
+    argv = ["select", "--calibration", str(cal), "--predictions", str(test), "--rule", "fdr", "--output", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "group all: kept" in printed and "(WARNING: its questions carry several answers; rule 'fdr' assumes" in printed
+    )
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["groups"]["all"]["clustered"] is True
+    assert summary["groups"]["all"]["n_calibration"] == 150  # questions, not answers
+    assert main([*argv[:5], "--rule", "top", "--output", str(out)]) == 0  # top: no such warning
+    assert "WARNING" not in capsys.readouterr().out
+    report = tmp_path / "report"
+    args = ["select", "--pool", str(_write(tmp_path / "pool.jsonl", pool)), "--repeats", "3", "--rule", "fdr", "top"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert main([*args, "--report-dir", str(report)]) == 0
+    assert "**fdr on answer lists**" in (report / "report.md").read_text()
+    assert caplog.text.count("exchangeable one by one") == 1  # once for the whole check, not once per split
+    cells = json.loads((report / "report.json").read_text())["summary"]
+    assert {c["rule"]: c["clustered"] for c in cells} == {"keep_all": False, "fdr": True, "top": False}
+    assert main([*args, "--one-per-question", "--report-dir", str(tmp_path / "one")]) == 0
+    assert "fdr on answer lists" not in (tmp_path / "one" / "report.md").read_text()
+
+
+def test_labels_from_gold_answers_agree_with_the_detector(tmp_path, capsys, caplog):
+    nfd = "Zu\u0308rich"  # the NFD spelling of Zürich: the detector's answer_key calls them one name
+    rows = [
+        {"id": "the", "prediction": ["Paris", "the", "THE"], "ground_truth": ["The"]},  # RoG: "" matched everything
+        {"id": "a", "prediction": ["Lyon", "A"], "ground_truth": ["A"]},
+        {"id": "nfc", "prediction": ["Zürich", "Bern"], "ground_truth": [nfd]},  # RoG: NFC answer, NFD gold, a miss
+        {"id": "texas", "prediction": ["Paris, Texas", "paris"], "ground_truth": ["Paris"]},  # RoG: both match
+        {"id": "blank", "prediction": ["x", "y"], "ground_truth": [" ", ""]},  # no usable gold: unlabelled
+        {"id": "empty", "prediction": ["z"], "ground_truth": ""},
+    ]
+    for r in rows:
+        r["hallucination_prob"] = [0.5] * len(r["prediction"])
+    f = read_scored(_write(tmp_path / "g.jsonl", rows))
+    assert f.row_labelled == [True, True, True, True, False, False] and f.no_gold_lines == [5, 6]
+    assert f.answer_labels.tolist() == [True, False, False, True, False, False, True, True, False, False, False, False]
+    # left out of calibration and counted, like ground_truth: []
+    cal = _write(tmp_path / "cal.jsonl", [*rows, *_pool(40)])
+    out = tmp_path / "out.jsonl"
+    with caplog.at_level(logging.WARNING):
+        assert main(["select", "--calibration", str(cal), "--predictions", str(cal), "--output", str(out)]) == 0
+    assert json.loads(out.with_suffix(".summary.json").read_text())["n_calibration_no_gold"] == 2
+    assert "left 2 of 46 calibration rows out, whose gold answer list is empty or blank" in caplog.text

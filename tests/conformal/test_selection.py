@@ -80,10 +80,11 @@ def test_small_group_is_flagged_keeps_nothing_and_warns(caplog):
     with caplog.at_level(logging.WARNING):
         out = AnswerSelector(rule="fdr", alpha=0.1).select(small, test)
     hard = out.groups["hard"]
-    assert hard.too_small and hard.n_calibration == 5 and hard.min_calibration == 9
+    questions = len({int(cal.question[i]) for i in few})  # counted as questions, not answers
+    assert hard.too_small and hard.n_calibration == questions == 3 and hard.min_calibration == 9
     assert not out.keep[torch.tensor([g == "hard" for g in test.group])].any()
     assert out.groups["easy"].n_kept > 0 and not out.groups["easy"].too_small
-    assert "'hard' has 5 calibration answers" in caplog.text
+    assert "'hard' has 3 calibration questions (5 answers)" in caplog.text
     # a group that only the test split has is flagged too
     out = AnswerSelector(rule="fdr", alpha=0.1).select(small, ScoredAnswers([0.1], [0], ["new"]))
     assert out.groups["new"].too_small and out.groups["new"].n_calibration == 0 and not out.keep.any()

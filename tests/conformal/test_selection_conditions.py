@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
+import time
 
 import pytest
 import torch
 
-from kglightning.conformal import AnswerSelector, ScoredAnswers
+from kglightning.conformal import AnswerSelector, ScoredAnswers, calibration_floor
+from kglightning.conformal.functional.selection import kept_rate_pvalues
 from kglightning.conformal.functional.two_sample import ks_two_sample, summary
+from kglightning.conformal.selection import LENGTH_LEVEL
 
 
 @pytest.mark.parametrize("rule", ["fdr", "top"])
@@ -88,19 +92,32 @@ def test_lists_of_other_lengths_are_warned_about_with_both_summaries(caplog):
 
 def test_the_length_test_keeps_its_level_on_counts_and_matches_scipy():
     stats = pytest.importorskip("scipy.stats")
-    special = pytest.importorskip("scipy.special")
     gen = torch.Generator().manual_seed(3)
     rejected = 0
     for _ in range(1000):  # one distribution of list lengths on both sides: the warning's false alarm rate
         lengths = torch.poisson(torch.full((2, 60), 3.0), generator=gen) + 1
         rejected += ks_two_sample(lengths[0], lengths[1])[1] < 0.01
     assert rejected <= 20  # at most 1% (+ 3.3 standard errors); counts with ties make it conservative
-    x, y = torch.randint(1, 8, (40,), generator=gen), torch.randint(2, 12, (70,), generator=gen)
-    d, p = ks_two_sample(x, y)
-    assert d == pytest.approx(stats.ks_2samp(x.numpy(), y.numpy()).statistic)
-    ne = math.sqrt(40 * 70 / 110)
-    assert p == pytest.approx(float(special.kolmogorov((ne + 0.12 + 0.11 / ne) * d)))
+    for n, m in ((40, 70), (9, 13), (1, 4), (150, 120)):  # the exact p-value of scipy
+        x, y = torch.randint(1, 8, (n,), generator=gen), torch.randint(2, 12, (m,), generator=gen)
+        d, p = ks_two_sample(x, y)
+        want = stats.ks_2samp(x.numpy(), y.numpy(), method="exact")
+        assert d == pytest.approx(want.statistic) and p == pytest.approx(want.pvalue, rel=1e-9)
     assert ks_two_sample([], [1, 2]) == (0.0, 1.0) and summary([])["n"] == 0
+
+
+@pytest.mark.parametrize("n", [20, 50, 100])
+def test_the_length_test_warns_at_most_at_its_level_on_continuous_lengths(n):
+    # the rate at which one continuous distribution on both sides is warned about, computed exactly: the
+    # probability of the smallest D that the test rejects at LENGTH_LEVEL (with n = m, D is a multiple of 1 / n,
+    # and x, x + k have D = k / n). The asymptotic p-value with Stephens' correction warned 1.23% at 20, 1.15% at 50.
+    stats = pytest.importorskip("scipy.stats")
+    x = torch.arange(n, dtype=torch.float64)
+    k = next(k for k in range(1, n + 1) if ks_two_sample(x, x + k)[1] < LENGTH_LEVEL)
+    rate = stats.ks_2samp(x.numpy(), (x + k).numpy(), method="exact").pvalue  # P(D >= k / n)
+    assert rate <= LENGTH_LEVEL
+    assert ks_two_sample(x, x + k - 1)[1] >= LENGTH_LEVEL  # and it rejects as soon as the exact p-value allows
+    assert stats.ks_2samp(x.numpy(), (x + k - 1).numpy(), method="exact").pvalue > LENGTH_LEVEL
 
 
 def test_inputs_a_cast_would_change_are_refused():
@@ -112,6 +129,16 @@ def test_inputs_a_cast_would_change_are_refused():
         ScoredAnswers(torch.zeros(2), [1.2, 1.7])
     with pytest.raises(ValueError, match="integer ids, got booleans"):
         ScoredAnswers(torch.zeros(2), [True, False])
+    # whole floats outside int64 wrapped to one id in the cast, and merged distinct questions
+    for ids in ([1e19, 2e19], [2.0**63, 1.0], torch.tensor([-1e30, 0.0], dtype=torch.float64)):
+        with pytest.raises(ValueError, match=r"integer ids in \[-2\*\*63, 2\*\*63\), got"):
+            ScoredAnswers(torch.zeros(2), ids)
+    with pytest.raises(ValueError, match=r"below 2\*\*63"):
+        ScoredAnswers(torch.zeros(2), torch.tensor([2**63 + 5, 1], dtype=torch.uint64))
+    with pytest.raises(ValueError, match="fit in 64 bits"):
+        ScoredAnswers(torch.zeros(2), [2**64, 1])
+    assert ScoredAnswers(torch.zeros(2), [-(2.0**63), 2.0**62]).question.tolist() == [-(2**63), 2**62]
+    assert ScoredAnswers(torch.zeros(2), [16777217.0, 16777216.0]).question.tolist() == [16777217, 16777216]
     ok = ScoredAnswers(torch.zeros(3), [1.0, 2.0, 2.0], hallucinated=[1, 0, 1.0])
     assert ok.question.tolist() == [1, 2, 2] and ok.hallucinated.tolist() == [True, False, True]
 
@@ -123,3 +150,96 @@ def test_grouped_calibration_with_ungrouped_test_answers_is_an_error():
         AnswerSelector("question", 0.2).select(cal, bare)
     with pytest.raises(ValueError, match="the test answers have groups and the calibration answers have none"):
         AnswerSelector("question", 0.2).select(bare, cal)
+
+
+def _clustered(gen: torch.Generator, questions: int, answers: int = 10) -> ScoredAnswers:
+    """Whole questions right or wrong (30% wrong), an uninformative score shared by a question's answers."""
+    q = torch.arange(questions).repeat_interleave(answers)
+    wrong = (torch.rand(questions, generator=gen) < 0.3)[q]
+    s = torch.sigmoid(
+        torch.randn(questions, generator=gen, dtype=torch.float64)[q]
+        + 0.05 * torch.randn(q.numel(), generator=gen, dtype=torch.float64)
+    )
+    return ScoredAnswers(s, q, hallucinated=wrong)
+
+
+def test_fdr_counts_calibration_questions_and_flags_answers_that_cluster(caplog):
+    gen = torch.Generator().manual_seed(5)
+    # 8 calibration questions (one below the floor) of 10 answers each: 80 answers passed fdr's floor of 9 and kept
+    # answers with an FDR near 0.25 at alpha 0.1; counted as questions they are too few (a floor one lower fails)
+    fdp = []
+    for seed in range(300):
+        cal, test = _clustered(gen, 8), _clustered(gen, 50)
+        keep = AnswerSelector("fdr", 0.1, seed=seed).select(cal, ScoredAnswers(test.scores, test.question)).keep
+        fdp.append(float((keep & test.hallucinated).sum()) / max(int(keep.sum()), 1))
+    assert sum(fdp) / len(fdp) <= 0.1 + 3 * 0.3 / math.sqrt(len(fdp))
+    cal, test = _clustered(gen, 5), _clustered(gen, 50)
+    with caplog.at_level(logging.WARNING, logger="kglightning.conformal.selection"):
+        info = AnswerSelector("fdr", 0.1).select(cal, test).groups["all"]
+    assert info.too_small and info.n_calibration == 5 and info.min_calibration == 9 and info.n_kept == 0
+    assert "has 5 calibration questions (50 answers), fewer than the 9" in caplog.text
+    # enough questions, but several answers each: kept, flagged and warned about (the bound can fail there)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kglightning.conformal.selection"):
+        info = AnswerSelector("fdr", 0.1).select(_clustered(gen, 20), test).groups["all"]
+    assert info.clustered and not info.too_small and info.n_calibration == 20
+    assert "calibration 200 answers in 20 questions, test 500 in 50 (up to 10 per question)" in caplog.text
+    assert "rule 'fdr' assumes the answers exchangeable one by one" in caplog.text and "Rule 'top'" in caplog.text
+    caplog.clear()  # once only when asked: sweeps warn once themselves
+    with caplog.at_level(logging.WARNING, logger="kglightning.conformal.selection"):
+        assert (
+            AnswerSelector("fdr", 0.1).select(_clustered(gen, 20), test, warn_clustered=False).groups["all"].clustered
+        )
+    assert "exchangeable one by one" not in caplog.text
+    # one answer per question on both sides: what fdr assumes, no flag; the other rules are not flagged at all
+    single, single_test = _clustered(gen, 30, answers=1), _clustered(gen, 30, answers=1)
+    with caplog.at_level(logging.WARNING, logger="kglightning.conformal.selection"):
+        assert AnswerSelector("fdr", 0.1).select(single, single_test).groups["all"].clustered is False
+        assert AnswerSelector("top", 0.1).select(cal, test).groups["all"].clustered is None
+    assert "exchangeable one by one" not in caplog.text
+
+
+@pytest.mark.timeout(60)  # counting up from 1 never ended at alpha 1e-300
+def test_a_tiny_alpha_gives_its_floor_at_once():
+    start = time.perf_counter()
+    assert calibration_floor("top", 1e-5, 0.1) == 99990 and calibration_floor("question", 1e-300, 0.1) > 9 * 10**8
+    assert calibration_floor("kept_rate", 5e-324, 0.1) == sys.maxsize  # one bet cannot grow the wealth
+    info = AnswerSelector("top", 1e-300).select(
+        _clustered(torch.Generator().manual_seed(6), 20), ScoredAnswers([0.1], [0])
+    )
+    assert info.groups["all"].too_small and time.perf_counter() - start < 2.0  # the count up took 6 s at 1e-5
+
+
+def test_kept_rate_does_not_depend_on_the_order_or_the_ids_of_the_calibration_questions():
+    gen = torch.Generator().manual_seed(7)
+
+    def rows(n: int, prefix: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        out = []
+        for i in range(n):  # whole questions wrong, and the scores say so
+            m, wrong = int(torch.randint(1, 9, (1,), generator=gen)), bool(torch.rand(1, generator=gen) < 0.3)
+            s = torch.sigmoid(torch.randn(1, generator=gen) + 3 * wrong + 0.05 * torch.randn(m, generator=gen))
+            out.append((f"{prefix}{i}", s.double(), torch.full((m,), wrong)))
+        return out
+
+    def scored(rs, labels: bool = True) -> ScoredAnswers:  # as read_scored builds it: question = row index
+        q = torch.cat([torch.full((len(s),), k) for k, (_, s, _) in enumerate(rs)])
+        keys = [f"{i}#{j}" for i, s, _ in rs for j in range(len(s))]
+        y = torch.cat([y for *_, y in rs]) if labels else None
+        return ScoredAnswers(torch.cat([s for _, s, _ in rs]), q, None, y, keys)
+
+    cal, test = rows(300, "c"), rows(100, "t")
+    shuffled = [cal[int(i)] for i in torch.randperm(len(cal), generator=gen)]
+    sel = AnswerSelector("kept_rate", 0.3, seed=0)
+    a, b = sel.select(scored(cal), scored(test, False)), sel.select(scored(shuffled), scored(test, False))
+    assert a.groups["all"].cut is not None and a.groups["all"].cut == b.groups["all"].cut
+    assert torch.equal(a.keep, b.keep)  # the file in another order kept 355 answers instead of 378
+    # the p-values themselves: the same questions under other ids, in another order, with the same seed
+    c = scored(cal)
+    ids = torch.randperm(300, generator=gen) * 7 + 5
+    perm = torch.randperm(len(c), generator=gen)
+    t = torch.linspace(0.2, 1.0, 9, dtype=torch.float64)
+    p1, r1 = kept_rate_pvalues(c.scores, c.hallucinated, c.question, t, 0.3, generator=torch.Generator().manual_seed(1))
+    p2, r2 = kept_rate_pvalues(
+        c.scores[perm], c.hallucinated[perm], ids[c.question][perm], t, 0.3, generator=torch.Generator().manual_seed(1)
+    )
+    assert torch.equal(p1, p2) and torch.allclose(r1, r2)

@@ -124,7 +124,9 @@ def test_kept_rate_pvalues_brute_force():
         pb, _ = kept_rate_pvalues(*args, generator=torch.Generator().manual_seed(4))
         for j, tj in enumerate(t):
             losses, bad_w, kept_w = [], 0.0, 0.0
-            for u in np.unique(q):
+            # the questions in the order of their content (sorted (score, label) pairs), not of their ids
+            content = {u: tuple(sorted(zip(cal[q == u].tolist(), null[q == u].tolist()))) for u in np.unique(q)}
+            for u in sorted(content, key=content.__getitem__):
                 mine = q == u
                 kept, m = (cal <= tj) & mine, mine.sum()
                 losses.append(min(1.0, max(0.0, 0.2 + ((kept & null).sum() - 0.2 * kept.sum()) / m)))

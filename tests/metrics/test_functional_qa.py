@@ -143,3 +143,17 @@ def test_answer_correctness():
     assert answer_correctness(["Paris, Texas", "Lyon", ""], ["Paris", "Nice"]) == [True, False, False]
     assert answer_correctness("Nice\n\nRome", ["nice"]) == [True, False, False]
     assert answer_correctness(["Rome"], ["The"]) == [True]  # empty normalized gold matches anything
+
+
+def test_key_labels_compare_answer_keys_and_rog_correctness_stays_rog():
+    from kglightning.metrics.functional.qa import gold_keys, key_hallucinated
+
+    gold = gold_keys(["The", "Zu\u0308rich", "Paris", " "])
+    assert gold == {"the", "zürich", "paris"}  # a blank gold is no gold; "The" keeps its text
+    assert key_hallucinated(["Zürich", "paris", "Paris, Texas", "the", "Lyon", "a"], gold) == [
+        False, False, True, False, True, True,
+    ]  # fmt: skip
+    assert gold_keys(["", "  "]) == frozenset()
+    # evaluate's RoG match is unchanged: a gold that normalises to nothing matches every answer, a substring matches
+    assert answer_correctness(["Lyon", "Paris, Texas"], ["The"]) == [True, True]
+    assert answer_correctness(["Zürich"], ["Zu\u0308rich"]) == [False]

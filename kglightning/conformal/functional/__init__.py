@@ -6,8 +6,15 @@ from kglightning.conformal.functional.pvalues import (
     binomial_cdf,
     binomial_tail_pvalue,
     hoeffding_bentkus_pvalue,
+    student_t_sf,
 )
-from kglightning.conformal.functional.quantile import conformal_quantile, conformal_rank, prediction_sets, unit_scores
+from kglightning.conformal.functional.quantile import (
+    conformal_min_n,
+    conformal_quantile,
+    conformal_rank,
+    prediction_sets,
+    unit_scores,
+)
 from kglightning.conformal.functional.selection import (
     benjamini_hochberg,
     best_per_question,
@@ -24,6 +31,7 @@ __all__ = [
     "binomial_cdf",
     "binomial_tail_pvalue",
     "bonferroni",
+    "conformal_min_n",
     "conformal_pvalues",
     "conformal_quantile",
     "conformal_rank",
@@ -33,5 +41,6 @@ __all__ = [
     "ltt_select",
     "prediction_sets",
     "question_cutoff",
+    "student_t_sf",
     "unit_scores",
 ]

@@ -50,6 +50,38 @@ def conformal_rank(n: int, alpha: float | Tensor) -> Tensor:
     return torch.ceil(x - _RANK_TOL * torch.clamp(x, min=1.0)).long()
 
 
+def conformal_min_n(alpha: float) -> int:
+    """The fewest calibration scores that give a finite threshold: the smallest ``n >= 1`` with
+    ``conformal_rank(n, alpha) <= n``.
+
+    In exact arithmetic that is ``n >= (1 - alpha) / alpha``; with the rank's tolerance for decimal ``alpha``-s it is
+    ``n >= c / (1 - c)``, ``c = (1 - alpha)(1 - tol)``, which bounds it near ``1e9`` for a vanishing ``alpha``. The
+    closed form is exact up to rounding, so the rank's own float expression is evaluated on a window of ``n`` around
+    it (a few values, some thousands for ``alpha`` below ``1e-7``, where rounding blurs the boundary) and the first
+    ``n`` that passes is returned: the answer of counting ``n`` up from 1, at the cost of one vector operation.
+
+    Example:
+        >>> conformal_min_n(0.1), conformal_min_n(0.05), conformal_min_n(1 / 3), conformal_min_n(0.7)
+        (9, 19, 2, 1)
+        >>> conformal_min_n(1e-300)  # the rank's tolerance: about 1 / tol
+        999999940
+    """
+    check_level(alpha, "alpha")
+    a = float(alpha)
+    c = (1.0 - a) * (1.0 - _RANK_TOL)
+    guess = c / (1.0 - c)
+    width = int(16 * 2.3e-16 * (guess + 2) / (1.0 - c)) + 4  # rounding error of the guess and of the rank
+    one_minus = 1.0 - torch.tensor(a, dtype=torch.float64, device="cpu")
+    while True:
+        lo, hi = max(1, math.floor(guess) - width), math.ceil(guess) + width
+        n = torch.arange(lo, hi + 1, dtype=torch.float64, device="cpu")
+        x = (n + 1) * one_minus  # the float operations of conformal_rank, one n per element
+        ok = torch.ceil(x - _RANK_TOL * torch.clamp(x, min=1.0)) <= n
+        if bool(ok[-1]) and (lo == 1 or not bool(ok[0])):
+            return lo + int(ok.nonzero()[0])
+        width *= 4  # not reached: the window holds the boundary
+
+
 def conformal_quantile(scores: Tensor | Sequence, alpha: float | Tensor) -> Tensor:
     """Split-conformal threshold: the ``ceil((n+1)(1-alpha))``-th smallest calibration score, ``+inf`` if that rank > n.
 

@@ -184,6 +184,24 @@ def best_per_question(
     return order[first]
 
 
+def _units_by_content(scores: Tensor, null: Tensor, question: Tensor) -> tuple[Tensor, int]:
+    """Each answer's unit index, the units numbered in the order of their questions' content (the sorted ``(score,
+    null)`` pairs of their answers) rather than of their ids: the same questions get the same numbers whatever ids
+    they carry and whatever order they come in. Questions of equal content are interchangeable (their losses are
+    equal), so their relative order does not matter. Returns ``(unit, number of units)``."""
+    _, unit = torch.unique(question, return_inverse=True)
+    n_q = int(unit.max()) + 1
+    contents: list[list[tuple[float, bool]]] = [[] for _ in range(n_q)]
+    for u, s, y in zip(unit.tolist(), scores.tolist(), null.tolist()):
+        contents[u].append((s, y))
+    keys = [tuple(sorted(c)) for c in contents]
+    rank = torch.empty(n_q, dtype=torch.long, device="cpu")
+    rank[torch.tensor(sorted(range(n_q), key=keys.__getitem__), dtype=torch.long, device="cpu")] = torch.arange(
+        n_q, device="cpu"
+    )
+    return rank.to(unit.device)[unit], n_q
+
+
 def kept_rate_pvalues(
     cal_scores: Tensor | Sequence,
     cal_null: Tensor | Sequence,
@@ -213,7 +231,9 @@ def kept_rate_pvalues(
         alpha: the tolerated rate, in ``(0, 1)``.
         pvalue: ``"betting"`` or ``"hoeffding_bentkus"``.
         delta: the level the betting p-value's bets are tuned for (the p-value is valid for any).
-        generator: seeds the order in which the betting p-value visits the questions.
+        generator: seeds the order in which the betting p-value visits the questions: a seeded permutation of the
+            questions sorted by their content (their answers' scores and labels), so that the p-values depend on the
+            questions and the seed, not on their ids or on the order they come in.
 
     Returns:
         ``(pvalues, rate)``: ``(K,)`` float64 p-values and the calibration questions' ``(K,)`` weighted rate
@@ -231,8 +251,7 @@ def kept_rate_pvalues(
     if pvalue not in ("betting", "hoeffding_bentkus"):
         raise ValueError(f"pvalue must be 'betting' or 'hoeffding_bentkus', got {pvalue!r}")
     t = as_float_tensor(thresholds, "thresholds", dtype=torch.float64).flatten().to(cs.device)
-    _, unit = torch.unique(q, return_inverse=True)
-    n_q = int(unit.max()) + 1
+    unit, n_q = _units_by_content(cs, null, q)
     # one visiting order for every threshold (and chunk): drawn once, before any loss is seen
     seed = int(torch.randint(0, 2**62, (1,), generator=generator, device="cpu")) if generator is not None else 0
     size = torch.zeros(n_q, dtype=torch.float64, device=cs.device).scatter_add_(0, unit, torch.ones_like(cs))

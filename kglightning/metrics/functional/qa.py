@@ -88,6 +88,35 @@ def answer_key(s: str) -> str:
     return " ".join(folded.translate(_PUNCT_TABLE).split()) or " ".join(folded.split())
 
 
+def gold_keys(answer: Iterable[str]) -> frozenset[str]:
+    """The :func:`answer_key`-s of the gold answers that can label an answer: a gold whose key is blank (a blank
+    string) is no gold. An empty result means the question has no usable gold answer: its answers are unlabelled.
+
+    Example:
+        >>> sorted(gold_keys(["The", "Zu\u0308rich", "  ", "Paris."]))
+        ['paris', 'the', 'zürich']
+        >>> gold_keys(["", " "])
+        frozenset()
+    """
+    return frozenset(key for a in answer if (key := answer_key(a)))
+
+
+def key_hallucinated(prediction: Sequence[str], gold: frozenset[str]) -> list[bool]:
+    """Per proposed answer: ``True`` (hallucinated) iff its :func:`answer_key` is none of the ``gold`` keys
+    (:func:`gold_keys`). The detector's labels compare text this way (equal keys, not RoG's substring
+    :func:`match`), so ``"Paris, Texas"`` does not match the gold ``"Paris"``, a gold ``"The"`` matches only an
+    answer spelled ``the`` (RoG's normalisation empties it, and an empty gold would match everything), and an NFD
+    spelling matches its NFC gold. RoG's :func:`answer_correctness` stays what
+    ``kglightning evaluate`` scores with.
+
+    Example:
+        >>> gold = gold_keys(["Paris", "The"])
+        >>> key_hallucinated(["paris", "Paris, Texas", "Lyon", "THE", "A"], gold)
+        [False, True, True, False, True]
+    """
+    return [answer_key(p) not in gold for p in prediction]
+
+
 def is_abstention(answer: str) -> bool:
     """Whether ``answer`` means "no answer": blank, or one of :data:`ABSTENTIONS`. An answer that RoG's
     :func:`normalize` empties but that is not blank (``"A"``, ``"The The"``) is an answer.
