@@ -60,16 +60,20 @@ def merge_rank_files(parts: Sequence[Path], output: Path) -> tuple[int, int]:
 
 
 def check_apart_from_data(trainer: Any, outputs: Sequence[str | os.PathLike]) -> None:
-    """Refuse, before anything is written, outputs that would replace or sit inside the folder the trainer's
-    datamodule reads its records from (its ``data_dir``; none for the embedded benchmark or a hub dataset).
+    """Refuse, before anything is written, outputs that would replace a file the trainer's datamodule reads its
+    records from (its ``files()``, e.g. ``data/test.jsonl``) or lie inside a dataset folder it reads whole; without
+    ``files()``, outputs inside its ``data_dir``. Nothing is checked for the embedded benchmark or a hub dataset.
 
     Raises:
-        OutputOverInputError: naming the output and the data folder
-            (:func:`~kglightning.fileio.check_outputs_apart`).
+        OutputOverInputError: naming the output and the input (:func:`~kglightning.fileio.check_outputs_apart`).
     """
-    data_dir = getattr(getattr(trainer, "datamodule", None), "data_dir", None)
-    if isinstance(data_dir, (str, os.PathLike)) and not str(data_dir).startswith("hf:"):
-        check_outputs_apart(outputs, [data_dir])
+    datamodule = getattr(trainer, "datamodule", None)
+    data_dir = getattr(datamodule, "data_dir", None)
+    if not isinstance(data_dir, (str, os.PathLike)) or str(data_dir).startswith("hf:"):
+        return
+    files = getattr(datamodule, "files", None)
+    inputs = [path for path, _ in files().values()] if callable(files) else [data_dir]
+    check_outputs_apart(outputs, inputs)
 
 
 def _tracks_indices(trainer: L.Trainer, dataloader_idx: int) -> bool:
@@ -110,7 +114,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
         output: the jsonl file to write. ``{split}`` in it is the split predicted: the datamodule's
             ``predict_split`` (``"predict"`` when it has none), so that predicting another split
             (``--data.init_args.predict_split validation``) never writes over the test split's rows. An output
-            inside the datamodule's ``data_dir`` is refused (:func:`check_apart_from_data`).
+            that would replace one of the datamodule's data files is refused (:func:`check_apart_from_data`).
 
     Example:
         >>> from types import SimpleNamespace

@@ -166,3 +166,20 @@ def test_the_output_never_goes_into_the_data_folder(tmp_path: Path):
     assert (data / "test.jsonl").read_text() == '{"id": "q"}\n' and sorted(p.name for p in data.iterdir()) == [
         "test.jsonl"
     ]
+
+
+def test_an_output_beside_the_data_files_is_fine_over_them_refused(tmp_path: Path):
+    from types import SimpleNamespace
+
+    from kglightning.callbacks.prediction_writer import check_apart_from_data
+    from kglightning.fileio import OutputOverInputError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.jsonl").write_text("{}\n")
+    dm = SimpleNamespace(data_dir=str(data), files=lambda: {"test": (str(data / "test.jsonl"), None)})
+    trainer = SimpleNamespace(datamodule=dm)
+    check_apart_from_data(trainer, [data / "scores_test.jsonl"])  # beside the split files: the user's choice
+    with pytest.raises(OutputOverInputError, match="over the input"):
+        check_apart_from_data(trainer, [data / "test.jsonl"])
+    check_apart_from_data(SimpleNamespace(datamodule=SimpleNamespace(data_dir=None)), [data / "test.jsonl"])
