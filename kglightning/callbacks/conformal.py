@@ -401,7 +401,11 @@ class ConformalCallback(ConformalThresholds, Callback):
         self.group_qhat = {int(k): float(v) for k, v in state_dict.get("group_qhat", {}).items()}
         self.group_n_cal = {int(k): int(v) for k, v in state_dict.get("group_n_cal", {}).items()}
         self.group_names = {int(k): str(v) for k, v in state_dict.get("group_names", {}).items()}
-        if self.by_group and not self.group_qhat:
+        if "calibrated_on" not in state_dict:  # fitted before units: its rank may count the answers of a question
+            self._restored = False
+            log.warning("ConformalCallback: the checkpoint's qhat predates calibration on units (questions); fitting it "
+                        "again for the loaded weights")  # fmt: skip
+        elif self.by_group and not self.group_qhat:
             # as for a checkpoint without qhat: the thresholds are fitted again, by group, for the loaded weights
             self._restored = False
             log.warning("ConformalCallback: by_group=True, but the checkpoint holds no group thresholds; fitting them")

@@ -15,7 +15,8 @@ import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from kglightning.data.records import KGQARecord
-from kglightning.fileio import atomic_write, check_outputs_apart, clear_outputs
+from kglightning.data.splits import split_file_names
+from kglightning.fileio import OutputOverInputError, atomic_write, check_outputs_apart, clear_outputs
 
 __all__ = ["JsonlPredictionWriter", "check_apart_from_data", "merge_rank_files"]
 
@@ -61,8 +62,10 @@ def merge_rank_files(parts: Sequence[Path], output: Path) -> tuple[int, int]:
 
 def check_apart_from_data(trainer: Any, outputs: Sequence[str | os.PathLike]) -> None:
     """Refuse, before anything is written, outputs that would replace a file the trainer's datamodule reads its
-    records from (its ``files()``, e.g. ``data/test.jsonl``) or lie inside a dataset folder it reads whole; without
-    ``files()``, outputs inside its ``data_dir``. Nothing is checked for the embedded benchmark or a hub dataset.
+    records from (its ``files()``, e.g. ``data/test.jsonl``), lie inside a dataset folder it reads whole, or take a
+    split file's name in its ``data_dir`` (``validation.jsonl`` beside ``val.jsonl`` would be read as the split next
+    time); without ``files()``, outputs inside its ``data_dir``. Nothing is checked for the embedded benchmark or a
+    hub dataset.
 
     Raises:
         OutputOverInputError: naming the output and the input (:func:`~kglightning.fileio.check_outputs_apart`).
@@ -74,6 +77,12 @@ def check_apart_from_data(trainer: Any, outputs: Sequence[str | os.PathLike]) ->
     files = getattr(datamodule, "files", None)
     inputs = [path for path, _ in files().values()] if callable(files) else [data_dir]
     check_outputs_apart(outputs, inputs)
+    folder = Path(os.path.realpath(data_dir))
+    for out in outputs:  # a new file there under a split's name would be read as that split next time
+        target = Path(os.path.realpath(out))
+        if target.parent == folder and target.name in split_file_names():
+            raise OutputOverInputError(f"would write {out} into the data folder {data_dir} under a split file's name "
+                                       "(it would be read as that split): choose another name or folder")  # fmt: skip
 
 
 def _tracks_indices(trainer: L.Trainer, dataloader_idx: int) -> bool:

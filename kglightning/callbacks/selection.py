@@ -251,6 +251,9 @@ class SelectionCallback(Callback):
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         check_apart_from_data(trainer, [self.output_dir / name for name in OUTPUT_FILES])
+        if getattr(getattr(trainer, "datamodule", None), "predict_split", None) == self.calibration_split:
+            log.warning("SelectionCallback: the predicted split is the calibration split (%r): its questions are "
+                        "calibrated on and selected on, and the guarantee does not hold for them", self.calibration_split)  # fmt: skip
         self._rows = []
         self.calibration = self.calibrate(trainer, pl_module)
         log.info(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,16 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
     """Calibrate on ``--calibration``, select on ``--predictions``, write the rows and the summary."""
     out = Path(args.output) if args.output else Path(args.predictions).with_suffix(".selected.jsonl")
     check_outputs_apart([out, out.with_suffix(".summary.json")], [args.calibration, args.predictions])
+    if Path(args.calibration).exists() and Path(args.predictions).exists():
+        if os.path.samefile(args.calibration, args.predictions):
+            raise ValueError(f"--calibration and --predictions are the same file ({args.predictions}): the guarantee "
+                             "needs calibration questions apart from the questions selected on")  # fmt: skip
     cal, test = _read(args.calibration, args), _read(args.predictions, args)
+    shared = {str(r["id"]) for r in cal.rows} & {str(r["id"]) for r in test.rows}
+    if shared:
+        log.warning("%s and %s share %d question ids (e.g. %s): a question in both is calibrated on and selected on, "
+                    "and the guarantee does not hold for it", args.calibration, args.predictions, len(shared),
+                    sorted(shared)[0])  # fmt: skip
     cal_answers = labelled_part(cal, args.calibration)
     selector = AnswerSelector(
         args.rule[0], args.alpha[0], args.delta, args.min_calibration, args.grid, args.start, args.chains, args.seed

@@ -15,8 +15,8 @@ Rows that hold less, each by one rule:
 * no answer (``prediction: ""`` or ``[]``): the question is kept with no answer (its score column ``[]`` or
   absent); it keeps nothing, and in calibration it is no unit (it has no answer to calibrate on). Counted in
   :attr:`ScoredFile.no_answer_rows`. A blank answer *within* a list is an error.
-* an empty gold list (``ground_truth: []``, no ``hallucinated``), or one of blank strings only (a blank gold is no
-  gold): no answer of the row can be judged right or wrong, so the row is unlabelled; :func:`labelled_part` leaves it out of a calibration set or a pool (counted
+* an empty gold list (``ground_truth: []``, no ``hallucinated``), one of blank strings only (a blank gold is no
+  gold), or ``hallucinated: null`` (what the detector writes for a question without gold answers): no answer of the row can be judged right or wrong, so the row is unlabelled; :func:`labelled_part` leaves it out of a calibration set or a pool (counted
   and logged with its line) instead of refusing the whole file. A row with no label field at all is still an
   error in calibration: that file was not labelled.
 
@@ -132,7 +132,9 @@ def _row(
         raise err(f"item {bad[0]} is {values[bad[0]]!r}, expected a finite number", score)
     scores = [float(v) if sense == "hallucination" else 1.0 - float(v) for v in values]
     labels: list[bool] | None = None
-    if "hallucinated" in row:
+    if "hallucinated" in row and row["hallucinated"] is None:  # the detector's "no gold answer to label against"
+        no_gold = True
+    elif "hallucinated" in row:
         lab = row["hallucinated"]
         if not isinstance(lab, list) or len(lab) != len(names) or not all(v in (0, 1) for v in lab):
             raise err(f"expected a list of {len(names)} booleans (one per answer)", "hallucinated")

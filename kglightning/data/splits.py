@@ -10,6 +10,12 @@ _ALIASES = {"train": ("train",), "validation": ("validation", "val", "valid", "d
 _SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
+def split_file_names() -> set[str]:
+    """Every file name :func:`locate_splits` takes for a split in a folder of split files (``train.jsonl``,
+    ``val.parquet``, ...): a file written under one of them into a data folder would be read as that split."""
+    return {f"{n}{suf}" for names in _ALIASES.values() for n in names for suf in _SUFFIXES}
+
+
 def locate_splits(
     data_dir: str | None,
     benchmark_seed: int = 0,

@@ -446,9 +446,10 @@ class HallucinationDetector(L.LightningModule):
     def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
         """Per question: the proposed answers with their hallucination probability and flag,
         ``hallucination_logit`` (the same ranking without float32 saturation), ``hallucinated``, each answer's label
-        against the record's gold answers (what ``kglightning select`` calibrates on; left out for a record without
-        gold answers, which has nothing to label against), and ``prediction_entries``: per answer, the indices of
-        the record's ``prediction`` entries behind it (repeats, spellings of one node)."""
+        against the record's gold answers (what ``kglightning select`` calibrates on; ``null`` for a record without
+        gold answers, which has nothing to label against and which ``select`` leaves out of calibration), and
+        ``prediction_entries``: per answer, the indices of the record's ``prediction`` entries behind it (repeats,
+        spellings of one node)."""
         raw = self(batch)
         probs = torch.sigmoid(raw).cpu()  # on the module's device, as the thresholds were tuned
         logits = raw.float().cpu()
@@ -474,7 +475,12 @@ class HallucinationDetector(L.LightningModule):
                     # the same order without saturation: past logit ~16 float32 probabilities tie at 1
                     "hallucination_logit": [round(float(logits[i]), 6) for i in mine],
                     **({"grounding": [kinds[i] for i in mine]} if kinds else {}),
-                    **({"hallucinated": [labels[i] for i in mine]} if labels is not None and labelled[g] else {}),
+                    # null for a record without gold answers: it has nothing to label against (select leaves it out)
+                    **(
+                        {"hallucinated": [labels[i] for i in mine] if labelled[g] else None}
+                        if labels is not None
+                        else {}
+                    ),
                     **({"prediction_entries": entries[g]} if entries is not None else {}),
                     "flagged": [n for n, i in zip(names, mine) if flagged[i]],
                     **thresholds,

@@ -155,11 +155,15 @@ def test_fit_and_test_through_the_trainer_count_units(tmp_path):
     # some batches with units and some without: an error, not a silent count of items
     with pytest.raises(ValueError, match="ConformalScores.units for 1 of 13 batches"):
         ConformalCallback(alpha=0.2, fit_on="manual").fit(None, _Clustered(units="some"), loader)
-    # a checkpoint of before units was calibrated on items
+    # a checkpoint of before units was calibrated on items: its qhat is not trusted, it is fitted again (second
+    # review of issue 57: it was used as it was, the under-covering case this change fixes)
     old = {k: v for k, v in cb.state_dict().items() if k not in ("calibrated_on", "per_unit")}
     again = ConformalCallback(alpha=0.2, by_group=True)
     again.load_state_dict(old)
-    assert again.calibrated_on == "items" and again.per_unit == "one"
+    assert again.calibrated_on == "items" and again.per_unit == "one" and not again._restored
+    current = ConformalCallback(alpha=0.2, by_group=True)
+    current.load_state_dict(cb.state_dict())
+    assert current._restored
 
 
 def test_validation_mode_gathers_units_with_the_scores():

@@ -183,3 +183,20 @@ def test_an_output_beside_the_data_files_is_fine_over_them_refused(tmp_path: Pat
     with pytest.raises(OutputOverInputError, match="over the input"):
         check_apart_from_data(trainer, [data / "test.jsonl"])
     check_apart_from_data(SimpleNamespace(datamodule=SimpleNamespace(data_dir=None)), [data / "test.jsonl"])
+
+
+def test_an_output_never_takes_a_split_files_name_in_the_data_folder(tmp_path: Path):
+    """Second review of issue 57: ``data/{split}.jsonl`` predicting ``validation`` beside ``val.jsonl`` wrote
+    ``validation.jsonl``, which the next run read as the validation split."""
+    from types import SimpleNamespace
+
+    from kglightning.callbacks.prediction_writer import check_apart_from_data
+    from kglightning.fileio import OutputOverInputError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    dm = SimpleNamespace(data_dir=str(data), files=lambda: {"validation": (str(data / "val.jsonl"), None)})
+    for name in ("validation.jsonl", "test.parquet", "dev.json"):
+        with pytest.raises(OutputOverInputError, match="split file's name"):
+            check_apart_from_data(SimpleNamespace(datamodule=dm), [data / name])
+    check_apart_from_data(SimpleNamespace(datamodule=dm), [data / "scores_validation.jsonl"])

@@ -330,3 +330,26 @@ def test_labels_from_gold_answers_agree_with_the_detector(tmp_path, capsys, capl
         assert main(["select", "--calibration", str(cal), "--predictions", str(cal), "--output", str(out)]) == 0
     assert json.loads(out.with_suffix(".summary.json").read_text())["n_calibration_no_gold"] == 2
     assert "left 2 of 46 calibration rows out, whose gold answer list is empty or blank" in caplog.text
+
+
+def test_the_detectors_null_label_leaves_a_row_out_and_counts_it(tmp_path, capsys):
+    """Second review of issue 57: the detector writes ``hallucinated: null`` for a question without gold answers;
+    ``select`` stopped on it (no label field) where an empty gold list is left out and counted."""
+    rows = _pool(60)
+    rows.append({"id": "blank", "prediction": ["x", "y"], "hallucination_prob": [0.2, 0.9], "hallucinated": None})
+    pool = _write(tmp_path / "pool.jsonl", rows)
+    assert main(["select", "--pool", str(pool), "--repeats", "2", "--report-dir", str(tmp_path / "rep")]) == 0
+    f = read_scored(pool)
+    assert f.no_gold_lines == [61] and f.labelled_rows == 60
+
+
+def test_calibration_and_selection_on_the_same_questions_is_refused_or_warned(tmp_path, capsys, caplog):
+    """Second review of issue 57: the same file as --calibration and --predictions reported an in-sample FDR as if
+    the test questions were fresh."""
+    pool = _write(tmp_path / "pool.jsonl", _pool(60))
+    argv = ["select", "--calibration", str(pool), "--predictions", str(pool), "--output", str(tmp_path / "o.jsonl")]
+    assert main(argv) == 2 and "same file" in capsys.readouterr().err
+    copy = _write(tmp_path / "copy.jsonl", _pool(60)[:10])
+    with caplog.at_level(logging.WARNING):
+        assert main([*argv[:4], str(copy), *argv[5:]]) == 0
+    assert "share 10 question ids" in caplog.text

@@ -80,3 +80,16 @@ def test_a_header_in_the_middle_of_a_line_is_a_header():
     """Review of issue 57: ``<PATH>...</PATH> # Answer: X`` on one line lost its answer."""
     assert parse_beam(f"# Reasoning Path:\n<PATH>{POLK}</PATH> # Answer: Governor") == ([POLK], ["Governor"])
     assert parse_beam(f"# Reasoning Path: {POLK} # Answer: Governor") == ([POLK], ["Governor"])
+
+
+def test_each_part_of_a_beam_cites_its_own_paths():
+    """Second review of issue 57: a beam of two path/answer parts cited both paths for both answers."""
+    beam = ("# Reasoning Path:\nJamaica -> location.country.languages_spoken -> Jamaican English\n# Answer:\n"
+            "Jamaican English\n# Reasoning Path:\nJamaica -> location.country.currency_used -> Jamaican dollar\n"
+            "# Answer:\nJamaican dollar")  # fmt: skip
+    prediction, cited = gcr_answers([beam])
+    assert prediction == ["Jamaican English", "Jamaican dollar"]
+    assert cited == [[["Jamaica", "location.country.languages_spoken", "Jamaican English"]],
+                     [["Jamaica", "location.country.currency_used", "Jamaican dollar"]]]  # fmt: skip
+    # a repeated answer header stays in its part
+    assert gcr_answers([f"# Reasoning Path:\n{POLK}\n# Answer:\n# Answer:\nGovernor"])[1] == [[POLK.split(" -> ")]]

@@ -316,3 +316,13 @@ def test_records_read_through_links_are_inputs_too(tmp_path, capsys):
     before = folder_state(real)
     code, _, err = run(capsys, "--input", src, "--records", view, "--output", real)
     assert code == 2 and "over the input" in err and folder_state(real) == before
+
+
+def test_fractions_that_are_not_numbers_are_a_usage_error(tmp_path, capsys):
+    src = write_lines(tmp_path / "a.jsonl", [prompt_row(i) for i in range(5)])
+    for bad in (["nan", "0.5", "0.5"], ["inf", "0", "0"], ["-0.5", "1", "0.5"]):
+        with pytest.raises(SystemExit) as exc:
+            run(capsys, "--input", src, "--output", tmp_path / "out", "--fractions", *bad)
+        assert exc.value.code == 2 and "--fractions must be" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="fractions must be"):
+        split_by_question([], [float("nan"), 0.5, 0.5], 0)

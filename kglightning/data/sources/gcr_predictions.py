@@ -31,7 +31,7 @@ from kglightning.data.sources.prediction_lines import (
     record_from_paths,
 )
 
-__all__ = ["ANSWER_HEADER", "PATH_HEADER", "gcr_answers", "is_gcr_row", "parse_beam", "record_from_gcr"]
+__all__ = ["ANSWER_HEADER", "PATH_HEADER", "beam_parts", "gcr_answers", "is_gcr_row", "parse_beam", "record_from_gcr"]
 
 ANSWER_HEADER = "# Answer:"
 PATH_HEADER = "# Reasoning Path:"
@@ -45,13 +45,42 @@ def is_gcr_row(row: dict[str, Any]) -> bool:
     return isinstance(beams, list) and any(isinstance(b, str) and ANSWER_HEADER in b for b in beams)
 
 
-def parse_beam(text: str) -> tuple[list[str], list[str]] | None:
-    """A beam's ``(path lines, answers)``: the non-empty lines of its ``# Reasoning Path:`` parts (GCR's
+def beam_parts(text: str) -> list[tuple[list[str], list[str]]]:
+    """A beam's parts, each ``(path lines, answers)``: the non-empty lines of a ``# Reasoning Path:`` part (GCR's
     ``<PATH>``/``</PATH>`` marks taken off; without a ``# Reasoning Path:`` header, the lines before ``# Answer:``
-    are the path), and the non-empty lines of its ``# Answer:`` parts; ``None`` when the beam has no ``# Answer:``
-    part or only empty ones. A header may stand anywhere in a line (the text after it counts). A header repeated
-    inside the answer part (GCR wrote ``# Answer:\\n# Answer:\\n...`` for some WebQSP questions) is a header,
-    never an answer, and a ``# Reasoning Path:`` after an answer starts another path part.
+    are the path) and of the ``# Answer:`` part after it. A header may stand anywhere in a line (the text after it
+    counts). A header repeated inside an answer part (GCR wrote ``# Answer:\\n# Answer:\\n...`` for some WebQSP
+    questions) is a header, never an answer; a ``# Reasoning Path:`` after an answer starts the next part, whose
+    answers cite its own paths. Parts without an answer are left out.
+
+    Example:
+        >>> beam_parts("# Reasoning Path:\\nA -> r -> B\\n# Answer:\\nB\\n# Reasoning Path:\\nA -> s -> C\\n# Answer: C")
+        [(['A -> r -> B'], ['B']), (['A -> s -> C'], ['C'])]
+    """
+    parts: list[tuple[list[str], list[str]]] = [([], [])]
+    # the text before a first "# Reasoning Path:" is not a path (a preamble); without one, it is the path
+    target: list[str] | None = None if PATH_HEADER in text.partition(ANSWER_HEADER)[0] else parts[-1][0]
+    for piece in _HEADERS.split(text):  # the parts between headers, wherever a header stands in its line
+        if piece == PATH_HEADER:
+            if parts[-1][1]:  # a path after an answer: the next part
+                parts.append(([], []))
+            target = parts[-1][0]
+            continue
+        if piece == ANSWER_HEADER:
+            target = parts[-1][1]
+            continue
+        for raw in piece.split("\n"):
+            line = raw.strip()
+            if target is parts[-1][0]:
+                line = line.removeprefix("<PATH>").removesuffix("</PATH>").strip()
+            if line and target is not None:
+                target.append(line)
+    return [(paths, answers) for paths, answers in parts if answers]
+
+
+def parse_beam(text: str) -> tuple[list[str], list[str]] | None:
+    """A beam's ``(path lines, answers)`` over all its parts (:func:`beam_parts`), or ``None`` when it has no
+    ``# Answer:`` part or only empty ones.
 
     Example:
         >>> parse_beam("# Reasoning Path:\\nJamaica -> lang.spoken -> Jamaican English\\n# Answer:\\nJamaican English")
@@ -61,27 +90,10 @@ def parse_beam(text: str) -> tuple[list[str], list[str]] | None:
         >>> parse_beam("# Reasoning Path:\\nA -> r -> B\\n# Answer:\\n# Answer:\\nB")
         (['A -> r -> B'], ['B'])
     """
-    lines: list[str] = []
-    answers: list[str] = []
-    # the parts between headers, wherever a header stands in its line (GCR's "<PATH>...</PATH> # Answer: X")
-    pieces = _HEADERS.split(text)
-    # the text before a first "# Reasoning Path:" is not a path (a preamble); without one, it is the path
-    part = [] if PATH_HEADER in text.partition(ANSWER_HEADER)[0] else lines
-    found = False
-    for piece in pieces:
-        if piece in (ANSWER_HEADER, PATH_HEADER):
-            found |= piece == ANSWER_HEADER
-            part = answers if piece == ANSWER_HEADER else lines
-            continue
-        for raw in piece.split("\n"):
-            s = raw.strip()
-            if part is lines:
-                s = s.removeprefix("<PATH>").removesuffix("</PATH>").strip()
-            if s:
-                part.append(s)
-    if not found or not answers:
+    parts = beam_parts(text)
+    if not parts:
         return None
-    return lines, answers
+    return [line for paths, _ in parts for line in paths], [a for _, answers in parts for a in answers]
 
 
 def gcr_answers(
@@ -104,27 +116,33 @@ def gcr_answers(
             continue
         if stats is not None:
             stats.beams += 1
-        parsed = parse_beam(beam)
-        if parsed is None:
+        parts = beam_parts(beam)
+        if not parts:
             if stats is not None:
                 stats.beams_without_answer += 1
             continue
-        path_lines, answers = parsed
-        paths = []
-        for text in path_lines or [""]:  # no path at all counts as one that did not parse
-            path = parse_path(text)
-            if path is None:
-                if stats is not None:
-                    stats.unparsed_paths += 1
-                    stats.example("unparsed", text)
-                continue
-            paths.append(path)
-        if stats is not None:
-            stats.cited_paths += len(paths)
-            stats.answers += len(answers)
-        prediction += answers
-        cited += [[list(p) for p in paths] for _ in answers]
+        for path_lines, answers in parts:  # each part's answers cite that part's paths
+            paths = _parsed_paths(path_lines, stats)
+            if stats is not None:
+                stats.cited_paths += len(paths)
+                stats.answers += len(answers)
+            prediction += answers
+            cited += [[list(p) for p in paths] for _ in answers]
     return prediction, cited
+
+
+def _parsed_paths(path_lines: list[str], stats: ImportStats | None) -> list:
+    """The paths of a part's lines that parse; no path at all counts as one that did not parse."""
+    paths = []
+    for text in path_lines or [""]:
+        path = parse_path(text)
+        if path is None:
+            if stats is not None:
+                stats.unparsed_paths += 1
+                stats.example("unparsed", text)
+            continue
+        paths.append(path)
+    return paths
 
 
 def record_from_gcr(row: dict[str, Any], *, source: str = "<record>", line: int | None = None,

@@ -89,7 +89,7 @@ def split_by_question(
     records: Sequence[KGQARecord], fractions: Sequence[float], seed: int
 ) -> dict[str, list[KGQARecord]]:
     """Train / validation / test by a seeded shuffle of the distinct question ids (each id in exactly one split)."""
-    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+    if len(fractions) != 3 or not all(0 <= f <= 1 for f in fractions) or not abs(sum(fractions) - 1) <= 1e-6:
         raise ValueError(f"fractions must be three non-negative numbers that sum to 1, got {list(fractions)}")
     ids = sorted({r.id for r in records})
     random.Random(seed).shuffle(ids)
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None, prog: str = "import-predictions") -> int
     p.add_argument("--seed", type=int, default=0, help="seed of the split by question (default: 0)")
     args = p.parse_args(argv)
     f = args.fractions
-    if any(x < 0 for x in f) or abs(sum(f) - 1) > 1e-6:
+    if not all(0 <= x <= 1 for x in f) or not abs(sum(f) - 1) <= 1e-6:  # NaN fails both
         p.error(f"--fractions must be three non-negative numbers that sum to 1, got {f}")
     # before anything is read or written: the output folder's split files are never an input, nor inside --records
     check_outputs_apart([Path(args.output) / f"{name}.jsonl" for name in SPLITS], [*args.input, args.records])
