@@ -140,8 +140,8 @@ def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
     marker, :func:`~kglightning.data.store.cache_marks.why_unmarked`): with ``replace=False`` a complete one (say,
     from a concurrent process) is kept and ours is discarded; a torn one (no ``manifest.json``) is set aside
     (``<name>.unreadable-<time>``, with a WARNING; ``kglightning cache clean`` removes it in time); with
-    ``replace=True`` a complete one is moved aside and deleted. Anything else at ``out_dir`` (a user's folder, a
-    link) is never removed nor moved.
+    ``replace=True`` a complete one is moved aside and deleted. An empty folder is taken as made ready for the build.
+    Anything else at ``out_dir`` (a user's folder, a link) is never removed nor moved.
 
     Raises:
         FileExistsError: ``out_dir`` exists and is not a build of kglightning (the message names it: move it away).
@@ -149,6 +149,8 @@ def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
     from kglightning.data.store.cache_marks import set_aside, why_unmarked
     from kglightning.data.store.temporaries import writer_temporary
 
+    if out_dir.is_dir() and not out_dir.is_symlink() and not any(out_dir.iterdir()):
+        out_dir.rmdir()  # an empty folder (made ready for the build) holds nothing to keep
     if os.path.lexists(out_dir):
         why = "it is a symbolic link" if out_dir.is_symlink() else why_unmarked(out_dir)
         if why is not None:
