@@ -170,3 +170,37 @@ def test_the_index_cache_is_private_under_a_group_writable_umask_and_read_back(t
         assert not caplog.text
     finally:
         os.umask(old)
+
+
+@pytest.mark.parametrize("error", [OSError(24, "Too many open files"), MemoryError()])
+def test_an_index_that_cannot_be_read_for_a_system_error_is_kept_and_the_error_raised(tmp_path, monkeypatch, error):
+    """Finding 6 of the second review: an error of the system (no file handles, no memory) while the cached index
+    is read says nothing about the index: it is raised as it is, and the index is not set aside."""
+    from kglightning.data.sources import triples
+
+    p = write(tmp_path, "a\tr\tb\n")
+    cache = tmp_path / "cache"
+    load_kg(p, cache_dir=cache)
+    (cached,) = cache.glob("*.arrow")
+
+    def fail(path):
+        raise error
+
+    monkeypatch.setattr(triples, "_read_index", fail)
+    with pytest.raises(type(error)):
+        load_kg(p, cache_dir=cache)
+    assert cached.is_file() and not list(cache.glob("*.unreadable-*"))
+
+
+def test_an_index_of_a_release_before_markers_is_marked_when_read(tmp_path):
+    """Finding 8: an index that a run reads whole and trusts, but that carries no marker, is marked then, so that
+    `kglightning cache clean` can remove it in time."""
+    from kglightning.data.store.cache_marks import is_marked, marker_of
+
+    p = write(tmp_path, "a\tr\tb\n")
+    cache = tmp_path / "cache" / "kg"
+    load_kg(p, cache_dir=cache)
+    (cached,) = cache.glob("*.arrow")
+    marker_of(cached).unlink()
+    load_kg(p, cache_dir=cache)
+    assert is_marked(cached)

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
-from kglightning.data.store.cache import files_stamp, warn_once
+from kglightning.data.store.cache import files_stamp, folder_files, warn_once
 from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.record_lock import first_reader
 from kglightning.data.store.record_store import (
@@ -335,12 +335,12 @@ def _dataset_folder(
     """The store of a dataset folder's or a hub dataset's split, and the split opened when it had to be (``None``
     otherwise, or when it cannot be: the read says why). A dataset folder is keyed by the bytes of its files
     (:func:`~kglightning.data.store.cache.files_stamp`: a file changed in place, whatever its modification time,
-    is another store), without opening it; a hub dataset by its ``datasets`` fingerprint (``None`` for a streamed
+    is another store; files in linked folders, a split folder that is a link, count as the reader sees them),
+    without opening it; a hub dataset by its ``datasets`` fingerprint (``None`` for a streamed
     one, or below the threshold)."""
     if not (isinstance(path, str) and path.startswith(HF_PREFIX)):
         p = Path(path)
-        files = [f for f in p.rglob("*") if f.is_file() and not any(s.startswith(".") for s in f.relative_to(p).parts)]
-        size = sum(f.stat().st_size for f in files)
+        size = sum(f.stat().st_size for _, f in folder_files(p)[0])  # links followed, as the key's walk does
         return None, dataset_store_folder(f"files:{files_stamp(p)}", size, split, on_bad_record, limit)
     try:
         opened = _open_dataset(path, split)

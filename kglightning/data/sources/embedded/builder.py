@@ -126,8 +126,16 @@ def summarize(kg: KnowledgeGraph, splits: dict[str, list[dict[str, Any]]], seed:
     }
 
 
+def _new_file(path: Path):
+    """A new text file at ``path`` (in the build's own folder), ``0644`` less the umask: no umask makes a file of
+    the benchmark writable by the group or others, which its reader would refuse (and build it again)."""
+    from kglightning.data.store.owned_files import create_new
+
+    return os.fdopen(create_new(path, 0o644), "w", encoding="utf-8", newline="\n")
+
+
 def _write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+    with _new_file(path) as f:
         for r in records:
             f.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")))
             f.write("\n")
@@ -275,7 +283,8 @@ def build_embedded_benchmark(
     try:
         for s in SPLITS:
             _write_jsonl(tmp / f"{s}.jsonl", splits[s])
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
+        with _new_file(tmp / "manifest.json") as f:
+            f.write(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
         os.chmod(tmp, 0o755)
         _publish(tmp, out_dir, replace)
     finally:
