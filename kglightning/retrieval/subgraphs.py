@@ -28,8 +28,7 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.sources.loaders import read_records, write_records
 from kglightning.data.store.cache import content_digest, untrusted, untrusted_above
-from kglightning.data.store.cache_marks import adopt, entry_holding, mark_file, set_aside, touch
-from kglightning.data.store.entry_errors import damage
+from kglightning.data.store.cache_marks import adopt, damage, entry_holding, mark_file, set_aside, touch
 from kglightning.fileio import write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever
 
@@ -131,12 +130,13 @@ class PCSTSubgraphs:
             write_records(out, path)
             stats = {"kg": self.kg, "retriever": repr(retriever), **summary}
             write_text_atomic(stats_path, json.dumps(stats, indent=2))
+            os.chmod(stats_path, 0o644)  # whatever the umask: no file of the cache is writable by others
         return out
 
 
 def _read_cut(path: Path) -> list[KGQARecord] | None:
     """The records of the cached cut ``path``, or ``None`` when it is damaged (cut short, not JSON, a record that
-    fails validation: :func:`~kglightning.data.store.entry_errors.damage`), which is set aside (with a WARNING) to
+    fails validation: :func:`~kglightning.data.store.cache_marks.damage`), which is set aside (with a WARNING) to
     be cut again; an error of the system (no memory, no file handles, an I/O error) is raised as it is."""
     try:
         return list(read_records(path))

@@ -121,3 +121,16 @@ def test_the_embedded_benchmark_is_neither_read_nor_built_in_a_root_others_can_w
     with pytest.raises(PermissionError, match=f"{root} is not trusted .*writable by other users.*chmod go-w"):
         embedded.ensure_embedded_benchmark(seed=0)
     assert list(root.iterdir()) == []
+
+
+def test_a_build_into_a_cache_folder_others_can_write_is_refused_before_it_starts(tmp_path, monkeypatch):
+    from kglightning.data.sources.embedded import builder
+
+    root = tmp_path / "shared"
+    root.mkdir()
+    os.chmod(root, 0o775)
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(root))
+    monkeypatch.setattr(builder, "build_knowledge_graph", lambda: pytest.fail("built"))
+    with pytest.raises(PermissionError, match="builds nothing in a cache folder other users could change"):
+        builder.build_embedded_benchmark(root / "embedded-v1-seed0")
+    assert list(root.iterdir()) == []

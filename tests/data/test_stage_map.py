@@ -135,15 +135,26 @@ def test_a_stored_piece_cut_short_or_unreadable_is_mapped_again(tmp_path, caplog
     assert len(list(folder.glob("piece-*.arrow.unreadable-*"))) == 2  # set aside in the entry, not lost unseen
 
 
-def _damage_metadata(piece) -> None:
-    """Make the piece's ``huggingface`` schema metadata undecodable (a byte that is not UTF-8), the file otherwise
-    whole: ``datasets`` raises ``UnicodeDecodeError`` (or ``JSONDecodeError``) while it reads the schema."""
+def _damage_metadata(piece, how: str) -> None:
+    """Damage the piece's ``huggingface`` schema metadata, the file otherwise whole: a byte that is not UTF-8, a
+    brace gone (not JSON), or JSON of the wrong shape; ``datasets`` raises ``UnicodeDecodeError``,
+    ``JSONDecodeError`` or ``TypeError`` while it reads the schema."""
+    import pyarrow as pa
+
+    if how == "wrong shape":
+        table = pa.ipc.open_stream(pa.memory_map(str(piece))).read_all()
+        table = table.replace_schema_metadata({"huggingface": '{"info": 5}'})
+        with pa.OSFile(str(piece), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return
     raw = piece.read_bytes()
     at = raw.index(b'"features"')
-    piece.write_bytes(raw[:at] + b"\xff" + raw[at + 1 :])
+    piece.write_bytes(raw[:at] + (b"\xff" if how == "not UTF-8" else b" ") + raw[at + 1 :])
 
 
-def test_a_piece_whose_schema_metadata_is_damaged_is_set_aside_and_mapped_again(tmp_path, caplog):
+@pytest.mark.parametrize(("how", "error"), [("not UTF-8", "UnicodeDecodeError"), ("not JSON", "JSONDecodeError"),
+                                            ("wrong shape", "TypeError")])  # fmt: skip
+def test_a_piece_whose_schema_metadata_is_damaged_is_set_aside_and_mapped_again(tmp_path, caplog, how, error):
     """Finding 4 of the second review: datasets raises UnicodeDecodeError or JSONDecodeError on a piece whose schema
     metadata is damaged; the run stopped there every time, and nothing was set aside."""
     import logging
@@ -151,13 +162,13 @@ def test_a_piece_whose_schema_metadata_is_damaged_is_set_aside_and_mapped_again(
     folder = tmp_path / "stage"
     cached_map(_ds(12), _square, FEATURES, folder, state={"seen": []}, piece=6, batch_size=2, progress=False)
     first = sorted(folder.glob("piece-*.arrow"))[0]
-    _damage_metadata(first)
+    _damage_metadata(first, how)
     again = {"seen": []}
     with caplog.at_level(logging.WARNING):
         out = cached_map(_ds(12), _square, FEATURES, folder, state=again, piece=6, batch_size=2, progress=False)
     assert list(out["y"]) == [x * x for x in range(12)] and sorted(again["seen"]) == list(range(6))
     (aside,) = folder.glob(f"{first.name}.unreadable-*")
-    assert "UnicodeDecodeError" in caplog.text and aside.name in caplog.text
+    assert error in caplog.text and aside.name in caplog.text
 
 
 def test_a_piece_that_cannot_be_read_for_a_system_error_is_kept_and_the_error_raised(tmp_path, monkeypatch):

@@ -91,6 +91,17 @@ def _foreign_arrow() -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def _impostor(cached) -> bytes:
+    """A file with the index's schema metadata whose columns are not lists (a reader of ``.values`` fails with
+    AttributeError, not a ValueError): damage all the same, set aside."""
+    table = pa.table({name: [1] for name in ("entities", "relations", "head", "relation", "tail")})
+    table = table.replace_schema_metadata(pa.ipc.open_file(pa.py_buffer(cached.read_bytes())).schema.metadata)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
 def _out_of_range(cached) -> bytes:
     """The index as written, with a tail id past the last entity (a file altered by someone else)."""
     table = pa.ipc.open_file(pa.py_buffer(cached.read_bytes())).read_all()
@@ -102,14 +113,15 @@ def _out_of_range(cached) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-@pytest.mark.parametrize("content", ["empty", "torn", "pickle", "foreign", "out of range"])
+@pytest.mark.parametrize("content", ["empty", "torn", "pickle", "foreign", "out of range", "impostor"])
 def test_an_unreadable_index_cache_is_rebuilt_with_a_warning(tmp_path, caplog, content):
     p = write(tmp_path, "a\tr\tb\nb\ts\tc\n")
     cache = tmp_path / "cache"
     kg = load_kg(p, cache_dir=cache)
     (cached,) = cache.glob("*.arrow")
     planted = {"empty": lambda: b"", "torn": lambda: cached.read_bytes()[:-40], "foreign": _foreign_arrow,
-               "pickle": lambda: pickle.dumps({"not": "an index"}), "out of range": lambda: _out_of_range(cached)}  # fmt: skip
+               "pickle": lambda: pickle.dumps({"not": "an index"}), "out of range": lambda: _out_of_range(cached),
+               "impostor": lambda: _impostor(cached)}  # fmt: skip
     cached.write_bytes(planted[content]())
     with caplog.at_level(logging.WARNING):
         again = load_kg(p, cache_dir=cache)

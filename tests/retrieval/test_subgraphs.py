@@ -228,3 +228,16 @@ def test_a_cut_of_a_release_before_markers_is_marked_when_read(tmp_path, encoder
     monkeypatch.setattr(PCSTRetriever, "retrieve_record", lambda *a: pytest.fail("cut again"))
     _source(encoder, tmp_path).apply(records, path)
     assert is_marked(path) and is_marked(stats)
+
+
+def test_no_file_of_a_cut_is_writable_by_others_whatever_the_umask(tmp_path, encoder, monkeypatch):
+    from kglightning.data.records import KGQARecord
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "cache" / "pcst_subgraphs" / "train-abc.jsonl"
+    old = os.umask(0o002)
+    try:
+        _source(encoder, tmp_path).apply([KGQARecord.from_dict(_record("q1"))], path)
+    finally:
+        os.umask(old)
+    assert all(p.stat().st_mode & 0o022 == 0 for p in path.parent.iterdir())

@@ -465,10 +465,11 @@ def _log_summary(out: RecordList) -> None:
 
 def write_records(records: Iterable[KGQARecord | Mapping[str, Any]], path: str | os.PathLike) -> int:
     """Write records as UTF-8 ``.jsonl`` (non-ASCII kept as is), atomically: a temporary file
-    (``.<name>.<host>.<pid>.tmp``), then ``os.replace``. A temporary that a killed writer left beside ``path`` is
+    (``.<name>.kgl-<host>.<pid>.tmp``), then ``os.replace``. A temporary that a killed writer left beside ``path`` is
     removed by the next write of ``path`` (:func:`~kglightning.data.store.temporaries.writer_temporary`): only one
-    of this host, of that exact name, whose process is gone and in which nothing was written for ten minutes;
-    nothing else beside ``path`` is ever removed (a user's ``.preds.jsonl.backup.tmp`` is theirs).
+    of that exact name, of this host whose process is gone and in which nothing was written for ten minutes, or of
+    another host (with the ``kgl-`` token) in which nothing was written for a day; nothing else beside ``path`` is
+    ever removed (a user's ``.preds.jsonl.backup.tmp`` is theirs).
 
     Args:
         records: :class:`KGQARecord` objects, or dicts (validated with :meth:`KGQARecord.from_dict` first).
@@ -489,7 +490,7 @@ def write_records(records: Iterable[KGQARecord | Mapping[str, Any]], path: str |
         raise ValueError(f"{p}: write_records writes .jsonl only")
     p.parent.mkdir(parents=True, exist_ok=True)
     mode = p.stat().st_mode & 0o777 if p.exists() else 0o644  # the result's mode, whatever the umask
-    tmp = writer_temporary(p, "a records writer")  # .<name>.<host>.<pid>.tmp: the next writer removes it if killed
+    tmp = writer_temporary(p, "a records writer")  # .<name>.kgl-<host>.<pid>.tmp: the next writer removes it if killed
     fd = create_new(tmp)  # a new file (0600 until the mode below), never written through a name someone prepared
     n = 0
     try:

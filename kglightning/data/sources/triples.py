@@ -14,7 +14,7 @@ carries kglightning's marker beside it (:mod:`~kglightning.data.store.cache_mark
 markers gets it when it is next read whole), and is read only when it passes
 :func:`~kglightning.data.store.cache.untrusted` and a full Arrow validation; one that fails, or is damaged, is moved
 aside (with a WARNING) and the KG indexed again, while an error of the system (no memory, no file handles, an I/O
-error: :func:`~kglightning.data.store.entry_errors.system_error`) is raised as it is and the index kept. A cache folder that fails the check (another user's, or writable by others) is
+error: :func:`~kglightning.data.store.cache_marks.system_error`) is raised as it is and the index kept. A cache folder that fails the check (another user's, or writable by others) is
 neither read nor written: the KG is indexed each time, with a WARNING once.
 """
 
@@ -37,8 +37,7 @@ from kglightning.data.store.cache import (
     untrusted_above,
     warn_once,
 )
-from kglightning.data.store.cache_marks import adopt, mark_file, set_aside, touch
-from kglightning.data.store.entry_errors import damage
+from kglightning.data.store.cache_marks import adopt, damage, mark_file, set_aside, touch
 from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.temporaries import writer_temporary
 

@@ -21,6 +21,10 @@ skipped with the reason. An entry written before markers existed gets its marker
 finds it whole and trusted (:func:`adopt`). The marker's modification time is the entry's last
 use: set when it is written, and moved forward when the entry is read (:func:`touch`, at most once an hour), so that
 ``clean --older-than`` removes what no run has read for that long.
+
+A reader that finds an entry damaged moves it out of the way (:func:`set_aside`) and builds it again; an error of
+the system while it reads (no memory, no file handles, an I/O error) says nothing about the entry, which is kept,
+and the error raised as it is (:func:`damage` and :func:`system_error` tell them apart).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = [
     "LEGACY_KINDS",
     "MARK",
     "adopt",
+    "damage",
     "entry_folder",
     "entry_holding",
     "is_marked",
@@ -50,6 +55,7 @@ __all__ = [
     "mark_folder",
     "marker_of",
     "set_aside",
+    "system_error",
     "touch",
     "why_unmarked",
 ]
@@ -229,3 +235,31 @@ def set_aside(entry: str | os.PathLike, why: str) -> Path | None:
             sidecar.rename(marker_of(aside, folder=False))
     log.warning("cache entry %s %s; moved to %s and built again", p, why, aside.name)
     return aside
+
+
+def system_error(err: BaseException) -> bool:
+    """Whether ``err``, raised while a cache entry was read, is the system's (memory, file handles, an I/O error, a
+    full disk: an ``OSError`` with an ``errno``; the entry is kept and read again later) rather than the entry's
+    damage (set aside and written again): pyarrow tells a stream cut short as an ``OSError`` without ``errno``, and a
+    file missing from an entry (a torn record store) is damage too."""
+    if isinstance(err, MemoryError):
+        return True
+    return isinstance(err, OSError) and err.errno is not None and not isinstance(err, FileNotFoundError)
+
+
+def damage(err: BaseException) -> bool:
+    """Whether ``err``, raised by a reader that does nothing but read a cache entry, is the entry's damage (it is set
+    aside and built again) rather than the system's (:func:`system_error`: raised as it is, nothing set aside):
+    every other ``Exception``, as the record store has always told them apart. That is a ``ValueError`` (pyarrow's
+    ``ArrowInvalid``, a ``JSONDecodeError``, a ``UnicodeDecodeError``, a
+    :class:`~kglightning.data.records.RecordError`), an ``OSError`` without an ``errno`` (a stream cut short) or a
+    missing file, another error of pyarrow's, and the ``TypeError`` or ``KeyError`` of a parser that meets
+    well-formed JSON of the wrong shape (``datasets`` reading a piece's schema metadata).
+
+    Example:
+        >>> damage(UnicodeDecodeError("utf-8", b"\\xff", 0, 1, "invalid start byte")), damage(TypeError("int"))
+        (True, True)
+        >>> damage(OSError(24, "Too many open files")), damage(MemoryError()), damage(KeyboardInterrupt())
+        (False, False, False)
+    """
+    return isinstance(err, Exception) and not system_error(err)

@@ -72,15 +72,13 @@ from kglightning.data.store.cache import (
     untrusted_above,
     warn_once,
 )
-from kglightning.data.store.cache_marks import adopt, mark_folder, set_aside, touch
-from kglightning.data.store.entry_errors import damage, system_error
+from kglightning.data.store.cache_marks import adopt, mark_folder, set_aside, system_error, touch
 from kglightning.data.store.mapped_pages import release_array
 from kglightning.data.store.temporaries import writer_temporary
 from kglightning.data.triple_array import TripleArray, Vocab
 
 __all__ = [
     "content_digest",
-    "damage",
     "dataset_store_folder",
     "load_store",
     "set_store_aside",

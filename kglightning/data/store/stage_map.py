@@ -52,9 +52,8 @@ import pyarrow as pa
 import torch
 
 from kglightning.data.store.cache import private_dir, untrusted, untrusted_above
-from kglightning.data.store.cache_marks import entry_folder, entry_holding, set_aside, touch
+from kglightning.data.store.cache_marks import damage, entry_folder, entry_holding, set_aside, touch
 from kglightning.data.store.cache_pins import pin, unpin
-from kglightning.data.store.entry_errors import damage
 
 __all__ = [
     "cached_map",
@@ -267,7 +266,7 @@ def cached_map(
                     num_proc=procs if procs > 1 else None,
                 )  # fmt: skip
                 stored = name is not None and any(name.parent.glob(f"{name.stem}*{name.suffix}"))
-                why, done = (_refused_piece(name) or _unreadable_piece(name)) if stored else None, None
+                why, done = _refused_piece(name) if stored else None, None
                 try:
                     done = part.map(function, **kwargs) if why is None else None
                 except (pa.ArrowInvalid, OSError) as err:  # a stored piece that cannot be read: mapped again
@@ -318,29 +317,22 @@ def _open_folder(folder: Path) -> Path | None:
 
 
 def _refused_piece(name: Path) -> str | None:
-    """Why the stored files of the piece ``name`` must not be read (another user's, or writable by others), or
-    ``None``."""
-    for p in name.parent.glob(f"{name.stem}*{name.suffix}"):
-        why = untrusted(p, alone=True)
-        if why is not None:
-            return f"is not trusted ({why})"
-    return None
-
-
-def _unreadable_piece(name: Path) -> str | None:
-    """Why the stored files of the piece ``name`` cannot be read as ``datasets`` files (damage: a stream cut short,
-    schema metadata that is not UTF-8 or not JSON, ...), or ``None``; an error of the system (no memory, no file
-    handles, an I/O error: :func:`~kglightning.data.store.entry_errors.system_error`) is raised as it is."""
+    """Why the stored files of the piece ``name`` must not be read, or ``None``: another user's or writable by others,
+    or damaged (they cannot be opened as ``datasets`` files: a stream cut short, schema metadata that is not UTF-8,
+    not JSON or not of its shape). An error of the system (no memory, no file handles, an I/O error:
+    :func:`~kglightning.data.store.cache_marks.system_error`) is raised as it is."""
     import datasets
 
-    for p in sorted(name.parent.glob(f"{name.stem}*{name.suffix}")):
+    files = sorted(name.parent.glob(f"{name.stem}*{name.suffix}"))
+    why = next((f"is not trusted ({w})" for w in (untrusted(p, alone=True) for p in files) if w is not None), None)
+    for p in files if why is None else ():
         try:
             datasets.Dataset.from_file(str(p))
         except Exception as err:
             if not damage(err):
                 raise
             return f"cannot be read ({type(err).__name__}: {err})"
-    return None
+    return why
 
 
 def _damaged(done: Any) -> str | None:

@@ -102,7 +102,7 @@ def _private_root(root: Path) -> None:
     with contextlib.suppress(OSError):  # a read-only file system: a build that is there may still be read
         private_dir(root)
     try:
-        why = untrusted(root, alone=True)
+        why = untrusted(root.resolve(), alone=True)  # (the root may be a link, as ~/.cache often is)
     except OSError as err:
         why = str(err)
     if why is not None:
@@ -141,7 +141,7 @@ def ensure_embedded_benchmark(root: str | Path | None = None, seed: int = 0, pro
     if _complete(folder):
         why = _refused(folder)
         if why is None:
-            if _older_build(folder, seed):
+            if not is_marked(folder) and _older_build(folder, seed):
                 adopt(folder)  # an earlier release's build, trusted and whole: marked now, so clean can see it
             touch(folder)  # used now: what `kglightning cache clean --older-than` removes last
             return folder

@@ -218,7 +218,7 @@ def make_records(
 
 
 def _build_folder(out_dir: Path) -> Path:
-    """A new folder beside ``out_dir`` to build into (``.<name>.<host>.<pid>.tmp``), holding kglightning's marker
+    """A new folder beside ``out_dir`` to build into (``.<name>.kgl-<host>.<pid>.tmp``), holding kglightning's marker
     (a build of kglightning, which a later build may replace and, in the cache, ``kglightning cache clean`` may
     remove), after removing the ones that killed builds left there, and the old builds they had moved aside
     (:func:`~kglightning.data.store.temporaries.writer_temporary`)."""
@@ -234,7 +234,11 @@ def _build_folder(out_dir: Path) -> Path:
 
 def make_parent(out_dir: Path) -> None:
     """Create ``out_dir``'s missing parent folders: ``0700`` inside the kglightning cache (its root included, which the
-    embedded benchmark is often the first to need), with the umask's mode elsewhere.
+    embedded benchmark is often the first to need, whatever the folder above it), with the umask's mode elsewhere.
+
+    Raises:
+        PermissionError: ``out_dir`` is in the cache and its folder belongs to another user or others can write it
+            (:func:`~kglightning.data.store.cache.untrusted`): a build there would be refused by its reader.
 
     Example:
         >>> import os, stat, tempfile
@@ -244,11 +248,17 @@ def make_parent(out_dir: Path) -> None:
         '0o700'
         >>> del os.environ["KGLIGHTNING_CACHE"]
     """
-    from kglightning.data.store.cache import default_cache_root, private_dir
+    from kglightning.data.store.cache import default_cache_root, private_dir, untrusted
 
     root = default_cache_root().expanduser().resolve()
     if out_dir.parent == root or root in out_dir.parents:
         private_dir(out_dir.parent)
+        why = untrusted(out_dir.parent)
+        if why is not None:
+            raise PermissionError(
+                f"{out_dir.parent} is not trusted ({why}): kglightning builds nothing in a cache "
+                "folder other users could change; make it private (chmod go-w) or build elsewhere"
+            )
     else:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
 
