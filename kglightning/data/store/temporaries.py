@@ -37,6 +37,7 @@ from kglightning.data.store.owned_files import refusal
 __all__ = [
     "MARK",
     "TOKEN",
+    "Temporary",
     "is_temporary",
     "other_host_temporary",
     "parse_temporary",
