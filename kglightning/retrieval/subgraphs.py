@@ -28,7 +28,7 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.data.sources.loaders import read_records, write_records
 from kglightning.data.store.cache import content_digest, untrusted, untrusted_above
-from kglightning.data.store.cache_marks import entry_holding, mark_file, set_aside, touch
+from kglightning.data.store.cache_marks import adopt, damage, entry_holding, mark_file, set_aside, touch
 from kglightning.fileio import write_text_atomic
 from kglightning.retrieval.pcst import PCSTRetriever
 
@@ -103,16 +103,19 @@ class PCSTSubgraphs:
         """The records with PCST graphs, read from ``cache_file`` when it exists and written there otherwise. The
         cache is used only in a folder that :func:`~kglightning.data.store.cache.untrusted` passes (else the graphs
         are cut and not kept, with a WARNING), and a file there is read only when it passes too (else it is set
-        aside and cut again)."""
+        aside and cut again); a damaged file (cut short, a line that is not a valid record) is set aside and cut
+        again too, with a WARNING, while an error of the system (no memory, no file handles) is raised as it is."""
         path = Path(cache_file) if cache_file is not None and self.use_cache else None
         path = path if path is not None and _usable(path) else None
         stats_path = None if path is None else path.with_suffix(".stats.json")
-        if path is not None and path.is_file():
-            cached = list(read_records(path))
+        cached = _read_cut(path) if path is not None and path.is_file() else None
+        if path is not None and cached is not None:
             if [r.id for r in cached] == [r.id for r in records]:
                 log.info("PCST subgraphs read from %s", path)
-                for p in (path, stats_path):  # cache entries' use (when they are): what `kglightning cache clean`
-                    touch(p)  # removes last; the statistics with the subgraphs they describe
+                for p in (path, stats_path):  # cache entries (when they are): a cut of a release before markers is
+                    if entry_holding(p) == p:  # marked now; their use is what `kglightning cache clean` removes last
+                        adopt(p)
+                    touch(p)
                 return cached
             log.warning("%s does not hold the same questions; cutting the subgraphs again", path)
         retriever = self.retriever
@@ -127,7 +130,21 @@ class PCSTSubgraphs:
             write_records(out, path)
             stats = {"kg": self.kg, "retriever": repr(retriever), **summary}
             write_text_atomic(stats_path, json.dumps(stats, indent=2))
+            os.chmod(stats_path, 0o644)  # whatever the umask: no file of the cache is writable by others
         return out
+
+
+def _read_cut(path: Path) -> list[KGQARecord] | None:
+    """The records of the cached cut ``path``, or ``None`` when it is damaged (cut short, not JSON, a record that
+    fails validation: :func:`~kglightning.data.store.cache_marks.damage`), which is set aside (with a WARNING) to
+    be cut again; an error of the system (no memory, no file handles, an I/O error) is raised as it is."""
+    try:
+        return list(read_records(path))
+    except Exception as err:
+        if not damage(err):
+            raise
+        set_aside(path, f"cannot be read as PCST subgraphs ({type(err).__name__}: {err})")
+        return None
 
 
 def _usable(path: Path) -> bool:

@@ -64,7 +64,7 @@ def _memo_temporary(path: Path, root: Path) -> Path:
     st = path.stat()
     stamp = f"{path.resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
     memo = hashlib.sha1(stamp.encode()).hexdigest()[:20]
-    return root / "records" / "stamps" / f".{memo}.{socket.gethostname()}.{os.getpid()}.tmp"
+    return root / "records" / "stamps" / f".{memo}.kgl-{socket.gethostname()}.{os.getpid()}.tmp"
 
 
 @pytest.mark.parametrize("shared", [True, False])

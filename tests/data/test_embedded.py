@@ -204,6 +204,88 @@ def test_a_built_folder_others_can_write_is_not_read(tmp_path, monkeypatch, mark
     )
 
 
+def test_a_build_under_a_group_writable_umask_is_trusted_and_built_once(tmp_path, monkeypatch):
+    """Finding 2 of the second review: under umask 002 the builder wrote its files 0664, so its own reader refused
+    the build, set it aside and built again on every call (10-15 s and 114 MB left each time)."""
+    import os
+
+    calls = []
+    full = embedded.generate_questions(embedded.build_knowledge_graph())
+    monkeypatch.setattr(builder, "generate_questions", lambda kg: full[::7][:60])  # a small build, the real writer
+
+    def counted(out_dir, seed=0, progress=True, replace=True):
+        calls.append(seed)
+        return builder.build_embedded_benchmark(out_dir, seed=seed, progress=False, replace=replace, workers=1)
+
+    monkeypatch.setattr(embedded, "build_embedded_benchmark", counted)
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    old = os.umask(0o002)
+    try:
+        folder = embedded.ensure_embedded_benchmark(seed=0, progress=False)
+        assert embedded.ensure_embedded_benchmark(seed=0, progress=False) == folder
+    finally:
+        os.umask(old)
+    assert calls == [0]
+    assert all(p.stat().st_mode & 0o022 == 0 for p in folder.iterdir())
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [folder.name]  # nothing set aside
+
+
+def _older_build(folder: Path, seed: int = 0, version: str | None = None) -> None:
+    """A complete build of a release before markers: the files, and kglightning's manifest, no marker."""
+    folder.mkdir(parents=True)
+    for s in SPLITS:
+        (folder / f"{s}.jsonl").write_text("{}\n")
+    manifest = {"name": "kglightning-embedded", "builder_version": version or embedded.VERSION, "seed": seed}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_an_older_build_that_cannot_be_trusted_is_moved_aside_and_built_again(tmp_path, monkeypatch, caplog):
+    """Finding 2: after an upgrade under umask 002, the older build (no marker, files 0664) stopped every run with
+    FileExistsError. Its manifest says it is kglightning's: it is moved aside with a WARNING naming it."""
+    import os
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path))
+    folder = tmp_path / f"embedded-v{embedded.VERSION}-seed0"
+    _older_build(folder)
+    for p in folder.iterdir():
+        os.chmod(p, 0o664)
+
+    def fake_build(out_dir, seed=0, progress=True, replace=True):
+        _older_build(Path(out_dir))
+
+    monkeypatch.setattr(embedded, "build_embedded_benchmark", fake_build)
+    with caplog.at_level(logging.WARNING):
+        assert embedded.ensure_embedded_benchmark(seed=0) == folder
+    (aside,) = tmp_path.glob(f"{folder.name}.unmarked-*")
+    assert (aside / "train.jsonl").exists() and str(aside) in caplog.text and "delete it" in caplog.text
+    assert "writable by other users" in caplog.text
+
+
+def test_an_older_build_that_can_be_trusted_is_marked_and_used(tmp_path, monkeypatch):
+    from kglightning.data.store.cache_marks import is_marked
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path))
+    folder = tmp_path / f"embedded-v{embedded.VERSION}-seed0"
+    _older_build(folder)
+    monkeypatch.setattr(embedded, "build_embedded_benchmark", lambda *a, **k: pytest.fail("built again"))
+    assert embedded.ensure_embedded_benchmark(seed=0) == folder and is_marked(folder)
+
+
+@pytest.mark.parametrize("content", ["notes", "another manifest"])
+def test_a_folder_that_is_no_build_of_kglightning_stops_the_run_before_building(tmp_path, monkeypatch, content):
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path))
+    folder = tmp_path / f"embedded-v{embedded.VERSION}-seed0"
+    folder.mkdir()
+    if content == "notes":
+        (folder / "notes.txt").write_text("mine")
+    else:
+        (folder / "manifest.json").write_text(json.dumps({"name": "kglightning-embedded", "seed": 7}))
+    monkeypatch.setattr(embedded, "build_embedded_benchmark", lambda *a, **k: pytest.fail("built"))
+    with pytest.raises(FileExistsError, match=f"{folder} exists and is not a build of kglightning"):
+        embedded.ensure_embedded_benchmark(seed=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [folder.name]
+
+
 # ------------------------------------------------------------------------------------------ the full build
 
 

@@ -273,3 +273,34 @@ def test_a_store_cut_short_is_set_aside_and_written_again(cache, tmp_path, caplo
         again = read_records(path)
     assert len(again) == 40 and again.store == folder and "cannot be read as a record store" in caplog.text
     assert list(folder.parent.glob(f"{folder.name}.unreadable-*")) and (folder / name).read_bytes() == raw
+
+
+def test_a_store_of_a_release_before_markers_is_marked_when_read_and_then_cleaned(cache, tmp_path, capsys):
+    """Finding 8 of the second review: a store written before markers existed was read on every run but never
+    marked, so `clean` could never remove it. A read that checks it whole and trusted marks it."""
+    from kglightning.data.store.cache_admin import main
+    from kglightning.data.store.cache_marks import is_marked
+
+    data = _write(tmp_path / "q.jsonl")
+    read_records(data)
+    (store,) = _stores(cache)
+    (store / ".kglightning-entry").unlink()  # as a release before markers wrote it
+    main(["list"])
+    assert "(unmarked" in capsys.readouterr().out
+    assert len(read_records(data)) == 6 and read_records(data).store == store
+    assert is_marked(store)
+    main(["clean", "--older-than", "0"])
+    assert f"removed {store}" in capsys.readouterr().out and not store.exists()
+
+
+def test_a_store_that_fails_its_check_is_never_marked(cache, tmp_path):
+    from kglightning.data.store.cache_marks import why_unmarked
+
+    data = _write(tmp_path / "q.jsonl")
+    read_records(data)
+    (store,) = _stores(cache)
+    (store / ".kglightning-entry").unlink()
+    os.chmod(store / "records.arrow", 0o666)  # anyone could have rewritten it: not trusted, never adopted
+    read_records(data)
+    (aside,) = (cache / "records").glob(f"{store.name}.unreadable-*")
+    assert why_unmarked(aside) == "" and why_unmarked(store) is None  # set aside unmarked; the new store marked

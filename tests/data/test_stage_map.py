@@ -131,7 +131,63 @@ def test_a_stored_piece_cut_short_or_unreadable_is_mapped_again(tmp_path, caplog
     with caplog.at_level(logging.WARNING):
         out = cached_map(_ds(12), _square, FEATURES, folder, state=again, piece=6, batch_size=2, progress=False)
     assert list(out["y"]) == [x * x for x in range(12)]
-    assert sorted(again["seen"]) == list(range(12)) and caplog.text.count("mapping it again") == 2
+    assert sorted(again["seen"]) == list(range(12)) and caplog.text.count("built again") == 2
+    assert len(list(folder.glob("piece-*.arrow.unreadable-*"))) == 2  # set aside in the entry, not lost unseen
+
+
+def _damage_metadata(piece, how: str) -> None:
+    """Damage the piece's ``huggingface`` schema metadata, the file otherwise whole: a byte that is not UTF-8, a
+    brace gone (not JSON), or JSON of the wrong shape; ``datasets`` raises ``UnicodeDecodeError``,
+    ``JSONDecodeError`` or ``TypeError`` while it reads the schema."""
+    import pyarrow as pa
+
+    if how == "wrong shape":
+        table = pa.ipc.open_stream(pa.memory_map(str(piece))).read_all()
+        table = table.replace_schema_metadata({"huggingface": '{"info": 5}'})
+        with pa.OSFile(str(piece), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return
+    raw = piece.read_bytes()
+    at = raw.index(b'"features"')
+    piece.write_bytes(raw[:at] + (b"\xff" if how == "not UTF-8" else b" ") + raw[at + 1 :])
+
+
+@pytest.mark.parametrize(("how", "error"), [("not UTF-8", "UnicodeDecodeError"), ("not JSON", "JSONDecodeError"),
+                                            ("wrong shape", "TypeError")])  # fmt: skip
+def test_a_piece_whose_schema_metadata_is_damaged_is_set_aside_and_mapped_again(tmp_path, caplog, how, error):
+    """Finding 4 of the second review: datasets raises UnicodeDecodeError or JSONDecodeError on a piece whose schema
+    metadata is damaged; the run stopped there every time, and nothing was set aside."""
+    import logging
+
+    folder = tmp_path / "stage"
+    cached_map(_ds(12), _square, FEATURES, folder, state={"seen": []}, piece=6, batch_size=2, progress=False)
+    first = sorted(folder.glob("piece-*.arrow"))[0]
+    _damage_metadata(first, how)
+    again = {"seen": []}
+    with caplog.at_level(logging.WARNING):
+        out = cached_map(_ds(12), _square, FEATURES, folder, state=again, piece=6, batch_size=2, progress=False)
+    assert list(out["y"]) == [x * x for x in range(12)] and sorted(again["seen"]) == list(range(6))
+    (aside,) = folder.glob(f"{first.name}.unreadable-*")
+    assert error in caplog.text and aside.name in caplog.text
+
+
+def test_a_piece_that_cannot_be_read_for_a_system_error_is_kept_and_the_error_raised(tmp_path, monkeypatch):
+    """An error of the system (no file handles, no memory) says nothing about the piece: it is raised as it is,
+    and nothing is set aside or mapped again."""
+    import errno
+
+    folder = tmp_path / "stage"
+    cached_map(_ds(12), _square, FEATURES, folder, state={"seen": []}, piece=6, batch_size=2, progress=False)
+    pieces = sorted(folder.glob("piece-*.arrow"))
+
+    def no_handles(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(datasets.Dataset, "from_file", no_handles)
+    again = {"seen": []}
+    with pytest.raises(OSError, match="Too many open files"):
+        cached_map(_ds(12), _square, FEATURES, folder, state=again, piece=6, batch_size=2, progress=False)
+    assert sorted(folder.glob("piece-*")) == pieces and again["seen"] == []  # neither set aside nor mapped again
 
 
 def test_shard_parts_are_datasets_contiguous_shards_and_their_recorded_bounds():

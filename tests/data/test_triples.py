@@ -91,6 +91,17 @@ def _foreign_arrow() -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def _impostor(cached) -> bytes:
+    """A file with the index's schema metadata whose columns are not lists (a reader of ``.values`` fails with
+    AttributeError, not a ValueError): damage all the same, set aside."""
+    table = pa.table({name: [1] for name in ("entities", "relations", "head", "relation", "tail")})
+    table = table.replace_schema_metadata(pa.ipc.open_file(pa.py_buffer(cached.read_bytes())).schema.metadata)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
 def _out_of_range(cached) -> bytes:
     """The index as written, with a tail id past the last entity (a file altered by someone else)."""
     table = pa.ipc.open_file(pa.py_buffer(cached.read_bytes())).read_all()
@@ -102,14 +113,15 @@ def _out_of_range(cached) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-@pytest.mark.parametrize("content", ["empty", "torn", "pickle", "foreign", "out of range"])
+@pytest.mark.parametrize("content", ["empty", "torn", "pickle", "foreign", "out of range", "impostor"])
 def test_an_unreadable_index_cache_is_rebuilt_with_a_warning(tmp_path, caplog, content):
     p = write(tmp_path, "a\tr\tb\nb\ts\tc\n")
     cache = tmp_path / "cache"
     kg = load_kg(p, cache_dir=cache)
     (cached,) = cache.glob("*.arrow")
     planted = {"empty": lambda: b"", "torn": lambda: cached.read_bytes()[:-40], "foreign": _foreign_arrow,
-               "pickle": lambda: pickle.dumps({"not": "an index"}), "out of range": lambda: _out_of_range(cached)}  # fmt: skip
+               "pickle": lambda: pickle.dumps({"not": "an index"}), "out of range": lambda: _out_of_range(cached),
+               "impostor": lambda: _impostor(cached)}  # fmt: skip
     cached.write_bytes(planted[content]())
     with caplog.at_level(logging.WARNING):
         again = load_kg(p, cache_dir=cache)
@@ -170,3 +182,37 @@ def test_the_index_cache_is_private_under_a_group_writable_umask_and_read_back(t
         assert not caplog.text
     finally:
         os.umask(old)
+
+
+@pytest.mark.parametrize("error", [OSError(24, "Too many open files"), MemoryError()])
+def test_an_index_that_cannot_be_read_for_a_system_error_is_kept_and_the_error_raised(tmp_path, monkeypatch, error):
+    """Finding 6 of the second review: an error of the system (no file handles, no memory) while the cached index
+    is read says nothing about the index: it is raised as it is, and the index is not set aside."""
+    from kglightning.data.sources import triples
+
+    p = write(tmp_path, "a\tr\tb\n")
+    cache = tmp_path / "cache"
+    load_kg(p, cache_dir=cache)
+    (cached,) = cache.glob("*.arrow")
+
+    def fail(path):
+        raise error
+
+    monkeypatch.setattr(triples, "_read_index", fail)
+    with pytest.raises(type(error)):
+        load_kg(p, cache_dir=cache)
+    assert cached.is_file() and not list(cache.glob("*.unreadable-*"))
+
+
+def test_an_index_of_a_release_before_markers_is_marked_when_read(tmp_path):
+    """Finding 8: an index that a run reads whole and trusts, but that carries no marker, is marked then, so that
+    `kglightning cache clean` can remove it in time."""
+    from kglightning.data.store.cache_marks import is_marked, marker_of
+
+    p = write(tmp_path, "a\tr\tb\n")
+    cache = tmp_path / "cache" / "kg"
+    load_kg(p, cache_dir=cache)
+    (cached,) = cache.glob("*.arrow")
+    marker_of(cached).unlink()
+    load_kg(p, cache_dir=cache)
+    assert is_marked(cached)

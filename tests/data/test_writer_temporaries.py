@@ -1,5 +1,6 @@
-"""Every writer of the cache writes ``.<name>.<host>.<pid>.tmp`` and renames it; the next writer of the same name
-removes what a killed one left (its process gone and nothing written for ten minutes, or a day old anywhere)."""
+"""Every writer of the cache writes ``.<name>.kgl-<host>.<pid>.tmp`` and renames it; the next writer of the same name
+removes what a killed one left (its process gone and nothing written for ten minutes, or, with the token, untouched
+for a day whatever its host: in the cache any host's, beside a user's file another host's of that exact name)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 from kglightning.data.proposer import load_proposals, save_proposals
 from kglightning.data.records import KGQARecord
 from kglightning.data.sources.embedded import builder
-from kglightning.data.store.temporaries import writer_temporary
+from kglightning.data.store.record_store import store_folder
+from kglightning.data.store.temporaries import temporary_name, writer_temporary
 
 
 def _dead_pid() -> int:
@@ -23,8 +25,10 @@ def _dead_pid() -> int:
     return int(out.stdout)
 
 
-def _plant(path: Path, host: str, pid: int, age_s: float, folder: bool) -> Path:
-    tmp = path.with_name(f".{path.name}.{host}.{pid}.tmp")
+def _plant(path: Path, host: str, pid: int, age_s: float, folder: bool, token: bool = True) -> Path:
+    """A writer's temporary of ``path``: ``.<name>.kgl-<host>.<pid>.tmp``, or (``token=False``) the name the release
+    before the token gave it, ``.<name>.<host>.<pid>.tmp``, untouched for ``age_s`` seconds."""
+    tmp = path.with_name(f".{path.name}.{'kgl-' if token else ''}{host}.{pid}.tmp")
     if folder:
         tmp.mkdir()
         (tmp / "part").write_bytes(b"\0" * 1024)
@@ -40,32 +44,81 @@ def test_writer_temporary_removes_only_what_no_writer_will_finish(tmp_path, fold
     target = tmp_path / "entry"
     host, dead = socket.gethostname(), _dead_pid()
     orphan = _plant(target, host, dead, 900, folder)  # its process gone, quiet for 15 minutes
+    legacy = _plant(target, host, dead, 900, folder, token=False)  # the same, named by the release before the token
     recent = _plant(target, host, dead + 1 if dead + 1 != os.getpid() else dead + 2, 0, folder)  # just written
     elsewhere = _plant(target, "another-host", os.getpid(), 900, folder)  # may still be writing over there
-    old_elsewhere = _plant(target, "old-host", 1, 2 * 86400, folder)  # another host's: outside the cache, never
+    old_elsewhere = _plant(target, "old-host", 1, 2 * 86400, folder)  # another host's, quiet for two days
+    untokened = _plant(target, "old-host", 1, 2 * 86400, folder, token=False)  # may be a user's: never, here
     other_name = _plant(tmp_path / "other", host, dead, 900, folder)  # another entry's: not this writer's business
     mine = _plant(target, host, os.getpid(), 0, folder)  # this process's own from an earlier try
     tmp = writer_temporary(target, "a test writer")
     assert tmp == mine and not tmp.exists()
-    assert not orphan.exists() and old_elsewhere.exists()
+    assert not orphan.exists() and not legacy.exists() and not old_elsewhere.exists() and untokened.exists()
     assert recent.exists() and elsewhere.exists() and other_name.exists()
 
 
-def test_in_the_cache_another_hosts_temporary_goes_only_as_a_marked_folder_a_day_old(tmp_path, monkeypatch):
+def test_in_the_cache_any_hosts_temporary_a_day_old_goes(tmp_path, monkeypatch):
+    """Finding 3 of the second review: a container gets a new host name every run, so the temporaries of other hosts
+    are the usual case. With the token, one of this user untouched for a day goes, file or folder, marked or not;
+    without it (the release before), only a marked folder a day old."""
     from kglightning.data.store.cache_marks import mark_folder
 
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path))
     target = tmp_path / "records" / "entry"
     target.parent.mkdir()
-    marked = _plant(target, "old-host", 1, 2 * 86400, folder=True)
+    alive = socket.gethostname()  # this host's, with pid 1: alive (its pid taken again), but quiet for two days
+    gone = [_plant(target, "old-host", 1, 2 * 86400, folder=True), _plant(target, "a.b", 1, 2 * 86400, folder=False),
+            _plant(target, alive, 1, 2 * 86400, folder=False)]  # fmt: skip
+    marked = _plant(target, "old-host", 1, 2 * 86400, folder=True, token=False)
     mark_folder(marked)
     os.utime(marked, (time.time() - 2 * 86400,) * 2)
-    unmarked = _plant(target, "older-host", 1, 2 * 86400, folder=True)  # may be anyone's folder of such a name
-    a_file = _plant(target, "oldest-host", 1, 2 * 86400, folder=False)
-    young = _plant(target, "new-host", 1, 3600, folder=True)
-    mark_folder(young)
+    kept = [_plant(target, "older-host", 1, 2 * 86400, folder=True, token=False),  # may be anyone's folder
+            _plant(target, "oldest-host", 1, 2 * 86400, folder=False, token=False),
+            _plant(target, "new-host", 1, 3600, folder=True),  # an hour old: may still be written over there
+            _plant(target, "busy-host", 1, 2 * 86400, folder=True)]  # fmt: skip
+    os.utime(kept[-1] / "part")  # an old folder that is still being written in
     writer_temporary(target, "a test writer")
-    assert not marked.exists() and unmarked.exists() and a_file.exists() and young.exists()
+    assert not any(p.exists() for p in [*gone, marked]) and all(p.exists() for p in kept)
+
+
+def test_a_record_store_temporary_of_another_host_is_a_temporary_clean_removes(tmp_path, monkeypatch, capsys):
+    """Finding 3: a record-store writer killed on another host (a container) left a temporary folder; it carries the
+    marker from the moment it was made, `list` shows it as a temporary (not unmarked), and `clean` removes it once it
+    is a day old."""
+    import signal
+
+    from kglightning.data.store.cache_admin import main
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KGLIGHTNING_RECORD_STORE_MIN_MB", "0")
+    data = tmp_path / "q.jsonl"
+    write_records_at(data)
+    code = f"""
+import os, signal
+import kglightning.data.store.record_store as rs
+rs._batch = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # killed while the store is written
+from kglightning.data.sources.loaders import read_records
+read_records({str(data)!r})
+"""
+    killed = subprocess.run([sys.executable, "-c", code], env=os.environ)
+    assert killed.returncode == -signal.SIGKILL
+    (left,) = (tmp_path / "cache" / "records").glob(".*.tmp")
+    assert (left / ".kglightning-entry").is_file()
+    key = store_folder(data, None, "raise", None).name
+    moved = left.with_name(temporary_name(key, "container-1f3a", 12345))
+    left.rename(moved)  # as a writer on another host (a container with another name) left it
+    main(["list"])
+    assert "(unmarked" not in capsys.readouterr().out
+    for p in (moved, *moved.iterdir()):
+        os.utime(p, (time.time() - 2 * 86400,) * 2)
+    main(["clean"])
+    assert not moved.exists() and f"removed {moved}" in capsys.readouterr().out
+
+
+def write_records_at(path: Path) -> None:
+    from kglightning.data.sources.loaders import write_records
+
+    write_records([KGQARecord(f"q{i}", "question?", ["a"], ["t"], ["a"], [("t", "r", "a")]) for i in range(3)], path)
 
 
 def test_the_next_proposals_writer_removes_a_killed_ones_file(tmp_path):
@@ -125,7 +178,7 @@ write_records(records(), {str(out)!r})
     killed = subprocess.run([sys.executable, "-c", code], env=os.environ)
     assert killed.returncode == -9
     (left,) = tmp_path.glob(".train.jsonl.*.tmp")
-    host, _, pid = left.name[: -len(".tmp")].removeprefix(".train.jsonl.").rpartition(".")
+    host, _, pid = left.name[: -len(".tmp")].removeprefix(".train.jsonl.kgl-").rpartition(".")
     assert host == socket.gethostname() and pid.isdigit()  # named so that the next writer can tell it is abandoned
     os.utime(left, (time.time() - 900,) * 2)  # nothing written in it for 15 minutes: no writer will finish it
     from kglightning.data.sources.loaders import write_records
@@ -135,20 +188,25 @@ write_records(records(), {str(out)!r})
 
 
 def test_write_records_leaves_a_users_look_alike_files_beside_its_output(tmp_path):
-    """A user's ``.preds.jsonl.backup.20240101.tmp`` cannot be told from an old mkstemp or another host's temporary:
-    beside a user's output, only this host's temporaries of that exact name whose process is gone are removed."""
+    """A user's ``.preds.jsonl.backup.20240101.tmp`` cannot be told from another host's temporary of the release
+    before the token: beside a user's output, only temporaries of that exact name are removed, with the token (this
+    host's whose process is gone, another host's a day old), or this host's of the release before."""
     out = tmp_path / "preds.jsonl"
     dead = _dead_pid()
-    mine = [_plant(out, "backup", 20240101, 2 * 86400, folder=False),  # .preds.jsonl.backup.20240101.tmp
-            tmp_path / ".preds.jsonl.mynotes1.tmp", _plant(out, "elsewhere", dead, 2 * 86400, folder=False),
-            _plant(tmp_path / "preds.jsonl.x", socket.gethostname(), dead, 900, folder=False)]  # fmt: skip
+    mine = [_plant(out, "backup", 20240101, 2 * 86400, folder=False, token=False),  # .preds.jsonl.backup.20240101.tmp
+            tmp_path / ".preds.jsonl.mynotes1.tmp", _plant(out, "elsewhere", dead, 2 * 86400, folder=False, token=False),
+            _plant(tmp_path / "preds.jsonl.x", socket.gethostname(), dead, 900, folder=False),
+            _plant(tmp_path / "preds.jsonl.x", "elsewhere", dead, 2 * 86400, folder=False),
+            _plant(out, "elsewhere", dead, 3600, folder=False)]  # fmt: skip
     mine[1].write_text("notes")
     os.utime(mine[1], (time.time() - 2 * 86400,) * 2)
-    orphan = _plant(out, socket.gethostname(), dead, 900, folder=False)
+    orphans = [_plant(out, socket.gethostname(), dead, 900, folder=False),
+               _plant(out, socket.gethostname(), dead, 900, folder=False, token=False),
+               _plant(out, "container-9", 1, 2 * 86400, folder=False)]  # fmt: skip
     from kglightning.data.sources.loaders import write_records
 
     write_records([KGQARecord("q1", "question?", ["a"], ["t"], ["a"], [("t", "r", "a")])], out)
-    assert all(p.exists() for p in mine) and not orphan.exists()
+    assert all(p.exists() for p in mine) and not any(p.exists() for p in orphans)
 
 
 def test_a_build_never_removes_a_folder_kglightning_did_not_build(tmp_path):

@@ -172,3 +172,72 @@ def test_reading_the_cut_counts_as_using_its_statistics_too(tmp_path, encoder, m
     _source(encoder, tmp_path).apply([KGQARecord.from_dict(_record("q1"))], path)
     removed = [p.name for p, _, _ in clean(root, older_than_s=7 * 86400, kinds=["pcst_subgraphs"]).removed]
     assert removed == [] and path.with_suffix(".stats.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["cut short", "not UTF-8"])
+def test_a_damaged_cut_is_set_aside_and_cut_again(tmp_path, encoder, monkeypatch, caplog, damage):
+    """Finding 5 of the second review: a cached cut truncated (a full disk, a killed copy) stopped every run with a
+    RecordError; it is the cache's damage: set aside with a WARNING, and the subgraphs cut again."""
+    from kglightning.data.records import KGQARecord
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "cache" / "pcst_subgraphs" / "train-abc.jsonl"
+    records = [KGQARecord.from_dict(_record("q1")), KGQARecord.from_dict(_record("q2"))]
+    first = _source(encoder, tmp_path).apply(records, path)
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) - 20] if damage == "cut short" else raw.replace(b"Seine", b"Sei\xffe", 1))
+    again = _source(encoder, tmp_path).apply(records, path)
+    assert again == first and path.read_bytes() == raw
+    (aside,) = path.parent.glob("train-abc.jsonl.unreadable-*")
+    assert "cannot be read as PCST subgraphs" in caplog.text and aside.name in caplog.text
+
+
+def test_a_cut_that_cannot_be_read_for_a_system_error_is_kept(tmp_path, encoder, monkeypatch):
+    import errno
+
+    from kglightning.data.records import KGQARecord
+    from kglightning.retrieval import subgraphs
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "cache" / "pcst_subgraphs" / "train-abc.jsonl"
+    records = [KGQARecord.from_dict(_record("q1"))]
+    _source(encoder, tmp_path).apply(records, path)
+
+    def no_memory(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(subgraphs, "read_records", no_memory)
+    with pytest.raises(OSError, match="Cannot allocate memory"):
+        _source(encoder, tmp_path).apply(records, path)
+    assert path.is_file() and not list(path.parent.glob("*.unreadable-*"))
+
+
+def test_a_cut_of_a_release_before_markers_is_marked_when_read(tmp_path, encoder, monkeypatch):
+    """Finding 8: an entry that a run reads, finds whole and trusts, but that carries no marker (written before
+    markers existed) is marked then, so that `kglightning cache clean` may remove it in time."""
+    from kglightning.data.records import KGQARecord
+    from kglightning.data.store.cache_marks import is_marked, marker_of
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "cache" / "pcst_subgraphs" / "train-abc.jsonl"
+    records = [KGQARecord.from_dict(_record("q1"))]
+    _source(encoder, tmp_path).apply(records, path)
+    stats = path.with_suffix(".stats.json")
+    for p in (path, stats):
+        marker_of(p).unlink()
+    monkeypatch.setattr(PCSTRetriever, "retrieve_record", lambda *a: pytest.fail("cut again"))
+    _source(encoder, tmp_path).apply(records, path)
+    assert is_marked(path) and is_marked(stats)
+
+
+def test_no_file_of_a_cut_is_writable_by_others_whatever_the_umask(tmp_path, encoder, monkeypatch):
+    from kglightning.data.records import KGQARecord
+
+    monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "cache" / "pcst_subgraphs" / "train-abc.jsonl"
+    old = os.umask(0o002)
+    try:
+        _source(encoder, tmp_path).apply([KGQARecord.from_dict(_record("q1"))], path)
+    finally:
+        os.umask(old)
+    assert all(p.stat().st_mode & 0o022 == 0 for p in path.parent.iterdir())

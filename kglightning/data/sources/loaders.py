@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources.json_lines import iter_json_lines
-from kglightning.data.store.cache import files_stamp, warn_once
+from kglightning.data.store.cache import files_stamp, folder_files, warn_once
 from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.record_lock import first_reader
 from kglightning.data.store.record_store import (
@@ -335,12 +335,12 @@ def _dataset_folder(
     """The store of a dataset folder's or a hub dataset's split, and the split opened when it had to be (``None``
     otherwise, or when it cannot be: the read says why). A dataset folder is keyed by the bytes of its files
     (:func:`~kglightning.data.store.cache.files_stamp`: a file changed in place, whatever its modification time,
-    is another store), without opening it; a hub dataset by its ``datasets`` fingerprint (``None`` for a streamed
+    is another store; files in linked folders, a split folder that is a link, count as the reader sees them),
+    without opening it; a hub dataset by its ``datasets`` fingerprint (``None`` for a streamed
     one, or below the threshold)."""
     if not (isinstance(path, str) and path.startswith(HF_PREFIX)):
         p = Path(path)
-        files = [f for f in p.rglob("*") if f.is_file() and not any(s.startswith(".") for s in f.relative_to(p).parts)]
-        size = sum(f.stat().st_size for f in files)
+        size = sum(f.stat().st_size for _, f in folder_files(p)[0])  # links followed, as the key's walk does
         return None, dataset_store_folder(f"files:{files_stamp(p)}", size, split, on_bad_record, limit)
     try:
         opened = _open_dataset(path, split)
@@ -465,10 +465,11 @@ def _log_summary(out: RecordList) -> None:
 
 def write_records(records: Iterable[KGQARecord | Mapping[str, Any]], path: str | os.PathLike) -> int:
     """Write records as UTF-8 ``.jsonl`` (non-ASCII kept as is), atomically: a temporary file
-    (``.<name>.<host>.<pid>.tmp``), then ``os.replace``. A temporary that a killed writer left beside ``path`` is
+    (``.<name>.kgl-<host>.<pid>.tmp``), then ``os.replace``. A temporary that a killed writer left beside ``path`` is
     removed by the next write of ``path`` (:func:`~kglightning.data.store.temporaries.writer_temporary`): only one
-    of this host, of that exact name, whose process is gone and in which nothing was written for ten minutes;
-    nothing else beside ``path`` is ever removed (a user's ``.preds.jsonl.backup.tmp`` is theirs).
+    of that exact name, of this host whose process is gone and in which nothing was written for ten minutes, or of
+    another host (with the ``kgl-`` token) in which nothing was written for a day; nothing else beside ``path`` is
+    ever removed (a user's ``.preds.jsonl.backup.tmp`` is theirs).
 
     Args:
         records: :class:`KGQARecord` objects, or dicts (validated with :meth:`KGQARecord.from_dict` first).
@@ -489,7 +490,7 @@ def write_records(records: Iterable[KGQARecord | Mapping[str, Any]], path: str |
         raise ValueError(f"{p}: write_records writes .jsonl only")
     p.parent.mkdir(parents=True, exist_ok=True)
     mode = p.stat().st_mode & 0o777 if p.exists() else 0o644  # the result's mode, whatever the umask
-    tmp = writer_temporary(p, "a records writer")  # .<name>.<host>.<pid>.tmp: the next writer removes it if killed
+    tmp = writer_temporary(p, "a records writer")  # .<name>.kgl-<host>.<pid>.tmp: the next writer removes it if killed
     fd = create_new(tmp)  # a new file (0600 until the mode below), never written through a name someone prepared
     n = 0
     try:

@@ -10,9 +10,11 @@ Every field must be a non-empty string; the first one that is not is reported wi
 :class:`~kglightning.data.kg.KGIndex` built from the file is kept under ``$KGLIGHTNING_CACHE/kg/`` as an Arrow IPC file
 (its entity and relation names and its id triples; nothing executable), named by the file's content, so a KG of
 millions of triples is parsed once; a later run reads the names and ids and rebuilds the adjacency arrays. The file
-carries kglightning's marker beside it (:mod:`~kglightning.data.store.cache_marks`), and is read only when it passes
-:func:`~kglightning.data.store.cache.untrusted` and a full Arrow validation; one that fails is moved aside (with a
-WARNING) and the KG indexed again. A cache folder that fails the check (another user's, or writable by others) is
+carries kglightning's marker beside it (:mod:`~kglightning.data.store.cache_marks`; an index of a release before
+markers gets it when it is next read whole), and is read only when it passes
+:func:`~kglightning.data.store.cache.untrusted` and a full Arrow validation; one that fails, or is damaged, is moved
+aside (with a WARNING) and the KG indexed again, while an error of the system (no memory, no file handles, an I/O
+error: :func:`~kglightning.data.store.cache_marks.system_error`) is raised as it is and the index kept. A cache folder that fails the check (another user's, or writable by others) is
 neither read nor written: the KG is indexed each time, with a WARNING once.
 """
 
@@ -35,7 +37,7 @@ from kglightning.data.store.cache import (
     untrusted_above,
     warn_once,
 )
-from kglightning.data.store.cache_marks import mark_file, set_aside, touch
+from kglightning.data.store.cache_marks import adopt, damage, mark_file, set_aside, touch
 from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.temporaries import writer_temporary
 
@@ -216,8 +218,11 @@ def load_kg(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
         try:
             kg = _read_index(cached)
         except Exception as err:  # a torn, damaged or foreign file: the file is only a cache, set aside and rebuilt
+            if not damage(err):  # the system's (no memory, no file handles, an I/O error): the index is kept
+                raise
             set_aside(cached, f"cannot be read as the KG index of {path} ({type(err).__name__}: {err})")
         else:
+            adopt(cached)  # trusted and whole: an index of a release before markers is marked now
             touch(cached)  # used now: what `kglightning cache clean --older-than` removes last
             log.info("KG %s: %s (cached index %s)", path, kg, cached)
             return kg

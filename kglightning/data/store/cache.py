@@ -14,6 +14,11 @@ from kglightning.data.store.owned_files import create_new, open_own
 
 _warned: set[tuple[str, str]] = set()
 
+#: the kind folders of a cache root, whose children are entries kglightning writes
+#: (:mod:`~kglightning.data.store.cache_marks`)
+KINDS = ("records", "kg", "embeddings", "proposals-v2", "pcst-cuts", "pcst_subgraphs", "detection_graphs",
+         "proxy_sft")  # fmt: skip
+
 
 def warn_once(kind: str, where: str | os.PathLike, msg: str, *args: object, logger: logging.Logger) -> None:
     """Log ``msg`` to ``logger`` as a WARNING the first time this process meets ``kind`` at ``where`` (a store folder,
@@ -54,7 +59,8 @@ def private_dir(path: str | os.PathLike) -> Path:
 
 def untrusted(path: str | os.PathLike, alone: bool = False) -> str | None:
     """Why the cache file at ``path`` must not be read, or ``None``: a file is read only when it and every folder up to
-    the cache root are owned by this user (or root) and writable by no one else, so that no other user can plant a
+    the cache root (:func:`_cache_root_of`: the default root, or a ``cache_dir`` holding kind folders; never a folder
+    above it) are owned by this user (or root) and writable by no one else, so that no other user can plant a
     file that a run takes for its own (a wrong KG, another string's vector, an Arrow file that decompresses to
     gigabytes). ``path`` itself must not be a symbolic link (kglightning follows no link in its cache; the cache
     root and the folders above it may be one, as ``~/.cache`` often is). ``alone`` checks ``path`` itself only (its folder was checked
@@ -76,13 +82,13 @@ def untrusted(path: str | os.PathLike, alone: bool = False) -> str | None:
     if os.path.islink(path) and Path(os.path.abspath(path)) != Path(os.path.abspath(default_cache_root())):
         return f"{path} is a symbolic link"
     p = Path(path).resolve()
-    root = default_cache_root().resolve()
+    root = _cache_root_of(p)
     chain = [p, *p.parents]
     if alone:
         chain = chain[:1]
     elif root in chain:
         chain = chain[: chain.index(root) + 1]
-    else:  # a cache_dir outside the cache root: its own folder and the file
+    else:  # a folder outside any cache layout: its own folder and the file
         chain = chain[:2]
     for q in chain:
         st = q.stat()
@@ -93,12 +99,31 @@ def untrusted(path: str | os.PathLike, alone: bool = False) -> str | None:
     return None
 
 
+def _cache_root_of(path: Path) -> Path | None:
+    """The cache root that ``path`` (absolute, or resolved) lies in: the default root (:func:`default_cache_root`)
+    when ``path`` is it or lies under it, else the folder holding the nearest folder on the way named as a kind
+    (:data:`KINDS`: a data module's ``cache_dir`` holds ``records``, ``kg``, ...); ``None`` outside any cache."""
+    root = default_cache_root()
+    for r in (Path(os.path.abspath(root)), root.resolve()):
+        if path == r or r in path.parents:
+            return r
+    return next((q.parent for q in (path, *path.parents) if q.name in KINDS and q.parent != q), None)
+
+
 def untrusted_above(path: str | os.PathLike) -> str | None:
-    """:func:`untrusted` of the nearest folder at or above ``path`` that exists (``None`` when none does): asked before
-    a folder is made at ``path``, so that nothing is made inside a folder that another user owns or can write."""
+    """:func:`untrusted` of the nearest folder at or above ``path`` that exists, asked before a folder is made at
+    ``path``, so that nothing is made inside a folder that another user owns or can write; ``None`` when none
+    exists. Only the cache root (:func:`_cache_root_of`) and what lies below it count: a root that does not exist
+    yet is made ``0700`` whatever the folder above it is (a group-writable ``~/.cache`` is common), and then checked
+    like every folder below it."""
     p = Path(os.path.abspath(path))
     there = next((q for q in (p, *p.parents) if q.exists()), None)
-    return None if there is None else untrusted(there)
+    if there is None:
+        return None
+    root = _cache_root_of(p)
+    if root is not None and there in root.parents:  # the root is not made yet: it will be, privately
+        return None
+    return untrusted(there)
 
 
 #: where :func:`content_digest` remembers digests, under the cache root (bookkeeping of the record store's kind)
@@ -146,7 +171,7 @@ def _remember(memo: Path, digest: str) -> None:
         private_dir(memo.parent)
         if untrusted(memo.parent) is not None:
             return
-        tmp = memo.with_name(f".{memo.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+        tmp = memo.with_name(f".{memo.name}.kgl-{socket.gethostname()}.{os.getpid()}.tmp")  # temporaries' form
         fd = create_new(tmp)  # raises when anything is at the name: nothing is written through it
         try:
             with os.fdopen(fd, "w", encoding="ascii") as f:
@@ -158,15 +183,81 @@ def _remember(memo: Path, digest: str) -> None:
             raise
 
 
+def folder_files(path: str | os.PathLike) -> tuple[list[tuple[str, Path]], list[tuple[str, str]]]:
+    """The files under the folder ``path`` as ``(relative name, path)`` pairs, and the linked folders not walked
+    again as ``(relative name, what it stands for)``, both sorted.
+
+    Names starting with ``.`` are skipped (editor and lock files). Links are followed, to files and to folders (a
+    ``save_to_disk`` folder whose split folder is a link, a model hub snapshot whose files are links), wherever they
+    point, once the folders themselves are walked, with two exceptions that are recorded instead of walked: a folder
+    met a second time (through a link, or a link back up the tree: a loop) stands for the name it was first walked
+    under (its own path when it is in the tree; ``"."``: ``path`` itself), and a link to a folder above ``path`` (the
+    walk never leaves ``path``'s tree upwards) stands for ``"above"``. A folder that
+    cannot be listed is left out, as a reader of the folder could not read it either.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> (d / "real").mkdir(); _ = (d / "real" / "x.arrow").write_bytes(b"1")
+        >>> (d / "split").symlink_to(d / "real"); (d / "real" / "loop").symlink_to(d)
+        >>> folder_files(d)[0] == [("real/x.arrow", d / "real" / "x.arrow")], folder_files(d)[1]
+        (True, [('real/loop', '.'), ('split', 'real')])
+    """
+    top = Path(path)
+    top_real = top.resolve()
+    seen: dict[Path, str] = {top_real: "."}
+    files: list[tuple[str, Path]] = []
+    aliases: list[tuple[str, str]] = []
+    stack, links = [(top, "")], []  # folders to walk; linked folders, walked once the tree itself is
+    while stack or links:
+        if not stack:  # the folders themselves first, so that a folder also linked to is named by its own path
+            child, child_rel = links.pop(0)
+            try:
+                real = child.resolve()
+            except OSError:
+                continue
+            if real in seen:
+                aliases.append((child_rel, seen[real]))
+            elif real in top_real.parents:
+                aliases.append((child_rel, "above"))
+            else:
+                seen[real] = child_rel
+                stack.append((child, f"{child_rel}/"))
+            continue
+        folder, rel = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                names = sorted(e.name for e in it if not e.name.startswith("."))
+        except OSError:
+            continue
+        below = []
+        for name in names:
+            child, child_rel = folder / name, f"{rel}{name}"
+            try:
+                if child.is_symlink() and child.is_dir():
+                    links.append((child, child_rel))
+                elif child.is_dir():
+                    seen[child.resolve()] = child_rel
+                    below.append((child, f"{child_rel}/"))
+                elif child.is_file():
+                    files.append((child_rel, child))
+            except OSError:  # a link loop, a name that cannot be looked at
+                continue
+        stack.extend(reversed(below))  # depth first, in name order: the same tree is walked the same way
+    return sorted(files), sorted(aliases)
+
+
 def files_stamp(path: str | os.PathLike) -> str:
     """A short digest of what is at ``path`` now: every file's relative name and the digest of its bytes
     (:func:`content_digest`).
 
-    A file is stamped alone; a folder by all its files, recursively (names starting with ``.`` skipped: editor and
-    lock files; links followed, as a model hub's snapshot folder links its files); a path that does not exist (a hub
-    id) stamps as ``""``. Caches of what is computed from model weights or data put it in their key, so that other
-    bytes under the same name (a retrained model exported to the same folder, an updated dataset, even one copied
-    with ``cp -p`` so that its size and time stay the same) miss the cache, and a copy of the same bytes finds it.
+    A file is stamped alone; a folder by all its files, recursively (:func:`folder_files`: names starting with
+    ``.`` skipped, links followed, as a model hub's snapshot folder links its files and a dataset folder may link
+    its split folders; a folder met again through a link is stamped by the name it stands for); a path that does
+    not exist (a hub id) stamps as ``""``. Caches of what is computed from model weights or data put it in their
+    key, so that other bytes under the same name (a retrained model exported to the same folder, an updated
+    dataset, even one copied with ``cp -p`` so that its size and time stay the same) miss the cache, and a copy of
+    the same bytes finds it.
 
     Example:
         >>> import tempfile
@@ -180,17 +271,12 @@ def files_stamp(path: str | os.PathLike) -> str:
     p = Path(path).expanduser()
     if not p.exists():
         return ""
-    if p.is_file():
-        files = [(p.name, p)]
-    else:
-        files = sorted(
-            (str(f.relative_to(p)), f)
-            for f in p.rglob("*")
-            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
-        )
+    files, aliases = ([(p.name, p)], []) if p.is_file() else folder_files(p)
     digest = hashlib.sha1()
     for name, f in files:
         digest.update(f"{name}\0{content_digest(f)}\n".encode())
+    for name, alias in aliases:
+        digest.update(f"{name}\0-> {alias}\n".encode())
     return digest.hexdigest()[:12]
 
 

@@ -6,25 +6,29 @@ the embedded benchmark's folders (``embedded-v<V>-seed<S>``). Each child of a ki
 that kglightning wrote carries its marker (:mod:`~kglightning.data.store.cache_marks`), and its age is the time it
 was last written or read. ``list`` and ``du`` also show entries without the marker (*unmarked*: written by a version
 of kglightning before markers, or not by kglightning at all), the temporaries of writers (running or killed), and
-the folders of other tools in the cache root; they are never removed.
+the folders of other tools in the cache root; they are never removed. An entry written before markers existed is
+marked the next time a run reads it and finds it whole and trusted
+(:func:`~kglightning.data.store.cache_marks.adopt`), and is from then on an entry like any other.
 
 ``clean`` (:func:`~kglightning.data.store.cache_clean.clean`) removes, in every kind or in ``--kind``:
 
-* always: what killed runs left, by the exact names kglightning's writers use: temporaries of this host
-  (``.<name>.<host>.<pid>.tmp``) whose process is gone and in which nothing was written for ten minutes, and
-  temporary folders of any host that hold kglightning's marker and are a day old; lock files (``records/<key>.lock``), in-use markers (``.<name>.in-use``) and
-  entry markers (``.<name>.kglightning-entry``) of entries that are gone, a day old and held by no process; and
-  digest memos (``records/stamps/<digest>``) a month old;
+* always: what killed runs left, by the exact names kglightning's writers use: their temporaries
+  (``.<name>.kgl-<host>.<pid>.tmp``, :mod:`~kglightning.data.store.temporaries`) of this user in which nothing was
+  written for a day, whatever their host, or for ten minutes when their process is gone on this host (and, named
+  as the release before the ``kgl-`` token named them, this host's of a gone process, and folders of any host that
+  hold kglightning's marker and are a day old); lock files (``records/<key>.lock``), in-use markers
+  (``.<name>.in-use``) and entry markers (``.<name>.kglightning-entry``) of entries that are gone, a day old and
+  held by no process; and digest memos (``records/stamps/<digest>``) a month old;
 * ``--older-than DAYS``: marked entries not used for that long;
 * ``--max-size GB`` (default ``KGLIGHTNING_CACHE_MAX_GB`` when it is set): the least recently used marked entries,
   until the marked entries of the kinds cleaned hold at most that much.
 
 It removes only marked entries (this user's, with a marker that is a regular file of this user no one else can
 write; an entry whose marker is not believed is skipped, with the reason) and kglightning's own temporaries
-(of this host, by their exact names) and locks (empty regular files of this user), never an entry a running process
+(by their exact names) and locks (empty regular files of this user), never an entry a running process
 has pinned (:mod:`~kglightning.data.store.cache_pins`), never follows a link (a kind folder or an entry that is a
-link is skipped, with a message), never walks a kind folder that others can write, removes nothing outside the cache
-root, and prints every path it removed as it removes it (``--dry-run``: would remove, and writes nothing), the
+link is skipped, with a message), never walks a kind folder that others can write, skips a folder it cannot read
+(``skipped <path>: cannot be read (<error>)``) and goes on with the rest, removes nothing outside the cache root, and prints every path it removed as it removes it (``--dry-run``: would remove, and writes nothing), the
 totals at the end. The in-use files it makes to lock an entry while removing it are removed with the entry. Nothing
 is removed when an entry is written: the cache grows until ``clean`` runs.
 """
@@ -98,9 +102,12 @@ def _show(root: Path, kinds: list[str] | None, du: bool) -> None:
         print(f"skipped {link}: {_NO_LINKS}")
     for folder, why in found.untrusted:
         print(f"skipped {folder}: {why}; kglightning neither reads nor cleans a folder others could have written")
+    for folder, why in found.unreadable:
+        print(f"skipped {folder}: cannot be read ({why})")
     if any(e.state == "unmarked" for e in found.entries):
-        print("unmarked: no kglightning marker (written before markers existed, or not by kglightning); "
-              "`kglightning cache clean` leaves them: remove them by hand once no run needs them")  # fmt: skip
+        print("unmarked: no kglightning marker (not written by kglightning, or written before markers existed and "
+              "not read since: a run that reads such an entry marks it); `kglightning cache clean` leaves them: "
+              "remove them by hand once no run needs them")  # fmt: skip
     others = [] if kinds else other_folders(root)
     if others:
         print(f"not kglightning's, not counted: {', '.join(others)}")

@@ -113,6 +113,8 @@ def clean(
         done.skip(f"{p}: a symbolic link; kglightning follows no link out of its cache")
     for p, why in found.untrusted:
         done.skip(f"{p}: {why}; kglightning neither reads nor cleans a folder others could have written")
+    for p, why in found.unreadable:
+        done.skip(f"{p}: cannot be read ({why})")
     for e in found.entries:
         if e.state == "refused":
             done.skip(f"{e.path}: {e.why}; never removed")

@@ -17,9 +17,14 @@ that no one else can write (:func:`why_unmarked`): a marker another user put int
 believed. ``kglightning cache clean`` removes marked entries only (and the temporaries and locks that kglightning's
 writers leave, by their exact names); a folder or file without a marker (another tool's, a user's, or an entry
 written before markers existed) is listed as unmarked and never removed, and one whose marker is not believed is
-skipped with the reason. The marker's modification time is the entry's last
+skipped with the reason. An entry written before markers existed gets its marker the next time a run reads it and
+finds it whole and trusted (:func:`adopt`). The marker's modification time is the entry's last
 use: set when it is written, and moved forward when the entry is read (:func:`touch`, at most once an hour), so that
 ``clean --older-than`` removes what no run has read for that long.
+
+A reader that finds an entry damaged moves it out of the way (:func:`set_aside`) and builds it again; an error of
+the system while it reads (no memory, no file handles, an I/O error) says nothing about the entry, which is kept,
+and the error raised as it is (:func:`damage` and :func:`system_error` tell them apart).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import stat
 import time
 from pathlib import Path
 
-from kglightning.data.store.cache import private_dir, untrusted
+from kglightning.data.store.cache import KINDS, private_dir, untrusted
 from kglightning.data.store.owned_files import open_own, refusal
 from kglightning.data.store.temporaries import MARK, writer_temporary
 
@@ -41,6 +46,8 @@ __all__ = [
     "KINDS",
     "LEGACY_KINDS",
     "MARK",
+    "adopt",
+    "damage",
     "entry_folder",
     "entry_holding",
     "is_marked",
@@ -48,19 +55,18 @@ __all__ = [
     "mark_folder",
     "marker_of",
     "set_aside",
+    "system_error",
     "touch",
     "why_unmarked",
 ]
 
 log = logging.getLogger(__name__)
 
-#: the kind folders of the cache root whose children are entries kglightning writes
-KINDS = ("records", "kg", "embeddings", "proposals-v2", "pcst-cuts", "pcst_subgraphs", "detection_graphs",
-         "proxy_sft")  # fmt: skip
 #: kinds that earlier versions wrote and nothing reads now: their entries carry no marker, and are listed only
 LEGACY_KINDS = ("proposals",)
-#: the embedded benchmark's folders, entries of the cache root itself (and those set aside)
-EMBEDDED = re.compile(r"^embedded-v\d+-seed\d+(\.unreadable-\d+)?$")
+#: the embedded benchmark's folders, entries of the cache root itself (and those set aside: damaged, or older
+#: builds without a marker that could not be trusted)
+EMBEDDED = re.compile(r"^embedded-v\d+-seed\d+(\.(unreadable|unmarked)-\d+)?$")
 #: a read moves an entry's last use forward at most this often
 TOUCH_EVERY_S = 3600.0
 _touched: dict[str, float] = {}  # entry -> when this process last recorded its use (time.monotonic)
@@ -124,6 +130,28 @@ def mark_file(path: str | os.PathLike) -> None:
     ``0700`` when missing)."""
     private_dir(Path(path).parent)
     _write_marker(marker_of(path, folder=False))
+
+
+def adopt(entry: str | os.PathLike) -> bool:
+    """Mark ``entry``, which its reader has just found whole and trusted (owner and permissions, and a full
+    validation), as kglightning's when it carries no marker: an entry written before markers existed is read on
+    every run, and would otherwise never be one that ``kglightning cache clean`` may remove. Its marker is written
+    now, with an INFO. An entry that is marked, whose marker is not believed, that is a link, another user's, or
+    not trusted (:func:`~kglightning.data.store.cache.untrusted`) is left as it is, as is one in a read-only cache.
+    Returns whether it was marked now."""
+    p = Path(entry)
+    if why_unmarked(p) != "":  # marked already, or a marker that is not believed (left as it is)
+        return False
+    try:
+        st = p.lstat()
+        if stat.S_ISLNK(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()) or untrusted(p):
+            return False
+        _write_marker(marker_of(p, folder=stat.S_ISDIR(st.st_mode)))
+    except OSError:
+        return False
+    log.info("cache entry %s had no kglightning marker (written before markers existed); marked now, so that "
+             "`kglightning cache clean` may remove it", p)  # fmt: skip
+    return True
 
 
 def entry_folder(folder: str | os.PathLike) -> Path:
@@ -207,3 +235,31 @@ def set_aside(entry: str | os.PathLike, why: str) -> Path | None:
             sidecar.rename(marker_of(aside, folder=False))
     log.warning("cache entry %s %s; moved to %s and built again", p, why, aside.name)
     return aside
+
+
+def system_error(err: BaseException) -> bool:
+    """Whether ``err``, raised while a cache entry was read, is the system's (memory, file handles, an I/O error, a
+    full disk: an ``OSError`` with an ``errno``; the entry is kept and read again later) rather than the entry's
+    damage (set aside and written again): pyarrow tells a stream cut short as an ``OSError`` without ``errno``, and a
+    file missing from an entry (a torn record store) is damage too."""
+    if isinstance(err, MemoryError):
+        return True
+    return isinstance(err, OSError) and err.errno is not None and not isinstance(err, FileNotFoundError)
+
+
+def damage(err: BaseException) -> bool:
+    """Whether ``err``, raised by a reader that does nothing but read a cache entry, is the entry's damage (it is set
+    aside and built again) rather than the system's (:func:`system_error`: raised as it is, nothing set aside):
+    every other ``Exception``, as the record store has always told them apart. That is a ``ValueError`` (pyarrow's
+    ``ArrowInvalid``, a ``JSONDecodeError``, a ``UnicodeDecodeError``, a
+    :class:`~kglightning.data.records.RecordError`), an ``OSError`` without an ``errno`` (a stream cut short) or a
+    missing file, another error of pyarrow's, and the ``TypeError`` or ``KeyError`` of a parser that meets
+    well-formed JSON of the wrong shape (``datasets`` reading a piece's schema metadata).
+
+    Example:
+        >>> damage(UnicodeDecodeError("utf-8", b"\\xff", 0, 1, "invalid start byte")), damage(TypeError("int"))
+        (True, True)
+        >>> damage(OSError(24, "Too many open files")), damage(MemoryError()), damage(KeyboardInterrupt())
+        (False, False, False)
+    """
+    return isinstance(err, Exception) and not system_error(err)

@@ -3,9 +3,9 @@
 Entries are marked (kglightning's), unmarked, or refused (a marker that is not believed: see
 :func:`~kglightning.data.store.cache_marks.why_unmarked`); what killed runs left is found by the exact names
 kglightning's writers use, and only a regular file of this user of the size kglightning writes counts; no link is
-followed, no folder is walked by recursion, and a kind folder that
+followed, no folder is walked by recursion, a kind folder that
 :func:`~kglightning.data.store.cache.untrusted` refuses is not walked at all (kglightning neither reads nor cleans
-it). :mod:`~kglightning.data.store.cache_admin` states the rules."""
+it), and a folder that cannot be listed is noted and left out while the rest is walked. :mod:`~kglightning.data.store.cache_admin` states the rules."""
 
 from __future__ import annotations
 
@@ -52,13 +52,23 @@ class CacheEntry:
 @dataclass
 class Found:
     """What :func:`scan` found: the entries (marked, unmarked and refused) and temporaries, the ``leftovers`` that
-    ``clean`` removes (path, bytes, why), the ``links`` it skipped, and the kind folders it did not walk because
-    they are not trusted (``untrusted``: path, why)."""
+    ``clean`` removes (path, bytes, why), the ``links`` it skipped, the kind folders it did not walk because they
+    are not trusted (``untrusted``: path, why), and the folders it could not list (``unreadable``: path, the
+    error), which it left out and went on."""
 
     entries: list[CacheEntry] = field(default_factory=list)
     leftovers: list[tuple[Path, int, str]] = field(default_factory=list)
     links: list[Path] = field(default_factory=list)
     untrusted: list[tuple[Path, str]] = field(default_factory=list)
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)
+
+    def children(self, folder: Path) -> list[Path]:
+        """The children of ``folder``, sorted; none when it cannot be listed (noted in :attr:`unreadable`)."""
+        try:
+            return sorted(folder.iterdir())
+        except OSError as err:
+            self.unreadable.append((folder, err.strerror or str(err)))
+            return []
 
 
 def measure(path: Path) -> int:
@@ -102,22 +112,38 @@ def scan(root: Path | None = None, kinds: list[str] | None = None, now: float | 
     root = default_cache_root() if root is None else root
     now = time.time() if now is None else now
     found = Found()
-    if not root.is_dir():
+    try:
+        if not root.is_dir():
+            return found
+    except OSError as err:  # a folder above it that cannot be entered
+        found.unreadable.append((root, err.strerror or str(err)))
         return found
     if _refused(root, found):
         return found
-    for p in sorted(root.iterdir()):
+    for p in found.children(root):
         if EMBEDDED.match(p.name) or _any_temporary(p.name) and p.name.startswith(".embedded-"):
             if _wanted("embedded", kinds):  # the embedded benchmark: entries of the root itself
-                _sort(p, "embedded", found, now)
+                _sort_or_note(p, "embedded", found, now)
         elif _wanted(p.name, kinds):
+            try:
+                walk = not p.is_symlink() and p.is_dir() and not _refused(p, found)
+            except OSError as err:
+                found.unreadable.append((p, err.strerror or str(err)))
+                continue
             if p.is_symlink():
                 found.links.append(p)
-            elif p.is_dir() and not _refused(p, found):
-                for child in sorted(p.iterdir()):
-                    _sort(child, p.name, found, now)
+            for child in found.children(p) if walk else ():
+                _sort_or_note(child, p.name, found, now)
     found.entries.sort(key=lambda e: e.used)
     return found
+
+
+def _sort_or_note(child: Path, kind: str, found: Found, now: float) -> None:
+    """:func:`_sort` ``child``; one that cannot be looked at is noted in ``found.unreadable`` and left out."""
+    try:
+        _sort(child, kind, found, now)
+    except OSError as err:
+        found.unreadable.append((child, err.strerror or str(err)))
 
 
 def _refused(folder: Path, found: Found) -> bool:
@@ -137,8 +163,9 @@ def _any_temporary(name: str) -> bool:
 
 
 def _writers(child: Path) -> bool:
-    """Whether ``child`` is a writer's temporary: this host's by its exact name, or another host's folder of such a
-    name that holds kglightning's marker (any other file of such a name may be a user's: it is listed as unmarked)."""
+    """Whether ``child`` is a writer's temporary: by its name (with the token, any host's; or this host's name of
+    the release before), or another host's folder named as the release before named them that holds kglightning's
+    marker (any other file of such a name may be a user's: it is listed as unmarked)."""
     return is_temporary(child.name) or other_host_temporary(child.name) and why_unmarked(child) is None
 
 
@@ -157,7 +184,7 @@ def _sort(child: Path, kind: str, found: Found, now: float) -> None:
         if now - _mtime(child) > _LOCK_AGE_S and not os.path.lexists(owner):
             found.leftovers.append((child, measure(child), f"a marker or lock of {owner.name}, which is gone"))
     elif kind == "records" and name == "stamps" and child.is_dir():
-        for memo in sorted(child.iterdir()):
+        for memo in found.children(child):
             if memo.is_symlink():
                 found.links.append(memo)
             elif _MEMO.match(memo.name) and _own_file(memo, 32) and now - _mtime(memo) > _MEMO_AGE_S:
@@ -205,10 +232,11 @@ def entries(root: Path | None = None, kinds: list[str] | None = None) -> list[Ca
 def other_folders(root: Path | None = None) -> list[str]:
     """The folders of the cache root that are not kglightning's kinds (another tool's; never cleaned)."""
     root = default_cache_root() if root is None else root
-    if not root.is_dir():
+    try:
+        return sorted(p.name for p in root.iterdir() if p.is_dir() and not _wanted(p.name, None)
+                      and not EMBEDDED.match(p.name) and not p.name.startswith("."))  # fmt: skip
+    except OSError:  # not there, or not readable (scan says so)
         return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not _wanted(p.name, None)
-                  and not EMBEDDED.match(p.name) and not p.name.startswith("."))  # fmt: skip
 
 
 def human(n: float) -> str:

@@ -65,9 +65,9 @@ def write_shard(path: str | Path, texts: list[str], rows: np.ndarray) -> None:
 
 
 def remove_stale_writes(folder: str | Path) -> int:
-    """Remove the temporary files that killed writers of shards left in ``folder`` (``.<shard>.<host>.<pid>.tmp`` of
-    this host, their process gone and nothing written for ten minutes:
-    :func:`~kglightning.data.store.temporaries.stale_temporary`); return how many."""
+    """Remove the temporary files that killed writers of shards left in ``folder`` (``.<shard>.kgl-<host>.<pid>.tmp``:
+    this host's whose process is gone and nothing written for ten minutes, any host's untouched for a day in the
+    cache: :func:`~kglightning.data.store.temporaries.stale_temporary`); return how many."""
     return remove_stale_temporaries(Path(folder), None, "an embedding cache writer")
 
 

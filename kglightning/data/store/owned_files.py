@@ -2,7 +2,7 @@
 
 The cache's bookkeeping files have names anyone can compute: an entry's marker (``.kglightning-entry``), its in-use
 file (``.<entry>.in-use``), a record store's lock (``<key>.lock``), a digest memo and the temporaries of writers
-(``.<name>.<host>.<pid>.tmp``). Whatever is at such a name is opened here without following a link and without
+(``.<name>.kgl-<host>.<pid>.tmp``). Whatever is at such a name is opened here without following a link and without
 waiting (``O_NOFOLLOW | O_NONBLOCK``: a FIFO planted at the name is refused, not waited on), and is used only when
 ``fstat`` of the open descriptor shows a regular file of this user (:func:`open_own`); a file is created only where
 no name exists yet (:func:`create_new`: ``O_CREAT | O_EXCL | O_NOFOLLOW``), so a link planted at a writer's name

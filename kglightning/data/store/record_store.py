@@ -34,12 +34,15 @@ the store off.
 The store's files are never written in place (a changed file is a new store), so records read earlier keep their
 graphs; a file someone rewrites in place under a running process changes that process's graphs.
 
-A store is written into ``.<key>.<host>.<pid>.tmp``, with kglightning's marker
+A store is written into ``.<key>.kgl-<host>.<pid>.tmp``, which holds kglightning's marker from the moment it is made
 (:mod:`~kglightning.data.store.cache_marks`), and renamed when whole; a writer first removes the temporary folders
 that killed writers left for its key (:func:`~kglightning.data.store.temporaries.writer_temporary`). A write that
 fails (a full disk, a value JSON cannot hold) leaves nothing behind and the records are returned as read, with a
-warning. The cache folders are created ``0700`` and the files ``0600``. A load records the use on the marker
-(:func:`~kglightning.data.store.cache_marks.touch`), so that ``kglightning cache clean --older-than`` counts it.
+warning. The cache folders are created ``0700`` (the cache root too, whatever the folder above it; an existing root
+or ``records`` folder that another user owns or can write is not used) and the files ``0600``. A load records the
+use on the marker (:func:`~kglightning.data.store.cache_marks.touch`), so that ``kglightning cache clean
+--older-than`` counts it; a store that passes every check but carries no marker (written before markers existed)
+is marked then (:func:`~kglightning.data.store.cache_marks.adopt`).
 
 When several processes read a new file at once, one parses it and writes the store while the others wait
 (:func:`~kglightning.data.store.record_lock.first_reader`).
@@ -61,8 +64,15 @@ from pathlib import Path
 import numpy as np
 
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
-from kglightning.data.store.cache import content_digest, default_cache_root, private_dir, untrusted, warn_once
-from kglightning.data.store.cache_marks import mark_folder, set_aside, touch
+from kglightning.data.store.cache import (
+    content_digest,
+    default_cache_root,
+    private_dir,
+    untrusted,
+    untrusted_above,
+    warn_once,
+)
+from kglightning.data.store.cache_marks import adopt, mark_folder, set_aside, system_error, touch
 from kglightning.data.store.mapped_pages import release_array
 from kglightning.data.store.temporaries import writer_temporary
 from kglightning.data.triple_array import TripleArray, Vocab
@@ -105,8 +115,8 @@ def _root() -> Path:
     """The record stores' kind folder; ``None`` (no store used) when it cannot be trusted (:func:`untrusted`: another
     user's, or writable by others), said once."""
     root = default_cache_root() / "records"
-    try:
-        why = untrusted(root) if root.exists() else None
+    try:  # the cache root is made 0700 when missing, whatever the folder above it; an existing one is checked
+        why = untrusted_above(root)
     except OSError as err:
         why = str(err)
     if why is not None:
@@ -243,6 +253,7 @@ def save_store(records: list[KGQARecord], folder: Path) -> None:
     tmp = writer_temporary(folder, "a record store writer")
     tmp.mkdir(mode=0o700)
     try:
+        mark_folder(tmp)  # kglightning's from the start: `kglightning cache clean` may remove it, killed or whole
         schema = _schema()
         n = triples = 0
         with pa.OSFile(str(tmp / "records.arrow"), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
@@ -269,7 +280,6 @@ def save_store(records: list[KGQARecord], folder: Path) -> None:
         (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         for name in ("records.arrow", "vocab.arrow", "meta.json"):
             os.chmod(tmp / name, 0o600)  # whatever the umask: a store others can write is not read
-        mark_folder(tmp)  # kglightning's: `kglightning cache clean` may remove it
         if folder.is_dir() and not (folder / "meta.json").exists():  # torn (or not a store): never read, moved aside
             set_aside(folder, "holds no meta.json")
         try:
@@ -401,6 +411,7 @@ def load_store(folder: Path, out: list, source: str | None = None) -> None:
     if len(out) != meta["records"] or len(vocab) != meta["strings"]:
         raise ValueError(f"{folder}: {len(out)} records and {len(vocab)} strings where {meta['records']} and "
                          f"{meta['strings']} were stored")  # fmt: skip
+    adopt(folder)  # trusted and whole: a store written before markers existed is marked now, so clean can see it
     touch(folder)  # used now: what `kglightning cache clean --older-than` removes last
     where = out.source
     out.skipped = [
@@ -408,16 +419,6 @@ def load_store(folder: Path, out: list, source: str | None = None) -> None:
     ]
     out.empty_graph, out.unknown_topic = meta["empty_graph"], meta["unknown_topic"]
     out.store = folder
-
-
-def system_error(err: BaseException) -> bool:
-    """Whether ``err``, raised while a store was loaded, is the system's (memory, file handles, an I/O error, a full
-    disk: an ``OSError`` with an ``errno``; the store is kept and read again later) rather than the store's damage
-    (set aside and written again): pyarrow tells a stream cut short as an ``OSError`` without ``errno``, and a file
-    missing from the store (a torn store) is damage too."""
-    if isinstance(err, MemoryError):
-        return True
-    return isinstance(err, OSError) and err.errno is not None and not isinstance(err, FileNotFoundError)
 
 
 def set_store_aside(folder: Path, why: str) -> None:

@@ -7,8 +7,9 @@ folder named by the stage's fingerprint (:func:`fingerprint`: the questions' con
 whatever else its output depends on). A run that stopped part-way (killed, out of memory, a machine lost) is run
 again with the same arguments and maps only the pieces it had not finished, with any number of processes
 (``datasets`` keeps the layout of a piece's files that it finds and maps only its missing parts; a stored piece that
-cannot be read, is not trusted (:func:`~kglightning.data.store.cache.untrusted`), fails a full Arrow validation, or
-holds fewer rows than it should, is mapped again); a change of any parameter gives another fingerprint, so nothing
+cannot be read (damage: a file cut short, schema metadata that is not JSON; an error of the system is raised as it
+is), is not trusted (:func:`~kglightning.data.store.cache.untrusted`), fails a full Arrow validation, or holds fewer
+rows than it should, is set aside in its folder (``<file>.unreadable-<time>``, with a WARNING) and mapped again); a change of any parameter gives another fingerprint, so nothing
 stale is read. A folder under a kind folder of a cache (``pcst-cuts/<fingerprint>``) is a cache entry created with
 kglightning's marker (:mod:`~kglightning.data.store.cache_marks`); its files are made ``0600``. The output does not
 depend on ``workers``: pieces, and the shards ``datasets`` cuts them into, are contiguous and concatenated in order.
@@ -51,7 +52,7 @@ import pyarrow as pa
 import torch
 
 from kglightning.data.store.cache import private_dir, untrusted, untrusted_above
-from kglightning.data.store.cache_marks import entry_folder, entry_holding, touch
+from kglightning.data.store.cache_marks import damage, entry_folder, entry_holding, set_aside, touch
 from kglightning.data.store.cache_pins import pin, unpin
 
 __all__ = [
@@ -186,12 +187,14 @@ def _remove_stale_temporaries(folder: Path) -> None:
 
 
 def _map_again(part: Any, function: Callable, kwargs: dict[str, Any], name: Path, why: str) -> Any:
-    """Remove a stored piece's files (``name`` and its per-process parts) and map the piece again. (Two processes
-    that find the same damaged piece at once may remove each other's new files: run one process per folder.)"""
-    log.warning("stored piece %s %s; mapping it again", name, why)
+    """Set a stored piece's files (``name`` and its per-process parts) aside (``<file>.unreadable-<time>`` in the
+    folder, with a WARNING; they go when the folder's entry is cleaned) and map the piece again, writing its files
+    anew. (Two processes that find the same damaged piece at once may set each other's new files aside: run one
+    process per folder.)"""
     for p in name.parent.glob(f"{name.stem}*{name.suffix}"):
-        p.unlink(missing_ok=True)
-    done = part.map(function, **kwargs)
+        if set_aside(p, why) is None:
+            p.unlink(missing_ok=True)
+    done = part.map(function, **{**kwargs, "load_from_cache_file": False})
     if len(done) != len(part):
         raise RuntimeError(f"{name}: the map gave {len(done)} rows for {len(part)}")
     return done
@@ -267,9 +270,9 @@ def cached_map(
                 try:
                     done = part.map(function, **kwargs) if why is None else None
                 except (pa.ArrowInvalid, OSError) as err:  # a stored piece that cannot be read: mapped again
-                    if not stored:  # the function's own error, not the file's
+                    if not stored or not damage(err):  # the function's own error, or the system's: raised
                         raise
-                    why = f"cannot be read ({err})"
+                    why = f"cannot be read ({type(err).__name__}: {err})"
                 if done is not None and stored and why is None:
                     why = _damaged(done)
                 if why is not None:
@@ -314,13 +317,22 @@ def _open_folder(folder: Path) -> Path | None:
 
 
 def _refused_piece(name: Path) -> str | None:
-    """Why the stored files of the piece ``name`` must not be read (another user's, or writable by others), or
-    ``None``."""
-    for p in name.parent.glob(f"{name.stem}*{name.suffix}"):
-        why = untrusted(p, alone=True)
-        if why is not None:
-            return f"is not trusted ({why})"
-    return None
+    """Why the stored files of the piece ``name`` must not be read, or ``None``: another user's or writable by others,
+    or damaged (they cannot be opened as ``datasets`` files: a stream cut short, schema metadata that is not UTF-8,
+    not JSON or not of its shape). An error of the system (no memory, no file handles, an I/O error:
+    :func:`~kglightning.data.store.cache_marks.system_error`) is raised as it is."""
+    import datasets
+
+    files = sorted(name.parent.glob(f"{name.stem}*{name.suffix}"))
+    why = next((f"is not trusted ({w})" for w in (untrusted(p, alone=True) for p in files) if w is not None), None)
+    for p in files if why is None else ():
+        try:
+            datasets.Dataset.from_file(str(p))
+        except Exception as err:
+            if not damage(err):
+                raise
+            return f"cannot be read ({type(err).__name__}: {err})"
+    return why
 
 
 def _damaged(done: Any) -> str | None:

@@ -126,8 +126,16 @@ def summarize(kg: KnowledgeGraph, splits: dict[str, list[dict[str, Any]]], seed:
     }
 
 
+def _new_file(path: Path):
+    """A new text file at ``path`` (in the build's own folder), ``0644`` less the umask: no umask makes a file of
+    the benchmark writable by the group or others, which its reader would refuse (and build it again)."""
+    from kglightning.data.store.owned_files import create_new
+
+    return os.fdopen(create_new(path, 0o644), "w", encoding="utf-8", newline="\n")
+
+
 def _write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+    with _new_file(path) as f:
         for r in records:
             f.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")))
             f.write("\n")
@@ -212,7 +220,7 @@ def make_records(
 
 
 def _build_folder(out_dir: Path) -> Path:
-    """A new folder beside ``out_dir`` to build into (``.<name>.<host>.<pid>.tmp``), holding kglightning's marker
+    """A new folder beside ``out_dir`` to build into (``.<name>.kgl-<host>.<pid>.tmp``), holding kglightning's marker
     (a build of kglightning, which a later build may replace and, in the cache, ``kglightning cache clean`` may
     remove), after removing the ones that killed builds left there, and the old builds they had moved aside
     (:func:`~kglightning.data.store.temporaries.writer_temporary`)."""
@@ -228,7 +236,11 @@ def _build_folder(out_dir: Path) -> Path:
 
 def make_parent(out_dir: Path) -> None:
     """Create ``out_dir``'s missing parent folders: ``0700`` inside the kglightning cache (its root included, which the
-    embedded benchmark is often the first to need), with the umask's mode elsewhere.
+    embedded benchmark is often the first to need, whatever the folder above it), with the umask's mode elsewhere.
+
+    Raises:
+        PermissionError: ``out_dir`` is in the cache and its folder belongs to another user or others can write it
+            (:func:`~kglightning.data.store.cache.untrusted`): a build there would be refused by its reader.
 
     Example:
         >>> import os, stat, tempfile
@@ -238,11 +250,17 @@ def make_parent(out_dir: Path) -> None:
         '0o700'
         >>> del os.environ["KGLIGHTNING_CACHE"]
     """
-    from kglightning.data.store.cache import default_cache_root, private_dir
+    from kglightning.data.store.cache import default_cache_root, private_dir, untrusted
 
     root = default_cache_root().expanduser().resolve()
     if out_dir.parent == root or root in out_dir.parents:
         private_dir(out_dir.parent)
+        why = untrusted(out_dir.parent)
+        if why is not None:
+            raise PermissionError(
+                f"{out_dir.parent} is not trusted ({why}): kglightning builds nothing in a cache "
+                "folder other users could change; make it private (chmod go-w) or build elsewhere"
+            )
     else:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
 
@@ -277,7 +295,8 @@ def build_embedded_benchmark(
     try:
         for s in SPLITS:
             _write_jsonl(tmp / f"{s}.jsonl", splits[s])
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
+        with _new_file(tmp / "manifest.json") as f:
+            f.write(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
         os.chmod(tmp, 0o755)
         _publish(tmp, out_dir, replace)
     finally:
