@@ -161,7 +161,8 @@ def test_cli_apply_and_check(tmp_path, capsys):
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
     unlabelled = _write(tmp_path / "u.jsonl", [{"id": 1, "prediction": ["x"], "hallucination_prob": [0.3]}])
-    assert main(["select", "--calibration", str(unlabelled), "--predictions", str(unlabelled)]) == 2
+    other = _write(tmp_path / "u2.jsonl", [{"id": 2, "prediction": ["y"], "hallucination_prob": [0.4]}])
+    assert main(["select", "--calibration", str(unlabelled), "--predictions", str(other)]) == 2
     assert "needs labels" in capsys.readouterr().err
     assert main(["select", "--predictions", str(unlabelled)]) == 2
     assert "needs --calibration" in capsys.readouterr().err
@@ -169,7 +170,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     out = tmp_path / "never.jsonl"
     bad = _write(tmp_path / "b.jsonl", [{"id": 1, "prediction": ["x"], "hallucination_prob": [2, 3]}])
-    assert main(["select", "--calibration", str(bad), "--predictions", str(bad), "--output", str(out)]) == 2
+    assert main(["select", "--calibration", str(bad), "--predictions", str(other), "--output", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "b.jsonl:1: field 'hallucination_prob'" in err and not out.exists()
 
@@ -211,7 +212,8 @@ def test_unlabelled_calibration_row_is_named_by_line(tmp_path, capsys):
     rows = _pool(5)
     del rows[3]["hallucinated"]
     cal = _write(tmp_path / "cal.jsonl", rows)
-    assert main(["select", "--calibration", str(cal), "--predictions", str(cal)]) == 2
+    test = _write(tmp_path / "test.jsonl", _pool(3))
+    assert main(["select", "--calibration", str(cal), "--predictions", str(test)]) == 2
     assert "cal.jsonl:4: field 'hallucinated'" in capsys.readouterr().err
 
 
@@ -263,7 +265,8 @@ def test_cli_flags_lists_of_other_lengths(tmp_path, capsys):
     assert "1.00 against 7.05 answers on average" in out  # the pool's 1-4 answers, three times over
     summary = json.loads((tmp_path / "test.selected.summary.json").read_text())
     assert summary["groups"]["all"]["length_pvalue"] < 0.01
-    assert main(["select", "--calibration", str(cal), "--predictions", str(cal), "--output", str(tmp_path / "o")]) == 0
+    alike = _write(tmp_path / "alike.jsonl", short)  # the same kind of lists (and the same ids: warned, not refused)
+    assert main(["select", "--calibration", str(cal), "--predictions", str(alike), "--output", str(tmp_path / "o")]) == 0
     assert "WARNING" not in capsys.readouterr().out
 
 
@@ -327,7 +330,8 @@ def test_labels_from_gold_answers_agree_with_the_detector(tmp_path, capsys, capl
     cal = _write(tmp_path / "cal.jsonl", [*rows, *_pool(40)])
     out = tmp_path / "out.jsonl"
     with caplog.at_level(logging.WARNING):
-        assert main(["select", "--calibration", str(cal), "--predictions", str(cal), "--output", str(out)]) == 0
+        test = _write(tmp_path / "test.jsonl", _pool(3))
+        assert main(["select", "--calibration", str(cal), "--predictions", str(test), "--output", str(out)]) == 0
     assert json.loads(out.with_suffix(".summary.json").read_text())["n_calibration_no_gold"] == 2
     assert "left 2 of 46 calibration rows out, whose gold answer list is empty or blank" in caplog.text
 
