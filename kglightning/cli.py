@@ -158,7 +158,11 @@ def _build_benchmark(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    for split, path in build_embedded_benchmark(args.out, seed=args.seed).items():
+    try:
+        paths = build_embedded_benchmark(args.out, seed=args.seed)
+    except (FileExistsError, PermissionError) as e:  # a folder it may not replace: one line, exit 2
+        p.error(str(e))
+    for split, path in paths.items():
         print(f"{split}: {path}")
     return 0
 

@@ -44,6 +44,12 @@ def _read_legacy(shard: Path) -> tuple[list[str], torch.Tensor]:
     texts, emb = payload["texts"], payload["embeddings"]
     if not isinstance(texts, list) or not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.shape[0] != len(texts):
         raise ValueError("texts and embeddings do not match")
+    if not texts or emb.shape[1] == 0:
+        raise ValueError("it holds no rows, or rows of width 0")
+    for t in texts:  # what an Arrow shard can hold: UTF-8 strings (a lone surrogate is not one)
+        if not isinstance(t, str):
+            raise ValueError(f"a text is of type {type(t).__name__}, not a string")
+        t.encode("utf-8")  # UnicodeEncodeError, a ValueError: the shard is set aside
     return texts, emb.half()
 
 

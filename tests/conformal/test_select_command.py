@@ -266,7 +266,8 @@ def test_cli_flags_lists_of_other_lengths(tmp_path, capsys):
     summary = json.loads((tmp_path / "test.selected.summary.json").read_text())
     assert summary["groups"]["all"]["length_pvalue"] < 0.01
     alike = _write(tmp_path / "alike.jsonl", short)  # the same kind of lists (and the same ids: warned, not refused)
-    assert main(["select", "--calibration", str(cal), "--predictions", str(alike), "--output", str(tmp_path / "o")]) == 0
+    args = ["select", "--calibration", str(cal), "--predictions", str(alike), "--output", str(tmp_path / "o")]
+    assert main(args) == 0
     assert "WARNING" not in capsys.readouterr().out
 
 

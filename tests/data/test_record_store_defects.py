@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kglightning.data.records import RecordError
 from kglightning.data.sources.loaders import read_records
 from kglightning.data.store import record_store
 from kglightning.data.store.cache_marks import mark_folder
@@ -304,3 +305,22 @@ def test_a_store_that_fails_its_check_is_never_marked(cache, tmp_path):
     read_records(data)
     (aside,) = (cache / "records").glob(f"{store.name}.unreadable-*")
     assert why_unmarked(aside) == "" and why_unmarked(store) is None  # set aside unmarked; the new store marked
+
+
+@pytest.mark.parametrize("first", [".json", ".jsonl"])
+def test_the_same_bytes_read_as_json_and_as_jsonl_never_share_a_store(cache, tmp_path, first):
+    """Third cache review: one line holding a JSON list of two records is two records as ``.json`` and a bad record
+    as ``.jsonl``; the store key left the format out, so the second read returned the first one's records."""
+    rec = {"id": "q", "question": "capital of France?", "answer": ["Paris"], "q_entity": ["France"],
+           "a_entity": ["Paris"], "graph": [["France", "capital", "Paris"]]}  # fmt: skip
+    line = json.dumps([{**rec, "id": "q1"}, {**rec, "id": "q2"}]) + "\n"
+    for suffix in (".json", ".jsonl"):
+        (tmp_path / f"a{suffix}").write_text(line, encoding="utf-8")
+    second = ".jsonl" if first == ".json" else ".json"
+    for suffix in (first, second):
+        if suffix == ".json":
+            assert [r.id for r in read_records(tmp_path / "a.json", on_bad_record="skip")] == ["q1", "q2"]
+        else:
+            assert len(read_records(tmp_path / "a.jsonl", on_bad_record="skip")) == 0
+    with pytest.raises(RecordError, match="a.jsonl:1: expected a JSON object"):
+        read_records(tmp_path / "a.jsonl")

@@ -116,6 +116,23 @@ def test_a_shard_of_the_earlier_torch_format_is_rewritten_as_arrow_with_the_same
     assert texts == ["a", "b", "c"] and np.array_equal(back, rows.numpy())
 
 
+@pytest.mark.parametrize(
+    ("texts", "rows"),
+    [(["Paris", "Bad\ud800"], torch.ones(2, 4)), (["Paris", 7], torch.ones(2, 4)), ([], torch.ones(0, 0))],
+    ids=["lone-surrogate", "not-a-string", "no-rows"],
+)
+def test_a_legacy_shard_that_reads_but_is_no_arrow_shard_is_set_aside(tmp_path, texts, rows):
+    """Third cache review: such a shard loaded, then its rewrite as Arrow raised (UnicodeEncodeError, ArrowTypeError,
+    ValueError), and the file stayed, so every run stopped the same way."""
+    folder = tmp_path / "enc"
+    folder.mkdir()
+    torch.save({"texts": texts, "embeddings": rows.half()}, folder / "shard-01.pt")
+    for run in range(2):  # the first run sets it aside; the second reads only what the first encoded
+        cache = EmbeddingCache(_Enc(9.0), tmp_path)
+        assert len(cache) == run and cache.embed(["Paris"]).tolist() == [[9.0] * 4]
+    assert [p.name for p in folder.glob("shard-01*")] == ["shard-01.pt.unreadable"]
+
+
 def test_a_shard_file_opens_with_pyarrow_and_datasets_and_foreign_files_are_refused(tmp_path):
     import datasets
     import pyarrow as pa

@@ -221,6 +221,26 @@ def test_a_build_never_removes_a_folder_kglightning_did_not_build(tmp_path):
     assert (out / "my-notes.txt").read_text() == "keep" and not (out / "manifest.json").exists()
 
 
+@pytest.mark.parametrize("complete", [True, False])
+def test_a_rebuild_never_takes_a_users_files_put_beside_an_older_build(tmp_path, complete):
+    """Third cache review: ``build-benchmark --out data/embedded`` again (another seed) deleted the notes and runs a
+    user had put into the folder of the first build, with exit 0; a torn build would move them into a pile that
+    ``cache clean`` removes in time."""
+    out = tmp_path / "embedded"
+    first = builder._build_folder(out)
+    if complete:
+        (first / "manifest.json").write_text("{}", encoding="utf-8")
+    first.rename(out)
+    (out / "NOTES.md").write_text("keep")
+    (out / "my_runs").mkdir()
+    tmp = builder._build_folder(out)
+    (tmp / "manifest.json").write_text('{"v": 2}', encoding="utf-8")
+    with pytest.raises(FileExistsError, match=r"files it did not write \(NOTES.md, my_runs\).*never removed"):
+        builder._publish(tmp, out, replace=True)
+    assert (out / "NOTES.md").read_text() == "keep" and (out / "my_runs").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["embedded"]
+
+
 def test_a_torn_build_of_kglightning_is_set_aside(tmp_path):
     out = tmp_path / "embedded-v1-seed0"
     torn = builder._build_folder(out)  # marked, as every build is; killed before its manifest
@@ -230,3 +250,18 @@ def test_a_torn_build_of_kglightning_is_set_aside(tmp_path):
     builder._publish(tmp, out, replace=False)
     (aside,) = tmp_path.glob("embedded-v1-seed0.unreadable-*")
     assert (out / "manifest.json").is_file() and (aside / ".kglightning-entry").is_file()
+
+
+def test_build_benchmark_refuses_a_folder_with_a_users_files_before_building(tmp_path, capsys):
+    from kglightning.cli import main
+
+    out = tmp_path / "embedded"
+    first = builder._build_folder(out)
+    (first / "manifest.json").write_text("{}", encoding="utf-8")
+    first.rename(out)
+    (out / "NOTES.md").write_text("keep")
+    with pytest.raises(SystemExit) as e:
+        main(["build-benchmark", "--out", str(out), "--seed", "1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "files it did not write (NOTES.md)" in err and err.count("\n") == 2  # usage + error
+    assert (out / "NOTES.md").read_text() == "keep"

@@ -140,7 +140,8 @@ def store_folder(path: str | os.PathLike, split: str | None, on_bad_record: str,
     root = _root()
     if root is None:
         return None
-    ident = f"{FORMAT}|{VALIDATION_VERSION}|{content_digest(p)}|{split_key}|{on_bad_record}|{limit}"
+    fmt = p.suffix.lower()  # the parser is chosen by it: the same bytes as .json and .jsonl read differently
+    ident = f"{FORMAT}|{VALIDATION_VERSION}|{content_digest(p)}|{fmt}|{split_key}|{on_bad_record}|{limit}"
     return root / hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 

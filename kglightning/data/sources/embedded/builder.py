@@ -141,6 +141,16 @@ def _write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
             f.write("\n")
 
 
+def _refuse_foreign(out_dir: Path, built: set[str]) -> None:
+    """Raise ``FileExistsError`` naming the files in ``out_dir`` (a build of kglightning) that a build does not
+    write (not in ``built``): a user's notes or runs put beside a build are neither replaced nor moved with it."""
+    foreign = sorted(set(os.listdir(out_dir)) - built)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise FileExistsError(f"{out_dir} holds an older build of kglightning and files it did not write ({shown}); "
+                              "they are never removed: move them away, or build into another folder")  # fmt: skip
+
+
 def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
     """Rename a finished build into place.
 
@@ -149,10 +159,12 @@ def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
     from a concurrent process) is kept and ours is discarded; a torn one (no ``manifest.json``) is set aside
     (``<name>.unreadable-<time>``, with a WARNING; ``kglightning cache clean`` removes it in time); with
     ``replace=True`` a complete one is moved aside and deleted. An empty folder is taken as made ready for the build.
-    Anything else at ``out_dir`` (a user's folder, a link) is never removed nor moved.
+    Anything else at ``out_dir`` (a user's folder, a link), and a build beside which a user put files of their own
+    (names a build does not write), is never removed nor moved.
 
     Raises:
-        FileExistsError: ``out_dir`` exists and is not a build of kglightning (the message names it: move it away).
+        FileExistsError: ``out_dir`` exists and is not a build of kglightning, or holds files that a build does not
+            write (the message names them: move them away).
     """
     from kglightning.data.store.cache_marks import set_aside, why_unmarked
     from kglightning.data.store.temporaries import writer_temporary
@@ -167,6 +179,7 @@ def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
         complete = (out_dir / "manifest.json").is_file()
         if complete and not replace:
             return
+        _refuse_foreign(out_dir, set(os.listdir(tmp)))  # a user's files beside a build: never deleted nor moved
         if not complete:
             set_aside(out_dir, "holds no manifest.json (a build that did not finish)")
         else:
@@ -284,6 +297,10 @@ def build_embedded_benchmark(
     """
     out_dir = Path(out_dir).expanduser().resolve()
     make_parent(out_dir)
+    from kglightning.data.store.cache_marks import MARK
+
+    if out_dir.is_dir() and not out_dir.is_symlink() and (out_dir / MARK).is_file():
+        _refuse_foreign(out_dir, {MARK, "manifest.json", *(f"{s}.jsonl" for s in SPLITS)})  # before the work
     kg = build_knowledge_graph()
     questions = generate_questions(kg)
     if workers is None:
