@@ -41,8 +41,6 @@ from typing import Literal
 from kglightning.data.predictions import add_on_bad_record_argument, read_predictions
 from kglightning.data.records import RecordError
 from kglightning.fileio import check_outputs_apart
-from kglightning.metrics.evaluation import evaluation_files, format_result, write_evaluation
-from kglightning.metrics.functional.evaluation import AnswerError
 
 __all__ = ["build_parser", "evaluate_predictions", "main"]
 
@@ -87,6 +85,9 @@ def evaluate_predictions(
         >>> sorted(p.name for p in d.iterdir())
         ['detailed_eval_result.jsonl', 'eval_result.txt', 'predictions.jsonl']
     """
+    from kglightning.metrics.evaluation import evaluation_files, format_result, write_evaluation  # torch: not at --help
+    from kglightning.metrics.functional.evaluation import AnswerError
+
     predictions = Path(predictions)
     out_dir = Path(output) if output is not None else predictions.parent
     check_outputs_apart(evaluation_files(out_dir, topk).values(), [predictions])  # before the first write

@@ -99,11 +99,13 @@ def tidy(text: str, width: int = WIDTH) -> str:
 
 
 def subcommands(top_level_help: str) -> list[str]:
-    """The subcommands listed in the usage line of ``kglightning --help`` (``{fit,validate,...}``), in order."""
-    m = re.search(r"\{([a-z][a-z0-9_,-]*)\}", top_level_help)
-    if m is None:
-        raise RuntimeError("no {subcommand,...} list in `kglightning --help`")
-    return m.group(1).split(",")
+    """The subcommands that ``kglightning --help`` lists under ``SUBCOMMAND`` (one per line, four spaces in), in
+    order."""
+    section = top_level_help.partition("\n  SUBCOMMAND\n")[2]
+    names = re.findall(r"^    ([a-z][a-z0-9-]*)(?:  |$)", section, flags=re.M)
+    if not names:
+        raise RuntimeError("no SUBCOMMAND list in `kglightning --help`")
+    return names
 
 
 def render() -> str:

@@ -33,11 +33,9 @@ summary). The reader is :func:`kglightning.data.predictions.read_predictions`, t
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,7 +43,7 @@ import torch
 
 from kglightning.conformal.functional import conformal_quantile, conformal_rank
 from kglightning.conformal.selection_io import group_name, group_value, lookup_key
-from kglightning.data.predictions import PredictionLine, PredictionList, add_on_bad_record_argument, read_predictions
+from kglightning.data.predictions import PredictionLine, PredictionList, read_predictions
 from kglightning.data.records import RecordError
 from kglightning.fileio import atomic_write, check_outputs_apart, write_text_atomic
 from kglightning.metrics.functional.evaluation import AnswerError, confidence_pairs
@@ -243,57 +241,3 @@ def _group_summary(by_group: dict, qhats: dict, stats: dict, alpha: float) -> di
         }
         for g, st in stats.items()
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the command; returns 0, or 2 with a one-line message on stderr when the input is malformed or missing."""
-    p = argparse.ArgumentParser(
-        prog="kglightning conformalize",
-        description="Split-conformal answer sets from a calibration and a test predictions jsonl (with confidences).",
-    )
-    p.add_argument("--calibration", required=True, help="predictions jsonl of the calibration questions")
-    p.add_argument("--predictions", required=True, help="predictions jsonl to add sets to")
-    p.add_argument("--alpha", type=float, required=True, help="miscoverage level in (0, 1)")
-    p.add_argument("--output", default=None, help="output jsonl (default: <predictions>.conformal.jsonl)")
-    p.add_argument("--group-by", default=None, help="a per-question key (dotted for nested): one qhat per group")
-    add_on_bad_record_argument(p)
-    args = p.parse_args(argv)
-    try:
-        s = conformalize(args.calibration, args.predictions, args.alpha, args.output, args.on_bad_record, args.group_by)
-    except (RecordError, ValueError, OSError) as e:
-        print(f"kglightning conformalize: error: {e}", file=sys.stderr)
-        return 2
-    qhat = "per group" if s.get("groups") else s["qhat"] if s["qhat"] is None else format(s["qhat"], ".6g")
-    print(
-        f"qhat={qhat} from {s['n_calibration']} calibration questions "
-        f"({s['calibration_missed']} with no correct proposed answer)"
-    )
-    for g, info in s.get("groups", {}).items():
-        flag = f" ({info['full_set_reason']}: full sets, flagged)" if info["full_sets"] else ""
-        ecr = "" if info["apss"] is None else f", test APSS {info['apss']:.2f}"
-        if info["ecr"] is not None:
-            ecr = f", test ECR {info['ecr']:.4f}, APSS {info['apss']:.2f}"
-        g_qhat = None if info["qhat"] is None else format(info["qhat"], ".6g")
-        print(
-            f"group {g}: qhat={g_qhat} from {info['n_calibration']} calibration questions "
-            f"({info['calibration_missed']} with no correct proposed answer){ecr}{flag}"
-        )
-    if s["full_sets"] and not s.get("groups"):
-        print(f"alpha={args.alpha:g} cannot be reached with these proposals: every set is the full list (flagged)")
-    if s["ecr"] is None:
-        print(f"test: APSS {s['apss']:.2f} over {s['n_test']} questions (none has gold answers: no ECR)")
-    elif s["n_gold"] == s["n_test"]:
-        print(f"test: ECR {s['ecr']:.4f}, APSS {s['apss']:.2f} over {s['n_test']} questions")
-    else:
-        print(
-            f"test: ECR {s['ecr']:.4f} over the {s['n_gold']} questions with gold answers, APSS {s['apss']:.2f} "
-            f"over {s['n_test']} questions"
-        )
-    n_skipped = s["n_calibration_skipped"] + s["n_test_skipped"]
-    if n_skipped:
-        print(
-            f"({n_skipped} bad rows skipped: {s['n_calibration_skipped']} calibration, {s['n_test_skipped']} test; "
-            "see the warnings above)"
-        )
-    print(f"wrote {s['output']}")
-    return 0

@@ -23,29 +23,38 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kglightning.conformal.selection import CLUSTERED_NOTE, LENGTH_LEVEL, RULES, AnswerSelector
-from kglightning.conformal.selection_io import ScoredFile, json_number, labelled_part, read_scored, selected_rows
-from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
 from kglightning.data.predictions import add_on_bad_record_argument
 from kglightning.data.records import RecordError
 from kglightning.fileio import atomic_write, check_outputs_apart, write_text_atomic
-from kglightning.metrics.functional.selection import grouped_selection_metrics
+
+if TYPE_CHECKING:
+    from kglightning.conformal.selection_io import ScoredFile
+
+# The modules that compute (torch) are imported in the functions that use them: `select --help` starts at once.
 
 log = logging.getLogger(__name__)
 
 
 #: what ``--pool`` writes into ``--report-dir``
 REPORT_FILES = ("report.md", "report.json", "selection.png", "splits.json")
+#: the rules of :class:`~kglightning.conformal.selection.AnswerSelector` (its ``RULES``; a test keeps them equal)
+RULES = ("fdr", "top", "kept_rate", "question")
 
 
 def _read(path: str, args: argparse.Namespace) -> ScoredFile:
+    from kglightning.conformal.selection_io import read_scored
+
     return read_scored(path, args.score, args.sense, args.group_by, args.on_bad_record)
 
 
 def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
     """Calibrate on ``--calibration``, select on ``--predictions``, write the rows and the summary."""
+    from kglightning.conformal.selection import AnswerSelector
+    from kglightning.conformal.selection_io import json_number, labelled_part, selected_rows
+    from kglightning.metrics.functional.selection import grouped_selection_metrics
+
     out = Path(args.output) if args.output else Path(args.predictions).with_suffix(".selected.jsonl")
     check_outputs_apart([out, out.with_suffix(".summary.json")], [args.calibration, args.predictions])
     if Path(args.calibration).exists() and Path(args.predictions).exists():
@@ -95,6 +104,9 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_rules(args: argparse.Namespace) -> Path:
     """Repeated random splits of ``--pool``; write the report."""
+    from kglightning.conformal.selection_io import json_number, labelled_part
+    from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
+
     out = Path(args.report_dir)
     check_outputs_apart([out / name for name in REPORT_FILES], [args.pool])
     pool = _read(args.pool, args)
@@ -156,6 +168,8 @@ def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "kglightning select") -> int:
     args = build_parser(prog).parse_args(argv)
+    from kglightning.conformal.selection import CLUSTERED_NOTE, LENGTH_LEVEL
+
     try:
         if args.predictions is not None:
             if args.calibration is None:

@@ -7,21 +7,28 @@
 * :func:`~.plots.plot_reliability_diagram` for a headless reliability diagram PNG.
 """
 
-from kglightning.metrics.calibration import BrierScore, ExpectedCalibrationError, MaximumCalibrationError
-from kglightning.metrics.classification import AUCPR, BinaryAUROC, BinaryAveragePrecision, detection_metrics
-from kglightning.metrics.coverage import AverageSetSize, EmpiricalCoverage
-from kglightning.metrics.plots import plot_reliability_diagram
-from kglightning.metrics.qa import (
-    AnswerAccuracy,
-    AnswerF1,
-    AnswerHit,
-    AnswerHits1,
-    AnswerPrecision,
-    AnswerRecall,
-    ExactMatch,
-    RoGAnswerMetrics,
-    StrictAnswerF1,
-)
+from typing import TYPE_CHECKING
+
+from kglightning.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the exports, imported on first use (kglightning.lazy)
+    from kglightning.metrics.calibration import BrierScore, ExpectedCalibrationError, MaximumCalibrationError
+    from kglightning.metrics.classification import AUCPR, BinaryAUROC, BinaryAveragePrecision, detection_metrics
+    from kglightning.metrics.coverage import AverageSetSize, EmpiricalCoverage
+    from kglightning.metrics.plots import plot_reliability_diagram
+    from kglightning.metrics.qa import (
+        AnswerAccuracy,
+        AnswerF1,
+        AnswerHit,
+        AnswerHits1,
+        AnswerPrecision,
+        AnswerRecall,
+        ExactMatch,
+        RoGAnswerMetrics,
+        StrictAnswerF1,
+    )
+
+__getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "AUCPR",

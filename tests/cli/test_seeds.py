@@ -87,10 +87,10 @@ def test_folds_parse_from_options_a_dict_and_a_config(tmp_path):
 
 
 def test_folds_reach_the_data_module(tmp_path):
-    from kglightning.cli import _configured
+    from kglightning.cli import configured
     from kglightning.data.folds import KFold
 
-    cli = _configured(
+    cli = configured(
         "seeds",
         save_config_callback=None,
         args=["--model", "lightning.pytorch.demos.boring_classes.BoringModel", "--data",
@@ -125,14 +125,14 @@ def _overrides(detection_dir: str, tiny_encoder_dir: str) -> list[str]:
 
 @pytest.mark.e2e
 def test_seeds_over_folds_resume_after_a_failure(detection_dir, tiny_encoder_dir, tmp_path, capsys, monkeypatch):
-    import kglightning.cli as cli_module
+    import kglightning.cli.trainer as cli_module
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KGLIGHTNING_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "cv" / "folds.json"
     argv = ["seeds", "--config", str(ROOT / "configs/detector.yaml"), "--seeds", "0", "--folds", "2",
             "--fold-pool", "train", "validation", "--output", str(out), *_overrides(detection_dir, tiny_encoder_dir)]  # fmt: skip
-    real, calls = cli_module._configured, []
+    real, calls = cli_module.configured, []
 
     def second_run_fails(*args, **kwargs):
         calls.append(kwargs["args"])
@@ -140,7 +140,7 @@ def test_seeds_over_folds_resume_after_a_failure(detection_dir, tiny_encoder_dir
             raise RuntimeError("the machine went away")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cli_module, "_configured", second_run_fails)
+    monkeypatch.setattr(cli_module, "configured", second_run_fails)
     with pytest.raises(RuntimeError, match="went away"):
         main(argv)
     first = json.loads(out.read_text())
@@ -151,7 +151,7 @@ def test_seeds_over_folds_resume_after_a_failure(detection_dir, tiny_encoder_dir
     assert "[1/2] fold 0/2, seed 0: test/all/f1 " in capsys.readouterr().out
 
     calls.clear()
-    monkeypatch.setattr(cli_module, "_configured", lambda *a, **k: calls.append(k["args"]) or real(*a, **k))
+    monkeypatch.setattr(cli_module, "configured", lambda *a, **k: calls.append(k["args"]) or real(*a, **k))
     assert main([*argv, "--resume"]) == 0
     assert len(calls) == 1 and calls[0][calls[0].index("--data.init_args.folds.fold") + 1] == "1"
     printed = capsys.readouterr().out

@@ -9,7 +9,7 @@ import pytest
 
 from kglightning.cli import main
 from kglightning.conformal.offline import conformalize
-from kglightning.conformal.offline import main as offline_main
+from kglightning.conformal.conformalize_cli import main as offline_main
 from kglightning.data.records import RecordError
 
 

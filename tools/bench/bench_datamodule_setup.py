@@ -20,12 +20,12 @@ from pathlib import Path
 _CHILD = """
 import os, shutil, sys, time
 from pathlib import Path
-from kglightning.cli import _configured
+from kglightning.cli import configured
 config, first = sys.argv[1], sys.argv[2] == "first"
 if first:
     shutil.rmtree(Path(os.environ["KGLIGHTNING_CACHE"]) / "detection_graphs", ignore_errors=True)
 sys.argv = ["bench", "--config", config]
-dm = _configured("fit").datamodule
+dm = configured("fit").datamodule
 t0 = time.perf_counter()
 dm.prepare_data()
 dm.setup("fit")

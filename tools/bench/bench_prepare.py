@@ -35,7 +35,8 @@ def main() -> None:
 
     from kglightning.data.embeddings import SentenceEncoder
     from kglightning.data.sources.triples import load_kg
-    from kglightning.retrieval.build_subgraphs import _question_files, build_subgraphs, embedded_kg
+    from kglightning.retrieval.build_subgraphs import build_subgraphs, embedded_kg
+    from kglightning.retrieval.build_subgraphs_cli import _question_files
     from kglightning.retrieval.pcst import PCSTRetriever
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_prepare_"))
