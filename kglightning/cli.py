@@ -54,7 +54,14 @@ DESCRIPTION = (
 )
 
 #: errors that mean "the input is wrong", reported as one line with exit status 2
-USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (RecordError, FileNotFoundError, OutputOverInputError)
+USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (
+    RecordError,
+    OutputOverInputError,
+    FileNotFoundError,  # a path the user gave names nothing,
+    FileExistsError,  # ... something that may not be replaced,
+    IsADirectoryError,  # ... a folder where a file is read or written,
+    NotADirectoryError,  # ... or passes through a file
+)
 
 
 def version_string() -> str:
@@ -160,7 +167,7 @@ def _build_benchmark(argv: list[str]) -> int:
     args = p.parse_args(argv)
     try:
         paths = build_embedded_benchmark(args.out, seed=args.seed)
-    except (FileExistsError, PermissionError) as e:  # a folder it may not replace: one line, exit 2
+    except (FileExistsError, NotADirectoryError, PermissionError) as e:  # a folder it may not replace: one line
         p.error(str(e))
     for split, path in paths.items():
         print(f"{split}: {path}")
