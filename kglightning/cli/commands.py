@@ -23,7 +23,7 @@ def build_benchmark(argv: list[str]) -> int:
     args = p.parse_args(argv)
     try:
         paths = build_embedded_benchmark(args.out, seed=args.seed)
-    except (FileExistsError, PermissionError) as e:  # a folder it may not replace: one line, exit 2
+    except (FileExistsError, NotADirectoryError, PermissionError) as e:  # a folder it may not replace: one line
         p.error(str(e))
     for split, path in paths.items():
         print(f"{split}: {path}")

@@ -48,7 +48,14 @@ DESCRIPTION = (
 )
 
 #: errors that mean "the input is wrong", reported as one line with exit status 2
-USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (RecordError, FileNotFoundError, OutputOverInputError)
+USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (
+    RecordError,
+    OutputOverInputError,
+    FileNotFoundError,  # a path the user gave names nothing,
+    FileExistsError,  # ... something that may not be replaced,
+    IsADirectoryError,  # ... a folder where a file is read or written,
+    NotADirectoryError,  # ... or passes through a file
+)
 
 
 #: LightningCLI's subcommands, with the one-line help its own parser gives them

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -11,6 +15,7 @@ from kglightning.data.records import RecordError
 from kglightning.data.sources import read_records, write_records
 from kglightning.data.sources.predictions_import import detect_format, import_predictions, split_by_question
 from kglightning.data.sources.prompt_predictions import record_from_prompt
+from kglightning.data.store.temporaries import temporary_name
 
 PROMPT = "Reasoning Paths:\nJamaica -> language.spoken -> Jamaican English\n\nQuestion:\nwhat do they speak?"
 
@@ -236,6 +241,11 @@ def test_items_of_a_prediction_list_that_are_not_strings_are_counted(tmp_path, c
     assert read_records(str(tmp_path / "out" / "train.jsonl"))[0].prediction == ["Jamaican English"]
 
 
+def _dead_pid() -> int:
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(out.stdout)
+
+
 def test_a_killed_import_leaves_backups_named_and_temporaries_removed_and_modes_kept(tmp_path, capsys, caplog):
     from kglightning.data.sources import predictions_import
 
@@ -243,12 +253,18 @@ def test_a_killed_import_leaves_backups_named_and_temporaries_removed_and_modes_
     out = tmp_path / "out"
     assert run(capsys, "--input", write_lines(tmp_path / "a.jsonl", rows), "--output", out)[0] == 0
     (out / "train.jsonl").chmod(0o600)
-    (out / ".test.jsonl.1-dead.tmp").write_text("half")  # as a process killed while writing leaves them
+    dead, day_ago = _dead_pid(), time.time() - 2 * 86400
+    killed = [out / temporary_name("test.jsonl", pid=dead), out / f".train.jsonl.{dead}-0123abcd.tmp"]  # now, before
+    users = [out / ".train.jsonl.backup-2024.tmp", out / ".test.jsonl.v1.tmp", out / ".test.jsonl.1-notes.tmp"]
+    for path in [*killed, *users]:
+        path.write_text("half")  # as a process killed while writing leaves them, or a user's own files
+        os.utime(path, (day_ago, day_ago))
     (out / ".validation.jsonl.1-dead.old").write_text("the old validation")
     new = [record_from_prompt(prompt_row(i, prediction="new answer")) for i in range(10)]
     with caplog.at_level("WARNING"):
         predictions_import.write_splits(split_by_question(new, [0.6, 0.2, 0.2], seed=0), out)
-    assert not (out / ".test.jsonl.1-dead.tmp").exists() and (out / ".validation.jsonl.1-dead.old").exists()
+    assert not any(p.exists() for p in killed) and (out / ".validation.jsonl.1-dead.old").exists()
+    assert all(p.read_text() == "half" for p in users)  # review 4: a user's ".train.jsonl.*.tmp" was deleted
     assert ".validation.jsonl.1-dead.old" in caplog.text
     assert (out / "train.jsonl").stat().st_mode & 0o777 == 0o600
 
@@ -326,3 +342,15 @@ def test_fractions_that_are_not_numbers_are_a_usage_error(tmp_path, capsys):
         assert exc.value.code == 2 and "--fractions must be" in capsys.readouterr().err
     with pytest.raises(ValueError, match="fractions must be"):
         split_by_question([], [float("nan"), 0.5, 0.5], 0)
+
+
+def test_an_output_that_is_a_file_or_an_input_that_is_a_folder_is_one_line(tmp_path, capsys):
+    """Review 4: both ended in a traceback (FileExistsError, IsADirectoryError) where a missing input gets one line."""
+    rows = write_lines(tmp_path / "a.jsonl", [prompt_row(i) for i in range(10)])
+    (tmp_path / "ofile").write_text("mine")
+    code, _, err = run(capsys, "--input", rows, "--output", tmp_path / "ofile")
+    assert code == 2 and err.startswith("error: ") and "ofile" in err and "Traceback" not in err
+    assert (tmp_path / "ofile").read_text() == "mine"
+    (tmp_path / "indir").mkdir()
+    code, _, err = run(capsys, "--input", tmp_path / "indir", "--output", tmp_path / "o2")
+    assert code == 2 and "indir" in err and "Traceback" not in err and not (tmp_path / "o2").exists()

@@ -265,3 +265,20 @@ def test_build_benchmark_refuses_a_folder_with_a_users_files_before_building(tmp
     err = capsys.readouterr().err
     assert e.value.code == 2 and "files it did not write (NOTES.md)" in err and err.count("\n") == 2  # usage + error
     assert (out / "NOTES.md").read_text() == "keep"
+
+
+def test_build_benchmark_under_a_file_or_onto_a_file_is_one_line_before_building(tmp_path, capsys, monkeypatch):
+    """Review 4: `--out ofile/sub/x` ended in a NotADirectoryError traceback; `--out ofile` was refused only after
+    the whole build."""
+    from kglightning.cli import main
+
+    def no_build():
+        raise AssertionError("built before refusing")
+
+    monkeypatch.setattr(builder, "build_knowledge_graph", no_build)
+    (tmp_path / "ofile").write_text("mine")
+    for out in (tmp_path / "ofile" / "sub" / "x", tmp_path / "ofile"):
+        with pytest.raises(SystemExit) as e:
+            main(["build-benchmark", "--out", str(out)])
+        assert e.value.code == 2 and "Traceback" not in capsys.readouterr().err
+    assert (tmp_path / "ofile").read_text() == "mine"

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import json
 import logging
 import os
 import random
+import re
 import shutil
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -54,6 +57,8 @@ from kglightning.data.sources.prediction_lines import (
 )
 from kglightning.data.sources.prompt_predictions import is_prompt_row, record_from_prompt
 from kglightning.data.splits import SPLITS, locate_splits
+from kglightning.data.store.owned_files import create_new
+from kglightning.data.store.temporaries import pid_alive, writer_temporary
 from kglightning.fileio import check_outputs_apart
 
 log = logging.getLogger(__name__)
@@ -234,7 +239,8 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
     then written and synced under a temporary name; only when all are written are the old files moved aside, the new
     ones renamed into place and the old ones deleted, the new ones keeping the old ones' file modes. A failure at any
     step puts the old files back and removes the temporary ones (and a folder this call created). A process killed
-    between the renames can leave a mix; the next import into the folder removes its temporary files and names the
+    between the renames can leave a mix; the next import into the folder removes its temporary files (its own names
+    only, once their process is gone) and names the
     old splits it kept as ``.<split>.jsonl.<tag>.old`` in a WARNING.
 
     Raises:
@@ -244,15 +250,16 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
     encoded = {name: b"".join(_encoded(r, origin or {}) for r in rows) for name, rows in splits.items()}
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    _clean_stale(out, list(encoded))
+    _warn_backups(out, list(encoded))
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    temps = {name: out / f".{name}.jsonl.{tag}.tmp" for name in encoded}
+    # .<split>.jsonl.kgl-<host>.<pid>.tmp, after removing those that killed imports left (and nothing else)
+    temps = {name: writer_temporary(out / f"{name}.jsonl", "an import of predictions") for name in encoded}
     backups = {name: out / f".{name}.jsonl.{tag}.old" for name in encoded}
     moved: list[str] = []  # old files moved aside
     placed: list[str] = []  # new files renamed into place
     try:
         for name, data in encoded.items():
-            with open(temps[name], "wb") as f:
+            with os.fdopen(create_new(temps[name], 0o666), "wb") as f:  # 0666 less the umask, as open() makes
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -289,16 +296,34 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
             os.close(fd)
 
 
-def _clean_stale(out: Path, names: list[str]) -> None:
-    """Temporary files a killed earlier import left in ``out`` are removed; its backups of older splits (``.old``)
-    are kept and named in a WARNING, as they may be the only copy of a split it replaced."""
+def _warn_backups(out: Path, names: list[str]) -> None:
+    """Backups of older splits (``.old``) that a killed earlier import left in ``out`` are kept and named in a
+    WARNING, as they may be the only copy of a split it replaced. (Its temporary files, named by
+    :func:`~kglightning.data.store.temporaries.temporary_name`, are removed by
+    :func:`~kglightning.data.store.temporaries.writer_temporary` once no process will finish them; a user's own
+    ``.train.jsonl.<anything>.tmp`` is never touched.)"""
     for name in names:
-        for path in out.glob(f".{name}.jsonl.*.tmp"):
-            with contextlib.suppress(OSError):
-                path.unlink()
+        _remove_legacy_temporaries(out, name)
         for path in out.glob(f".{name}.jsonl.*.old"):
             log.warning("%s: a backup left by an import that was killed while renaming; %s is the split it replaced",
                         path, out / f"{name}.jsonl")  # fmt: skip
+
+
+#: the temporary name of an import before the writers' shared names: ``.<split>.jsonl.<pid>-<8 hex>.tmp``
+_LEGACY_TEMPORARY = re.compile(r"^\.(?P<split>[^/]+)\.jsonl\.(?P<pid>\d+)-[0-9a-f]{8}\.tmp$")
+
+
+def _remove_legacy_temporaries(out: Path, name: str) -> None:
+    """Remove the temporaries that an import of the release before left (exactly its name, of a process that is
+    gone, last written a day ago or more); anything else of a like name is a user's file and is kept."""
+    for path in out.glob(f".{glob.escape(name)}.jsonl.*.tmp"):
+        m = _LEGACY_TEMPORARY.match(path.name)
+        if m is None or m["split"] != name or pid_alive(int(m["pid"])):
+            continue
+        with contextlib.suppress(OSError):
+            if time.time() - path.lstat().st_mtime >= 86400 and path.is_file() and not path.is_symlink():
+                path.unlink()
+                log.info("removed %s, left by an import that did not finish", path)
 
 
 def refuse_emptying(splits: dict[str, list[KGQARecord]], out: str | Path, inputs: Sequence[str]) -> None:

@@ -125,7 +125,8 @@ def other_host_temporary(name: str) -> bool:
     return not is_temporary(name) and _ANY_HOST.match(name) is not None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (one of another user counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -187,7 +188,7 @@ def stale_temporary(path: Path, now: float | None = None, in_cache: bool = True)
     except OSError:  # removed meanwhile (its writer finished, or another clean)
         return False
     here = temp.host == socket.gethostname()
-    if here and quiet > QUIET_S and not _alive(temp.pid):
+    if here and quiet > QUIET_S and not pid_alive(temp.pid):
         return True
     return temp.tokened and (in_cache or not here) and quiet > TMP_AGE_S
 

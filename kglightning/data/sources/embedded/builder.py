@@ -151,6 +151,19 @@ def _refuse_foreign(out_dir: Path, built: set[str]) -> None:
                               "they are never removed: move them away, or build into another folder")  # fmt: skip
 
 
+def _refuse_other(out_dir: Path) -> None:
+    """Raise ``FileExistsError`` when ``out_dir`` (which exists) is not a build of kglightning: a link, a file, or a
+    folder without kglightning's marker (:func:`~kglightning.data.store.cache_marks.why_unmarked`)."""
+    from kglightning.data.store.cache_marks import why_unmarked
+
+    why = "it is a symbolic link" if out_dir.is_symlink() else why_unmarked(out_dir)
+    if why is None and not out_dir.is_dir():
+        why = "it is not a folder"
+    if why is not None:
+        raise FileExistsError(f"{out_dir} exists and is not a build of kglightning ({why or 'no kglightning marker'}); "
+                              "it is never removed: move it away, or build into another folder")  # fmt: skip
+
+
 def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
     """Rename a finished build into place.
 
@@ -166,16 +179,13 @@ def _publish(tmp: Path, out_dir: Path, replace: bool) -> None:
         FileExistsError: ``out_dir`` exists and is not a build of kglightning, or holds files that a build does not
             write (the message names them: move them away).
     """
-    from kglightning.data.store.cache_marks import set_aside, why_unmarked
+    from kglightning.data.store.cache_marks import set_aside
     from kglightning.data.store.temporaries import writer_temporary
 
     if out_dir.is_dir() and not out_dir.is_symlink() and not any(out_dir.iterdir()):
         out_dir.rmdir()  # an empty folder (made ready for the build) holds nothing to keep
     if os.path.lexists(out_dir):
-        why = "it is a symbolic link" if out_dir.is_symlink() else why_unmarked(out_dir)
-        if why is not None:
-            raise FileExistsError(f"{out_dir} exists and is not a build of kglightning ({why or 'no kglightning marker'}"
-                                  "); it is never removed: move it away, or build into another folder")  # fmt: skip
+        _refuse_other(out_dir)
         complete = (out_dir / "manifest.json").is_file()
         if complete and not replace:
             return
@@ -299,8 +309,9 @@ def build_embedded_benchmark(
     make_parent(out_dir)
     from kglightning.data.store.cache_marks import MARK
 
-    if out_dir.is_dir() and not out_dir.is_symlink() and (out_dir / MARK).is_file():
-        _refuse_foreign(out_dir, {MARK, "manifest.json", *(f"{s}.jsonl" for s in SPLITS)})  # before the work
+    if os.path.lexists(out_dir) and not (out_dir.is_dir() and not out_dir.is_symlink() and not any(out_dir.iterdir())):
+        _refuse_other(out_dir)  # before the work, as _publish would after it
+        _refuse_foreign(out_dir, {MARK, "manifest.json", *(f"{s}.jsonl" for s in SPLITS)})
     kg = build_knowledge_graph()
     questions = generate_questions(kg)
     if workers is None:
