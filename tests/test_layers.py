@@ -35,6 +35,7 @@ FLOORS = {
     "__init__": 0,  # the package root holds only the version
     "fileio": 0,  # atomic output files; imports nothing of kglightning
     "lazy": 0,  # package exports imported on first use; imports nothing of kglightning
+    "threads": 0,  # torch's thread count and wait policy; imports nothing of kglightning
 }
 
 

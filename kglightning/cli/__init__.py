@@ -5,16 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kglightning.cli.entry import (
-    DESCRIPTION,
-    EXTRA_SUBCOMMANDS,
-    PROG,
-    TRAINER_SUBCOMMANDS,
-    USER_INPUT_ERRORS,
-    main,
-    top_level_parser,
-    version_string,
-)
+from kglightning.cli.entry import USER_INPUT_ERRORS, main, top_level_parser
+from kglightning.cli.names import DESCRIPTION, EXTRA_SUBCOMMANDS, PROG, TRAINER_SUBCOMMANDS, version_string
 
 if TYPE_CHECKING:
     from kglightning.cli.trainer import KGLightningCLI, configured, default_t_max

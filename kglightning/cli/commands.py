@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kglightning.cli.entry import PROG
+from kglightning.cli.names import PROG
 
 
 def build_benchmark(argv: list[str]) -> int:

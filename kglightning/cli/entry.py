@@ -16,36 +16,10 @@ import argparse
 import os
 import sys
 
-import kglightning
+from kglightning.cli.names import DESCRIPTION, EXTRA_SUBCOMMANDS, PROG, TRAINER_SUBCOMMANDS, version_string
 from kglightning.data.records import RecordError
 from kglightning.fileio import OutputOverInputError
-
-PROG = "kglightning"
-
-#: subcommands handled by kglightning itself, with their one-line help
-EXTRA_SUBCOMMANDS = {
-    "evaluate": "RoG-compatible answer metrics (Hit, F1, EM, ECE, ...) of a predictions jsonl",
-    "build-benchmark": "build the embedded geography/elements KGQA benchmark into a folder",
-    "build-subgraphs": "RoG records with G-Retriever PCST subgraphs from your own KG (triples) and questions",
-    "conformalize": "split-conformal answer sets for any predictions jsonl with confidences",
-    "select": "keep the answers of a scored predictions jsonl so that at most alpha of the kept are hallucinated "
-    "(FDR, Learn-Then-Test or per question, per group), or check such a rule over random splits",
-    "import-predictions": "RoG records with a KGQA system's answers: RoG / GNN-RAG prompts, GCR beams, or any "
-    "predictions jsonl joined onto RoG records by id",
-    "compare-proxies": "score DoublyCal evidence proxies (e.g. SFT vs GRPO adapters) on the same held-out questions",
-    "cache": "list the cache's entries, their sizes (du), or clean what killed runs left and what is old or over a "
-    "size",
-    "seeds": "fit and test a config once per seed (--folds K: per fold and seed) and report each test metric's mean "
-    "and standard deviation",
-}
-
-DESCRIPTION = (
-    "kglightning: trustworthy question answering over knowledge graphs with LLMs. fit / validate / test / predict "
-    "run a LightningModule and a LightningDataModule named by class_path in a YAML config (--config); evaluate, "
-    "build-benchmark, build-subgraphs, conformalize, select and import-predictions work on files; compare-proxies scores DoublyCal evidence proxies; "
-    "seeds repeats a fit over seeds (and folds). Run any "
-    "subcommand with --help for its options."
-)
+from kglightning.threads import sleep_when_idle
 
 #: errors that mean "the input is wrong", reported as one line with exit status 2
 USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (
@@ -56,25 +30,6 @@ USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (
     IsADirectoryError,  # ... a folder where a file is read or written,
     NotADirectoryError,  # ... or passes through a file
 )
-
-
-#: LightningCLI's subcommands, with the one-line help its own parser gives them
-TRAINER_SUBCOMMANDS = {
-    "fit": "train a model (and validate it) on a data module, both named by class_path in --config",
-    "validate": "one evaluation epoch over the validation split",
-    "test": "one evaluation epoch over the test split",
-    "predict": "run the model over the predict split (prediction writers, reports)",
-}
-
-
-def version_string() -> str:
-    """``kglightning <version>`` (the installed distribution's version, else the package's ``__version__``)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"{PROG} {version(PROG)}"
-    except PackageNotFoundError:
-        return f"{PROG} {kglightning.__version__}"
 
 
 def top_level_parser() -> argparse.ArgumentParser:
@@ -160,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
         ``main(["fit", "--config", "configs/detector.yaml"])`` runs the main job the same way.
     """
+    sleep_when_idle()  # before torch is imported (kglightning.threads)
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

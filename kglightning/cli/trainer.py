@@ -15,8 +15,10 @@ from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
-from kglightning.cli.entry import DESCRIPTION, EXTRA_SUBCOMMANDS, PROG, version_string
+from kglightning.cli.names import DESCRIPTION, EXTRA_SUBCOMMANDS, PROG, version_string
+from kglightning.threads import apply_threads
 
 
 def default_t_max(config: Any) -> None:
@@ -90,6 +92,7 @@ class KGLightningCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         default_t_max(config)
+        rank_zero_info(apply_threads())  # once, before the data and the model are built
 
     def after_fit(self) -> None:
         if not self.config[self.subcommand].get("test_after_fit"):

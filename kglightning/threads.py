@@ -1,0 +1,103 @@
+"""How many threads torch computes with, and how its idle threads wait (floor 0: imports nothing of kglightning).
+
+torch starts as many OpenMP threads as the machine has cores, and its idle threads spin for a while before they
+sleep. Two such processes on the same cores take turns at every spin: on 2 cores, two fits of the main job each
+trained at 0.5 steps/s where one alone trains at about 20 (``tools/bench/bench_threads.py``, BENCHMARKS.md). The CLI
+therefore
+
+* lets idle threads sleep (``OMP_WAIT_POLICY=PASSIVE``, :func:`sleep_when_idle`), set before torch is imported
+  unless the environment sets it already, and
+* computes with the CPUs this process may use (:func:`available_cpus`: its affinity mask, and a cgroup CPU quota
+  in a container) rather than the machine's cores, or with ``KGLIGHTNING_THREADS`` (a count) when set,
+
+and says once what it chose (:func:`apply_threads`). In your own Python code, call :func:`sleep_when_idle` before
+importing torch, and :func:`apply_threads` after.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+#: environment variable: the number of threads torch computes with (default: :func:`available_cpus`)
+ENV_THREADS = "KGLIGHTNING_THREADS"
+
+
+def sleep_when_idle() -> None:
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the environment chose a policy: OpenMP reads it when torch is first
+    imported, so this must run before that."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _cgroup_quota(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The CPUs a cgroup quota allows this process (the smallest over its cgroup and those above it), or ``None``
+    when none is set or it cannot be read. cgroup v2 (``cpu.max``: ``quota period``) and v1
+    (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``)."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    quotas: list[float] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2
+            folders = [root / path.lstrip("/"), *(root / path.lstrip("/")).parents]
+            for folder in folders:
+                if folder != root and root not in folder.parents:
+                    break
+                try:
+                    quota, period = (folder / "cpu.max").read_text().split()[:2]
+                except (OSError, ValueError):
+                    continue
+                if quota != "max":
+                    quotas.append(int(quota) / int(period))
+        elif "cpu" in controllers.split(","):  # v1
+            for folder in (root / "cpu" / path.lstrip("/"), root / "cpu"):
+                try:
+                    quota = int((folder / "cpu.cfs_quota_us").read_text())
+                    period = int((folder / "cpu.cfs_period_us").read_text())
+                except (OSError, ValueError):
+                    continue
+                if quota > 0 and period > 0:
+                    quotas.append(quota / period)
+                break
+    return min(quotas) if quotas else None
+
+
+def available_cpus() -> int:
+    """The CPUs this process may use: those of its affinity mask (``os.sched_getaffinity``), at most the whole
+    number of CPUs a cgroup quota allows (at least 1)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None:
+        n = min(n, max(1, math.floor(quota)))
+    return n
+
+
+def chosen_threads() -> tuple[int, str]:
+    """The thread count and why: ``KGLIGHTNING_THREADS`` when set, else :func:`available_cpus`.
+
+    Raises:
+        ValueError: ``KGLIGHTNING_THREADS`` is not a positive whole number.
+    """
+    value = os.environ.get(ENV_THREADS, "").strip()
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{ENV_THREADS}={value!r}: expected a positive whole number of threads")
+        return int(value), f"{ENV_THREADS}={value}"
+    return available_cpus(), "the CPUs this process may use"
+
+
+def apply_threads() -> str:
+    """Set torch's thread count to :func:`chosen_threads` (unless ``OMP_NUM_THREADS`` is set, which torch already
+    follows) and return the line that says what it is, for the caller to show once."""
+    import torch
+
+    wait = os.environ.get("OMP_WAIT_POLICY", "active (OpenMP's default)")
+    if os.environ.get("OMP_NUM_THREADS"):
+        return (f"torch computes with {torch.get_num_threads()} threads (OMP_NUM_THREADS), idle threads wait: "
+                f"{wait}")  # fmt: skip
+    n, why = chosen_threads()
+    torch.set_num_threads(n)
+    return f"torch computes with {n} threads ({why}; {ENV_THREADS} sets it), idle threads wait: {wait}"
