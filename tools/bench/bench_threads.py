@@ -1,0 +1,96 @@
+"""Two torch jobs on the same cores: fits of the main job's detector alone and two at once, under torch's own thread
+policy (a thread per core, idle threads spinning) and under kglightning's (:mod:`kglightning.threads`: the CPUs the
+process may use, idle threads sleeping), and with one thread, in one run on one machine (issue 58).
+
+Each fit is ``python -m kglightning fit --config configs/detector.yaml`` on a warm cache (a first, untimed fit fills
+it), for ``--epochs`` epochs with no validation, checkpoint or logger, so that the time is training; a pair starts
+two such fits at once. What counts is each fit's wall time and the training steps per second it reports.
+
+    python tools/bench/bench_threads.py --epochs 1 --output docs/results/threads.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from record_run import _commit, machine  # noqa: E402
+
+#: the policies compared: the environment each fit runs with
+POLICIES = {
+    "torch's default (a thread per core, idle threads spin)": {
+        "OMP_WAIT_POLICY": "ACTIVE",
+        "KGLIGHTNING_THREADS": str(os.cpu_count() or 1),
+    },  # fmt: skip
+    "kglightning's default (the CPUs it may use, idle threads sleep)": {},
+    "one thread": {"KGLIGHTNING_THREADS": "1"},
+}
+STEPS = re.compile(r"trained (\d+) steps in ([\d.]+) s")
+
+
+def _fit_command(epochs: int, steps: int | None) -> list[str]:
+    cmd = [sys.executable, "-m", "kglightning", "fit", "--config", "configs/detector.yaml", "--trainer.max_epochs",
+           str(epochs), "--trainer.limit_val_batches", "0", "--trainer.logger", "false", "--trainer.callbacks", "[]",
+           "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false", "--test_after_fit",
+           "false"]  # fmt: skip
+    if steps:
+        cmd += ["--trainer.limit_train_batches", str(steps)]
+    return cmd
+
+
+def _start(cmd: list[str], extra: dict[str, str]) -> tuple[subprocess.Popen, float]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    env.update(extra)
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), \
+        time.perf_counter()  # fmt: skip
+
+
+def _finish(proc: subprocess.Popen, start: float) -> float:
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"a fit failed:\n{out[-3000:]}")
+    return round(time.perf_counter() - start, 1)
+
+
+def run(cmd: list[str], extra: dict[str, str], together: int) -> list[float]:
+    """The wall seconds of ``together`` fits started at once."""
+    started = [_start(cmd, extra) for _ in range(together)]
+    return [_finish(p, t) for p, t in started]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--steps", type=int, default=None, help="at most this many training steps an epoch")
+    p.add_argument("--output", type=Path, default=None)
+    args = p.parse_args(argv)
+    cmd = _fit_command(args.epochs, args.steps)
+    run(_fit_command(1, 5), {}, 1)  # fills the cache: the benchmark, the answers, the encodings
+    rows = []
+    for name, extra in POLICIES.items():
+        alone = run(cmd, extra, 1)[0]
+        pair = run(cmd, extra, 2)
+        rows.append({"policy": name, "env": extra, "alone_seconds": alone, "pair_seconds": pair,
+                     "slowdown": round(max(pair) / alone, 2)})  # fmt: skip
+        print(f"{name}: alone {alone:.1f} s, two at once {pair[0]:.1f} s and {pair[1]:.1f} s "
+              f"({rows[-1]['slowdown']:.2f}x)", flush=True)  # fmt: skip
+    result = {"date": date.today().isoformat(), "commit": _commit(), "machine": machine(), "command": " ".join(cmd[1:]),
+              "rows": rows}  # fmt: skip
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
