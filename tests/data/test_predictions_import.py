@@ -254,8 +254,9 @@ def test_a_killed_import_leaves_backups_named_and_temporaries_removed_and_modes_
     assert run(capsys, "--input", write_lines(tmp_path / "a.jsonl", rows), "--output", out)[0] == 0
     (out / "train.jsonl").chmod(0o600)
     dead, day_ago = _dead_pid(), time.time() - 2 * 86400
-    killed = [out / temporary_name("test.jsonl", pid=dead), out / f".train.jsonl.{dead}-0123abcd.tmp"]  # now, before
-    users = [out / ".train.jsonl.backup-2024.tmp", out / ".test.jsonl.v1.tmp", out / ".test.jsonl.1-notes.tmp"]
+    killed = [out / temporary_name("test.jsonl", pid=dead)]
+    users = [out / ".train.jsonl.backup-2024.tmp", out / ".test.jsonl.v1.tmp", out / ".test.jsonl.1-notes.tmp",
+             out / ".train.jsonl.1733480000-0a1b2c3d.tmp", out / ".test.jsonl.1733480000123-0a1b2c3d.tmp"]  # fmt: skip
     for path in [*killed, *users]:
         path.write_text("half")  # as a process killed while writing leaves them, or a user's own files
         os.utime(path, (day_ago, day_ago))
@@ -264,7 +265,7 @@ def test_a_killed_import_leaves_backups_named_and_temporaries_removed_and_modes_
     with caplog.at_level("WARNING"):
         predictions_import.write_splits(split_by_question(new, [0.6, 0.2, 0.2], seed=0), out)
     assert not any(p.exists() for p in killed) and (out / ".validation.jsonl.1-dead.old").exists()
-    assert all(p.read_text() == "half" for p in users)  # review 4: a user's ".train.jsonl.*.tmp" was deleted
+    assert all(p.read_text() == "half" for p in users)  # reviews 4, 5: a user's ".train.jsonl.*.tmp" was deleted
     assert ".validation.jsonl.1-dead.old" in caplog.text
     assert (out / "train.jsonl").stat().st_mode & 0o777 == 0o600
 
@@ -354,3 +355,36 @@ def test_an_output_that_is_a_file_or_an_input_that_is_a_folder_is_one_line(tmp_p
     (tmp_path / "indir").mkdir()
     code, _, err = run(capsys, "--input", tmp_path / "indir", "--output", tmp_path / "o2")
     assert code == 2 and "indir" in err and "Traceback" not in err and not (tmp_path / "o2").exists()
+
+
+def test_a_folder_at_a_splits_name_is_refused_not_moved_aside(tmp_path, capsys):
+    """Review 5: a user's folder out/train.jsonl was renamed to a hidden backup name and a file put in its place."""
+    rows = write_lines(tmp_path / "a.jsonl", [prompt_row(i) for i in range(10)])
+    (tmp_path / "out" / "train.jsonl").mkdir(parents=True)
+    (tmp_path / "out" / "train.jsonl" / "notes.txt").write_text("mine")
+    code, _, err = run(capsys, "--input", rows, "--output", tmp_path / "out")
+    assert code == 2 and "train.jsonl exists and is not a file" in err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train.jsonl"]
+    assert (tmp_path / "out" / "train.jsonl" / "notes.txt").read_text() == "mine"
+
+
+def test_records_from_the_hub_without_a_network_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    rows = write_lines(tmp_path / "a.jsonl", [{"id": "q1", "prediction": ["x"]}])
+    code, _, err = run(capsys, "--input", rows, "--records", "hf:someone/nothing", "--output", tmp_path / "out")
+    assert code == 2 and "--records hf:someone/nothing: cannot be fetched" in err and not (tmp_path / "out").exists()
+
+
+def test_a_gcr_beam_written_as_one_string_is_read_as_gcr(tmp_path, capsys):
+    """Review 5: GCR writes one beam as a bare string; auto called the file plain and its header and path lines
+    became answers."""
+    rows = [{"id": f"q{i}", "question": f"question {i}?", "ground_truth": [f"Ans{i}"],
+             "prediction": f"# Reasoning Path:\nE{i} -> rel.x -> Ans{i}\n# Answer:\nAns{i}"} for i in range(10)]  # fmt: skip
+    assert detect_format(list(enumerate(rows, start=1))) == "gcr"
+    code, _, _ = run(capsys, "--input", write_lines(tmp_path / "g.jsonl", rows), "--output", tmp_path / "out")
+    assert code == 0
+    imported = [
+        r for split in ("train", "validation", "test") for r in read_records(tmp_path / "out" / f"{split}.jsonl")
+    ]
+    assert sorted(r.prediction for r in imported) == sorted([f"Ans{i}"] for i in range(10))

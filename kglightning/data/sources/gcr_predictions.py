@@ -40,8 +40,11 @@ ORIGIN = "reasoning paths GCR wrote"
 
 
 def is_gcr_row(row: dict[str, Any]) -> bool:
-    """Whether a line looks like GCR's: a ``prediction`` list with a beam holding ``# Answer:``."""
+    """Whether a line looks like GCR's: a ``prediction`` beam holding ``# Answer:``, or a list of beams one of which
+    does (GCR writes one beam as a bare string)."""
     beams = row.get("prediction")
+    if isinstance(beams, str):
+        beams = [beams]
     return isinstance(beams, list) and any(isinstance(b, str) and ANSWER_HEADER in b for b in beams)
 
 

@@ -30,14 +30,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import json
 import logging
 import os
 import random
-import re
 import shutil
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -58,7 +55,7 @@ from kglightning.data.sources.prediction_lines import (
 from kglightning.data.sources.prompt_predictions import is_prompt_row, record_from_prompt
 from kglightning.data.splits import SPLITS, locate_splits
 from kglightning.data.store.owned_files import create_new
-from kglightning.data.store.temporaries import pid_alive, writer_temporary
+from kglightning.data.store.temporaries import writer_temporary
 from kglightning.fileio import check_outputs_apart
 
 log = logging.getLogger(__name__)
@@ -247,6 +244,11 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
         RecordError: a record holds text that cannot be encoded as UTF-8 (naming its input file, line and field).
     """
     out = Path(out)
+    for name in splits:  # a folder (or anything else) at a split's name is a user's: never moved aside
+        target = out / f"{name}.jsonl"
+        if os.path.lexists(target) and (target.is_symlink() or not target.is_file()):
+            raise FileExistsError(f"{target} exists and is not a file that an import wrote: move it away, or import "
+                                  "into another folder")  # fmt: skip
     encoded = {name: b"".join(_encoded(r, origin or {}) for r in rows) for name, rows in splits.items()}
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -300,30 +302,12 @@ def _warn_backups(out: Path, names: list[str]) -> None:
     """Backups of older splits (``.old``) that a killed earlier import left in ``out`` are kept and named in a
     WARNING, as they may be the only copy of a split it replaced. (Its temporary files, named by
     :func:`~kglightning.data.store.temporaries.temporary_name`, are removed by
-    :func:`~kglightning.data.store.temporaries.writer_temporary` once no process will finish them; a user's own
-    ``.train.jsonl.<anything>.tmp`` is never touched.)"""
+    :func:`~kglightning.data.store.temporaries.writer_temporary` once no process will finish them; any other
+    ``.train.jsonl.<anything>.tmp``, a user's or one of the release before, is never touched.)"""
     for name in names:
-        _remove_legacy_temporaries(out, name)
         for path in out.glob(f".{name}.jsonl.*.old"):
             log.warning("%s: a backup left by an import that was killed while renaming; %s is the split it replaced",
                         path, out / f"{name}.jsonl")  # fmt: skip
-
-
-#: the temporary name of an import before the writers' shared names: ``.<split>.jsonl.<pid>-<8 hex>.tmp``
-_LEGACY_TEMPORARY = re.compile(r"^\.(?P<split>[^/]+)\.jsonl\.(?P<pid>\d+)-[0-9a-f]{8}\.tmp$")
-
-
-def _remove_legacy_temporaries(out: Path, name: str) -> None:
-    """Remove the temporaries that an import of the release before left (exactly its name, of a process that is
-    gone, last written a day ago or more); anything else of a like name is a user's file and is kept."""
-    for path in out.glob(f".{glob.escape(name)}.jsonl.*.tmp"):
-        m = _LEGACY_TEMPORARY.match(path.name)
-        if m is None or m["split"] != name or pid_alive(int(m["pid"])):
-            continue
-        with contextlib.suppress(OSError):
-            if time.time() - path.lstat().st_mtime >= 86400 and path.is_file() and not path.is_symlink():
-                path.unlink()
-                log.info("removed %s, left by an import that did not finish", path)
 
 
 def refuse_emptying(splits: dict[str, list[KGQARecord]], out: str | Path, inputs: Sequence[str]) -> None:
@@ -412,9 +396,14 @@ def main(argv: list[str] | None = None, prog: str = "import-predictions") -> int
     # before anything is read or written: the output folder's split files are never an input, nor inside --records
     check_outputs_apart([Path(args.output) / f"{name}.jsonl" for name in SPLITS], [*args.input, args.records])
     stats = ImportStats()
-    splits, origin = import_predictions(args.input, records=args.records, fmt=args.format, resplit=args.resplit,
-                                        fractions=f, seed=args.seed, on_missing=args.on_missing,
-                                        stats=stats)  # fmt: skip
+    try:
+        splits, origin = import_predictions(args.input, records=args.records, fmt=args.format, resplit=args.resplit,
+                                            fractions=f, seed=args.seed, on_missing=args.on_missing,
+                                            stats=stats)  # fmt: skip
+    except OSError as e:  # --records hf:... with no network (requests' errors are OSErrors): one line
+        if not str(args.records or "").startswith("hf:") or isinstance(e, FileNotFoundError):
+            raise
+        raise FileNotFoundError(f"--records {args.records}: cannot be fetched ({type(e).__name__}: {e})") from e
     out = Path(args.output)
     refuse_emptying(splits, out, args.input)
     write_splits(splits, out, origin)

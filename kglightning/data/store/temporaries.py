@@ -129,7 +129,7 @@ def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` runs on this host (one of another user counts as running)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such process; a number no pid can be
         return False
     except OSError:
         return True
