@@ -1,0 +1,103 @@
+"""The main job (``python -m kglightning fit --config configs/detector.yaml``) from an empty cache, for this tree and
+for a base commit, one after the other in one run on one machine, with where the time went (issue 58).
+
+Each tree runs in its own empty cache and working folder, with ``PYTHONPATH`` set to it (the base commit unpacked with
+``git archive``: its ``kglightning`` and ``configs``). Every line the run prints is stamped as it arrives; the
+stages are the spans between the first lines of each kind (start-up until the first line of the data, the benchmark
+built, the answers proposed, the encodings and graphs, training, the test).
+
+    python tools/bench/bench_main_job.py --base 6fe801d --output docs/results/main_job_speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from record_run import _commit, machine, run_metrics  # noqa: E402
+
+#: the first line of each stage (a regular expression), in the order the run prints them
+MARKS = (
+    ("start-up", None),
+    ("embedded benchmark", re.compile(r"embedded benchmark")),
+    ("answer proposals", re.compile(r"proposing answers")),
+    ("encodings and graphs", re.compile(r"^(train|validation|test): \d+ questions -> ")),
+    ("training", re.compile(r"Epoch 0\b|^\s*\| Name\b|Total params")),
+    ("test", re.compile(r"^Testing|test_after_fit|Restoring states from the checkpoint")),
+)
+KEEP = ("test/f1", "test/auc_pr", "test/precision", "test/recall")
+
+
+def _unpack(rev: str, into: Path) -> Path:
+    archive = subprocess.run(["git", "archive", rev, "kglightning", "configs"], cwd=ROOT, capture_output=True,
+                             check=True)  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def run_main_job(tree: Path, work: Path) -> dict[str, object]:
+    """Wall seconds, seconds per stage, epochs trained and test metrics of the main job run in ``tree``."""
+    env = dict(os.environ, PYTHONPATH=str(tree), KGLIGHTNING_CACHE=str(work / "cache"))
+    env.pop("OMP_WAIT_POLICY", None)
+    cmd = [sys.executable, "-m", "kglightning", "fit", "--config", str(tree / "configs" / "detector.yaml")]
+    (work / "run").mkdir(parents=True)
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=work / "run", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)  # fmt: skip
+    first: dict[str, float] = {"start-up": 0.0}
+    log = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        now = time.perf_counter() - start
+        log.append(line)
+        for name, pattern in MARKS[1:]:
+            if name not in first and pattern.search(line):
+                first[name] = now
+    wall = time.perf_counter() - start
+    if proc.wait() != 0:
+        raise SystemExit(f"the main job failed in {tree}:\n{''.join(log[-40:])}")
+    order = sorted(first.items(), key=lambda kv: kv[1])
+    stages = {
+        name: round((order[i + 1][1] if i + 1 < len(order) else wall) - t, 1) for i, (name, t) in enumerate(order)
+    }
+    metrics, epochs = run_metrics(work / "run")
+    return {"seconds": round(wall, 1), "stages": stages, "epochs": epochs,
+            "metrics": {k: round(metrics[k], 4) for k in KEEP if k in metrics}}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", default="6fe801d")
+    p.add_argument("--output", type=Path, default=None)
+    args = p.parse_args(argv)
+    result: dict[str, object] = {"date": date.today().isoformat(), "commit": _commit(), "base": args.base,
+                                 "machine": machine()}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        base_tree = Path(tmp) / "base_tree"
+        base_tree.mkdir()
+        base = _unpack(args.base, base_tree)
+        result["this"] = run_main_job(ROOT, Path(tmp) / "this")
+        print(f"this tree: {result['this']}", flush=True)
+        result["base_run"] = run_main_job(base, Path(tmp) / "base")
+        print(f"{args.base}: {result['base_run']}", flush=True)
+    result["ratio"] = round(result["this"]["seconds"] / result["base_run"]["seconds"], 3)
+    print(f"ratio {result['ratio']}")
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
