@@ -28,7 +28,8 @@ USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (
     FileNotFoundError,  # a path the user gave names nothing,
     FileExistsError,  # ... something that may not be replaced,
     IsADirectoryError,  # ... a folder where a file is read or written,
-    NotADirectoryError,  # ... or passes through a file
+    NotADirectoryError,  # ... or passes through a file,
+    PermissionError,  # ... or may not be read or written
 )
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kglightning.cli import main as cli_main
-from kglightning.data.records import RecordError
+from kglightning.data.records import KGQARecord, RecordError
 from kglightning.data.sources import read_records, write_records
 from kglightning.data.sources.predictions_import import detect_format, import_predictions, split_by_question
 from kglightning.data.sources.prompt_predictions import record_from_prompt
@@ -388,3 +388,38 @@ def test_a_gcr_beam_written_as_one_string_is_read_as_gcr(tmp_path, capsys):
         r for split in ("train", "validation", "test") for r in read_records(tmp_path / "out" / f"{split}.jsonl")
     ]
     assert sorted(r.prediction for r in imported) == sorted([f"Ans{i}"] for i in range(10))
+
+
+def test_a_records_folder_the_import_did_not_write_is_never_replaced(tmp_path, capsys):
+    """Review 6: `--input webqsp/predictions.jsonl --output webqsp` replaced the user's own RoG records (10 records
+    became 4) with exit 0. A split file is replaced only when an import wrote it (its marker beside it)."""
+    mine = tmp_path / "webqsp"
+    write_records([KGQARecord(f"u{i}", "q?", ["a"], ["t"], ["a"], [("t", "r", "a")]) for i in range(3)],
+                  mine / "train.jsonl")  # fmt: skip
+    before = (mine / "train.jsonl").read_bytes()
+    rows = write_lines(mine / "predictions.jsonl", [prompt_row(i) for i in range(10)])
+    code, _, err = run(capsys, "--input", rows, "--output", mine)
+    assert code == 2 and "train.jsonl exists and is not a file that an import wrote" in err
+    assert (mine / "train.jsonl").read_bytes() == before and not (mine / "test.jsonl").exists()
+    out = tmp_path / "out"  # what an import wrote, it may replace
+    assert run(capsys, "--input", rows, "--output", out)[0] == 0
+    assert run(capsys, "--input", rows, "--output", out, "--seed", "1")[0] == 0
+
+
+def test_one_plain_reply_that_mentions_an_answer_header_does_not_make_the_file_gcr():
+    """Review 6: a bare string counted as a GCR beam, so one reply with '# Answer:' re-read every line as beams."""
+    rows = [{"id": f"q{i}", "prediction": f"a{i}\nb{i}"} for i in range(4)]
+    rows.append({"id": "q4", "prediction": "Let me think.\n# Answer: a4"})
+    assert detect_format(list(enumerate(rows, start=1))) == "plain"
+
+
+def test_a_permission_error_is_one_line(tmp_path, capsys, monkeypatch):
+    from kglightning.data.sources import predictions_import
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "ro" / "out"))
+
+    monkeypatch.setattr(predictions_import, "write_splits", denied)
+    code, _, err = run(capsys, "--input", write_lines(tmp_path / "a.jsonl", [prompt_row(i) for i in range(10)]),
+                       "--output", tmp_path / "ro" / "out")  # fmt: skip
+    assert code == 2 and "Permission denied" in err and "Traceback" not in err

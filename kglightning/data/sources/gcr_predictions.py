@@ -40,11 +40,12 @@ ORIGIN = "reasoning paths GCR wrote"
 
 
 def is_gcr_row(row: dict[str, Any]) -> bool:
-    """Whether a line looks like GCR's: a ``prediction`` beam holding ``# Answer:``, or a list of beams one of which
-    does (GCR writes one beam as a bare string)."""
+    """Whether a line looks like GCR's: a list of beams one of which holds ``# Answer:``, or one beam written as a
+    string (GCR's output for a single beam) that begins with ``# Reasoning Path:`` and holds ``# Answer:`` (an LLM's
+    plain reply that merely mentions ``# Answer:`` is not one)."""
     beams = row.get("prediction")
     if isinstance(beams, str):
-        beams = [beams]
+        return beams.lstrip().startswith(PATH_HEADER) and ANSWER_HEADER in beams
     return isinstance(beams, list) and any(isinstance(b, str) and ANSWER_HEADER in b for b in beams)
 
 

@@ -54,6 +54,7 @@ from kglightning.data.sources.prediction_lines import (
 )
 from kglightning.data.sources.prompt_predictions import is_prompt_row, record_from_prompt
 from kglightning.data.splits import SPLITS, locate_splits
+from kglightning.data.store.cache_marks import mark_file, marker_of, why_unmarked
 from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.temporaries import writer_temporary
 from kglightning.fileio import check_outputs_apart
@@ -244,11 +245,14 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
         RecordError: a record holds text that cannot be encoded as UTF-8 (naming its input file, line and field).
     """
     out = Path(out)
-    for name in splits:  # a folder (or anything else) at a split's name is a user's: never moved aside
+    for name in splits:  # a split file an import did not write (no marker beside it) is a user's: never replaced
         target = out / f"{name}.jsonl"
-        if os.path.lexists(target) and (target.is_symlink() or not target.is_file()):
-            raise FileExistsError(f"{target} exists and is not a file that an import wrote: move it away, or import "
-                                  "into another folder")  # fmt: skip
+        if os.path.lexists(target) and (
+            target.is_symlink() or not target.is_file() or why_unmarked(target) is not None
+        ):
+            raise FileExistsError(f"{target} exists and is not a file that an import wrote (no kglightning marker "
+                                  f"{marker_of(target, folder=False).name} beside it): it is never replaced; move it "
+                                  "away, or import into another folder")  # fmt: skip
     encoded = {name: b"".join(_encoded(r, origin or {}) for r in rows) for name, rows in splits.items()}
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -271,6 +275,7 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
                 os.replace(out / f"{name}.jsonl", backups[name])
                 moved.append(name)
         for name in encoded:
+            mark_file(out / f"{name}.jsonl")  # an import's file, which the next import may replace
             os.replace(temps[name], out / f"{name}.jsonl")
             placed.append(name)
     except BaseException:
