@@ -8,8 +8,8 @@ import random
 import pytest
 
 from kglightning.cli import main
-from kglightning.conformal.offline import conformalize
 from kglightning.conformal.conformalize_cli import main as offline_main
+from kglightning.conformal.offline import conformalize
 from kglightning.data.records import RecordError
 
 
