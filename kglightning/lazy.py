@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +39,8 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 def declared_exports(init_file: str | Path) -> dict[str, tuple[str, str]]:
     """``{name: (module, attribute)}`` of the ``from module import attribute [as name]`` lines in the top-level
-    ``if TYPE_CHECKING:`` blocks of ``init_file`` (a package's ``__init__.py``); modules are absolute."""
+    ``if TYPE_CHECKING:`` blocks of ``init_file`` (a package's ``__init__.py``); modules are absolute, and
+    ``from package import *`` takes that package's own declared exports."""
     tree = ast.parse(Path(init_file).read_text(encoding="utf-8"), filename=str(init_file))
     exports: dict[str, tuple[str, str]] = {}
     for node in tree.body:
@@ -47,7 +49,13 @@ def declared_exports(init_file: str | Path) -> dict[str, tuple[str, str]]:
         for line in node.body:
             if isinstance(line, ast.ImportFrom) and line.module and line.level == 0:
                 for alias in line.names:
-                    exports[alias.asname or alias.name] = (line.module, alias.name)
+                    if alias.name == "*":  # another lazy package's exports, re-exported
+                        spec = importlib.util.find_spec(line.module)
+                        if spec is None or spec.origin is None:
+                            raise ValueError(f"{init_file}: cannot find {line.module} for `import *`")
+                        exports.update(declared_exports(spec.origin))
+                    else:
+                        exports[alias.asname or alias.name] = (line.module, alias.name)
     return exports
 
 

@@ -8,31 +8,12 @@ sampling-based baselines over an LLM's sampled answers live in :mod:`.sampling` 
 
 from typing import TYPE_CHECKING
 
+from kglightning.conformal.functional import __all__ as _functional_all  # the names only: nothing is imported
 from kglightning.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the exports, imported on first use (kglightning.lazy)
     from kglightning.conformal.clm import CLM, CLMConfig
-    from kglightning.conformal.functional import (
-        LTTResult,
-        benjamini_hochberg,
-        best_per_question,
-        betting_pvalue,
-        binomial_cdf,
-        binomial_tail_pvalue,
-        bonferroni,
-        conformal_min_n,
-        conformal_pvalues,
-        conformal_quantile,
-        conformal_rank,
-        fixed_sequence,
-        hoeffding_bentkus_pvalue,
-        kept_rate_pvalues,
-        ltt_select,
-        prediction_sets,
-        question_cutoff,
-        student_t_sf,
-        unit_scores,
-    )
+    from kglightning.conformal.functional import *  # noqa: F403  (its declared exports)
     from kglightning.conformal.lofree import LoFreeCP
     from kglightning.conformal.sampling import SampledAnswers
     from kglightning.conformal.selection import (
@@ -46,25 +27,7 @@ if TYPE_CHECKING:  # the exports, imported on first use (kglightning.lazy)
 __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
-    "LTTResult",
-    "benjamini_hochberg",
-    "best_per_question",
-    "betting_pvalue",
-    "binomial_cdf",
-    "binomial_tail_pvalue",
-    "bonferroni",
-    "conformal_min_n",
-    "conformal_pvalues",
-    "conformal_quantile",
-    "conformal_rank",
-    "fixed_sequence",
-    "hoeffding_bentkus_pvalue",
-    "kept_rate_pvalues",
-    "ltt_select",
-    "prediction_sets",
-    "question_cutoff",
-    "student_t_sf",
-    "unit_scores",
+    *_functional_all,
     "CLM",
     "CLMConfig",
     "LoFreeCP",

@@ -24,7 +24,7 @@ def _tool(name: str):
 def copy(tmp_path, monkeypatch):
     """docs_numbers pointed at a copy of the pages and result files."""
     numbers = _tool("docs_numbers")
-    for page in numbers.PAGES:
+    for page in (*numbers.PAGES, *numbers.RENDER_ONLY):
         (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / page, tmp_path / page)
     shutil.copytree(numbers.RESULTS, tmp_path / "docs" / "results")
@@ -45,7 +45,7 @@ def test_every_page_has_its_blocks_and_the_home_page_includes_the_table():
     numbers = _tool("docs_numbers")
     found = {page: [m["name"] for m in numbers.BLOCK.finditer((ROOT / page).read_text())] for page in numbers.PAGES}
     assert found == {
-        "README.md": ["main-job-time", "main-table", "test-suite"],
+        "README.md": ["main-job-time", "main-table", "startup-line", "test-suite"],
         "docs/index.md": ["main-job-time", "test-suite"],
         "docs/methods/conformal.md": [],
         "docs/methods/doublycal.md": [],
