@@ -1,17 +1,19 @@
 """How many threads torch computes with, and how its idle threads wait (floor 0: imports nothing of kglightning).
 
 torch starts as many OpenMP threads as the machine has cores, and its idle threads spin for a while before they
-sleep. Two such processes on the same cores take turns at every spin: on 2 cores, two fits of the main job each
-trained at 0.5 steps/s where one alone trains at about 20 (``tools/bench/bench_threads.py``, BENCHMARKS.md). The CLI
-therefore
+sleep. Two such processes on the same cores take turns at every spin: on 2 cores, two fits of the main job started
+together each took 19 times as long as one alone (``tools/bench/bench_threads.py``, BENCHMARKS.md, "Two torch jobs
+on the same cores"). The CLI therefore
 
 * lets idle threads sleep (``OMP_WAIT_POLICY=PASSIVE``, :func:`sleep_when_idle`), set before torch is imported
-  unless the environment sets it already, and
+  unless the environment sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` already, and
 * computes with the CPUs this process may use (:func:`available_cpus`: its affinity mask, and a cgroup CPU quota
   in a container) rather than the machine's cores, or with ``KGLIGHTNING_THREADS`` (a count) when set,
 
-and says once what it chose (:func:`apply_threads`). In your own Python code, call :func:`sleep_when_idle` before
-importing torch, and :func:`apply_threads` after.
+and says once what it chose (:func:`apply_threads`). The price is paid alone: with nothing else running, sleeping
+threads wake more slowly than spinning ones, and the main job's training took about an eighth longer; set
+``OMP_WAIT_POLICY=ACTIVE`` for a machine you know is yours. In your own Python code, call :func:`sleep_when_idle`
+before importing torch, and :func:`apply_threads` after.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ ENV_THREADS = "KGLIGHTNING_THREADS"
 
 
 def sleep_when_idle() -> None:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the environment chose a policy: OpenMP reads it when torch is first
-    imported, so this must run before that."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the environment chose how idle threads wait (``OMP_WAIT_POLICY`` or
+    libgomp's ``GOMP_SPINCOUNT``): OpenMP reads them when torch is first imported, so this must run before that."""
+    if "GOMP_SPINCOUNT" not in os.environ:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _cgroup_quota(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> float | None:
@@ -94,7 +97,10 @@ def apply_threads() -> str:
     follows) and return the line that says what it is, for the caller to show once."""
     import torch
 
-    wait = os.environ.get("OMP_WAIT_POLICY", "active (OpenMP's default)")
+    if "OMP_WAIT_POLICY" in os.environ:
+        wait = os.environ["OMP_WAIT_POLICY"]
+    else:
+        wait = f"spin GOMP_SPINCOUNT={os.environ['GOMP_SPINCOUNT']}" if "GOMP_SPINCOUNT" in os.environ else "spin"
     if os.environ.get("OMP_NUM_THREADS"):
         return (f"torch computes with {torch.get_num_threads()} threads (OMP_NUM_THREADS), idle threads wait: "
                 f"{wait}")  # fmt: skip

@@ -84,3 +84,13 @@ def test_the_cli_lets_idle_threads_sleep_unless_told_otherwise(given, expected):
         env["OMP_WAIT_POLICY"] = given
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
     assert out.stdout.strip().splitlines()[-1] == f"{expected} False"  # set before torch is imported
+
+
+def test_a_spin_count_the_environment_sets_is_kept(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    threads.sleep_when_idle()
+    assert "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    threads.sleep_when_idle()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"

@@ -431,6 +431,24 @@ def startup_line() -> str:
             "(`docs/results/startup.json`).\n")  # fmt: skip
 
 
+def main_job_speed() -> str:
+    """The main job from an empty cache beside the base commit, stage by stage (bench_main_job.py)."""
+    r = load("main_job_speed")
+    this, base = r["this"], r["base_run"]
+    stages = list(dict.fromkeys([*base["stages"], *this["stages"]]))
+    lines = [f"| | this tree | {r['base']} |", "|---|---:|---:|",
+             f"| **whole run** | **{_duration(this['seconds'])}** | **{_duration(base['seconds'])}** |"]  # fmt: skip
+    lines += [f"| {name} | {_duration(this['stages'].get(name, 0))} | {_duration(base['stages'].get(name, 0))} |"
+              for name in stages]  # fmt: skip
+    lines += [f"| epochs trained | {this['epochs']} | {base['epochs']} |"]
+    lines += [f"| {k} | {this['metrics'][k]:.3f} | {base['metrics'][k]:.3f} |" for k in this["metrics"]]
+    m = r["machine"]
+    lines += ["", f"This tree took {r['ratio']:.2f}x the time of {r['base']}, one run after the other on {m['cores']} "
+              f"CPU cores ({m['cpu']}) on {r['date']}, commit {r['commit']}, each from an empty cache: "
+              "`docs/results/main_job_speed.json`."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def threads() -> str:
     """Fits alone and two at once under each thread policy (bench_threads.py)."""
     r = load("threads")
@@ -457,6 +475,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "startup": startup,
     "startup-line": startup_line,
     "threads": threads,
+    "main-job-speed": main_job_speed,
 }
 
 

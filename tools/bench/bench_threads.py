@@ -26,15 +26,15 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from record_run import _commit, machine  # noqa: E402
 
-#: the policies compared: the environment each fit runs with
+#: the policies compared: the environment each fit runs with (libgomp reads GOMP_SPINCOUNT before OMP_WAIT_POLICY;
+#: 300000 is its default, what torch runs with when nothing is set)
 POLICIES = {
-    "torch's default (a thread per core, idle threads spin)": {
-        "OMP_WAIT_POLICY": "ACTIVE",
-        "KGLIGHTNING_THREADS": str(os.cpu_count() or 1),
-    },  # fmt: skip
-    "kglightning's default (the CPUs it may use, idle threads sleep)": {},
-    "one thread": {"KGLIGHTNING_THREADS": "1"},
-}
+    "torch's default (a thread per core, idle threads spin 300,000 times)": {
+        "GOMP_SPINCOUNT": "300000", "KGLIGHTNING_THREADS": str(os.cpu_count() or 1)},
+    "idle threads sleep at once (OMP_WAIT_POLICY=PASSIVE)": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "idle threads spin 10,000 times (GOMP_SPINCOUNT=10000)": {"GOMP_SPINCOUNT": "10000"},
+    "one thread (KGLIGHTNING_THREADS=1)": {"KGLIGHTNING_THREADS": "1"},
+}  # fmt: skip
 STEPS = re.compile(r"trained (\d+) steps in ([\d.]+) s")
 
 
@@ -49,7 +49,7 @@ def _fit_command(epochs: int, steps: int | None) -> list[str]:
 
 
 def _start(cmd: list[str], extra: dict[str, str]) -> tuple[subprocess.Popen, float]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
     env.update(extra)
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), \
         time.perf_counter()  # fmt: skip
