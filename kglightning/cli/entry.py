@@ -29,7 +29,8 @@ USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (
     FileExistsError,  # ... something that may not be replaced,
     IsADirectoryError,  # ... a folder where a file is read or written,
     NotADirectoryError,  # ... or passes through a file,
-    PermissionError,  # ... or may not be read or written
+    PermissionError,  # ... or may not be read or written,
+    OSError,  # and what the system refuses (a full disk, a read-only folder): one line too
 )
 
 

@@ -423,3 +423,34 @@ def test_a_permission_error_is_one_line(tmp_path, capsys, monkeypatch):
     code, _, err = run(capsys, "--input", write_lines(tmp_path / "a.jsonl", [prompt_row(i) for i in range(10)]),
                        "--output", tmp_path / "ro" / "out")  # fmt: skip
     assert code == 2 and "Permission denied" in err and "Traceback" not in err
+
+
+def test_a_mark_that_does_not_match_the_file_lets_nothing_be_replaced(tmp_path, capsys):
+    """Review 7: a mark was not tied to its file, so after `rm out/train.jsonl` (the hidden mark stays) a user's
+    own records put there were replaced by the next import, exit 0."""
+    rows = write_lines(tmp_path / "a.jsonl", [prompt_row(i) for i in range(10)])
+    out = tmp_path / "out"
+    assert run(capsys, "--input", rows, "--output", out)[0] == 0
+    assert (out / ".train.jsonl.kglightning-import").is_file()
+    (out / "train.jsonl").unlink()
+    write_records([KGQARecord("MY-OWN", "q?", ["a"], ["t"], ["a"], [("t", "r", "a")])], out / "train.jsonl")
+    mine = (out / "train.jsonl").read_bytes()
+    code, _, err = run(capsys, "--input", rows, "--output", out, "--seed", "1")
+    assert code == 2 and "train.jsonl exists and is not a file that an import wrote" in err
+    assert (out / "train.jsonl").read_bytes() == mine
+    with open(out / "validation.jsonl", "a") as f:  # an import's file edited by hand: the user's now
+        f.write("\n")
+    (out / "train.jsonl").unlink()
+    assert run(capsys, "--input", rows, "--output", out, "--seed", "1")[0] == 2
+
+
+def test_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
+    from kglightning.data.sources import predictions_import
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(predictions_import, "write_splits", full)
+    code, _, err = run(capsys, "--input", write_lines(tmp_path / "a.jsonl", [prompt_row(i) for i in range(10)]),
+                       "--output", tmp_path / "out")  # fmt: skip
+    assert code == 2 and "No space left on device" in err and "Traceback" not in err

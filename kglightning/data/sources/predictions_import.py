@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import logging
 import os
 import random
 import shutil
+import stat
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -54,10 +56,9 @@ from kglightning.data.sources.prediction_lines import (
 )
 from kglightning.data.sources.prompt_predictions import is_prompt_row, record_from_prompt
 from kglightning.data.splits import SPLITS, locate_splits
-from kglightning.data.store.cache_marks import mark_file, marker_of, why_unmarked
 from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.temporaries import writer_temporary
-from kglightning.fileio import check_outputs_apart
+from kglightning.fileio import check_outputs_apart, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -245,14 +246,12 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
         RecordError: a record holds text that cannot be encoded as UTF-8 (naming its input file, line and field).
     """
     out = Path(out)
-    for name in splits:  # a split file an import did not write (no marker beside it) is a user's: never replaced
+    for name in splits:  # a split file an import did not write (no matching mark beside it) is a user's
         target = out / f"{name}.jsonl"
-        if os.path.lexists(target) and (
-            target.is_symlink() or not target.is_file() or why_unmarked(target) is not None
-        ):
-            raise FileExistsError(f"{target} exists and is not a file that an import wrote (no kglightning marker "
-                                  f"{marker_of(target, folder=False).name} beside it): it is never replaced; move it "
-                                  "away, or import into another folder")  # fmt: skip
+        if os.path.lexists(target) and not _written_by_an_import(target):
+            raise FileExistsError(f"{target} exists and is not a file that an import wrote (no {IMPORT_MARK} mark "
+                                  "beside it that matches its content): it is never replaced; move it away, or import "
+                                  "into another folder")  # fmt: skip
     encoded = {name: b"".join(_encoded(r, origin or {}) for r in rows) for name, rows in splits.items()}
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -275,7 +274,6 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
                 os.replace(out / f"{name}.jsonl", backups[name])
                 moved.append(name)
         for name in encoded:
-            mark_file(out / f"{name}.jsonl")  # an import's file, which the next import may replace
             os.replace(temps[name], out / f"{name}.jsonl")
             placed.append(name)
     except BaseException:
@@ -295,12 +293,54 @@ def write_splits(splits: dict[str, list[KGQARecord]], out: str | Path, origin: O
     for name in moved:
         with contextlib.suppress(OSError):
             os.unlink(backups[name])
+    for name, data in encoded.items():  # after the renames: a file is marked only once it is in place
+        _mark_written(out / f"{name}.jsonl", data)
     with contextlib.suppress(OSError):  # the renames themselves survive a crash once the folder is synced
         fd = os.open(out, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+#: the mark an import leaves beside each split file it writes: ``.<split>.jsonl`` + this, holding the file's digest
+IMPORT_MARK = ".kglightning-import"
+
+
+def _mark_of(target: Path) -> Path:
+    return target.with_name(f".{target.name}{IMPORT_MARK}")
+
+
+def _mark_written(target: Path, data: bytes) -> None:
+    """Leave the mark that says an import wrote ``target`` with these bytes (its size and SHA-256); one that cannot
+    be written only means the next import refuses to replace the file (a WARNING says so)."""
+    try:
+        write_text_atomic(_mark_of(target), json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+    except OSError as err:
+        log.warning("%s cannot be marked as an import's (%s): the next import into %s will not replace it",
+                    target, err, target.parent)  # fmt: skip
+
+
+def _written_by_an_import(target: Path) -> bool:
+    """Whether ``target`` is a regular file whose mark (this user's regular file) holds its size and SHA-256: a file
+    replaced, edited or put there after the import, or a mark left from an earlier file, does not match."""
+    mark = _mark_of(target)
+    try:
+        st, ms = target.lstat(), mark.lstat()
+        if not stat.S_ISREG(st.st_mode) or not stat.S_ISREG(ms.st_mode) or ms.st_uid != os.getuid():
+            return False
+        if ms.st_size > 4096:
+            return False
+        recorded = json.loads(mark.read_text(encoding="utf-8"))
+        if not isinstance(recorded, dict) or recorded.get("size") != st.st_size:
+            return False
+        digest = hashlib.sha256()
+        with open(target, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return recorded.get("sha256") == digest.hexdigest()
+    except (OSError, ValueError):
+        return False
 
 
 def _warn_backups(out: Path, names: list[str]) -> None:
