@@ -454,3 +454,42 @@ def test_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
     code, _, err = run(capsys, "--input", write_lines(tmp_path / "a.jsonl", [prompt_row(i) for i in range(10)]),
                        "--output", tmp_path / "out")  # fmt: skip
     assert code == 2 and "No space left on device" in err and "Traceback" not in err
+
+
+def test_a_planted_link_at_a_marks_name_is_never_written_through(tmp_path, capsys):
+    """Review 8: the mark was written with the link-following atomic writer, replacing the link's target."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("my precious notes")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".train.jsonl.kglightning-import").symlink_to(victim)
+    rows = write_lines(tmp_path / "a.jsonl", [prompt_row(i) for i in range(10)])
+    assert run(capsys, "--input", rows, "--output", out)[0] == 0
+    assert victim.read_text() == "my precious notes" and (out / ".train.jsonl.kglightning-import").is_symlink()
+    assert run(capsys, "--input", rows, "--output", out, "--seed", "1")[0] == 2  # unmarked: not replaced
+
+
+def test_a_records_value_json_cannot_write_is_one_line(tmp_path, capsys):
+    """Review 8: a parquet timestamp column in --records ended in a TypeError traceback."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "rec").mkdir()
+    for s in ("train", "validation", "test"):
+        t = pa.table({"id": [f"{s}1"], "question": ["who?"], "answer": [["B"]], "q_entity": [["A"]],
+                      "a_entity": [["B"]], "graph": [[["A", "r", "B"]]], "created": [datetime.datetime(2024, 1, 1)]})  # fmt: skip
+        pq.write_table(t, tmp_path / "rec" / f"{s}.parquet")
+    rows = write_lines(
+        tmp_path / "p.jsonl", [{"id": f"{s}1", "prediction": ["B"]} for s in ("train", "validation", "test")]
+    )
+    code, _, err = run(capsys, "--input", rows, "--records", tmp_path / "rec", "--output", tmp_path / "out")
+    assert code == 2 and "field 'created'" in err and "JSON cannot write" in err and not (tmp_path / "out").exists()
+
+
+def test_one_answer_in_a_list_that_mentions_an_answer_header_does_not_make_the_file_gcr():
+    """Review 8: the list form of review 6's case: 11 of 12 answers were dropped and 'X'' kept."""
+    rows = [{"id": f"q{i}", "prediction": ["Paris", "Lyon"]} for i in range(5)]
+    rows.append({"id": "q5", "prediction": ["Paris", "The format is '# Answer: X'"]})
+    assert detect_format(list(enumerate(rows, start=1))) == "plain"

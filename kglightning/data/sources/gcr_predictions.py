@@ -40,13 +40,17 @@ ORIGIN = "reasoning paths GCR wrote"
 
 
 def is_gcr_row(row: dict[str, Any]) -> bool:
-    """Whether a line looks like GCR's: a list of beams one of which holds ``# Answer:``, or one beam written as a
-    string (GCR's output for a single beam) that begins with ``# Reasoning Path:`` and holds ``# Answer:`` (an LLM's
-    plain reply that merely mentions ``# Answer:`` is not one)."""
+    """Whether a line looks like GCR's: a beam (a string that begins with ``# Reasoning Path:`` and holds
+    ``# Answer:``), or a list holding one (GCR writes a single beam as a string). An answer that merely mentions
+    ``# Answer:`` is not a beam."""
     beams = row.get("prediction")
     if isinstance(beams, str):
-        return beams.lstrip().startswith(PATH_HEADER) and ANSWER_HEADER in beams
-    return isinstance(beams, list) and any(isinstance(b, str) and ANSWER_HEADER in b for b in beams)
+        return _is_beam(beams)
+    return isinstance(beams, list) and any(_is_beam(b) for b in beams)
+
+
+def _is_beam(text: object) -> bool:
+    return isinstance(text, str) and text.lstrip().startswith(PATH_HEADER) and ANSWER_HEADER in text
 
 
 def beam_parts(text: str) -> list[tuple[list[str], list[str]]]:

@@ -58,7 +58,7 @@ from kglightning.data.sources.prompt_predictions import is_prompt_row, record_fr
 from kglightning.data.splits import SPLITS, locate_splits
 from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.temporaries import writer_temporary
-from kglightning.fileio import check_outputs_apart, write_text_atomic
+from kglightning.fileio import check_outputs_apart
 
 log = logging.getLogger(__name__)
 
@@ -221,12 +221,17 @@ def _encoded(record: KGQARecord, origin: Origin) -> bytes:
         source, line = origin.get(record.id, ("<records>", None))
         raise RecordError(f"holds text that cannot be written as UTF-8 ({err.reason}: {err.object[err.start:err.end]!r})",
                           source=source, line=line, field=bad) from None  # fmt: skip
+    except (TypeError, ValueError) as err:  # a value JSON has no form for (a parquet timestamp, bytes, a Decimal)
+        bad = next((k for k, v in data.items() if not _encodes(v)), None)
+        source, line = origin.get(record.id, ("<records>", None))
+        raise RecordError(f"of record {record.id!r} holds a value JSON cannot write ({err})", source=source, line=line,
+                          field=bad) from None  # fmt: skip
 
 
 def _encodes(value: Any) -> bool:
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
+    except (UnicodeEncodeError, TypeError, ValueError):
         return False
     return True
 
@@ -314,8 +319,16 @@ def _mark_of(target: Path) -> Path:
 def _mark_written(target: Path, data: bytes) -> None:
     """Leave the mark that says an import wrote ``target`` with these bytes (its size and SHA-256); one that cannot
     be written only means the next import refuses to replace the file (a WARNING says so)."""
+    mark = _mark_of(target)
+    text = json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
     try:
-        write_text_atomic(_mark_of(target), json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+        if os.path.lexists(mark):  # only a mark of this user that is a regular file is replaced, never written through
+            st = mark.lstat()
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                raise OSError(f"{mark} is not a regular file of this user")
+            mark.unlink()
+        with os.fdopen(create_new(mark, 0o644), "w", encoding="utf-8") as f:  # O_EXCL | O_NOFOLLOW
+            f.write(text)
     except OSError as err:
         log.warning("%s cannot be marked as an import's (%s): the next import into %s will not replace it",
                     target, err, target.parent)  # fmt: skip
