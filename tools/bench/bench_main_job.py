@@ -12,7 +12,6 @@ built, the answers proposed, the encodings and graphs, training, the test).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from record_run import _commit, machine, run_metrics  # noqa: E402
+from side_by_side import unpack, write_result  # noqa: E402
 
 #: the first line of each stage (a regular expression), in the order the run prints them
 MARKS = (
@@ -37,13 +37,6 @@ MARKS = (
     ("test", re.compile(r"^Testing|test_after_fit|Restoring states from the checkpoint")),
 )
 KEEP = ("test/f1", "test/auc_pr", "test/precision", "test/recall")
-
-
-def _unpack(rev: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "archive", rev, "kglightning", "configs"], cwd=ROOT, capture_output=True,
-                             check=True)  # fmt: skip
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into
 
 
 def run_main_job(tree: Path, work: Path) -> dict[str, object]:
@@ -86,16 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base_tree = Path(tmp) / "base_tree"
         base_tree.mkdir()
-        base = _unpack(args.base, base_tree)
+        base = unpack(args.base, base_tree, "kglightning", "configs")
         result["this"] = run_main_job(ROOT, Path(tmp) / "this")
         print(f"this tree: {result['this']}", flush=True)
         result["base_run"] = run_main_job(base, Path(tmp) / "base")
         print(f"{args.base}: {result['base_run']}", flush=True)
     result["ratio"] = round(result["this"]["seconds"] / result["base_run"]["seconds"], 3)
     print(f"ratio {result['ratio']}")
-    if args.output:
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.output}")
+    write_result(args.output, result)
     return 0
 
 

@@ -14,7 +14,6 @@ The result file is what BENCHMARKS.md and the README show (``tools/docs_numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -28,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from record_run import _commit, machine  # noqa: E402
+from side_by_side import unpack, write_result  # noqa: E402
 
 FILE_COMMANDS = ("evaluate", "build-benchmark", "build-subgraphs", "conformalize", "select", "import-predictions",
                  "cache")  # fmt: skip
@@ -45,16 +45,10 @@ def _seconds(argv: list[str], tree: Path, cache: Path) -> float:
     return seconds
 
 
-def _unpack(rev: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "archive", rev, "kglightning"], cwd=ROOT, capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into
-
-
 def measure(base: str, repeats: int) -> dict[str, object]:
     """``{"imports": {name: median s}, "commands": [{"command", "seconds", "base_seconds"}]}``."""
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {"this": ROOT, "base": _unpack(base, Path(tmp))}
+        trees = {"this": ROOT, "base": unpack(base, Path(tmp) / "base", "kglightning")}
         cache = Path(tmp) / "work" / "cache"  # empty: `cache du` lists nothing
         cache.parent.mkdir()
         times: dict[tuple[str, str], list[float]] = {}
@@ -93,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['command']:<40} {row['seconds']:6.2f} s ({row['seconds'] / lightning:5.1%} of import lightning)"
               f"   base {row['base_seconds']:6.2f} s")  # fmt: skip
     print(f"import lightning {lightning:.2f} s, import torch {result['imports']['import torch']:.2f} s")
-    if args.output:
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.output}")
+    write_result(args.output, result)
     return 0
 
 

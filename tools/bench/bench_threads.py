@@ -12,7 +12,6 @@ two such fits at once. What counts is each fit's wall time and the training step
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from record_run import _commit, machine  # noqa: E402
+from side_by_side import write_result  # noqa: E402
 
 #: the policies compared: the environment each fit runs with (libgomp reads GOMP_SPINCOUNT before OMP_WAIT_POLICY;
 #: 300000 is its default, what torch runs with when nothing is set)
@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({rows[-1]['slowdown']:.2f}x)", flush=True)  # fmt: skip
     result = {"date": date.today().isoformat(), "commit": _commit(), "machine": machine(), "command": " ".join(cmd[1:]),
               "rows": rows}  # fmt: skip
-    if args.output:
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.output}")
+    write_result(args.output, result)
     return 0
 
 
