@@ -493,3 +493,15 @@ def test_one_answer_in_a_list_that_mentions_an_answer_header_does_not_make_the_f
     rows = [{"id": f"q{i}", "prediction": ["Paris", "Lyon"]} for i in range(5)]
     rows.append({"id": "q5", "prediction": ["Paris", "The format is '# Answer: X'"]})
     assert detect_format(list(enumerate(rows, start=1))) == "plain"
+
+
+def test_a_path_on_the_headers_line_and_beams_cut_before_their_answer_are_read():
+    """Review 9: the text after 'Reasoning Paths:' on its line was dropped uncounted; a GCR file whose beams were all
+    cut short before '# Answer:' was read as plain, its headers becoming answers."""
+    from kglightning.data.sources.prompt_predictions import parse_reasoning_paths
+
+    prompt = "Reasoning Paths: X -> r -> A\nX -> s -> B\n\nQuestion:\na?"
+    assert parse_reasoning_paths(prompt) == [["X", "r", "A"], ["X", "s", "B"]]
+    rows = [{"id": "q1", "prediction": ["# Reasoning Path:\n<PATH>X -> r -> A</PATH>"]},
+            {"id": "q2", "prediction": "# Reasoning Path:\nX -> r -> A\n# Ans"}]  # fmt: skip
+    assert detect_format(list(enumerate(rows, start=1))) == "gcr"

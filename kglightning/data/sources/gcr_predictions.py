@@ -40,9 +40,9 @@ ORIGIN = "reasoning paths GCR wrote"
 
 
 def is_gcr_row(row: dict[str, Any]) -> bool:
-    """Whether a line looks like GCR's: a beam (a string that begins with ``# Reasoning Path:`` and holds
-    ``# Answer:``), or a list holding one (GCR writes a single beam as a string). An answer that merely mentions
-    ``# Answer:`` is not a beam."""
+    """Whether a line looks like GCR's: a beam (a string that begins with ``# Reasoning Path:``; one cut short before
+    its ``# Answer:`` is a beam without an answer, counted), or a list holding one (GCR writes a single beam as a
+    string). An answer that merely mentions ``# Answer:`` is not a beam."""
     beams = row.get("prediction")
     if isinstance(beams, str):
         return _is_beam(beams)
@@ -50,7 +50,7 @@ def is_gcr_row(row: dict[str, Any]) -> bool:
 
 
 def _is_beam(text: object) -> bool:
-    return isinstance(text, str) and text.lstrip().startswith(PATH_HEADER) and ANSWER_HEADER in text
+    return isinstance(text, str) and text.lstrip().startswith(PATH_HEADER)
 
 
 def beam_parts(text: str) -> list[tuple[list[str], list[str]]]:

@@ -48,8 +48,8 @@ def is_prompt_row(row: dict[str, Any]) -> bool:
 def parse_reasoning_paths(prompt: str, stats: ImportStats | None = None) -> list[list[str]]:
     """The paths of a prompt's ``Reasoning Paths:`` block, each as ``[e0, r1, e1, r2, e2, ...]``.
 
-    The block runs from the header to a line that starts with ``Question:`` (or the end); blank lines in it are
-    skipped. A line that does not alternate entities and relations (an even number of ``" -> "``-separated parts,
+    The block runs from the header (text after it on its line is a path too) to a line that starts with
+    ``Question:`` (or the end); blank lines in it are skipped. A line that does not alternate entities and relations (an even number of ``" -> "``-separated parts,
     or fewer than 3, as when a name holds a line break) is skipped and counted in ``stats``.
 
     Example:
@@ -60,7 +60,7 @@ def parse_reasoning_paths(prompt: str, stats: ImportStats | None = None) -> list
     if start < 0:
         return []
     out = []
-    for line in prompt[start + len(PATHS_HEADER) :].split("\n")[1:]:  # [0]: the rest of the header's line
+    for line in prompt[start + len(PATHS_HEADER) :].split("\n"):  # [0]: the rest of the header's line, a path too
         if line.strip().startswith(QUESTION_HEADER):  # "Question:" alone, or with the question on its line
             break
         if not line.strip():
