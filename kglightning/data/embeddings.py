@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import weakref
@@ -342,8 +343,9 @@ class EmbeddingCache:
         if not self._cleaned:  # once per cache: what writers killed mid-write left (a block's rows each)
             remove_stale_writes(self.folder)
             self._cleaned = True
-        # shards are named by their content, so two caches on one folder never overwrite each other
-        digest = hashlib.sha1("\n".join(new).encode()).hexdigest()[:16]
+        # shards are named by their content (the texts as a JSON list: ["a", "b"] and ["a\nb"] differ), so two caches
+        # on one folder never overwrite each other
+        digest = hashlib.sha1(json.dumps(new, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()[:16]
         shard = self.folder / f"shard-{digest}.arrow"
         write_shard(shard, new, emb.numpy())
         self._shards.add(shard.name)

@@ -360,3 +360,13 @@ def test_a_killed_writers_temporary_shard_is_removed_by_the_next_writer_and_othe
     assert not dead.exists() and live.exists()
     # another host's file temporary cannot be told from a user's look-alike file: kept (issue 57's cache review)
     assert old_elsewhere.exists()
+
+
+def test_texts_that_join_alike_get_shards_of_their_own(tmp_path):
+    """Review 10 noticed: a shard was named by the texts joined with newlines, so ["a", "b"] and ["a\\nb"] named one
+    shard and the second write replaced the first (cached rows lost, encoded again on every run)."""
+    cache = EmbeddingCache(_Enc(), tmp_path)
+    cache.embed(["a", "b"])
+    cache.embed(["a\nb"])
+    again = EmbeddingCache(_Enc(), tmp_path)
+    assert len(again) == 3 and len(list((tmp_path / "enc").glob("shard-*.arrow"))) == 2
