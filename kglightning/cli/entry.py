@@ -25,12 +25,9 @@ from kglightning.threads import sleep_when_idle
 USER_INPUT_ERRORS: tuple[type[BaseException], ...] = (
     RecordError,
     OutputOverInputError,
-    FileNotFoundError,  # a path the user gave names nothing,
-    FileExistsError,  # ... something that may not be replaced,
-    IsADirectoryError,  # ... a folder where a file is read or written,
-    NotADirectoryError,  # ... or passes through a file,
-    PermissionError,  # ... or may not be read or written,
-    OSError,  # and what the system refuses (a full disk, a read-only folder): one line too
+    # a path the user gave names nothing, something that may not be replaced, a folder where a file is read or
+    # written, a path through a file, no permission; and what the system refuses (a full disk, a read-only folder)
+    OSError,
 )
 
 

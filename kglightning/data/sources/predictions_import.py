@@ -347,11 +347,8 @@ def _written_by_an_import(target: Path) -> bool:
         recorded = json.loads(mark.read_text(encoding="utf-8"))
         if not isinstance(recorded, dict) or recorded.get("size") != st.st_size:
             return False
-        digest = hashlib.sha256()
         with open(target, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return recorded.get("sha256") == digest.hexdigest()
+            return recorded.get("sha256") == hashlib.file_digest(f, "sha256").hexdigest()
     except (OSError, ValueError):
         return False
 
