@@ -61,36 +61,45 @@ def test_a_bad_thread_count_is_refused_by_name(monkeypatch, value):
 def test_apply_threads_sets_torch_and_says_so(monkeypatch):
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.setenv(threads.ENV_THREADS, "1")
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     try:
         line = threads.apply_threads()
         assert torch.get_num_threads() == 1
-        assert line == "torch computes with 1 threads (KGLIGHTNING_THREADS=1; KGLIGHTNING_THREADS sets it), " \
-                       "idle threads wait: PASSIVE"  # fmt: skip
+        assert line == "torch computes with 1 thread (KGLIGHTNING_THREADS=1; KGLIGHTNING_THREADS sets it), " \
+                       "idle threads: PASSIVE"  # fmt: skip
+        monkeypatch.setenv("GOMP_SPINCOUNT", "10000")  # libgomp reads it first
+        assert threads.apply_threads().endswith("idle threads: spin GOMP_SPINCOUNT=10000 times, then sleep")
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         assert "(OMP_NUM_THREADS)" in threads.apply_threads()
     finally:
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_the_cli_lets_idle_threads_sleep_unless_told_otherwise(given, expected):
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [({}, "None 10000"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE None"), ({"GOMP_SPINCOUNT": "5"}, "None 5")],
+)
+def test_the_cli_lets_idle_threads_spin_briefly_unless_told_otherwise(given, expected):
     code = ("import os, sys; from kglightning.cli import main\n"
             "try: main(['select', '--help'])\nexcept SystemExit: pass\n"
-            "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)")  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if given:
-        env["OMP_WAIT_POLICY"] = given
+            "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(given)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
     assert out.stdout.strip().splitlines()[-1] == f"{expected} False"  # set before torch is imported
 
 
-def test_a_spin_count_the_environment_sets_is_kept(monkeypatch):
+@pytest.mark.parametrize("given", [{"GOMP_SPINCOUNT": "77"}, {"OMP_WAIT_POLICY": "PASSIVE"}])
+def test_a_wait_policy_the_environment_sets_is_kept(monkeypatch, given):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    for k, v in given.items():
+        monkeypatch.setenv(k, v)
     threads.sleep_when_idle()
-    assert "OMP_WAIT_POLICY" not in os.environ
-    monkeypatch.delenv("GOMP_SPINCOUNT")
+    assert {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")} == {
+        "OMP_WAIT_POLICY": given.get("OMP_WAIT_POLICY"), "GOMP_SPINCOUNT": given.get("GOMP_SPINCOUNT")}  # fmt: skip
+    monkeypatch.delenv(next(iter(given)))
     threads.sleep_when_idle()
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert os.environ["GOMP_SPINCOUNT"] == str(threads.SPIN_COUNT) and "OMP_WAIT_POLICY" not in os.environ

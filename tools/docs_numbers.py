@@ -443,8 +443,12 @@ def main_job_speed() -> str:
     lines += [f"| epochs trained | {this['epochs']} | {base['epochs']} |"]
     lines += [f"| {k} | {this['metrics'][k]:.3f} | {base['metrics'][k]:.3f} |" for k in this["metrics"]]
     m = r["machine"]
-    lines += ["", f"This tree took {r['ratio']:.2f}x the time of {r['base']}, one run after the other on {m['cores']} "
-              f"CPU cores ({m['cpu']}) on {r['date']}, commit {r['commit']}, each from an empty cache: "
+    repeats = r.get("repeats", 1)
+    how = f"the median of {repeats} runs of each, taking turns" if repeats > 1 else "one run after the other"
+    lines += ["", f"This tree took {r['ratio']:.2f}x the time of {r['base']}, {how}, on {m['cores']} CPU cores "
+              f"({m['cpu']}) on {r['date']}, commit {r['commit']}, each from an empty cache (all runs: "
+              f"{', '.join(_duration(x) for x in this.get('all_seconds', [this['seconds']]))} against "
+              f"{', '.join(_duration(x) for x in base.get('all_seconds', [base['seconds']]))}): "
               "`docs/results/main_job_speed.json`."]  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -34,7 +34,8 @@ class SentenceEncoder:
 
     Args:
         model: a local sentence-transformers folder, or ``"bundled:all-MiniLM-L6-v2"`` for the packaged MiniLM.
-        batch_size: strings per forward pass.
+        batch_size: strings per forward pass (sentence-transformers sorts a call's strings by length first, so a
+            small batch pads little: on 2 CPU cores, 32 encoded questions about twice as fast as 256).
         device: torch device for encoding (``"cpu"``, ``"cuda"``...).
         normalize: L2-normalise embeddings, so a dot product is a cosine similarity.
         show_progress: show a progress bar for large encode calls.
@@ -48,7 +49,7 @@ class SentenceEncoder:
     def __init__(
         self,
         model: str = BUNDLED_MINILM,
-        batch_size: int = 256,
+        batch_size: int = 32,
         device: str = "cpu",
         normalize: bool = True,
         show_progress: bool = True,

@@ -165,10 +165,41 @@ def collate_graphs(items: list[Data], rows: Callable[[Tensor], Tensor]) -> Batch
     text_dim)`` and ``type_kind (T,)`` for the batch's distinct (relation, kind) pairs, and ``edge_type (E,)``;
     ``question`` is each answer's question embedding.
     """
-    batch = Batch.from_data_list([expand_graph(g) for g in items])
+    if all("compact_reverse" in g for g in items):  # as a split keeps them: expanded once, for the whole batch
+        batch = _expand_batch(Batch.from_data_list(items))
+    else:
+        batch = Batch.from_data_list([expand_graph(g) for g in items])
     batch.x_text = rows(batch.node_text)
     batch.ungrounded_x = rows(batch.ungrounded_text)
     type_text, batch.type_kind, batch.edge_type = edge_types(batch.edge_text, batch.edge_kind)
     batch.type_text_emb = rows(type_text)
     batch.question = batch.x_text[batch.question_index][batch.batch[batch.answer_index]]
+    return batch
+
+
+def _expand_batch(batch: Batch) -> Batch:
+    """A batch of compact graphs made what ``Batch.from_data_list`` of their :func:`expand_graph` forms gives: each
+    graph's mirrored forward edges put back right after them, in the same order, and the ids made ``int64``. One
+    gather for the whole batch instead of one expansion per graph (the batch's edge slices are updated to match)."""
+    slices = batch._slice_dict["edge_index"]
+    count = (slices[1:] - slices[:-1]).numpy()  # each graph's compact edges
+    mirrored = np.maximum(batch.compact_reverse.numpy().astype(np.int64), 0)  # -1: nothing was dropped
+    length = count + mirrored
+    graph = np.repeat(np.arange(len(count)), length)
+    at = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)  # position in its graph
+    m = mirrored[graph]
+    mirror = (at >= m) & (at < 2 * m)
+    index = torch.from_numpy(slices[:-1].numpy()[graph] + np.where(at < m, at, at - m))
+    mirror_t = torch.from_numpy(mirror)
+    ei = batch.edge_index.long().index_select(1, index)
+    batch.edge_index = torch.where(mirror_t, ei.flip(0), ei)
+    batch.edge_text = batch.edge_text.long().index_select(0, index)
+    kind = batch.edge_kind.long().index_select(0, index)
+    batch.edge_kind = torch.where(mirror_t, torch.full_like(kind, EDGE_REVERSE), kind)
+    batch.node_text = batch.node_text.long()
+    new_slices = torch.from_numpy(np.concatenate([[0], np.cumsum(length)]))
+    for key in ("edge_index", "edge_text", "edge_kind"):
+        batch._slice_dict[key] = new_slices
+    del batch.compact_reverse
+    del batch._slice_dict["compact_reverse"], batch._inc_dict["compact_reverse"]
     return batch

@@ -1,6 +1,6 @@
 """Plain torch / PyG modules (no Lightning imports)."""
 
-from kglightning.nn.base import GraphEncoder
+from kglightning.nn.base import GraphEncoder, NodeRows
 from kglightning.nn.gat import GATEncoder
 from kglightning.nn.graph_transformer import GraphTransformerEncoder
 from kglightning.nn.kgguard import EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL, KGGuard
@@ -15,5 +15,6 @@ __all__ = [
     "GATEncoder",
     "GraphEncoder",
     "GraphTransformerEncoder",
+    "NodeRows",
     "KGGuard",
 ]

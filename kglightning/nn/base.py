@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from kglightning.nn.receptive import receptive_blocks
+
+
+@dataclass
+class NodeRows:
+    """Node features built for the nodes asked for: ``rows(ids)`` gives the ``(len(ids), in_channels)`` features of
+    nodes ``ids`` of ``num_nodes``. :meth:`GraphEncoder.node_states` takes them in place of a full ``x`` when the
+    features are cheaper to build for a few rows than for all (a concatenation with learned parts, whose backward
+    would otherwise run over every node of the batch)."""
+
+    num_nodes: int
+    rows: Callable[[Tensor], Tensor]
+
+    def all(self) -> Tensor:
+        """The features of every node."""
+        return self.rows(torch.arange(self.num_nodes))
 
 
 class GraphEncoder(nn.Module, ABC):
@@ -44,14 +61,16 @@ class GraphEncoder(nn.Module, ABC):
 
     def node_states(
         self,
-        x: Tensor,
+        x: Tensor | NodeRows,
         edge_index: Tensor,
         edge_attr: Tensor,
         edge_type: Tensor | None = None,
         targets: Tensor | None = None,
     ) -> Tensor:
         """States ``(K, out_channels)`` of the ``targets`` nodes (``(N, out_channels)`` of all when ``None``);
-        ``edge_attr`` may be per edge type with ``edge_type`` whatever the encoder supports."""
+        ``x`` is the node features or a :class:`NodeRows` that builds them; ``edge_attr`` may be per edge type with
+        ``edge_type`` whatever the encoder supports."""
+        x = x.all() if isinstance(x, NodeRows) else x
         h = self(x, edge_index, *self.edge_features(edge_attr, edge_type))
         return h if targets is None else h.index_select(0, targets)
 
@@ -123,7 +142,7 @@ class _StackedAttentionEncoder(GraphEncoder):
 
     def node_states(
         self,
-        x: Tensor,
+        x: Tensor | NodeRows,
         edge_index: Tensor,
         edge_attr: Tensor,
         edge_type: Tensor | None = None,
@@ -132,13 +151,15 @@ class _StackedAttentionEncoder(GraphEncoder):
         """States of ``targets`` computed on their receptive field only (:func:`~kglightning.nn.receptive.
         receptive_blocks`): each layer runs on the nodes and edges the next one reads, the last on ``targets``.
         Equal to ``forward(...)[targets]``; on KG-Guard's graphs (about 1.5 % of nodes are answers) it does about a
-        quarter of the node work."""
+        quarter of the node work. A :class:`NodeRows` ``x`` builds the features of the first layer's nodes only."""
         if targets is None:
-            return self(x, edge_index, edge_attr, edge_type)
+            return self(x.all() if isinstance(x, NodeRows) else x, edge_index, edge_attr, edge_type)
         wanted, order = targets.unique(return_inverse=True)
-        blocks = receptive_blocks(edge_index, wanted, len(self.convs), x.size(0))
+        num_nodes = x.num_nodes if isinstance(x, NodeRows) else x.size(0)
+        blocks = receptive_blocks(edge_index, wanted, len(self.convs), num_nodes)
         # index_select, not x[...]: its backward is a fast scatter-add, that of advanced indexing is not
-        h = self.input_proj(x.index_select(0, blocks[0].nodes))
+        first = blocks[0].nodes
+        h = self.input_proj(x.rows(first) if isinstance(x, NodeRows) else x.index_select(0, first))
         for block, conv, norm in zip(blocks, self.convs, self.norms):
             if edge_type is None:
                 attr, types = edge_attr.index_select(0, block.edge_ids), None

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from kglightning.nn.base import GraphEncoder
+from kglightning.nn.base import GraphEncoder, NodeRows
 
 #: ``edge_kind`` values of the augmented graph.
 EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL = 0, 1, 2
@@ -136,9 +136,15 @@ class KGGuard(nn.Module):
                        edge_text: Tensor, edge_kind: Tensor, edge_type: Tensor | None, answer_index: Tensor) -> Tensor:  # fmt: skip
         """The graph encoder's states of the answer nodes."""
         assert self.encoder is not None and self.edge_kind is not None
-        x = x_text
+        x: Tensor | NodeRows = x_text
         if self.topic_mark is not None and self.answer_mark is not None:
-            x = torch.cat([x_text, self.topic_mark(topic_mask.long()), self.answer_mark(answer_mask.long())], dim=-1)
+            topic, answer = self.topic_mark, self.answer_mark
+
+            def marked(ids: Tensor) -> Tensor:  # built for the nodes the encoder reads only (and so is its backward)
+                return torch.cat([x_text.index_select(0, ids), topic(topic_mask.index_select(0, ids).long()),
+                                  answer(answer_mask.index_select(0, ids).long())], dim=-1)  # fmt: skip
+
+            x = NodeRows(x_text.size(0), marked)
         if not self.question_node:
             keep = (edge_kind if edge_type is None else edge_kind[edge_type]) != EDGE_VIRTUAL
             edge_index = edge_index[:, keep]

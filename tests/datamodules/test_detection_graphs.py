@@ -211,6 +211,50 @@ def test_compact_graph_round_trips_exactly_in_less_memory(reverse):
     assert torch.equal(expand_graph(compact_graph(odd)).edge_index, odd.edge_index)
 
 
+def _random_graph(seed: int, n: int, m: int, v: int, mirror: bool):
+    from torch_geometric.data import Data
+
+    g = torch.Generator().manual_seed(seed)
+    src, dst = torch.randint(0, n - 1, (m,), generator=g), torch.randint(0, n - 1, (m,), generator=g)
+    rel, hub = torch.randint(0, 50, (m,), generator=g), torch.full((v,), n - 1)
+    topics = torch.randint(0, n - 1, (v,), generator=g)
+    both = [src, dst] if mirror else [src]
+    kinds = (
+        [torch.full((m,), EDGE_FORWARD)] + [torch.full((m,), EDGE_REVERSE)] * mirror + [torch.full((v,), EDGE_VIRTUAL)]
+    )
+    return Data(num_nodes=n, node_text=torch.randint(0, 99, (n,), generator=g),
+                edge_index=torch.stack([torch.cat([*both, hub]), torch.cat([*both[::-1], topics])]),
+                edge_text=torch.cat([rel] * (1 + mirror) + [torch.zeros(v, dtype=torch.long)]),
+                edge_kind=torch.cat(kinds), qid=f"q{seed}", answer_names=[f"a{seed}"], answer_index=torch.tensor([0]),
+                ungrounded_text=torch.zeros(0, dtype=torch.long), question_index=torch.tensor([n - 1]))  # fmt: skip
+
+
+def test_a_batch_of_compact_graphs_equals_the_batch_of_their_expanded_forms():
+    """collate_graphs expands compact graphs once per batch: the batch, its edge order and its per-graph slices are
+    those of batching the graphs expanded one by one."""
+    from torch_geometric.data import Batch
+
+    from kglightning.datamodules.graph_forms import collate_graphs, compact_graph, expand_graph
+
+    shapes = [(10, 5, 2, True), (4, 0, 1, True), (7, 3, 0, True), (6, 4, 2, False), (3, 0, 0, True), (9, 6, 1, True)]
+    compact = [compact_graph(_random_graph(i, *shape)) for i, shape in enumerate(shapes)]
+    assert [int(c.compact_reverse) for c in compact] == [5, -1, 3, -1, -1, 6]  # mirrored ones and the others
+    want = Batch.from_data_list([expand_graph(c) for c in compact])
+    table = torch.randn(99, 4)
+    got = collate_graphs(compact, lambda ids: table[ids])
+    for key in want.keys():
+        a, b = want[key], got[key]
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b), key
+        else:
+            assert a == b, key
+    assert "compact_reverse" not in got
+    for i in range(len(shapes)):
+        one, back = want.get_example(i), got.get_example(i)
+        assert torch.equal(one.edge_index, back.edge_index) and torch.equal(one.edge_kind, back.edge_kind)
+    torch.testing.assert_close(got.x_text, table[want.node_text])
+
+
 def test_a_question_without_gold_answers_is_unlabelled_and_not_counted_as_hallucinated():
     rec = _record(answer=[], a_entity=[], prediction=["Paris", "Euro", "Atlantis"])
     stats = DetectionStats()

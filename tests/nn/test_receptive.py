@@ -56,3 +56,38 @@ def test_node_states_equal_the_whole_graph_run(encoder, typed):
         enc.node_states(x, ei, attr, types, targets=targets), full[targets], atol=1e-5, rtol=1e-5
     )
     torch.testing.assert_close(enc.node_states(x, ei, attr, types), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("encoder", [GraphTransformerEncoder, GATEncoder])
+def test_node_rows_build_only_the_first_layers_nodes_and_give_the_same_states_and_gradients(encoder):
+    from kglightning.nn import NodeRows
+
+    ei, g = _random_graph(3, n=60, e=120)
+    x_text = torch.randn(60, 10, generator=g)
+    mark = torch.nn.Embedding(2, 2)
+    flag = torch.randint(0, 2, (60,), generator=g)
+    targets = torch.tensor([4, 30, 4])
+    torch.manual_seed(0)
+    enc = encoder(12, 5, hidden_channels=16, num_layers=2, heads=4).eval()
+    attr = torch.randn(120, 5, generator=g)
+
+    full_x = torch.cat([x_text, mark(flag)], dim=-1)
+    want = enc.node_states(full_x, ei, attr, targets=targets)
+    want.sum().backward()
+    want_grad = mark.weight.grad.clone()
+    mark.weight.grad = None
+
+    asked = []
+
+    def rows(ids):
+        asked.append(ids)
+        return torch.cat([x_text.index_select(0, ids), mark(flag.index_select(0, ids))], dim=-1)
+
+    got = enc.node_states(NodeRows(60, rows), ei, attr, targets=targets)
+    got.sum().backward()
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(mark.weight.grad, want_grad, atol=1e-6, rtol=1e-6)
+    first = receptive_blocks(ei, targets.unique(), 2, 60)[0].nodes
+    assert len(asked) == 1 and asked[0].tolist() == first.tolist() and first.numel() < 60  # only the rows read
+    # without targets, the rows of every node
+    torch.testing.assert_close(enc.node_states(NodeRows(60, rows), ei, attr), enc(full_x, ei, attr))

@@ -6,7 +6,10 @@ Each tree runs in its own empty cache and working folder, with ``PYTHONPATH`` se
 stages are the spans between the first lines of each kind (start-up until the first line of the data, the benchmark
 built, the answers proposed, the encodings and graphs, training, the test).
 
-    python tools/bench/bench_main_job.py --base 6fe801d --output docs/results/main_job_speed.json
+With ``--repeats N`` each tree runs N times, the two taking turns at going first (this machine's speed drifts by a
+fifth within minutes), and each tree's median run is compared.
+
+    python tools/bench/bench_main_job.py --base 6fe801d --repeats 2 --output docs/results/main_job_speed.json
 """
 
 from __future__ import annotations
@@ -69,21 +72,32 @@ def run_main_job(tree: Path, work: Path) -> dict[str, object]:
             "metrics": {k: round(metrics[k], 4) for k in KEEP if k in metrics}}  # fmt: skip
 
 
+def _median_run(runs: list[dict[str, object]]) -> dict[str, object]:
+    """The run of median wall time (the lower middle one of an even number), with every run's seconds beside it."""
+    ordered = sorted(runs, key=lambda r: r["seconds"])
+    return {**ordered[(len(ordered) - 1) // 2], "all_seconds": [r["seconds"] for r in runs]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", default="6fe801d")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each tree, alternating which goes first; each tree's median run is reported")  # fmt: skip
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args(argv)
     result: dict[str, object] = {"date": date.today().isoformat(), "commit": _commit(), "base": args.base,
-                                 "machine": machine()}  # fmt: skip
+                                 "machine": machine(), "repeats": args.repeats}  # fmt: skip
+    runs: dict[str, list[dict[str, object]]] = {"this": [], "base_run": []}
     with tempfile.TemporaryDirectory() as tmp:
         base_tree = Path(tmp) / "base_tree"
         base_tree.mkdir()
-        base = unpack(args.base, base_tree, "kglightning", "configs")
-        result["this"] = run_main_job(ROOT, Path(tmp) / "this")
-        print(f"this tree: {result['this']}", flush=True)
-        result["base_run"] = run_main_job(base, Path(tmp) / "base")
-        print(f"{args.base}: {result['base_run']}", flush=True)
+        trees = {"this": ROOT, "base_run": unpack(args.base, base_tree, "kglightning", "configs")}
+        for i in range(args.repeats):
+            for name in ("this", "base_run") if i % 2 == 0 else ("base_run", "this"):
+                runs[name].append(run_main_job(trees[name], Path(tmp) / f"{name}-{i}"))
+                print(f"{name} ({args.base if name == 'base_run' else 'this tree'}), run {i + 1}: {runs[name][-1]}",
+                      flush=True)  # fmt: skip
+    result["this"], result["base_run"] = _median_run(runs["this"]), _median_run(runs["base_run"])
     result["ratio"] = round(result["this"]["seconds"] / result["base_run"]["seconds"], 3)
     print(f"ratio {result['ratio']}")
     write_result(args.output, result)
