@@ -5,18 +5,16 @@ sleep. Two such processes on the same cores take turns at every spin: on 2 cores
 together each took 19 times as long as one alone (``tools/bench/bench_threads.py``, BENCHMARKS.md, "Two torch jobs
 on the same cores"). The CLI therefore
 
-* lets idle threads spin briefly, then sleep (``GOMP_SPINCOUNT=10000``, :data:`SPIN_COUNT`, libgomp's setting,
-  :func:`sleep_when_idle`), set before torch is imported unless the environment sets ``OMP_WAIT_POLICY`` or
-  ``GOMP_SPINCOUNT`` already, and
+* lets idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``, :func:`sleep_when_idle`), set before torch is
+  imported unless the environment sets ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` already, and
 * computes with the CPUs this process may use (:func:`available_cpus`: its affinity mask, and a cgroup CPU quota
   in a container) rather than the machine's cores, or with ``KGLIGHTNING_THREADS`` (a count) when set,
 
-and says once what it chose (:func:`apply_threads`). Measured on 2 cores (BENCHMARKS.md), a brief spin keeps most
-of the speed of torch's long one when a fit runs alone, where sleeping at once (``OMP_WAIT_POLICY=PASSIVE``) made
-each training step a third slower: the main job's steps are many small operations, and a sleeping thread wakes
-late for each. Set ``OMP_WAIT_POLICY=ACTIVE`` for a machine you know is yours, ``PASSIVE`` for one shared with
-many jobs. The spin count is libgomp's (torch's Linux wheels); other OpenMP runtimes keep their own defaults.
-In your own Python code, call :func:`sleep_when_idle` before importing torch, and :func:`apply_threads` after.
+and says once what it chose (:func:`apply_threads`). Measured on 2 cores (BENCHMARKS.md), a brief spin
+(``GOMP_SPINCOUNT=10000``) trained as fast as torch's long one alone, but two such fits together each trained four
+times slower; sleeping at once cost a sixth of the training speed alone and half of it with two fits together.
+Set ``OMP_WAIT_POLICY=ACTIVE`` for a machine you know is yours. In your own Python code, call
+:func:`sleep_when_idle` before importing torch, and :func:`apply_threads` after.
 """
 
 from __future__ import annotations
@@ -29,16 +27,11 @@ from pathlib import Path
 ENV_THREADS = "KGLIGHTNING_THREADS"
 
 
-#: libgomp's spins of an idle thread before it sleeps, as the CLI sets it (libgomp's own default is 300,000)
-SPIN_COUNT = 10_000
-
-
 def sleep_when_idle() -> None:
-    """Set ``GOMP_SPINCOUNT`` to :data:`SPIN_COUNT` unless the environment chose how idle threads wait
-    (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``): OpenMP reads them when torch is first imported, so this must run
-    before that."""
-    if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the environment chose how idle threads wait (``OMP_WAIT_POLICY`` or
+    libgomp's ``GOMP_SPINCOUNT``): OpenMP reads them when torch is first imported, so this must run before that."""
+    if "GOMP_SPINCOUNT" not in os.environ:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _cgroup_quota(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> float | None:

@@ -79,9 +79,9 @@ def test_apply_threads_sets_torch_and_says_so(monkeypatch):
 
 @pytest.mark.parametrize(
     ("given", "expected"),
-    [({}, "None 10000"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE None"), ({"GOMP_SPINCOUNT": "5"}, "None 5")],
+    [({}, "PASSIVE None"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE None"), ({"GOMP_SPINCOUNT": "5"}, "None 5")],
 )
-def test_the_cli_lets_idle_threads_spin_briefly_unless_told_otherwise(given, expected):
+def test_the_cli_lets_idle_threads_sleep_unless_told_otherwise(given, expected):
     code = ("import os, sys; from kglightning.cli import main\n"
             "try: main(['select', '--help'])\nexcept SystemExit: pass\n"
             "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)")  # fmt: skip
@@ -91,7 +91,7 @@ def test_the_cli_lets_idle_threads_spin_briefly_unless_told_otherwise(given, exp
     assert out.stdout.strip().splitlines()[-1] == f"{expected} False"  # set before torch is imported
 
 
-@pytest.mark.parametrize("given", [{"GOMP_SPINCOUNT": "77"}, {"OMP_WAIT_POLICY": "PASSIVE"}])
+@pytest.mark.parametrize("given", [{"GOMP_SPINCOUNT": "77"}, {"OMP_WAIT_POLICY": "ACTIVE"}])
 def test_a_wait_policy_the_environment_sets_is_kept(monkeypatch, given):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
@@ -102,4 +102,4 @@ def test_a_wait_policy_the_environment_sets_is_kept(monkeypatch, given):
         "OMP_WAIT_POLICY": given.get("OMP_WAIT_POLICY"), "GOMP_SPINCOUNT": given.get("GOMP_SPINCOUNT")}  # fmt: skip
     monkeypatch.delenv(next(iter(given)))
     threads.sleep_when_idle()
-    assert os.environ["GOMP_SPINCOUNT"] == str(threads.SPIN_COUNT) and "OMP_WAIT_POLICY" not in os.environ
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ

@@ -457,12 +457,15 @@ def threads() -> str:
     """Fits alone and two at once under each thread policy (bench_threads.py)."""
     r = load("threads")
     lines = [
-        "| policy | one fit alone | two fits at once (each) | slowest of the two / alone |",
+        "| policy | one fit alone (its training) | two at once, each (training) | slowest / alone (training) |",
         "|---|---:|---:|---:|",
     ]
-    lines += [f"| {row['policy']} | {_duration(row['alone_seconds'])} | "
-              f"{' and '.join(_duration(x) for x in row['pair_seconds'])} | {row['slowdown']:.2f}x |"
-              for row in r["rows"]]  # fmt: skip
+    for row in r["rows"]:
+        train = row.get("pair_training_seconds")
+        pair = [_duration(w) + (f" ({_seconds(t)})" if train else "") for w, t in zip(row["pair_seconds"], train or row["pair_seconds"])]  # fmt: skip
+        alone = _duration(row["alone_seconds"]) + (f" ({_seconds(row['alone_training_seconds'])})" if train else "")
+        ratio = f"{row['slowdown']:.2f}x" + (f" ({row['training_slowdown']:.2f}x)" if train else "")
+        lines.append(f"| {row['policy']} | {alone} | {' and '.join(pair)} | {ratio} |")
     m = r["machine"]
     lines += ["", f"`{r['command']}`, on a warm cache, in one run on {m['cores']} CPU cores ({m['cpu']}) on "
               f"{r['date']}, commit {r['commit']}: `docs/results/threads.json`."]  # fmt: skip
