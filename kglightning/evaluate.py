@@ -41,6 +41,7 @@ from typing import Literal
 from kglightning.data.predictions import add_on_bad_record_argument, read_predictions
 from kglightning.data.records import RecordError
 from kglightning.fileio import check_outputs_apart
+from kglightning.help_format import DefaultsHelpFormatter
 
 __all__ = ["build_parser", "evaluate_predictions", "main"]
 
@@ -109,7 +110,9 @@ def evaluate_predictions(
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m kglightning evaluate``."""
-    p = argparse.ArgumentParser(prog="kglightning evaluate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter, prog="kglightning evaluate", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--predictions", required=True, type=Path, help="predictions jsonl (RoG / GNN-RAG format)")
     p.add_argument("--output", type=Path, default=None, help="output folder (default: the predictions' folder)")
     p.add_argument("--topk", "--top_k", type=int, default=-1, help="keep the k most frequent list predictions")

@@ -36,6 +36,7 @@ FLOORS = {
     "fileio": 0,  # atomic output files; imports nothing of kglightning
     "lazy": 0,  # package exports imported on first use; imports nothing of kglightning
     "threads": 0,  # torch's thread count and wait policy; imports nothing of kglightning
+    "help_format": 0,  # --help that shows defaults; imports nothing of kglightning
 }
 
 

@@ -91,6 +91,13 @@ def test_the_cli_lets_idle_threads_sleep_unless_told_otherwise(given, expected):
     assert out.stdout.strip().splitlines()[-1] == f"{expected} False"  # set before torch is imported
 
 
+def test_an_empty_wait_setting_is_no_choice(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "")
+    monkeypatch.setenv("GOMP_SPINCOUNT", " ")
+    threads.sleep_when_idle()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
+
+
 @pytest.mark.parametrize("given", [{"GOMP_SPINCOUNT": "77"}, {"OMP_WAIT_POLICY": "ACTIVE"}])
 def test_a_wait_policy_the_environment_sets_is_kept(monkeypatch, given):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)

@@ -1,8 +1,9 @@
 """One ``predict`` run that keeps an LLM's answers with a guarantee: calibrate, select, write the answers and a report.
 
 :class:`SelectionCallback` works with any module whose ``predict_step`` returns, per question, a dict with ``id``,
-``prediction`` (its answers), a per-answer score column (``hallucination_prob`` for
-:class:`~kglightning.modules.HallucinationDetector`) and, on labelled data, ``hallucinated``. When ``predict``
+``prediction`` (its answers), a per-answer score column (``hallucination_logit``, the default, and
+``hallucination_prob`` for :class:`~kglightning.modules.HallucinationDetector`) and, on labelled data,
+``hallucinated``. When ``predict``
 starts it runs ``predict_step`` over a labelled calibration split of the datamodule (the validation split by
 default), and when ``predict`` ends it keeps each predicted question's answers with its
 :class:`~kglightning.conformal.AnswerSelector` and writes, in ``output_dir``:
@@ -138,7 +139,8 @@ class SelectionCallback(Callback):
         group_field: with ``group_by="record"``, the record field (dotted for nested values) whose value groups the
             questions: a field of the records' own (``extra``) such as a question type or the LLM that answered.
         calibration_split: the labelled split of the datamodule to calibrate on.
-        score: the per-answer score column of ``predict_step``'s rows (higher = more likely hallucinated).
+        score: the per-answer score column of ``predict_step``'s rows (higher = more likely hallucinated); the
+            detector's logits by default, which rank its answers as its probabilities do, without their ties near 1.
         report_alphas: the levels of the report's sweep (on a labelled predicted split).
     """
 
@@ -149,7 +151,7 @@ class SelectionCallback(Callback):
         group_by: GroupBy = "grounded",
         group_field: str | None = None,
         calibration_split: str = "validation",
-        score: str = "hallucination_prob",
+        score: str = "hallucination_logit",
         report_alphas: list[float] | None = None,
     ) -> None:
         super().__init__()

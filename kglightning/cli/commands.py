@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from kglightning.cli.names import PROG
+from kglightning.help_format import DefaultsHelpFormatter
 
 
 def build_benchmark(argv: list[str]) -> int:
@@ -15,6 +16,7 @@ def build_benchmark(argv: list[str]) -> int:
     from kglightning.data.sources.embedded import build_embedded_benchmark
 
     p = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter,
         prog=f"{PROG} build-benchmark",
         description="Build the embedded geography/elements KGQA benchmark (RoG format).",
     )
@@ -39,6 +41,7 @@ def compare_proxies(argv: list[str]) -> int:
     from kglightning.pipelines.proxy_comparison import comparison_table, score_proxy, write_proxy_comparison
 
     p = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter,
         prog=f"{PROG} compare-proxies",
         description="Score evidence proxies on the same held-out questions: each writes one greedy evidence per "
         "question, which is grounded and scored (reward, validity, match, Hit/F1, ECE of the stated confidence "
@@ -123,6 +126,7 @@ def seeds(argv: list[str]) -> int:
     from kglightning.metrics.cv_table import progress_line
 
     p = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter,
         prog=f"{PROG} seeds",
         description="Fit a config once per seed (with --folds K: once per fold and seed, K-fold cross-validation by "
         "question), test the best checkpoint of each run, and report every test metric's mean and standard deviation "

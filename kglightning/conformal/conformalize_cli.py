@@ -9,10 +9,12 @@ import sys
 
 from kglightning.data.predictions import add_on_bad_record_argument
 from kglightning.data.records import RecordError
+from kglightning.help_format import DefaultsHelpFormatter
 
 
 def build_parser(prog: str = "kglightning conformalize") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter,
         prog=prog,
         description="Split-conformal answer sets from a calibration and a test predictions jsonl (with confidences).",
     )

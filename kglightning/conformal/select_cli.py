@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kglightning.data.predictions import add_on_bad_record_argument
 from kglightning.data.records import RecordError
 from kglightning.fileio import atomic_write, check_outputs_apart, write_text_atomic
+from kglightning.help_format import DefaultsHelpFormatter
 
 if TYPE_CHECKING:
     from kglightning.conformal.selection_io import ScoredFile
@@ -132,7 +133,7 @@ def _shift(info: dict[str, Any]) -> str:
 
 
 def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter, prog=prog, description=__doc__.split("\n")[0])
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--predictions", help="the scored predictions jsonl whose answers to select (with --calibration)")
     mode.add_argument("--pool", help="a labelled scored jsonl to check the rules on, by repeated random splits")
@@ -148,7 +149,8 @@ def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
     p.add_argument("--alpha", nargs="+", type=float, default=[0.1], help="level(s) in (0, 1)")
     p.add_argument("--delta", type=float, default=0.1, help="kept_rate: probability the bound may fail")
     p.add_argument("--group-by", default=None, help="key of a per-answer list or per-row value (dotted for nested)")
-    p.add_argument("--score", default="hallucination_prob", help="the per-answer score column")
+    p.add_argument("--score", default="hallucination_logit",
+                   help="the per-answer score column (the detector's logits rank its answers without the ties of probabilities near 1)")  # fmt: skip
     p.add_argument("--sense", default="hallucination", choices=("hallucination", "confidence"),
                    help="hallucination: higher = more likely wrong; confidence: higher = more likely right")  # fmt: skip
     p.add_argument("--min-calibration", type=int, default=None, help="fewest calibration questions a group needs")

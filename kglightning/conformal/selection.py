@@ -168,7 +168,7 @@ class AnswerSelector:
 
     def __init__(
         self,
-        rule: Rule = "fdr",
+        rule: Rule = "top",
         alpha: float = 0.1,
         delta: float = 0.1,
         min_calibration: int | None = None,

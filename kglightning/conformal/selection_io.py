@@ -126,7 +126,8 @@ def _row(
     values = [] if values is None and not names else values  # a row with no answer needs no scores
     if not isinstance(values, list) or len(values) != len(names):
         got = f"{len(values)} values" if isinstance(values, list) else type(values).__name__
-        raise err(f"expected a list of {len(names)} numbers (one per answer), got {got}", score)
+        hint = " (no such column: the score column is chosen with --score / score)" if values is None else ""
+        raise err(f"expected a list of {len(names)} numbers (one per answer), got {got}{hint}", score)
     bad = [i for i, v in enumerate(values) if not _finite(v)]
     if bad:
         raise err(f"item {bad[0]} is {values[bad[0]]!r}, expected a finite number", score)
@@ -170,7 +171,7 @@ def _row(
 
 def read_scored(
     path: str | os.PathLike,
-    score: str = "hallucination_prob",
+    score: str = "hallucination_logit",
     sense: Sense = "hallucination",
     group_by: str | None = None,
     on_bad_record: Literal["raise", "skip"] = "raise",
@@ -197,7 +198,7 @@ def read_scored(
 def scored_rows(
     items: Iterable[tuple[int, Any]],
     source: str,
-    score: str = "hallucination_prob",
+    score: str = "hallucination_logit",
     sense: Sense = "hallucination",
     group_by: str | None = None,
     on_bad_record: Literal["raise", "skip"] = "raise",

@@ -21,10 +21,17 @@ class NodeRows:
 
     num_nodes: int
     rows: Callable[[Tensor], Tensor]
+    device: torch.device | str = "cpu"
 
     def all(self) -> Tensor:
         """The features of every node."""
-        return self.rows(torch.arange(self.num_nodes))
+        return self.rows(torch.arange(self.num_nodes, device=self.device))
+
+
+def takes_node_rows(encoder: GraphEncoder) -> bool:
+    """Whether ``encoder.node_states`` is one of this module's, which take :class:`NodeRows`: an encoder that
+    overrides it (as docs/architecture.md shows) is given a plain tensor, as before ``NodeRows`` existed."""
+    return type(encoder).node_states in (GraphEncoder.node_states, _StackedAttentionEncoder.node_states)
 
 
 class GraphEncoder(nn.Module, ABC):

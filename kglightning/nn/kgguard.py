@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from kglightning.nn.base import GraphEncoder, NodeRows
+from kglightning.nn.base import GraphEncoder, NodeRows, takes_node_rows
 
 #: ``edge_kind`` values of the augmented graph.
 EDGE_FORWARD, EDGE_REVERSE, EDGE_VIRTUAL = 0, 1, 2
@@ -144,7 +144,10 @@ class KGGuard(nn.Module):
                 return torch.cat([x_text.index_select(0, ids), topic(topic_mask.index_select(0, ids).long()),
                                   answer(answer_mask.index_select(0, ids).long())], dim=-1)  # fmt: skip
 
-            x = NodeRows(x_text.size(0), marked)
+            if takes_node_rows(self.encoder):
+                x = NodeRows(x_text.size(0), marked, x_text.device)
+            else:  # an encoder with its own node_states reads the whole tensor
+                x = marked(torch.arange(x_text.size(0), device=x_text.device))
         if not self.question_node:
             keep = (edge_kind if edge_type is None else edge_kind[edge_type]) != EDGE_VIRTUAL
             edge_index = edge_index[:, keep]

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from kglightning.fileio import OutputOverInputError, check_outputs_apart
+from kglightning.help_format import DefaultsHelpFormatter
 
 DESCRIPTION = "RoG records with G-Retriever PCST subgraphs, from a user's KG and questions."
 
@@ -43,7 +44,7 @@ def stats_table(stats: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None, prog: str = "kglightning build-subgraphs") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    p = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter, prog=prog, description=DESCRIPTION)
     p.add_argument("--kg", help="triples file (.tsv/.txt: head<TAB>relation<TAB>tail; .parquet) or "
                    "'embedded' (the embedded benchmark's KG)")  # fmt: skip
     p.add_argument("--questions", action="append", metavar="[SPLIT=]FILE",

@@ -370,3 +370,32 @@ def test_texts_that_join_alike_get_shards_of_their_own(tmp_path):
     cache.embed(["a\nb"])
     again = EmbeddingCache(_Enc(), tmp_path)
     assert len(again) == 3 and len(list((tmp_path / "enc").glob("shard-*.arrow"))) == 2
+
+
+def _warn_here() -> None:
+    import warnings
+
+    warnings.warn("once per place", UserWarning, stacklevel=1)
+
+
+def test_rows_of_a_mapped_shard_leave_warnings_shown_once_per_place(tmp_path):
+    """Gathering from a read-only map views it as a tensor once (torch warns about non-writable arrays, and silencing
+    that on every lookup reset Python's record of warnings already shown: a warning then repeated every batch)."""
+    import warnings
+
+    rows = np.arange(40, dtype=np.float16).reshape(10, 4)
+    write_shard(tmp_path / "s.arrow", [str(i) for i in range(10)], rows)
+    _, mapped, _ = read_shard(tmp_path / "s.arrow", mapped=True)
+    table = RowTable()
+    table.append(mapped, mapped=True)
+    table.append(torch.ones(2, 4))  # and one in memory beside it
+    assert table.rows([3, 11]).tolist() == [rows[3].astype(np.float32).tolist(), [1.0] * 4]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            _warn_here()
+            assert table.rows(torch.tensor([[9], [0]])).shape == (2, 1, 4)
+    assert [str(w.message) for w in seen] == ["once per place"]
+    assert not mapped.flags.writeable and np.array_equal(np.asarray(mapped), rows)  # read through, never written
+    back = pickle.loads(pickle.dumps(table))  # the kept views do not travel
+    assert back.rows([3]).tolist() == [rows[3].astype(np.float32).tolist()]

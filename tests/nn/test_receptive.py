@@ -91,3 +91,38 @@ def test_node_rows_build_only_the_first_layers_nodes_and_give_the_same_states_an
     assert len(asked) == 1 and asked[0].tolist() == first.tolist() and first.numel() < 60  # only the rows read
     # without targets, the rows of every node
     torch.testing.assert_close(enc.node_states(NodeRows(60, rows), ei, attr), enc(full_x, ei, attr))
+
+
+def test_node_rows_of_every_node_are_asked_on_their_device():
+    from kglightning.nn import NodeRows
+
+    asked = []
+    NodeRows(3, lambda ids: asked.append(ids) or torch.zeros(3, 1, device=ids.device), device="meta").all()
+    assert asked[0].device.type == "meta" and asked[0].shape == (3,)
+
+
+def test_an_encoder_with_its_own_node_states_is_given_a_tensor_by_kgguard():
+    """docs/architecture.md shows overriding node_states: such an encoder gets the features as a tensor."""
+    from kglightning.nn import KGGuard, NodeRows
+
+    seen = []
+
+    class Own(GraphTransformerEncoder):
+        def node_states(self, x, edge_index, edge_attr, edge_type=None, targets=None):
+            seen.append(type(x))
+            return super().node_states(x, edge_index, edge_attr, edge_type, targets)
+
+    g = torch.Generator().manual_seed(5)
+    torch.manual_seed(0)
+    net = KGGuard(8, lambda i, e: Own(i, e, hidden_channels=8, num_layers=2, heads=2), mark_dim=2).eval()
+    ei = torch.tensor([[0, 1, 3], [1, 2, 0]])
+    kind = torch.tensor([0, 0, 2])
+    args = (torch.randn(4, 8, generator=g), torch.tensor([True, False, False, False]),
+            torch.tensor([False, True, True, False]), ei, torch.randn(3, 8, generator=g), kind,
+            torch.tensor([1, 2]), torch.randn(2, 8, generator=g))  # fmt: skip
+    own = net(*args)
+    assert seen == [torch.Tensor]
+    plain = KGGuard(8, lambda i, e: GraphTransformerEncoder(i, e, hidden_channels=8, num_layers=2, heads=2), mark_dim=2)
+    plain.load_state_dict(net.state_dict())
+    torch.testing.assert_close(plain.eval()(*args), own)  # the NodeRows path gives the same logits
+    assert NodeRows  # exported

@@ -59,6 +59,7 @@ from kglightning.data.splits import SPLITS, locate_splits
 from kglightning.data.store.owned_files import create_new
 from kglightning.data.store.temporaries import writer_temporary
 from kglightning.fileio import check_outputs_apart
+from kglightning.help_format import DefaultsHelpFormatter
 
 log = logging.getLogger(__name__)
 
@@ -419,6 +420,7 @@ def _summary(stats: ImportStats, splits: dict[str, list[KGQARecord]], out: Path,
 
 def main(argv: list[str] | None = None, prog: str = "import-predictions") -> int:
     p = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter,
         prog=prog,
         description="RoG records with predictions (train/validation/test jsonl) from a KGQA system's predictions "
         "jsonl: RoG / GNN-RAG (prompts listing reasoning paths), GCR (beams of reasoning path and answer) or any "

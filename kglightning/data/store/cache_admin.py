@@ -45,6 +45,7 @@ from pathlib import Path
 from kglightning.data.store.cache import default_cache_root
 from kglightning.data.store.cache_clean import clean
 from kglightning.data.store.cache_scan import human, other_folders, scan
+from kglightning.help_format import DefaultsHelpFormatter
 
 __all__ = ["main", "max_bytes_from_env"]
 
@@ -114,7 +115,7 @@ def _show(root: Path, kinds: list[str] | None, du: bool) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str = "kglightning cache") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter, prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("action", choices=("list", "du", "clean"))
     p.add_argument("--kind", nargs="+", default=None, help="only these kinds (records, kg, embeddings, embedded, ...)")
     p.add_argument("--older-than", default=None, metavar="DAYS", help="clean: marked entries unused this long")

@@ -30,13 +30,9 @@ def _is_map(segment: np.ndarray) -> bool:
     return isinstance(segment, np.memmap) and segment.mode == "r"
 
 
-def _gather(segment: np.ndarray, rows: np.ndarray) -> torch.Tensor:
-    """Rows ``rows`` of a float16 segment as float32, gathered and widened by torch (several times faster than
-    numpy's fancy indexing and conversion). The segment is viewed, not copied, and never written through the view
-    (a read-only map gives a non-writable array, about which ``torch.from_numpy`` warns)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        source = torch.from_numpy(segment)
+def _gather(source: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    """Rows ``rows`` of a float16 segment (viewed as a tensor, :meth:`RowTable._view`) as float32, gathered and
+    widened by torch (several times faster than numpy's fancy indexing and conversion)."""
     return source.index_select(0, torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))).float()
 
 
@@ -70,6 +66,7 @@ class RowTable:
         self._segments: list[np.ndarray] = []
         self._starts: list[int] = []
         self._tail: np.ndarray | None = None  # the buffer behind the last segment while that one is in memory
+        self._views: dict[int, tuple[np.ndarray, torch.Tensor]] = {}  # read-only segments as tensors (_view)
         self._rows = 0
         self.dim: int | None = None
 
@@ -164,7 +161,7 @@ class RowTable:
         if len(self._segments) == 1:
             seg = self._segments[0]
             for at in range(0, flat.size, ROWS_AT_ONCE):
-                out[at : at + ROWS_AT_ONCE] = _gather(seg, flat[at : at + ROWS_AT_ONCE])
+                out[at : at + ROWS_AT_ONCE] = _gather(self._view(seg), flat[at : at + ROWS_AT_ONCE])
                 if release:
                     release_arrays([seg])
         elif flat.size:
@@ -173,10 +170,27 @@ class RowTable:
                 where, seg = np.flatnonzero(which == s), self._segments[s]
                 for at in range(0, where.size, ROWS_AT_ONCE):
                     part = where[at : at + ROWS_AT_ONCE]
-                    out.index_copy_(0, torch.from_numpy(part), _gather(seg, flat[part] - self._starts[s]))
+                    out.index_copy_(0, torch.from_numpy(part), _gather(self._view(seg), flat[part] - self._starts[s]))
                     if release:
                         release_arrays([seg])
         return out.view(*ids.shape, width)
+
+    def _view(self, segment: np.ndarray) -> torch.Tensor:
+        """``segment`` as a tensor sharing its memory. A read-only map's view is made once and kept (with the
+        segment, so that its id stays its own): ``torch.from_numpy`` warns about a non-writable array, and silencing
+        that on every lookup would reset Python's record of warnings already shown. Nothing writes through it."""
+        if segment.flags.writeable:
+            return torch.from_numpy(segment)
+        kept = self._views.get(id(segment))
+        if kept is not None and kept[0] is segment:
+            return kept[1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            view = torch.from_numpy(segment)
+        live = {id(seg) for seg in self._segments}
+        self._views = {k: v for k, v in self._views.items() if k in live}
+        self._views[id(segment)] = (segment, view)
+        return view
 
     def release_pages(self) -> int:
         """Drop the pages of the memory-mapped segments from this process's memory (they stay in the page cache and
@@ -199,11 +213,13 @@ class RowTable:
             for seg in self._segments
         ]
         state["_tail"] = None  # the in-memory segment travels as its rows; the receiver grows a new buffer
+        state["_views"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._segments = [_remap(*seg[1:]) if isinstance(seg, tuple) else seg for seg in state["_segments"]]
+        self._views = {}
         self._tail = None
         if self._segments and not _is_map(self._segments[-1]):  # appending grows a copy of the last one
             self._tail = self._segments[-1]
