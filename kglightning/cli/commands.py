@@ -21,7 +21,9 @@ def build_benchmark(argv: list[str]) -> int:
         description="Build the embedded geography/elements KGQA benchmark (RoG format).",
     )
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the split, the subgraph sampling and the missing answers"
+    )
     args = p.parse_args(argv)
     try:
         paths = build_embedded_benchmark(args.out, seed=args.seed)
@@ -51,12 +53,12 @@ def compare_proxies(argv: list[str]) -> int:
     p.add_argument("--config", default="configs/proxy_grpo.yaml", help="a proxy config (ProxyGRPO or ProxySFT)")
     p.add_argument("--proxy", action="append", required=True, metavar="NAME=ADAPTER[@sft|@rl]",
                    help="a PEFT adapter folder and the instruction it was trained with (default sft); repeat")  # fmt: skip
-    p.add_argument("--split", default="test", choices=["train", "validation", "test"])
-    p.add_argument("--max_new_tokens", type=int, default=64)
+    p.add_argument("--split", default="test", choices=["train", "validation", "test"], help="the split compared on")
+    p.add_argument("--max_new_tokens", type=int, default=64, help="most tokens each proxy generates")
     p.add_argument("--confidence", default="stated", choices=["stated", "expected", "both"],
                    help="score the confidence digits the proxy wrote, their expected value under the proxy's "
                    "distribution (ConfidenceReadout), or both (one row each)")  # fmt: skip
-    p.add_argument("--output_dir", default="outputs/proxy_comparison")
+    p.add_argument("--output_dir", default="outputs/proxy_comparison", help="where the comparison is written")
     args, overrides = p.parse_known_args(argv)
     proxies: dict[str, tuple[str, str]] = {}
     for spec in args.proxy:
@@ -135,7 +137,7 @@ def seeds(argv: list[str]) -> int:
     )
     p.add_argument("--config", required=True, action="append",
                    help="a fit config (e.g. configs/detector.yaml); repeat it to add fragments on top, as for fit")  # fmt: skip
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the seeds each config runs with")
     p.add_argument("--folds", type=int, default=None, metavar="K",
                    help="K-fold cross-validation by question: run every fold 0..K-1 with every seed, setting the data "
                    "module's folds (data.init_args.folds, kglightning.data.folds.KFold)")  # fmt: skip

@@ -9,10 +9,34 @@ import random
 import pytest
 import torch
 
-from kglightning.cli import main
-from kglightning.conformal.selection_io import read_scored
+from kglightning.cli import main as cli_main
+from kglightning.conformal.selection_io import read_scored as read_scored_file
 from kglightning.conformal.selection_report import repeated_selection, split_by_question, summarize
 from kglightning.data.records import RecordError
+
+
+def main(argv):
+    """The CLI on this module's files, which carry the detector's probabilities: ``select`` is told that column
+    (its default is the logits, ``hallucination_logit``)."""
+    if argv and argv[0] == "select" and "--score" not in argv:
+        argv = [*argv, "--score", "hallucination_prob"]
+    return cli_main(argv)
+
+
+def read_scored(path, score="hallucination_prob", **kwargs):
+    return read_scored_file(path, score=score, **kwargs)
+
+
+def test_the_default_score_column_is_the_logits_and_a_file_without_it_says_so(tmp_path, capsys):
+    rows = [
+        {"id": f"q{i}", "prediction": ["x"], "hallucination_prob": [0.2], "hallucinated": [False]} for i in range(3)
+    ]
+    cal, test = _write(tmp_path / "c.jsonl", rows), _write(tmp_path / "t.jsonl", rows)
+    assert cli_main(["select", "--calibration", str(cal), "--predictions", str(test)]) == 2
+    err = capsys.readouterr().err
+    assert "field 'hallucination_logit'" in err and "--score" in err
+    with_logits = [dict(r, hallucination_logit=[-1.4]) for r in rows]
+    assert read_scored_file(_write(tmp_path / "l.jsonl", with_logits)).answers.scores.tolist() == [-1.4] * 3
 
 
 def _write(path, rows):
