@@ -10,9 +10,9 @@ on the same cores"). The CLI therefore
 * computes with the CPUs this process may use (:func:`available_cpus`: its affinity mask, and a cgroup CPU quota
   in a container) rather than the machine's cores, or with ``KGLIGHTNING_THREADS`` (a count) when set,
 
-and says once what it chose (:func:`apply_threads`). Measured on 2 cores (BENCHMARKS.md), a brief spin
-(``GOMP_SPINCOUNT=10000``) trained as fast as torch's long one alone, but two such fits together each trained four
-times slower; sleeping at once cost a sixth of the training speed alone and half of it with two fits together.
+and says once what it chose (:func:`apply_threads`). Measured on 2 cores (BENCHMARKS.md): sleeping at once cost
+about a sixth of the training speed alone and made two fits together each train about half again as long; a brief
+spin (``GOMP_SPINCOUNT=10000``) made them each train about four times as long, and torch's own policy up to sixty.
 Set ``OMP_WAIT_POLICY=ACTIVE`` for a machine you know is yours. In your own Python code, call
 :func:`sleep_when_idle` before importing torch, and :func:`apply_threads` after.
 """
