@@ -115,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--predictions", required=True, type=Path, help="predictions jsonl (RoG / GNN-RAG format)")
     p.add_argument("--output", type=Path, default=None, help="output folder (default: the predictions' folder)")
-    p.add_argument("--topk", "--top_k", type=int, default=-1, help="keep the k most frequent list predictions")
+    p.add_argument(
+        "--topk", "--top_k", type=int, default=-1, help="keep the k most frequent list predictions (-1: all)"
+    )
     p.add_argument("--n_bins", type=int, default=10, help="calibration bins")
     add_on_bad_record_argument(p)
     return p

@@ -25,7 +25,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         default = action.default
         if (
             not text
-            or "%(default)" in text
+            or "default" in text.lower()  # the help says it already, in its own words
             or not action.option_strings
             or default is None
             or default is False
@@ -34,9 +34,3 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         ):
             return text
         return f"{text} (default: {_shown(default).replace('%', '%%')})"
-
-
-def parser(**kwargs: object) -> argparse.ArgumentParser:
-    """An ``ArgumentParser`` whose help shows defaults (``formatter_class`` may still be given)."""
-    kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
-    return argparse.ArgumentParser(**kwargs)  # type: ignore[arg-type]

@@ -30,9 +30,11 @@ ENV_THREADS = "KGLIGHTNING_THREADS"
 def sleep_when_idle() -> None:
     """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the environment chose how idle threads wait (``OMP_WAIT_POLICY`` or
     libgomp's ``GOMP_SPINCOUNT``): OpenMP reads them when torch is first imported, so this must run before that."""
-    if not os.environ.get("GOMP_SPINCOUNT", "").strip() and not os.environ.get("OMP_WAIT_POLICY", "").strip():
-        os.environ.pop("GOMP_SPINCOUNT", None)  # an empty value is no choice (libgomp calls it invalid)
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        if name in os.environ and not os.environ[name].strip():
+            del os.environ[name]  # an empty value is no choice (libgomp calls it invalid and spins long)
+    if "GOMP_SPINCOUNT" not in os.environ:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _cgroup_quota(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> float | None:

@@ -110,3 +110,10 @@ def test_a_wait_policy_the_environment_sets_is_kept(monkeypatch, given):
     monkeypatch.delenv(next(iter(given)))
     threads.sleep_when_idle()
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
+
+
+def test_an_empty_spin_count_beside_a_policy_is_dropped_and_the_policy_kept(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "")
+    threads.sleep_when_idle()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in os.environ

@@ -90,18 +90,19 @@ def _cited(row: dict[str, Any], prediction: list[str], paths: list[list[list[str
 
 
 def _probabilities(scored: ScoredFile) -> torch.Tensor | None:
-    """The answers' hallucination probabilities: the scores when they are ones, else the rows' ``hallucination_prob``
-    (a selection on logits), else ``None``."""
-    s = scored.answers.scores
-    if bool(((s >= 0) & (s <= 1)).all()):
-        return s
-    flat = []
+    """The answers' hallucination probabilities: the rows' ``hallucination_prob`` when every row has them (a
+    selection on logits, whose values may all fall in [0, 1] and still be no probabilities), else the scores when
+    they are in [0, 1], else ``None``."""
+    flat: list[float] = []
     for row, names in zip(scored.rows, scored.names):
         p = row.get("hallucination_prob")
         if not isinstance(p, list) or len(p) != len(names):
-            return None
+            break
         flat += p
-    return torch.tensor(flat, dtype=torch.float64, device="cpu")
+    else:
+        return torch.tensor(flat, dtype=torch.float64, device="cpu")
+    s = scored.answers.scores
+    return s if bool(((s >= 0) & (s <= 1)).all()) else None
 
 
 def _dataset_order(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

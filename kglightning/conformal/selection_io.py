@@ -1,7 +1,8 @@
 """Scored answers from a predictions jsonl: one score per answer, its label, its group.
 
 A row is a JSON object with ``id``, ``prediction`` (a list of answers, or RoG's newline-joined string) and a score
-column aligned with it (by default ``hallucination_prob``, what ``predict`` with a detector writes). The label of each
+column aligned with it (by default ``hallucination_logit``, which ``predict`` with a detector writes beside
+``hallucination_prob``). The label of each
 answer is the row's ``hallucinated`` list when there is one, else whether its
 :func:`~kglightning.metrics.functional.qa.answer_key` (NFKC, then RoG's normalisation, which keeps an answer it
 would empty) equals the key of no answer of ``ground_truth`` (or ``answer``): the detector's comparison, so that

@@ -17,7 +17,8 @@ class NodeRows:
     """Node features built for the nodes asked for: ``rows(ids)`` gives the ``(len(ids), in_channels)`` features of
     nodes ``ids`` of ``num_nodes``. :meth:`GraphEncoder.node_states` takes them in place of a full ``x`` when the
     features are cheaper to build for a few rows than for all (a concatenation with learned parts, whose backward
-    would otherwise run over every node of the batch)."""
+    would otherwise run over every node of the batch). Only this module's ``node_states`` take them: an encoder that
+    overrides ``node_states`` is given a tensor (:func:`takes_node_rows`)."""
 
     num_nodes: int
     rows: Callable[[Tensor], Tensor]

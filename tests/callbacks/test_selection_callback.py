@@ -232,3 +232,17 @@ def test_the_outputs_never_go_into_the_data_folder(tmp_path):
     with pytest.raises(OutputOverInputError, match="inside the input folder"):
         cb.on_predict_start(trainer, None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_reliability_diagram_reads_probabilities_not_logits_that_happen_to_lie_in_0_1():
+    from kglightning.callbacks.selection import _probabilities
+    from kglightning.conformal.selection_io import scored_rows
+
+    rows = [{"id": "a", "prediction": ["x", "y"], "hallucination_logit": [0.2, 0.9],
+             "hallucination_prob": [0.5498, 0.7109], "hallucinated": [False, True]}]  # fmt: skip
+    scored = scored_rows(enumerate(rows, 1), "<rows>", "hallucination_logit")
+    assert _probabilities(scored).tolist() == [0.5498, 0.7109]
+    bare = [{k: v for k, v in r.items() if k != "hallucination_prob"} for r in rows]
+    assert _probabilities(scored_rows(enumerate(bare, 1), "<rows>", "hallucination_logit")).tolist() == [0.2, 0.9]
+    bare[0]["hallucination_logit"] = [-2.0, 3.0]
+    assert _probabilities(scored_rows(enumerate(bare, 1), "<rows>", "hallucination_logit")) is None

@@ -37,6 +37,24 @@ def test_select_help_shows_the_defaults_the_docs_name():
     assert re.search(r"--alpha .*\(default: 0\.1\)", text)
 
 
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [("build-benchmark", "--seed SEED seed of the split, the subgraph sampling and the missing answers (default: 0)"),
+     ("import-predictions", "(default: 0.6 0.2 0.2)"), ("evaluate", "(default: -1)"), ("cache", None)],
+)  # fmt: skip
+def test_defaults_the_help_did_not_state_are_shown_once(command, shown):
+    text = _help(command)
+    if shown:
+        assert shown in text
+    # a help that states its default in its own words is left alone: no default is said twice
+    assert not re.search(r"\(default: ([^)]*)\) \(default: \1\)", text)
+    assert "(default) (default:" not in text
+
+
+def test_the_trainer_driven_commands_show_their_defaults_too():
+    assert "(default: 0 1 2)" in _help("seeds")
+
+
 def test_the_formatter_shows_lists_as_typed_and_escapes_percent():
     p = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter)
     p.add_argument("--rule", nargs="+", default=["top", "fdr"], help="rules")

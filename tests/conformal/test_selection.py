@@ -109,8 +109,8 @@ def test_ties_are_broken_by_the_seed():
     cal = ScoredAnswers(torch.cat([torch.full((20,), 0.5), torch.full((980,), 0.1)]), torch.arange(1000), None,
                         torch.arange(1000) < 20)  # fmt: skip
     test = ScoredAnswers(torch.full((50,), 0.5), torch.arange(50))
-    keeps = [AnswerSelector(alpha=0.02, seed=s).select(cal, test).keep for s in range(6)]
-    assert torch.equal(keeps[0], AnswerSelector(alpha=0.02, seed=0).select(cal, test).keep)
+    keeps = [AnswerSelector(rule="fdr", alpha=0.02, seed=s).select(cal, test).keep for s in range(6)]
+    assert torch.equal(keeps[0], AnswerSelector(rule="fdr", alpha=0.02, seed=0).select(cal, test).keep)
     assert len({tuple(k.tolist()) for k in keeps}) > 1
 
 
@@ -144,8 +144,8 @@ def test_fdr_selection_with_keys_does_not_depend_on_the_order_of_the_test_answer
                           test.hallucinated[perm], [keys[i] for i in perm.tolist()])  # fmt: skip
     keyed = ScoredAnswers(test.scores, test.question, test.group, test.hallucinated, keys)
     for seed in range(10):
-        a = AnswerSelector(alpha=0.3, seed=seed).select(cal, keyed).keep
-        b = AnswerSelector(alpha=0.3, seed=seed).select(cal, moved).keep
+        a = AnswerSelector(rule="fdr", alpha=0.3, seed=seed).select(cal, keyed).keep
+        b = AnswerSelector(rule="fdr", alpha=0.3, seed=seed).select(cal, moved).keep
         assert torch.equal(a[perm], b)
     draws = keyed.draws(5, torch.ones(len(test), dtype=torch.bool))
     assert torch.equal(draws[perm], moved.draws(5, torch.ones(len(test), dtype=torch.bool)))
