@@ -146,8 +146,8 @@ class KGGuard(nn.Module):
 
             if takes_node_rows(self.encoder):
                 x = NodeRows(x_text.size(0), marked, x_text.device)
-            else:  # an encoder with its own node_states reads the whole tensor
-                x = marked(torch.arange(x_text.size(0), device=x_text.device))
+            else:  # an encoder with its own node_states reads the whole tensor, built as it always was
+                x = torch.cat([x_text, topic(topic_mask.long()), answer(answer_mask.long())], dim=-1)
         if not self.question_node:
             keep = (edge_kind if edge_type is None else edge_kind[edge_type]) != EDGE_VIRTUAL
             edge_index = edge_index[:, keep]
