@@ -315,3 +315,28 @@ def test_every_kglightning_name_the_prose_pages_give_imports():
         if not page.relative_to(ROOT / "docs").as_posix().startswith(links.SKIP):
             links.link_names(page.read_text(encoding="utf-8"))
     assert links.unresolved() == []  # a renamed or removed object named on a page: the page must follow
+
+
+#: the longest line a code block of the guides may have: about what the text column holds at 1280 px (the site's
+#: monospace at 13.6 px, 984 px of column), with some room; tools/check_layout.py measures the built site itself
+CODE_LINE_LIMIT = 110
+
+
+def _fenced_lines(path: Path) -> list[tuple[int, str]]:
+    """``(line number, line)`` of the lines inside fenced code blocks of a Markdown file, without the fence's indent."""
+    lines, fence, indent = [], None, 0
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        stripped = line.lstrip()
+        if stripped.startswith("```"):
+            fence, indent = (None, 0) if fence else (stripped, len(line) - len(stripped))
+        elif fence:
+            lines.append((number, line[indent:]))
+    return lines
+
+
+def test_code_blocks_of_the_guides_fit_the_column_without_scrolling_sideways():
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), *(ROOT / name for name in ("README.md", "BENCHMARKS.md"))]
+    long = [f"{page.relative_to(ROOT)}:{number}: {len(line)} characters"
+            for page in pages for number, line in _fenced_lines(page) if len(line) > CODE_LINE_LIMIT]  # fmt: skip
+    assert not long, f"code lines over {CODE_LINE_LIMIT} characters (wrap commands with \\):\n" + "\n".join(long)
+    assert _fenced_lines(ROOT / "README.md"), "the README's code blocks were not found"

@@ -1,14 +1,15 @@
 """Check the built documentation site as a reader sees it: every page in headless Chromium at 1280 px.
 
-A table, code block or API signature is *clipped* when it runs past the right edge of the page's text column, or
-past its own box with its overflow hidden, and nothing around it scrolls (an element that scrolls inside its own box
-is fine: the reader can scroll it). An API page (``api/``) is *too tall* above ``--max-api-height`` pixels.
+A table, code block or API signature *overflows* when it is wider than the page's text column: it runs past the
+column's right edge, or it (or a box around it) scrolls sideways, or it is cut off by a box that hides what does not
+fit. A reader would have to scroll sideways or would miss the end of a line (issue 59). An API page (``api/``) is
+*too tall* above ``--max-api-height`` pixels.
 
     mkdocs build --strict --site-dir site && python tools/check_layout.py site
 
 It drives one Chromium through the DevTools protocol on a pipe (``--remote-debugging-pipe``), with no other
 dependency. Without a Chromium on the ``PATH`` (``chromium``, ``chromium-browser``, ``google-chrome``) it says so and
-exits 0, or 1 with ``--require``. Exits 1 when a page has a clipped element or an API page is too tall.
+exits 0, or 1 with ``--require``. Exits 1 when a page has an overflowing element or an API page is too tall.
 """
 
 from __future__ import annotations
@@ -26,28 +27,24 @@ from typing import Any
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 WIDTH = 1280
 
-# what a reader would see cut off: measured in the page, returned as JSON
+# what a reader would have to scroll sideways for (or would see cut off): measured in the page, returned as JSON
 MEASURE = """(() => {
   const column = document.querySelector("article") || document.body;
   const edge = column.getBoundingClientRect().right + 1;
-  const scrolls = (el) => {
-    for (let a = el; a && a !== column.parentElement; a = a.parentElement) {
-      const ox = getComputedStyle(a).overflowX;
-      if (ox === "auto" || ox === "scroll") return true;
-    }
-    return false;
-  };
-  const clipped = [];
+  const wide = (el) => el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX !== "visible";
+  const overflowing = [];
   for (const el of column.querySelectorAll("table, pre, .doc-signature")) {
     const box = el.getBoundingClientRect();
-    const hidden = getComputedStyle(el).overflowX === "hidden" && el.scrollWidth > el.clientWidth + 1;
-    if ((box.right > edge || hidden) && !scrolls(el)) {
-      clipped.push({element: el.tagName.toLowerCase() + (el.className ? "." + el.className.split(" ")[0] : ""),
-                    text: el.textContent.trim().replace(/\\s+/g, " ").slice(0, 60),
-                    right: Math.round(box.right), edge: Math.round(edge)});
+    let over = box.right > edge || wide(el) || [...el.querySelectorAll("code")].some(wide);
+    for (let a = el.parentElement; !over && a && a !== column; a = a.parentElement) over = wide(a);
+    if (over) {
+      const widest = Math.max(el.scrollWidth, ...[...el.querySelectorAll("code")].map((c) => c.scrollWidth));
+      overflowing.push({element: el.tagName.toLowerCase() + (el.className ? "." + el.className.split(" ")[0] : ""),
+                        text: el.textContent.trim().replace(/\\s+/g, " ").slice(0, 60),
+                        width: Math.round(widest), room: Math.round(edge - box.left)});
     }
   }
-  return {height: document.documentElement.scrollHeight, clipped: clipped};
+  return {height: document.documentElement.scrollHeight, overflowing: overflowing};
 })()"""
 
 
@@ -154,9 +151,8 @@ def check(
             found = browser.measure(page.resolve().as_uri())
             if heights is not None:
                 heights[rel] = found["height"]
-            for c in found["clipped"]:
-                problems.append(f"{rel}: {c['element']} clipped at {c['right']} px (column ends at {c['edge']} px): "
-                                f"{c['text']!r}")  # fmt: skip
+            for c in found["overflowing"]:
+                problems.append(f"{rel}: {c['element']} {c['width']} px wide in {c['room']} px: {c['text']!r}")
             if rel.startswith("api/") and found["height"] > max_api_height:
                 problems.append(f"{rel}: {found['height']} px tall (API pages: at most {max_api_height})")
     finally:

@@ -21,20 +21,25 @@ def _page(folder: Path, body: str) -> None:
 
 
 @pytest.mark.skipif(layout.find_browser() is None, reason="no Chromium on the PATH (apt-get install chromium)")
-def test_clipped_tables_and_code_and_tall_api_pages_are_found_and_scrolling_ones_are_not(tmp_path, capsys):
+def test_tables_and_code_wider_than_the_column_are_found_whether_cut_off_or_scrolling(tmp_path, capsys):
     _page(tmp_path / "wide", f"<table><tr><td {WIDE}>cut off</td></tr></table>")
     _page(tmp_path / "scrolls", f"<div style='overflow-x:auto'><table><tr><td {WIDE}>scrolls</td></tr></table></div>")
     _page(tmp_path / "hidden", f"<pre style='overflow-x:hidden;width:200px'>{'x' * 400}</pre><pre>fits</pre>")
+    long_line = "python -m kglightning fit " * 40
+    _page(tmp_path / "code", f"<pre><code style='overflow-x:auto;display:block'>{long_line}</code></pre>")
+    _page(tmp_path / "wraps", f"<pre><code style='white-space:pre-wrap;display:block'>{long_line}</code></pre>")
+    _page(tmp_path / "fits", "<table><tr><td>a</td><td>b</td></tr></table><pre><code>short</code></pre>")
     _page(tmp_path / "api" / "tall", "<div style='height:25000px'>long</div>")
     _page(tmp_path / "tall", "<div style='height:25000px'>a long page that is not an API page</div>")
     heights: dict[str, int] = {}
     problems = layout.check(tmp_path, layout.find_browser(), 20_000, heights)
-    assert len(problems) == 3, problems
-    assert any(p.startswith("wide: table clipped") and "cut off" in p for p in problems)
-    assert any(p.startswith("hidden: pre clipped") for p in problems)
+    assert len(problems) == 5, problems
+    for page, element in (("wide", "table"), ("scrolls", "table"), ("hidden", "pre"), ("code", "pre")):
+        assert any(p.startswith(f"{page}: {element} ") and " px wide in 70" in p for p in problems), (page, problems)
+    assert not any(p.startswith(("wraps:", "fits:")) for p in problems)
     assert any(p.startswith("api/tall: ") and "px tall" in p for p in problems)
     assert heights["tall"] > 25_000 and heights["scrolls"] <= 1_000  # a short page: the viewport
-    assert layout.main([str(tmp_path)]) == 1 and "3 problems" in capsys.readouterr().out
+    assert layout.main([str(tmp_path)]) == 1 and "5 problems" in capsys.readouterr().out
 
 
 def test_without_a_browser_the_check_is_skipped_with_the_reason_unless_required(tmp_path, monkeypatch, capsys):
