@@ -96,7 +96,12 @@ def test_each_module_has_its_own_api_page_and_the_navigation_lists_them():
     assert done.returncode == 0, done.stdout + done.stderr
     pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs" / "api").glob("*/*.md")}
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
-    assert pages and all(f": {page}\n" in nav for page in pages)
+    listed = {page for page in pages if re.search(rf"- kglightning[\w.]*: {re.escape(page)}\n", nav)}
+    internal = {page for page in pages if (ROOT / "docs" / page).read_text(encoding="utf-8").startswith("---\nsearch:")}
+    # public modules in the navigation under their qualified names, the others (internals) out of it, ranked lower
+    assert listed and internal and listed | internal == pages and not listed & internal
+    assert "kglightning.modules.detector: api/modules/detector.md" in nav  # what a config names is public
+    assert "api/data/store.temporaries.md" in internal and "api/data/store.temporaries.md" not in nav
     for page in pages:  # one module a page, titled by the module's path
         assert len(DIRECTIVE.findall((ROOT / "docs" / page).read_text(encoding="utf-8"))) == 1, page
 
@@ -179,29 +184,46 @@ def cli_hook():
     return module
 
 
-def test_cli_reference_lists_every_subcommand(cli_hook):
+def test_cli_reference_lists_every_subcommand_each_on_a_page_of_its_own(cli_hook):
     from kglightning.cli import EXTRA_SUBCOMMANDS
 
     listed = cli_hook.subcommands(cli_hook.help_text([]))
     assert listed == ["fit", "validate", "test", "predict", *EXTRA_SUBCOMMANDS]
-    page = cli_hook.render()
+    index = cli_hook.render()
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     for name in listed:
-        assert f"## `kglightning {name}`" in page
-        assert re.search(rf"^usage: .*kglightning .*\b{name}\b", page, flags=re.M), f"no usage line for {name}"
+        assert f"| [`{name}`](cli/{name}.md) | " in index
+        page = cli_hook.COMMAND_PAGE.format(name)
+        assert f"- kglightning {name}: {page}\n" in nav
+        assert f"<!-- cli-reference: {name} -->" in (ROOT / "docs" / page).read_text(encoding="utf-8")
+    assert sorted(p.stem for p in (ROOT / "docs" / "reference" / "cli").glob("*.md")) == sorted(listed)
     assert cli_hook.MARKER in (ROOT / "docs" / cli_hook.PAGE).read_text(encoding="utf-8")
+    fit = cli_hook.render_command("fit")
+    assert re.search(r"^usage: .*kglightning .*\bfit\b", fit, flags=re.M)
+    headings = re.findall(r"^## (.+)$", fit, flags=re.M)
+    assert headings[:3] == ["Options", "Trainer: `--trainer`", "Model: `--model`"]
+    assert headings[-1] == "Arguments of `Trainer.fit`"
+    # the Trainer's options folded, the others open
+    assert re.search(r'^\?\?\? note "\d+ options of Lightning\'s Trainer', fit, flags=re.M)
+    assert "    --trainer.max_epochs MAX_EPOCHS" in fit and "\n  --model CONFIG" in fit
 
 
-def test_cli_reference_fits_the_column_and_keeps_every_word(cli_hook):
+def test_cli_reference_fits_the_column_is_plain_text_and_keeps_every_word(cli_hook):
     """No line of the CLI reference is wider than the site's code column (argparse's help ran to 154 columns) or holds
-    a control character (jsonargparse's backspace before ``[=flags]``), and wrapping loses no word."""
+    a control character (jsonargparse's backspace before ``[=flags]``) or reST markup copied from Lightning's help,
+    and wrapping loses no word."""
     top = cli_hook.help_text([])
-    page = cli_hook.render()
-    assert max(map(len, page.splitlines())) <= cli_hook.WIDTH
-    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", page)
+    pages = [cli_hook.render(), cli_hook.render_command("fit"), cli_hook.render_command("select")]
+    for page in pages:
+        code = [line.removeprefix("    ") for line in page.splitlines() if not line.startswith("|")]
+        assert max(map(len, code)) <= cli_hook.WIDTH
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", page)
+        assert not re.search(r"(?<!`)``(?!`)|:class:`|`_\b", page), "reST markup left"
     for raw in (top, cli_hook.help_text(["fit"])):
         tidy = cli_hook.tidy(raw)
         assert re.sub(r"\s+|[\x00-\x1f]", "", tidy) == re.sub(r"\s+|[\x00-\x1f]", "", raw)
     assert cli_hook.tidy("    {a,bb,ccc,dddd}", width=12).splitlines() == ["    {a,bb,", "      ccc,", "      dddd}"]
+    assert "``" in cli_hook.help_text(["fit"]), "Lightning's help no longer has reST: the test above checks nothing"
 
 
 def test_the_docs_extra_formats_long_api_signatures():
@@ -237,12 +259,15 @@ def test_a_returns_section_parses_as_one_value_with_the_sites_options():
     assert "``{" in returns[0].value[0].description
 
 
-def test_cli_reference_hook_fills_only_its_page(cli_hook):
+def test_cli_reference_hook_fills_only_its_pages(cli_hook):
     class Page:
         class file:
             src_uri = "index.md"
 
     assert cli_hook.on_page_markdown(cli_hook.MARKER, Page) == cli_hook.MARKER
+    assert cli_hook.on_page_markdown("<!-- cli-reference: select -->", Page) == "<!-- cli-reference: select -->"
+    Page.file.src_uri = "reference/cli/select.md"
+    assert "usage: kglightning select" in cli_hook.on_page_markdown("<!-- cli-reference: select -->", Page)
 
 
 def test_readme_keeps_the_quick_start_and_stays_short():

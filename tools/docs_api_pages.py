@@ -3,7 +3,13 @@
 A package page ``docs/api/<page>.md`` holds its introduction (the text before its first ``:::`` directive), the
 package's own docstring and a table of its modules; each module has a page ``docs/api/<page>/<name>.md`` whose one
 directive renders it with the module path as the page's title. The navigation of ``mkdocs.yml``, between the lines
-``# api-nav: start`` and ``# api-nav: end``, lists every package page and its module pages.
+``# api-nav: start`` and ``# api-nav: end``, lists every package page and its *public* module pages, labelled by
+their qualified names; the other modules (internals) keep their pages, linked from their package page's table of
+internals and found by the search box with a lower rank, but stay out of the navigation (``not_in_nav``).
+
+A module is public when a package of ``kglightning`` exports something it defines (its ``__all__``), when a config in
+``configs/`` names a class of it, when it is a package holding such a module, or when it is a top-level module with
+an ``__all__`` of its own.
 
     python tools/docs_api_pages.py           # write the pages and the navigation from the directives found
     python tools/docs_api_pages.py --check   # exit 1, naming what differs, when they are not what it would write
@@ -30,6 +36,37 @@ MKDOCS = ROOT / "mkdocs.yml"
 DIRECTIVE = re.compile(r"^::: *([\w.]+)[ \t]*\n((?:[ \t]+.*\n?)*)", flags=re.M)
 NAV_START, NAV_END = "# api-nav: start", "# api-nav: end"
 MODULES_HEADING = "## Modules"
+INTERNALS_HEADING = "## Internals"
+#: the front matter of an internal module's page: the search box ranks it below the public pages
+INTERNAL_FRONT_MATTER = "---\nsearch:\n  boost: 0.5\n---\n\n"
+
+
+@functools.cache
+def public_modules() -> frozenset[str]:
+    """The modules that define what a package exports or a config names (see the module docstring)."""
+    import pkgutil
+
+    import kglightning
+
+    found: set[str] = set()
+    for info in pkgutil.walk_packages(kglightning.__path__, "kglightning."):
+        if info.ispkg:
+            package = importlib.import_module(info.name)
+            for name in getattr(package, "__all__", ()):
+                obj = getattr(package, name, None)
+                found.add(obj.__name__ if isinstance(obj, type(package)) else getattr(obj, "__module__", None) or "")
+    for config in (ROOT / "configs").rglob("*.yaml"):
+        for path in re.findall(r"\bkglightning(?:\.\w+)+", config.read_text(encoding="utf-8")):
+            found.update(m for m in (path, path.rsplit(".", 1)[0]) if _imports(m))
+    return frozenset(found - {""})
+
+
+def is_public(module: str) -> bool:
+    """Whether ``module``'s page belongs in the navigation (see the module docstring)."""
+    found = public_modules()
+    if module in found or any(m.startswith(module + ".") for m in found):
+        return True
+    return module.count(".") == 1 and hasattr(importlib.import_module(module), "__all__")
 
 
 def _summary(module: str) -> str:
@@ -104,24 +141,31 @@ def render(pages: dict[str, tuple[str, list[tuple[str, list[str]]]]]) -> dict[Pa
     out: dict[Path, str] = {}
     for page, (intro, modules) in pages.items():
         package = _package(page, modules)
-        rows = []
+        rows: dict[bool, list[str]] = {True: [], False: []}
         for module, options in modules:
             if module == package:
                 continue
             name = module[len(package) + 1 :] if package and module.startswith(package + ".") else module
             path = API / page / f"{name}.md"
-            out[path] = f"::: {module}\n{_options(options, 1)}"
-            rows.append(f"| [`{name}`]({page}/{name}.md) | {_summary(module)} |")
+            public = is_public(module)
+            out[path] = ("" if public else INTERNAL_FRONT_MATTER) + f"::: {module}\n{_options(options, 1)}"
+            rows[public].append(f"| [`{name}`]({page}/{name}.md) | {_summary(module)} |")
         text = intro
         if package:
             text += f"\n::: {package}\n{_options(dict(modules)[package], 2)}"
-        text += f"\n{MODULES_HEADING}\n\n| module | what it holds |\n|---|---|\n" + "\n".join(rows) + "\n"
+        table = "\n\n| module | what it holds |\n|---|---|\n"
+        text += MODULES_HEADING.join(["\n", table]) + "\n".join(rows[True]) + "\n"
+        if rows[False]:
+            text += (f"\n{INTERNALS_HEADING}\n\nWhat the modules above are built from. Their pages are not in the "
+                     "navigation, and they may change between versions without notice." + table
+                     + "\n".join(rows[False]) + "\n")  # fmt: skip
         out[API / f"{page}.md"] = text
     return out
 
 
 def nav(pages: dict[str, tuple[str, list[tuple[str, list[str]]]]], indent: str) -> str:
-    """The API part of the navigation: each package page, then its module pages, under the package's label."""
+    """The API part of the navigation: each package page, then its public module pages (labelled by their qualified
+    names), under the package's label."""
     labels = _labels()
     for page in pages:  # a new package page: labelled by its title, after the others
         if page not in labels:
@@ -136,9 +180,9 @@ def nav(pages: dict[str, tuple[str, list[tuple[str, list[str]]]]], indent: str) 
         lines.append(f"{indent}- {labels[page]}:")
         lines.append(f"{indent}    - api/{page}.md")
         for module, _ in modules:
-            if module != package:
+            if module != package and is_public(module):
                 name = module[len(package) + 1 :] if package and module.startswith(package + ".") else module
-                lines.append(f"{indent}    - {name}: api/{page}/{name}.md")
+                lines.append(f"{indent}    - {module}: api/{page}/{name}.md")
     return "\n".join(lines) + "\n"
 
 
@@ -153,6 +197,54 @@ def _labels() -> dict[str, str]:
     return labels
 
 
+INDEX = API / "index.md"
+INDEX_START, INDEX_END = "<!-- api-index: start (written by tools/docs_api_pages.py) -->", "<!-- api-index: end -->"
+#: the packages of the index by task, in the order a user meets them
+TASKS = ("datamodules", "data", "modules", "nn", "callbacks", "conformal", "metrics", "llm", "evidence", "retrieval",
+         "baselines", "pipelines", "testing")  # fmt: skip
+
+
+def _object_summary(obj: Any) -> str:
+    """The first sentence of an object's docstring, on one line, for a table cell."""
+    hook = _hook()
+    doc = (getattr(obj, "__doc__", None) or "").strip()
+    if not doc or doc == (type(obj).__doc__ or "").strip():
+        return ""
+    lines = hook.summary_line(doc.split("\n\n")[0]).split("\n")
+    # the first line, or (a paragraph the hook left as it was) the lines up to the first that ends a sentence
+    end = next((i for i, line in enumerate(lines) if line.rstrip().endswith((".", ":", ")"))), 0)
+    first = " ".join(line.strip() for line in lines[: end + 1]).rstrip(":")
+    first = re.split(r"(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z])", first, maxsplit=1)[0].rstrip(".") + "."
+    first = hook.ROLE.sub(lambda m: f"`{m.group(3).rsplit('.', 1)[-1] if m.group(2) else m.group(3)}`", first)
+    return first.replace("|", "\\|")
+
+
+def task_index() -> str:
+    """The index by task: per package (under its label in the navigation), each class and function it exports,
+    linked to where the reference renders it, with its summary."""
+    labels = _labels()
+    parts = []
+    for page in TASKS:
+        package = importlib.import_module(f"kglightning.{page}")
+        rows = []
+        for name in getattr(package, "__all__", ()):
+            obj = getattr(package, name)
+            if isinstance(obj, type(package)) or not callable(obj) or not obj.__module__.startswith("kglightning."):
+                continue  # a subpackage, a constant, or a library's class passed on (torchmetrics')
+            kind = "class" if isinstance(obj, type) else "function"
+            rows.append(f"| [`{name}`][{obj.__module__}.{obj.__qualname__}] | {kind} | {_object_summary(obj)} |")
+        if rows:
+            parts.append(f"### {labels.get(page, page)}\n\n`{package.__name__}`: [its page]({page}.md)\n\n"
+                         "| name | kind | what it does |\n|---|---|---|\n" + "\n".join(rows) + "\n")  # fmt: skip
+    return "\n".join(parts)
+
+
+def _with_index(text: str) -> str:
+    """``docs/api/index.md``'s text with the index by task between its markers."""
+    start, end = text.index(INDEX_START), text.index(INDEX_END)
+    return text[: start + len(INDEX_START)] + "\n\n" + task_index() + "\n" + text[end:]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 when something differs")
@@ -164,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     start, end = text.index(NAV_START), text.index(NAV_END)
     indent = " " * (len(text[:end].rsplit("\n", 1)[1]))
     new_text = text[: text.index("\n", start) + 1] + nav(pages, indent) + text[end - len(indent) :]
+    files[INDEX] = _with_index(INDEX.read_text(encoding="utf-8"))
     stale = [p for p in API.glob("*/*.md") if p not in files]
     differ = [p for p, t in files.items() if not p.is_file() or p.read_text(encoding="utf-8") != t]
     if args.check:
