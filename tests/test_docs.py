@@ -365,3 +365,15 @@ def test_code_blocks_of_the_guides_fit_the_column_without_scrolling_sideways():
             for page in pages for number, line in _fenced_lines(page) if len(line) > CODE_LINE_LIMIT]  # fmt: skip
     assert not long, f"code lines over {CODE_LINE_LIMIT} characters (wrap commands with \\):\n" + "\n".join(long)
     assert _fenced_lines(ROOT / "README.md"), "the README's code blocks were not found"
+
+
+def test_the_folders_the_docs_commands_write_into_a_checkout_are_ignored_by_git():
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    paths = ["data/my_llm/train.jsonl", "outputs/detector/x.ckpt", "kglightning/data/new_module.py",
+             "configs/data/new.yaml"]  # fmt: skip
+    done = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True)
+    assert done.stdout.split() == paths[:2]  # the project's own data package and configs are not ignored

@@ -20,6 +20,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.heavy]
 NUMBER = re.compile(r"-?\d+\.\d+|-?\d+")
 
 
+def unwrap(lines: list[str]) -> list[str]:
+    """The page's output lines as printed: a line that starts with spaces continues the one before (the page wraps
+    long lines to fit the column)."""
+    out: list[str] = []
+    for line in lines:
+        if line.startswith("  ") and out:
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return out
+
+
 def same_output(page: list[str], run: list[str]) -> bool:
     """The lines agree word for word, counts exactly and decimals within 0.01: a CPU with other vector instructions
     may move an encoder's float32 confidences in their last digits, and so flip a question at the threshold (0.002
@@ -39,7 +51,7 @@ def test_the_tutorial_runs_as_written_and_prints_what_it_shows(
     tmp_path, tiny_options, page_text, page_commands, run_command
 ):
     text = page_text(PAGE)
-    shown = [block.strip().splitlines() for block in re.findall(r"```text\n(.*?)```", text, flags=re.S)]
+    shown = [unwrap(block.strip().splitlines()) for block in re.findall(r"```text\n(.*?)```", text, flags=re.S)]
     commands = page_commands(PAGE)
     names = [c[3] for c in commands]
     assert names == ["predict", "predict", "conformalize", "conformalize", "conformalize", "fit", "predict"], names
