@@ -8,7 +8,7 @@ their qualified names; the other modules (internals) keep their pages, linked fr
 internals and found by the search box with a lower rank, but stay out of the navigation (``not_in_nav``).
 
 A module is public when a package of ``kglightning`` exports something it defines (its ``__all__``), when a config in
-``configs/`` names a class of it, when it is a package holding such a module, or when it is a top-level module with
+``configs/`` or a guide (``docs/``, the README) names it or something in it, when it is a package holding such a module, or when it is a top-level module with
 an ``__all__`` of its own.
 
     python tools/docs_api_pages.py           # write the pages and the navigation from the directives found
@@ -37,8 +37,12 @@ DIRECTIVE = re.compile(r"^::: *([\w.]+)[ \t]*\n((?:[ \t]+.*\n?)*)", flags=re.M)
 NAV_START, NAV_END = "# api-nav: start", "# api-nav: end"
 MODULES_HEADING = "## Modules"
 INTERNALS_HEADING = "## Internals"
-#: the front matter of an internal module's page: the search box ranks it below the public pages
-INTERNAL_FRONT_MATTER = "---\nsearch:\n  boost: 0.5\n---\n\n"
+
+
+def front_matter(module: str, public: bool) -> str:
+    """A module page's front matter: its title (the qualified name, also where the navigation does not list the page:
+    browser tabs and search results show it), and for an internal module a lower rank in the search box."""
+    return f"---\ntitle: {module}\n" + ("" if public else "search:\n  boost: 0.5\n") + "---\n\n"
 
 
 @functools.cache
@@ -55,9 +59,14 @@ def public_modules() -> frozenset[str]:
             for name in getattr(package, "__all__", ()):
                 obj = getattr(package, name, None)
                 found.add(obj.__name__ if isinstance(obj, type(package)) else getattr(obj, "__module__", None) or "")
-    for config in (ROOT / "configs").rglob("*.yaml"):
-        for path in re.findall(r"\bkglightning(?:\.\w+)+", config.read_text(encoding="utf-8")):
+    prose = [p for p in (ROOT / "docs").rglob("*.md") if API not in p.parents] + [ROOT / "README.md"]
+    for text in [c.read_text(encoding="utf-8") for c in (ROOT / "configs").rglob("*.yaml")] + [
+        p.read_text(encoding="utf-8") for p in prose
+    ]:
+        for path in re.findall(r"\bkglightning(?:\.\w+)+", text):
             found.update(m for m in (path, path.rsplit(".", 1)[0]) if _imports(m))
+    for text in [p.read_text(encoding="utf-8") for p in prose]:  # from kglightning.x import y
+        found.update(m for m in re.findall(r"^\s*from (kglightning(?:\.\w+)+) import", text, flags=re.M) if _imports(m))
     return frozenset(found - {""})
 
 
@@ -148,7 +157,8 @@ def render(pages: dict[str, tuple[str, list[tuple[str, list[str]]]]]) -> dict[Pa
             name = module[len(package) + 1 :] if package and module.startswith(package + ".") else module
             path = API / page / f"{name}.md"
             public = is_public(module)
-            out[path] = ("" if public else INTERNAL_FRONT_MATTER) + f"::: {module}\n{_options(options, 1)}"
+            back = "" if public else f"An internal module of [{package or page}](../{page}.md#internals).\n\n"
+            out[path] = front_matter(module, public) + back + f"::: {module}\n{_options(options, 1)}"
             rows[public].append(f"| [`{name}`]({page}/{name}.md) | {_summary(module)} |")
         text = intro
         if package:
@@ -201,7 +211,7 @@ INDEX = API / "index.md"
 INDEX_START, INDEX_END = "<!-- api-index: start (written by tools/docs_api_pages.py) -->", "<!-- api-index: end -->"
 #: the packages of the index by task, in the order a user meets them
 TASKS = ("datamodules", "data", "modules", "nn", "callbacks", "conformal", "metrics", "llm", "evidence", "retrieval",
-         "baselines", "pipelines", "testing")  # fmt: skip
+         "baselines", "pipelines", "cli", "testing")  # fmt: skip
 
 
 def _object_summary(obj: Any) -> str:
@@ -215,6 +225,8 @@ def _object_summary(obj: Any) -> str:
     end = next((i for i, line in enumerate(lines) if line.rstrip().endswith((".", ":", ")"))), 0)
     first = " ".join(line.strip() for line in lines[: end + 1]).rstrip(":")
     first = re.split(r"(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z])", first, maxsplit=1)[0].rstrip(".") + "."
+    # a table cell's "|" must be escaped, and an escape inside a code span shows as written: such a span goes plain
+    first = re.sub(r"``?([^`]*\|[^`]*)``?", lambda m: m.group(1), first)
     first = hook.ROLE.sub(lambda m: f"`{m.group(3).rsplit('.', 1)[-1] if m.group(2) else m.group(3)}`", first)
     return first.replace("|", "\\|")
 

@@ -125,6 +125,9 @@ def plain(text: str) -> str:
         >>> plain("Default: ``\\"auto\\"``. See :class:`~lightning.pytorch.Trainer` and `the notes <https://x.y>`_.")
         'Default: "auto". See Trainer and the notes (https://x.y).'
     """
+    # argparse cuts a word longer than its help column (a role's dotted target) across lines: a role holds no space,
+    # so a line break inside one is such a cut
+    text = re.sub(r":(?:[a-z]|\n\s+)+:`(?:[^`\s]|\n\s+)+`", lambda m: re.sub(r"\n\s+", "", m.group(0)), text)
     text = re.sub(r"``(.+?)``", r"\1", text, flags=re.S)
     text = re.sub(r":(?:py:)?[a-z]+:`~?(?:[\w.]*\.)?([^`.]+)`", r"\1", text)
     return re.sub(r"`([^`<]+?)\s*<([^>]+)>`_", r"\1 (\2)", text, flags=re.S)
@@ -157,11 +160,11 @@ def _title(command: str, title: str, options: str) -> str:
 def render_command(name: str) -> str:
     """The Markdown of one subcommand's reference: its usage and description, then each group of options under a
     heading, the Trainer's options folded."""
-    head, found = groups(tidy(help_text([name])))
-    parts = ["```text", plain(head), "```"]
+    head, found = groups(tidy(plain(tidy(help_text([name])))))
+    parts = ["```text", head, "```"]
     for title, options in found:
         heading = _title(name, title, options)
-        block = ["```text", *plain(options).split("\n"), "```"]
+        block = ["```text", *options.split("\n"), "```"]
         parts += ["", f"## {heading}", ""]
         if heading.startswith("Trainer:"):
             count = len(re.findall(r"^  --trainer\.(?!.*\.help\b)\S+", options, flags=re.M))
