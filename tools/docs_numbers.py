@@ -3,18 +3,20 @@
 A block of a page between ``<!-- numbers: NAME -->`` and ``<!-- numbers: end -->`` is generated: its text is what
 :data:`BLOCKS` ``[NAME]`` renders from the result files in ``docs/results/`` (written by ``tools/record_run.py``).
 
-The pages checked (:data:`PAGES`) are README.md, the home page and every method page (``docs/methods/*.md``). Outside
-the blocks, fenced code and inline code, a checked page may not hold a number that looks like a result:
+The pages checked (:data:`PAGES`) are README.md, the home page, every method page (``docs/methods/*.md``) and
+BENCHMARKS.md above its heading ``## Dated records`` (:data:`HISTORY`: below it, each section is one dated run, kept as
+history). Outside the blocks, fenced code and inline code, a checked page may not hold a number that looks like a
+result:
 
-- anywhere on the page: three decimals (``0.953``, a metric) or a time in minutes and seconds (``3 min 6 s``);
+- anywhere on the page: three or more decimals (``0.953``, ``0.9535``: a metric) or a time in minutes and seconds (``3 min 6 s``);
 - in a method page's results sections (:data:`RESULTS_SECTIONS`, named by their headings; a section runs to the
   next heading of its level or above), also a share (``91.9%``) and a decimal number in a table cell
   (``| 87.5 |``, ``| 93.3 / 101.2 |``), the form results take there. Prose decimals (``alpha = 0.2``, ``lr 5e-5``)
   and tables outside those sections are not read for them: they are settings.
 
-Every checked page is read as a whole; no section is exempt. Results of runs that no result file records (LLM runs
-of an hour, data not on the machines) live in BENCHMARKS.md as dated records, which this check does not read: a
-method page says in words what such a run showed and links to its record.
+Every checked page is read as a whole (BENCHMARKS.md down to its history); no other section is exempt. Results of
+runs that no result file records (LLM runs of an hour, data not on the machines) live in BENCHMARKS.md as dated
+records: a method page says in words what such a run showed and links to its record.
 
     python tools/docs_numbers.py           # rewrite every block from the result files
     python tools/docs_numbers.py --check   # exit 1, naming the page and block, when one is not what it would write,
@@ -35,10 +37,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-PAGES = ("README.md", "docs/index.md",
+PAGES = ("README.md", "docs/index.md", "BENCHMARKS.md",
          *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "methods").glob("*.md")))  # fmt: skip
-#: pages whose blocks are rendered, but whose other numbers are dated records this check does not read
-RENDER_ONLY = ("BENCHMARKS.md",)
+#: pages checked only above a heading: below it are dated records (history) this check does not read
+HISTORY = {"BENCHMARKS.md": "## Dated records"}
+RENDER_ONLY: tuple[str, ...] = ()
 BLOCK = re.compile(r"(<!-- numbers: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- numbers: end -->)", flags=re.S)
 COLUMNS = (("F1", "f1"), ("Precision", "precision"), ("Recall", "recall"), ("Accuracy", "acc"),
            ("AUC-PR", "auc_pr"), ("AUROC", "auroc"))  # fmt: skip
@@ -53,8 +56,8 @@ MAIN_ROWS = (
     ("Random (uniform score, flagged at 0.5)", "main_job", "test/random/"),
 )  # fmt: skip
 DETECTORS, BASELINES = MAIN_ROWS[:2], MAIN_ROWS[2:]
-# numbers that only a result file may give: three decimals (a metric) or minutes and seconds (a time)
-STRAY = re.compile(r"(?<![\w.])[01]\.\d{3}(?!\d)|\b\d+ min \d+ s\b")
+# numbers that only a result file may give: three or more decimals (a metric) or minutes and seconds (a time)
+STRAY = re.compile(r"(?<![\w.])[01]\.\d{3,}(?!\d)|\b\d+ min \d+ s\b")
 # each method page's results sections, by heading: there a share, or a decimal number in a table cell, is a result too
 RESULTS_SECTIONS = {
     "docs/methods/kg-guard.md": ("## Results on the embedded test split", "## What the detector catches and misses"),
@@ -518,7 +521,13 @@ def _strip(text: str) -> str:
 
 def stray_numbers(text: str, page: str) -> list[str]:
     """The result-like numbers of ``text`` outside its blocks, fenced code and inline code: three decimals and
-    times on the whole page, and shares and decimal table cells in its results sections (:data:`RESULTS_SECTIONS`)."""
+    times on the whole page (down to its history, :data:`HISTORY`), and shares and decimal table cells in its results
+    sections (:data:`RESULTS_SECTIONS`)."""
+    if page in HISTORY:
+        m = re.search(rf"^{re.escape(HISTORY[page])}[ \t]*$", text, flags=re.M)
+        if m is None:
+            raise SystemExit(f"{page}: no heading {HISTORY[page]!r} above its dated records")
+        text = text[: m.start()]
     results = "\n".join(_strip(section(text, h, page)) for h in RESULTS_SECTIONS.get(page, ()))
     cells = [m for line in results.splitlines() if line.lstrip().startswith("|") for m in TABLE_DECIMAL.findall(line)]
     return STRAY.findall(_strip(text)) + STRAY_SHARE.findall(results) + cells

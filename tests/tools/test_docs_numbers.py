@@ -47,6 +47,7 @@ def test_every_page_has_its_blocks_and_the_home_page_includes_the_table():
     assert found == {
         "README.md": ["main-job-time", "main-table", "startup-line", "test-suite"],
         "docs/index.md": ["main-job-time", "test-suite"],
+        "BENCHMARKS.md": ["startup", "main-job-speed", "threads"],
         "docs/methods/conformal.md": [],
         "docs/methods/doublycal.md": [],
         "docs/methods/kg-guard.md": ["main-table", "misses-table"],
@@ -179,10 +180,26 @@ def test_no_section_of_a_checked_page_is_exempt(copy):
         prose = re.sub(r"```.*?```", "", text, flags=re.S)  # a "# comment" in a code block is no heading
         headings = re.findall(r"^#{1,6} .*$", prose, flags=re.M)
         assert headings, page
-        for heading in headings:
+        history = copy.HISTORY.get(page)
+        for heading in headings[: headings.index(history)] if history else headings:
             at = text.index(heading + "\n") + len(heading) + 1
             edited = text[:at] + "\nIt scored 0.987 here.\n" + text[at:]
             assert "0.987" in copy.stray_numbers(edited, page), (page, heading)
+
+
+def test_benchmarks_is_checked_down_to_its_dated_records_which_are_history(copy, capsys):
+    page = copy.ROOT / "BENCHMARKS.md"
+    text = page.read_text()
+    history = text.index("\n## Dated records\n")
+    assert "### The main job: earlier runs" in text[history:]  # older runs sit under the history heading
+    assert not re.search(r"^## ", text[history + 1 :].split("\n", 1)[1], flags=re.M), "a section after the history"
+    page.write_text(text[:history] + "\nThe main job took 4 min 2 s.\n" + text[history:])
+    assert copy.main(["--check"]) == 1 and "BENCHMARKS.md: '4 min 2 s' outside a block" in capsys.readouterr().out
+    page.write_text(text + "\nAn old run took 4 min 2 s and scored 0.987.\n")
+    assert copy.main(["--check"]) == 0
+    page.write_text(text.replace("\n## Dated records\n", "\n## Older\n"))
+    with pytest.raises(SystemExit, match="no heading '## Dated records'"):
+        copy.main(["--check"])
 
 
 def test_a_result_file_recorded_again_makes_its_pages_stale(copy, capsys):
