@@ -1,0 +1,118 @@
+"""Check the built site's search box as a reader uses it: task words find a tutorial or guide first, a class name its
+API page (issue 59).
+
+    mkdocs build --strict --site-dir site && python tools/check_search.py site
+
+The site is served on 127.0.0.1 (the search runs in a web worker, which a ``file://`` page may not start) and each
+query of :data:`QUERIES` is typed into the page's address (``?q=``), as a shared search link does; the first result
+must be on a page whose path starts with one of the query's expected prefixes. It drives the same headless Chromium
+as ``tools/check_layout.py`` and, like it, says it was skipped (exit 0, or 1 with ``--require``) without one. Exits 1
+when a query's first result is elsewhere, naming what came first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_layout import Browser, find_browser  # noqa: E402
+
+#: query -> the path prefixes (relative to the site) its first result may be on
+QUERIES: dict[str, tuple[str, ...]] = {
+    "own LLM answers": ("tutorials/own-llm-answers/",),
+    "keep answers with a guarantee": ("tutorials/answers-with-a-guarantee/",),
+    "conformal sets": ("tutorials/conformal-sets/",),
+    "GCR": ("guides/", "tutorials/", "methods/"),
+    "GAT detector": ("tutorials/", "guides/", "methods/kg-guard/"),
+    "HallucinationDetector": ("api/modules/detector/",),
+    "AnswerSelector": ("api/conformal/selection/",),
+}
+#: the first results of the page's search, as (title, path) pairs
+RESULTS = """JSON.stringify([...document.querySelectorAll('.md-search-result__item > a')].slice(0, 5).map(
+  (a) => [(a.querySelector('h1, h2') || a).textContent.trim(), new URL(a.href).pathname]))"""
+
+
+def misplaced(query: str, results: list[tuple[str, str]], expected: tuple[str, ...]) -> str | None:
+    """Why ``query``'s results fail (no result, or a first one on another page), or ``None`` when they pass.
+
+    Example:
+        >>> misplaced("GCR", [("Your own data", "/guides/data/")], ("guides/",)) is None
+        True
+        >>> misplaced("GCR", [("Papers", "/references/"), ("Your own data", "/guides/data/")], ("guides/",))
+        "GCR: first 'Papers' (/references/), not a page under guides/"
+    """
+    if not results:
+        return f"{query}: no result"
+    title, path = results[0]
+    if path.lstrip("/").startswith(expected):
+        return None
+    return f"{query}: first {title!r} ({path}), not a page under {' or '.join(expected)}"
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:  # no line per request
+        pass
+
+
+def _serve(site: Path) -> http.server.ThreadingHTTPServer:
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def search(browser: Browser, base: str, query: str, timeout: float = 20.0) -> list[tuple[str, str]]:
+    """The first results that the site at ``base`` shows for ``query`` (waiting for its search index to load)."""
+    browser.measure(f"{base}/?q={quote(query)}")
+    deadline = time.monotonic() + timeout
+    while True:
+        found = browser.call("Runtime.evaluate", session=True, expression=RESULTS, returnByValue=True)
+        results = [tuple(r) for r in json.loads(found["result"]["value"])]
+        if results or time.monotonic() > deadline:
+            return results
+        time.sleep(0.25)
+
+
+def check(site: Path, executable: str) -> list[str]:
+    """The queries whose first result is not where :data:`QUERIES` expects it, one line each."""
+    server = _serve(site)
+    browser = Browser(executable)
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        problems = []
+        for query, expected in QUERIES.items():
+            problem = misplaced(query, search(browser, base, query), expected)
+            if problem:
+                problems.append(problem)
+        return problems
+    finally:
+        browser.close()
+        server.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("site", type=Path, help="the built site folder (mkdocs build --site-dir ...)")
+    p.add_argument("--require", action="store_true", help="fail when no Chromium is found (default: skip)")
+    args = p.parse_args(argv)
+    executable = find_browser()
+    if executable is None:
+        print("search check skipped: no Chromium on the PATH")
+        return 1 if args.require else 0
+    problems = check(args.site, executable)
+    print(f"search check: {len(QUERIES)} queries, {len(problems)} problems")
+    for line in problems:
+        print("  " + line)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
