@@ -165,7 +165,8 @@ def main_job_time() -> str:
     text = (
         f"On {m['cores']} CPU cores ({m['cpu']}, {'GPU ' + m['gpu'] if m.get('gpu') else 'no GPU'}) the main job's "
         f"`fit` took **{_duration(main['fit_seconds'])}** "
-        f"on {main['date']} from an empty cache (the benchmark, the baseline's answers and the text encodings built, "
+        f"on {main['date']} (commit {main['commit']}) from an empty cache (the benchmark, the baseline's answers and "
+        "the text encodings built, "
         f"then training and the test)"
     )
     if "install_seconds" in main:
@@ -475,6 +476,19 @@ def threads() -> str:
     return "\n".join(lines) + "\n"
 
 
+def main_job_breakdown() -> str:
+    """Where a main job's time from an empty cache went, stage by stage, in a sentence (bench_main_job.py's run of
+    this tree), for the home page; the table is BENCHMARKS'."""
+    r = load("main_job_speed")
+    this = r["this"]
+    stages = sorted(this["stages"].items(), key=lambda kv: -kv[1])
+    parts = ", ".join(f"{name} {_duration(seconds)}" for name, seconds in stages if seconds >= 1)
+    return (f"Where the time of a run from an empty cache goes, stage by stage: commit {r['commit']} took "
+            f"{_duration(this['seconds'])} on {r['date']} (the median of its runs in "
+            f"[the main job's benchmark](benchmarks.md#the-main-job-against-the-commit-before-issue-58), on another "
+            f"hour and commit than the run above): {parts}.\n")  # fmt: skip
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "main-table": main_table,
     "misses-table": misses_table,
@@ -486,6 +500,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "startup-line": startup_line,
     "threads": threads,
     "main-job-speed": main_job_speed,
+    "main-job-breakdown": main_job_breakdown,
 }
 
 

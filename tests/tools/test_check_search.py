@@ -36,7 +36,7 @@ def _site(folder: Path, boosted: str) -> Path:
 
 def test_a_first_result_elsewhere_is_named():
     assert search.misplaced("q", [("Flag", "/tutorials/flag/")], ("tutorials/",)) is None
-    assert search.misplaced("q", [], ("tutorials/",)) == "q: no result"
+    assert search.misplaced("q", [], ("tutorials/",)).startswith("q: no result")
     found = search.misplaced("q", [("Detector", "/api/detector/"), ("Flag", "/tutorials/flag/")], ("tutorials/",))
     assert found == "q: first 'Detector' (/api/detector/), not a page under tutorials/"
 
