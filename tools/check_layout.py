@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,9 @@ def find_browser() -> str | None:
 class Browser:
     """One headless Chromium, driven over the DevTools protocol on a pipe (messages are JSON ending in a NUL)."""
 
+    #: seconds to wait for any message from the browser before giving up
+    timeout = 120.0
+
     def __init__(self, executable: str, width: int = WIDTH) -> None:
         to_child, self._out = os.pipe()  # we write commands; the browser reads them on its fd 3
         self._in, from_child = os.pipe()  # the browser writes replies and events on its fd 4
@@ -90,6 +94,8 @@ class Browser:
     def _messages(self) -> Iterator[dict[str, Any]]:
         while True:
             while b"\0" not in self._buffer:
+                if not select.select([self._in], [], [], self.timeout)[0]:  # a hung browser must not hang CI
+                    raise TimeoutError(f"Chromium sent nothing for {self.timeout:.0f} s")
                 chunk = os.read(self._in, 1 << 16)
                 if not chunk:
                     raise RuntimeError("Chromium closed its DevTools pipe")

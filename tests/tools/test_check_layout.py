@@ -47,3 +47,15 @@ def test_without_a_browser_the_check_is_skipped_with_the_reason_unless_required(
     assert layout.main([str(tmp_path)]) == 0
     assert "skipped: no Chromium" in capsys.readouterr().out
     assert layout.main([str(tmp_path), "--require"]) == 1
+
+
+@pytest.mark.skipif(layout.find_browser() is None, reason="no Chromium on the PATH (apt-get install chromium)")
+def test_a_browser_that_answers_nothing_times_out_instead_of_hanging():
+    browser = layout.Browser(layout.find_browser())
+    try:
+        browser.timeout = 0.5
+        browser._buffer = b""
+        with pytest.raises(TimeoutError, match="sent nothing"):
+            next(browser._messages())  # no command sent: no reply comes
+    finally:
+        browser.close()
