@@ -483,10 +483,11 @@ def main_job_breakdown() -> str:
     this = r["this"]
     stages = sorted(this["stages"].items(), key=lambda kv: -kv[1])
     parts = ", ".join(f"{name} {_duration(seconds)}" for name, seconds in stages if seconds >= 1)
+    runs = "the median of its runs" if r.get("repeats", 1) > 1 else "its run"
     return (f"Where the time of a run from an empty cache goes, stage by stage: commit {r['commit']} took "
-            f"{_duration(this['seconds'])} on {r['date']} (the median of its runs in "
-            f"[the main job's benchmark](benchmarks.md#the-main-job-against-the-commit-before-issue-58), on another "
-            f"hour and commit than the run above): {parts}.\n")  # fmt: skip
+            f"{_duration(this['seconds'])} on {r['date']} ({runs} in "
+            f"[the main job's benchmark](benchmarks.md#the-main-job-against-the-commit-before-issue-58), a separate "
+            f"run from the one above: times on a shared machine drift from hour to hour): {parts}.\n")  # fmt: skip
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
