@@ -78,14 +78,17 @@ def is_public(module: str) -> bool:
     return module.count(".") == 1 and hasattr(importlib.import_module(module), "__all__")
 
 
+def _cell(text: str) -> str:
+    """``text`` for a Markdown table cell: its reST roles written as code, its pipes escaped."""
+    text = _hook().ROLE.sub(lambda m: f"`{m.group(3).rsplit('.', 1)[-1] if m.group(2) else m.group(3)}`", text)
+    return text.replace("|", "\\|")
+
+
 def _summary(module: str) -> str:
     """The first sentence of ``module``'s docstring (as the docs hook finds it), on one line, for the package page's
     table, its reST roles written as code."""
-    hook = _hook()
     doc = (importlib.import_module(module).__doc__ or "").strip()
-    first = hook.summary_line(doc.split("\n\n")[0]).split("\n")[0].strip()
-    first = hook.ROLE.sub(lambda m: f"`{m.group(3).rsplit('.', 1)[-1] if m.group(2) else m.group(3)}`", first)
-    return first.replace("|", "\\|")
+    return _cell(_hook().summary_line(doc.split("\n\n")[0]).split("\n")[0].strip())
 
 
 @functools.cache
@@ -226,9 +229,7 @@ def _object_summary(obj: Any) -> str:
     first = " ".join(line.strip() for line in lines[: end + 1]).rstrip(":")
     first = re.split(r"(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z])", first, maxsplit=1)[0].rstrip(".") + "."
     # a table cell's "|" must be escaped, and an escape inside a code span shows as written: such a span goes plain
-    first = re.sub(r"``?([^`]*\|[^`]*)``?", lambda m: m.group(1), first)
-    first = hook.ROLE.sub(lambda m: f"`{m.group(3).rsplit('.', 1)[-1] if m.group(2) else m.group(3)}`", first)
-    return first.replace("|", "\\|")
+    return _cell(re.sub(r"``?([^`]*\|[^`]*)``?", lambda m: m.group(1), first))
 
 
 def task_index() -> str:
