@@ -8,8 +8,8 @@ their qualified names; the other modules (internals) keep their pages, linked fr
 internals and found by the search box with a lower rank, but stay out of the navigation (``not_in_nav``).
 
 A module is public when a package of ``kglightning`` exports something it defines (its ``__all__``), when a config in
-``configs/`` or a guide (``docs/``, the README) names it or something in it, when it is a package holding such a module, or when it is a top-level module with
-an ``__all__`` of its own.
+``configs/`` or a guide (``docs/``, the README) names it or something in it, when it is a package holding such a
+module, or when it is a top-level module with an ``__all__`` of its own.
 
     python tools/docs_api_pages.py           # write the pages and the navigation from the directives found
     python tools/docs_api_pages.py --check   # exit 1, naming what differs, when they are not what it would write
@@ -59,13 +59,13 @@ def public_modules() -> frozenset[str]:
             for name in getattr(package, "__all__", ()):
                 obj = getattr(package, name, None)
                 found.add(obj.__name__ if isinstance(obj, type(package)) else getattr(obj, "__module__", None) or "")
-    prose = [p for p in (ROOT / "docs").rglob("*.md") if API not in p.parents] + [ROOT / "README.md"]
-    for text in [c.read_text(encoding="utf-8") for c in (ROOT / "configs").rglob("*.yaml")] + [
-        p.read_text(encoding="utf-8") for p in prose
-    ]:
+    prose = [p.read_text(encoding="utf-8") for p in (ROOT / "docs").rglob("*.md") if API not in p.parents]
+    prose.append((ROOT / "README.md").read_text(encoding="utf-8"))
+    configs = [c.read_text(encoding="utf-8") for c in (ROOT / "configs").rglob("*.yaml")]
+    for text in configs + prose:
         for path in re.findall(r"\bkglightning(?:\.\w+)+", text):
             found.update(m for m in (path, path.rsplit(".", 1)[0]) if _imports(m))
-    for text in [p.read_text(encoding="utf-8") for p in prose]:  # from kglightning.x import y
+    for text in prose:  # from kglightning.x import y
         found.update(m for m in re.findall(r"^\s*from (kglightning(?:\.\w+)+) import", text, flags=re.M) if _imports(m))
     return frozenset(found - {""})
 
@@ -76,6 +76,11 @@ def is_public(module: str) -> bool:
     if module in found or any(m.startswith(module + ".") for m in found):
         return True
     return module.count(".") == 1 and hasattr(importlib.import_module(module), "__all__")
+
+
+def _short(module: str, package: str | None) -> str:
+    """``module``'s name under its page's package (its page file's stem), or the whole path."""
+    return module[len(package) + 1 :] if package and module.startswith(package + ".") else module
 
 
 def _cell(text: str) -> str:
@@ -157,7 +162,7 @@ def render(pages: dict[str, tuple[str, list[tuple[str, list[str]]]]]) -> dict[Pa
         for module, options in modules:
             if module == package:
                 continue
-            name = module[len(package) + 1 :] if package and module.startswith(package + ".") else module
+            name = _short(module, package)
             path = API / page / f"{name}.md"
             public = is_public(module)
             back = "" if public else f"An internal module of [{package or page}](../{page}.md#internals).\n\n"
@@ -194,7 +199,7 @@ def nav(pages: dict[str, tuple[str, list[tuple[str, list[str]]]]], indent: str) 
         lines.append(f"{indent}    - api/{page}.md")
         for module, _ in modules:
             if module != package and is_public(module):
-                name = module[len(package) + 1 :] if package and module.startswith(package + ".") else module
+                name = _short(module, package)
                 lines.append(f"{indent}    - {module}: api/{page}/{name}.md")
     return "\n".join(lines) + "\n"
 
