@@ -28,7 +28,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["OutputOverInputError", "atomic_write", "check_outputs_apart", "clear_outputs", "write_text_atomic"]
+__all__ = [
+    "OutputOverInputError",
+    "SplitOutputs",
+    "atomic_write",
+    "check_outputs_apart",
+    "clear_outputs",
+    "predicted_split",
+    "split_folder",
+    "write_text_atomic",
+]
 
 log = logging.getLogger(__name__)
 
@@ -172,3 +181,33 @@ def clear_outputs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     if removed:
         log.info("removed %d output file(s) of an earlier run: %s", len(removed), ", ".join(map(str, removed[:5])))
     return removed
+
+
+def predicted_split(trainer: Any) -> str:
+    """The split a predict run serves: the ``predict_split`` of ``trainer``'s datamodule, ``"predict"`` when there
+    is no trainer, no datamodule or no such attribute (a plain dataloader)."""
+    return str(getattr(getattr(trainer, "datamodule", None), "predict_split", None) or "predict")
+
+
+def split_folder(template: str | os.PathLike[str], split: str) -> Path:
+    """The folder for one split's outputs, so that outputs of different splits never share a file name.
+
+    ``{split}`` in ``template`` is replaced by the split; a template without it gets the split as a subfolder.
+
+    Example:
+        >>> str(split_folder("outputs/trust", "validation")), str(split_folder("outputs/{split}_run", "test"))
+        ('outputs/trust/validation', 'outputs/test_run')
+    """
+    text = os.fspath(template)
+    return Path(text.replace("{split}", split)) if "{split}" in text else Path(text) / split
+
+
+class SplitOutputs:
+    """Mixin for a LightningModule whose ``predict`` writes into ``output_dir``: :meth:`run_dir` is the predicted
+    split's folder there, so that predicting the validation split never writes over the test split's outputs."""
+
+    output_dir: str | os.PathLike[str]
+
+    def run_dir(self) -> Path:
+        """This run's folder: ``output_dir`` for the predicted split (:func:`split_folder`)."""
+        return split_folder(self.output_dir, predicted_split(getattr(self, "_trainer", None)))

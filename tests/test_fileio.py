@@ -49,3 +49,22 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path):
         f.write(b"bytes")
     assert out.read_bytes() == b"bytes"
     assert clear_outputs([out, tmp_path / "missing"]) == [out] and not out.exists()
+
+
+def test_each_predicted_split_gets_its_own_folder():
+    """Issue 59: outputs of different splits never share a file name, whichever split a pipeline predicts."""
+    from types import SimpleNamespace
+
+    from kglightning.fileio import SplitOutputs, predicted_split, split_folder
+
+    class Pipeline(SplitOutputs):
+        def __init__(self, output_dir: str, split: str | None) -> None:
+            self.output_dir = output_dir
+            self._trainer = SimpleNamespace(datamodule=SimpleNamespace(predict_split=split))
+
+    assert Pipeline("outputs/uag", "test").run_dir() == Path("outputs/uag/test")
+    assert Pipeline("outputs/uag", "validation").run_dir() == Path("outputs/uag/validation")
+    assert Pipeline("runs/{split}/uag", "train").run_dir() == Path("runs/train/uag")
+    assert Pipeline("outputs/uag", None).run_dir() == Path("outputs/uag/predict")  # no split named
+    assert predicted_split(None) == predicted_split(SimpleNamespace()) == "predict"
+    assert split_folder(Path("a"), "test") == Path("a/test")

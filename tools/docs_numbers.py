@@ -272,14 +272,16 @@ def _misses_verified(run: dict) -> str:
             f"`docs/results/main_job.json`'s, then `{run['misses']['command']}`.")  # fmt: skip
 
 
-SGIC_SUMMARY = "outputs/sgic/sgic_summary.json"  # the file of docs/results/sgic.json that the tables read
+SGIC_SUMMARY = "outputs/sgic/test/sgic_summary.json"  # the file of docs/results/sgic.json that the tables read
 SGIC_METHODS = (("baseline", "baseline (greedy, round 0)"), ("k_sampling", "k_sampling ({k} sampled answers)"),
                 ("sgic", "SGIC (round 0, the documents' scores, {k} rounds)"))  # fmt: skip
 
 
 def _kept(result: dict, name: str, file: str) -> dict:
+    """The kept ``file`` of a result, under its name before outputs had a folder per split when recorded then."""
+    files = result["files"]
     try:
-        return result["files"][file]
+        return files[file] if file in files else files[file.replace("/test/", "/")]
     except KeyError:
         raise SystemExit(
             f"docs/results/{name}.json: no {file} among its files (record it with --keep {file})"
@@ -337,7 +339,7 @@ def _sgic_findings(s: dict) -> str:
     return text
 
 
-UAG_FILES = ("outputs/uag/metrics.json", "outputs/uag/sweep.json", "outputs/uag/ltt.json")  # of docs/results/uag.json
+UAG_FILES = ("outputs/uag/test/metrics.json", "outputs/uag/test/sweep.json", "outputs/uag/test/ltt.json")  # of uag.json
 UAG_METHODS = (("uag", "UAG"), ("split_cp", "Split CP"), ("top_k", "Top-K"))
 
 

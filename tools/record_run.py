@@ -5,10 +5,10 @@ the numbers that README.md and the docs show (``tools/docs_numbers.py`` renders 
     python tools/record_run.py fit --config configs/detector_gat.yaml --output docs/results/detector_gat.json
     python tools/record_run.py fit --config configs/detector.yaml --misses --output docs/results/detector_misses.json
     python tools/record_run.py tests --output docs/results/test_suite.json
-    python tools/record_run.py predict --config configs/sgic.yaml --keep outputs/sgic/sgic_summary.json \
+    python tools/record_run.py predict --config configs/sgic.yaml --keep outputs/sgic/test/sgic_summary.json \
         --output docs/results/sgic.json
     python tools/record_run.py predict --config configs/uag.yaml --fit-first configs/relation_scorer.yaml \
-        --keep outputs/uag/metrics.json outputs/uag/sweep.json --output docs/results/uag.json
+        --keep outputs/uag/test/metrics.json outputs/uag/test/sweep.json --output docs/results/uag.json
 
 ``fit`` starts from an empty kglightning cache (a temporary ``KGLIGHTNING_CACHE``) in a temporary working folder,
 so it builds the benchmark, the proposals and the text encodings as a fresh clone's first run does and leaves the

@@ -16,7 +16,13 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from kglightning.data.records import KGQARecord
 from kglightning.data.splits import split_file_names
-from kglightning.fileio import OutputOverInputError, atomic_write, check_outputs_apart, clear_outputs
+from kglightning.fileio import (
+    OutputOverInputError,
+    atomic_write,
+    check_outputs_apart,
+    clear_outputs,
+    predicted_split,
+)
 
 __all__ = ["JsonlPredictionWriter", "check_apart_from_data", "merge_rank_files"]
 
@@ -141,8 +147,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
 
     def resolve(self, trainer: Any) -> Path:
         """The file this run writes: ``output`` with ``{split}`` filled from the trainer's datamodule."""
-        split = getattr(getattr(trainer, "datamodule", None), "predict_split", None) or "predict"
-        return Path(self.template.replace("{split}", str(split)))
+        return Path(self.template.replace("{split}", predicted_split(trainer)))
 
     def path_for(self, trainer: L.Trainer) -> Path:
         """Where this process's rows go while predicting (``output`` itself in one process)."""

@@ -42,7 +42,7 @@ from kglightning.conformal.selection_io import ScoredFile, json_number, lookup_k
 from kglightning.conformal.selection_report import report_markdown, summarize, write_report
 from kglightning.data.devices import all_gather_objects
 from kglightning.data.records import RecordError
-from kglightning.fileio import atomic_write, write_text_atomic
+from kglightning.fileio import atomic_write, clear_outputs, predicted_split, split_folder, write_text_atomic
 from kglightning.metrics.functional.selection import grouped_selection_metrics
 
 #: what a predict run writes into ``output_dir``
@@ -132,7 +132,8 @@ class SelectionCallback(Callback):
 
     Args:
         output_dir: the folder for ``trusted_answers.jsonl``, ``report.md``, ``report.json``, ``selection.png`` and
-            ``reliability.png``.
+            ``reliability.png``, one subfolder per predicted split (``outputs/trust/test/``); ``{split}`` in it
+            places the split's name elsewhere (:func:`~kglightning.fileio.split_folder`).
         selector: the rule and its levels (default: ``AnswerSelector(rule="top")``: each question's best answer, FDR
             at 0.1 over questions).
         group_by: ``"grounded"`` (grounded answers and ungrounded ones calibrated apart), ``"grounding"`` (each
@@ -162,6 +163,7 @@ class SelectionCallback(Callback):
             raise ValueError("group_field names the record field to group by, and only with group_by='record'")
         self.group_field = group_field
         self.output_dir = Path(output_dir)
+        self.run_dir = split_folder(output_dir, "predict")  # the predicted split's folder, set when predict starts
         self.selector = selector if selector is not None else AnswerSelector(rule="top")
         self.group_by, self.calibration_split, self.score = group_by, calibration_split, score
         self.report_alphas = list(report_alphas) if report_alphas is not None else [0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
@@ -253,8 +255,12 @@ class SelectionCallback(Callback):
         return cal
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        check_apart_from_data(trainer, [self.output_dir / name for name in OUTPUT_FILES])
-        if getattr(getattr(trainer, "datamodule", None), "predict_split", None) == self.calibration_split:
+        self.run_dir = split_folder(self.output_dir, predicted_split(trainer))
+        outputs = [self.run_dir / name for name in OUTPUT_FILES]
+        check_apart_from_data(trainer, outputs)
+        if trainer.is_global_zero:  # a run that fails before its end leaves none of an earlier run's files behind
+            clear_outputs(outputs)
+        if predicted_split(trainer) == self.calibration_split:
             log.warning("SelectionCallback: the predicted split is the calibration split (%r): its questions are "
                         "calibrated on and selected on, and the guarantee does not hold for them", self.calibration_split)  # fmt: skip
         self._rows = []
@@ -279,7 +285,7 @@ class SelectionCallback(Callback):
         if not rows:
             log.warning("SelectionCallback: no predicted question; nothing written")
             return
-        rows = self._from_records(trainer, getattr(trainer.datamodule, "predict_split", "test"), rows)
+        rows = self._from_records(trainer, predicted_split(trainer), rows)
         self.write(rows)
 
     def write(self, rows: list[dict[str, Any]]) -> Path:
@@ -325,7 +331,7 @@ class SelectionCallback(Callback):
                 "SelectionCallback: %d of %d predicted questions have gold answers, so what the selection achieved is "
                 "not reported", test.labelled_rows, len(test.rows),
             )  # fmt: skip
-        out = self.output_dir
+        out = self.run_dir
         out.mkdir(parents=True, exist_ok=True)
         with atomic_write(out / "trusted_answers.jsonl") as f:
             f.writelines(json.dumps(json_number(r), allow_nan=False) + "\n" for r in selected)

@@ -14,7 +14,8 @@ OpenAI-compatible endpoint) answers with verbalized ``{answer: confidence}``. Th
 
 At the end of ``predict`` the pipeline writes ``evidence.jsonl`` (the proxy's raw and parsed output), each variant's
 predictions and evaluation, ``comparison.md``/``comparison.json`` (Hit, Recall, F1, EM, ECE, Brier, abstentions,
-reasoner input tokens per question) and ``reliability_comparison.png`` to ``output_dir``.
+reasoner input tokens per question) and ``reliability_comparison.png`` to the predicted split's folder in
+``output_dir`` (``outputs/doublycal/test/``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from kglightning.data.records import KGQARecord
 from kglightning.evidence.builder import EvidenceBuilder
 from kglightning.evidence.format import parse_evidence
 from kglightning.evidence.verbalize import path_instances, verbalize_instance
-from kglightning.fileio import atomic_write, clear_outputs, write_text_atomic
+from kglightning.fileio import SplitOutputs, atomic_write, clear_outputs, write_text_atomic
 from kglightning.llm.backends.base import Generation, GenerationParams, LLMBackend
 from kglightning.llm.grounding import ground_answers
 from kglightning.llm.parsing import ParseStats, parse_answers
@@ -62,7 +63,7 @@ def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) 
     return ids, mask
 
 
-class DoublyCalPipeline(L.LightningModule):
+class DoublyCalPipeline(SplitOutputs, L.LightningModule):
     """Proxy evidence → grounding → verbalized evidence → reasoner, for DoublyCal and its ablations.
 
     Batches are lists of :class:`~kglightning.data.records.KGQARecord` (:class:`~kglightning.datamodules.KGQADataModule`).
@@ -82,7 +83,8 @@ class DoublyCalPipeline(L.LightningModule):
         max_instances: grounded path instances shown to the reasoner per evidence.
         missing_confidence: confidence given to an answer the reasoner wrote without one (counted as
             ``missing_confidence`` in the parse statistics).
-        output_dir: where the report goes.
+        output_dir: where the report goes, one subfolder per predicted split
+            (``outputs/doublycal/test/``; ``{split}`` in it places the split's name elsewhere).
         proxy_cache_dir: folder of a cache of the proxy's evidence per question
             (:class:`~kglightning.pipelines.evidence_cache.ProxyEvidenceCache`), so that a rerun after a crash does
             not generate it again; ``None``: no cache.
@@ -297,7 +299,7 @@ class DoublyCalPipeline(L.LightningModule):
 
     def output_files(self) -> list[Path]:
         """The files :meth:`write_report` writes."""
-        out = Path(self.output_dir)
+        out = self.run_dir()
         return [out / "evidence.jsonl", out / "run_stats.json", *comparison_outputs(out, self.variants)]
 
     def on_predict_start(self) -> None:
@@ -335,7 +337,7 @@ class DoublyCalPipeline(L.LightningModule):
         """Write ``evidence.jsonl``, the per-variant predictions and the comparison; return the results table.
 
         ``stats``: the counters for ``run_stats.json`` (default: this process's, :meth:`_run_stats`)."""
-        out = Path(self.output_dir)
+        out = self.run_dir()
         out.mkdir(parents=True, exist_ok=True)
         with atomic_write(out / "evidence.jsonl") as f:
             for row in rows:

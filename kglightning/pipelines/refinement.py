@@ -28,7 +28,8 @@ Decisions the paper leaves open (its LLM was constrained to subgraph nodes, ours
   are (the paper excludes them from detection); they are counted per step.
 
 Outputs (rank 0, at the end of ``predict``; rows of every rank are gathered under DDP) are written by
-:func:`~kglightning.pipelines.refinement_report.write_report` to ``output_dir``.
+:func:`~kglightning.pipelines.refinement_report.write_report` to the predicted split's folder in ``output_dir``
+(``outputs/refinement/test/``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from kglightning.data.text import RelationView
 from kglightning.datamodules.detection import DetectionDataModule
 from kglightning.datamodules.detection_graphs import DetectionStats, build_detection_graph, node_texts
 from kglightning.datamodules.text_rows import TextRows
-from kglightning.fileio import clear_outputs
+from kglightning.fileio import SplitOutputs, clear_outputs
 from kglightning.llm.backends import ChatMessage, GenerationParams, LLMBackend, LocalHFBackend
 from kglightning.llm.grounding import ground_answers
 from kglightning.llm.parsing import parse_answers
@@ -115,7 +116,7 @@ class _Dialogue:
 torch.serialization.add_safe_globals([GenerationParams])
 
 
-class KGGuardRefinement(L.LightningModule):
+class KGGuardRefinement(SplitOutputs, L.LightningModule):
     """KG-Guard's refinement loop as a ``predict``-only LightningModule over batches of :class:`KGQARecord`.
 
     ``predict_step`` returns one row per question (its final ``prediction``, ``confidence`` when every answer has
@@ -139,7 +140,8 @@ class KGGuardRefinement(L.LightningModule):
         add_reverse_edges: as in the detector's training data (``DetectionDataModule``).
         relation_view: how relations are written for the text encoder, as in the detector's training data
             (``DetectionDataModule``'s ``relation_view``).
-        output_dir: where the predictions and the report are written.
+        output_dir: where the predictions and the report are written, one subfolder per predicted split
+            (``outputs/refinement/test/``; ``{split}`` in it places the split's name elsewhere).
         grounder: grounds answers that match no node name exactly to the most similar name
             (:class:`~kglightning.retrieval.FaissGrounder`); ``None`` keeps exact matching only.
     """
@@ -355,7 +357,7 @@ class KGGuardRefinement(L.LightningModule):
 
     def output_files(self) -> list[Path]:
         """The files :func:`~kglightning.pipelines.refinement_report.write_report` writes."""
-        return [Path(self.output_dir) / n for n in REPORT_FILES]
+        return [self.run_dir() / n for n in REPORT_FILES]
 
     def on_predict_start(self) -> None:
         self.check_text_encoder()
@@ -381,14 +383,14 @@ class KGGuardRefinement(L.LightningModule):
             "max_triples": self.max_triples,
             **{k: v for k, v in self.generation.to_dict().items() if k in ("max_new_tokens", "temperature", "seed")},
         }
-        summary = write_report(rows, self.output_dir, self.max_rounds, meta=meta, timings=timings)
+        summary = write_report(rows, self.run_dir(), self.max_rounds, meta=meta, timings=timings)
         for logger in self.loggers:
             for s in summary["steps"]:
                 values = {f"refine/{k}": v for k, v in s["metrics"].items() if v is not None}
                 logger.log_metrics(values, step=s["step"])
             logger.save()
         rank_zero_info(f"KG-Guard refinement ({len(rows)} questions):\n{format_table(summary)}")
-        rank_zero_info(f"wrote the predictions and the report to {self.output_dir}")
+        rank_zero_info(f"wrote the predictions and the report to {self.run_dir()}")
 
     def configure_optimizers(self) -> Any:
         raise RuntimeError("KGGuardRefinement has nothing to train; run `predict` (train the detector with `fit`)")

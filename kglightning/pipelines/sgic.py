@@ -15,7 +15,7 @@ Beside it, on the same questions and backend: ``baseline`` (the round-0 answer) 
 sampled at ``sample_temperature`` from the round-0 prompt, the one with the highest sequence probability kept: the
 paper's baseline "sampled the same number of times").
 
-At the end of ``predict``, ``output_dir`` gets ``rounds.jsonl`` (per question: documents and their scores, every
+At the end of ``predict``, the predicted split's folder in ``output_dir`` (``outputs/sgic/test/``) gets ``rounds.jsonl`` (per question: documents and their scores, every
 round's answer, confidence, uncertainty, EM and F1, the samples), per-method RoG-format predictions with their
 ``evaluate`` files and ``comparison.md`` (Hit, F1, ECE with confidence ``1 - uncertainty/100``, prompt tokens sent per
 question: round 0 for ``baseline``; round 0, the document scores and the K rounds for ``sgic``; the samples for
@@ -40,7 +40,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from kglightning.data.sources.passages import PassageExample
-from kglightning.fileio import atomic_write, clear_outputs, write_text_atomic
+from kglightning.fileio import SplitOutputs, atomic_write, clear_outputs, write_text_atomic
 from kglightning.llm.backends.base import GenerationParams, LLMBackend
 from kglightning.llm.sgic_prompt import SGICPrompt
 from kglightning.llm.sgic_rounds import History, SelfCalibration, clean_answer, split_mean
@@ -61,7 +61,7 @@ def _correctness(answer: str, gold: Sequence[str], correct_if: str) -> dict[str,
     return {**scores, "correct": scores[correct_if]}
 
 
-class SGICPipeline(L.LightningModule):
+class SGICPipeline(SplitOutputs, L.LightningModule):
     """Iterative self-calibration of an LLM's answers with token-probability uncertainty (SGIC).
 
     Args:
@@ -77,7 +77,8 @@ class SGICPipeline(L.LightningModule):
         sample_temperature: temperature of the ``k_sampling`` baseline (the paper: 0.7).
         samples: answers sampled for ``k_sampling``; ``None`` = ``rounds``; ``0`` skips the baseline.
         seed: sampling seed (sample ``k`` uses ``seed + 1000 * k``).
-        output_dir: where the report goes.
+        output_dir: where the report goes, one subfolder per predicted split
+            (``outputs/sgic/test/``; ``{split}`` in it places the split's name elsewhere).
         n_bins: calibration bins of the comparison.
         correct_if: what counts as a correct answer for the uncertainty AUROC, the round-0 -> final transitions and
             the plot: SQuAD exact match (``"em"``) or Hit (``"hit"``). EM, Hit and F1 are all reported.
@@ -167,7 +168,7 @@ class SGICPipeline(L.LightningModule):
 
     def output_files(self) -> list[Path]:
         """The files :meth:`write_report` writes."""
-        out = Path(self.output_dir)
+        out = self.run_dir()
         names = ("rounds.jsonl", "sgic_summary.json", "sgic_summary.md", "uncertainty_trajectories.png")
         return [out / n for n in names] + comparison_outputs(out, METHODS)
 
@@ -255,7 +256,7 @@ class SGICPipeline(L.LightningModule):
 
     def write_report(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """Write ``rounds.jsonl``, the per-method predictions and comparison, the summary and the plot."""
-        out = Path(self.output_dir)
+        out = self.run_dir()
         out.mkdir(parents=True, exist_ok=True)
         with atomic_write(out / "rounds.jsonl") as f:
             for row in rows:

@@ -4,7 +4,7 @@ At the start of ``predict`` the module scores its calibration pool (the data mod
 default ``validation``), fits :class:`~kglightning.conformal.uag.UAGController` and selects ``(alpha1, alpha2,
 alpha3)`` by Learn-Then-Test for ``alpha`` and for every level of ``sweep_alphas``; it fits the Top-K and split-CP
 baselines on the same pool. It prints the selected per-component error rates and writes them to
-``<output_dir>/ltt.json``. Each predicted question then gets UAG's set from the breadth-first traversal at the
+``<output_dir>/<split>/ltt.json``. Each predicted question then gets UAG's set from the breadth-first traversal at the
 selected thresholds (:class:`~kglightning.conformal.uag.UAGTraversal`), the baselines' sets, and, for every swept
 level, whether each method covered it and with how many answers.
 
@@ -59,7 +59,7 @@ from kglightning.data.embeddings import (
 )
 from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
-from kglightning.fileio import atomic_write, clear_outputs, write_text_atomic
+from kglightning.fileio import SplitOutputs, atomic_write, clear_outputs, write_text_atomic
 from kglightning.pipelines._ddp import gather_unique_rows
 from kglightning.pipelines.uag_report import (
     METHODS,
@@ -75,7 +75,7 @@ from kglightning.pipelines.uag_report import (
 RELATION_SCORER_HINT = "train it with `python -m kglightning fit --config configs/relation_scorer.yaml`"
 
 
-class UAGReasoner(L.LightningModule):
+class UAGReasoner(SplitOutputs, L.LightningModule):
     """Conformal KG traversal with Learn-Then-Test error control (UAG), run by ``predict``.
 
     Args:
@@ -99,7 +99,8 @@ class UAGReasoner(L.LightningModule):
             always calibrates (the loaded state keeps UAG's and the distance baselines' fits only).
         clm: CLM's settings (default ``CLM(delta=controller.delta)``; ``set_confidence``, grids); used with
             ``sampler``.
-        output_dir: where the outputs go.
+        output_dir: where the outputs go, one subfolder per predicted split
+            (``outputs/uag/test/``; ``{split}`` in it places the split's name elsewhere).
         cache_dir: text-embedding cache root (default ``$KGLIGHTNING_CACHE/embeddings``).
         progress: show progress bars.
         store_question_texts: keep each question's step queries and path texts in the embedding cache too, so a
@@ -306,7 +307,7 @@ class UAGReasoner(L.LightningModule):
     def output_files(self) -> list[Path]:
         """The files written at the end of ``predict`` (``ltt.json``, the fitted state, is not among them)."""
         names = ("predictions.jsonl", "metrics.json", *SWEEP_FILES)
-        return [self.output_dir / n for n in names]
+        return [self.run_dir() / n for n in names]
 
     def on_predict_start(self) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
@@ -338,7 +339,7 @@ class UAGReasoner(L.LightningModule):
             f"{use['alpha3_positive']}, and it filtered candidates (finite threshold) at {use['filtering']}"
         )
         if self.trainer.is_global_zero:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
+            self.run_dir().mkdir(parents=True, exist_ok=True)
             payload = {
                 "main": main.summary(),
                 "levels": {alpha_key(a): c.summary() for a, c in self.selections.items()},
@@ -354,7 +355,7 @@ class UAGReasoner(L.LightningModule):
                 "calibration_seconds": 0.0 if reuse else round(self.calibration_seconds, 2),
                 "from_loaded_state": reuse,
             }
-            write_text_atomic(self.output_dir / "ltt.json", json.dumps(payload, indent=2) + "\n")
+            write_text_atomic(self.run_dir() / "ltt.json", json.dumps(payload, indent=2) + "\n")
 
     def _methods(self, alpha: float, s: QuestionScores) -> dict[str, tuple[Any, bool]]:
         """Each method's set (``(A,)`` bool) at level ``alpha`` and whether it abstained."""
@@ -428,7 +429,7 @@ class UAGReasoner(L.LightningModule):
 
     def write_outputs(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """``predictions.jsonl``, ``metrics.json`` and (with ``sweep_alphas``) the sweep table and plot."""
-        out = self.output_dir
+        out = self.run_dir()
         out.mkdir(parents=True, exist_ok=True)
         with atomic_write(out / "predictions.jsonl") as f:
             for row in rows:

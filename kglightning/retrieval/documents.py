@@ -57,7 +57,7 @@ class DocumentSource(abc.ABC):
 class EvidenceDocuments(DocumentSource):
     """DoublyCal's grounded evidence as documents: one per evidence, its path instances and its confidence.
 
-    Reads the ``evidence.jsonl`` a DoublyCal run writes (``outputs/doublycal/evidence.jsonl``: per question ``id`` and
+    Reads the ``evidence.jsonl`` a DoublyCal run writes (``outputs/doublycal/test/evidence.jsonl``: per question ``id`` and
     ``evidence``, a list of ``{"paths": [...], "confidence": c, ...}``), so SGIC's rounds can work on the evidence a
     proxy wrote and calibrated: ``"Snoopy -> sibling_of -> Spike; ... [Confidence: 0.75]"``.
 

@@ -49,10 +49,12 @@ def _rows(model, loader):
 @pytest.mark.parametrize("rule", ["fdr", "question"])
 def test_predict_writes_the_selection_an_independent_selector_makes(fitted, tmp_path, rule):
     model, dm = fitted
-    out = _apart(tmp_path) / "trust"
+    root = _apart(tmp_path) / "trust"
     selector = AnswerSelector(rule=rule, alpha=0.3, seed=3)
-    cb = SelectionCallback(output_dir=str(out), selector=selector, group_by="none", report_alphas=[0.2, 0.3])
+    cb = SelectionCallback(output_dir=str(root), selector=selector, group_by="none", report_alphas=[0.2, 0.3])
     _trainer(tmp_path, [cb]).predict(model, dm)
+    out = root / "test"  # the predicted split's folder
+    assert cb.run_dir == out
     # the same selection, computed from the model's own rows
     cal, test = _rows(model, dm.split_dataloader("validation")), _rows(model, dm.predict_dataloader())
 
@@ -79,13 +81,22 @@ def test_predict_writes_the_selection_an_independent_selector_makes(fitted, tmp_
     # fdr on the detector's answer lists (several answers a question) is flagged in the report
     assert report["groups"]["all"]["clustered"] is (True if rule == "fdr" else None)
     assert ("**fdr on answer lists**" in (out / "report.md").read_text()) is (rule == "fdr")
+    if rule == "question":  # another split predicted: its own folder, and the test split's files stay as they were
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        dm.predict_split = "train"
+        _trainer(tmp_path, [cb]).predict(model, dm)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+        train = [json.loads(line) for line in (root / "train" / "trusted_answers.jsonl").open()]
+        assert len(train) == len(dm.split_records("train")) and set(before) <= {
+            p.name for p in (root / "train").iterdir()
+        }
 
 
 def test_groups_are_grounded_or_not_and_unlabelled_calibration_is_refused(fitted, tmp_path, caplog):
     model, dm = fitted
     cb = SelectionCallback(output_dir=str(_apart(tmp_path) / "t"), group_by="grounded")
     _trainer(tmp_path, [cb]).predict(model, dm)
-    report = json.loads((_apart(tmp_path) / "t" / "report.json").read_text())
+    report = json.loads((_apart(tmp_path) / "t" / "test" / "report.json").read_text())
     assert set(report["groups"]) <= {"grounded", "ungrounded"} and report["groups"]
 
     class Unlabelled(HallucinationDetector):
@@ -171,6 +182,7 @@ def test_record_groups_and_cited_paths_reach_the_output(detection_dir, tiny_enco
     cb = SelectionCallback(output_dir=str(out), selector=AnswerSelector(rule="question", alpha=0.5),
                            group_by="record", group_field="kind", report_alphas=[0.5])  # fmt: skip
     _trainer(tmp_path, [cb]).predict(model, dm)
+    out = cb.run_dir
     report = json.loads((out / "report.json").read_text())
     assert set(report["groups"]) == {"even", "odd"}
     rows = [json.loads(line) for line in (out / "trusted_answers.jsonl").open()]

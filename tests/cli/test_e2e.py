@@ -194,12 +194,14 @@ def test_main_job_on_embedded_subset(tmp_path):
     assert {k: v for k, v in _metrics(tmp_path, "main_cold").items() if k.startswith("test/")} == tested
     # configs/trust.yaml on the same checkpoint: the kept answers of every test question and the report
     _cli(tmp_path, "predict", "--config", str(ROOT / "configs/trust.yaml"), *bound[:2], *bound[4:6])
-    rows = [json.loads(line) for line in (tmp_path / "outputs/trust/trusted_answers.jsonl").open()]
+    rows = [json.loads(line) for line in (tmp_path / "outputs/trust/test/trusted_answers.jsonl").open()]
     assert rows and all(set(r["kept"]) | set(r["dropped"]) == set(r["prediction"]) for r in rows)
     assert all(len(r["kept"]) <= 2 for r in rows)  # rule top: each question's best grounded and ungrounded answer
-    report = json.loads((tmp_path / "outputs/trust/report.json").read_text())
+    report = json.loads((tmp_path / "outputs/trust/test/report.json").read_text())
     assert report["questions"] == len(rows) and report["rule"] == "top" and "achieved" in report
-    assert (tmp_path / "outputs/trust/selection.png").exists() and (tmp_path / "outputs/trust/reliability.png").exists()
+    assert (tmp_path / "outputs/trust/test/selection.png").exists() and (
+        tmp_path / "outputs/trust/test/reliability.png"
+    ).exists()
 
 
 def test_conformal_callback_through_the_cli_and_ddp(detection_dir, tiny_encoder_dir, tmp_path):
@@ -282,7 +284,7 @@ def test_selection_callback_is_the_same_on_one_and_two_processes(detection_dir, 
             str(out),
         ]
         _cli(tmp_path, "predict", *_fixture_args(odd, tiny_encoder_dir, name), *trust, *extra, "--ckpt_path", str(ckpt))
-        written[name] = sorted((out / "trusted_answers.jsonl").read_text().splitlines())
+        written[name] = sorted((out / "test" / "trusted_answers.jsonl").read_text().splitlines())
     assert written["one"] == written["two"] and len(written["one"]) == 15
 
 
@@ -331,11 +333,12 @@ def test_trust_run_with_an_openai_compatible_endpoint_answering_first(detection_
                 "cache_dir": str(tmp_path / "kaping"), "constrained": False, "top_triples": 3, "show_progress": False,
             },
         }}}}))  # fmt: skip
-        out = tmp_path / "trust_endpoint"
+        root = tmp_path / "trust_endpoint"
         _cli(tmp_path, "predict", *_fixture_args(str(asking), tiny_encoder_dir, "epred"), "--config", str(endpoint),
-             "--config", str(ROOT / "configs/trust/select.yaml"), "--trainer.callbacks.init_args.output_dir", str(out),
+             "--config", str(ROOT / "configs/trust/select.yaml"), "--trainer.callbacks.init_args.output_dir", str(root),
              "--ckpt_path", str(ckpt))  # fmt: skip
         asked = server.request_count
+    out = root / "test"  # the predicted split's folder
     rows = [json.loads(line) for line in (out / "trusted_answers.jsonl").open()]
     n_test = len(Path(detection_dir, "test.jsonl").read_text().splitlines())
     n_val = len(Path(detection_dir, "validation.jsonl").read_text().splitlines())

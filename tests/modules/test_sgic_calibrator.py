@@ -199,7 +199,7 @@ def test_finetune_config_then_sgic_with_the_adapter(tiny_chat_model_dir, tmp_pat
     ]  # fmt: skip
     proc = subprocess.run(predict, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert json.loads((tmp_path / "outputs/sgic/sgic_summary.json").read_text())["questions"] == 2
+    assert json.loads((tmp_path / "outputs/sgic/test/sgic_summary.json").read_text())["questions"] == 2
 
 
 def test_an_empty_set_says_why_and_what_to_try(scripted_sgic, tiny_chat_model_dir, tmp_path):

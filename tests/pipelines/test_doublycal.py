@@ -160,7 +160,8 @@ def test_predict_with_tiny_models_writes_the_comparison(
     loader = DataLoader(records, batch_size=3, collate_fn=list)
     rows = [r for batch in trainer.predict(pipe, loader) for r in batch]
     assert [r["id"] for r in rows] == [f"q{i}" for i in range(6)]
-    out = tmp_path / "out"
+    out = tmp_path / "out" / "predict"  # a plain dataloader names no split
+    assert pipe.run_dir() == out
     for variant in ("doublycal", "singlecal", "evidence_only", "llm_only"):
         lines = (out / variant / "predictions.jsonl").read_text().splitlines()
         assert len(lines) == 6
@@ -209,17 +210,18 @@ def test_doublycal_config_runs_through_the_cli(tiny_proxy, tiny_chat_model_dir, 
     run = [sys.executable, "-m", "kglightning", *args]
     proc = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    out = tmp_path / "outputs/doublycal"
+    root = tmp_path / "outputs/doublycal"
+    out = root / "test"  # the predicted split's folder; the caches are the run's
     results = json.loads((out / "comparison.json").read_text())
     assert list(results) == ["doublycal", "singlecal", "evidence_only", "llm_only"]
     assert all(r["n_questions"] == 4 for r in results.values())
-    cache = (out / "llm_cache" / "responses.jsonl").read_text()
+    cache = (root / "llm_cache" / "responses.jsonl").read_text()
     from kglightning.pipelines.report import comparison_outputs
 
     expected = {out / "evidence.jsonl", out / "run_stats.json", *comparison_outputs(out, list(results))}
     expected = {p for p in expected if p.name != "reliability.png"}  # drawn only when some answer has a confidence
     assert expected <= {p for p in out.rglob("*") if p.is_file()}  # what a new run clears when it starts
-    proxy_cache = (out / "proxy_cache" / "responses.jsonl").read_text()
+    proxy_cache = (root / "proxy_cache" / "responses.jsonl").read_text()
     assert len(proxy_cache.splitlines()) == 4  # the proxy's evidence of each question
     evidence = (out / "evidence.jsonl").read_text()
     single = json.loads((out / "run_stats.json").read_text())
@@ -229,9 +231,9 @@ def test_doublycal_config_runs_through_the_cli(tiny_proxy, tiny_chat_model_dir, 
     proc = subprocess.run(ddp, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "MEMBER: 2/2" in proc.stderr + proc.stdout
-    assert (out / "llm_cache" / "responses.jsonl").read_text() == cache  # nothing was generated again
+    assert (root / "llm_cache" / "responses.jsonl").read_text() == cache  # nothing was generated again
     assert json.loads((out / "comparison.json").read_text()) == results
-    assert (out / "proxy_cache" / "responses.jsonl").read_text() == proxy_cache  # no evidence generated again
+    assert (root / "proxy_cache" / "responses.jsonl").read_text() == proxy_cache  # no evidence generated again
     assert sorted((out / "evidence.jsonl").read_text().splitlines()) == sorted(evidence.splitlines())
     double = json.loads((out / "run_stats.json").read_text())  # every process's counters, not rank 0's
     assert double["cached_evidence"] == 4

@@ -197,7 +197,7 @@ def test_trainer_predict_with_tiny_chat_model_writes_the_report(
     out = trainer.predict(module, datamodule=data)
     assert [len(b) for b in out] == [2, 2, 1]
 
-    folder = tmp_path / "out"
+    folder = tmp_path / "out" / "test"  # the predicted split's folder
     rows = [json.loads(line) for line in (folder / "refinement_predictions.jsonl").open()]
     assert [r["id"] for r in rows] == [f"test-q{i}" for i in range(5)]
     assert all(1 <= len(r["rounds"]) <= 3 and r["rounds"][0]["response"] is not None for r in rows)
@@ -261,13 +261,14 @@ def test_cli_predict_runs_the_config(
     cmd = [sys.executable, "-m", "kglightning", "predict", *(x for kv in args.items() for x in kv)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    folder = tmp_path / "outputs/refinement"
+    root = tmp_path / "outputs/refinement"
+    folder = root / "test"
     rows = [json.loads(line) for line in (folder / "refinement_predictions.jsonl").open()]
     assert sorted(r["id"] for r in rows) == [f"test-q{i}" for i in range(5)]
-    assert (folder / "refinement_rounds.png").exists() and (folder / "llm_cache/responses.jsonl").exists()
+    assert (folder / "refinement_rounds.png").exists() and (root / "llm_cache/responses.jsonl").exists()
     from kglightning.pipelines.refinement_report import REPORT_FILES
 
     assert all((folder / name).is_file() for name in REPORT_FILES)  # what a new run clears when it starts
     output = proc.stdout + proc.stderr
     assert output.count("| step |") == 1 and (devices == 1 or "MEMBER: 2/2" in output)
-    assert list((folder / "logs").glob("version_*/metrics.csv"))
+    assert list((root / "logs").glob("version_*/metrics.csv"))

@@ -61,7 +61,7 @@ def test_rounds_scores_and_minimum_uncertainty_selection(Scripted, passages_dir,
     assert "Document [2]: France borders Spain (Uncertainty Score: 100)" in last
     assert last.endswith("Round 1: Lyon (Uncertainty Score: 75)\nRound 2: Paris (Uncertainty Score: 50)\n"
                          "Round 3: Paris (Uncertainty Score: 25)\nAnswer:")  # fmt: skip
-    out = tmp_path / "out"
+    out = tmp_path / "out" / "test"  # the predicted split's folder
     summary = json.loads((out / "sgic_summary.json").read_text())
     assert summary["methods"]["baseline"]["EM"] == 50.0 and summary["methods"]["sgic"]["EM"] == 100.0
     assert summary["per_round"][3]["EM"] == 50.0 and summary["per_round"][2]["chosen"] == 1
@@ -144,14 +144,14 @@ def test_sgic_config_runs_through_the_cli(tiny_chat_model_dir, passages_dir, tmp
     env = dict(os.environ, KGLIGHTNING_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = json.loads((tmp_path / "outputs/sgic/sgic_summary.json").read_text())
+    summary = json.loads((tmp_path / "outputs/sgic/test/sgic_summary.json").read_text())
     assert summary["questions"] == 2 and len(summary["per_round"]) == 3
     assert set(summary["methods"]) == {"baseline", "k_sampling", "sgic"}
     assert (tmp_path / "outputs/sgic/llm_cache/responses.jsonl").exists()
     from kglightning.pipelines.report import comparison_outputs
     from kglightning.pipelines.sgic_report import METHODS
 
-    out = tmp_path / "outputs/sgic"
+    out = tmp_path / "outputs/sgic/test"
     names = ("rounds.jsonl", "sgic_summary.json", "sgic_summary.md", "uncertainty_trajectories.png")
     expected = {*(out / n for n in names), *comparison_outputs(out, METHODS)}
     assert expected <= {p for p in out.rglob("*") if p.is_file()}  # what a new run clears when it starts
@@ -160,7 +160,7 @@ def test_sgic_config_runs_through_the_cli(tiny_chat_model_dir, passages_dir, tmp
     proc = subprocess.run(ddp, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "MEMBER: 2/2" in proc.stderr + proc.stdout
-    again = json.loads((tmp_path / "outputs/sgic/sgic_summary.json").read_text())
+    again = json.loads((tmp_path / "outputs/sgic/test/sgic_summary.json").read_text())
     assert again["questions"] == 2 and again["answer_mean"] == pytest.approx(summary["answer_mean"])
     assert again["per_round"] == summary["per_round"]
     # the counters and the token cost are every process's, not rank 0's over every question
@@ -168,7 +168,7 @@ def test_sgic_config_runs_through_the_cli(tiny_chat_model_dir, passages_dir, tmp
     for method in ("baseline", "sgic"):
         assert again["methods"][method]["prompt_tokens"] == summary["methods"][method]["prompt_tokens"] > 0
     assert summary["methods"]["baseline"]["cached_calls"] == 0 < again["methods"]["baseline"]["cached_calls"]
-    assert "read from the response cache" in (tmp_path / "outputs/sgic/sgic_summary.md").read_text()
+    assert "read from the response cache" in (tmp_path / "outputs/sgic/test/sgic_summary.md").read_text()
 
 
 def test_a_document_source_is_keyed_by_its_settings():

@@ -49,7 +49,7 @@ def _run(tmp_path, bench_dir, tiny_encoder_dir, **kw) -> tuple[UAGReasoner, KGQA
 @pytest.mark.heavy
 def test_predict_writes_sets_selection_and_sweep(tmp_path, bench_dir, tiny_encoder_dir):
     model, data = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, sweep_alphas=[0.3, 0.5])
-    out = tmp_path / "out"
+    out = tmp_path / "out" / "test"  # the predicted split's folder
     ltt = json.loads((out / "ltt.json").read_text())
     main = model.selections[0.4]
     assert ltt["main"] == json.loads(json.dumps(main.summary()))
@@ -87,10 +87,10 @@ def test_predict_writes_sets_selection_and_sweep(tmp_path, bench_dir, tiny_encod
 def test_unreachable_alpha_abstains_with_the_full_pool(tmp_path, bench_dir, tiny_encoder_dir):
     model, _ = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.01)
     assert model.selections[0.01].abstained
-    rows = [json.loads(line) for line in (tmp_path / "out/predictions.jsonl").open()]
+    rows = [json.loads(line) for line in (tmp_path / "out/test/predictions.jsonl").open()]
     assert all(r["abstained"] and r["set_size"] == r["num_candidates"] for r in rows)
     assert all(r["baselines"]["split_cp"]["abstained"] for r in rows)  # 20 questions: rank 20 * 0.99 > n
-    assert json.loads((tmp_path / "out/ltt.json").read_text())["main"]["abstained"] is True
+    assert json.loads((tmp_path / "out/test/ltt.json").read_text())["main"]["abstained"] is True
 
 
 def test_predicting_on_the_calibration_split_is_refused(tmp_path, bench_dir, tiny_encoder_dir):
@@ -129,7 +129,7 @@ def test_cli_predict_with_alpha_flag(devices, bench_dir, tiny_encoder_dir, tmp_p
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     output = proc.stdout + proc.stderr
     assert "UAG at alpha=0.4" in output and output.count("alpha sweep:") == 1
-    folder = tmp_path / "outputs/uag"
+    folder = tmp_path / "outputs/uag/test"
     rows = [json.loads(line) for line in (folder / "predictions.jsonl").open()]
     assert len(rows) == len({r["id"] for r in rows}) == 45
     assert json.loads((folder / "ltt.json").read_text())["main"]["alpha"] == 0.4
@@ -150,16 +150,16 @@ def test_llm_evaluator_with_a_local_model(tmp_path, bench_dir, tiny_encoder_dir,
 
     llm = evaluator()
     model, _ = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, llm=llm)
-    rows = [json.loads(line) for line in (tmp_path / "out/predictions.jsonl").open()]
+    rows = [json.loads(line) for line in (tmp_path / "out/test/predictions.jsonl").open()]
     answered = [r for r in rows if r["llm_answer"] is not None]
     assert len(answered) + llm.num_no_answer >= len(rows)  # pool and test questions are asked once each
     assert (tmp_path / "llm/responses.jsonl").exists()
     again = evaluator()
     model2, _ = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, llm=again)
-    rows2 = [json.loads(line) for line in (tmp_path / "out/predictions.jsonl").open()]
+    rows2 = [json.loads(line) for line in (tmp_path / "out/test/predictions.jsonl").open()]
     assert [r["llm_answer"] for r in rows2] == [r["llm_answer"] for r in rows]
     assert model2.selections[0.4].summary() == model.selections[0.4].summary()
-    metrics = json.loads((tmp_path / "out/metrics.json").read_text())
+    metrics = json.loads((tmp_path / "out/test/metrics.json").read_text())
     assert metrics["llm_no_answer"] == again.num_no_answer == llm.num_no_answer
 
 
@@ -197,7 +197,7 @@ def _unfitted(tmp_path, tiny_encoder_dir, grid_step: float, out: str) -> UAGReas
 def test_fitted_selections_live_in_the_state_dict(tmp_path, bench_dir, tiny_encoder_dir, monkeypatch):
     """A checkpoint saved after predict reproduces the sets in a fresh module without calibrating again."""
     model, data = _run(tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, sweep_alphas=[0.3])
-    first = [json.loads(line) for line in (tmp_path / "out/predictions.jsonl").open()]
+    first = [json.loads(line) for line in (tmp_path / "out/test/predictions.jsonl").open()]
     state = model.state_dict()
     assert set(state["_extra_state"]["selections"]) == {0.4, 0.3}  # keyed by the float alpha
 
@@ -211,17 +211,17 @@ def test_fitted_selections_live_in_the_state_dict(tmp_path, bench_dir, tiny_enco
     monkeypatch.setattr(fresh, "calibrate", no_calibration)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     trainer.predict(fresh, datamodule=data, return_predictions=False)
-    second = [json.loads(line) for line in (tmp_path / "out2/predictions.jsonl").open()]
+    second = [json.loads(line) for line in (tmp_path / "out2/test/predictions.jsonl").open()]
     assert [r["prediction"] for r in second] == [r["prediction"] for r in first]
     assert [r["baselines"] for r in second] == [r["baselines"] for r in first]
-    assert json.loads((tmp_path / "out2/ltt.json").read_text())["from_loaded_state"] is True
+    assert json.loads((tmp_path / "out2/test/ltt.json").read_text())["from_loaded_state"] is True
 
     # other settings (another grid) invalidate the loaded selections: it calibrates again
     other = _unfitted(tmp_path, tiny_encoder_dir, 0.5, "out3")
     other.load_state_dict(state)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     trainer.predict(other, datamodule=data, return_predictions=False)
-    assert json.loads((tmp_path / "out3/ltt.json").read_text())["from_loaded_state"] is False
+    assert json.loads((tmp_path / "out3/test/ltt.json").read_text())["from_loaded_state"] is False
 
     # the same settings on other calibration questions: it calibrates again
     again = _unfitted(tmp_path, tiny_encoder_dir, 0.25, "out4")
@@ -229,7 +229,7 @@ def test_fitted_selections_live_in_the_state_dict(tmp_path, bench_dir, tiny_enco
     fewer = KGQADataModule(data_dir=bench_dir, max_records=50, batch_size=32)
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     trainer.predict(again, datamodule=fewer, return_predictions=False)
-    assert json.loads((tmp_path / "out4/ltt.json").read_text())["from_loaded_state"] is False
+    assert json.loads((tmp_path / "out4/test/ltt.json").read_text())["from_loaded_state"] is False
 
 
 def test_a_retrained_scorer_or_another_llm_setting_invalidates_the_fitted_selections(
@@ -284,7 +284,7 @@ def test_clm_and_lofree_on_sampled_llm_answers(tmp_path, bench_dir, tiny_encoder
         tmp_path, bench_dir, tiny_encoder_dir, alpha=0.4, sweep_alphas=[0.3, 0.5], sampler=sampler,
         clm=CLM(grid_size=3),
     )  # fmt: skip
-    out = tmp_path / "out"
+    out = tmp_path / "out" / "test"  # the predicted split's folder
     rows = [json.loads(line) for line in (out / "predictions.jsonl").open()]
     assert len(rows) == len(data.split_records("test"))
     assert sampler.counts["questions"] == 60 + len(rows) and sampler.counts["samples"] == 2 * (60 + len(rows))

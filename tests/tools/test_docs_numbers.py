@@ -434,7 +434,7 @@ def test_the_uag_findings_follow_the_sweep(copy):
     (copy.RESULTS / "uag.json").write_text(
         json.dumps({**json.loads((copy.RESULTS / "uag.json").read_text()), "files": {}})
     )
-    with pytest.raises(SystemExit, match="no outputs/uag/metrics.json among its files"):
+    with pytest.raises(SystemExit, match="no outputs/uag/test/metrics.json among its files"):
         copy.uag_table()
 
 

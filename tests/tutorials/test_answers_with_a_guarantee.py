@@ -21,7 +21,7 @@ def test_the_tutorial_runs_as_written_and_writes_what_it_says(tmp_path, tiny_opt
         run_command(command, *tiny_options())
     run_command(commands[3])
 
-    trusted = [json.loads(x) for x in (tmp_path / "outputs/trust/trusted_answers.jsonl").open()]
+    trusted = [json.loads(x) for x in (tmp_path / "outputs/trust/test/trusted_answers.jsonl").open()]
     assert len(trusted) == 60  # one line per test question
     for row in trusted:
         assert {"prediction", "hallucination_prob", "grounding", "kept", "kept_scores", "dropped", "abstained",
@@ -30,6 +30,6 @@ def test_the_tutorial_runs_as_written_and_writes_what_it_says(tmp_path, tiny_opt
         assert row["abstained"] == (not row["kept"]) and len(row["kept"]) <= 2  # at most one per group
         assert len(row["kept"]) + len(row["dropped"]) == len(row["hallucination_prob"])  # every answer, once
     for name in ("report.md", "selection.png", "reliability.png"):
-        assert (tmp_path / "outputs/trust" / name).is_file(), name
+        assert (tmp_path / "outputs/trust/test" / name).is_file(), name
     report = (tmp_path / "outputs/selection/check/report.md").read_text()
     assert "| top | 0.1 |" in report and "| fdr | 0.2 |" in report  # a row per rule and level

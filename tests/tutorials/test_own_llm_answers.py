@@ -57,8 +57,8 @@ def test_the_tutorial_runs_as_written_and_writes_what_it_says(
         assert len(row["hallucination_prob"]) == len(row["hallucination_logit"]) == len(row["grounding"]) > 0
         assert all(0.0 <= p <= 1.0 for p in row["hallucination_prob"])
         assert set(row["grounding"]) <= {"exact", "near_miss", "ungrounded"}
-    trusted = [json.loads(x) for x in (tmp_path / "outputs/trust/trusted_answers.jsonl").open()]
+    trusted = [json.loads(x) for x in (tmp_path / "outputs/trust/test/trusted_answers.jsonl").open()]
     assert len(trusted) == len(splits["test"])
     for row in trusted:
         assert len(row["kept"]) <= 1 and isinstance(row["abstained"], bool) and "dropped" in row  # rule top
-    assert (tmp_path / "outputs/trust/report.md").is_file()
+    assert (tmp_path / "outputs/trust/test/report.md").is_file()
