@@ -29,6 +29,7 @@ INSTALL_REQUIRES = [
     "tqdm",
     "filelock>=3.12",  # the response cache shared by several processes
     "rapidfuzz>=3.0",  # edit distance of relation sequences (DoublyCal's RL reward)
+    "litserve>=0.2.19",  # `kglightning serve`: the detector over HTTP (FastAPI, dynamic batching, API key)
     # PCST for G-Retriever subgraphs (PyG's retrieval_via_pcst imports `pcst_fast`): the numpy-2 build of the
     # fraenkel-lab package; pcst-fast 1.0.10's wheel returns wrong vertex ids under numpy 2
     "pcst-fast2>=1.1",  # the prize-collecting Steiner tree of G-Retriever's PCST retrieval

@@ -30,6 +30,7 @@ FLOORS = {
     "callbacks": 5,
     "pipelines": 6,
     "evaluate": 7,
+    "serve": 7,  # the detector behind HTTP (LitServe)
     "cli": 8,
     "__main__": 9,
     "__init__": 0,  # the package root holds only the version

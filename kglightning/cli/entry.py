@@ -78,6 +78,10 @@ def _dispatch(argv: list[str], from_command_line: bool) -> int:
         from kglightning.data.store.cache_admin import main as cache_main
 
         return cache_main(argv[1:], prog=f"{PROG} cache")
+    if command == "serve":
+        from kglightning.cli.serve import main as serve_main
+
+        return serve_main(argv[1:])
     if command == "select":
         from kglightning.conformal.select_cli import main as select_main
 

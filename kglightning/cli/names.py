@@ -20,6 +20,8 @@ EXTRA_SUBCOMMANDS = {
     "compare-proxies": "score DoublyCal evidence proxies (e.g. SFT vs GRPO adapters) on the same held-out questions",
     "cache": "list the cache's entries, their sizes (du), or clean what killed runs left and what is old or over a "
     "size",
+    "serve": "serve a trained KG-Guard detector over HTTP: answers in, each answer's hallucination probability and "
+    "flag out (LitServe, dynamic batching, API key)",
     "seeds": "fit and test a config once per seed (--folds K: per fold and seed) and report each test metric's mean "
     "and standard deviation",
 }

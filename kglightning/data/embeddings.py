@@ -30,7 +30,14 @@ from kglightning.data.store.cache_pins import pin, unpin
 from kglightning.data.store.embedding_files import read_shard, remove_stale_writes, write_shard
 from kglightning.data.store.row_table import RowTable
 
-__all__ = ["EmbeddingCache", "TransientEmbeddings", "UsesEmbeddings", "default_cache_root"]
+__all__ = [
+    "EmbeddingCache",
+    "RequestEmbeddings",
+    "TextView",
+    "TransientEmbeddings",
+    "UsesEmbeddings",
+    "default_cache_root",
+]
 
 log = logging.getLogger(__name__)
 
@@ -428,6 +435,71 @@ class TransientEmbeddings:
             cached = [i for i, row in enumerate(rows) if row is None]
             out[cached] = self.cache.rows(self.cache.ids(texts[i] for i in cached))
         return out
+
+
+class TextView:
+    """One request's texts as rows of a :class:`RequestEmbeddings` table: ``_index`` maps each of them to its row,
+    :meth:`rows` reads rows of the whole table (what a batch of several requests' graphs is collated with)."""
+
+    def __init__(self, index: dict[str, int], table: RequestEmbeddings) -> None:
+        self._index = index
+        self.table = table
+
+    def rows(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        return self.table.rows(ids)
+
+
+class RequestEmbeddings:
+    """The embeddings of a batch of independent requests, each request's texts apart, so that what a request gets
+    does not depend on the requests it shares a batch with.
+
+    A text the cache holds comes from the cache (the rows ``predict`` read for it); a request's other texts are
+    encoded together, in sorted order, with the cache's encoder at its float16 precision, and kept in this object
+    only. A text two requests share is looked up or encoded for each. Nothing is written to the cache, so a server
+    that sees millions of requests neither grows it nor depends on what it saw before.
+
+    Args:
+        cache: the cache whose rows and encoder it uses.
+
+    Example:
+        >>> class Toy:
+        ...     dim, cache_key = 1, "toy"
+        ...     def encode(self, texts):
+        ...         return torch.tensor([[float(len(t) + len(texts))] for t in texts])  # depends on its batch
+        >>> table = RequestEmbeddings(EmbeddingCache(Toy(), root=None))
+        >>> a, b = table.view(["ab", "c"]), table.view(["ab"])
+        >>> table.rows([a._index["ab"], b._index["ab"]]).tolist()
+        [[4.0], [3.0]]
+    """
+
+    def __init__(self, cache: EmbeddingCache) -> None:
+        self.cache = cache
+        self._blocks: list[torch.Tensor] = []
+        self._size = 0
+        self._table: torch.Tensor | None = None
+
+    def view(self, texts: Iterable[str]) -> TextView:
+        """Rows for one request's ``texts``: the cache's where it holds them, the others encoded together."""
+        texts = sorted(set(texts))
+        held = [t for t in texts if t in self.cache]
+        new = [t for t in texts if t not in self.cache]
+        block = torch.empty(len(texts), self.cache.dim, dtype=torch.float32)
+        at = {t: i for i, t in enumerate(texts)}
+        if held:
+            block[[at[t] for t in held]] = self.cache.rows(self.cache.ids(held))
+        if new:
+            block[[at[t] for t in new]] = self.cache._encode(new).float()
+        index = {t: self._size + i for i, t in enumerate(texts)}
+        self._blocks.append(block)
+        self._size += len(texts)
+        self._table = None
+        return TextView(index, self)
+
+    def rows(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """Rows of every view's texts (``(n, dim)``, float32)."""
+        if self._table is None:
+            self._table = torch.cat(self._blocks) if self._blocks else torch.zeros(0, self.cache.dim)
+        return self._table[torch.as_tensor(ids, dtype=torch.long)]
 
 
 class UsesEmbeddings:

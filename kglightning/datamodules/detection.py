@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch_geometric.data import Batch, Data
 
 from kglightning.data.digest import records_digest
-from kglightning.data.embeddings import EmbeddingCache, SentenceEncoder
+from kglightning.data.embeddings import EmbeddingCache, RequestEmbeddings, SentenceEncoder, TextView
 from kglightning.data.proposer import AnswerNodeScorer, AnswerProposer, load_proposals, save_proposals
 from kglightning.data.records import VALIDATION_VERSION, KGQARecord, RecordError
 from kglightning.data.store.cache import folder_name
@@ -30,6 +30,7 @@ from kglightning.datamodules.graph_rows import (
     code_digest,
     graph_features,
     graphs_from_rows,
+    records_rows,
     row_stats,
     row_texts,
 )
@@ -249,18 +250,25 @@ class DetectionDataModule(KGQADataModule):
             self.embeddings.add(texts)
             self._embedded.add(split)
 
-    def _attach_answer_features(self, split: str, pairs: list[tuple[KGQARecord, Data]]) -> None:
+    def _attach_answer_features(
+        self,
+        pairs: list[tuple[KGQARecord, Data]],
+        paths: Sequence[list[tuple[int | None, list[str]]]],
+        emb: EmbeddingCache | TextView,
+        own: Sequence[str | None],
+    ) -> None:
+        """Set each graph's ``answer_features``: ``paths`` per pair (:meth:`answer_paths`' values), ``emb`` holds
+        every text they need, ``own`` per pair the training question left out of its own prior (its id)."""
         wanted = self.answer_features
-        paths = self.answer_paths(split) if ON_PATHS & set(wanted) else {}  # the path search, for these alone
-        emb, ids = self.embeddings, self.embeddings._index
+        ids = emb._index
         column = {name: i for i, name in enumerate(SIGNALS)}
-        by_record = [dict(zip(dict.fromkeys(r.prediction or []), paths.get(r.id, []))) for r, _ in pairs]
+        by_record = [dict(zip(dict.fromkeys(r.prediction or []), found)) for (r, _), found in zip(pairs, paths)]
         prior: list[list[float]] = []
         if "relation_prior" in wanted:
             questions = emb.rows([ids[r.question] for r, _ in pairs])
             answers = [[set(by_name.get(n, (None, []))[1]) for n in g.answer_names] for by_name, (_, g) in
                        zip(by_record, pairs)]  # fmt: skip
-            prior = self.relation_prior().score(questions, answers, [r.id for r, _ in pairs])
+            prior = self.relation_prior().score(questions, answers, own)
         for i, (record, g) in enumerate(pairs):
             by_name = by_record[i]
             question = emb.rows([ids[record.question]])[0] if "path_score" in wanted else None
@@ -373,7 +381,9 @@ class DetectionDataModule(KGQADataModule):
         for i, g in enumerate(graphs):  # names the graph across DDP processes (padded repeats are dropped by it)
             g.item_id = i
         if self.answer_features and pairs:
-            self._attach_answer_features(split, pairs)
+            found = self.answer_paths(split) if ON_PATHS & set(self.answer_features) else {}  # searched for these alone
+            paths = [found.get(r.id, []) for r, _ in pairs]
+            self._attach_answer_features(pairs, paths, self.embeddings, [r.id for r, _ in pairs])
         if split == "test" and self.baselines and pairs:
             self._attach_baseline_scores(pairs)
         if not graphs:
@@ -389,6 +399,25 @@ class DetectionDataModule(KGQADataModule):
                 "; ".join(stats.unmatched_examples),
             )
         return graphs
+
+    def request_graphs(self, records: Sequence[KGQARecord], table: RequestEmbeddings) -> list[Data | None]:
+        """The graphs of records sent to a service, one by one, built and given their answer features as a split's
+        are (the same rows, :func:`~kglightning.datamodules.graph_rows.records_rows`); ``None`` for a record with no
+        answer to classify. Each record's texts are rows of ``table`` of its own (:meth:`RequestEmbeddings.view`), so
+        a graph does not depend on the records beside it; :meth:`collate` them with ``table.rows``."""
+        searched = bool(ON_PATHS & set(self.answer_features))
+        out: list[Data | None] = []
+        for record in records:
+            rows = records_rows([record], [0], self.add_reverse_edges, self.ungrounded, self._near, self.relation_view)
+            paths = answer_paths(record, list(dict.fromkeys(record.prediction or [])), self.path_max_hops,
+                                 relation_view=self.relation_view) if searched else []  # fmt: skip
+            on_paths = [t for _, ts in paths for t in ts] if "path_score" in self.answer_features else []
+            view = table.view([*rows.column("texts")[0].as_py(), record.question, *on_paths])
+            built = [g for _, g in graphs_from_rows(rows, view._index, self.add_reverse_edges)]
+            if built and self.answer_features:
+                self._attach_answer_features([(record, built[0])], [paths], view, [None])
+            out.append(built[0] if built else None)
+        return out
 
     def _near(self, record: KGQARecord) -> Callable[[str], str | None] | None:
         """``answer -> node name`` by :attr:`near_miss` over ``record``'s nodes (``None`` without a grounder)."""

@@ -22,9 +22,9 @@ import functools
 import hashlib
 import importlib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +32,9 @@ import pyarrow.compute as pc
 import torch
 from torch_geometric.data import Data
 
+from kglightning.data.records import KGQARecord
 from kglightning.data.store.stage_map import stage_state
+from kglightning.data.text import RelationView
 from kglightning.data.triple_array import release_graphs
 from kglightning.datamodules.detection_graphs import DetectionStats, graph_parts
 from kglightning.datamodules.graph_forms import GraphParts
@@ -48,6 +50,7 @@ __all__ = [
     "code_digest",
     "graph_features",
     "graphs_from_rows",
+    "records_rows",
     "row_texts",
     "rows_table",
 ]
@@ -175,18 +178,31 @@ def rows_table(built: Sequence[tuple[int, DetectionStats, GraphParts | None, lis
         raise
 
 
-def build_graph_rows(batch: dict[str, list]) -> pa.Table:
-    """The map step: the rows of the questions ``batch["index"]`` of the records in :func:`stage_state`, a tuple
-    ``(records, add_reverse_edges, ungrounded, near, relation_view)`` (``near(record)``: the near-miss matcher of a
-    record's nodes, or ``None``)."""
-    records, add_reverse_edges, ungrounded, near, relation_view = stage_state()
+def records_rows(
+    records: Sequence[KGQARecord],
+    indices: Iterable[int],
+    add_reverse_edges: bool,
+    ungrounded: Literal["keep", "drop"],
+    near: Callable[[KGQARecord], Callable[[str], str | None] | None],
+    relation_view: RelationView,
+) -> pa.Table:
+    """The rows of ``records[i]`` for ``i`` in ``indices`` (``near(record)``: the near-miss matcher of a record's
+    nodes, or ``None``): what a split's map stores, and what a service builds for the records it is sent."""
     built = []
-    for i in batch["index"]:
+    for i in indices:
         record, stats, texts = records[i], DetectionStats(), _LocalTexts()
         g = graph_parts(record, texts, stats, add_reverse_edges, ungrounded, near(record), relation_view)
         built.append((i, stats, g, list(texts.index)))
-    release_graphs(records[i].graph for i in batch["index"])  # read for the last time: their pages leave
     return rows_table(built)
+
+
+def build_graph_rows(batch: dict[str, list]) -> pa.Table:
+    """The map step: the rows of the questions ``batch["index"]`` of the records in :func:`stage_state`, a tuple
+    ``(records, add_reverse_edges, ungrounded, near, relation_view)`` (:func:`records_rows`)."""
+    records, add_reverse_edges, ungrounded, near, relation_view = stage_state()
+    table = records_rows(records, batch["index"], add_reverse_edges, ungrounded, near, relation_view)
+    release_graphs(records[i].graph for i in batch["index"])  # read for the last time: their pages leave
+    return table
 
 
 def row_stats(ds: Any) -> DetectionStats:
@@ -205,6 +221,9 @@ def row_stats(ds: Any) -> DetectionStats:
 
 
 def _table(ds: Any) -> pa.Table:
+    """The rows of ``ds`` (a ``datasets.Dataset``, or a table of :func:`records_rows`) as one Arrow table."""
+    if isinstance(ds, pa.Table):
+        return ds
     return ds.with_format("arrow")[:] if len(ds) else ds.features.arrow_schema.empty_table()
 
 

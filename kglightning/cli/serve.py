@@ -1,0 +1,121 @@
+"""``kglightning serve``: the trained detector behind an HTTP endpoint (:mod:`kglightning.serve`).
+
+The server is built from the config the detector was trained with (its ``model`` and ``data`` sections, as
+``predict`` reads them, with the same ``--model.*`` / ``--data.*`` overrides) and the checkpoint's weights; the
+serve config (``configs/serve.yaml``) says where it listens and what it accepts. Options given on the command line
+override the serve config's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from kglightning.cli.names import PROG
+from kglightning.help_format import DefaultsHelpFormatter
+
+__all__ = ["build_scorer", "main"]
+
+log = logging.getLogger(__name__)
+
+DETECTOR_COMMAND = f"{PROG} fit --config configs/detector.yaml"
+
+
+def build_scorer(configs: list[str], overrides: list[str], checkpoint: str) -> Any:
+    """The :class:`~kglightning.serve.guard.GuardScorer` of a training config and a checkpoint (run in each server
+    worker; the model and the data module as ``predict --ckpt_path`` would build them)."""
+    import torch
+
+    from kglightning.cli import trainer
+    from kglightning.serve.guard import GuardScorer, file_digest
+
+    args = [x for c in configs for x in ("--config", c)]
+    quiet = ["--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false"]
+    cli = trainer.configured("serve", save_config_callback=None, args=[*args, *overrides, *quiet])
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # a Lightning checkpoint the user trained
+    cli.model.load_state_dict(state["state_dict"])
+    return GuardScorer(cli.model, cli.datamodule, file_digest(checkpoint))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter,
+        prog=f"{PROG} serve",
+        description="Serve a trained KG-Guard detector over HTTP (LitServe): POST /v1/guard takes a question, the "
+        "LLM's answers and the question's subgraph, and returns each answer's hallucination probability, its flag at "
+        "the checkpoint's tuned threshold and whether it names a graph node. Options not listed here (--model.*, "
+        "--data.*) go to the detector's config, as for predict. The API key, when the environment variable "
+        "--api_key_env names is set, is required in X-API-Key.",
+    )
+    p.add_argument("--config", help="a serve config (YAML) whose keys are the options below, e.g. configs/serve.yaml")
+    p.add_argument("--detector_config", action="append", default=None, dest="detector_config_cli",
+                   help="the config the detector was trained with; repeat it to add fragments (default: "
+                   "configs/detector.yaml)")  # fmt: skip
+    p.add_argument("--checkpoint", default="outputs/detector/graph_transformer/checkpoints/best.ckpt",
+                   help="the detector checkpoint served")  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", help="the address it listens on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="the port it listens on")
+    p.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "cuda", "mps"], help="the worker's device")
+    p.add_argument("--max_batch_size", type=int, default=16, help="requests scored in one forward pass")
+    p.add_argument("--batch_timeout", type=float, default=0.005, help="seconds a batch waits for more requests")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a request may wait before it gets a 504")
+    p.add_argument("--max_triples", type=int, default=5000, help="triples a request's graph may hold")
+    p.add_argument("--max_answers", type=int, default=100, help="answers a request may hold")
+    p.add_argument("--max_text_chars", type=int, default=2000, help="characters of a question, answer or node name")
+    p.add_argument("--max_body_bytes", type=int, default=8_000_000, help="bytes a request body may hold (413 over)")
+    p.add_argument("--api_key_env", default="KGLIGHTNING_API_KEY",
+                   help="the environment variable that holds the API key (unset: no key asked)")  # fmt: skip
+    return p
+
+
+def _config_defaults(p: argparse.ArgumentParser, path: str) -> None:
+    import yaml
+
+    try:
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        p.error(f"--config {path}: not YAML ({err})")
+    if not isinstance(values, dict):
+        p.error(f"--config {path}: expected a mapping of options, got {type(values).__name__}")
+    known = {a.dest for a in p._actions} - {"help", "config", "detector_config_cli"} | {"detector_config"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        p.error(f"--config {path}: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    if isinstance(values.get("detector_config"), str):
+        values["detector_config"] = [values["detector_config"]]
+    p.set_defaults(**values)
+
+
+def main(argv: list[str]) -> int:
+    p = _parser()
+    first, _ = p.parse_known_args(argv)
+    if first.config:
+        _config_defaults(p, first.config)
+    args, overrides = p.parse_known_args(argv)
+    stray = [
+        a for a in overrides if a.startswith("-") and not a.startswith(("--model.", "--data.", "--seed_everything"))
+    ]
+    if stray:
+        p.error(f"unrecognized arguments: {' '.join(stray)} (only --model.* and --data.* go to the detector's config)")
+    # given on the command line, the detector's configs replace the serve config's (they are not added to them)
+    configs = args.detector_config_cli or getattr(args, "detector_config", None) or ["configs/detector.yaml"]
+    for path in [*configs, args.checkpoint]:
+        if not Path(path).is_file():
+            hint = f"; train the detector first: `{DETECTOR_COMMAND}`" if path == args.checkpoint else ""
+            raise FileNotFoundError(f"{path}: no such file{hint}")
+    from kglightning.serve.api import guard_server
+    from kglightning.serve.schema import LIMITS
+
+    LIMITS.max_triples, LIMITS.max_answers = args.max_triples, args.max_answers
+    LIMITS.max_text_chars, LIMITS.max_body_bytes = args.max_text_chars, args.max_body_bytes
+    build = functools.partial(build_scorer, list(configs), list(overrides), args.checkpoint)
+    server = guard_server(build, accelerator=args.accelerator, max_batch_size=args.max_batch_size,
+                          batch_timeout=args.batch_timeout, timeout=args.timeout, max_body_bytes=args.max_body_bytes,
+                          api_key_env=args.api_key_env)  # fmt: skip
+    print(f"serving {args.checkpoint} on http://{args.host}:{args.port}/v1/guard (OpenAPI: /docs)", file=sys.stderr)
+    server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=1)
+    return 0

@@ -1,0 +1,112 @@
+"""The guard on LitServe: :class:`GuardAPI` (a ``litserve.LitAPI``) and :func:`guard_server`.
+
+Requests are validated by FastAPI against :class:`~kglightning.serve.schema.GuardRequest` in the API server process,
+before they are queued, so a malformed request gets its 4xx and never reaches (or fails) a batch. LitServe gathers
+the valid ones into batches of up to ``max_batch_size`` (waiting at most ``batch_timeout``); a worker builds their
+graphs and scores them with one forward pass (:class:`~kglightning.serve.guard.GuardScorer`). A request left in the
+queue past ``timeout`` gets a 504.
+
+The API key: when the environment variable named by ``api_key_env`` (``KGLIGHTNING_API_KEY``) is set when the server
+starts, every request but ``GET /health`` must carry it in ``X-API-Key`` (401 otherwise); it is compared in constant
+time and never logged.
+"""
+
+import hmac
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import litserve as ls
+from fastapi import Header, HTTPException, Request
+
+from kglightning.serve.guard import GuardScorer, verdicts
+from kglightning.serve.schema import GuardRequest, GuardResponse
+
+__all__ = ["GuardAPI", "guard_server"]
+
+log = logging.getLogger(__name__)
+
+
+class GuardAPI(ls.LitAPI):
+    """KG-Guard behind ``POST /v1/guard``.
+
+    Args:
+        build: makes the :class:`~kglightning.serve.guard.GuardScorer` in each worker (picklable: workers are
+            spawned processes), e.g. a ``functools.partial`` of a module-level function.
+        api_key: the key requests must carry in ``X-API-Key`` (``None``: no key asked).
+        max_batch_size: requests scored together.
+        batch_timeout: seconds a batch waits to fill.
+    """
+
+    def __init__(
+        self,
+        build: Callable[[], GuardScorer],
+        api_key: str | None = None,
+        max_batch_size: int = 16,
+        batch_timeout: float = 0.005,
+    ) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path="/v1/guard")
+        self.build = build
+        self._key = api_key.encode() if api_key else None
+        self.scorer: GuardScorer | None = None
+
+    def setup(self, device: str) -> None:
+        scorer = self.build()
+        scorer.model.to(device)
+        scorer.warm_up()
+        self.scorer = scorer
+
+    def authorize(
+        self,
+        request: Request,
+        x_api_key: str | None = Header(None, description="the server's API key, when it has one"),
+    ) -> None:
+        """The FastAPI dependency of every route but ``/health`` (what a liveness probe calls without a key)."""
+        if request.url.path == "/health":
+            return
+        if self._key is not None and not hmac.compare_digest((x_api_key or "").encode(), self._key):
+            raise HTTPException(status_code=401, detail="a valid X-API-Key header is required")
+
+    def decode_request(self, request: GuardRequest) -> GuardRequest:
+        return request
+
+    def batch(self, inputs: list[GuardRequest]) -> list[GuardRequest]:
+        return list(inputs)
+
+    def predict(self, x: Any) -> list[dict[str, Any]]:
+        requests = x if isinstance(x, list) else [x]
+        assert self.scorer is not None, "setup() has not run"
+        rows = self.scorer.score([r.record() for r in requests])
+        model = self.scorer.model
+        threshold, loose = float(model.threshold), float(model.ungrounded_threshold)
+        out = [
+            verdicts(r.id, r.answers, row, threshold, loose, self.scorer.checkpoint) for r, row in zip(requests, rows)
+        ]
+        return out if isinstance(x, list) else out[0]
+
+    def unbatch(self, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return output
+
+    def encode_response(self, output: dict[str, Any]) -> GuardResponse:
+        return GuardResponse(**output)
+
+
+def guard_server(
+    build: Callable[[], GuardScorer],
+    accelerator: str = "auto",
+    max_batch_size: int = 16,
+    batch_timeout: float = 0.005,
+    timeout: float = 30.0,
+    max_body_bytes: int = 8_000_000,
+    api_key_env: str = "KGLIGHTNING_API_KEY",
+) -> ls.LitServer:
+    """A ``litserve.LitServer`` serving :class:`GuardAPI` on one worker (``accelerator="auto"``: a GPU when there is
+    one); its key, when ``api_key_env`` is set, read from the environment once."""
+    key = os.environ.get(api_key_env) or None
+    log.info(
+        "serve: %s", f"an API key is required ({api_key_env} is set)" if key else f"no API key ({api_key_env} unset)"
+    )
+    api = GuardAPI(build, api_key=key, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+    return ls.LitServer(api, accelerator=accelerator, devices=1, workers_per_device=1, timeout=timeout,
+                        max_payload_size=max_body_bytes, track_requests=True)  # fmt: skip

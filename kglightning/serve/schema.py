@@ -1,0 +1,182 @@
+"""The service's request and response, typed (pydantic), so that FastAPI validates every request before it reaches
+the detector and documents both on the OpenAPI page (``/docs``).
+
+A request is one question: the LLM's answers (a repeat is a vote, as beams give), optionally a confidence and the
+paths the LLM cited per answer, and the question's subgraph as ``[head, relation, tail]`` triples. Everything a
+records file would be refused for is refused here, with the record checks of
+:meth:`~kglightning.data.records.KGQARecord.from_dict`, as a 422 whose ``loc`` names the field. The sizes a server
+accepts are its :data:`LIMITS` (set by ``kglightning serve`` from its config before it starts).
+
+Example:
+    >>> request = GuardRequest(question="Which country is Paris the capital of?", answers=["France", "Europe"],
+    ...                        graph=[["Paris", "capital of", "France"]], topic_entities=["Paris"])
+    >>> request.record().prediction
+    ['France', 'Europe']
+    >>> GuardRequest(question="Where?", answers=[3], graph=[["a", "r", "b"]])
+    Traceback (most recent call last):
+    ...
+    pydantic_core._pydantic_core.ValidationError: 1 validation error for GuardRequest
+    answers.0
+      Input should be a valid string [type=string_type, input_value=3, input_type=int]
+    ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from kglightning.data.records import KGQARecord, RecordError
+
+__all__ = ["LIMITS", "AnswerVerdict", "GuardRequest", "GuardResponse", "Limits", "NotScored"]
+
+Triple = Annotated[list[StrictStr], Field(min_length=3, max_length=3, description="[head, relation, tail]")]
+
+
+@dataclass
+class Limits:
+    """What one request may hold (a larger one gets a 422 naming the field; a body over ``max_body_bytes`` a 413).
+
+    Args:
+        max_triples: triples in ``graph``.
+        max_answers: entries in ``answers``.
+        max_text_chars: characters of the question, of an answer and of a triple's part.
+        max_body_bytes: bytes of the request body.
+    """
+
+    max_triples: int = 5000
+    max_answers: int = 100
+    max_text_chars: int = 2000
+    max_body_bytes: int = 8_000_000
+
+
+#: the limits this process validates against (``kglightning serve`` sets them before its API servers start)
+LIMITS = Limits()
+
+
+class GuardRequest(BaseModel):
+    """One question and the LLM's answers to it, to be checked against the question's subgraph."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: StrictStr | None = Field(None, description="the caller's id of the question, returned as given")
+    question: StrictStr = Field(min_length=1, description="the question asked")
+    answers: list[StrictStr] = Field(min_length=1, description="the LLM's answers; a repeat counts as a vote")
+    confidence: list[Annotated[StrictFloat | StrictInt, Field(ge=0, le=1)]] | None = Field(
+        None, description="one confidence in [0, 1] per entry of answers"
+    )
+    paths: list[list[list[Triple]]] | None = Field(
+        None, description="per entry of answers, the reasoning paths (lists of triples) the LLM cited for it"
+    )
+    graph: list[Triple] = Field(min_length=1, description="the question's subgraph as [head, relation, tail] triples")
+    topic_entities: list[StrictStr] = Field(default_factory=list, description="the question's topic entities")
+
+    @field_validator("question")
+    @classmethod
+    def _question(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the question is blank")
+        return _short(value, "the question")
+
+    @field_validator("answers")
+    @classmethod
+    def _answers(cls, value: list[str]) -> list[str]:
+        if len(value) > LIMITS.max_answers:
+            raise ValueError(f"{len(value)} answers, over this server's limit of {LIMITS.max_answers}")
+        for k, answer in enumerate(value):
+            _short(answer, f"answer {k}")
+        return value
+
+    @field_validator("graph")
+    @classmethod
+    def _graph(cls, value: list[list[str]]) -> list[list[str]]:
+        if len(value) > LIMITS.max_triples:
+            raise ValueError(f"{len(value)} triples, over this server's limit of {LIMITS.max_triples}")
+        for k, triple in enumerate(value):
+            for part in triple:
+                _short(part, f"triple {k}")
+        return value
+
+    @field_validator("confidence", "paths")
+    @classmethod
+    def _one_per_answer(cls, value: list | None, info: ValidationInfo) -> list | None:
+        answers = info.data.get("answers")
+        if value is not None and answers is not None and len(value) != len(answers):
+            raise ValueError(f"{len(value)} entries for {len(answers)} answers: give one per answer")
+        return value
+
+    @model_validator(mode="after")
+    def _as_record(self) -> GuardRequest:
+        try:
+            self.record()
+        except RecordError as err:  # what a records file would be refused for, said the same way
+            raise ValueError(str(err)) from None
+        return self
+
+    def record(self) -> KGQARecord:
+        """The request as a record without gold answers (the records' own checks applied)."""
+        data: dict[str, Any] = {
+            "id": self.id if self.id is not None else "request",
+            "question": self.question,
+            "answer": [],
+            "q_entity": list(self.topic_entities),
+            "a_entity": [],
+            "graph": self.graph,
+            "prediction": list(self.answers),
+        }
+        if self.confidence is not None:
+            data["confidence"] = [float(c) for c in self.confidence]
+        if self.paths is not None:
+            data["prediction_paths"] = self.paths
+        return KGQARecord.from_dict(data, source="<request>")
+
+
+def _short(text: str, what: str) -> str:
+    if len(text) > LIMITS.max_text_chars:
+        raise ValueError(f"{what} has {len(text)} characters, over this server's limit of {LIMITS.max_text_chars}")
+    return text
+
+
+class AnswerVerdict(BaseModel):
+    """The detector's verdict on one distinct answer."""
+
+    answer: str = Field(description="the answer (its first spelling in answers)")
+    hallucination_prob: float = Field(description="the detector's probability that the answer is hallucinated")
+    hallucination_logit: float = Field(description="the same score as a logit (no float32 ties near 1)")
+    flagged: bool = Field(description="hallucination_prob at or over the checkpoint's tuned threshold")
+    grounding: Literal["exact", "near_miss", "ungrounded"] = Field(description="how the answer met the graph")
+    in_graph: bool = Field(description="whether the answer names a node of the graph")
+    entries: list[int] = Field(description="the positions in answers behind this answer (its votes)")
+    kept: bool = Field(description="kept: not flagged (the selector's decision when the server has one)")
+
+
+class NotScored(BaseModel):
+    """An entry of ``answers`` that got no verdict, and why."""
+
+    entry: int
+    answer: str
+    reason: Literal["abstention", "ungrounded_dropped"]
+
+
+class GuardResponse(BaseModel):
+    """The verdicts on one question's answers."""
+
+    id: str | None
+    answers: list[AnswerVerdict]
+    not_scored: list[NotScored] = Field(description="entries without a verdict (never left out silently)")
+    abstained: bool = Field(description="no answer is kept")
+    threshold: float = Field(description="the tuned threshold of answers that name a node")
+    ungrounded_threshold: float = Field(description="the tuned threshold of answers that name none")
+    checkpoint: str = Field(description="sha256 of the detector checkpoint served")

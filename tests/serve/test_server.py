@@ -1,0 +1,172 @@
+"""``kglightning serve`` as a user runs it: a detector fitted on the fixture records, ``predict`` on the test split,
+then the real server in a subprocess on a free port, called over HTTP."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "test-key-7d1c"
+pytestmark = pytest.mark.e2e
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    return dict(os.environ, KGLIGHTNING_CACHE=str(tmp / "cache"), HF_HUB_OFFLINE="1", WANDB_MODE="offline",
+                PYTHONPATH=str(ROOT), **extra)  # fmt: skip
+
+
+def _detector_args(detection_dir: str, tiny_encoder_dir: str) -> list[str]:
+    return ["--data.init_args.data_dir", detection_dir, "--data.init_args.proposer", "null",
+            "--data.init_args.encoder", "kglightning.data.SentenceEncoder",
+            "--data.init_args.encoder.init_args.model", tiny_encoder_dir, "--data.init_args.batch_size", "8",
+            "--model.init_args.encoder.init_args.hidden_channels", "32",
+            "--model.init_args.encoder.init_args.heads", "4"]  # fmt: skip
+
+
+def _run(tmp: Path, *args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "kglightning", *args], cwd=tmp, env=_env(tmp), capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_encoder_dir):
+    """A fitted detector, its test-split predictions, and the server on the same checkpoint and cache (with an API
+    key, and limits small enough to test)."""
+    from conftest import make_detection_records
+
+    tmp = tmp_path_factory.mktemp("serve")
+    data = tmp / "data"
+    data.mkdir()
+    for split, (n, seed) in {"train": (48, 0), "validation": (16, 1), "test": (16, 2)}.items():
+        rows = [{**r, "id": f"{split}-{r['id']}"} for r in make_detection_records(n, seed)]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    detector = ["--config", str(ROOT / "configs/detector.yaml"), *_detector_args(str(data), tiny_encoder_dir)]
+    _run(tmp, "fit", *detector, "--trainer.max_epochs", "3", "--trainer.enable_progress_bar", "false",
+         "--test_after_fit", "false")  # fmt: skip
+    ckpt = tmp / "outputs/detector/graph_transformer/checkpoints/best.ckpt"
+    _run(tmp, "predict", *detector, "--ckpt_path", str(ckpt), "--trainer.enable_progress_bar", "false")
+    port = _free_port()
+    cmd = [sys.executable, "-m", "kglightning", "serve", "--config", str(ROOT / "configs/serve.yaml"),
+           "--detector_config", str(ROOT / "configs/detector.yaml"), "--checkpoint", str(ckpt), "--port", str(port),
+           "--accelerator", "cpu", "--max_triples", "60", "--max_body_bytes", "200000",
+           *_detector_args(str(data), tiny_encoder_dir)]  # fmt: skip
+    log = (tmp / "server.log").open("w")
+    server = subprocess.Popen(cmd, cwd=tmp, env=_env(tmp, KGLIGHTNING_API_KEY=KEY), stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, (tmp / "server.log").read_text()[-6000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (tmp / "server.log").read_text()[-6000:]
+            time.sleep(0.5)
+        test = [json.loads(line) for line in (data / "test.jsonl").open()]
+        written = tmp / "outputs/detector/graph_transformer/hallucination_predictions_test.jsonl"
+        predicted = {r["id"]: r for r in map(json.loads, written.open())}
+        yield url, test, predicted, tmp / "server.log"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def _post(url: str, body: object, key: str | None = KEY, **kwargs) -> httpx.Response:
+    headers = {"X-API-Key": key} if key is not None else {}
+    return httpx.post(f"{url}/v1/guard", json=body, headers=headers, timeout=60, **kwargs)
+
+
+def _ok(url: str, body: dict) -> dict:
+    r = _post(url, body)
+    assert r.status_code == 200, (r.status_code, r.text[:2000])
+    return r.json()
+
+
+def test_probabilities_are_predicts_whatever_the_batch_companions(served):
+    url, test, predicted, _ = served
+    alone = {r["id"]: _ok(url, _request(r)) for r in test}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:  # batched with whichever requests arrive together
+        together = dict(zip([r["id"] for r in test], pool.map(lambda r: _ok(url, _request(r)), test)))
+    for record in test:
+        row = predicted[record["id"]]
+        for got in (alone[record["id"]], together[record["id"]]):
+            assert got["id"] == record["id"] and got["checkpoint"].startswith("sha256:")
+            assert [v["answer"] for v in got["answers"]] == row["prediction"]
+            for v, p, flag_name in zip(got["answers"], row["hallucination_prob"], row["prediction"]):
+                # both rounded to 6 decimals, as predict writes them: at most one unit of the last place apart
+                assert abs(v["hallucination_prob"] - p) <= 1e-6 + 1e-12
+                assert v["flagged"] == (flag_name in row["flagged"]) and v["kept"] == (not v["flagged"])
+            covered = {k for v in got["answers"] for k in v["entries"]}
+            assert covered | {n["entry"] for n in got["not_scored"]} == set(range(len(record["prediction"])))
+
+
+def test_bad_input_gets_a_4xx_that_names_the_field(served):
+    url, test, _, log = served
+    good = _request(test[0])
+    cases = {
+        "question": {k: v for k, v in good.items() if k != "question"},
+        "answers": {**good, "answers": []},
+        "answers.1": {**good, "answers": ["a", 7]},
+        "graph": {**good, "graph": [["a", "r", "b"]] * 61},  # over --max_triples 60
+        "graph.0": {**good, "graph": [["a", "r"]] + good["graph"]},
+        "confidence": {**good, "confidence": [0.5]},
+        "topic_entities": {**good, "topic_entities": "Paris"},
+        "colour": {**good, "colour": "red"},
+    }
+    for field, body in cases.items():
+        r = _post(url, body)
+        assert r.status_code == 422, (field, r.status_code, r.text)
+        locs = [".".join(map(str, e["loc"][1:])) for e in r.json()["detail"]]
+        assert any(loc == field or loc.startswith(field + ".") for loc in locs), (field, locs)
+    assert _post(url, {**good, "question": "   "}).json()["detail"][0]["msg"].endswith("the question is blank")
+    big = {**good, "question": "x" * 300_000}
+    assert _post(url, big).status_code == 413
+    assert httpx.post(f"{url}/v1/guard", content=b"{not json", headers={"X-API-Key": KEY}).status_code == 422
+    # the server kept serving: a good request right after
+    assert _post(url, good).status_code == 200
+    assert KEY not in log.read_text()
+
+
+def test_the_api_key_is_required_when_set(served):
+    url, test, _, _ = served
+    assert _post(url, _request(test[0]), key=None).status_code in (401, 403)
+    assert _post(url, _request(test[0]), key="wrong").status_code == 401
+    assert _post(url, _request(test[0])).status_code == 200
+
+
+def test_an_abstention_is_listed_not_dropped(served):
+    url, test, _, _ = served
+    body = _request(test[0])
+    body["answers"] = ["I don't know"]
+    got = _post(url, body).json()
+    assert got["answers"] == [] and got["abstained"] is True
+    assert got["not_scored"] == [{"entry": 0, "answer": "I don't know", "reason": "abstention"}]
+
+
+def _request(record: dict) -> dict:
+    return {"id": record["id"], "question": record["question"], "answers": record["prediction"],
+            "graph": record["graph"], "topic_entities": record["q_entity"]}  # fmt: skip
