@@ -40,7 +40,7 @@ def _print_config(*args: str) -> str:
 
 
 def test_every_config_is_covered():
-    runnable = {p.name for p in (ROOT / "configs").glob("*.yaml")}
+    runnable = {p.name for p in (ROOT / "configs").glob("*.yaml")} - {"serve.yaml"}  # tests/serve reads that one
     assert runnable == set(CONFIGS), "add new configs to CONFIGS so --print_config is tested"
 
 
