@@ -219,7 +219,7 @@ INDEX = API / "index.md"
 INDEX_START, INDEX_END = "<!-- api-index: start (written by tools/docs_api_pages.py) -->", "<!-- api-index: end -->"
 #: the packages of the index by task, in the order a user meets them
 TASKS = ("datamodules", "data", "modules", "nn", "callbacks", "conformal", "metrics", "llm", "evidence", "retrieval",
-         "baselines", "pipelines", "cli", "testing")  # fmt: skip
+         "baselines", "pipelines", "serve", "cli", "testing")  # fmt: skip
 
 
 def _object_summary(obj: Any) -> str:

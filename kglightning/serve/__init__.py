@@ -6,3 +6,21 @@
   requests (what ``predict`` computes for the same records).
 - :mod:`~kglightning.serve.api`: :class:`~kglightning.serve.api.GuardAPI` and :func:`~kglightning.serve.api.guard_server`.
 """
+
+from kglightning.serve.api import GuardAPI, guard_server
+from kglightning.serve.guard import GuardScorer, file_digest, verdicts
+from kglightning.serve.schema import LIMITS, AnswerVerdict, GuardRequest, GuardResponse, Limits, NotScored
+
+__all__ = [
+    "LIMITS",
+    "AnswerVerdict",
+    "GuardAPI",
+    "GuardRequest",
+    "GuardResponse",
+    "GuardScorer",
+    "Limits",
+    "NotScored",
+    "file_digest",
+    "guard_server",
+    "verdicts",
+]
