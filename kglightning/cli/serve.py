@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max_answers", type=int, default=100, help="answers a request may hold")
     p.add_argument("--max_text_chars", type=int, default=2000, help="characters of a question, answer or node name")
     p.add_argument("--max_body_bytes", type=int, default=8_000_000, help="bytes a request body may hold (413 over)")
+    p.add_argument("--selection_calibration", default=None,
+                   help="a labelled scored predictions jsonl of a calibration split (what predict writes for the "
+                   "validation split): each request's answers are then kept by the question rule calibrated on it "
+                   "(P(a question keeps a hallucinated answer) <= --selection_alpha); unset: kept = not flagged")  # fmt: skip
+    p.add_argument("--selection_alpha", type=float, default=0.1, help="the question rule's alpha")
+    p.add_argument("--selection_group_by", default="grounding", choices=["grounding", "none"],
+                   help="calibrate each grounding kind apart (exact, near_miss, ungrounded), or all together")  # fmt: skip
     p.add_argument("--api_key_env", default="KGLIGHTNING_API_KEY",
                    help="the environment variable that holds the API key (unset: no key asked)")  # fmt: skip
     return p
@@ -109,13 +116,20 @@ def main(argv: list[str]) -> int:
             raise FileNotFoundError(f"{path}: no such file{hint}")
     from kglightning.serve.api import guard_server
     from kglightning.serve.schema import LIMITS
+    from kglightning.serve.selection import ServedSelection
+
+    selection = None
+    if args.selection_calibration:
+        selection = ServedSelection(args.selection_calibration, args.selection_alpha, args.selection_group_by)
+        print(f"selection: the question rule at alpha {args.selection_alpha:g}, cuts {selection.describe()['cuts']}",
+              file=sys.stderr)  # fmt: skip
 
     LIMITS.max_triples, LIMITS.max_answers = args.max_triples, args.max_answers
     LIMITS.max_text_chars, LIMITS.max_body_bytes = args.max_text_chars, args.max_body_bytes
     build = functools.partial(build_scorer, list(configs), list(overrides), args.checkpoint)
     server = guard_server(build, accelerator=args.accelerator, max_batch_size=args.max_batch_size,
                           batch_timeout=args.batch_timeout, timeout=args.timeout, max_body_bytes=args.max_body_bytes,
-                          api_key_env=args.api_key_env)  # fmt: skip
+                          api_key_env=args.api_key_env, selection=selection)  # fmt: skip
     print(f"serving {args.checkpoint} on http://{args.host}:{args.port}/v1/guard (OpenAPI: /docs)", file=sys.stderr)
     server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=1)
     return 0

@@ -10,6 +10,7 @@
 from kglightning.serve.api import GuardAPI, guard_server
 from kglightning.serve.guard import GuardScorer, file_digest, verdicts
 from kglightning.serve.schema import LIMITS, AnswerVerdict, GuardRequest, GuardResponse, Limits, NotScored
+from kglightning.serve.selection import ServedSelection
 
 __all__ = [
     "LIMITS",
@@ -20,6 +21,7 @@ __all__ = [
     "GuardScorer",
     "Limits",
     "NotScored",
+    "ServedSelection",
     "file_digest",
     "guard_server",
     "verdicts",

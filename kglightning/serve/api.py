@@ -22,6 +22,7 @@ from fastapi import Header, HTTPException, Request
 
 from kglightning.serve.guard import GuardScorer, verdicts
 from kglightning.serve.schema import GuardRequest, GuardResponse
+from kglightning.serve.selection import ServedSelection
 
 __all__ = ["GuardAPI", "guard_server"]
 
@@ -37,6 +38,7 @@ class GuardAPI(ls.LitAPI):
         api_key: the key requests must carry in ``X-API-Key`` (``None``: no key asked).
         max_batch_size: requests scored together.
         batch_timeout: seconds a batch waits to fill.
+        selection: the ``question`` rule, calibrated, that decides ``kept`` (``None``: kept = not flagged).
     """
 
     def __init__(
@@ -45,9 +47,11 @@ class GuardAPI(ls.LitAPI):
         api_key: str | None = None,
         max_batch_size: int = 16,
         batch_timeout: float = 0.005,
+        selection: ServedSelection | None = None,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path="/v1/guard")
         self.build = build
+        self.selection = selection
         self._key = api_key.encode() if api_key else None
         self.scorer: GuardScorer | None = None
 
@@ -81,7 +85,8 @@ class GuardAPI(ls.LitAPI):
         model = self.scorer.model
         threshold, loose = float(model.threshold), float(model.ungrounded_threshold)
         out = [
-            verdicts(r.id, r.answers, row, threshold, loose, self.scorer.checkpoint) for r, row in zip(requests, rows)
+            verdicts(r.id, r.answers, row, threshold, loose, self.scorer.checkpoint, self.selection)
+            for r, row in zip(requests, rows)
         ]
         return out if isinstance(x, list) else out[0]
 
@@ -100,6 +105,7 @@ def guard_server(
     timeout: float = 30.0,
     max_body_bytes: int = 8_000_000,
     api_key_env: str = "KGLIGHTNING_API_KEY",
+    selection: ServedSelection | None = None,
 ) -> ls.LitServer:
     """A ``litserve.LitServer`` serving :class:`GuardAPI` on one worker (``accelerator="auto"``: a GPU when there is
     one); its key, when ``api_key_env`` is set, read from the environment once."""
@@ -107,6 +113,6 @@ def guard_server(
     log.info(
         "serve: %s", f"an API key is required ({api_key_env} is set)" if key else f"no API key ({api_key_env} unset)"
     )
-    api = GuardAPI(build, api_key=key, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+    api = GuardAPI(build, key, max_batch_size, batch_timeout, selection)
     return ls.LitServer(api, accelerator=accelerator, devices=1, workers_per_device=1, timeout=timeout,
                         max_payload_size=max_body_bytes, track_requests=True)  # fmt: skip

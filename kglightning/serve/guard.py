@@ -23,6 +23,7 @@ from kglightning.datamodules.detection import DetectionDataModule
 from kglightning.datamodules.graph_forms import collate_graphs
 from kglightning.metrics.functional.qa import is_abstention
 from kglightning.modules.detector import HallucinationDetector
+from kglightning.serve.selection import ServedSelection
 
 __all__ = ["GuardScorer", "file_digest", "verdicts"]
 
@@ -76,11 +77,11 @@ class GuardScorer:
 
 def verdicts(
     request_id: str | None, answers: Sequence[str], row: dict[str, Any] | None, threshold: float,
-    ungrounded_threshold: float, checkpoint: str,
+    ungrounded_threshold: float, checkpoint: str, selection: ServedSelection | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """A response (:class:`~kglightning.serve.schema.GuardResponse` as a dict) from the ``predict`` row of a request
-    (``None``: nothing to classify). An answer is kept when it is not flagged; an entry of ``answers`` without a
-    verdict is listed in ``not_scored`` with its reason."""
+    (``None``: nothing to classify). An answer is kept when ``selection`` keeps it, or, without one, when it is not
+    flagged; an entry of ``answers`` without a verdict is listed in ``not_scored`` with its reason."""
     out, covered = [], set()
     if row is not None:
         flagged = set(row["flagged"])
@@ -91,7 +92,8 @@ def verdicts(
             covered.update(mine)
             out.append({"answer": name, "hallucination_prob": p, "hallucination_logit": logit,
                         "flagged": name in flagged, "grounding": kind, "in_graph": kind != "ungrounded",
-                        "entries": list(mine), "kept": name not in flagged})  # fmt: skip
+                        "entries": list(mine),
+                        "kept": selection.keeps(logit, kind) if selection is not None else name not in flagged})  # fmt: skip
     missing = [
         {"entry": k, "answer": a, "reason": "abstention" if is_abstention(a) else "ungrounded_dropped"}
         for k, a in enumerate(answers)
@@ -105,4 +107,5 @@ def verdicts(
         "threshold": float(row["threshold"]) if row is not None else threshold,
         "ungrounded_threshold": float(row["ungrounded_threshold"]) if row is not None else ungrounded_threshold,
         "checkpoint": checkpoint,
+        "selection": selection.describe() if selection is not None else None,
     }

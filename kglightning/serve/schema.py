@@ -159,7 +159,9 @@ class AnswerVerdict(BaseModel):
     grounding: Literal["exact", "near_miss", "ungrounded"] = Field(description="how the answer met the graph")
     in_graph: bool = Field(description="whether the answer names a node of the graph")
     entries: list[int] = Field(description="the positions in answers behind this answer (its votes)")
-    kept: bool = Field(description="kept: not flagged (the selector's decision when the server has one)")
+    kept: bool = Field(
+        description="kept by the server's selection (the question rule, when it has one), else: not flagged"
+    )
 
 
 class NotScored(BaseModel):
@@ -180,3 +182,6 @@ class GuardResponse(BaseModel):
     threshold: float = Field(description="the tuned threshold of answers that name a node")
     ungrounded_threshold: float = Field(description="the tuned threshold of answers that name none")
     checkpoint: str = Field(description="sha256 of the detector checkpoint served")
+    selection: dict[str, Any] | None = Field(
+        description="the selection applied (rule, alpha, each group's cut, the calibration's sha256), or null"
+    )

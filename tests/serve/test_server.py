@@ -63,10 +63,14 @@ def served(tmp_path_factory, tiny_encoder_dir):
          "--test_after_fit", "false")  # fmt: skip
     ckpt = tmp / "outputs/detector/graph_transformer/checkpoints/best.ckpt"
     _run(tmp, "predict", *detector, "--ckpt_path", str(ckpt), "--trainer.enable_progress_bar", "false")
+    _run(tmp, "predict", *detector, "--ckpt_path", str(ckpt), "--trainer.enable_progress_bar", "false",
+         "--data.init_args.predict_split", "validation")  # fmt: skip
+    calibration = tmp / "outputs/detector/graph_transformer/hallucination_predictions_validation.jsonl"
     port = _free_port()
     cmd = [sys.executable, "-m", "kglightning", "serve", "--config", str(ROOT / "configs/serve.yaml"),
            "--detector_config", str(ROOT / "configs/detector.yaml"), "--checkpoint", str(ckpt), "--port", str(port),
            "--accelerator", "cpu", "--max_triples", "60", "--max_body_bytes", "200000",
+           "--selection_calibration", str(calibration), "--selection_alpha", "0.3",
            *_detector_args(str(data), tiny_encoder_dir)]  # fmt: skip
     log = (tmp / "server.log").open("w")
     server = subprocess.Popen(cmd, cwd=tmp, env=_env(tmp, KGLIGHTNING_API_KEY=KEY), stdout=log, stderr=log)
@@ -85,7 +89,7 @@ def served(tmp_path_factory, tiny_encoder_dir):
         test = [json.loads(line) for line in (data / "test.jsonl").open()]
         written = tmp / "outputs/detector/graph_transformer/hallucination_predictions_test.jsonl"
         predicted = {r["id"]: r for r in map(json.loads, written.open())}
-        yield url, test, predicted, tmp / "server.log"
+        yield url, test, predicted, tmp / "server.log", calibration
     finally:
         server.terminate()
         try:
@@ -107,7 +111,10 @@ def _ok(url: str, body: dict) -> dict:
 
 
 def test_probabilities_are_predicts_whatever_the_batch_companions(served):
-    url, test, predicted, _ = served
+    from kglightning.serve.selection import ServedSelection
+
+    url, test, predicted, _, calibration = served
+    selection = ServedSelection(calibration, alpha=0.3, group_by="grounding")
     alone = {r["id"]: _ok(url, _request(r)) for r in test}
     with concurrent.futures.ThreadPoolExecutor(8) as pool:  # batched with whichever requests arrive together
         together = dict(zip([r["id"] for r in test], pool.map(lambda r: _ok(url, _request(r)), test)))
@@ -119,13 +126,16 @@ def test_probabilities_are_predicts_whatever_the_batch_companions(served):
             for v, p, flag_name in zip(got["answers"], row["hallucination_prob"], row["prediction"]):
                 # both rounded to 6 decimals, as predict writes them: at most one unit of the last place apart
                 assert abs(v["hallucination_prob"] - p) <= 1e-6 + 1e-12
-                assert v["flagged"] == (flag_name in row["flagged"]) and v["kept"] == (not v["flagged"])
+                assert v["flagged"] == (flag_name in row["flagged"])
+                assert v["kept"] == selection.keeps(v["hallucination_logit"], v["grounding"])
+            assert got["selection"] == json.loads(json.dumps(selection.describe()))
+            assert got["abstained"] == (not any(v["kept"] for v in got["answers"]))
             covered = {k for v in got["answers"] for k in v["entries"]}
             assert covered | {n["entry"] for n in got["not_scored"]} == set(range(len(record["prediction"])))
 
 
 def test_bad_input_gets_a_4xx_that_names_the_field(served):
-    url, test, _, log = served
+    url, test, _, log, _ = served
     good = _request(test[0])
     cases = {
         "question": {k: v for k, v in good.items() if k != "question"},
@@ -152,14 +162,14 @@ def test_bad_input_gets_a_4xx_that_names_the_field(served):
 
 
 def test_the_api_key_is_required_when_set(served):
-    url, test, _, _ = served
+    url, test, _, _, _ = served
     assert _post(url, _request(test[0]), key=None).status_code in (401, 403)
     assert _post(url, _request(test[0]), key="wrong").status_code == 401
     assert _post(url, _request(test[0])).status_code == 200
 
 
 def test_an_abstention_is_listed_not_dropped(served):
-    url, test, _, _ = served
+    url, test, _, _, _ = served
     body = _request(test[0])
     body["answers"] = ["I don't know"]
     got = _post(url, body).json()
