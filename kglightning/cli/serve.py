@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -131,5 +132,12 @@ def main(argv: list[str]) -> int:
                           batch_timeout=args.batch_timeout, timeout=args.timeout, max_body_bytes=args.max_body_bytes,
                           api_key_env=args.api_key_env, selection=selection)  # fmt: skip
     print(f"serving {args.checkpoint} on http://{args.host}:{args.port}/v1/guard (OpenAPI: /docs)", file=sys.stderr)
+    # SIGTERM (docker stop, kill, a test's terminate) shuts down as Ctrl-C does: LitServe's graceful shutdown lets the
+    # requests in flight finish and stops its workers; Python's default would leave the workers running
+    signal.signal(signal.SIGTERM, _interrupt)
     server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=1)
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")

@@ -91,12 +91,19 @@ def served(tmp_path_factory, tiny_encoder_dir):
         predicted = {r["id"]: r for r in map(json.loads, written.open())}
         yield url, test, predicted, tmp / "server.log", calibration
     finally:
-        server.terminate()
+        import psutil  # peft's and torch-geometric's dependency
+
+        workers = psutil.Process(server.pid).children(recursive=True) if server.poll() is None else []
+        server.terminate()  # SIGTERM: the server shuts down as on Ctrl-C, its workers with it
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        for p in alive:
+            p.kill()
         log.close()
+        assert server.returncode is not None and not alive, f"left running after SIGTERM: {alive}"
 
 
 def _post(url: str, body: object, key: str | None = KEY, **kwargs) -> httpx.Response:

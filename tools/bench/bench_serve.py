@@ -1,0 +1,227 @@
+"""Load and soak figures of ``kglightning serve`` (issue 60): the real server in a subprocess, called over HTTP.
+
+The questions are the embedded benchmark's test split with the main job's proposed answers (its graphs: a median of
+about 200 triples), read through the detector's own data module. For each batching setting (``--max_batch_size 1``
+and 16) the server is started, warmed up, and sent every question at concurrency 1, 8 and 32 (each client thread
+with its own connection): requests per second, p50 and p99 latency. Beside it, in the same run, the same questions
+scored in-process (:class:`~kglightning.serve.guard.GuardScorer`, batches of 16: the server's work without HTTP),
+and the p50 latency of a small question (its first 20 triples, 5 answers) at concurrency 1.
+
+``--soak-minutes M`` then runs the batching server at concurrency 32 for M minutes, one request in 100 malformed
+(a rotating set of bad bodies), and records every status code, whether each malformed request got a 4xx, and the
+resident memory of the server's processes each minute.
+
+    python tools/bench/bench_serve.py --output docs/results/serve_load.json
+    python tools/bench/bench_serve.py --soak-minutes 10 --output docs/results/serve_soak.json
+
+Needs the main job's checkpoint (``fit --config configs/detector.yaml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT))
+
+from record_run import _commit, machine  # noqa: E402
+from side_by_side import write_result  # noqa: E402
+
+CHECKPOINT = "outputs/detector/graph_transformer/checkpoints/best.ckpt"
+BAD_BODIES = [
+    {"question": "q", "answers": [], "graph": [["a", "r", "b"]]},
+    {"question": "q", "answers": [7], "graph": [["a", "r", "b"]]},
+    {"answers": ["a"], "graph": [["a", "r", "b"]]},
+    {"question": "q", "answers": ["a"], "graph": [["a", "r"]]},
+    {"question": "q", "answers": ["a"], "graph": "a r b"},
+    {"question": "q", "answers": ["a"], "graph": [["a", "r", "b"]], "confidence": [2.0]},
+]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bodies(checkpoint: str) -> tuple[list[dict], object]:
+    """The test questions as request bodies, and the in-process scorer (the served weights)."""
+    from kglightning.cli.serve import build_scorer
+
+    scorer = build_scorer([str(ROOT / "configs/detector.yaml")], [], checkpoint)
+    records = [r for r in scorer.data.records("test") if r.prediction]
+    bodies = [{"id": r.id, "question": r.question, "answers": list(r.prediction), "graph": [list(t) for t in r.graph],
+               "topic_entities": list(r.q_entity)} for r in records]  # fmt: skip
+    return bodies, scorer
+
+
+def _in_process(scorer: object, bodies: list[dict], batch: int = 16) -> dict[str, float]:
+    from kglightning.serve.schema import GuardRequest
+
+    records = [GuardRequest(**b).record() for b in bodies]
+    scorer.score(records[:batch])  # warm
+    start = time.perf_counter()
+    for lo in range(0, len(records), batch):
+        scorer.score(records[lo : lo + batch])
+    seconds = time.perf_counter() - start
+    return {"questions": len(records), "seconds": round(seconds, 2), "per_second": round(len(records) / seconds, 1)}
+
+
+class Server:
+    def __init__(self, checkpoint: str, batch: int, log: Path) -> None:
+        self.port = _port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "kglightning", "serve", "--config", "configs/serve.yaml", "--checkpoint",
+               checkpoint, "--port", str(self.port), "--max_batch_size", str(batch), "--accelerator", "cpu"]  # fmt: skip
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=self.log)
+        start = time.monotonic()
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited: {log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        self.ready_seconds = round(time.monotonic() - start, 1)
+
+    def rss_mb(self) -> float:
+        import psutil
+
+        main = psutil.Process(self.proc.pid)
+        return round(sum(p.memory_info().rss for p in [main, *main.children(recursive=True)]) / 2**20, 1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def _load(url: str, bodies: list[dict], concurrency: int) -> dict[str, float]:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    local = threading.local()
+
+    def send(body: dict) -> int:
+        client = getattr(local, "client", None) or httpx.Client(timeout=120)
+        local.client = client
+        t = time.perf_counter()
+        status = client.post(f"{url}/v1/guard", json=body).status_code
+        with lock:
+            latencies.append(time.perf_counter() - t)
+        return status
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        statuses = list(pool.map(send, bodies))
+    seconds = time.perf_counter() - start
+    if any(s != 200 for s in statuses):
+        raise SystemExit(f"not every request got a 200: {sorted(set(statuses))}")
+    latencies.sort()
+    return {"concurrency": concurrency, "requests": len(bodies), "per_second": round(len(bodies) / seconds, 1),
+            "p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
+            "p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1)}  # fmt: skip
+
+
+def _small(bodies: list[dict], n: int = 60) -> list[dict]:
+    """Small questions: each body's first 20 triples and 5 answers (4 nodes of those triples and one name that is
+    in no graph)."""
+    out = []
+    for b in bodies[:n]:
+        graph = b["graph"][:20]
+        nodes = list(dict.fromkeys(x for t in graph for x in (t[0], t[2])))
+        out.append({**b, "graph": graph, "answers": nodes[:4] + ["Atlantis of the Nowhere"]})
+    return out
+
+
+def _soak(server: Server, bodies: list[dict], minutes: float, concurrency: int = 32) -> dict[str, object]:
+    statuses: dict[str, int] = {}
+    bad_answers: dict[str, int] = {}
+    rss: list[float] = [server.rss_mb()]
+    lock = threading.Lock()
+    stop = time.monotonic() + 60 * minutes
+    counter = iter(range(10**9))
+
+    def worker() -> None:
+        with httpx.Client(timeout=120) as client:
+            while time.monotonic() < stop:
+                i = next(counter)
+                bad = i % 100 == 99
+                body = BAD_BODIES[(i // 100) % len(BAD_BODIES)] if bad else bodies[i % len(bodies)]
+                code = client.post(f"{server.url}/v1/guard", json=body).status_code
+                with lock:
+                    statuses[str(code)] = statuses.get(str(code), 0) + 1
+                    if bad:
+                        bad_answers[str(code)] = bad_answers.get(str(code), 0) + 1
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        time.sleep(min(60.0, max(0.1, stop - time.monotonic() + 0.1)))
+        rss.append(server.rss_mb())
+    for t in threads:
+        t.join()
+    first = rss[1] if len(rss) > 2 else rss[0]
+    return {"minutes": minutes, "concurrency": concurrency, "statuses": statuses, "malformed_statuses": bad_answers,
+            "server_errors": sum(n for c, n in statuses.items() if c.startswith("5")),
+            "rss_mb_per_minute": rss, "rss_growth": round(rss[-1] / first - 1, 4)}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", default=CHECKPOINT)
+    p.add_argument("--questions", type=int, default=320, help="test questions sent at each concurrency")
+    p.add_argument("--soak-minutes", type=float, default=0.0, help="then a soak of this many minutes (0: none)")
+    p.add_argument("--output", type=Path, default=None)
+    args = p.parse_args()
+    checkpoint = str((ROOT / args.checkpoint) if not Path(args.checkpoint).is_absolute() else args.checkpoint)
+    bodies, scorer = _bodies(checkpoint)
+    bodies = bodies[: args.questions]
+    result: dict[str, object] = {"date": date.today().isoformat(), "commit": _commit(), "machine": machine(),
+                                 "questions": len(bodies),
+                                 "median_triples": statistics.median(len(b["graph"]) for b in bodies),
+                                 "in_process": _in_process(scorer, bodies)}  # fmt: skip
+    del scorer
+    print(json.dumps(result["in_process"]), flush=True)
+    logs = Path(os.environ.get("TMPDIR", "/tmp"))
+    runs = []
+    for batch in (1, 16):
+        server = Server(checkpoint, batch, logs / f"bench_serve_{batch}.log")
+        try:
+            _load(server.url, bodies[:32], 8)  # warm-up
+            row = {"max_batch_size": batch, "ready_seconds": server.ready_seconds,
+                   "load": [_load(server.url, bodies, c) for c in (1, 8, 32)]}  # fmt: skip
+            if batch == 16:
+                row["small_question"] = _load(server.url, _small(bodies), 1)
+                if args.soak_minutes > 0:
+                    row["soak"] = _soak(server, bodies, args.soak_minutes)
+            runs.append(row)
+            print(json.dumps(row), flush=True)
+        finally:
+            server.stop()
+    result["servers"] = runs
+    write_result(args.output, result)
+
+
+if __name__ == "__main__":
+    main()
