@@ -34,6 +34,7 @@ __all__ = [
     "atomic_write",
     "check_outputs_apart",
     "clear_outputs",
+    "file_digest",
     "predicted_split",
     "split_folder",
     "write_text_atomic",
@@ -211,3 +212,14 @@ class SplitOutputs:
     def run_dir(self) -> Path:
         """This run's folder: ``output_dir`` for the predicted split (:func:`split_folder`)."""
         return split_folder(self.output_dir, predicted_split(getattr(self, "_trainer", None)))
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """``sha256:<hex>`` of a file's bytes (what a served response names its checkpoint and calibration by)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return f"sha256:{h.hexdigest()}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -32,7 +33,8 @@ def build_scorer(configs: list[str], overrides: list[str], checkpoint: str) -> A
     import torch
 
     from kglightning.cli import trainer
-    from kglightning.serve.guard import GuardScorer, file_digest
+    from kglightning.fileio import file_digest
+    from kglightning.serve.guard import GuardScorer
 
     args = [x for c in configs for x in ("--config", c)]
     quiet = ["--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false"]
@@ -64,8 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max_batch_size", type=int, default=16, help="requests scored in one forward pass")
     p.add_argument("--batch_timeout", type=float, default=0.005, help="seconds a batch waits for more requests")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a request may wait before it gets a 504")
-    p.add_argument("--max_triples", type=int, default=5000, help="triples a request's graph may hold")
-    p.add_argument("--max_answers", type=int, default=100, help="answers a request may hold")
+    p.add_argument("--max_triples", type=int, default=2000,
+                   help="triples a request's graph may hold (a request's time grows with the texts the cache has not "
+                   "seen: keep one request well under --timeout)")  # fmt: skip
+    p.add_argument("--max_answers", type=int, default=100,
+                   help="answers a request may hold (also topic entities, and paths cited for one answer)")  # fmt: skip
     p.add_argument("--max_text_chars", type=int, default=2000, help="characters of a question, answer or node name")
     p.add_argument("--max_body_bytes", type=int, default=8_000_000, help="bytes a request body may hold (413 over)")
     p.add_argument("--selection_calibration", default=None,
@@ -73,8 +78,10 @@ def _parser() -> argparse.ArgumentParser:
                    "validation split): each request's answers are then kept by the question rule calibrated on it "
                    "(P(a question keeps a hallucinated answer) <= --selection_alpha); unset: kept = not flagged")  # fmt: skip
     p.add_argument("--selection_alpha", type=float, default=0.1, help="the question rule's alpha")
-    p.add_argument("--selection_group_by", default="grounding", choices=["grounding", "none"],
-                   help="calibrate each grounding kind apart (exact, near_miss, ungrounded), or all together")  # fmt: skip
+    p.add_argument("--selection_group_by", default="none", choices=["grounding", "none"],
+                   help="none: one cut, and the promise holds per question; grounding: a cut per grounding kind "
+                   "(exact, near_miss, ungrounded), and the promise holds per kind (a question with answers of k "
+                   "kinds may keep a hallucinated one with probability up to k * alpha)")  # fmt: skip
     p.add_argument("--api_key_env", default="KGLIGHTNING_API_KEY",
                    help="the environment variable that holds the API key (unset: no key asked)")  # fmt: skip
     return p
@@ -98,6 +105,24 @@ def _config_defaults(p: argparse.ArgumentParser, path: str) -> None:
     p.set_defaults(**values)
 
 
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What argparse checks of options given on the command line, also for those a serve config gave."""
+    for action in p._actions:
+        value = getattr(args, action.dest, None)
+        if action.choices is not None and value is not None and value not in action.choices:
+            p.error(f"--{action.dest}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+        if action.type in (int, float) and value is not None and not isinstance(value, (int, float)):
+            p.error(f"--{action.dest}: expected a number, got {value!r}")
+    positive = ("port", "max_batch_size", "timeout", "max_triples", "max_answers", "max_text_chars", "max_body_bytes")
+    for name in positive:
+        if getattr(args, name) <= 0:
+            p.error(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.batch_timeout < 0:
+        p.error(f"--batch_timeout must be >= 0, got {args.batch_timeout}")
+    if not 0 < args.selection_alpha < 1:
+        p.error(f"--selection_alpha must lie in (0, 1), got {args.selection_alpha}")
+
+
 def main(argv: list[str]) -> int:
     p = _parser()
     first, _ = p.parse_known_args(argv)
@@ -109,6 +134,7 @@ def main(argv: list[str]) -> int:
     ]
     if stray:
         p.error(f"unrecognized arguments: {' '.join(stray)} (only --model.* and --data.* go to the detector's config)")
+    _check(p, args)
     # given on the command line, the detector's configs replace the serve config's (they are not added to them)
     configs = args.detector_config_cli or getattr(args, "detector_config", None) or ["configs/detector.yaml"]
     for path in [*configs, args.checkpoint]:
@@ -132,6 +158,9 @@ def main(argv: list[str]) -> int:
                           batch_timeout=args.batch_timeout, timeout=args.timeout, max_body_bytes=args.max_body_bytes,
                           api_key_env=args.api_key_env, selection=selection)  # fmt: skip
     print(f"serving {args.checkpoint} on http://{args.host}:{args.port}/v1/guard (OpenAPI: /docs)", file=sys.stderr)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get(args.api_key_env):
+        print(f"warning: listening on {args.host} with no API key: anyone who reaches this port can call it (set "
+              f"{args.api_key_env} before starting to require X-API-Key)", file=sys.stderr)  # fmt: skip
     # SIGTERM (docker stop, kill, a test's terminate) shuts down as Ctrl-C does: LitServe's graceful shutdown lets the
     # requests in flight finish and stops its workers; Python's default would leave the workers running
     signal.signal(signal.SIGTERM, _interrupt)

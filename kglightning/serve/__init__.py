@@ -8,7 +8,7 @@
 """
 
 from kglightning.serve.api import GuardAPI, guard_server
-from kglightning.serve.guard import GuardScorer, file_digest, verdicts
+from kglightning.serve.guard import GuardScorer, verdicts
 from kglightning.serve.schema import LIMITS, AnswerVerdict, GuardRequest, GuardResponse, Limits, NotScored
 from kglightning.serve.selection import ServedSelection
 
@@ -22,7 +22,6 @@ __all__ = [
     "Limits",
     "NotScored",
     "ServedSelection",
-    "file_digest",
     "guard_server",
     "verdicts",
 ]

@@ -19,6 +19,8 @@ from typing import Any
 
 import litserve as ls
 from fastapi import Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from kglightning.serve.guard import GuardScorer, verdicts
 from kglightning.serve.schema import GuardRequest, GuardResponse
@@ -114,5 +116,15 @@ def guard_server(
         "serve: %s", f"an API key is required ({api_key_env} is set)" if key else f"no API key ({api_key_env} unset)"
     )
     api = GuardAPI(build, key, max_batch_size, batch_timeout, selection)
-    return ls.LitServer(api, accelerator=accelerator, devices=1, workers_per_device=1, timeout=timeout,
-                        max_payload_size=max_body_bytes, track_requests=True)  # fmt: skip
+    server = ls.LitServer(api, accelerator=accelerator, devices=1, workers_per_device=1, timeout=timeout,
+                          max_payload_size=max_body_bytes, track_requests=True)  # fmt: skip
+    server.app.add_exception_handler(RequestValidationError, _invalid)
+    return server
+
+
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    """A 422 naming each field and what is wrong with it, without echoing the input back (FastAPI's own response
+    echoes it, and an input such as NaN or a lone surrogate cannot be written as JSON: that was a 500)."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    detail = [{"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": str(e.get("msg"))} for e in errors]
+    return JSONResponse(status_code=422, content={"detail": detail})

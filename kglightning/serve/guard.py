@@ -10,9 +10,7 @@ does not depend on the requests batched with it.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,16 +23,7 @@ from kglightning.metrics.functional.qa import is_abstention
 from kglightning.modules.detector import HallucinationDetector
 from kglightning.serve.selection import ServedSelection
 
-__all__ = ["GuardScorer", "file_digest", "verdicts"]
-
-
-def file_digest(path: str | Path) -> str:
-    """``sha256:<hex>`` of a file's bytes (what a response names its checkpoint by)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return f"sha256:{h.hexdigest()}"
+__all__ = ["GuardScorer", "verdicts"]
 
 
 class GuardScorer:
@@ -43,7 +32,8 @@ class GuardScorer:
     Args:
         model: the detector, its trained weights loaded.
         data: the data module it was trained with (its encoder, cache, graph settings and answer features).
-        checkpoint: what the responses name the weights by (:func:`file_digest` of the checkpoint).
+        checkpoint: what the responses name the weights by (:func:`~kglightning.fileio.file_digest` of the
+            checkpoint).
     """
 
     def __init__(self, model: HallucinationDetector, data: DetectionDataModule, checkpoint: str = "") -> None:
@@ -51,6 +41,8 @@ class GuardScorer:
             raise TypeError(f"the detector's data module must be a DetectionDataModule, got {type(data).__name__}")
         self.model = model.eval().requires_grad_(False)
         self.data = data
+        if hasattr(data.encoder, "show_progress"):  # no progress bar per request in the server's log
+            data.encoder.show_progress = False
         self.checkpoint = checkpoint
 
     def warm_up(self) -> None:

@@ -51,12 +51,12 @@ class Limits:
 
     Args:
         max_triples: triples in ``graph``.
-        max_answers: entries in ``answers``.
-        max_text_chars: characters of the question, of an answer and of a triple's part.
+        max_answers: entries in ``answers``, in ``topic_entities`` and paths cited for one answer.
+        max_text_chars: characters of the id, the question, an answer, a topic entity and a triple's or path's part.
         max_body_bytes: bytes of the request body.
     """
 
-    max_triples: int = 5000
+    max_triples: int = 2000
     max_answers: int = 100
     max_text_chars: int = 2000
     max_body_bytes: int = 8_000_000
@@ -77,8 +77,10 @@ class GuardRequest(BaseModel):
     confidence: list[Annotated[StrictFloat | StrictInt, Field(ge=0, le=1)]] | None = Field(
         None, description="one confidence in [0, 1] per entry of answers"
     )
-    paths: list[list[list[Triple]]] | None = Field(
-        None, description="per entry of answers, the reasoning paths (lists of triples) the LLM cited for it"
+    paths: list[list[list[StrictStr]]] | None = Field(
+        None,
+        description="per entry of answers, the reasoning paths the LLM cited for it, each written as in records: "
+        "[entity, relation, entity, relation, ..., entity]",
     )
     graph: list[Triple] = Field(min_length=1, description="the question's subgraph as [head, relation, tail] triples")
     topic_entities: list[StrictStr] = Field(default_factory=list, description="the question's topic entities")
@@ -89,6 +91,33 @@ class GuardRequest(BaseModel):
         if not value.strip():
             raise ValueError("the question is blank")
         return _short(value, "the question")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str | None) -> str | None:
+        return None if value is None else _short(value, "the id")
+
+    @field_validator("topic_entities")
+    @classmethod
+    def _topics(cls, value: list[str]) -> list[str]:
+        if len(value) > LIMITS.max_answers:
+            raise ValueError(f"{len(value)} topic entities, over this server's limit of {LIMITS.max_answers}")
+        for k, name in enumerate(value):
+            _short(name, f"topic entity {k}")
+        return value
+
+    @field_validator("paths")
+    @classmethod
+    def _paths(cls, value: list[list[list[str]]] | None) -> list[list[list[str]]] | None:
+        for k, paths in enumerate(value or []):
+            if len(paths) > LIMITS.max_answers:
+                raise ValueError(
+                    f"answer {k} cites {len(paths)} paths, over this server's limit of {LIMITS.max_answers}"
+                )
+            for path in paths:
+                for part in path:
+                    _short(part, f"a path of answer {k}")
+        return value
 
     @field_validator("answers")
     @classmethod
@@ -144,6 +173,11 @@ class GuardRequest(BaseModel):
 
 
 def _short(text: str, what: str) -> str:
+    """``text`` when it is valid Unicode and within :data:`LIMITS`' characters, else a ``ValueError`` saying so."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate ("\ud800" in the JSON)
+        raise ValueError(f"{what} is not valid Unicode ({err.reason} at {err.start})") from None
     if len(text) > LIMITS.max_text_chars:
         raise ValueError(f"{what} has {len(text)} characters, over this server's limit of {LIMITS.max_text_chars}")
     return text

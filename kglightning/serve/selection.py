@@ -4,8 +4,8 @@
 the server starts, on a labelled scored file of a calibration split (what ``predict`` writes for the validation
 split, e.g. ``hallucination_predictions_validation.jsonl``), per grounding kind when asked (Mondrian). Each request's
 answers are then kept when their score is under their group's cut. With the calibration and the served questions
-exchangeable, the probability that a served question keeps a hallucinated answer is at most ``alpha``, for every
-request: the cut does not depend on the other requests. ``top`` and ``fdr`` choose their cut with Benjamini-Hochberg
+exchangeable, the probability that a served question keeps a hallucinated answer is at most ``alpha`` (with groups:
+within each group), for every request: the cut does not depend on the other requests. ``top`` and ``fdr`` choose their cut with Benjamini-Hochberg
 over a batch of test questions, so they are not served per request.
 
 Example:
@@ -32,6 +32,7 @@ from typing import Any, Literal
 from kglightning.conformal.scored import ALL
 from kglightning.conformal.selection import AnswerSelector
 from kglightning.conformal.selection_io import labelled_part, read_scored
+from kglightning.fileio import file_digest
 
 __all__ = ["ServedSelection"]
 
@@ -42,7 +43,9 @@ class ServedSelection:
     Args:
         calibration: a labelled scored predictions jsonl (``hallucinated`` per answer, or gold answers).
         alpha: the tolerated probability that a question keeps a hallucinated answer.
-        group_by: ``"grounding"`` (a cut per grounding kind: ``exact``, ``near_miss``, ``ungrounded``) or ``"none"``.
+        group_by: ``"none"`` (one cut: the promise holds per question) or ``"grounding"`` (a cut per grounding kind:
+            ``exact``, ``near_miss``, ``ungrounded``; the promise holds within each kind, so a question with answers
+            of ``k`` kinds may keep a hallucinated one with probability up to ``k * alpha``).
         score: the per-answer score column (higher = more likely hallucinated); the detector's logits by default, as
             the responses give them.
         digest: what the responses name the calibration by (default: the file's sha256).
@@ -52,7 +55,7 @@ class ServedSelection:
         self,
         calibration: str | Path,
         alpha: float = 0.1,
-        group_by: Literal["grounding", "none"] = "grounding",
+        group_by: Literal["grounding", "none"] = "none",
         score: str = "hallucination_logit",
         digest: str | None = None,
     ) -> None:
@@ -69,11 +72,7 @@ class ServedSelection:
             g: None if info.too_small or info.cut is None else float(info.cut) for g, info in fitted.groups.items()
         }
         self.questions = {g: info.n_calibration for g, info in fitted.groups.items()}
-        if digest is None:
-            from kglightning.serve.guard import file_digest
-
-            digest = file_digest(calibration)
-        self.digest = digest
+        self.digest = digest if digest is not None else file_digest(calibration)
 
     def keeps(self, score: float, grounding: str) -> bool:
         """Whether an answer with this ``score`` and grounding kind is kept (a group the calibration did not have, or

@@ -121,7 +121,7 @@ def test_probabilities_are_predicts_whatever_the_batch_companions(served):
     from kglightning.serve.selection import ServedSelection
 
     url, test, predicted, _, calibration = served
-    selection = ServedSelection(calibration, alpha=0.3, group_by="grounding")
+    selection = ServedSelection(calibration, alpha=0.3)  # the server's default: one cut
     alone = {r["id"]: _ok(url, _request(r)) for r in test}
     with concurrent.futures.ThreadPoolExecutor(8) as pool:  # batched with whichever requests arrive together
         together = dict(zip([r["id"] for r in test], pool.map(lambda r: _ok(url, _request(r)), test)))
@@ -159,7 +159,22 @@ def test_bad_input_gets_a_4xx_that_names_the_field(served):
         assert r.status_code == 422, (field, r.status_code, r.text)
         locs = [".".join(map(str, e["loc"][1:])) for e in r.json()["detail"]]
         assert any(loc == field or loc.startswith(field + ".") for loc in locs), (field, locs)
+    cases = {  # review of issue 60: values JSON allows but the schema refuses, and the caps on every text
+        "confidence.0": {**good, "answers": ["a"], "confidence": [float("nan")]},
+        "question": {**good, "question": "\ud800 lone surrogate"},
+        "id": {**good, "id": "x" * 3000},
+        "topic_entities": {**good, "topic_entities": ["t"] * 101},
+    }
+    for field, body in cases.items():
+        raw = json.dumps(body, allow_nan=True).encode()  # NaN as Python's json writes it; a surrogate as \ud800
+        r = httpx.post(f"{url}/v1/guard", content=raw, headers={"X-API-Key": KEY, "Content-Type": "application/json"})
+        assert r.status_code == 422, (field, r.status_code, r.text[:500])
+        assert any(".".join(map(str, e["loc"][1:])) == field for e in r.json()["detail"]), (field, r.text[:500])
     assert _post(url, {**good, "question": "   "}).json()["detail"][0]["msg"].endswith("the question is blank")
+    # a cited path is written as in records (entity, relation, entity, ...): accepted
+    cited = {**good, "paths": [[[good["graph"][0][0], good["graph"][0][1], good["graph"][0][2]]]]
+             + [[] for _ in good["answers"][1:]]}  # fmt: skip
+    assert _post(url, cited).status_code == 200, _post(url, cited).text[:500]
     big = {**good, "question": "x" * 300_000}
     assert _post(url, big).status_code == 413
     assert httpx.post(f"{url}/v1/guard", content=b"{not json", headers={"X-API-Key": KEY}).status_code == 422
