@@ -47,16 +47,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_encoder_dir):
+def served(tmp_path_factory, tiny_encoder_dir, detection_records):
     """A fitted detector, its test-split predictions, and the server on the same checkpoint and cache (with an API
     key, and limits small enough to test)."""
-    from conftest import make_detection_records
-
     tmp = tmp_path_factory.mktemp("serve")
     data = tmp / "data"
     data.mkdir()
     for split, (n, seed) in {"train": (48, 0), "validation": (16, 1), "test": (16, 2)}.items():
-        rows = [{**r, "id": f"{split}-{r['id']}"} for r in make_detection_records(n, seed)]
+        rows = [{**r, "id": f"{split}-{r['id']}"} for r in detection_records(n, seed)]
         (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     detector = ["--config", str(ROOT / "configs/detector.yaml"), *_detector_args(str(data), tiny_encoder_dir)]
     _run(tmp, "fit", *detector, "--trainer.max_epochs", "3", "--trainer.enable_progress_bar", "false",

@@ -34,8 +34,15 @@ def test_the_tutorial_runs_as_written_and_writes_what_it_says(
 ):
     commands = page_commands(PAGE)
     # the own-KG path (build-subgraphs, then the --records import) and seeds are tested apart
-    wanted = [c for c in commands if "--records" not in c and c[3] not in ("seeds", "build-subgraphs")]
+    wanted = [c for c in commands if "--records" not in c and c[3] not in ("seeds", "build-subgraphs", "serve")]
     assert sum(c[3] == "build-subgraphs" for c in commands) == 1
+    # the last step serves the detector (tests/serve starts the server): its options are the server's, and the rest
+    # go to the detector's config as --data.* / --model.*
+    from kglightning.cli.serve import _parser
+
+    (serve,) = [c for c in commands if c[3] == "serve"]
+    _, rest = _parser().parse_known_args(serve[4:])
+    assert all(not a.startswith("--") or a.startswith(("--data.", "--model.")) for a in rest), serve
     assert [c[3] for c in wanted] == ["import-predictions", "fit", "predict", "predict"], commands
     answers_file(tmp_path / "predictions.jsonl", detection_records(80, 3))
     for command in wanted:
