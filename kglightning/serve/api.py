@@ -82,7 +82,8 @@ class GuardAPI(ls.LitAPI):
 
     def predict(self, x: Any) -> list[dict[str, Any]]:
         requests = x if isinstance(x, list) else [x]
-        assert self.scorer is not None, "setup() has not run"
+        if self.scorer is None:
+            raise RuntimeError("GuardAPI.predict before setup(): LitServe calls setup in each worker first")
         rows = self.scorer.score([r.record() for r in requests])
         model = self.scorer.model
         threshold, loose = float(model.threshold), float(model.ungrounded_threshold)

@@ -100,11 +100,7 @@ class GuardRequest(BaseModel):
     @field_validator("topic_entities")
     @classmethod
     def _topics(cls, value: list[str]) -> list[str]:
-        if len(value) > LIMITS.max_answers:
-            raise ValueError(f"{len(value)} topic entities, over this server's limit of {LIMITS.max_answers}")
-        for k, name in enumerate(value):
-            _short(name, f"topic entity {k}")
-        return value
+        return _capped(value, "topic entities", "topic entity")
 
     @field_validator("paths")
     @classmethod
@@ -122,11 +118,7 @@ class GuardRequest(BaseModel):
     @field_validator("answers")
     @classmethod
     def _answers(cls, value: list[str]) -> list[str]:
-        if len(value) > LIMITS.max_answers:
-            raise ValueError(f"{len(value)} answers, over this server's limit of {LIMITS.max_answers}")
-        for k, answer in enumerate(value):
-            _short(answer, f"answer {k}")
-        return value
+        return _capped(value, "answers", "answer")
 
     @field_validator("graph")
     @classmethod
@@ -170,6 +162,15 @@ class GuardRequest(BaseModel):
         if self.paths is not None:
             data["prediction_paths"] = self.paths
         return KGQARecord.from_dict(data, source="<request>")
+
+
+def _capped(values: list[str], plural: str, one: str) -> list[str]:
+    """``values`` when there are at most ``LIMITS.max_answers`` of them, each :func:`_short`."""
+    if len(values) > LIMITS.max_answers:
+        raise ValueError(f"{len(values)} {plural}, over this server's limit of {LIMITS.max_answers}")
+    for k, text in enumerate(values):
+        _short(text, f"{one} {k}")
+    return values
 
 
 def _short(text: str, what: str) -> str:
