@@ -47,7 +47,7 @@ def test_every_page_has_its_blocks_and_the_home_page_includes_the_table():
     assert found == {
         "README.md": ["main-job-time", "main-table", "startup-line", "test-suite"],
         "docs/index.md": ["main-job-time", "main-job-breakdown", "test-suite"],
-        "BENCHMARKS.md": ["startup", "main-job-speed", "threads"],
+        "BENCHMARKS.md": ["startup", "main-job-speed", "threads", "serve-load"],
         "docs/methods/conformal.md": [],
         "docs/methods/doublycal.md": [],
         "docs/methods/kg-guard.md": ["main-table", "misses-table"],
@@ -447,3 +447,16 @@ def test_record_run_keeps_the_last_value_of_each_logged_metric(tmp_path):
     )
     assert record.last_logged(tmp_path) == {"train/loss": 0.2, "val/pair_auc": 0.99}
     assert record.last_logged(tmp_path / "none") == {}
+
+
+def test_the_serve_load_block_computes_its_ratios_from_the_result_file():
+    import json
+
+    numbers = _tool("docs_numbers")
+    r = json.loads((ROOT / "docs/results/serve_load.json").read_text())
+    batched = next(run for run in r["servers"] if run["max_batch_size"] > 1)
+    by_c = {x["concurrency"]: x["per_second"] for x in batched["load"]}
+    text = numbers.serve_load()
+    assert f"{by_c[max(by_c)] / by_c[min(by_c)]:.1f}x the throughput" in text
+    assert f"{by_c[max(by_c)] / r['in_process']['per_second']:.0%} of in-process" in text
+    assert f"{batched['soak']['server_errors']} answered 5xx" in text
