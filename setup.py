@@ -47,7 +47,8 @@ EXTRAS = {
     "cpu": ["faiss-cpu>=1.9"],
     "gpu": ["faiss-gpu-cu12>=1.9"],  # CUDA 12 build; its CUDA libraries come from pip, the driver from the host
     "wandb": ["wandb>=0.18"],
-    "test": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6", "scipy", "networkx>=3"],
+    # httpx: the tests and tools/serve_smoke.py call the real server over HTTP
+    "test": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6", "scipy", "networkx>=3", "httpx>=0.27"],
     # the documentation site (mkdocs.yml; `mkdocs build --strict` in .ci/run), pinned: the strict build and
     # docs/hooks/griffe_docstrings.py depend on these versions' warnings and griffe's extension API
     "docs": [

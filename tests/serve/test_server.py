@@ -12,9 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
-
-httpx = pytest.importorskip("httpx")
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-7d1c"
