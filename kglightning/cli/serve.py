@@ -64,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="the port it listens on")
     p.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "cuda", "mps"], help="the worker's device")
     p.add_argument("--max_batch_size", type=int, default=16, help="requests scored in one forward pass")
+    p.add_argument("--num_api_servers", type=int, default=1,
+                   help="HTTP server processes that parse and validate requests (the detector runs in one worker)")  # fmt: skip
     p.add_argument("--batch_timeout", type=float, default=0.005, help="seconds a batch waits for more requests")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a request may wait before it gets a 504")
     p.add_argument("--max_triples", type=int, default=2000,
@@ -113,7 +115,16 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--{action.dest}: {value!r} is not one of {', '.join(map(str, action.choices))}")
         if action.type in (int, float) and value is not None and not isinstance(value, (int, float)):
             p.error(f"--{action.dest}: expected a number, got {value!r}")
-    positive = ("port", "max_batch_size", "timeout", "max_triples", "max_answers", "max_text_chars", "max_body_bytes")
+    positive = (
+        "port",
+        "max_batch_size",
+        "num_api_servers",
+        "timeout",
+        "max_triples",
+        "max_answers",
+        "max_text_chars",
+        "max_body_bytes",
+    )
     for name in positive:
         if getattr(args, name) <= 0:
             p.error(f"--{name} must be positive, got {getattr(args, name)}")
@@ -164,7 +175,7 @@ def main(argv: list[str]) -> int:
     # SIGTERM (docker stop, kill, a test's terminate) shuts down as Ctrl-C does: LitServe's graceful shutdown lets the
     # requests in flight finish and stops its workers; Python's default would leave the workers running
     signal.signal(signal.SIGTERM, _interrupt)
-    server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=1)
+    server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=args.num_api_servers)
     return 0
 
 

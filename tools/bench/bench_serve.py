@@ -82,11 +82,12 @@ def _in_process(scorer: object, bodies: list[dict], batch: int = 16) -> dict[str
 
 
 class Server:
-    def __init__(self, checkpoint: str, batch: int, log: Path) -> None:
+    def __init__(self, checkpoint: str, batch: int, log: Path, api_servers: int = 1) -> None:
         self.port = _port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "kglightning", "serve", "--config", "configs/serve.yaml", "--checkpoint",
-               checkpoint, "--port", str(self.port), "--max_batch_size", str(batch), "--accelerator", "cpu"]  # fmt: skip
+               checkpoint, "--port", str(self.port), "--max_batch_size", str(batch), "--accelerator", "cpu",
+               "--num_api_servers", str(api_servers)]  # fmt: skip
         self.log = log.open("w")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=self.log)
         start = time.monotonic()
