@@ -11,7 +11,6 @@ cache (``KGLIGHTNING_CACHE``) as the main job's do.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from kglightning.testing.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--data.init_args.max_records", "300", "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"]
@@ -38,24 +39,14 @@ def main() -> int:
         _run(work, "fit", "--config", config, *SMALL, "--test_after_fit", "false")
         checkpoint = work / "outputs/detector/graph_transformer/checkpoints/best.ckpt"
         print(f"fitted in {time.monotonic() - start:.0f} s", flush=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        log = (work / "server.log").open("w")
-        cmd = [sys.executable, "-m", "kglightning", "serve", "--config", str(ROOT / "configs/serve.yaml"),
-               "--detector_config", config, "--checkpoint", str(checkpoint), "--port", str(port),
-               "--data.init_args.max_records", "300"]  # fmt: skip
-        server = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=log)
-        url = f"http://127.0.0.1:{port}"
+        args = ["--config", str(ROOT / "configs/serve.yaml"), "--detector_config", config, "--checkpoint",
+                str(checkpoint), "--data.init_args.max_records", "300"]  # fmt: skip
         try:
-            while True:
-                if server.poll() is not None or time.monotonic() - start > 900:
-                    raise SystemExit("the server did not start:\n" + (work / "server.log").read_text()[-4000:])
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.5)
+            server = ServerProcess(args, work, work / "server.log", timeout=600)
+        except RuntimeError as err:
+            raise SystemExit(str(err)) from None
+        url = server.url
+        try:
             records = _test_records(work)
             for record in records:
                 body = {"id": record["id"], "question": record["question"], "answers": record["answer"] + ["Atlantis"],
@@ -68,9 +59,9 @@ def main() -> int:
             if bad.status_code != 422:
                 raise SystemExit(f"a malformed request got {bad.status_code}, not 422: {bad.text[:500]}")
         finally:
-            server.terminate()
-            server.wait(60)
-            log.close()
+            alive = server.stop()
+        if alive:
+            raise SystemExit(f"processes left running after SIGTERM: {alive}")
     print(f"serve smoke: ok in {time.monotonic() - start:.0f} s")
     return 0
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from kglightning.testing.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-7d1c"
@@ -39,12 +39,6 @@ def _run(tmp: Path, *args: str) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_encoder_dir, detection_records):
     """A fitted detector, its test-split predictions, and the server on the same checkpoint and cache (with an API
@@ -63,44 +57,19 @@ def served(tmp_path_factory, tiny_encoder_dir, detection_records):
     _run(tmp, "predict", *detector, "--ckpt_path", str(ckpt), "--trainer.enable_progress_bar", "false",
          "--data.init_args.predict_split", "validation")  # fmt: skip
     calibration = tmp / "outputs/detector/graph_transformer/hallucination_predictions_validation.jsonl"
-    port = _free_port()
-    cmd = [sys.executable, "-m", "kglightning", "serve", "--config", str(ROOT / "configs/serve.yaml"),
-           "--detector_config", str(ROOT / "configs/detector.yaml"), "--checkpoint", str(ckpt), "--port", str(port),
-           "--accelerator", "cpu", "--max_triples", "60", "--max_body_bytes", "200000",
-           "--selection_calibration", str(calibration), "--selection_alpha", "0.3",
-           *_detector_args(str(data), tiny_encoder_dir)]  # fmt: skip
-    log = (tmp / "server.log").open("w")
-    server = subprocess.Popen(cmd, cwd=tmp, env=_env(tmp, KGLIGHTNING_API_KEY=KEY), stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
+    args = ["--config", str(ROOT / "configs/serve.yaml"), "--detector_config", str(ROOT / "configs/detector.yaml"),
+            "--checkpoint", str(ckpt), "--accelerator", "cpu", "--max_triples", "60", "--max_body_bytes", "200000",
+            "--selection_calibration", str(calibration), "--selection_alpha", "0.3",
+            *_detector_args(str(data), tiny_encoder_dir)]  # fmt: skip
+    server = ServerProcess(args, tmp, tmp / "server.log", env=_env(tmp, KGLIGHTNING_API_KEY=KEY))
+    test = [json.loads(line) for line in (data / "test.jsonl").open()]
+    written = tmp / "outputs/detector/graph_transformer/hallucination_predictions_test.jsonl"
+    predicted = {r["id"]: r for r in map(json.loads, written.open())}
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, (tmp / "server.log").read_text()[-6000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (tmp / "server.log").read_text()[-6000:]
-            time.sleep(0.5)
-        test = [json.loads(line) for line in (data / "test.jsonl").open()]
-        written = tmp / "outputs/detector/graph_transformer/hallucination_predictions_test.jsonl"
-        predicted = {r["id"]: r for r in map(json.loads, written.open())}
-        yield url, test, predicted, tmp / "server.log", calibration
+        yield server.url, test, predicted, server.log, calibration
     finally:
-        import psutil  # peft's and torch-geometric's dependency
-
-        workers = psutil.Process(server.pid).children(recursive=True) if server.poll() is None else []
-        server.terminate()  # SIGTERM: the server shuts down as on Ctrl-C, its workers with it
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        _, alive = psutil.wait_procs(workers, timeout=30)
-        for p in alive:
-            p.kill()
-        log.close()
-        assert server.returncode is not None and not alive, f"left running after SIGTERM: {alive}"
+        alive = server.stop()  # SIGTERM: the server shuts down as on Ctrl-C, its workers with it
+        assert server.proc.returncode is not None and not alive, f"left running after SIGTERM: {alive}"
 
 
 def _post(url: str, body: object, key: str | None = KEY, **kwargs) -> httpx.Response:

@@ -23,9 +23,7 @@ import argparse
 import concurrent.futures
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -41,6 +39,8 @@ sys.path.insert(0, str(ROOT))
 from record_run import _commit, machine  # noqa: E402
 from side_by_side import write_result  # noqa: E402
 
+from kglightning.testing.server import ServerProcess  # noqa: E402
+
 CHECKPOINT = "outputs/detector/graph_transformer/checkpoints/best.ckpt"
 BAD_BODIES = [
     {"question": "q", "answers": [], "graph": [["a", "r", "b"]]},
@@ -50,12 +50,6 @@ BAD_BODIES = [
     {"question": "q", "answers": ["a"], "graph": "a r b"},
     {"question": "q", "answers": ["a"], "graph": [["a", "r", "b"]], "confidence": [2.0]},
 ]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bodies(checkpoint: str) -> tuple[list[dict], object]:
@@ -81,40 +75,10 @@ def _in_process(scorer: object, bodies: list[dict], batch: int = 16) -> dict[str
     return {"questions": len(records), "seconds": round(seconds, 2), "per_second": round(len(records) / seconds, 1)}
 
 
-class Server:
-    def __init__(self, checkpoint: str, batch: int, log: Path, api_servers: int = 1) -> None:
-        self.port = _port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "kglightning", "serve", "--config", "configs/serve.yaml", "--checkpoint",
-               checkpoint, "--port", str(self.port), "--max_batch_size", str(batch), "--accelerator", "cpu",
-               "--num_api_servers", str(api_servers)]  # fmt: skip
-        self.log = log.open("w")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=self.log)
-        start = time.monotonic()
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"the server exited: {log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        self.ready_seconds = round(time.monotonic() - start, 1)
-
-    def rss_mb(self) -> float:
-        import psutil
-
-        main = psutil.Process(self.proc.pid)
-        return round(sum(p.memory_info().rss for p in [main, *main.children(recursive=True)]) / 2**20, 1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+def _server(checkpoint: str, batch: int, log: Path, api_servers: int = 1) -> ServerProcess:
+    args = ["--config", "configs/serve.yaml", "--checkpoint", checkpoint, "--max_batch_size", str(batch),
+            "--accelerator", "cpu", "--num_api_servers", str(api_servers)]  # fmt: skip
+    return ServerProcess(args, ROOT, log)
 
 
 def _load(url: str, bodies: list[dict], concurrency: int) -> dict[str, float]:
@@ -154,7 +118,7 @@ def _small(bodies: list[dict], n: int = 60) -> list[dict]:
     return out
 
 
-def _soak(server: Server, bodies: list[dict], minutes: float, concurrency: int = 32) -> dict[str, object]:
+def _soak(server: ServerProcess, bodies: list[dict], minutes: float, concurrency: int = 32) -> dict[str, object]:
     statuses: dict[str, int] = {}
     bad_answers: dict[str, int] = {}
     rss: list[float] = [server.rss_mb()]
@@ -207,7 +171,7 @@ def main() -> None:
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
     runs = []
     for batch in (1, 16):
-        server = Server(checkpoint, batch, logs / f"bench_serve_{batch}.log")
+        server = _server(checkpoint, batch, logs / f"bench_serve_{batch}.log")
         try:
             _load(server.url, bodies[:32], 8)  # warm-up
             row = {"max_batch_size": batch, "ready_seconds": server.ready_seconds,
