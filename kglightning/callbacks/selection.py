@@ -255,12 +255,13 @@ class SelectionCallback(Callback):
         return cal
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.run_dir = split_folder(self.output_dir, predicted_split(trainer))
+        split = predicted_split(trainer)
+        self.run_dir = split_folder(self.output_dir, split)
         outputs = [self.run_dir / name for name in OUTPUT_FILES]
         check_apart_from_data(trainer, outputs)
         if trainer.is_global_zero:  # a run that fails before its end leaves none of an earlier run's files behind
             clear_outputs(outputs)
-        if predicted_split(trainer) == self.calibration_split:
+        if split == self.calibration_split:
             log.warning("SelectionCallback: the predicted split is the calibration split (%r): its questions are "
                         "calibrated on and selected on, and the guarantee does not hold for them", self.calibration_split)  # fmt: skip
         self._rows = []

@@ -233,13 +233,13 @@ class DetectionDataModule(KGQADataModule):
     def answer_paths(self, split: str) -> dict[str, list[tuple[int | None, list[str]]]]:
         """Per record id: for each distinct prediction, its hop count and shortest relation-path texts."""
         if split not in self._paths:
-            self._paths[split] = {
-                r.id: answer_paths(
-                    r, list(dict.fromkeys(r.prediction or [])), self.path_max_hops, relation_view=self.relation_view
-                )
-                for r in self.records(split)
-            }
+            self._paths[split] = {r.id: self._record_paths(r) for r in self.records(split)}
         return self._paths[split]
+
+    def _record_paths(self, record: KGQARecord) -> list[tuple[int | None, list[str]]]:
+        """For each distinct prediction of ``record``, its hop count and shortest relation-path texts."""
+        answers = list(dict.fromkeys(record.prediction or []))
+        return answer_paths(record, answers, self.path_max_hops, relation_view=self.relation_view)
 
     def prepare_split(self, split: str) -> None:
         """Propose answers for ``split`` (or read them from the cache) and encode its texts."""
@@ -409,8 +409,7 @@ class DetectionDataModule(KGQADataModule):
         out: list[Data | None] = []
         for record in records:
             rows = records_rows([record], [0], self.add_reverse_edges, self.ungrounded, self._near, self.relation_view)
-            paths = answer_paths(record, list(dict.fromkeys(record.prediction or [])), self.path_max_hops,
-                                 relation_view=self.relation_view) if searched else []  # fmt: skip
+            paths = self._record_paths(record) if searched else []
             on_paths = [t for _, ts in paths for t in ts] if "path_score" in self.answer_features else []
             view = table.view([*rows.column("texts")[0].as_py(), record.question, *on_paths])
             built = [g for _, g in graphs_from_rows(rows, view._index, self.add_reverse_edges)]

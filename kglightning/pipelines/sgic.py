@@ -15,8 +15,9 @@ Beside it, on the same questions and backend: ``baseline`` (the round-0 answer) 
 sampled at ``sample_temperature`` from the round-0 prompt, the one with the highest sequence probability kept: the
 paper's baseline "sampled the same number of times").
 
-At the end of ``predict``, the predicted split's folder in ``output_dir`` (``outputs/sgic/test/``) gets ``rounds.jsonl`` (per question: documents and their scores, every
-round's answer, confidence, uncertainty, EM and F1, the samples), per-method RoG-format predictions with their
+At the end of ``predict``, the predicted split's folder in ``output_dir`` (``outputs/sgic/test/``) gets
+``rounds.jsonl`` (per question: documents and their scores, every round's answer, confidence, uncertainty, EM and
+F1, the samples), per-method RoG-format predictions with their
 ``evaluate`` files and ``comparison.md`` (Hit, F1, ECE with confidence ``1 - uncertainty/100``, prompt tokens sent per
 question: round 0 for ``baseline``; round 0, the document scores and the K rounds for ``sgic``; the samples for
 ``k_sampling``), and

@@ -100,35 +100,24 @@ class GuardRequest(BaseModel):
     @field_validator("topic_entities")
     @classmethod
     def _topics(cls, value: list[str]) -> list[str]:
-        return _capped(value, "topic entities", "topic entity")
+        return _capped(value, LIMITS.max_answers, "topic entities", "topic entity {i}")
 
     @field_validator("paths")
     @classmethod
     def _paths(cls, value: list[list[list[str]]] | None) -> list[list[list[str]]] | None:
         for k, paths in enumerate(value or []):
-            if len(paths) > LIMITS.max_answers:
-                raise ValueError(
-                    f"answer {k} cites {len(paths)} paths, over this server's limit of {LIMITS.max_answers}"
-                )
-            for path in paths:
-                for part in path:
-                    _short(part, f"a path of answer {k}")
+            _capped(paths, LIMITS.max_answers, f"paths cited for answer {k}", f"path {{i}} of answer {k}")
         return value
 
     @field_validator("answers")
     @classmethod
     def _answers(cls, value: list[str]) -> list[str]:
-        return _capped(value, "answers", "answer")
+        return _capped(value, LIMITS.max_answers, "answers", "answer {i}")
 
     @field_validator("graph")
     @classmethod
     def _graph(cls, value: list[list[str]]) -> list[list[str]]:
-        if len(value) > LIMITS.max_triples:
-            raise ValueError(f"{len(value)} triples, over this server's limit of {LIMITS.max_triples}")
-        for k, triple in enumerate(value):
-            for part in triple:
-                _short(part, f"triple {k}")
-        return value
+        return _capped(value, LIMITS.max_triples, "triples", "triple {i}")
 
     @field_validator("confidence", "paths")
     @classmethod
@@ -164,12 +153,14 @@ class GuardRequest(BaseModel):
         return KGQARecord.from_dict(data, source="<request>")
 
 
-def _capped(values: list[str], plural: str, one: str) -> list[str]:
-    """``values`` when there are at most ``LIMITS.max_answers`` of them, each :func:`_short`."""
-    if len(values) > LIMITS.max_answers:
-        raise ValueError(f"{len(values)} {plural}, over this server's limit of {LIMITS.max_answers}")
-    for k, text in enumerate(values):
-        _short(text, f"{one} {k}")
+def _capped(values: list, limit: int, plural: str, one: str) -> list:
+    """``values`` when there are at most ``limit`` of them, each text (or each text of a list) :func:`_short`;
+    ``one`` names item ``{i}`` in a message."""
+    if len(values) > limit:
+        raise ValueError(f"{len(values)} {plural}, over this server's limit of {limit}")
+    for i, value in enumerate(values):
+        for text in [value] if isinstance(value, str) else value:
+            _short(text, one.format(i=i))
     return values
 
 
