@@ -64,8 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="the port it listens on")
     p.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "cuda", "mps"], help="the worker's device")
     p.add_argument("--max_batch_size", type=int, default=16, help="requests scored in one forward pass")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes that score requests, each with its own copy of the detector and its data module "
+                   "(memory grows with each); on CPU, more than one uses more cores")  # fmt: skip
     p.add_argument("--num_api_servers", type=int, default=1,
-                   help="HTTP server processes that parse and validate requests (the detector runs in one worker)")  # fmt: skip
+                   help="HTTP server processes that parse and validate requests (the detector runs in the --workers processes)")  # fmt: skip
     p.add_argument("--batch_timeout", type=float, default=0.005, help="seconds a batch waits for more requests")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a request may wait before it gets a 504")
     p.add_argument("--max_triples", type=int, default=2000,
@@ -118,6 +121,7 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     positive = (
         "port",
         "max_batch_size",
+        "workers",
         "num_api_servers",
         "timeout",
         "max_triples",
@@ -167,7 +171,8 @@ def main(argv: list[str]) -> int:
     build = functools.partial(build_scorer, list(configs), list(overrides), args.checkpoint)
     server = guard_server(build, accelerator=args.accelerator, max_batch_size=args.max_batch_size,
                           batch_timeout=args.batch_timeout, timeout=args.timeout, max_body_bytes=args.max_body_bytes,
-                          api_key_env=args.api_key_env, selection=selection)  # fmt: skip
+                          api_key_env=args.api_key_env, selection=selection,
+                          workers=args.workers)  # fmt: skip
     print(f"serving {args.checkpoint} on http://{args.host}:{args.port}/v1/guard (OpenAPI: /docs)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get(args.api_key_env):
         print(f"warning: listening on {args.host} with no API key: anyone who reaches this port can call it (set "

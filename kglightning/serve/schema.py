@@ -158,10 +158,21 @@ def _capped(values: list, limit: int, plural: str, one: str) -> list:
     ``one`` names item ``{i}`` in a message."""
     if len(values) > limit:
         raise ValueError(f"{len(values)} {plural}, over this server's limit of {limit}")
-    for i, value in enumerate(values):
-        for text in [value] if isinstance(value, str) else value:
-            _short(text, one.format(i=i))
+    texts = [t for value in values for t in ([value] if isinstance(value, str) else value)]
+    if texts and (max(map(len, texts)) > LIMITS.max_text_chars or not _encodes("".join(texts))):
+        for i, value in enumerate(values):  # one is wrong: find the first, to name it
+            for text in [value] if isinstance(value, str) else value:
+                _short(text, one.format(i=i))
     return values
+
+
+def _encodes(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (no lone surrogate, which JSON's ``"\\ud800"`` can carry)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _short(text: str, what: str) -> str:
