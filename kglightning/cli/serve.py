@@ -81,8 +81,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--selection_calibration", default=None,
                    help="a labelled scored predictions jsonl of a calibration split (what predict writes for the "
                    "validation split): each request's answers are then kept by the question rule calibrated on it "
-                   "(P(a question keeps a hallucinated answer) <= --selection_alpha); unset: kept = not flagged")  # fmt: skip
-    p.add_argument("--selection_alpha", type=float, default=0.1, help="the question rule's alpha")
+                   "(P(a question keeps a hallucinated answer) <= --selection_alpha), and POST /v1/guard/batch "
+                   "serves the batch rules (top, fdr, kept_rate); unset: kept = not flagged, and no batch endpoint")  # fmt: skip
+    p.add_argument("--selection_alpha", type=float, default=0.1, help="the selection rules' alpha")
+    p.add_argument("--selection_delta", type=float, default=0.1,
+                   help="the kept_rate rule's delta (POST /v1/guard/batch): the probability that the calibration "
+                   "breaks its bound")  # fmt: skip
     p.add_argument("--selection_group_by", default="none", choices=["grounding", "none"],
                    help="none: one cut, and the promise holds per question; grounding: a cut per grounding kind "
                    "(exact, near_miss, ungrounded), and the promise holds per kind (a question with answers of k "
@@ -134,8 +138,9 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--{name} must be positive, got {getattr(args, name)}")
     if args.batch_timeout < 0:
         p.error(f"--batch_timeout must be >= 0, got {args.batch_timeout}")
-    if not 0 < args.selection_alpha < 1:
-        p.error(f"--selection_alpha must lie in (0, 1), got {args.selection_alpha}")
+    for name in ("selection_alpha", "selection_delta"):
+        if not 0 < getattr(args, name) < 1:
+            p.error(f"--{name} must lie in (0, 1), got {getattr(args, name)}")
 
 
 def main(argv: list[str]) -> int:
@@ -162,7 +167,8 @@ def main(argv: list[str]) -> int:
 
     selection = None
     if args.selection_calibration:
-        selection = ServedSelection(args.selection_calibration, args.selection_alpha, args.selection_group_by)
+        selection = ServedSelection(args.selection_calibration, args.selection_alpha, args.selection_group_by,
+                                    delta=args.selection_delta)  # fmt: skip
         print(f"selection: the question rule at alpha {args.selection_alpha:g}, cuts {selection.describe()['cuts']}",
               file=sys.stderr)  # fmt: skip
 

@@ -23,10 +23,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from kglightning.serve.guard import GuardScorer, verdicts
-from kglightning.serve.schema import GuardRequest, GuardResponse
+from kglightning.serve.schema import GuardBatchRequest, GuardBatchResponse, GuardRequest, GuardResponse
 from kglightning.serve.selection import ServedSelection
 
-__all__ = ["GuardAPI", "guard_server"]
+__all__ = ["GuardAPI", "GuardBatchAPI", "guard_server"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,57 @@ class GuardAPI(ls.LitAPI):
         return GuardResponse(**output)
 
 
+class GuardBatchAPI(GuardAPI):
+    """``POST /v1/guard/batch``: questions sent together, scored as ``/v1/guard`` scores them, whose answers are kept
+    by a rule over the whole batch (``top``, ``fdr``, ``kept_rate``; or ``question``, as single requests are); served
+    when the server has a calibration. A request is already a batch: it is scored on its own, in chunks of
+    ``chunk`` questions.
+
+    Args:
+        build: as :class:`GuardAPI`'s.
+        selection: the calibration the rules select with.
+        api_key: as :class:`GuardAPI`'s.
+        chunk: questions scored in one forward pass.
+    """
+
+    def __init__(
+        self,
+        build: Callable[[], GuardScorer],
+        selection: ServedSelection,
+        api_key: str | None = None,
+        chunk: int = 16,
+    ) -> None:
+        ls.LitAPI.__init__(self, max_batch_size=1, api_path="/v1/guard/batch")
+        self.build, self.selection, self.chunk = build, selection, chunk
+        self._key = api_key.encode() if api_key else None
+        self.scorer = None
+
+    def decode_request(self, request: GuardBatchRequest) -> GuardBatchRequest:
+        return request
+
+    def predict(self, x: GuardBatchRequest) -> dict[str, Any]:
+        if self.scorer is None or self.selection is None:
+            raise RuntimeError("GuardBatchAPI.predict before setup(): LitServe calls setup in each worker first")
+        questions = x.questions
+        records = [q.record() for q in questions]
+        rows = [
+            row for lo in range(0, len(records), self.chunk) for row in self.scorer.score(records[lo : lo + self.chunk])
+        ]
+        ids = [q.id for q in questions]
+        distinct = None not in ids and len(set(ids)) == len(ids)  # else their positions key the seeded draws
+        kept, described = self.selection.select_batch(rows, x.rule, ids if distinct else None)
+        model = self.scorer.model
+        threshold, loose = float(model.threshold), float(model.ungrounded_threshold)
+        responses = [
+            verdicts(q.id, q.answers, row, threshold, loose, self.scorer.checkpoint, kept=(keep, described))
+            for q, row, keep in zip(questions, rows, kept)
+        ]
+        return {"responses": responses, "selection": described}
+
+    def encode_response(self, output: dict[str, Any]) -> GuardBatchResponse:
+        return GuardBatchResponse(**output)
+
+
 def guard_server(
     build: Callable[[], GuardScorer],
     accelerator: str = "auto",
@@ -119,8 +170,11 @@ def guard_server(
     log.info(
         "serve: %s", f"an API key is required ({api_key_env} is set)" if key else f"no API key ({api_key_env} unset)"
     )
-    api = GuardAPI(build, key, max_batch_size, batch_timeout, selection)
-    server = ls.LitServer(api, accelerator=accelerator, devices=1, workers_per_device=workers, timeout=timeout,
+    apis: list[ls.LitAPI] = [GuardAPI(build, key, max_batch_size, batch_timeout, selection)]
+    if selection is not None:  # the batch rules need a calibration; one worker scores the batches
+        apis.append(GuardBatchAPI(build, selection, key, chunk=max_batch_size))
+    per_api = [workers, 1][: len(apis)]
+    server = ls.LitServer(apis, accelerator=accelerator, devices=1, workers_per_device=per_api, timeout=timeout,
                           max_payload_size=max_body_bytes, track_requests=True, fast_queue=True)  # fmt: skip
     server.app.add_exception_handler(RequestValidationError, _invalid)
     return server

@@ -70,22 +70,28 @@ class GuardScorer:
 def verdicts(
     request_id: str | None, answers: Sequence[str], row: dict[str, Any] | None, threshold: float,
     ungrounded_threshold: float, checkpoint: str, selection: ServedSelection | None = None,
+    kept: tuple[Sequence[bool], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """A response (:class:`~kglightning.serve.schema.GuardResponse` as a dict) from the ``predict`` row of a request
     (``None``: nothing to classify). An answer is kept when ``selection`` keeps it, or, without one, when it is not
-    flagged; an entry of ``answers`` without a verdict is listed in ``not_scored`` with its reason."""
+    flagged; ``kept``: instead, whether each of the row's answers is kept and the selection that decided it (a batch
+    rule's, :meth:`ServedSelection.select_batch`). An entry of ``answers`` without a verdict is listed in
+    ``not_scored`` with its reason."""
     out, covered = [], set()
+    described = kept[1] if kept is not None else selection.describe() if selection is not None else None
     if row is not None:
         flagged = set(row["flagged"])
         kinds = row.get("grounding") or ["exact"] * len(row["prediction"])
         entries = row.get("prediction_entries") or [[] for _ in row["prediction"]]
-        for name, p, logit, kind, mine in zip(row["prediction"], row["hallucination_prob"],
-                                              row["hallucination_logit"], kinds, entries):  # fmt: skip
+        for j, (name, p, logit, kind, mine) in enumerate(zip(row["prediction"], row["hallucination_prob"],
+                                                             row["hallucination_logit"], kinds, entries)):  # fmt: skip
             covered.update(mine)
+            keep = (
+                kept[0][j] if kept is not None else selection.keeps(logit, kind) if selection else name not in flagged
+            )
             out.append({"answer": name, "hallucination_prob": p, "hallucination_logit": logit,
                         "flagged": name in flagged, "grounding": kind, "in_graph": kind != "ungrounded",
-                        "entries": list(mine),
-                        "kept": selection.keeps(logit, kind) if selection is not None else name not in flagged})  # fmt: skip
+                        "entries": list(mine), "kept": bool(keep)})  # fmt: skip
     missing = [
         {"entry": k, "answer": a, "reason": "abstention" if is_abstention(a) else "ungrounded_dropped"}
         for k, a in enumerate(answers)
@@ -99,5 +105,5 @@ def verdicts(
         "threshold": float(row["threshold"]) if row is not None else threshold,
         "ungrounded_threshold": float(row["ungrounded_threshold"]) if row is not None else ungrounded_threshold,
         "checkpoint": checkpoint,
-        "selection": selection.describe() if selection is not None else None,
+        "selection": described,
     }

@@ -40,7 +40,16 @@ from pydantic import (
 
 from kglightning.data.records import KGQARecord, RecordError
 
-__all__ = ["LIMITS", "AnswerVerdict", "GuardRequest", "GuardResponse", "Limits", "NotScored"]
+__all__ = [
+    "LIMITS",
+    "AnswerVerdict",
+    "GuardBatchRequest",
+    "GuardBatchResponse",
+    "GuardRequest",
+    "GuardResponse",
+    "Limits",
+    "NotScored",
+]
 
 Triple = Annotated[list[StrictStr], Field(min_length=3, max_length=3, description="[head, relation, tail]")]
 
@@ -54,12 +63,14 @@ class Limits:
         max_answers: entries in ``answers``, in ``topic_entities`` and paths cited for one answer.
         max_text_chars: characters of the id, the question, an answer, a topic entity and a triple's or path's part.
         max_body_bytes: bytes of the request body.
+        max_batch_questions: questions in one request to the batch endpoint.
     """
 
     max_triples: int = 2000
     max_answers: int = 100
     max_text_chars: int = 2000
     max_body_bytes: int = 8_000_000
+    max_batch_questions: int = 1000
 
 
 #: the limits this process validates against (``kglightning serve`` sets them before its API servers start)
@@ -221,4 +232,32 @@ class GuardResponse(BaseModel):
     checkpoint: str = Field(description="sha256 of the detector checkpoint served")
     selection: dict[str, Any] | None = Field(
         description="the selection applied (rule, alpha, each group's cut, the calibration's sha256), or null"
+    )
+
+
+class GuardBatchRequest(BaseModel):
+    """Questions sent together, whose answers are kept by a rule over the whole batch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    questions: list[GuardRequest] = Field(min_length=1, description="the questions, each as POST /v1/guard takes it")
+    rule: Literal["top", "fdr", "kept_rate", "question"] = Field(
+        "top", description="the selection rule over the batch (each rule's promise is in the response's selection)"
+    )
+
+    @field_validator("questions")
+    @classmethod
+    def _count(cls, value: list[GuardRequest]) -> list[GuardRequest]:
+        if len(value) > LIMITS.max_batch_questions:
+            raise ValueError(f"{len(value)} questions, over this server's limit of {LIMITS.max_batch_questions}")
+        return value
+
+
+class GuardBatchResponse(BaseModel):
+    """The verdicts on a batch's questions, in the order sent, and the selection applied over them."""
+
+    responses: list[GuardResponse]
+    selection: dict[str, Any] = Field(
+        description="the rule, alpha, its promise, the calibration's sha256 and per group the calibration questions "
+        "and the answers kept"
     )

@@ -1,12 +1,15 @@
-"""The selection a server can keep request by request: the ``question`` rule, whose cut is fixed once calibrated.
+"""The selections a server applies: the ``question`` rule request by request (its cut is fixed once calibrated), and
+every rule of :class:`~kglightning.conformal.AnswerSelector` over a batch of questions sent together.
 
 :class:`ServedSelection` calibrates :class:`~kglightning.conformal.AnswerSelector` (``rule="question"``) once, when
 the server starts, on a labelled scored file of a calibration split (what ``predict`` writes for the validation
 split, e.g. ``hallucination_predictions_validation.jsonl``), per grounding kind when asked (Mondrian). Each request's
 answers are then kept when their score is under their group's cut. With the calibration and the served questions
 exchangeable, the probability that a served question keeps a hallucinated answer is at most ``alpha`` (with groups:
-within each group), for every request: the cut does not depend on the other requests. ``top`` and ``fdr`` choose their cut with Benjamini-Hochberg
-over a batch of test questions, so they are not served per request.
+within each group), for every request: the cut does not depend on the other requests. ``top`` and ``fdr`` choose
+their cut with Benjamini-Hochberg over a batch of test questions, and ``kept_rate`` certifies one over the
+calibration for the batch's scores, so these are served on a batch (:meth:`ServedSelection.select_batch`): their
+promise is over the questions of one batch (:data:`PROMISES`).
 
 Example:
     >>> import json, tempfile
@@ -26,15 +29,27 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from kglightning.conformal.scored import ALL
-from kglightning.conformal.selection import AnswerSelector
-from kglightning.conformal.selection_io import labelled_part, read_scored
+from kglightning.conformal.selection import AnswerSelector, Rule
+from kglightning.conformal.selection_io import labelled_part, read_scored, scored_rows
 from kglightning.fileio import file_digest
 
-__all__ = ["ServedSelection"]
+__all__ = ["PROMISES", "ServedSelection"]
+
+#: what each rule promises of the answers it keeps, as a response states it (with groups: within each group); every
+#: promise needs the served questions drawn like the calibration questions (exchangeable with them)
+PROMISES: dict[str, str] = {
+    "question": "P(a question keeps a hallucinated answer) <= alpha, for each question",
+    "top": "E[hallucinated kept / kept] <= alpha over the questions of the batch, at most one answer kept per question",
+    "fdr": "E[hallucinated kept / kept] <= alpha over the answers of the batch, if they are exchangeable one by one "
+    "(the answers of one question rarely are: top is the FDR rule for answer lists)",
+    "kept_rate": "with probability >= 1 - delta over the calibration, the hallucinated share of the batch's kept "
+    "answers (each question weighing one) <= alpha",
+}
 
 
 class ServedSelection:
@@ -49,6 +64,7 @@ class ServedSelection:
         score: the per-answer score column (higher = more likely hallucinated); the detector's logits by default, as
             the responses give them.
         digest: what the responses name the calibration by (default: the file's sha256).
+        delta: the ``kept_rate`` rule's (batches only): the probability that the calibration draw breaks its bound.
     """
 
     def __init__(
@@ -58,6 +74,7 @@ class ServedSelection:
         group_by: Literal["grounding", "none"] = "none",
         score: str = "hallucination_logit",
         digest: str | None = None,
+        delta: float = 0.1,
     ) -> None:
         if group_by not in ("grounding", "none"):
             raise ValueError(f"group_by must be 'grounding' or 'none', got {group_by!r}")
@@ -65,7 +82,9 @@ class ServedSelection:
         scored = read_scored(calibration, score, "hallucination", "grounding" if group_by == "grounding" else None)
         answers = labelled_part(scored, source)
         fitted = AnswerSelector(rule="question", alpha=alpha).select(answers, answers, check_lengths=False)
-        self.alpha, self.group_by, self.score = alpha, group_by, score
+        AnswerSelector(rule="kept_rate", alpha=alpha, delta=delta)  # delta checked when the server starts
+        self.alpha, self.group_by, self.score, self.delta = alpha, group_by, score, delta
+        self._calibration = answers
         #: each calibrated group's cut (an answer is kept when its score is under it); ``None``: too few calibration
         #: questions for the rule at ``alpha``, and the group keeps nothing
         self.cuts: dict[str, float | None] = {
@@ -80,6 +99,43 @@ class ServedSelection:
         cut = self.cuts.get(grounding if self.group_by == "grounding" else ALL)
         return cut is not None and score < cut
 
+    def select_batch(
+        self, rows: Sequence[dict[str, Any] | None], rule: Rule, ids: Sequence[str] | None = None
+    ) -> tuple[list[list[bool]], dict]:
+        """Which answers of a batch of scored questions to keep under ``rule``, and what the response says of it.
+
+        ``rows`` are the detector's rows of the batch's questions (``None``: a question with nothing scored, which
+        keeps nothing); ``ids``, the questions' distinct ids (default: their positions), key the selector's seeded
+        draws as ``select`` keys a file's rows. ``question`` keeps by its fixed cuts, as a single request would;
+        ``top``, ``fdr`` and ``kept_rate`` select over the whole batch (:class:`~kglightning.conformal.AnswerSelector`
+        with the batch as its test set), so a question's answers may be kept or not depending on its batch.
+        """
+        if ids is not None and (len(ids) != len(rows) or len(set(ids)) != len(ids)):
+            raise ValueError(f"ids must be {len(rows)} distinct names, one per row")
+        if rule == "question":
+            kept = [[] if r is None else [self.keeps(s, g) for s, g in zip(r[self.score], _kinds(r))] for r in rows]
+            return kept, {**self.describe(), "promise": PROMISES["question"]}
+        grouped = self.group_by == "grounding"
+        items = [
+            (i, {"id": ids[i] if ids is not None else i, "prediction": list(r["prediction"]) if r else [], self.score: list(r[self.score]) if r else [],
+                 "grounding": _kinds(r) if r else []})
+            for i, r in enumerate(rows)
+        ]  # fmt: skip
+        test = scored_rows(items, "<batch>", self.score, "hallucination", "grounding" if grouped else None).answers
+        selector = AnswerSelector(rule=rule, alpha=self.alpha, delta=self.delta)
+        chosen = selector.select(self._calibration, test, check_lengths=False, warn_clustered=False)
+        flat, kept = chosen.keep.tolist(), []
+        for _, row in items:
+            kept.append(flat[: len(row["prediction"])])
+            flat = flat[len(row["prediction"]) :]
+        groups = {g: {"calibration_questions": info.n_calibration, "too_small": info.too_small,
+                      "answers": info.n_test, "kept": info.n_kept} for g, info in chosen.groups.items()}  # fmt: skip
+        described = {**self.describe(), "rule": rule, "promise": PROMISES[rule], "groups": groups}
+        described.pop("cuts")
+        if rule == "kept_rate":
+            described["delta"] = self.delta
+        return kept, described
+
     def describe(self) -> dict[str, Any]:
         """What a response says of the selection it applied."""
         return {
@@ -91,3 +147,8 @@ class ServedSelection:
             "calibration_questions": dict(self.questions),
             "calibration": self.digest,
         }
+
+
+def _kinds(row: dict[str, Any]) -> list[str]:
+    """The grounding kind of each answer of a detector row (``exact`` when the row has none)."""
+    return list(row.get("grounding") or ["exact"] * len(row["prediction"]))

@@ -61,3 +61,92 @@ def test_the_response_keeps_by_the_selection_and_names_it(tmp_path: Path):
     assert [v["kept"] for v in got["answers"]] == [True, False, False] and got["abstained"] is False
     assert got["selection"]["rule"] == "question" and got["selection"]["calibration"] == "sha256:cal"
     assert verdicts("r", ["low"], None, 0.5, 0.5, "c", selection)["not_scored"][0]["reason"] == "ungrounded_dropped"
+
+
+def _kept_share(rows: list[dict], kept: list[list[bool]], per_question: bool) -> float:
+    """The hallucinated share of the kept answers (0 when nothing is kept); ``per_question``: each question that
+    keeps something weighs one, spread over its kept answers (what kept_rate bounds), else each answer weighs one."""
+    num = den = 0.0
+    for row, keep in zip(rows, kept):
+        picked = [w for w, k in zip(row["hallucinated"], keep) if k]
+        if picked:
+            num += sum(picked) / len(picked) if per_question else sum(picked)
+            den += 1 if per_question else len(picked)
+    return num / den if den else 0.0
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("alpha", [0.1, 0.2])
+def test_a_stream_of_batches_keeps_the_top_rules_promise(tmp_path: Path, alpha: float):
+    """Calibrate on 100 questions, then serve batches of 50 questions, 300 times over fresh draws: the mean share of
+    hallucinated answers among those kept (the FDR) stays at alpha or under, at most one answer is kept per question,
+    and the rule keeps something."""
+    gen = torch.Generator().manual_seed(int(alpha * 1000) + 1)
+    shares, kept_total = [], 0
+    for rep in range(300):
+        path = tmp_path / f"cal{rep}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in _questions(gen, 100)))
+        selection = ServedSelection(path, alpha=alpha, group_by="none", digest="sha256:test")
+        batch = _questions(gen, 50)
+        kept, described = selection.select_batch(batch, "top", [r["id"] for r in batch])
+        assert all(sum(k) <= 1 for k in kept) and described["rule"] == "top" and "promise" in described
+        shares.append(_kept_share(batch, kept, per_question=False))
+        kept_total += sum(map(sum, kept))
+    mean = sum(shares) / len(shares)
+    spread = (sum((s - mean) ** 2 for s in shares) / (len(shares) - 1)) ** 0.5
+    assert mean <= alpha + 3 * spread / len(shares) ** 0.5, (mean, alpha)
+    assert kept_total > 300 * 5  # about a fifth of the questions keep their best answer or more
+
+
+@pytest.mark.heavy
+def test_a_stream_of_batches_keeps_the_kept_rate_rules_promise(tmp_path: Path):
+    """kept_rate at alpha 0.2, delta 0.2: over 200 fresh calibrations, the question-weighted hallucinated share of a
+    large batch's kept answers (400 questions: close to the rate the rule bounds) exceeds alpha in at most about a
+    delta share of them, and the rule keeps something."""
+    alpha, delta, reps = 0.2, 0.2, 200
+    gen = torch.Generator().manual_seed(7)
+    over, kept_total = 0, 0
+    for rep in range(reps):
+        path = tmp_path / f"cal{rep}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in _questions(gen, 300)))
+        selection = ServedSelection(path, alpha=alpha, group_by="none", digest="sha256:test", delta=delta)
+        batch = _questions(gen, 400)
+        kept, described = selection.select_batch(batch, "kept_rate")
+        assert described["delta"] == delta
+        over += _kept_share(batch, kept, per_question=True) > alpha
+        kept_total += sum(map(sum, kept))
+    se = (delta * (1 - delta) / reps) ** 0.5
+    assert over / reps <= delta + 3 * se, over / reps
+    assert kept_total > 0
+
+
+def test_a_batch_keeps_what_the_rules_keep(tmp_path: Path):
+    """The batch's question rule keeps what single requests keep; top keeps one answer at most per question, what
+    AnswerSelector keeps over the same scores and ids; a question with nothing scored keeps nothing; ids must be
+    distinct."""
+    from kglightning.conformal.scored import ScoredAnswers
+    from kglightning.conformal.selection import AnswerSelector
+
+    gen = torch.Generator().manual_seed(3)
+    path = tmp_path / "cal.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _questions(gen, 80)))
+    selection = ServedSelection(path, alpha=0.2, group_by="none", digest="sha256:cal")
+    batch = _questions(gen, 40)
+    single, _ = selection.select_batch([*batch, None], "question")
+    assert single[:-1] == [[selection.keeps(s, "exact") for s in r["hallucination_logit"]] for r in batch]
+    assert single[-1] == []
+    ids = [f"mine-{i}" for i in range(40)]
+    top, described = selection.select_batch(batch, "top", ids)
+    assert (
+        all(sum(k) <= 1 for k in top)
+        and any(map(any, top))
+        and described["groups"]["all"]["answers"] == sum(len(r["prediction"]) for r in batch)
+    )
+    scores = torch.tensor([s for r in batch for s in r["hallucination_logit"]], dtype=torch.float64)
+    question = torch.tensor([i for i, r in enumerate(batch) for _ in r["prediction"]])
+    keys = [f"{q}#{j}" for q, r in zip(ids, batch) for j in range(len(r["prediction"]))]
+    expected = AnswerSelector("top", alpha=0.2).select(selection._calibration, ScoredAnswers(scores, question, keys=keys),
+                                                       check_lengths=False)  # fmt: skip
+    assert [k for keep in top for k in keep] == expected.keep.tolist()
+    with pytest.raises(ValueError, match="distinct"):
+        selection.select_batch(batch, "top", ["same"] * 40)

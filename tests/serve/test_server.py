@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from kglightning.testing.server import ServerProcess
 
@@ -163,6 +164,54 @@ def test_an_abstention_is_listed_not_dropped(served):
     got = _post(url, body).json()
     assert got["answers"] == [] and got["abstained"] is True
     assert got["not_scored"] == [{"entry": 0, "answer": "I don't know", "reason": "abstention"}]
+
+
+def test_a_batch_is_scored_as_single_requests_and_kept_by_its_rule(served):
+    """POST /v1/guard/batch: each question's verdicts are the single endpoint's, its question rule keeps what the
+    single endpoint keeps, top keeps at most one answer per question (and what the selector keeps over the same
+    scores and ids), and a bad question or rule gets a 422 naming it."""
+    from kglightning.conformal.scored import ScoredAnswers
+    from kglightning.conformal.selection import AnswerSelector
+    from kglightning.serve.selection import ServedSelection
+
+    url, test, _, _, calibration = served
+    bodies = [_request(r) for r in test]
+    single = [_ok(url, b) for b in bodies]
+
+    def batch(rule: str, questions: list[dict] = bodies) -> httpx.Response:
+        return httpx.post(f"{url}/v1/guard/batch", json={"questions": questions, "rule": rule},
+                          headers={"X-API-Key": KEY}, timeout=120)  # fmt: skip
+
+    same = batch("question")
+    assert same.status_code == 200, same.text[:2000]
+
+    def close(a: list[dict], b: list[dict]) -> bool:  # a batch's forward pass may differ in the last float bits
+        prob = all(abs(x["hallucination_prob"] - y["hallucination_prob"]) <= 1e-6 + 1e-12 for x, y in zip(a, b))
+        rest = [{k: v for k, v in x.items() if not k.startswith("hallucination_")} for x in a]
+        return prob and rest == [{k: v for k, v in y.items() if not k.startswith("hallucination_")} for y in b]
+
+    for got, one in zip(same.json()["responses"], single):
+        assert close(got["answers"], one["answers"]) and got["not_scored"] == one["not_scored"]
+    top = batch("top").json()
+    assert top["selection"]["rule"] == "top" and "at most one answer" in top["selection"]["promise"]
+    assert top["selection"]["calibration"] == ServedSelection(calibration, alpha=0.3).digest
+    kept = [[v["kept"] for v in r["answers"]] for r in top["responses"]]
+    assert all(sum(k) <= 1 for k in kept)
+    for r, one in zip(top["responses"], single):
+        assert r["abstained"] == (not any(v["kept"] for v in r["answers"]))
+        assert close([{**v, "kept": 0} for v in r["answers"]], [{**v, "kept": 0} for v in one["answers"]])
+    answers = [(b["id"], j, v) for b, r in zip(bodies, top["responses"]) for j, v in enumerate(r["answers"])]
+    scored = ScoredAnswers(
+        torch.tensor([v["hallucination_logit"] for *_, v in answers], dtype=torch.float64),
+        torch.tensor([[b["id"] for b in bodies].index(q) for q, *_ in answers]),
+        keys=[f"{q}#{j}" for q, j, _ in answers],
+    )
+    selection = ServedSelection(calibration, alpha=0.3)
+    expected = AnswerSelector("top", alpha=0.3).select(selection._calibration, scored, check_lengths=False)
+    assert [v["kept"] for *_, v in answers] == expected.keep.tolist()
+    bad = batch("top", [bodies[0], {**bodies[1], "answers": []}])
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][1:3] == ["questions", 1], bad.text[:500]
+    assert batch("best", bodies[:1]).status_code == 422
 
 
 def _request(record: dict) -> dict:
