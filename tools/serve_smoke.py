@@ -1,6 +1,7 @@
 """CI's check of ``kglightning serve`` on the embedded benchmark: fit a small detector on it (300 questions a split,
-one epoch: minutes, not the main job's quarter hour), start the real server on that checkpoint, and call it: test
-questions get their verdicts, a malformed request its 422, and the server stops when told.
+one epoch: minutes, not the main job's quarter hour), start the real server on that checkpoint with the embedded KG,
+and call it: test questions get their verdicts, with their graph and without it (the server cuts it from the KG), a
+malformed request its 422, and the server stops when told.
 
     python tools/serve_smoke.py            # in a temporary folder; exit 1 with the server's log on a failure
 
@@ -40,7 +41,7 @@ def main() -> int:
         checkpoint = work / "outputs/detector/graph_transformer/checkpoints/best.ckpt"
         print(f"fitted in {time.monotonic() - start:.0f} s", flush=True)
         args = ["--config", str(ROOT / "configs/serve.yaml"), "--detector_config", config, "--checkpoint",
-                str(checkpoint), "--data.init_args.max_records", "300"]  # fmt: skip
+                str(checkpoint), "--data.init_args.max_records", "300", "--kg", "embedded"]  # fmt: skip
         try:
             server = ServerProcess(args, work, work / "server.log", timeout=600)
         except RuntimeError as err:
@@ -55,6 +56,12 @@ def main() -> int:
                 if r.status_code != 200 or len(r.json()["answers"]) + len(r.json()["not_scored"]) < 1:
                     raise SystemExit(f"{record['id']}: {r.status_code} {r.text[:1000]}")
                 print(json.dumps({a["answer"]: a["hallucination_prob"] for a in r.json()["answers"]}), flush=True)
+            body = {"question": records[0]["question"], "answers": records[0]["answer"],
+                    "topic_entities": records[0]["q_entity"]}  # fmt: skip
+            r = httpx.post(f"{url}/v1/guard", json=body, timeout=60)
+            if r.status_code != 200 or not r.json()["retrieved"] or not r.json()["retrieved"]["triples"]:
+                raise SystemExit(f"a request without a graph: {r.status_code} {r.text[:1000]}")
+            print(f"cut from the KG: {r.json()['retrieved']['triples']} triples", flush=True)
             bad = httpx.post(f"{url}/v1/guard", json={"question": "q", "answers": [3], "graph": []}, timeout=60)
             if bad.status_code != 422:
                 raise SystemExit(f"a malformed request got {bad.status_code}, not 422: {bad.text[:500]}")

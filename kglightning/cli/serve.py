@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import multiprocessing
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,13 @@ log = logging.getLogger(__name__)
 DETECTOR_COMMAND = f"{PROG} fit --config configs/detector.yaml"
 
 
-def build_scorer(configs: list[str], overrides: list[str], checkpoint: str) -> Any:
+def build_scorer(
+    configs: list[str], overrides: list[str], checkpoint: str, kg: str | None = None,
+    kg_retrieval: dict[str, Any] | None = None,
+) -> Any:  # fmt: skip
     """The :class:`~kglightning.serve.guard.GuardScorer` of a training config and a checkpoint (run in each server
-    worker; the model and the data module as ``predict --ckpt_path`` would build them)."""
+    worker; the model and the data module as ``predict --ckpt_path`` would build them), with the KG ``kg`` names
+    (:func:`~kglightning.serve.kg.load_served_kg`) when given."""
     import torch
 
     from kglightning.cli import trainer
@@ -41,7 +47,12 @@ def build_scorer(configs: list[str], overrides: list[str], checkpoint: str) -> A
     cli = trainer.configured("serve", save_config_callback=None, args=[*args, *overrides, *quiet])
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # a Lightning checkpoint the user trained
     cli.model.load_state_dict(state["state_dict"])
-    return GuardScorer(cli.model, cli.datamodule, file_digest(checkpoint))
+    served = None
+    if kg is not None:
+        from kglightning.serve.kg import ServedKG, load_served_kg
+
+        served = ServedKG(load_served_kg(kg), kg_retrieval, source=kg)
+    return GuardScorer(cli.model, cli.datamodule, file_digest(checkpoint), served)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num_api_servers", type=int, default=1,
                    help="HTTP server processes that parse and validate requests (the detector runs in the --workers processes)")  # fmt: skip
     p.add_argument("--batch_timeout", type=float, default=0.005, help="seconds a batch waits for more requests")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds a request may wait before it gets a 504")
+    p.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds from a request's arrival to its response; then a 504"
+    )
     p.add_argument("--max_triples", type=int, default=2000,
                    help="triples a request's graph may hold (a request's time grows with the texts the cache has not "
                    "seen: keep one request well under --timeout)")  # fmt: skip
@@ -91,9 +104,28 @@ def _parser() -> argparse.ArgumentParser:
                    help="none: one cut, and the promise holds per question; grounding: a cut per grounding kind "
                    "(exact, near_miss, ungrounded), and the promise holds per kind (a question with answers of k "
                    "kinds may keep a hallucinated one with probability up to k * alpha)")  # fmt: skip
+    p.add_argument("--kg", default=None,
+                   help="a KG (a triples file as build-subgraphs --kg reads it, or 'embedded'): a request may then "
+                   "leave its graph out and send topic_entities, and the server cuts the subgraph around them as "
+                   "build-subgraphs does")  # fmt: skip
+    p.add_argument("--kg_retrieval", type=_mapping, default=None,
+                   help="the cut's settings, as a YAML or JSON mapping of build-subgraphs' options hops, topk, topk_e, "
+                   "cost_e, max_degree, max_nodes, encoder (default: build-subgraphs' defaults), e.g. '{hops: 1}'")  # fmt: skip
     p.add_argument("--api_key_env", default="KGLIGHTNING_API_KEY",
                    help="the environment variable that holds the API key (unset: no key asked)")  # fmt: skip
     return p
+
+
+def _mapping(text: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise argparse.ArgumentTypeError(f"not YAML or JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a mapping such as '{{hops: 2}}', got {text!r}")
+    return value
 
 
 def _config_defaults(p: argparse.ArgumentParser, path: str) -> None:
@@ -136,6 +168,8 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for name in positive:
         if getattr(args, name) <= 0:
             p.error(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.kg_retrieval is not None and not isinstance(args.kg_retrieval, dict):
+        p.error(f"--kg_retrieval: expected a mapping such as {{hops: 2}}, got {args.kg_retrieval!r}")
     if args.batch_timeout < 0:
         p.error(f"--batch_timeout must be >= 0, got {args.batch_timeout}")
     for name in ("selection_alpha", "selection_delta"):
@@ -157,7 +191,7 @@ def main(argv: list[str]) -> int:
     _check(p, args)
     # given on the command line, the detector's configs replace the serve config's (they are not added to them)
     configs = args.detector_config_cli or getattr(args, "detector_config", None) or ["configs/detector.yaml"]
-    for path in [*configs, args.checkpoint]:
+    for path in [*configs, args.checkpoint, *([args.kg] if args.kg not in (None, "embedded") else [])]:
         if not Path(path).is_file():
             hint = f"; train the detector first: `{DETECTOR_COMMAND}`" if path == args.checkpoint else ""
             raise FileNotFoundError(f"{path}: no such file{hint}")
@@ -172,23 +206,48 @@ def main(argv: list[str]) -> int:
         print(f"selection: the question rule at alpha {args.selection_alpha:g}, cuts {selection.describe()['cuts']}",
               file=sys.stderr)  # fmt: skip
 
+    if args.kg is not None:  # the API servers check that a request's topic entities are in it (workers cut)
+        from kglightning.serve.kg import ServedKG, load_served_kg
+
+        kg = load_served_kg(args.kg)
+        try:
+            ServedKG(kg, args.kg_retrieval)  # its settings checked before the workers start
+        except (TypeError, ValueError) as err:
+            p.error(f"--kg_retrieval: {err}")
+        LIMITS.kg_nodes = kg
+        print(f"KG {args.kg}: {kg}; requests without a graph get one cut around their topic entities", file=sys.stderr)
     LIMITS.max_triples, LIMITS.max_answers = args.max_triples, args.max_answers
     LIMITS.max_text_chars, LIMITS.max_body_bytes = args.max_text_chars, args.max_body_bytes
-    build = functools.partial(build_scorer, list(configs), list(overrides), args.checkpoint)
+    build = functools.partial(build_scorer, list(configs), list(overrides), args.checkpoint, args.kg,
+                              args.kg_retrieval)  # fmt: skip
+    closing = multiprocessing.get_context("fork").Event()  # set on SIGTERM; the API servers (forked) see it
     server = guard_server(build, accelerator=args.accelerator, max_batch_size=args.max_batch_size,
                           batch_timeout=args.batch_timeout, timeout=args.timeout, max_body_bytes=args.max_body_bytes,
                           api_key_env=args.api_key_env, selection=selection,
-                          workers=args.workers)  # fmt: skip
+                          workers=args.workers, closing=closing)  # fmt: skip
     print(f"serving {args.checkpoint} on http://{args.host}:{args.port}/v1/guard (OpenAPI: /docs)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get(args.api_key_env):
         print(f"warning: listening on {args.host} with no API key: anyone who reaches this port can call it (set "
               f"{args.api_key_env} before starting to require X-API-Key)", file=sys.stderr)  # fmt: skip
-    # SIGTERM (docker stop, kill, a test's terminate) shuts down as Ctrl-C does: LitServe's graceful shutdown lets the
-    # requests in flight finish and stops its workers; Python's default would leave the workers running
-    signal.signal(signal.SIGTERM, _interrupt)
+    # SIGTERM (docker stop, kill, a test's terminate): new requests get a 503, the requests in flight are answered,
+    # then LitServe shuts down as on Ctrl-C and stops its workers (Python's default would leave the workers running,
+    # and LitServe's own shutdown closes the workers' way back before the HTTP servers have answered)
+    signal.signal(signal.SIGTERM, functools.partial(_drain, server, closing, args.timeout, os.getpid()))
     server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=args.num_api_servers)
     return 0
 
 
-def _interrupt(signum: int, frame: Any) -> None:
+def _drain(server: Any, closing: Any, timeout: float, main_pid: int, signum: int, frame: Any) -> None:
+    """The SIGTERM handler: in the main process, refuse new requests (``closing``), wait for those in flight (at most
+    ``timeout`` and 5 s), then stop as on Ctrl-C. An API server process inherits it (forked): there uvicorn has
+    already shut its server down when it passes the signal on, and the process ends quietly."""
+    if os.getpid() != main_pid:
+        raise SystemExit(0)
+    closing.set()
+    deadline = time.monotonic() + timeout + 5.0
+    busy = server.active_requests or 0
+    if busy:
+        print(f"SIGTERM: answering the {busy} request(s) in flight, refusing new ones (503)", file=sys.stderr)
+    while (server.active_requests or 0) > 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
     raise KeyboardInterrupt(f"signal {signum}")

@@ -165,14 +165,18 @@ class PCSTRetriever(UsesEmbeddings):
         names = kg.entities
         return kg.subgraph(names[i] for i in ids.tolist()), truncated
 
-    def pcst(self, question: str, sub: KGIndex) -> tuple[list[tuple[str, str, str]], list[str]]:
+    def pcst(
+        self, question: str, sub: KGIndex, embeddings: Any = None
+    ) -> tuple[list[tuple[str, str, str]], list[str]]:
         """PCST on a neighbourhood: the selected triples and nodes (:func:`~kglightning.retrieval.pcst_prizes.pcst_cut`,
-        the selection of PyG's ``retrieval_via_pcst``)."""
+        the selection of PyG's ``retrieval_via_pcst``); the texts' rows from ``embeddings`` (anything with
+        ``embed(texts)``, e.g. a :class:`~kglightning.data.embeddings.TransientEmbeddings` that stores nothing;
+        default: :attr:`embeddings`, the disk cache)."""
         heads, rels, tails = sub.edge_ids()
         names = sub.entities
         if not heads.size:
             return [], list(names)
-        emb = self.embeddings
+        emb = self.embeddings if embeddings is None else embeddings
         rel_emb = emb.embed([relation_text(r) for r in sub.relations]).float()  # one row per relation, not edge
         edges, nodes = pcst_cut(
             np.stack([heads, tails]),
@@ -194,10 +198,11 @@ class PCSTRetriever(UsesEmbeddings):
         """The PCST triples and nodes of one question (an empty list when no topic entity has an edge in reach)."""
         return self.pcst(question, self.neighborhood(kg, topics)[0])
 
-    def retrieve_record(self, record: KGQARecord, kg: KGIndex) -> KGQARecord | None:
+    def retrieve_record(self, record: KGQARecord, kg: KGIndex, embeddings: Any = None) -> KGQARecord | None:
         """``record`` with its ``graph`` replaced by the PCST subgraph; ``None`` when it is skipped (counted).
 
-        ``a_entity`` becomes the gold answers (``a_entity`` and ``answer``) that are KG entities.
+        ``a_entity`` becomes the gold answers (``a_entity`` and ``answer``) that are KG entities; ``embeddings``: as
+        :meth:`pcst`'s.
         """
         start = time.perf_counter()
         present = [e for e in record.q_entity if e in kg]
@@ -209,7 +214,7 @@ class PCSTRetriever(UsesEmbeddings):
             return None
         self.stats.partial_topic += len(present) < len(record.q_entity)
         sub, truncated = self.neighborhood(kg, present)
-        triples, nodes = self.pcst(record.question, sub)
+        triples, nodes = self.pcst(record.question, sub, embeddings)
         neighborhood = sub.num_edges
         self.stats.truncated += truncated
         self.stats.empty_neighborhood += neighborhood == 0

@@ -3,15 +3,18 @@
 Requests are validated by FastAPI against :class:`~kglightning.serve.schema.GuardRequest` in the API server process,
 before they are queued, so a malformed request gets its 4xx and never reaches (or fails) a batch. LitServe gathers
 the valid ones into batches of up to ``max_batch_size`` (waiting at most ``batch_timeout``); a worker builds their
-graphs and scores them with one forward pass (:class:`~kglightning.serve.guard.GuardScorer`). A request left in the
-queue past ``timeout`` gets a 504.
+graphs and scores them with one forward pass (:class:`~kglightning.serve.guard.GuardScorer`). A request with no
+response ``timeout`` seconds after it arrived gets a 504 (:class:`Deadline`). With a calibration, ``POST
+/v1/guard/batch`` (:class:`GuardBatchAPI`) keeps answers by a rule over a batch of questions.
 
 The API key: when the environment variable named by ``api_key_env`` (``KGLIGHTNING_API_KEY``) is set when the server
 starts, every request but ``GET /health`` must carry it in ``X-API-Key`` (401 otherwise); it is compared in constant
 time and never logged.
 """
 
+import asyncio
 import hmac
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -26,7 +29,7 @@ from kglightning.serve.guard import GuardScorer, verdicts
 from kglightning.serve.schema import GuardBatchRequest, GuardBatchResponse, GuardRequest, GuardResponse
 from kglightning.serve.selection import ServedSelection
 
-__all__ = ["GuardAPI", "GuardBatchAPI", "guard_server"]
+__all__ = ["Deadline", "GuardAPI", "GuardBatchAPI", "guard_server"]
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +87,13 @@ class GuardAPI(ls.LitAPI):
         requests = x if isinstance(x, list) else [x]
         if self.scorer is None:
             raise RuntimeError("GuardAPI.predict before setup(): LitServe calls setup in each worker first")
-        rows = self.scorer.score([r.record() for r in requests])
+        records, cuts = zip(*(self.scorer.with_graph(r.record(), r.graph is None) for r in requests))
+        rows = self.scorer.score(records)
         model = self.scorer.model
         threshold, loose = float(model.threshold), float(model.ungrounded_threshold)
         out = [
-            verdicts(r.id, r.answers, row, threshold, loose, self.scorer.checkpoint, self.selection)
-            for r, row in zip(requests, rows)
+            verdicts(r.id, r.answers, row, threshold, loose, self.scorer.checkpoint, self.selection, retrieved=cut)
+            for r, row, cut in zip(requests, rows, cuts)
         ]
         return out if isinstance(x, list) else out[0]
 
@@ -132,7 +136,7 @@ class GuardBatchAPI(GuardAPI):
         if self.scorer is None or self.selection is None:
             raise RuntimeError("GuardBatchAPI.predict before setup(): LitServe calls setup in each worker first")
         questions = x.questions
-        records = [q.record() for q in questions]
+        records, cuts = zip(*(self.scorer.with_graph(q.record(), q.graph is None) for q in questions))
         rows = [
             row for lo in range(0, len(records), self.chunk) for row in self.scorer.score(records[lo : lo + self.chunk])
         ]
@@ -142,8 +146,10 @@ class GuardBatchAPI(GuardAPI):
         model = self.scorer.model
         threshold, loose = float(model.threshold), float(model.ungrounded_threshold)
         responses = [
-            verdicts(q.id, q.answers, row, threshold, loose, self.scorer.checkpoint, kept=(keep, described))
-            for q, row, keep in zip(questions, rows, kept)
+            verdicts(
+                q.id, q.answers, row, threshold, loose, self.scorer.checkpoint, kept=(keep, described), retrieved=cut
+            )  # fmt: skip
+            for q, row, keep, cut in zip(questions, rows, kept, cuts)
         ]
         return {"responses": responses, "selection": described}
 
@@ -161,11 +167,13 @@ def guard_server(
     api_key_env: str = "KGLIGHTNING_API_KEY",
     selection: ServedSelection | None = None,
     workers: int = 1,
+    closing: Any = None,
 ) -> ls.LitServer:
     """A ``litserve.LitServer`` serving :class:`GuardAPI` on ``workers`` processes, each with its own copy of the
     detector (``accelerator="auto"``: on a GPU when there is one); its key, when ``api_key_env`` is set, read from
     the environment once. Responses come back to the HTTP processes over ZeroMQ (LitServe's ``fast_queue``: at
-    concurrency 1 a request took 33 ms with its default queue, 20 ms with this)."""
+    concurrency 1 a request took 33 ms with its default queue, 20 ms with this). ``closing``: an event (a
+    ``multiprocessing.Event``) that, once set, has new requests refused with a 503 while those in flight finish."""
     key = os.environ.get(api_key_env) or None
     log.info(
         "serve: %s", f"an API key is required ({api_key_env} is set)" if key else f"no API key ({api_key_env} unset)"
@@ -177,7 +185,53 @@ def guard_server(
     server = ls.LitServer(apis, accelerator=accelerator, devices=1, workers_per_device=per_api, timeout=timeout,
                           max_payload_size=max_body_bytes, track_requests=True, fast_queue=True)  # fmt: skip
     server.app.add_exception_handler(RequestValidationError, _invalid)
+    server.app.add_middleware(Deadline, timeout=timeout, closing=closing)
     return server
+
+
+class Deadline:
+    """ASGI middleware: a request to an endpoint under ``/v1/`` that has no response ``timeout`` seconds after it
+    arrived gets a 504 (LitServe's own timeout answers a request only when a worker takes it from the queue, so one
+    behind a long batch would wait for it, however long). The worker still finishes the request it was scoring, and
+    its answer is dropped. Once ``closing`` is set (the server is stopping), a new request gets a 503.
+
+    Args:
+        app: the ASGI app it wraps.
+        timeout: seconds from a request's arrival to its response.
+        closing: an event with ``is_set()``, or ``None``.
+    """
+
+    def __init__(self, app: Any, timeout: float, closing: Any = None) -> None:
+        self.app, self.timeout, self.closing = app, timeout, closing
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        if self.closing is not None and self.closing.is_set():
+            await _reply(send, 503, "the server is shutting down")
+            return
+        began = False
+
+        async def sending(message: dict) -> None:
+            nonlocal began
+            began = True  # a response under way is finished, not cut off
+            await send(message)
+
+        task = asyncio.ensure_future(self.app(scope, receive, sending))
+        done, _ = await asyncio.wait({task}, timeout=self.timeout)
+        if task in done or began:
+            await task
+            return
+        task.cancel()
+        await _reply(send, 504, f"no response within this server's timeout of {self.timeout:g} s")
+
+
+async def _reply(send: Callable, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _invalid(request: Request, exc: Exception) -> JSONResponse:

@@ -21,6 +21,7 @@ from kglightning.datamodules.detection import DetectionDataModule
 from kglightning.datamodules.graph_forms import collate_graphs
 from kglightning.metrics.functional.qa import is_abstention
 from kglightning.modules.detector import HallucinationDetector
+from kglightning.serve.kg import ServedKG
 from kglightning.serve.selection import ServedSelection
 
 __all__ = ["GuardScorer", "verdicts"]
@@ -34,9 +35,12 @@ class GuardScorer:
         data: the data module it was trained with (its encoder, cache, graph settings and answer features).
         checkpoint: what the responses name the weights by (:func:`~kglightning.fileio.file_digest` of the
             checkpoint).
+        kg: the KG that the subgraphs of requests sent without one are cut from (``None``: none).
     """
 
-    def __init__(self, model: HallucinationDetector, data: DetectionDataModule, checkpoint: str = "") -> None:
+    def __init__(
+        self, model: HallucinationDetector, data: DetectionDataModule, checkpoint: str = "", kg: ServedKG | None = None
+    ) -> None:
         if not isinstance(data, DetectionDataModule):
             raise TypeError(f"the detector's data module must be a DetectionDataModule, got {type(data).__name__}")
         self.model = model.eval().requires_grad_(False)
@@ -44,11 +48,22 @@ class GuardScorer:
         if hasattr(data.encoder, "show_progress"):  # no progress bar per request in the server's log
             data.encoder.show_progress = False
         self.checkpoint = checkpoint
+        self.kg = kg
+
+    def with_graph(self, record: KGQARecord, cut: bool) -> tuple[KGQARecord, dict[str, Any] | None]:
+        """``record``, and with ``cut`` its subgraph cut from :attr:`kg` (and what the response says of the cut)."""
+        if not cut:
+            return record, None
+        if self.kg is None:
+            raise RuntimeError(f"record {record.id!r} came without a graph, and this scorer has no KG to cut one from")
+        return self.kg.cut(record)
 
     def warm_up(self) -> None:
         """What the first request would otherwise wait for: the text encoder, and the relation prior's fit on the
         train split when the detector uses it."""
         self.data.encoder.encode(["warm-up"])
+        if self.kg is not None:
+            self.kg.retriever.encoder.encode(["warm-up"])
         if "relation_prior" in self.data.answer_features:
             self.data.relation_prior()
 
@@ -70,13 +85,13 @@ class GuardScorer:
 def verdicts(
     request_id: str | None, answers: Sequence[str], row: dict[str, Any] | None, threshold: float,
     ungrounded_threshold: float, checkpoint: str, selection: ServedSelection | None = None,
-    kept: tuple[Sequence[bool], dict[str, Any]] | None = None,
+    kept: tuple[Sequence[bool], dict[str, Any]] | None = None, retrieved: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """A response (:class:`~kglightning.serve.schema.GuardResponse` as a dict) from the ``predict`` row of a request
     (``None``: nothing to classify). An answer is kept when ``selection`` keeps it, or, without one, when it is not
     flagged; ``kept``: instead, whether each of the row's answers is kept and the selection that decided it (a batch
     rule's, :meth:`ServedSelection.select_batch`). An entry of ``answers`` without a verdict is listed in
-    ``not_scored`` with its reason."""
+    ``not_scored`` with its reason; ``retrieved``: what :meth:`ServedKG.cut` said of the subgraph it cut."""
     out, covered = [], set()
     described = kept[1] if kept is not None else selection.describe() if selection is not None else None
     if row is not None:
@@ -106,4 +121,5 @@ def verdicts(
         "ungrounded_threshold": float(row["ungrounded_threshold"]) if row is not None else ungrounded_threshold,
         "checkpoint": checkpoint,
         "selection": described,
+        "retrieved": retrieved,
     }

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -64,6 +65,8 @@ class Limits:
         max_text_chars: characters of the id, the question, an answer, a topic entity and a triple's or path's part.
         max_body_bytes: bytes of the request body.
         max_batch_questions: questions in one request to the batch endpoint.
+        kg_nodes: the nodes of the server's KG (``None``: it has none, and a request must send its graph); a
+            request without a graph needs a topic entity among them.
     """
 
     max_triples: int = 2000
@@ -71,6 +74,7 @@ class Limits:
     max_text_chars: int = 2000
     max_body_bytes: int = 8_000_000
     max_batch_questions: int = 1000
+    kg_nodes: Container[str] | None = None
 
 
 #: the limits this process validates against (``kglightning serve`` sets them before its API servers start)
@@ -93,7 +97,13 @@ class GuardRequest(BaseModel):
         description="per entry of answers, the reasoning paths the LLM cited for it, each written as in records: "
         "[entity, relation, entity, relation, ..., entity]",
     )
-    graph: list[Triple] = Field(min_length=1, description="the question's subgraph as [head, relation, tail] triples")
+    graph: list[Triple] | None = Field(
+        None,
+        min_length=1,
+        validate_default=True,
+        description="the question's subgraph as [head, relation, tail] triples; leave it out when the server has a "
+        "KG, and it cuts the subgraph around topic_entities as build-subgraphs does",
+    )
     topic_entities: list[StrictStr] = Field(default_factory=list, description="the question's topic entities")
 
     @field_validator("question")
@@ -110,8 +120,15 @@ class GuardRequest(BaseModel):
 
     @field_validator("topic_entities")
     @classmethod
-    def _topics(cls, value: list[str]) -> list[str]:
-        return _capped(value, LIMITS.max_answers, "topic entities", "topic entity {i}")
+    def _topics(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        _capped(value, LIMITS.max_answers, "topic entities", "topic entity {i}")
+        if "graph" in info.data and info.data["graph"] is None and LIMITS.kg_nodes is not None:  # cut from the KG
+            if not any(e in LIMITS.kg_nodes for e in value):
+                raise ValueError(
+                    "no topic entity is a node of the server's KG, so no subgraph can be cut around one (send the "
+                    "graph, or topic entities spelled as the KG's nodes)"
+                )
+        return value
 
     @field_validator("paths")
     @classmethod
@@ -127,7 +144,11 @@ class GuardRequest(BaseModel):
 
     @field_validator("graph")
     @classmethod
-    def _graph(cls, value: list[list[str]]) -> list[list[str]]:
+    def _graph(cls, value: list[list[str]] | None) -> list[list[str]] | None:
+        if value is None:
+            if LIMITS.kg_nodes is None:
+                raise ValueError("required: this server has no KG to cut the question's subgraph from")
+            return None
         return _capped(value, LIMITS.max_triples, "triples", "triple {i}")
 
     @field_validator("confidence", "paths")
@@ -154,7 +175,7 @@ class GuardRequest(BaseModel):
             "answer": [],
             "q_entity": list(self.topic_entities),
             "a_entity": [],
-            "graph": self.graph,
+            "graph": self.graph if self.graph is not None else [],  # the server cuts it from its KG
             "prediction": list(self.answers),
         }
         if self.confidence is not None:
@@ -232,6 +253,11 @@ class GuardResponse(BaseModel):
     checkpoint: str = Field(description="sha256 of the detector checkpoint served")
     selection: dict[str, Any] | None = Field(
         description="the selection applied (rule, alpha, each group's cut, the calibration's sha256), or null"
+    )
+    retrieved: dict[str, Any] | None = Field(
+        None,
+        description="the subgraph the server cut from its KG (triples, nodes, the topic entities it was cut around "
+        "and those not in the KG), or null: the request's graph",
     )
 
 

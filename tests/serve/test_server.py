@@ -18,7 +18,8 @@ from kglightning.testing.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-7d1c"
-pytestmark = pytest.mark.e2e
+# one worker runs this module, so that the detector is fitted and the server started once (pytest.ini: loadgroup)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("serve-server")]
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -58,9 +59,16 @@ def served(tmp_path_factory, tiny_encoder_dir, detection_records):
     _run(tmp, "predict", *detector, "--ckpt_path", str(ckpt), "--trainer.enable_progress_bar", "false",
          "--data.init_args.predict_split", "validation")  # fmt: skip
     calibration = tmp / "outputs/detector/graph_transformer/hallucination_predictions_validation.jsonl"
+    # a KG of every split's graphs, and the test questions' subgraphs cut from it by build-subgraphs
+    triples = {tuple(t) for split in ("train", "validation", "test") for line in (data / f"{split}.jsonl").open()
+               for t in json.loads(line)["graph"]}  # fmt: skip
+    (tmp / "kg.tsv").write_text("".join("\t".join(t) + "\n" for t in sorted(triples)))
+    _run(tmp, "build-subgraphs", "--kg", str(tmp / "kg.tsv"), "--questions", f"test={data / 'test.jsonl'}",
+         "--out", str(tmp / "cut"), "--encoder", tiny_encoder_dir)  # fmt: skip
     args = ["--config", str(ROOT / "configs/serve.yaml"), "--detector_config", str(ROOT / "configs/detector.yaml"),
             "--checkpoint", str(ckpt), "--accelerator", "cpu", "--max_triples", "60", "--max_body_bytes", "200000",
-            "--selection_calibration", str(calibration), "--selection_alpha", "0.3",
+            "--selection_calibration", str(calibration), "--selection_alpha", "0.3", "--kg", str(tmp / "kg.tsv"),
+            "--kg_retrieval", json.dumps({"encoder": tiny_encoder_dir}),
             *_detector_args(str(data), tiny_encoder_dir)]  # fmt: skip
     server = ServerProcess(args, tmp, tmp / "server.log", env=_env(tmp, KGLIGHTNING_API_KEY=KEY))
     test = [json.loads(line) for line in (data / "test.jsonl").open()]
@@ -212,6 +220,86 @@ def test_a_batch_is_scored_as_single_requests_and_kept_by_its_rule(served):
     bad = batch("top", [bodies[0], {**bodies[1], "answers": []}])
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][1:3] == ["questions", 1], bad.text[:500]
     assert batch("best", bodies[:1]).status_code == 422
+
+
+def test_a_request_without_a_graph_gets_the_subgraph_build_subgraphs_cuts(served):
+    """With --kg, a request may send topic entities instead of its graph: its verdicts are those of a request that
+    sends the subgraph build-subgraphs cut for the question, and the response says what was cut; topic entities none
+    of which is in the KG get a 422 naming the field."""
+    url, test, _, log, _ = served
+    cuts = {r["id"]: r for r in map(json.loads, (log.parent / "cut/test.jsonl").open())}  # the fixture's
+    checked = 0
+    for record in test:
+        cut = cuts.get(record["id"])
+        if cut is None or not cut["graph"]:
+            continue
+        body = {k: v for k, v in _request(record).items() if k != "graph"}
+        got = _ok(url, body)
+        sent = _ok(url, {**body, "graph": cut["graph"], "topic_entities": cut["q_entity"]})
+        assert got["retrieved"]["triples"] == len(cut["graph"]) and sent["retrieved"] is None
+        assert got["retrieved"]["topic_entities"] == cut["q_entity"]
+        assert [v["answer"] for v in got["answers"]] == [v["answer"] for v in sent["answers"]]
+        for a, b in zip(got["answers"], sent["answers"]):
+            assert abs(a["hallucination_prob"] - b["hallucination_prob"]) <= 1e-5, (record["id"], a, b)
+            assert a["grounding"] == b["grounding"]
+        checked += 1
+    assert checked >= len(test) // 2, checked
+    body = {k: v for k, v in _request(test[0]).items() if k != "graph"}
+    r = _post(url, {**body, "topic_entities": ["Nowhere at all"]})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][1:] == ["topic_entities"], r.text[:500]
+    assert "KG" in r.json()["detail"][0]["msg"]
+
+
+def test_a_late_request_gets_a_504_and_sigterm_finishes_the_requests_in_flight(served, tiny_encoder_dir):
+    """A second server on the same checkpoint with a 1 s timeout: of 8 large requests sent at once to its one worker,
+    those not answered within the timeout get a 504 about then (not a hung connection), and it serves again after;
+    then SIGTERM while requests are in flight: each still gets its 200, and no process is left."""
+    import time
+
+    url, test, _, log, _ = served
+    tmp = log.parent
+    args = ["--config", str(ROOT / "configs/serve.yaml"), "--detector_config", str(ROOT / "configs/detector.yaml"),
+            "--checkpoint", str(tmp / "outputs/detector/graph_transformer/checkpoints/best.ckpt"),
+            "--accelerator", "cpu", "--timeout", "1", "--max_batch_size", "1",
+            *_detector_args(str(tmp / "data"), tiny_encoder_dir)]  # fmt: skip
+    server = ServerProcess(args, tmp, tmp / "server_timeout.log", env=_env(tmp))
+    try:
+        big = {
+            **_request(test[0]),
+            "graph": [[f"node {i}", f"relation {i % 97}", f"node {i + 1}"] for i in range(1500)],
+        }
+
+        def timed(body: dict) -> tuple[int, float]:
+            start = time.monotonic()
+            code = httpx.post(f"{server.url}/v1/guard", json=body, timeout=120).status_code
+            return code, time.monotonic() - start
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(timed, [big] * 8))
+        codes = [c for c, _ in results]
+        assert set(codes) <= {200, 504} and 504 in codes, results
+        assert all(seconds < 1 + 5 for code, seconds in results if code == 504), results
+        for _ in range(60):  # the worker finishes what it had taken, then serves again
+            if httpx.post(f"{server.url}/v1/guard", json=_request(test[1]), timeout=30).status_code == 200:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the server did not serve again after its 504s")
+        medium = [
+            {**_request(r), "graph": [[f"city {i}", "near", f"city {i + 1}"] for i in range(300)]} for r in test[:4]
+        ]
+        clients = [httpx.Client(timeout=120) for _ in medium]
+        for client in clients:  # connections open before the requests go, so that all four are sent at once
+            assert client.get(f"{server.url}/health").status_code == 200
+        with concurrent.futures.ThreadPoolExecutor(len(medium)) as pool:
+            sent = [pool.submit(c.post, f"{server.url}/v1/guard", json=b) for c, b in zip(clients, medium)]
+            done, waiting = concurrent.futures.wait(sent, return_when=concurrent.futures.FIRST_COMPLETED)
+            alive = server.stop()  # SIGTERM with the others queued behind the first (one worker, batches of 1)
+            finished = [f.result().status_code for f in sent]
+        assert waiting and finished == [200] * len(medium), (len(waiting), finished)
+        assert not alive, f"left running after SIGTERM: {alive}"
+    finally:
+        server.stop()
 
 
 def _request(record: dict) -> dict:
