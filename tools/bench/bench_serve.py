@@ -190,6 +190,7 @@ def main() -> None:
         try:
             _load(server.url, bodies[:64], 8)  # warm-up
             row = {"max_batch_size": batch, "workers": workers, "ready_seconds": server.ready_seconds,
+                   "rss_mb": server.rss_mb(),
                    "load": [_load(server.url, sent, c) for c in (1, 8, 32)]}  # fmt: skip
             if (batch, workers) == (16, 1):
                 row["small_question"] = _load(server.url, _small(bodies), 1)
