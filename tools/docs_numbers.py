@@ -495,35 +495,51 @@ def main_job_breakdown() -> str:
 def serve_load() -> str:
     """``kglightning serve`` under load and in a soak, beside in-process scoring (bench_serve.py)."""
     r = load("serve_load")
-    lines = ["| max_batch_size | concurrency | requests/s | p50 | p99 |", "|---:|---:|---:|---:|---:|"]
+    lines = ["| max_batch_size | workers | concurrency | requests/s | p50 | p99 |", "|---:|---:|---:|---:|---:|---:|"]
     for run in r["servers"]:
-        lines += [f"| {run['max_batch_size']} | {x['concurrency']} | {x['per_second']:.1f} | {x['p50_ms']:.0f} ms | "
-                  f"{x['p99_ms']:.0f} ms |" for x in run["load"]]  # fmt: skip
+        lines += [f"| {run['max_batch_size']} | {run.get('workers', 1)} | {x['concurrency']} | {x['per_second']:.1f} | "
+                  f"{x['p50_ms']:.0f} ms | {x['p99_ms']:.0f} ms |" for x in run["load"]]  # fmt: skip
     inproc = r["in_process"]
-    batched = next(run for run in r["servers"] if run["max_batch_size"] > 1)
-    by_c = {x["concurrency"]: x for x in batched["load"]}
-    top, one = by_c[max(by_c)], by_c[min(by_c)]
     m = r["machine"]
     lines += ["", f"The same {r['questions']} test questions of the embedded benchmark (graphs of a median "
               f"{r['median_triples']:.0f} triples) scored in-process, in batches of 16, took {inproc['per_second']:.1f} "
-              f"questions/s. With batching, concurrency {top['concurrency']} gave {top['per_second'] / one['per_second']:.1f}x "
-              f"the throughput of concurrency {one['concurrency']} and {top['per_second'] / inproc['per_second']:.0%} of "
-              f"in-process scoring."]  # fmt: skip
-    small = batched.get("small_question")
+              f"questions/s."]  # fmt: skip
+    batched = [run for run in r["servers"] if run["max_batch_size"] > 1]
+    for run in batched:
+        by_c = {x["concurrency"]: x for x in run["load"]}
+        top, one = by_c[max(by_c)], by_c[min(by_c)]
+        memory = f" (resident memory when ready: {run['rss_mb']:.0f} MB)" if "rss_mb" in run else ""
+        lines[-1] += (f" With batching on {run.get('workers', 1)} worker(s){memory}, concurrency {top['concurrency']} "
+                      f"gave {top['per_second'] / one['per_second']:.1f}x the throughput of concurrency "
+                      f"{one['concurrency']} and {top['per_second'] / inproc['per_second']:.0%} of in-process "
+                      "scoring.")  # fmt: skip
+    first = batched[0]
+    small = first.get("small_question")
     if small:
         lines[-1] += (f" A small question (20 triples, 5 answers) at concurrency 1: p50 {small['p50_ms']:.0f} ms, "
                       f"p99 {small['p99_ms']:.0f} ms.")  # fmt: skip
-    soak = batched.get("soak")
+    soak = first.get("soak")
     if soak:
         bad = soak["malformed_statuses"]
         four = sum(n for c, n in bad.items() if c.startswith("4"))
-        lines[-1] += (f" A soak of {soak['minutes']:g} minutes at concurrency {soak['concurrency']}, one request in "
-                      f"100 malformed: {sum(soak['statuses'].values()):,} requests, {soak['server_errors']} answered "
-                      f"5xx, {four} of {sum(bad.values())} malformed ones answered 4xx; the server's memory went from "
+        lines[-1] += (f" A soak of {soak['minutes']:g} minutes at concurrency {soak['concurrency']} (one worker), "
+                      f"one request in 100 malformed: {sum(soak['statuses'].values()):,} requests, "
+                      f"{soak['server_errors']} answered 5xx, {four} of {sum(bad.values())} malformed ones answered "
+                      "4xx; the server's memory went from "
                       f"{soak['rss_mb_per_minute'][1 if len(soak['rss_mb_per_minute']) > 2 else 0]:.0f} MB after the "
                       f"first minute to {soak['rss_mb_per_minute'][-1]:.0f} MB ({soak['rss_growth']:+.1%}).")  # fmt: skip
-    lines[-1] += (f" On {m['cores']} CPU cores ({m['cpu']}) on {r['date']}, commit {r['commit']}: "
-                  "`docs/results/serve_load.json`.")  # fmt: skip
+    large = r.get("large")
+    if large and large.get("servers"):
+        inproc = large["in_process"]
+        lines += ["", f"Graphs of GNN-RAG's size ({large['questions']} generated questions, a median of "
+                  f"{large['median_triples']:.0f} triples and at most {large['max_triples']:,}, their texts in the "
+                  f"cache): in-process {inproc['per_second']:.1f} questions/s.", "",
+                  "| workers | concurrency | requests/s | p50 | p99 | of in-process |", "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for run in large["servers"]:
+            lines += [f"| {run['workers']} | {x['concurrency']} | {x['per_second']:.1f} | {x['p50_ms']:.0f} ms | "
+                      f"{x['p99_ms']:.0f} ms | {x['per_second'] / inproc['per_second']:.0%} |" for x in run["load"]]  # fmt: skip
+    lines += ["", f"On {m['cores']} CPU cores ({m['cpu']}) on {r['date']}, commit {r['commit']}: "
+              "`docs/results/serve_load.json`."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

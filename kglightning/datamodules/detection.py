@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -406,21 +406,31 @@ class DetectionDataModule(KGQADataModule):
         are (the same rows, :func:`~kglightning.datamodules.graph_rows.records_rows`); ``None`` for a record with no
         answer to classify. Each record's texts are rows of ``table`` of its own (:meth:`RequestEmbeddings.view`), so
         a graph does not depend on the records beside it; :meth:`collate` them with ``table.rows``."""
-        searched = bool(ON_PATHS & set(self.answer_features))
         out: list[Data | None] = []
-        every = records_rows(records, range(len(records)), self.add_reverse_edges, self.ungrounded, self._near,
-                             self.relation_view)  # fmt: skip
-        check_table(every)  # once for the batch (each row is read on its own below)
-        for k, record in enumerate(records):
-            rows = every.slice(k, 1)
-            paths = self._record_paths(record) if searched else []
-            on_paths = [t for _, ts in paths for t in ts] if "path_score" in self.answer_features else []
-            view = table.view([*rows.column("texts")[0].as_py(), record.question, *on_paths])
+        for record, rows, paths, texts in self._request_rows(records):
+            view = table.view(texts)
             built = [g for _, g in graphs_from_rows(rows, view._index, self.add_reverse_edges, check=False)]
             if built and self.answer_features:
                 self._attach_answer_features([(record, built[0])], [paths], view, [None])
             out.append(built[0] if built else None)
         return out
+
+    def request_texts(self, records: Sequence[KGQARecord]) -> list[str]:
+        """The texts :meth:`request_graphs` embeds for ``records``, each once (to encode into the cache ahead, as a
+        server on data it was trained on finds them there)."""
+        return list(dict.fromkeys(t for *_, texts in self._request_rows(records) for t in texts))
+
+    def _request_rows(self, records: Sequence[KGQARecord]) -> Iterator[tuple[KGQARecord, Any, list, list[str]]]:
+        """Per record: its graph row (a one-row table), its answers' paths and the texts its graph needs."""
+        searched = bool(ON_PATHS & set(self.answer_features))
+        every = records_rows(records, range(len(records)), self.add_reverse_edges, self.ungrounded, self._near,
+                             self.relation_view)  # fmt: skip
+        check_table(every)  # once for the batch (each row is read on its own)
+        for k, record in enumerate(records):
+            rows = every.slice(k, 1)
+            paths = self._record_paths(record) if searched else []
+            on_paths = [t for _, ts in paths for t in ts] if "path_score" in self.answer_features else []
+            yield record, rows, paths, [*rows.column("texts")[0].as_py(), record.question, *on_paths]
 
     def _near(self, record: KGQARecord) -> Callable[[str], str | None] | None:
         """``answer -> node name`` by :attr:`near_miss` over ``record``'s nodes (``None`` without a grounder)."""

@@ -4,16 +4,18 @@ The questions are the embedded benchmark's test split with the main job's propos
 about 200 triples), read through the detector's own data module. For each setting (``--max_batch_size 1`` and 16 on
 one worker, 16 on two ``--workers``) the server is started, warmed up, and sent every question ``--rounds`` times at
 concurrency 1, 8 and 32 (one asyncio client, a connection per concurrent request): requests per second, p50 and p99
-latency. Beside it, in the same run, the same questions
-scored in-process (:class:`~kglightning.serve.guard.GuardScorer`, batches of 16: the server's work without HTTP),
-and the p50 latency of a small question (its first 20 triples, 5 answers) at concurrency 1.
+latency. Beside it, in the same run, the same questions scored in-process
+(:class:`~kglightning.serve.guard.GuardScorer`, batches of 16: the server's work without HTTP), and the p50 latency
+of a small question (its first 20 triples, 5 answers) at concurrency 1.
 
-``--soak-minutes M`` then runs the batching server at concurrency 32 for M minutes, one request in 100 malformed
-(a rotating set of bad bodies), and records every status code, whether each malformed request got a 4xx, and the
-resident memory of the server's processes each minute.
+``--large N`` sends ``N`` questions with graphs of GNN-RAG's size (about 4,150 triples, from
+``rog_generator.py``; their texts encoded into the cache first) to the batching server on one and on two workers,
+beside in-process scoring of the same. ``--soak-minutes M`` runs the batching server at concurrency 32 for M minutes,
+one request in 100 malformed (a rotating set of bad bodies), and records every status code, whether each malformed
+request got a 4xx, and the resident memory of the server's processes each minute.
 
-    python tools/bench/bench_serve.py --output docs/results/serve_load.json
-    python tools/bench/bench_serve.py --soak-minutes 10 --output docs/results/serve_soak.json
+    python tools/bench/bench_serve.py --soak-minutes 10 --output docs/results/serve_load.json
+    python tools/bench/bench_serve.py --large 0 --rounds 1     # a quick look, printed only
 
 Needs the main job's checkpoint (``fit --config configs/detector.yaml``).
 """
@@ -34,11 +36,13 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "bench"))
 sys.path.insert(0, str(ROOT))
 
 from record_run import _commit, machine  # noqa: E402
 from side_by_side import write_result  # noqa: E402
 
+from kglightning.serve.schema import LIMITS  # noqa: E402
 from kglightning.testing.server import ServerProcess  # noqa: E402
 
 JSON = {"content-type": "application/json"}
@@ -76,9 +80,9 @@ def _in_process(scorer: object, bodies: list[dict], batch: int = 16) -> dict[str
     return {"questions": len(records), "seconds": round(seconds, 2), "per_second": round(len(records) / seconds, 1)}
 
 
-def _server(checkpoint: str, batch: int, workers: int, log: Path) -> ServerProcess:
+def _server(checkpoint: str, batch: int, workers: int, log: Path, *extra: str) -> ServerProcess:
     args = ["--config", "configs/serve.yaml", "--checkpoint", checkpoint, "--max_batch_size", str(batch),
-            "--accelerator", "cpu", "--workers", str(workers)]  # fmt: skip
+            "--accelerator", "cpu", "--workers", str(workers), *extra]  # fmt: skip
     return ServerProcess(args, ROOT, log)
 
 
@@ -114,6 +118,21 @@ def _load(url: str, bodies: list[dict], concurrency: int) -> dict[str, float]:
     return {"concurrency": concurrency, "requests": len(bodies), "per_second": round(len(bodies) / seconds, 1),
             "p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
             "p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1)}  # fmt: skip
+
+
+def _large(scorer: object, n: int, triples: int = 4150) -> list[dict]:
+    """``n`` questions with graphs of GNN-RAG's size (RoG's WebQSP subgraphs, which GNN-RAG answers over: 6.76M
+    triples over 1,628 test questions, about 4,150 each, heavy-tailed) from the seeded generator, their texts encoded
+    into the cache first, as a server on the data it was trained on finds them."""
+    from rog_generator import RoGGenerator
+
+    from kglightning.data.records import KGQARecord
+
+    rows = list(RoGGenerator(seed=0, triples=triples).records(n, "test"))
+    records = [KGQARecord.from_dict(r, source="rog_generator") for r in rows]
+    scorer.data.embeddings.embed(scorer.data.request_texts(records))
+    return [{"id": r["id"], "question": r["question"], "answers": list(r["prediction"]), "graph": r["graph"],
+             "topic_entities": list(r["q_entity"])} for r in rows]  # fmt: skip
 
 
 def _small(bodies: list[dict], n: int = 60) -> list[dict]:
@@ -170,6 +189,8 @@ def main() -> None:
     p.add_argument("--checkpoint", default=CHECKPOINT)
     p.add_argument("--questions", type=int, default=320, help="test questions sent at each concurrency")
     p.add_argument("--rounds", type=int, default=3, help="times each question is sent at each concurrency")
+    p.add_argument("--large", type=int, default=32,
+                   help="then this many GNN-RAG-size questions (about 4,150 triples each; 0: none)")  # fmt: skip
     p.add_argument("--soak-minutes", type=float, default=0.0, help="then a soak of this many minutes (0: none)")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args()
@@ -180,6 +201,13 @@ def main() -> None:
                                  "questions": len(bodies),
                                  "median_triples": statistics.median(len(b["graph"]) for b in bodies),
                                  "in_process": _in_process(scorer, bodies)}  # fmt: skip
+    large = _large(scorer, args.large) if args.large else []
+    if large:  # this process validates the in-process requests too: their graphs are over the default cap
+        LIMITS.max_triples = max(len(b["graph"]) for b in large)
+    if large:
+        result["large"] = {"questions": len(large), "median_triples": statistics.median(len(b["graph"]) for b in large),
+                           "max_triples": max(len(b["graph"]) for b in large),
+                           "in_process": _in_process(scorer, large)}  # fmt: skip
     del scorer
     print(json.dumps(result["in_process"]), flush=True)
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
@@ -201,6 +229,18 @@ def main() -> None:
         finally:
             server.stop()
     result["servers"] = runs
+    if large:  # the GNN-RAG-size graphs on the batching server (a graph's cap raised to the largest of them)
+        cap = str(max(len(b["graph"]) for b in large))
+        for workers in (1, 2):
+            server = _server(checkpoint, 16, workers, logs / f"bench_serve_large_{workers}.log", "--max_triples", cap)
+            try:
+                _load(server.url, large[:8], 8)  # warm-up
+                row = {"max_batch_size": 16, "workers": workers, "rss_mb": server.rss_mb(),
+                       "load": [_load(server.url, large, c) for c in (1, 8, 32)]}  # fmt: skip
+                result["large"].setdefault("servers", []).append(row)
+                print(json.dumps(row), flush=True)
+            finally:
+                server.stop()
     write_result(args.output, result)
 
 
