@@ -509,8 +509,9 @@ def serve_load() -> str:
         by_c = {x["concurrency"]: x for x in run["load"]}
         top, one = by_c[max(by_c)], by_c[min(by_c)]
         memory = f" (resident memory when ready: {run['rss_mb']:.0f} MB)" if "rss_mb" in run else ""
-        lines[-1] += (f" With batching on {run.get('workers', 1)} worker(s){memory}, concurrency {top['concurrency']} "
-                      f"gave {top['per_second'] / one['per_second']:.1f}x the throughput of concurrency "
+        workers = {1: "one worker", 2: "two workers"}.get(run.get("workers", 1), f"{run.get('workers')} workers")
+        lines[-1] += (f" With batching on {workers}{memory}, concurrency {top['concurrency']} "
+                      f"gave {top['per_second'] / one['per_second']:.2f}x the throughput of concurrency "
                       f"{one['concurrency']} and {top['per_second'] / inproc['per_second']:.0%} of in-process "
                       "scoring.")  # fmt: skip
     first = batched[0]
