@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -154,6 +155,8 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--{action.dest}: {value!r} is not one of {', '.join(map(str, action.choices))}")
         if action.type in (int, float) and value is not None and not isinstance(value, (int, float)):
             p.error(f"--{action.dest}: expected a number, got {value!r}")
+        if isinstance(value, float) and math.isnan(value):
+            p.error(f"--{action.dest}: expected a number, got NaN")
     positive = (
         "port",
         "max_batch_size",
@@ -239,10 +242,12 @@ def main(argv: list[str]) -> int:
 
 def _drain(server: Any, closing: Any, timeout: float, main_pid: int, signum: int, frame: Any) -> None:
     """The SIGTERM handler: in the main process, refuse new requests (``closing``), wait for those in flight (at most
-    ``timeout`` and 5 s), then stop as on Ctrl-C. An API server process inherits it (forked): there uvicorn has
-    already shut its server down when it passes the signal on, and the process ends quietly."""
+    ``timeout`` and 5 s), then stop as on Ctrl-C. The forked processes inherit it and ignore the signal: LitServe's
+    queue manager then outlives a SIGTERM sent to the whole process group, and an API server, whose uvicorn passes
+    the signal on once it has shut down, ends quietly. (The inference workers are spawned, and a SIGTERM sent to
+    them ends them: signal the main process only.)"""
     if os.getpid() != main_pid:
-        raise SystemExit(0)
+        return
     closing.set()
     deadline = time.monotonic() + timeout + 5.0
     busy = server.active_requests or 0

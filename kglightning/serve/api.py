@@ -192,8 +192,10 @@ def guard_server(
 class Deadline:
     """ASGI middleware: a request to an endpoint under ``/v1/`` that has no response ``timeout`` seconds after it
     arrived gets a 504 (LitServe's own timeout answers a request only when a worker takes it from the queue, so one
-    behind a long batch would wait for it, however long). The worker still finishes the request it was scoring, and
-    its answer is dropped. Once ``closing`` is set (the server is stopping), a new request gets a 503.
+    behind a long batch would wait for it, however long). The request is left to finish in the background, its
+    answer dropped: LitServe keeps a record of each request until the worker answers it, which cancelling it would
+    leave behind for good. Once ``closing`` is set (the server is stopping), a new request gets a 503, and so does
+    ``GET /health``, so that a load balancer stops sending requests.
 
     Args:
         app: the ASGI app it wraps.
@@ -203,18 +205,24 @@ class Deadline:
 
     def __init__(self, app: Any, timeout: float, closing: Any = None) -> None:
         self.app, self.timeout, self.closing = app, timeout, closing
+        self._late: set[asyncio.Future] = set()  # requests answered with a 504, until the worker answers them
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or not scope["path"].startswith(("/v1/", "/health")):
             await self.app(scope, receive, send)
             return
         if self.closing is not None and self.closing.is_set():
             await _reply(send, 503, "the server is shutting down")
             return
-        began = False
+        if not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        began = late = False
 
         async def sending(message: dict) -> None:
             nonlocal began
+            if late:  # answered with a 504 already
+                return
             began = True  # a response under way is finished, not cut off
             await send(message)
 
@@ -223,8 +231,15 @@ class Deadline:
         if task in done or began:
             await task
             return
-        task.cancel()
+        late = True
+        self._late.add(task)
+        task.add_done_callback(self._forget)
         await _reply(send, 504, f"no response within this server's timeout of {self.timeout:g} s")
+
+    def _forget(self, task: asyncio.Future) -> None:
+        self._late.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # retrieved: no "never retrieved" warning
+            log.warning("a request answered with a 504 then failed: %s", task.exception())
 
 
 async def _reply(send: Callable, status: int, detail: str) -> None:

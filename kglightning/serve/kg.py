@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -74,6 +75,7 @@ class ServedKG:
             raise ValueError(
                 f"kg_retrieval: unknown setting(s) {', '.join(unknown)} (known: {', '.join(RETRIEVAL_KEYS)})"
             )
+        _check_settings(settings)
         folder = settings.pop("encoder", None)
         encoder = SentenceEncoder(folder, show_progress=False) if folder else SentenceEncoder(show_progress=False)
         self.retriever = PCSTRetriever(encoder, cache_dir=cache_dir, show_progress=False, **settings)
@@ -96,3 +98,22 @@ class ServedKG:
             "missing_topic_entities": [e for e in record.q_entity if e not in self.kg],
         }
         return cut, info
+
+
+def _check_settings(settings: Mapping[str, Any]) -> None:
+    """``ValueError`` naming the first setting of a wrong type or range (checked when the server starts, not by the
+    first request)."""
+    at_least = {"hops": 1, "topk": 0, "topk_e": 0, "max_degree": 1, "max_nodes": 1}
+    for name, value in settings.items():
+        if name in at_least:
+            nullable = name in ("max_degree", "max_nodes")
+            if value is None and nullable:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < at_least[name]:
+                kind = f"a whole number >= {at_least[name]}" + (" or null" if nullable else "")
+                raise ValueError(f"kg_retrieval: {name} must be {kind}, got {value!r}")
+        elif name == "cost_e":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"kg_retrieval: cost_e must be a finite number >= 0, got {value!r}")
+        elif name == "encoder" and not isinstance(value, str):
+            raise ValueError(f"kg_retrieval: encoder must be a folder's path, got {value!r}")

@@ -104,7 +104,11 @@ class GuardRequest(BaseModel):
         description="the question's subgraph as [head, relation, tail] triples; leave it out when the server has a "
         "KG, and it cuts the subgraph around topic_entities as build-subgraphs does",
     )
-    topic_entities: list[StrictStr] = Field(default_factory=list, description="the question's topic entities")
+    topic_entities: list[StrictStr] = Field(
+        default_factory=list,
+        validate_default=True,  # a request without a graph needs them even when it leaves them out
+        description="the question's topic entities",
+    )
 
     @field_validator("question")
     @classmethod

@@ -38,7 +38,7 @@ from kglightning.conformal.selection import AnswerSelector, Rule
 from kglightning.conformal.selection_io import labelled_part, read_scored, scored_rows
 from kglightning.fileio import file_digest
 
-__all__ = ["PROMISES", "ServedSelection"]
+__all__ = ["GROUPED", "PROMISES", "ServedSelection"]
 
 #: what each rule promises of the answers it keeps, as a response states it (with groups: within each group); every
 #: promise needs the served questions drawn like the calibration questions (exchangeable with them)
@@ -47,9 +47,12 @@ PROMISES: dict[str, str] = {
     "top": "E[hallucinated kept / kept] <= alpha over the questions of the batch, at most one answer kept per question",
     "fdr": "E[hallucinated kept / kept] <= alpha over the answers of the batch, if they are exchangeable one by one "
     "(the answers of one question rarely are: top is the FDR rule for answer lists)",
-    "kept_rate": "with probability >= 1 - delta over the calibration, the hallucinated share of the batch's kept "
-    "answers (each question weighing one) <= alpha",
+    "kept_rate": "with probability >= 1 - delta over the calibration, the hallucinated rate of the kept answers over "
+    "questions drawn like the calibration's (each question weighing one) <= alpha: a rate in expectation, which one "
+    "batch's own share scatters around (more, the smaller the batch)",
 }
+#: added to a promise when the rule is calibrated per grounding kind
+GROUPED = " (within each grounding kind: a question may keep an answer of each kind)"
 
 
 class ServedSelection:
@@ -112,10 +115,10 @@ class ServedSelection:
         """
         if ids is not None and (len(ids) != len(rows) or len(set(ids)) != len(ids)):
             raise ValueError(f"ids must be {len(rows)} distinct names, one per row")
+        grouped = self.group_by == "grounding"
         if rule == "question":
             kept = [[] if r is None else [self.keeps(s, g) for s, g in zip(r[self.score], _kinds(r))] for r in rows]
-            return kept, {**self.describe(), "promise": PROMISES["question"]}
-        grouped = self.group_by == "grounding"
+            return kept, {**self.describe(), "promise": PROMISES["question"] + (GROUPED if grouped else "")}
         items = [
             (i, {"id": ids[i] if ids is not None else i, "prediction": list(r["prediction"]) if r else [], self.score: list(r[self.score]) if r else [],
                  "grounding": _kinds(r) if r else []})
@@ -130,7 +133,8 @@ class ServedSelection:
             flat = flat[len(row["prediction"]) :]
         groups = {g: {"calibration_questions": info.n_calibration, "too_small": info.too_small,
                       "answers": info.n_test, "kept": info.n_kept} for g, info in chosen.groups.items()}  # fmt: skip
-        described = {**self.describe(), "rule": rule, "promise": PROMISES[rule], "groups": groups}
+        promise = PROMISES[rule] + (GROUPED if grouped else "")
+        described = {**self.describe(), "rule": rule, "promise": promise, "groups": groups}
         described.pop("cuts")
         if rule == "kept_rate":
             described["delta"] = self.delta
