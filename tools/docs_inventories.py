@@ -94,7 +94,7 @@ PAGES: dict[str, tuple[str, dict[str, str]]] = {
         "https://arrow.apache.org/docs/",
         {
             f"pyarrow.{c}": f"python/generated/pyarrow.{c}.html#pyarrow.{c}"
-            for c in ("Array", "ChunkedArray", "ListArray", "RecordBatch", "Table")
+            for c in ("Array", "ChunkedArray", "ListArray", "RecordBatch", "Schema", "Table")
         },
     ),  # fmt: skip
     "transformers": (

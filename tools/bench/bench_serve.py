@@ -14,7 +14,8 @@ beside in-process scoring of the same. ``--soak-minutes M`` runs the batching se
 one request in 100 malformed (a rotating set of bad bodies), and records every status code, whether each malformed
 request got a 4xx, and the resident memory of the server's processes each minute.
 
-    python tools/bench/bench_serve.py --soak-minutes 10 --output docs/results/serve_load.json
+    python tools/bench/bench_serve.py --soak-minutes 10 --large 0 --output docs/results/serve_load.json
+    python tools/bench/bench_serve.py --large-only --output docs/results/serve_large.json
     python tools/bench/bench_serve.py --large 0 --rounds 1     # a quick look, printed only
 
 Needs the main job's checkpoint (``fit --config configs/detector.yaml``).
@@ -191,6 +192,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="times each question is sent at each concurrency")
     p.add_argument("--large", type=int, default=32,
                    help="then this many GNN-RAG-size questions (about 4,150 triples each; 0: none)")  # fmt: skip
+    p.add_argument("--large-only", action="store_true",
+                   help="only the GNN-RAG-size questions (their own result file: docs/results/serve_large.json)")  # fmt: skip
     p.add_argument("--soak-minutes", type=float, default=0.0, help="then a soak of this many minutes (0: none)")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args()
@@ -213,7 +216,7 @@ def main() -> None:
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
     runs = []
     sent = bodies * args.rounds
-    for batch, workers in ((1, 1), (16, 1), (16, 2)):
+    for batch, workers in ((1, 1), (16, 1), (16, 2)) if not args.large_only else ():
         server = _server(checkpoint, batch, workers, logs / f"bench_serve_{batch}_{workers}.log")
         try:
             _load(server.url, bodies[:64], 8)  # warm-up
