@@ -529,18 +529,24 @@ def serve_load() -> str:
                       "4xx; the server's memory went from "
                       f"{soak['rss_mb_per_minute'][1 if len(soak['rss_mb_per_minute']) > 2 else 0]:.0f} MB after the "
                       f"first minute to {soak['rss_mb_per_minute'][-1]:.0f} MB ({soak['rss_growth']:+.1%}).")  # fmt: skip
-    large = r.get("large")
-    if large and large.get("servers"):
-        inproc = large["in_process"]
-        lines += ["", f"Graphs of GNN-RAG's size ({large['questions']} generated questions, a median of "
-                  f"{large['median_triples']:.0f} triples and at most {large['max_triples']:,}, their texts in the "
-                  f"cache): in-process {inproc['per_second']:.1f} questions/s.", "",
-                  "| workers | concurrency | requests/s | p50 | p99 | of in-process |", "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-        for run in large["servers"]:
-            lines += [f"| {run['workers']} | {x['concurrency']} | {x['per_second']:.1f} | {x['p50_ms']:.0f} ms | "
-                      f"{x['p99_ms']:.0f} ms | {x['per_second'] / inproc['per_second']:.0%} |" for x in run["load"]]  # fmt: skip
     lines += ["", f"On {m['cores']} CPU cores ({m['cpu']}) on {r['date']}, commit {r['commit']}: "
               "`docs/results/serve_load.json`."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def serve_large() -> str:
+    """``kglightning serve`` on graphs of GNN-RAG's size, beside in-process scoring (bench_serve.py --large-only)."""
+    r = load("serve_large")
+    large, m = r["large"], r["machine"]
+    inproc = large["in_process"]
+    lines = ["| workers | concurrency | requests/s | p50 | p99 | of in-process |", "|---:|---:|---:|---:|---:|---:|"]
+    for run in large["servers"]:
+        lines += [f"| {run['workers']} | {x['concurrency']} | {x['per_second']:.1f} | {x['p50_ms']:.0f} ms | "
+                  f"{x['p99_ms']:.0f} ms | {x['per_second'] / inproc['per_second']:.0%} |" for x in run["load"]]  # fmt: skip
+    lines += ["", f"{large['questions']} generated questions with graphs of a median {large['median_triples']:,.0f} "
+              f"triples (at most {large['max_triples']:,}), their texts in the cache, batches of up to 16; in-process "
+              f"scoring took {inproc['per_second']:.1f} questions/s. On {m['cores']} CPU cores ({m['cpu']}) on "
+              f"{r['date']}, commit {r['commit']}: `docs/results/serve_large.json`."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -553,6 +559,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "uag-table": uag_table,
     "startup": startup,
     "serve-load": serve_load,
+    "serve-large": serve_large,
     "startup-line": startup_line,
     "threads": threads,
     "main-job-speed": main_job_speed,

@@ -239,7 +239,7 @@ def main() -> None:
             try:
                 _load(server.url, large[:8], 8)  # warm-up
                 row = {"max_batch_size": 16, "workers": workers, "rss_mb": server.rss_mb(),
-                       "load": [_load(server.url, large, c) for c in (1, 8, 32)]}  # fmt: skip
+                       "load": [_load(server.url, large * args.rounds, c) for c in (1, 8, 32)]}  # fmt: skip
                 result["large"].setdefault("servers", []).append(row)
                 print(json.dumps(row), flush=True)
             finally:
