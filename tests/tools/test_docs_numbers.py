@@ -47,7 +47,7 @@ def test_every_page_has_its_blocks_and_the_home_page_includes_the_table():
     assert found == {
         "README.md": ["main-job-time", "main-table", "startup-line", "test-suite"],
         "docs/index.md": ["main-job-time", "main-job-breakdown", "test-suite"],
-        "BENCHMARKS.md": ["startup", "main-job-speed", "threads", "serve-load"],
+        "BENCHMARKS.md": ["startup", "main-job-speed", "threads", "serve-load", "serve-large"],
         "docs/methods/conformal.md": [],
         "docs/methods/doublycal.md": [],
         "docs/methods/kg-guard.md": ["main-table", "misses-table"],
