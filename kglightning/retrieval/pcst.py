@@ -165,9 +165,7 @@ class PCSTRetriever(UsesEmbeddings):
         names = kg.entities
         return kg.subgraph(names[i] for i in ids.tolist()), truncated
 
-    def pcst(
-        self, question: str, sub: KGIndex, embeddings: Any = None
-    ) -> tuple[list[tuple[str, str, str]], list[str]]:
+    def pcst(self, question: str, sub: KGIndex, embeddings: Any = None) -> tuple[list[tuple[str, str, str]], list[str]]:
         """PCST on a neighbourhood: the selected triples and nodes (:func:`~kglightning.retrieval.pcst_prizes.pcst_cut`,
         the selection of PyG's ``retrieval_via_pcst``); the texts' rows from ``embeddings`` (anything with
         ``embed(texts)``, e.g. a :class:`~kglightning.data.embeddings.TransientEmbeddings` that stores nothing;
