@@ -210,13 +210,13 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)  # fmt: skip
 
     if args.kg is not None:  # the API servers check that a request's topic entities are in it (workers cut)
-        from kglightning.serve.kg import ServedKG, load_served_kg
+        from kglightning.serve.kg import check_retrieval, load_served_kg
 
-        kg = load_served_kg(args.kg)
         try:
-            ServedKG(kg, args.kg_retrieval)  # its settings checked before the workers start
-        except (TypeError, ValueError) as err:
+            check_retrieval(args.kg_retrieval or {})  # before the KG is read and the workers start
+        except ValueError as err:
             p.error(f"--kg_retrieval: {err}")
+        kg = load_served_kg(args.kg)
         LIMITS.kg_nodes = kg
         print(f"KG {args.kg}: {kg}; requests without a graph get one cut around their topic entities", file=sys.stderr)
     LIMITS.max_triples, LIMITS.max_answers = args.max_triples, args.max_answers

@@ -17,7 +17,7 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import litserve as ls
@@ -44,6 +44,7 @@ class GuardAPI(ls.LitAPI):
         max_batch_size: requests scored together.
         batch_timeout: seconds a batch waits to fill.
         selection: the ``question`` rule, calibrated, that decides ``kept`` (``None``: kept = not flagged).
+        api_path: the route it serves.
     """
 
     def __init__(
@@ -53,8 +54,9 @@ class GuardAPI(ls.LitAPI):
         max_batch_size: int = 16,
         batch_timeout: float = 0.005,
         selection: ServedSelection | None = None,
+        api_path: str = "/v1/guard",
     ) -> None:
-        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path="/v1/guard")
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=api_path)
         self.build = build
         self.selection = selection
         self._key = api_key.encode() if api_key else None
@@ -85,17 +87,30 @@ class GuardAPI(ls.LitAPI):
 
     def predict(self, x: Any) -> list[dict[str, Any]]:
         requests = x if isinstance(x, list) else [x]
+        rows, cuts = self._scored(requests, chunk=len(requests))
+        out = self._verdicts(requests, rows, cuts, [None] * len(requests))
+        return out if isinstance(x, list) else out[0]
+
+    def _scored(self, requests: Sequence[GuardRequest], chunk: int) -> tuple[list, list]:
+        """Each request's detector row (``chunk`` requests a forward pass), and what was cut for it from the KG
+        (``None``: it sent its graph)."""
         if self.scorer is None:
-            raise RuntimeError("GuardAPI.predict before setup(): LitServe calls setup in each worker first")
+            raise RuntimeError(
+                f"{type(self).__name__}.predict before setup(): LitServe calls setup in each worker first"
+            )
         records, cuts = zip(*(self.scorer.with_graph(r.record(), r.graph is None) for r in requests))
-        rows = self.scorer.score(records)
+        rows = [row for lo in range(0, len(records), chunk) for row in self.scorer.score(records[lo : lo + chunk])]
+        return rows, list(cuts)
+
+    def _verdicts(self, requests: Sequence[GuardRequest], rows: list, cuts: list, kept: list) -> list[dict[str, Any]]:
+        """The responses of ``requests`` from their rows; ``kept``: per request, the batch rule's choices and their
+        description, or ``None`` (the server's per-request selection)."""
         model = self.scorer.model
         threshold, loose = float(model.threshold), float(model.ungrounded_threshold)
-        out = [
-            verdicts(r.id, r.answers, row, threshold, loose, self.scorer.checkpoint, self.selection, retrieved=cut)
-            for r, row, cut in zip(requests, rows, cuts)
+        return [
+            verdicts(r.id, r.answers, row, threshold, loose, self.scorer.checkpoint, self.selection, keep, cut)
+            for r, row, cut, keep in zip(requests, rows, cuts, kept)
         ]
-        return out if isinstance(x, list) else out[0]
 
     def unbatch(self, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return output
@@ -124,33 +139,20 @@ class GuardBatchAPI(GuardAPI):
         api_key: str | None = None,
         chunk: int = 16,
     ) -> None:
-        ls.LitAPI.__init__(self, max_batch_size=1, api_path="/v1/guard/batch")
-        self.build, self.selection, self.chunk = build, selection, chunk
-        self._key = api_key.encode() if api_key else None
-        self.scorer = None
+        super().__init__(build, api_key, max_batch_size=1, batch_timeout=0.0, selection=selection,
+                         api_path="/v1/guard/batch")  # fmt: skip
+        self.chunk = chunk
 
     def decode_request(self, request: GuardBatchRequest) -> GuardBatchRequest:
         return request
 
     def predict(self, x: GuardBatchRequest) -> dict[str, Any]:
-        if self.scorer is None or self.selection is None:
-            raise RuntimeError("GuardBatchAPI.predict before setup(): LitServe calls setup in each worker first")
         questions = x.questions
-        records, cuts = zip(*(self.scorer.with_graph(q.record(), q.graph is None) for q in questions))
-        rows = [
-            row for lo in range(0, len(records), self.chunk) for row in self.scorer.score(records[lo : lo + self.chunk])
-        ]
+        rows, cuts = self._scored(questions, self.chunk)
         ids = [q.id for q in questions]
         distinct = None not in ids and len(set(ids)) == len(ids)  # else their positions key the seeded draws
         kept, described = self.selection.select_batch(rows, x.rule, ids if distinct else None)
-        model = self.scorer.model
-        threshold, loose = float(model.threshold), float(model.ungrounded_threshold)
-        responses = [
-            verdicts(
-                q.id, q.answers, row, threshold, loose, self.scorer.checkpoint, kept=(keep, described), retrieved=cut
-            )  # fmt: skip
-            for q, row, keep, cut in zip(questions, rows, kept, cuts)
-        ]
+        responses = self._verdicts(questions, rows, cuts, [(keep, described) for keep in kept])
         return {"responses": responses, "selection": described}
 
     def encode_response(self, output: dict[str, Any]) -> GuardBatchResponse:
@@ -208,13 +210,12 @@ class Deadline:
         self._late: set[asyncio.Future] = set()  # requests answered with a 504, until the worker answers them
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(("/v1/", "/health")):
-            await self.app(scope, receive, send)
-            return
-        if self.closing is not None and self.closing.is_set():
+        path = scope["path"] if scope["type"] == "http" else ""
+        guarded = path.startswith("/v1/")
+        if (guarded or path == "/health") and self.closing is not None and self.closing.is_set():
             await _reply(send, 503, "the server is shutting down")
             return
-        if not scope["path"].startswith("/v1/"):
+        if not guarded:
             await self.app(scope, receive, send)
             return
         began = late = False

@@ -22,7 +22,7 @@ from kglightning.datamodules.graph_forms import collate_graphs
 from kglightning.metrics.functional.qa import is_abstention
 from kglightning.modules.detector import HallucinationDetector
 from kglightning.serve.kg import ServedKG
-from kglightning.serve.selection import ServedSelection
+from kglightning.serve.selection import ServedSelection, answer_kinds
 
 __all__ = ["GuardScorer", "verdicts"]
 
@@ -96,7 +96,7 @@ def verdicts(
     described = kept[1] if kept is not None else selection.describe() if selection is not None else None
     if row is not None:
         flagged = set(row["flagged"])
-        kinds = row.get("grounding") or ["exact"] * len(row["prediction"])
+        kinds = answer_kinds(row)
         entries = row.get("prediction_entries") or [[] for _ in row["prediction"]]
         for j, (name, p, logit, kind, mine) in enumerate(zip(row["prediction"], row["hallucination_prob"],
                                                              row["hallucination_logit"], kinds, entries)):  # fmt: skip

@@ -33,7 +33,7 @@ from kglightning.data.kg import KGIndex
 from kglightning.data.records import KGQARecord
 from kglightning.retrieval.pcst import PCSTRetriever, SubgraphStats
 
-__all__ = ["RETRIEVAL_KEYS", "ServedKG", "load_served_kg"]
+__all__ = ["RETRIEVAL_KEYS", "ServedKG", "check_retrieval", "load_served_kg"]
 
 #: the settings of ``kg_retrieval`` (``build-subgraphs``' options of the same names; ``encoder``: a
 #: sentence-transformers folder, default the bundled MiniLM)
@@ -70,12 +70,7 @@ class ServedKG:
         self, kg: KGIndex, retrieval: Mapping[str, Any] | None = None, source: str = "", cache_dir: str | None = None
     ) -> None:
         settings = dict(retrieval or {})
-        unknown = sorted(set(settings) - set(RETRIEVAL_KEYS))
-        if unknown:
-            raise ValueError(
-                f"kg_retrieval: unknown setting(s) {', '.join(unknown)} (known: {', '.join(RETRIEVAL_KEYS)})"
-            )
-        _check_settings(settings)
+        check_retrieval(settings)
         folder = settings.pop("encoder", None)
         encoder = SentenceEncoder(folder, show_progress=False) if folder else SentenceEncoder(show_progress=False)
         self.retriever = PCSTRetriever(encoder, cache_dir=cache_dir, show_progress=False, **settings)
@@ -87,22 +82,25 @@ class ServedKG:
         of the cut."""
         self.retriever.stats = SubgraphStats()  # one request's: a server's stats would grow without end
         out = self.retriever.retrieve_record(record, self.kg, TransientEmbeddings(self.retriever.embeddings))
-        present = [e for e in record.q_entity if e in self.kg]
-        cut = out if out is not None else replace(record, graph=[])  # (the schema refuses such a request first)
+        # no topic entity in the KG: an empty graph (the schema refuses such a request first)
+        cut = out if out is not None else replace(record, graph=[], q_entity=[])
         nodes = {n for h, _, t in cut.graph for n in (h, t)}
         info = {
             "kg": self.source,
             "triples": len(cut.graph),
             "nodes": len(nodes),
-            "topic_entities": present,
+            "topic_entities": list(cut.q_entity),  # those in the KG, as retrieve_record keeps them
             "missing_topic_entities": [e for e in record.q_entity if e not in self.kg],
         }
         return cut, info
 
 
-def _check_settings(settings: Mapping[str, Any]) -> None:
-    """``ValueError`` naming the first setting of a wrong type or range (checked when the server starts, not by the
-    first request)."""
+def check_retrieval(settings: Mapping[str, Any]) -> None:
+    """``ValueError`` naming the first setting that is not one of :data:`RETRIEVAL_KEYS`, or of a wrong type or range
+    (checked when the server starts, not by the first request)."""
+    unknown = sorted(set(settings) - set(RETRIEVAL_KEYS))
+    if unknown:
+        raise ValueError(f"kg_retrieval: unknown setting(s) {', '.join(unknown)} (known: {', '.join(RETRIEVAL_KEYS)})")
     at_least = {"hops": 1, "topk": 0, "topk_e": 0, "max_degree": 1, "max_nodes": 1}
     for name, value in settings.items():
         if name in at_least:

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +39,7 @@ from kglightning.conformal.selection import AnswerSelector, Rule
 from kglightning.conformal.selection_io import labelled_part, read_scored, scored_rows
 from kglightning.fileio import file_digest
 
-__all__ = ["GROUPED", "PROMISES", "ServedSelection"]
+__all__ = ["GROUPED", "PROMISES", "ServedSelection", "answer_kinds"]
 
 #: what each rule promises of the answers it keeps, as a response states it (with groups: within each group); every
 #: promise needs the served questions drawn like the calibration questions (exchangeable with them)
@@ -117,20 +118,20 @@ class ServedSelection:
             raise ValueError(f"ids must be {len(rows)} distinct names, one per row")
         grouped = self.group_by == "grounding"
         if rule == "question":
-            kept = [[] if r is None else [self.keeps(s, g) for s, g in zip(r[self.score], _kinds(r))] for r in rows]
+            kept = [
+                [] if r is None else [self.keeps(s, g) for s, g in zip(r[self.score], answer_kinds(r))] for r in rows
+            ]
             return kept, {**self.describe(), "promise": PROMISES["question"] + (GROUPED if grouped else "")}
         items = [
             (i, {"id": ids[i] if ids is not None else i, "prediction": list(r["prediction"]) if r else [], self.score: list(r[self.score]) if r else [],
-                 "grounding": _kinds(r) if r else []})
+                 "grounding": answer_kinds(r) if r else []})
             for i, r in enumerate(rows)
         ]  # fmt: skip
         test = scored_rows(items, "<batch>", self.score, "hallucination", "grounding" if grouped else None).answers
         selector = AnswerSelector(rule=rule, alpha=self.alpha, delta=self.delta)
         chosen = selector.select(self._calibration, test, check_lengths=False, warn_clustered=False)
-        flat, kept = chosen.keep.tolist(), []
-        for _, row in items:
-            kept.append(flat[: len(row["prediction"])])
-            flat = flat[len(row["prediction"]) :]
+        flat = iter(chosen.keep.tolist())  # the answers of the rows, one row after another
+        kept = [list(itertools.islice(flat, len(row["prediction"]))) for _, row in items]
         groups = {g: {"calibration_questions": info.n_calibration, "too_small": info.too_small,
                       "answers": info.n_test, "kept": info.n_kept} for g, info in chosen.groups.items()}  # fmt: skip
         promise = PROMISES[rule] + (GROUPED if grouped else "")
@@ -153,6 +154,6 @@ class ServedSelection:
         }
 
 
-def _kinds(row: dict[str, Any]) -> list[str]:
+def answer_kinds(row: dict[str, Any]) -> list[str]:
     """The grounding kind of each answer of a detector row (``exact`` when the row has none)."""
     return list(row.get("grounding") or ["exact"] * len(row["prediction"]))

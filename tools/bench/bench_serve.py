@@ -87,6 +87,12 @@ def _server(checkpoint: str, batch: int, workers: int, log: Path, *extra: str) -
     return ServerProcess(args, ROOT, log)
 
 
+def _session(concurrency: int) -> aiohttp.ClientSession:
+    """The load generator's client: a connection per concurrent request, two minutes per request at most."""
+    limits = aiohttp.TCPConnector(limit=concurrency)
+    return aiohttp.ClientSession(connector=limits, timeout=aiohttp.ClientTimeout(total=120))
+
+
 def _load(url: str, bodies: list[dict], concurrency: int) -> dict[str, float]:
     """Every body sent once by ``concurrency`` clients, each sending its next as soon as its last is answered (one
     asyncio client: about 0.05 of a core at concurrency 32, where a thread per client took a sizeable share of the
@@ -105,8 +111,7 @@ def _load(url: str, bodies: list[dict], concurrency: int) -> dict[str, float]:
         return statuses
 
     async def run() -> list[int]:
-        limits = aiohttp.TCPConnector(limit=concurrency)
-        async with aiohttp.ClientSession(connector=limits, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async with _session(concurrency) as session:
             done = await asyncio.gather(*[client(session) for _ in range(concurrency)])
         return [s for statuses in done for s in statuses]
 
@@ -174,8 +179,7 @@ def _soak(server: ServerProcess, bodies: list[dict], minutes: float, concurrency
             rss.append(server.rss_mb())
 
     async def run() -> None:
-        limits = aiohttp.TCPConnector(limit=concurrency)
-        async with aiohttp.ClientSession(connector=limits, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async with _session(concurrency) as session:
             await asyncio.gather(memory(), *[client(session) for _ in range(concurrency)])
 
     asyncio.run(run())
