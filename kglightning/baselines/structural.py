@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -60,13 +60,21 @@ def structural_features(
         >>> f["Paris"], f["Mars"]
         ([0.0, 3.0, 1.0, 1.0986..., 1.0, 1.0986..., 0.666...], [0.333..., 3.0, 0.0, 0.0, 3.0, 1.0986..., 0.333...])
     """
+    return _features(record, list(record.graph), max_hops, signals)[0]
+
+
+def _features(
+    record: KGQARecord, graph: list[tuple[str, str, str]], max_hops: int, signals: Sequence[LLMSignal]
+) -> tuple[dict[str, list[float]], Callable[[str], str | None]]:
+    """:func:`structural_features` of ``record`` whose triples are ``graph`` (read once), and the record's node
+    matcher."""
     preds = record.prediction or []
-    match = node_matcher(n for h, _, t in record.graph for n in (h, t))
+    match = node_matcher(n for h, _, t in graph for n in (h, t))
     degree: dict[str, int] = defaultdict(int)
-    for h, _, t in record.graph:
+    for h, _, t in graph:
         degree[h] += 1
         degree[t] += 1
-    dist = _hops(record.graph, record.q_entity, max_hops)
+    dist = _hops(graph, record.q_entity, max_hops)
     groups: dict[tuple[str, str], tuple[str, str | None, list[int]]] = {}  # key -> (first text, node, entries)
     for k, answer in enumerate(preds):
         node = match(answer) if answer_key(answer) else None
@@ -84,10 +92,10 @@ def structural_features(
             float(node is not None),
             math.log1p(degree[node]) if node is not None else 0.0,
             float(hops),
-            math.log1p(len(record.graph)),
+            math.log1p(len(graph)),
             *(llm.values(entries, None, signals) if llm is not None else ()),
         ]
-    return out
+    return out, match
 
 
 class StructuralBaseline(AnswerNodeScorer):
@@ -132,8 +140,8 @@ class StructuralBaseline(AnswerNodeScorer):
             gold = {key for a in [*r.answer, *r.a_entity] if (key := answer_key(a))}
             if not gold:  # no gold answer: nothing to label its answers against (the detector leaves them out too)
                 continue
-            match = node_matcher(n for h, _, t in r.graph for n in (h, t))
-            for answer, feats in structural_features(r, self.max_hops, self.signals).items():
+            features, match = _features(r, list(r.graph), self.max_hops, self.signals)
+            for answer, feats in features.items():
                 rows.append(feats)
                 node = match(answer)  # as the detector labels it: right when its text or its node's name is gold
                 labels.append(float(answer_key(answer) not in gold and (node is None or answer_key(node) not in gold)))

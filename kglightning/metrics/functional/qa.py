@@ -27,6 +27,7 @@ F1, precision and recall, while accuracy and hit test the golds against ``""`` a
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 import unicodedata
@@ -66,6 +67,7 @@ ABSTENTIONS = frozenset({"unknown", "none", "n/a", "na", "no answer", "i don't k
 """Answers that mean "no answer" (after :func:`answer_key`, or lowercased), besides an empty or blank answer."""
 
 
+@functools.lru_cache(maxsize=1 << 17)  # the same node names recur across a split's graphs: computed once each
 def answer_key(s: str) -> str:
     """The key by which the detector's labels and grounding compare an answer with a gold answer or a node name:
     Unicode NFKC first (``"Zu\\u0308rich"`` is ``"Zürich"``), then :func:`normalize`; a non-empty answer that RoG's
