@@ -334,6 +334,18 @@ def test_the_inventory_urls_are_absolute_and_change_with_the_files(tmp_path):
     assert hook.fresh_url("https://example.org/objects.inv", tmp_path) == "https://example.org/objects.inv"
 
 
+def test_navigation_names_break_at_their_dots_only():
+    spec = importlib.util.spec_from_file_location("nav_breaks", ROOT / "docs" / "hooks" / "nav_breaks.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    label = '<span class="md-ellipsis">\n    kglightning.data.sources.embedded.builder\n  </span>'
+    out = hook.break_names(label + "<p>kglightning.data.kg</p>")
+    assert "kglightning.<wbr>data.<wbr>sources.<wbr>embedded.<wbr>builder\n" in out
+    assert out.endswith("<p>kglightning.data.kg</p>")  # only navigation labels: prose and code keep their text
+    other = '<span class="md-ellipsis">Getting started</span>'
+    assert hook.break_names(other) == other
+
+
 def test_every_kglightning_name_the_prose_pages_give_imports():
     links = _api_links()
     for page in sorted((ROOT / "docs").rglob("*.md")):

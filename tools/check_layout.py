@@ -2,8 +2,8 @@
 
 A table, code block or API signature *overflows* when it is wider than the page's text column: it runs past the
 column's right edge, or it (or a box around it) scrolls sideways, or it is cut off by a box that hides what does not
-fit. A reader would have to scroll sideways or would miss the end of a line (issue 59). An API page (``api/``) is
-*too tall* above ``--max-api-height`` pixels.
+fit; inline code overflows when a line of it runs past the column's edge. A reader would have to scroll sideways or
+would miss the end of a line (issue 59). An API page (``api/``) is *too tall* above ``--max-api-height`` pixels.
 
     mkdocs build --strict --site-dir site && python tools/check_layout.py site
 
@@ -44,6 +44,13 @@ MEASURE = """(() => {
                         text: el.textContent.trim().replace(/\\s+/g, " ").slice(0, 60),
                         width: Math.round(widest), room: Math.round(edge - box.left)});
     }
+  }
+  for (const c of column.querySelectorAll("code")) {  // inline code: no line of it past the column's edge
+    if (c.closest("pre, table, .doc-signature")) continue;
+    const right = Math.max(...[...c.getClientRects()].map((r) => r.right));
+    if (right > edge) overflowing.push({element: "code (inline)", text: c.textContent.slice(0, 60),
+                                        width: Math.round(right - c.getBoundingClientRect().left),
+                                        room: Math.round(edge - c.getBoundingClientRect().left)});
   }
   return {height: document.documentElement.scrollHeight, overflowing: overflowing};
 })()"""

@@ -3,12 +3,14 @@
 A block of a page between ``<!-- numbers: NAME -->`` and ``<!-- numbers: end -->`` is generated: its text is what
 :data:`BLOCKS` ``[NAME]`` renders from the result files in ``docs/results/`` (written by ``tools/record_run.py``).
 
-The pages checked (:data:`PAGES`) are README.md, the home page, every method page (``docs/methods/*.md``) and
+The pages checked (:data:`PAGES`) are README.md, the home page, every method, guide and tutorial page, the data,
+benchmark and architecture pages, and
 BENCHMARKS.md above its heading ``## Dated records`` (:data:`HISTORY`: below it, each section is one dated run, kept as
 history). Outside the blocks, fenced code and inline code, a checked page may not hold a number that looks like a
 result:
 
-- anywhere on the page: three or more decimals (``0.953``, ``0.9535``: a metric) or a time in minutes and seconds (``3 min 6 s``);
+- anywhere on the page: three or more decimals (``0.953``, ``0.9535``: a metric), a metric named with a value of two
+  decimals (``F1 0.96``, ``an FDR of 0.30``), or a time in minutes and seconds (``3 min 6 s``, ``3:38``);
 - in a method page's results sections (:data:`RESULTS_SECTIONS`, named by their headings; a section runs to the
   next heading of its level or above), also a share (``91.9%``) and a decimal number in a table cell
   (``| 87.5 |``, ``| 93.3 / 101.2 |``), the form results take there. Prose decimals (``alpha = 0.2``, ``lr 5e-5``)
@@ -37,8 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-PAGES = ("README.md", "docs/index.md", "BENCHMARKS.md",
-         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "methods").glob("*.md")))  # fmt: skip
+PAGES = ("README.md", "docs/index.md", "BENCHMARKS.md", "docs/benchmark.md", "docs/data.md", "docs/architecture.md",
+         *sorted(str(p.relative_to(ROOT)) for d in ("methods", "guides", "tutorials")
+                 for p in (ROOT / "docs" / d).glob("*.md")))  # fmt: skip
 #: pages checked only above a heading: below it are dated records (history) this check does not read
 HISTORY = {"BENCHMARKS.md": "## Dated records"}
 RENDER_ONLY: tuple[str, ...] = ()
@@ -56,8 +59,13 @@ MAIN_ROWS = (
     ("Random (uniform score, flagged at 0.5)", "main_job", "test/random/"),
 )  # fmt: skip
 DETECTORS, BASELINES = MAIN_ROWS[:2], MAIN_ROWS[2:]
-# numbers that only a result file may give: three or more decimals (a metric) or minutes and seconds (a time)
-STRAY = re.compile(r"(?<![\w.])[01]\.\d{3,}(?!\d)|\b\d+ min \d+ s\b")
+# numbers that only a result file may give: three or more decimals (a metric), a metric's name with a value of two
+# decimals (``F1 0.96``, ``an FDR of 0.30``), or a time in minutes and seconds (``3 min 6 s``, ``3:38``)
+STRAY = re.compile(
+    r"(?<![\w.])[01]\.\d{3,}(?!\d)|\b\d+ min \d+ s\b|(?<![\w:.])\d{1,2}:\d{2}(?![\w:])"
+    r"|\b(?:F1|AUC-PR|AUROC|precision|recall|accuracy|ECE|coverage|FDR|ECR|Hits@1)(?:\s+(?:of|=|is|was|at))?\s+0\.\d\d\b",
+    flags=re.I,
+)
 # each method page's results sections, by heading: there a share, or a decimal number in a table cell, is a result too
 RESULTS_SECTIONS = {
     "docs/methods/kg-guard.md": ("## Results on the embedded test split", "## What the detector catches and misses"),
