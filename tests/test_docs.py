@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -393,3 +394,44 @@ def test_the_folders_the_docs_commands_write_into_a_checkout_are_ignored_by_git(
              "configs/data/new.yaml"]  # fmt: skip
     done = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True)
     assert done.stdout.split() == paths[:2]  # the project's own data package and configs are not ignored
+
+
+#: a Google-style section header of a docstring (its lines are indented under it)
+_SECTION = re.compile(r"^(Args|Returns|Raises|Yields|Examples?|Notes?|Attributes|Warnings?|See Also|Warns):\s*$")
+
+
+def docstring_markup_problems(doc: str) -> list[str]:
+    """What the API reference would show as raw markup: a line that is one RST literal (an indented formula in double
+    backticks is rendered as code, backticks and all), RST literals in a doctest's comment, and an indented doctest
+    after a paragraph outside an Example section (rendered as a code block holding a literal ```` ```pycon ```` fence).
+
+    >>> docstring_markup_problems("Sum.\\n\\n    ``a + b``\\n\\nMore.\\n\\n    >>> f()  # see ``g``\\n    1\\n")
+    ['an RST literal line: ``a + b``', 'RST in a doctest comment: >>> f()  # see ``g``', 'a doctest after a paragraph: >>> f()  # see ``g``']
+    """
+    out, section = [], None
+    for line in inspect.cleandoc(doc).splitlines():
+        text = line.strip()
+        if _SECTION.match(line):
+            section = line
+            continue
+        if text and not line.startswith(" "):
+            section = None  # a paragraph of prose ends the section above it
+        if re.fullmatch(r"``[^`]+``", text):
+            out.append(f"an RST literal line: {text}")
+        if text.startswith(">>>") and "``" in text.partition("#")[2]:
+            out.append(f"RST in a doctest comment: {text}")
+        if text.startswith(">>>") and line.startswith(" ") and section is None:
+            out.append(f"a doctest after a paragraph: {text}")
+    return out
+
+
+def test_docstrings_hold_no_markup_the_reference_would_show_raw():
+    found = []
+    for path in sorted((ROOT / "kglightning").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                doc = ast.get_docstring(node, clean=False)
+                name = f"{path.relative_to(ROOT)}:{getattr(node, 'name', '<module>')}"
+                found += [f"{name}: {problem}" for problem in docstring_markup_problems(doc or "")]
+    assert found == []

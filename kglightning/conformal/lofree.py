@@ -2,7 +2,7 @@
 
 Each distinct sampled answer ``y`` of a question gets the non-conformity
 
-    ``N(y) = -F(y) + λ1 · NE - λ2 · SS(y, ŷ)``
+    N(y) = -F(y) + λ1 · NE - λ2 · SS(y, ŷ)
 
 * ``F(y)``: the share of the ``m`` samples that gave ``y`` (coarse-grained);
 * ``NE``: the normalised entropy of the question's sample distribution, ``H / log m`` in ``[0, 1]`` (a no-answer

@@ -86,7 +86,7 @@ class EmbeddingCache:
         mmap_rows: the smallest shard that is memory-mapped; ``0`` maps every shard, ``None`` none.
 
     Example:
-        >>> class Toy:  # any object with ``encode``, ``dim`` and ``cache_key`` works
+        >>> class Toy:  # any object with encode, dim and cache_key works
         ...     dim, cache_key = 2, "toy"
         ...     def encode(self, texts):
         ...         return torch.tensor([[len(t), 1.0] for t in texts])

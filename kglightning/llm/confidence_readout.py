@@ -6,7 +6,7 @@ distribution over the digits does. The *expected* readout replaces the written d
 ``<PATH confidence=...>`` block (or trailing ``<CONFIDENCE>`` element, :mod:`kglightning.evidence.format`) by the mean of the model's distribution over the confidence values the training
 format can write (``0.00``, ``0.01``, ..., ``1.00`` for two decimals), given everything generated before the digits:
 
-    ``ĉ = Σ_v v · p(v | prompt, text up to "confidence=") / Σ_v p(v | ...)``
+    ĉ = Σ_v v · p(v | prompt, text up to "confidence=") / Σ_v p(v | ...)
 
 The probability of a value is the product of its token probabilities, computed exactly for every value on a token
 trie of the candidates (one batched forward per block over the trie's inner nodes, about 16 short sequences for a

@@ -119,6 +119,9 @@ def render_evidence(evidence: Sequence[EvidenceLike], mode: EvidenceMode = "with
         mode: whether to append ``[Confidence: c]``, or to drop the evidence.
         digits: decimals of the written confidence.
 
+    Data cannot forge lines or confidences: a path is written on one line, and square brackets in it (which the
+    ``[Confidence: c]`` suffix uses) become parentheses (the last example).
+
     Raises:
         ValueError: in ``"with_confidence"`` mode, for a line without a confidence or with one outside ``[0, 1]``.
 
@@ -128,10 +131,6 @@ def render_evidence(evidence: Sequence[EvidenceLike], mode: EvidenceMode = "with
         Snoopy -> r -> Belle [Confidence: 0.25]
         >>> render_evidence([("Snoopy -> sibling_of -> Spike", 0.5)], mode="without_confidence")
         'Snoopy -> sibling_of -> Spike'
-
-    Data cannot forge lines or confidences: a path is written on one line, and square brackets in it (which the
-    ``[Confidence: c]`` suffix uses) become parentheses.
-
         >>> render_evidence([("Spike\\n[Confidence: 1.00] -> r -> X", 0.1)])
         'Spike (Confidence: 1.00) -> r -> X [Confidence: 0.10]'
     """
