@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,13 @@ def build_scorer(
     quiet = ["--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false"]
     cli = trainer.configured("serve", save_config_callback=None, args=[*args, *overrides, *quiet])
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # a Lightning checkpoint the user trained
-    cli.model.load_state_dict(state["state_dict"])
+    if not isinstance(state, dict) or not isinstance(state.get("state_dict"), dict):
+        raise ValueError(f"{checkpoint}: not a Lightning checkpoint (it has no state_dict)")
+    try:
+        cli.model.load_state_dict(state["state_dict"])
+    except RuntimeError as err:  # another model's weights: name the file and the config it does not fit
+        raise ValueError(f"{checkpoint}: its weights do not fit the detector of {', '.join(configs)} (train it with "
+                         f"that config, or give the config it was trained with: --detector_config): {err}") from None  # fmt: skip
     served = None
     if kg is not None:
         from kglightning.serve.kg import ServedKG, load_served_kg
@@ -198,6 +205,9 @@ def main(argv: list[str]) -> int:
         if not Path(path).is_file():
             hint = f"; train the detector first: `{DETECTOR_COMMAND}`" if path == args.checkpoint else ""
             raise FileNotFoundError(f"{path}: no such file{hint}")
+    if not zipfile.is_zipfile(args.checkpoint):  # what torch.save writes; anything else fails in every worker
+        p.error(f"--checkpoint {args.checkpoint}: not a checkpoint (torch.save writes a zip archive); train one with "
+                f"`{DETECTOR_COMMAND}`")  # fmt: skip
     from kglightning.serve.api import guard_server
     from kglightning.serve.schema import LIMITS
     from kglightning.serve.selection import ServedSelection
@@ -215,7 +225,7 @@ def main(argv: list[str]) -> int:
         try:
             check_retrieval(args.kg_retrieval or {})  # before the KG is read and the workers start
         except ValueError as err:
-            p.error(f"--kg_retrieval: {err}")
+            p.error(f"--{err}")  # its message starts with the option's name
         kg = load_served_kg(args.kg)
         LIMITS.kg_nodes = kg
         print(f"KG {args.kg}: {kg}; requests without a graph get one cut around their topic entities", file=sys.stderr)
@@ -228,16 +238,36 @@ def main(argv: list[str]) -> int:
                           batch_timeout=args.batch_timeout, timeout=args.timeout, max_body_bytes=args.max_body_bytes,
                           api_key_env=args.api_key_env, selection=selection,
                           workers=args.workers, closing=closing)  # fmt: skip
-    print(f"serving {args.checkpoint} on http://{args.host}:{args.port}/v1/guard (OpenAPI: /docs)", file=sys.stderr)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get(args.api_key_env):
-        print(f"warning: listening on {args.host} with no API key: anyone who reaches this port can call it (set "
-              f"{args.api_key_env} before starting to require X-API-Key)", file=sys.stderr)  # fmt: skip
     # SIGTERM (docker stop, kill, a test's terminate): new requests get a 503, the requests in flight are answered,
     # then LitServe shuts down as on Ctrl-C and stops its workers (Python's default would leave the workers running,
     # and LitServe's own shutdown closes the workers' way back before the HTTP servers have answered)
     signal.signal(signal.SIGTERM, functools.partial(_drain, server, closing, args.timeout, os.getpid()))
-    server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=args.num_api_servers)
+    print(f"serving {args.checkpoint} on http://{args.host}:{args.port}/v1/guard (OpenAPI: /docs)", file=sys.stderr)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get(args.api_key_env):
+        print(f"warning: listening on {args.host} with no API key: anyone who reaches this port can call it (set "
+              f"{args.api_key_env} before starting to require X-API-Key)", file=sys.stderr)  # fmt: skip
+    try:
+        server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=args.num_api_servers)
+    except KeyboardInterrupt:  # SIGTERM or Ctrl-C while the workers were loading (LitServe stops them once serving)
+        _stop_workers(server)
+        print("serve: stopped before the detector was ready", file=sys.stderr)
+    except RuntimeError as err:
+        if "workers failed to start" not in str(err):
+            raise
+        _stop_workers(server)
+        print("serve: no worker could load the detector (the worker's error is above); nothing was served",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0
+
+
+def _stop_workers(server: Any) -> None:
+    """End the inference workers LitServe started, before its queue manager goes with this process (a worker left
+    to find the manager gone prints a traceback of its own)."""
+    for worker in getattr(server, "inference_workers", None) or []:
+        worker.terminate()
+    for worker in getattr(server, "inference_workers", None) or []:
+        worker.join(5)
 
 
 def _drain(server: Any, closing: Any, timeout: float, main_pid: int, signum: int, frame: Any) -> None:

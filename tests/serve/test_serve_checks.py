@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import zipfile
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -14,6 +16,8 @@ from kglightning.data.kg import KGIndex
 from kglightning.serve.api import Deadline
 from kglightning.serve.kg import ServedKG
 from kglightning.serve.schema import LIMITS, GuardRequest
+
+DETECTOR = Path(__file__).resolve().parents[2] / "configs/detector.yaml"
 
 
 def _call(middleware: Deadline, path: str = "/v1/guard") -> list[dict]:
@@ -86,6 +90,23 @@ def test_a_nan_option_is_refused(option: str, capsys):
     with pytest.raises(SystemExit) as stop:
         serve_main([option, "nan"])
     assert stop.value.code == 2 and "NaN" in capsys.readouterr().err
+
+
+def test_a_bad_kg_retrieval_option_is_named_once(tmp_path, capsys):
+    zipfile.ZipFile(tmp_path / "a.ckpt", "w").close()  # only its form is read before the settings are checked
+    with pytest.raises(SystemExit) as stop:
+        serve_main(["--detector_config", str(DETECTOR), "--checkpoint", str(tmp_path / "a.ckpt"), "--kg", "embedded",
+                    "--kg_retrieval", "{hops: 0}"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "error: --kg_retrieval: hops must be a whole number >= 1, got 0" in err, err
+
+
+def test_a_file_that_is_no_checkpoint_is_refused_before_any_worker_starts(tmp_path, capsys):
+    (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+    with pytest.raises(SystemExit) as stop:
+        serve_main(["--detector_config", str(DETECTOR), "--checkpoint", str(tmp_path / "notes.ckpt")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "notes.ckpt: not a checkpoint (torch.save writes a zip archive)" in err, err
 
 
 @pytest.fixture

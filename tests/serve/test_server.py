@@ -8,13 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
-from kglightning.testing.server import ServerProcess
+from kglightning.testing.server import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-7d1c"
@@ -300,6 +301,58 @@ def test_a_late_request_gets_a_504_and_sigterm_finishes_the_requests_in_flight(s
         assert not alive, f"left running after SIGTERM: {alive}"
     finally:
         server.stop()
+
+
+def test_a_checkpoint_of_another_model_and_a_sigterm_while_loading_end_in_one_line(served, tiny_encoder_dir):
+    """A checkpoint whose weights do not fit the config stops the server with exit 1 and a line naming the file and
+    the config (the worker's error above it), and one that is no checkpoint at all is refused before any worker
+    starts; SIGTERM while the worker is still loading stops it without a traceback, leaving no process."""
+    import psutil
+
+    tmp = served[3].parent
+    state = torch.load(tmp / "outputs/detector/graph_transformer/checkpoints/best.ckpt", weights_only=False)
+    state["state_dict"]["net.extra.weight"] = torch.zeros(2)
+    torch.save(state, tmp / "other.ckpt")
+    (tmp / "notes.ckpt").write_text("not a checkpoint")
+    base = ["--config", str(ROOT / "configs/serve.yaml"), "--detector_config", str(ROOT / "configs/detector.yaml"),
+            "--accelerator", "cpu", *_detector_args(str(tmp / "data"), tiny_encoder_dir)]  # fmt: skip
+
+    def serve(checkpoint: str) -> subprocess.CompletedProcess:
+        cmd = [
+            sys.executable,
+            "-m",
+            "kglightning",
+            "serve",
+            *base,
+            "--checkpoint",
+            checkpoint,
+            "--port",
+            str(free_port()),
+        ]
+        return subprocess.run(cmd, cwd=tmp, env=_env(tmp), capture_output=True, text=True, timeout=300)
+
+    refused = serve(str(tmp / "notes.ckpt"))
+    assert refused.returncode == 2 and "notes.ckpt: not a checkpoint" in refused.stderr, refused.stderr[-2000:]
+    other = serve(str(tmp / "other.ckpt"))
+    said = other.stdout + other.stderr  # the worker's error comes through LitServe's log (stdout)
+    assert other.returncode == 1, said[-3000:]
+    assert "other.ckpt: its weights do not fit the detector of" in said, said[-3000:]
+    assert other.stderr.rstrip().endswith("nothing was served"), said[-3000:]
+    assert "One or more workers failed" not in said  # LitServe's own traceback is not shown
+
+    log = tmp / "server_sigterm.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "kglightning", "serve", *base, "--checkpoint",
+                                 str(tmp / "outputs/detector/graph_transformer/checkpoints/best.ckpt"), "--port",
+                                 str(free_port())], cwd=tmp, env=_env(tmp), stdout=out, stderr=out)  # fmt: skip
+        while "serving " not in log.read_text() and proc.poll() is None:  # the workers start after this line
+            time.sleep(0.05)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    text = log.read_text()
+    assert "Traceback" not in text and "stopped before the detector was ready" in text, text[-3000:]
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
 def _request(record: dict) -> dict:
