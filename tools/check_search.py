@@ -34,6 +34,7 @@ QUERIES: dict[str, tuple[str, ...]] = {
     "GAT detector": ("methods/kg-guard/", "guides/cli/", "api/nn/gat/"),
     "GAT": ("methods/kg-guard/", "guides/cli/", "api/nn/gat/"),
     "detector_gat": ("methods/kg-guard/", "guides/cli/", "api/nn/gat/"),  # each gives the command
+    "train the GAT detector": ("methods/kg-guard/", "guides/cli/", "api/nn/gat/"),
     "HallucinationDetector": ("api/modules/detector/",),
     "AnswerSelector": ("api/conformal/selection/",),
     # a class that a tutorial and a method page teach under a heading of its name: any of the three
