@@ -2,8 +2,9 @@
 
 A table, code block or API signature *overflows* when it is wider than the page's text column: it runs past the
 column's right edge, or it (or a box around it) scrolls sideways, or it is cut off by a box that hides what does not
-fit; inline code overflows when a line of it runs past the column's edge. A reader would have to scroll sideways or
-would miss the end of a line (issue 59). An API page (``api/``) is *too tall* above ``--max-api-height`` pixels.
+fit; inline code overflows when a line of it runs past the column's edge; a sidebar label is cut when a line of it ends
+inside a word (not at a blank, a hyphen or a break ``docs/hooks/nav_breaks.py`` put there). A reader would have to
+scroll sideways or would miss the end of a line (issue 59). An API page (``api/``) is *too tall* above ``--max-api-height`` pixels.
 
     mkdocs build --strict --site-dir site && python tools/check_layout.py site
 
@@ -51,6 +52,25 @@ MEASURE = """(() => {
     if (right > edge) overflowing.push({element: "code (inline)", text: c.textContent.slice(0, 60),
                                         width: Math.round(right - c.getBoundingClientRect().left),
                                         room: Math.round(edge - c.getBoundingClientRect().left)});
+  }
+  // a sidebar label cut inside a word: a line ends between two letters of one text (a break at a <wbr> ends a text)
+  const range = document.createRange();
+  for (const label of document.querySelectorAll(".md-sidebar .md-ellipsis")) {
+    if (!label.getClientRects().length) continue;  // in a closed section
+    const walker = document.createTreeWalker(label, NodeFilter.SHOW_TEXT);
+    let cut = false;  // said once per label
+    for (let node = walker.nextNode(); node && !cut; node = walker.nextNode()) {
+      let top = null;
+      for (let i = 0; i < node.length && !cut; i++) {
+        range.setStart(node, i); range.setEnd(node, i + 1);
+        const rect = range.getClientRects()[0];
+        if (!rect) continue;
+        if (top !== null && rect.top > top + 2 && !/[\\s\\-–—]/.test(node.data[i - 1]) && !/\\s/.test(node.data[i]))
+          cut = overflowing.push({element: "sidebar label cut in a word", text: label.textContent.trim().slice(0, 60),
+                                  width: i, room: 0}) > 0;
+        top = rect.top;
+      }
+    }
   }
   return {height: document.documentElement.scrollHeight, overflowing: overflowing};
 })()"""
@@ -165,7 +185,10 @@ def check(
             if heights is not None:
                 heights[rel] = found["height"]
             for c in found["overflowing"]:
-                problems.append(f"{rel}: {c['element']} {c['width']} px wide in {c['room']} px: {c['text']!r}")
+                if c["element"].startswith("sidebar"):
+                    problems.append(f"{rel}: {c['element']} (after character {c['width']}): {c['text']!r}")
+                else:
+                    problems.append(f"{rel}: {c['element']} {c['width']} px wide in {c['room']} px: {c['text']!r}")
             if rel.startswith("api/") and found["height"] > max_api_height:
                 problems.append(f"{rel}: {found['height']} px tall (API pages: at most {max_api_height})")
     finally:

@@ -32,18 +32,24 @@ def test_tables_and_code_wider_than_the_column_are_found_whether_cut_off_or_scro
     pad = "<code style='padding:0 30px;box-decoration-break:clone;-webkit-box-decoration-break:clone'>"
     _page(tmp_path / "inline", "<p>" + "word " * 40 + pad + "x" * 300 + "</code></p>")  # its padding past the edge
     _page(tmp_path / "inline-fits", "<p>" + "word " * 40 + "<code>" + "x " * 300 + "</code></p>")
+    side = (
+        "<div class='md-sidebar'><span class='md-ellipsis' style='display:block;width:90px;overflow-wrap:break-word'>"
+    )
+    _page(tmp_path / "label-cut", side + "HallucinationDetectorOfLongName</span></div>")  # cut where the line ends
+    _page(tmp_path / "label-parts", side + "Hallucination<wbr>Detector<wbr>Of<wbr>Long<wbr>Name and words</span></div>")
     _page(tmp_path / "api" / "tall", "<div style='height:25000px'>long</div>")
     _page(tmp_path / "tall", "<div style='height:25000px'>a long page that is not an API page</div>")
     heights: dict[str, int] = {}
     problems = layout.check(tmp_path, layout.find_browser(), 20_000, heights)
-    assert len(problems) == 6, problems
+    assert len(problems) == 7, problems
     for page, element in (("wide", "table"), ("scrolls", "table"), ("hidden", "pre"), ("code", "pre")):
         assert any(p.startswith(f"{page}: {element} ") and " px wide in 70" in p for p in problems), (page, problems)
-    assert not any(p.startswith(("wraps:", "fits:", "inline-fits:")) for p in problems)
+    assert not any(p.startswith(("wraps:", "fits:", "inline-fits:", "label-parts:")) for p in problems)
+    assert any(p.startswith("label-cut: sidebar label cut in a word") for p in problems), problems
     assert any(p.startswith("inline: code (inline) ") for p in problems), problems
     assert any(p.startswith("api/tall: ") and "px tall" in p for p in problems)
     assert heights["tall"] > 25_000 and heights["scrolls"] <= 1_000  # a short page: the viewport
-    assert layout.main([str(tmp_path)]) == 1 and "6 problems" in capsys.readouterr().out
+    assert layout.main([str(tmp_path)]) == 1 and "7 problems" in capsys.readouterr().out
 
 
 def test_without_a_browser_the_check_is_skipped_with_the_reason_unless_required(tmp_path, monkeypatch, capsys):
