@@ -474,32 +474,46 @@ class RequestEmbeddings:
 
     def __init__(self, cache: EmbeddingCache) -> None:
         self.cache = cache
+        self._cache_rows: list[int] = []  # per table row: its row of the cache, or -1 for a text encoded here
+        self._own_rows: list[int] = []  # per table row: its row of the encoded blocks (-1 for a cache row)
         self._blocks: list[torch.Tensor] = []
-        self._size = 0
-        self._table: torch.Tensor | None = None
+        self._own = 0
+        self._lookup: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def view(self, texts: Iterable[str]) -> TextView:
-        """Rows for one request's ``texts``: the cache's where it holds them, the others encoded together."""
+        """Rows for one request's ``texts``: the cache's where it holds them, the others encoded together. A cache
+        row is only named here; :meth:`rows` reads it, once for a whole batch."""
         texts = sorted(set(texts))
-        held = [t for t in texts if t in self.cache]
-        new = [t for t in texts if t not in self.cache]
-        block = torch.empty(len(texts), self.cache.dim, dtype=torch.float32)
-        at = {t: i for i, t in enumerate(texts)}
-        if held:
-            block[[at[t] for t in held]] = self.cache.rows(self.cache.ids(held))
+        held = self.cache._index
+        new = [t for t in texts if t not in held]
         if new:
-            block[[at[t] for t in new]] = self.cache._encode(new).float()
-        index = {t: self._size + i for i, t in enumerate(texts)}
-        self._blocks.append(block)
-        self._size += len(texts)
-        self._table = None
+            self._blocks.append(self.cache._encode(new).float())
+        mine = {t: self._own + i for i, t in enumerate(new)}
+        self._own += len(new)
+        index = {t: len(self._cache_rows) + i for i, t in enumerate(texts)}
+        self._cache_rows += [held.get(t, -1) for t in texts]
+        self._own_rows += [mine.get(t, -1) for t in texts]
+        self._lookup = None
         return TextView(index, self)
 
     def rows(self, ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
-        """Rows of every view's texts (``(n, dim)``, float32)."""
-        if self._table is None:
-            self._table = torch.cat(self._blocks) if self._blocks else torch.zeros(0, self.cache.dim)
-        return self._table[torch.as_tensor(ids, dtype=torch.long)]
+        """Rows of every view's texts (``(n, dim)``, float32): the cache's rows in one lookup, the others from the
+        texts encoded here."""
+        if self._lookup is None:
+            own = torch.cat(self._blocks) if self._blocks else torch.zeros(0, self.cache.dim)
+            self._lookup = (torch.tensor(self._cache_rows, dtype=torch.long),
+                            torch.tensor(self._own_rows, dtype=torch.long), own)  # fmt: skip
+        cache_rows, own_rows, own = self._lookup
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        flat = ids.reshape(-1)
+        at_cache, at_own = cache_rows[flat], own_rows[flat]
+        from_cache = at_cache >= 0
+        out = torch.empty(flat.numel(), self.cache.dim, dtype=torch.float32)
+        if bool(from_cache.any()):
+            out[from_cache] = self.cache.rows(at_cache[from_cache])
+        if not bool(from_cache.all()):
+            out[~from_cache] = own.index_select(0, at_own[~from_cache])
+        return out.view(*ids.shape, self.cache.dim)
 
 
 class UsesEmbeddings:

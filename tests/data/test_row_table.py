@@ -399,3 +399,32 @@ def test_rows_of_a_mapped_shard_leave_warnings_shown_once_per_place(tmp_path):
     assert not mapped.flags.writeable and np.array_equal(np.asarray(mapped), rows)  # read through, never written
     back = pickle.loads(pickle.dumps(table))  # the kept views do not travel
     assert back.rows([3]).tolist() == [rows[3].astype(np.float32).tolist()]
+
+
+def test_request_rows_are_the_caches_and_their_own_encodings_whatever_the_company(tmp_path):
+    from kglightning.data.embeddings import RequestEmbeddings
+
+    class Batchy(_Enc):  # a new text's vector depends on the texts encoded with it, as a real encoder's last digits do
+        def encode(self, texts):
+            return super().encode(texts) + len(texts)
+
+    cache = EmbeddingCache(Batchy(), root=tmp_path)
+    cache.add(["Paris", "France", "Europe"])
+    for _ in range(2):  # two shards: rows gathered across segments
+        cache.add([f"held {len(cache)}"])
+    table = RequestEmbeddings(cache)
+    a = table.view(["Paris", "Atlantis", "France", "held 3"])
+    b = table.view(["Europe", "Atlantis", "Mu", "Lemuria"])
+    alone = RequestEmbeddings(cache)
+    solo = alone.view(["Atlantis", "France", "Paris", "held 3"])
+    for name in ("Paris", "France", "held 3"):  # a held text: the cache's own row, in whichever view
+        assert torch.equal(table.rows([a._index[name]])[0], cache.rows(cache.ids([name]))[0])
+    assert torch.equal(table.rows([b._index["Europe"]])[0], cache.rows(cache.ids(["Europe"]))[0])
+    # a new text: encoded with its own request's new texts only, so the same in any batch, and not stored
+    assert torch.equal(table.rows([a._index["Atlantis"]]), alone.rows([solo._index["Atlantis"]]))
+    assert not torch.equal(table.rows([a._index["Atlantis"]]), table.rows([b._index["Atlantis"]]))  # b had 3 new
+    assert "Atlantis" not in cache and "Mu" not in cache
+    ids = torch.tensor([[a._index["Paris"], b._index["Mu"]], [b._index["Lemuria"], a._index["France"]]])
+    got = table.rows(ids)
+    assert got.shape == (2, 2, 4)
+    assert torch.equal(got[1, 1], cache.rows(cache.ids(["France"]))[0]) and got.dtype == torch.float32
