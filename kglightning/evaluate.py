@@ -27,7 +27,9 @@ Output, in ``output`` (default: the folder of the predictions file; RoG instead 
 * ``reliability.png`` when confidences exist.
 
 With ``topk > 0`` the names get a ``_top_{topk}`` suffix (RoG's code forgot the ``f`` of the f-string and writes a
-literal ``{topk}``). Questions with an empty gold list, on which RoG crashes, are left out of every mean, counted in
+literal ``{topk}``). A predictions file named other than ``predictions.jsonl`` gives its files its own name first
+(``predictions_test.eval_result.txt`` beside ``predictions_test.jsonl``), so that two splits' predictions in one
+folder are evaluated without one overwriting the other's results. Questions with an empty gold list, on which RoG crashes, are left out of every mean, counted in
 ``n_empty_gold``, and written to the detailed file with null scores.
 """
 
@@ -86,15 +88,21 @@ def evaluate_predictions(
         >>> sorted(p.name for p in d.iterdir())
         ['detailed_eval_result.jsonl', 'eval_result.txt', 'predictions.jsonl']
     """
-    from kglightning.metrics.evaluation import evaluation_files, format_result, write_evaluation  # torch: not at --help
+    from kglightning.metrics.evaluation import (  # torch: not at --help
+        evaluation_files,
+        files_prefix,
+        format_result,
+        write_evaluation,
+    )
     from kglightning.metrics.functional.evaluation import AnswerError
 
     predictions = Path(predictions)
     out_dir = Path(output) if output is not None else predictions.parent
-    check_outputs_apart(evaluation_files(out_dir, topk).values(), [predictions])  # before the first write
+    prefix = files_prefix(predictions)
+    check_outputs_apart(evaluation_files(out_dir, topk, prefix).values(), [predictions])  # before the first write
     records = read_predictions(predictions, on_bad_record=on_bad_record)
     try:
-        results = write_evaluation(records, out_dir, topk=topk, n_bins=n_bins, title=predictions.name)
+        results = write_evaluation(records, out_dir, topk=topk, n_bins=n_bins, title=predictions.name, prefix=prefix)
     except AnswerError as e:
         raise RecordError(e.reason, source=str(predictions), line=e.line, field=e.field) from None
     print(format_result(results), end="")

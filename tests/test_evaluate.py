@@ -93,8 +93,8 @@ def test_no_confidence_no_plot_and_topk_names(tmp_path):
     out = tmp_path / "out"
     res = evaluate_predictions(pred, out, topk=1)  # keeps "y" (most frequent) only
     assert res["hit"] == 0.0 and "ece" not in res
-    assert sorted(p.name for p in out.iterdir()) == ["detailed_eval_result_top_1.jsonl", "eval_result_top_1.txt"]
-    assert len((out / "eval_result_top_1.txt").read_text().splitlines()) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["p.detailed_eval_result_top_1.jsonl", "p.eval_result_top_1.txt"]
+    assert len((out / "p.eval_result_top_1.txt").read_text().splitlines()) == 2
 
 
 @pytest.mark.parametrize(
@@ -189,11 +189,26 @@ def test_skip_bad_rows_on_request(tmp_path, capsys):
 
 
 def test_an_evaluation_never_writes_over_its_predictions(tmp_path, capsys):
-    """Issue 57 (a user's files): a predictions file named as one of the outputs is refused, exit 2, untouched."""
+    """Issue 57 (a user's files): a predictions file named as one of RoG's outputs keeps its bytes; the results
+    take its name first (and an output that would still land on the input is refused, exit 2)."""
     path = tmp_path / "detailed_eval_result.jsonl"
     path.write_text(json.dumps(LINES[0]) + "\n")
     kept = path.read_bytes()
-    assert main(["--predictions", str(path)]) == 2
-    assert "over the input" in capsys.readouterr().err and path.read_bytes() == kept
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["detailed_eval_result.jsonl"]
-    assert main(["--predictions", str(path), "--output", str(tmp_path / "out")]) == 0
+    assert main(["--predictions", str(path)]) == 0 and path.read_bytes() == kept
+    assert (tmp_path / "detailed_eval_result.detailed_eval_result.jsonl").exists()
+    from kglightning.fileio import OutputOverInputError, check_outputs_apart
+    from kglightning.metrics.evaluation import evaluation_files
+
+    with pytest.raises(OutputOverInputError):
+        check_outputs_apart(evaluation_files(tmp_path).values(), [path])
+
+
+def test_two_splits_in_one_folder_get_results_of_their_own(tmp_path, capsys):
+    for split, rows in (("validation", LINES[:1]), ("test", LINES[2:3])):
+        (tmp_path / f"predictions_{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert main(["--predictions", str(tmp_path / f"predictions_{split}.jsonl")]) == 0
+    validation = (tmp_path / "predictions_validation.eval_result.txt").read_text()
+    test = (tmp_path / "predictions_test.eval_result.txt").read_text()
+    assert validation.startswith("Accuracy: 100.0") and test.startswith("Accuracy: 0.0")  # neither overwrote the other
+    assert (tmp_path / "predictions_test.detailed_eval_result.jsonl").exists()
+    assert not (tmp_path / "eval_result.txt").exists()  # RoG's names are for RoG's predictions.jsonl

@@ -53,6 +53,7 @@ def write_evaluation(
     n_bins: int = 10,
     title: str = "",
     out: dict[str, Any] | None = None,
+    prefix: str = "",
 ) -> dict[str, float]:
     """Score ``rows`` (:func:`~kglightning.metrics.functional.evaluation.score_predictions`) and write the files.
 
@@ -66,6 +67,7 @@ def write_evaluation(
         n_bins: calibration bins.
         title: title of the reliability diagram.
         out: if given, gets ``detailed`` (the per-question rows) and ``pairs`` (the (confidence, correct) pairs).
+        prefix: put before each file's name (:func:`evaluation_files`).
 
     Returns:
         The results of ``score_predictions``.
@@ -73,7 +75,7 @@ def write_evaluation(
     results, detailed, (conf, correct) = score_predictions(rows, topk, n_bins)
     if out is not None:
         out.update(detailed=detailed, pairs=(conf, correct))
-    files = evaluation_files(out_dir, topk)
+    files = evaluation_files(out_dir, topk, prefix)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     with atomic_write(files["detailed"]) as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in detailed)
@@ -83,10 +85,25 @@ def write_evaluation(
     return results
 
 
-def evaluation_files(out_dir: str | Path, topk: int = -1) -> dict[str, Path]:
+def evaluation_files(out_dir: str | Path, topk: int = -1, prefix: str = "") -> dict[str, Path]:
     """The files :func:`write_evaluation` writes into ``out_dir`` (``result``, ``detailed``, ``reliability``); with
-    ``topk > 0`` their names get a ``_top_{topk}`` suffix."""
+    ``topk > 0`` their names get a ``_top_{topk}`` suffix, and each name starts with ``prefix``
+    (:func:`files_prefix`: the predictions file's own name, so that two splits' files in one folder stay apart)."""
     suffix = f"_top_{topk}" if topk > 0 else ""
     out_dir = Path(out_dir)
-    return {"result": out_dir / f"eval_result{suffix}.txt", "detailed": out_dir / f"detailed_eval_result{suffix}.jsonl",
-            "reliability": out_dir / f"reliability{suffix}.png"}  # fmt: skip
+    return {"result": out_dir / f"{prefix}eval_result{suffix}.txt",
+            "detailed": out_dir / f"{prefix}detailed_eval_result{suffix}.jsonl",
+            "reliability": out_dir / f"{prefix}reliability{suffix}.png"}  # fmt: skip
+
+
+def files_prefix(predictions: str | Path) -> str:
+    """What :func:`evaluation_files` puts before the names of a predictions file's evaluation: nothing for RoG's
+    ``predictions.jsonl`` (its files keep RoG's names), else the file's stem and a dot, so that
+    ``predictions_validation.jsonl`` and ``predictions_test.jsonl`` in one folder get files of their own.
+
+    Example:
+        >>> files_prefix("out/predictions.jsonl"), files_prefix("out/predictions_test.jsonl")
+        ('', 'predictions_test.')
+    """
+    stem = Path(predictions).name.removesuffix(".jsonl")
+    return "" if stem == "predictions" else f"{stem}."

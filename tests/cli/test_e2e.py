@@ -151,10 +151,10 @@ def test_baseline_predict_then_evaluate(detection_dir, tiny_encoder_dir, tmp_pat
         assert row["prediction"] and len(row["confidence"]) == len(row["prediction"])
         assert all(0 <= c <= 1 for c in row["confidence"]) and row["evidence"]
     proc = _cli(tmp_path, "evaluate", "--predictions", str(out), "--output", str(tmp_path / "eval"))
-    text = (tmp_path / "eval/eval_result.txt").read_text()
+    text = (tmp_path / "eval/predictions_test.eval_result.txt").read_text()  # the predictions file's own name first
     assert text.startswith("Accuracy: ") and " Hit1: " in text and "ECE: " in text
-    assert (tmp_path / "eval/reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (tmp_path / "eval/detailed_eval_result.jsonl").exists() and "Hit" in proc.stdout
+    assert (tmp_path / "eval/predictions_test.reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "eval/predictions_test.detailed_eval_result.jsonl").exists() and "Hit" in proc.stdout
 
 
 def test_wandb_logger_offline(detection_dir, tiny_encoder_dir, tmp_path):
