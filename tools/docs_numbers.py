@@ -59,11 +59,14 @@ MAIN_ROWS = (
     ("Random (uniform score, flagged at 0.5)", "main_job", "test/random/"),
 )  # fmt: skip
 DETECTORS, BASELINES = MAIN_ROWS[:2], MAIN_ROWS[2:]
+METRIC = r"(?:F1|AUC-PR|AUROC|precision|recall|accuracy|ECE|coverage|FDR|ECR|Hits@1)"
 # numbers that only a result file may give: three or more decimals (a metric), a metric's name with a value of two
-# decimals (``F1 0.96``, ``an FDR of 0.30``), or a time in minutes and seconds (``3 min 6 s``, ``3:38``)
+# decimals or a share (``F1 0.96``, ``0.96 F1``, ``an FDR of 0.30``, ``F1 95.8%``), a ratio of two decimals
+# (``2.98x``), or a time in minutes and seconds (``3 min 6 s``, ``3:38``)
 STRAY = re.compile(
     r"(?<![\w.])[01]\.\d{3,}(?!\d)|\b\d+ min \d+ s\b|(?<![\w:.])\d{1,2}:\d{2}(?![\w:])"
-    r"|\b(?:F1|AUC-PR|AUROC|precision|recall|accuracy|ECE|coverage|FDR|ECR|Hits@1)(?:\s+(?:of|=|is|was|at))?\s+0\.\d\d\b",
+    rf"|\b{METRIC}(?:\s+(?:of|=|was))?\s+(?:0\.\d\d\b|\d{{1,3}}(?:\.\d+)?%)|(?<![\w.])0\.\d\d\s+{METRIC}\b"
+    r"|(?<![\w.])\d+\.\d\dx\b",  # a ratio of two decimals (2.98x)
     flags=re.I,
 )
 # each method page's results sections, by heading: there a share, or a decimal number in a table cell, is a result too
@@ -455,7 +458,7 @@ def main_job_speed() -> str:
     lines += [f"| {name} | {_duration(this['stages'].get(name, 0))} | {_duration(base['stages'].get(name, 0))} |"
               for name in stages]  # fmt: skip
     lines += [f"| epochs trained | {this['epochs']} | {base['epochs']} |"]
-    lines += [f"| {k} | {this['metrics'][k]:.3f} | {base['metrics'][k]:.3f} |" for k in this["metrics"]]
+    lines += [f"| {k} | {this['metrics'][k]:.4f} | {base['metrics'][k]:.4f} |" for k in this["metrics"]]
     m = r["machine"]
     repeats = r.get("repeats", 1)
     how = f"the median of {repeats} runs of each, taking turns" if repeats > 1 else "one run after the other"
@@ -487,17 +490,14 @@ def threads() -> str:
 
 
 def main_job_breakdown() -> str:
-    """Where a main job's time from an empty cache went, stage by stage, in a sentence (bench_main_job.py's run of
-    this tree), for the home page; the table is BENCHMARKS'."""
-    r = load("main_job_speed")
-    this = r["this"]
-    stages = sorted(this["stages"].items(), key=lambda kv: -kv[1])
+    """Where the main job's time from an empty cache went, stage by stage, in a sentence: the stages of the run that
+    ``main-job-time`` reports (``record_run.py fit``, the result file ``main_job``)."""
+    r = load("main_job")
+    if "stages" not in r:
+        raise SystemExit("docs/results/main_job.json: no stages (record it again with tools/record_run.py fit)")
+    stages = sorted(r["stages"].items(), key=lambda kv: -kv[1])
     parts = ", ".join(f"{name} {_duration(seconds)}" for name, seconds in stages if seconds >= 1)
-    runs = "the median of its runs" if r.get("repeats", 1) > 1 else "its run"
-    return (f"Where the time of a run from an empty cache goes, stage by stage: commit {r['commit']} took "
-            f"{_duration(this['seconds'])} on {r['date']} ({runs} in "
-            f"[the main job's benchmark](benchmarks.md#the-main-job-against-the-commit-before-issue-58), a separate "
-            f"run from the one above: times on a shared machine drift from hour to hour): {parts}.\n")  # fmt: skip
+    return f"Where that run's {_duration(r['fit_seconds'])} went, stage by stage: {parts}.\n"
 
 
 def serve_load() -> str:
@@ -537,9 +537,36 @@ def serve_load() -> str:
                       "4xx; the server's memory went from "
                       f"{soak['rss_mb_per_minute'][1 if len(soak['rss_mb_per_minute']) > 2 else 0]:.0f} MB after the "
                       f"first minute to {soak['rss_mb_per_minute'][-1]:.0f} MB ({soak['rss_growth']:+.1%}).")  # fmt: skip
+    lines += ["", _serve_targets(r, batched, inproc)]
     lines += ["", f"On {m['cores']} CPU cores ({m['cpu']}) on {r['date']}, commit {r['commit']}: "
               "`docs/results/serve_load.json`."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _serve_targets(r: dict, batched: list[dict], inproc: dict) -> str:
+    """Issue 60's targets against this run, each said met or not met (so that no prose restates the numbers)."""
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**not met**"
+
+    said = []
+    for run in batched:
+        by_c = {x["concurrency"]: x for x in run["load"]}
+        top, one = by_c[max(by_c)], by_c[min(by_c)]
+        ratio, share = top["per_second"] / one["per_second"], top["per_second"] / inproc["per_second"]
+        said.append(f"on {run.get('workers', 1)} worker(s), concurrency {top['concurrency']} at least 3x concurrency "
+                    f"{one['concurrency']} ({ratio:.2f}x: {verdict(ratio >= 3)}) and within 25% of in-process scoring "
+                    f"({share:.0%}: {verdict(share >= 0.75)})")  # fmt: skip
+    small, soak = batched[0].get("small_question"), batched[0].get("soak")
+    if small:
+        said.append(f"a small question's p50 under 150 ms ({small['p50_ms']:.0f} ms: {verdict(small['p50_ms'] < 150)})")
+    if soak:
+        bad = soak["malformed_statuses"]
+        four = sum(n for c, n in bad.items() if c.startswith("4"))
+        said.append(f"the soak with no 5xx ({soak['server_errors']}: {verdict(soak['server_errors'] == 0)}), every "
+                    f"malformed request a 4xx ({verdict(four == sum(bad.values()))}) and memory growing less than "
+                    f"10% ({soak['rss_growth']:+.1%}: {verdict(soak['rss_growth'] < 0.10)})")  # fmt: skip
+    return "Issue 60's targets on this run: " + "; ".join(said) + "."
 
 
 def serve_large() -> str:

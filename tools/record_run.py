@@ -168,20 +168,52 @@ def _commit() -> str | None:
     return (out.stdout.strip() + ("+changes" if dirty else "")) if out.returncode == 0 else None
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str], log_path: Path) -> tuple[float, str]:
-    """``cmd`` with its output shown and kept; its wall-clock seconds and the output. Exits on failure."""
+#: the main job's stages, by the first line each prints (a regular expression), in the order the run prints them
+MARKS = (
+    ("start-up", None),
+    ("embedded benchmark", re.compile(r"embedded benchmark")),
+    ("answer proposals", re.compile(r"proposing answers")),
+    ("encodings and graphs", re.compile(r"^(train|validation|test): \d+ questions -> ")),
+    ("training", re.compile(r"Epoch 0\b|^\s*\| Name\b|Total params")),
+    ("test", re.compile(r"^Testing|test_after_fit|Restoring states from the checkpoint")),
+)
+
+
+def stages(stamped: list[tuple[float, str]], wall: float) -> dict[str, float]:
+    """Seconds per stage of :data:`MARKS` from a run's lines and the seconds at which each arrived: each stage runs
+    from its first line to the next stage's first line (the last to ``wall``); a stage that printed nothing is left
+    out.
+
+    Example:
+        >>> stages([(1.0, "building the embedded benchmark"), (5.0, "proposing answers: 10%"), (9.0, "Epoch 0: 1/2")], 12)
+        {'start-up': 1.0, 'embedded benchmark': 4.0, 'answer proposals': 4.0, 'training': 3.0}
+    """
+    first = {"start-up": 0.0}
+    for at, line in stamped:
+        for name, pattern in MARKS[1:]:
+            if name not in first and pattern.search(line):
+                first[name] = at
+    order = sorted(first.items(), key=lambda kv: kv[1])
+    return {name: round((order[i + 1][1] if i + 1 < len(order) else wall) - t, 1) for i, (name, t) in enumerate(order)}
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], log_path: Path) -> tuple[float, str, dict[str, float]]:
+    """``cmd`` with its output shown and kept; its wall-clock seconds, the output and its :func:`stages`. Exits on
+    failure."""
     start = time.perf_counter()
+    stamped = []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         for line in proc.stdout:
+            stamped.append((time.perf_counter() - start, line))
             sys.stdout.write(line)
             log.write(line)
         rc = proc.wait()
     seconds = time.perf_counter() - start
     if rc != 0:
         raise SystemExit(f"{' '.join(cmd)} failed with exit status {rc}; its output is in {log_path}")
-    return seconds, log_path.read_text()
+    return seconds, log_path.read_text(), stages(stamped, seconds)
 
 
 def record_fit(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict[str, object]:
@@ -193,11 +225,11 @@ def record_fit(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict
     work = tmp / "work"
     work.mkdir()
     if args.install:
-        seconds, _ = _run(["bash", "tools/install.sh"], ROOT, env, tmp / "install.log")
+        seconds, _, _ = _run(["bash", "tools/install.sh"], ROOT, env, tmp / "install.log")
         result["install_seconds"] = round(seconds, 1)
     env = {**env, "KGLIGHTNING_CACHE": str(tmp / "cache")}  # empty: the first run of a fresh clone
     command = ["python", "-m", "kglightning", "fit", "--config", args.config]
-    seconds, output = _run([sys.executable, *command[1:5], str(config)], work, env, tmp / "run.log")
+    seconds, output, spans = _run([sys.executable, *command[1:5], str(config)], work, env, tmp / "run.log")
     metrics, epochs = run_metrics(work)
     splits = split_counts(output)
     if "test" not in splits:
@@ -205,7 +237,7 @@ def record_fit(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict
     if args.rerun:
         again = tmp / "again"
         again.mkdir()
-        rerun_seconds, _ = _run([sys.executable, *command[1:5], str(config)], again, env, tmp / "rerun.log")
+        rerun_seconds, _, _ = _run([sys.executable, *command[1:5], str(config)], again, env, tmp / "rerun.log")
         rerun, _ = run_metrics(again)
         result["rerun"] = {
             "fit_seconds": round(rerun_seconds, 1),
@@ -218,7 +250,7 @@ def record_fit(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict
     log_copy.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(metrics_file(work), log_copy)  # only once the run has passed every check, as the result file
     return {"command": " ".join(command), **_about(), "config": config_values(config), "epochs_trained": epochs,
-            "cache": "empty", **result, "fit_seconds": round(seconds, 1), "splits": splits,
+            "cache": "empty", **result, "fit_seconds": round(seconds, 1), "stages": spans, "splits": splits,
             "metrics": metrics}  # fmt: skip
 
 
@@ -258,7 +290,7 @@ def record_predict(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> 
     steps = []
     for i, name in enumerate(configs):
         what = "predict" if i == len(configs) - 1 else "fit"
-        seconds, _ = _run([sys.executable, "-m", "kglightning", what, "--config", str((ROOT / name).resolve())], work,
+        seconds, _, _ = _run([sys.executable, "-m", "kglightning", what, "--config", str((ROOT / name).resolve())], work,
                           env, tmp / f"run{i}.log")  # fmt: skip
         step: dict[str, object] = {"command": f"python -m kglightning {what} --config {name}",
                                    "seconds": round(seconds, 1)}  # fmt: skip
@@ -284,7 +316,7 @@ def record_tests(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> di
     """The ``tests`` subcommand: the README's test command in the repository, with an empty kglightning cache."""
     command = ["python", "-m", "pytest", "-q"]
     env = {**env, "KGLIGHTNING_CACHE": str(tmp / "cache")}
-    seconds, output = _run([sys.executable, *command[1:]], ROOT, env, tmp / "tests.log")  # exits unless all pass
+    seconds, output, _ = _run([sys.executable, *command[1:]], ROOT, env, tmp / "tests.log")  # exits unless all pass
     return {"command": " ".join(command), **_about(), "seconds": round(seconds, 1), "counts": summary_counts(output)}
 
 

@@ -107,6 +107,9 @@ def test_a_number_edited_by_hand_fails_the_check(copy, capsys):
         ("docs/tutorials/conformal-sets.md", "The sets covered 0.482 of the questions.\n", False),
         ("docs/tutorials/own-llm-answers.md", "The detector reached F1 0.96 here.\n", False),
         ("docs/guides/data.md", "The cut took 2:03 on 2 cores.\n", False),
+        ("README.md", "The main job reached 0.96 F1.\n", False),
+        ("README.md", "The main job reached an F1 of 95.8%.\n", False),
+        ("docs/guides/serving.md", "Two workers gave 3.98x the throughput of one.\n", False),
     ],
 )
 def test_a_result_written_outside_the_blocks_fails_the_check(copy, capsys, page, line, results_section):
@@ -138,7 +141,7 @@ def test_settings_and_prose_decimals_are_not_results():
         == []
     )
     results = settings.replace("(`alpha: 0.3`):", "(`alpha: 0.3`): coverage 81.8%, APSS 0.912\n| 0.3 | **79.9** |")
-    assert sorted(numbers.stray_numbers(results, page)) == ["0.3", "0.912", "79.9", "81.8%"]
+    assert sorted(numbers.stray_numbers(results, page)) == ["0.3", "0.912", "79.9", "81.8%", "coverage 81.8%"]
 
 
 def test_a_results_section_runs_to_the_next_heading_of_its_level():

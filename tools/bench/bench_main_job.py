@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -27,18 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from record_run import _commit, machine, run_metrics  # noqa: E402
+from record_run import _commit, machine, run_metrics, stages  # noqa: E402
 from side_by_side import unpack, write_result  # noqa: E402
 
-#: the first line of each stage (a regular expression), in the order the run prints them
-MARKS = (
-    ("start-up", None),
-    ("embedded benchmark", re.compile(r"embedded benchmark")),
-    ("answer proposals", re.compile(r"proposing answers")),
-    ("encodings and graphs", re.compile(r"^(train|validation|test): \d+ questions -> ")),
-    ("training", re.compile(r"Epoch 0\b|^\s*\| Name\b|Total params")),
-    ("test", re.compile(r"^Testing|test_after_fit|Restoring states from the checkpoint")),
-)
 KEEP = ("test/f1", "test/auc_pr", "test/precision", "test/recall")
 
 
@@ -51,25 +41,16 @@ def run_main_job(tree: Path, work: Path) -> dict[str, object]:
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=work / "run", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1)  # fmt: skip
-    first: dict[str, float] = {"start-up": 0.0}
-    log = []
+    stamped: list[tuple[float, str]] = []
     assert proc.stdout is not None
     for line in proc.stdout:
-        now = time.perf_counter() - start
-        log.append(line)
-        for name, pattern in MARKS[1:]:
-            if name not in first and pattern.search(line):
-                first[name] = now
+        stamped.append((time.perf_counter() - start, line))
     wall = time.perf_counter() - start
     if proc.wait() != 0:
-        raise SystemExit(f"the main job failed in {tree}:\n{''.join(log[-40:])}")
-    order = sorted(first.items(), key=lambda kv: kv[1])
-    stages = {
-        name: round((order[i + 1][1] if i + 1 < len(order) else wall) - t, 1) for i, (name, t) in enumerate(order)
-    }
+        raise SystemExit(f"the main job failed in {tree}:\n{''.join(line for _, line in stamped[-40:])}")
     metrics, epochs = run_metrics(work / "run")
-    return {"seconds": round(wall, 1), "stages": stages, "epochs": epochs,
-            "metrics": {k: round(metrics[k], 4) for k in KEEP if k in metrics}}  # fmt: skip
+    return {"seconds": round(wall, 1), "stages": stages(stamped, wall), "epochs": epochs,
+            "metrics": {k: metrics[k] for k in KEEP if k in metrics}}  # fmt: skip
 
 
 def _median_run(runs: list[dict[str, object]]) -> dict[str, object]:
