@@ -402,13 +402,17 @@ _SECTION = re.compile(r"^(Args|Returns|Raises|Yields|Examples?|Notes?|Attributes
 
 def docstring_markup_problems(doc: str) -> list[str]:
     """What the API reference would show as raw markup: a line that is one RST literal (an indented formula in double
-    backticks is rendered as code, backticks and all), RST literals in a doctest's comment, and an indented doctest
-    after a paragraph outside an Example section (rendered as a code block holding a literal ```` ```pycon ```` fence).
+    backticks is rendered as code, backticks and all), RST literals in a doctest's comment, an indented doctest
+    after a paragraph outside an Example section (rendered as a code block holding a literal ```` ```pycon ```` fence),
+    and a first line that ends inside a literal or role (the summary tables show the first line alone).
 
     >>> docstring_markup_problems("Sum.\\n\\n    ``a + b``\\n\\nMore.\\n\\n    >>> f()  # see ``g``\\n    1\\n")
     ['an RST literal line: ``a + b``', 'RST in a doctest comment: >>> f()  # see ``g``', 'a doctest after a paragraph: >>> f()  # see ``g``']
     """
     out, section = [], None
+    first = inspect.cleandoc(doc).splitlines()[0] if doc.strip() else ""
+    if first.count("``") % 2 or re.sub(r"``.*?``", "", first).count("`") % 2:  # the summary tables show line one
+        out.append(f"a first line that ends inside a literal or role: {first}")
     for line in inspect.cleandoc(doc).splitlines():
         text = line.strip()
         if _SECTION.match(line):

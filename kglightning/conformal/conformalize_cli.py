@@ -22,7 +22,11 @@ def build_parser(prog: str = "kglightning conformalize") -> argparse.ArgumentPar
     p.add_argument("--predictions", required=True, help="predictions jsonl to add sets to")
     p.add_argument("--alpha", type=float, required=True, help="miscoverage level in (0, 1)")
     p.add_argument("--output", default=None, help="output jsonl (default: <predictions>.conformal.jsonl)")
-    p.add_argument("--group-by", default=None, help="a per-question key (dotted for nested): one qhat per group")
+    p.add_argument(
+        "--group-by",
+        default=None,
+        help="a per-question key (dotted for nested): one qhat per group (default: none, one qhat for all)",
+    )
     add_on_bad_record_argument(p)
     return p
 

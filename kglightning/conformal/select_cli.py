@@ -148,12 +148,21 @@ def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
                         "hallucinated answer) <= alpha")  # fmt: skip
     p.add_argument("--alpha", nargs="+", type=float, default=[0.1], help="level(s) in (0, 1)")
     p.add_argument("--delta", type=float, default=0.1, help="kept_rate: probability the bound may fail")
-    p.add_argument("--group-by", default=None, help="key of a per-answer list or per-row value (dotted for nested)")
+    p.add_argument(
+        "--group-by",
+        default=None,
+        help="key of a per-answer list or per-row value (dotted for nested); one selection per group (default: none, one for all)",
+    )
     p.add_argument("--score", default="hallucination_logit",
                    help="the per-answer score column (the detector's logits rank its answers without the ties of probabilities near 1)")  # fmt: skip
     p.add_argument("--sense", default="hallucination", choices=("hallucination", "confidence"),
                    help="hallucination: higher = more likely wrong; confidence: higher = more likely right")  # fmt: skip
-    p.add_argument("--min-calibration", type=int, default=None, help="fewest calibration questions a group needs")
+    p.add_argument(
+        "--min-calibration",
+        type=int,
+        default=None,
+        help="fewest calibration questions a group needs (default: the rule's floor at this alpha, calibration_floor)",
+    )
     p.add_argument("--grid", type=int, default=100, help="kept_rate: thresholds tested")
     p.add_argument("--start", type=float, default=0.1, help="kept_rate: share of test answers the strictest keeps")
     p.add_argument("--chains", type=int, default=4, help="kept_rate: fixed sequences, Bonferroni over them")

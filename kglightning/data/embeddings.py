@@ -381,8 +381,8 @@ class EmbeddingCache:
 
 
 class TransientEmbeddings:
-    """Embeddings of strings used once and never stored: texts that hold one question (UAG's step queries, ``Q ||
-    r_0 || ...``), which no other question asks for and which would grow the disk cache by every question of a
+    """Embeddings of strings used once and never stored: texts that hold one question (UAG's step queries,
+    ``Q || r_0 || ...``), which no other question asks for and which would grow the disk cache by every question of a
     split (millions of rows at CWQ's size).
 
     A string the cache holds comes from the cache; the others are encoded with the cache's encoder, each call to

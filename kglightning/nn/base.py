@@ -156,8 +156,8 @@ class _StackedAttentionEncoder(GraphEncoder):
         edge_type: Tensor | None = None,
         targets: Tensor | None = None,
     ) -> Tensor:
-        """States of ``targets`` computed on their receptive field only (:func:`~kglightning.nn.receptive.
-        receptive_blocks`): each layer runs on the nodes and edges the next one reads, the last on ``targets``.
+        """States of ``targets`` computed on their receptive field only
+        (:func:`~kglightning.nn.receptive.receptive_blocks`): each layer runs on the nodes and edges the next one reads, the last on ``targets``.
         Equal to ``forward(...)[targets]``; on KG-Guard's graphs (about 1.5 % of nodes are answers) it does about a
         quarter of the node work. A :class:`NodeRows` ``x`` builds the features of the first layer's nodes only."""
         if targets is None:

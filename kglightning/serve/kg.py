@@ -41,8 +41,8 @@ RETRIEVAL_KEYS = ("hops", "topk", "topk_e", "cost_e", "max_degree", "max_nodes",
 
 
 def load_served_kg(spec: str) -> KGIndex:
-    """The KG named by ``spec``: ``"embedded"`` (the embedded benchmark's) or a triples file (as ``build-subgraphs
-    --kg`` reads it, from the index cache when it was indexed before)."""
+    """The KG named by ``spec``: ``"embedded"`` (the embedded benchmark's) or a triples file, read as
+    ``build-subgraphs --kg`` reads it (from the index cache when it was indexed before)."""
     if spec == "embedded":
         from kglightning.retrieval.build_subgraphs import embedded_kg
 

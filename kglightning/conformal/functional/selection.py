@@ -185,8 +185,8 @@ def best_per_question(
 
 
 def _units_by_content(scores: Tensor, null: Tensor, question: Tensor) -> tuple[Tensor, int]:
-    """Each answer's unit index, the units numbered in the order of their questions' content (the sorted ``(score,
-    null)`` pairs of their answers) rather than of their ids: the same questions get the same numbers whatever ids
+    """Each answer's unit index, the units numbered in the order of their questions' content (the sorted
+    ``(score, null)`` pairs of their answers) rather than of their ids: the same questions get the same numbers whatever ids
     they carry and whatever order they come in. Questions of equal content are interchangeable (their losses are
     equal), so their relative order does not matter. Returns ``(unit, number of units)``."""
     _, unit = torch.unique(question, return_inverse=True)

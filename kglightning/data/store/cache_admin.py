@@ -117,8 +117,18 @@ def _show(root: Path, kinds: list[str] | None, du: bool) -> None:
 def main(argv: list[str] | None = None, prog: str = "kglightning cache") -> int:
     p = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter, prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("action", choices=("list", "du", "clean"))
-    p.add_argument("--kind", nargs="+", default=None, help="only these kinds (records, kg, embeddings, embedded, ...)")
-    p.add_argument("--older-than", default=None, metavar="DAYS", help="clean: marked entries unused this long")
+    p.add_argument(
+        "--kind",
+        nargs="+",
+        default=None,
+        help="only these kinds (records, kg, embeddings, embedded, ...; default: every kind)",
+    )
+    p.add_argument(
+        "--older-than",
+        default=None,
+        metavar="DAYS",
+        help="clean: marked entries unused this long (default: no age limit)",
+    )
     p.add_argument("--max-size", default=None, metavar="GB", help="clean: keep at most this much in marked entries "
                    "(default: $KGLIGHTNING_CACHE_MAX_GB)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="clean: say what would go; remove and write nothing")

@@ -423,6 +423,6 @@ def load_store(folder: Path, out: list, source: str | None = None) -> None:
 
 
 def set_store_aside(folder: Path, why: str) -> None:
-    """Move a store that could not be read or trusted out of the way (:func:`~kglightning.data.store.cache_marks.
-    set_aside`, with a WARNING); the next read writes it again."""
+    """Move a store that could not be read or trusted out of the way, with a WARNING
+    (:func:`~kglightning.data.store.cache_marks.set_aside`); the next read writes it again."""
     set_aside(folder, why)

@@ -135,8 +135,8 @@ def shard_bounds(n: int, index: int, count: int) -> tuple[int, int]:
 
 
 def take_shard(ds: Any, index: int, count: int) -> Any:
-    """Part ``index`` of ``count`` contiguous parts of the dataset ``ds``: ``ds.shard(count, index,
-    contiguous=True)``, the rows :func:`shard_bounds` names; the parts, concatenated in order, are ``ds``. An empty
+    """Part ``index`` of ``count`` contiguous parts of the dataset ``ds``:
+    ``ds.shard(count, index, contiguous=True)``, the rows :func:`shard_bounds` names; the parts, concatenated in order, are ``ds``. An empty
     part (more parts than rows) is ``ds.select([])``: ``datasets`` refuses one that starts at the end."""
     lo, hi = shard_bounds(len(ds), index, count)
     if lo == hi:
