@@ -18,10 +18,14 @@ def _shown(value: object) -> str:
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """Appends ``(default: ...)`` to an option's help when it has a default worth showing: not ``None``, ``False``
-    or empty, and not already in the help; a list default is shown as it is typed (``top fdr``)."""
+    or empty, and not already in the help; a list default is shown as it is typed (``top fdr``). The docstrings'
+    double backticks, which descriptions and helps take from them, are shown as single ones in a terminal."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(text.replace("``", "`"))
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help
+        text = action.help.replace("``", "`") if action.help else action.help
         default = action.default
         if (
             not text

@@ -554,7 +554,8 @@ def _serve_targets(r: dict, batched: list[dict], inproc: dict) -> str:
         by_c = {x["concurrency"]: x for x in run["load"]}
         top, one = by_c[max(by_c)], by_c[min(by_c)]
         ratio, share = top["per_second"] / one["per_second"], top["per_second"] / inproc["per_second"]
-        said.append(f"on {run.get('workers', 1)} worker(s), concurrency {top['concurrency']} at least 3x concurrency "
+        workers = {1: "one worker", 2: "two workers"}.get(run.get("workers", 1), f"{run.get('workers')} workers")
+        said.append(f"on {workers}, concurrency {top['concurrency']} at least 3x concurrency "
                     f"{one['concurrency']} ({ratio:.2f}x: {verdict(ratio >= 3)}) and within 25% of in-process scoring "
                     f"({share:.0%}: {verdict(share >= 0.75)})")  # fmt: skip
     small, soak = batched[0].get("small_question"), batched[0].get("soak")

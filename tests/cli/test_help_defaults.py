@@ -76,3 +76,12 @@ def test_the_library_defaults_agree_with_the_cli_and_the_docs():
     assert AnswerSelector().rule == "top"
     assert inspect.signature(SelectionCallback).parameters["score"].default == "hallucination_logit"
     assert inspect.signature(read_scored).parameters["score"].default == "hallucination_logit"
+
+
+def test_no_double_backtick_reaches_a_terminal_help():
+    import subprocess
+    import sys
+
+    for command in ("select", "evaluate", "cache", "conformalize"):
+        out = subprocess.run([sys.executable, "-m", "kglightning", command, "--help"], capture_output=True, text=True)
+        assert out.returncode == 0 and "``" not in out.stdout, (command, out.stdout[:500])
