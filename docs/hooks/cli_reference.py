@@ -118,19 +118,22 @@ def subcommands(top_level_help: str) -> list[str]:
 
 
 def plain(text: str) -> str:
-    """Lightning's reST markup written as a terminal reader would want it: ````x```` as ``x``, a role
+    """Lightning's reST markup written as a terminal reader would want it: ````x```` and ```x``` as ``x``, a role
     (``:class:`~a.b.C```) as its target's name, a link ```text <url>`_`` as ``text (url)``.
 
     Example:
         >>> plain("Default: ``\\"auto\\"``. See :class:`~lightning.pytorch.Trainer` and `the notes <https://x.y>`_.")
         'Default: "auto". See Trainer and the notes (https://x.y).'
+        >>> plain("Stop after `N` epochs; `-1` for none, e.g. `s3://mybucket/path`.")
+        'Stop after N epochs; -1 for none, e.g. s3://mybucket/path.'
     """
     # argparse cuts a word longer than its help column (a role's dotted target) across lines: a role holds no space,
     # so a line break inside one is such a cut
     text = re.sub(r":(?:[a-z]|\n\s+)+:`(?:[^`\s]|\n\s+)+`", lambda m: re.sub(r"\n\s+", "", m.group(0)), text)
     text = re.sub(r"``(.+?)``", r"\1", text, flags=re.S)
     text = re.sub(r":(?:py:)?[a-z]+:`~?(?:[\w.]*\.)?([^`.]+)`", r"\1", text)
-    return re.sub(r"`([^`<]+?)\s*<([^>]+)>`_", r"\1 (\2)", text, flags=re.S)
+    text = re.sub(r"`([^`<]+?)\s*<([^>]+)>`_", r"\1 (\2)", text, flags=re.S)
+    return re.sub(r"(?<![`\w])`([^`\s](?:[^`\n]*[^`\s])?)`(?![`\w])", r"\1", text)  # reST's default role: code
 
 
 def groups(help_text: str) -> tuple[str, list[tuple[str, str]]]:
