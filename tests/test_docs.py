@@ -410,10 +410,11 @@ def docstring_markup_problems(doc: str) -> list[str]:
     ['an RST literal line: ``a + b``', 'RST in a doctest comment: >>> f()  # see ``g``', 'a doctest after a paragraph: >>> f()  # see ``g``']
     """
     out, section = [], None
-    first = inspect.cleandoc(doc).splitlines()[0] if doc.strip() else ""
+    lines = inspect.cleandoc(doc).splitlines()
+    first = lines[0] if lines else ""
     if first.count("``") % 2 or re.sub(r"``.*?``", "", first).count("`") % 2:  # the summary tables show line one
         out.append(f"a first line that ends inside a literal or role: {first}")
-    for line in inspect.cleandoc(doc).splitlines():
+    for line in lines:
         text = line.strip()
         if _SECTION.match(line):
             section = line

@@ -10,7 +10,8 @@ history). Outside the blocks, fenced code and inline code, a checked page may no
 result:
 
 - anywhere on the page: three or more decimals (``0.953``, ``0.9535``: a metric), a metric named with a value of two
-  decimals (``F1 0.96``, ``an FDR of 0.30``), or a time in minutes and seconds (``3 min 6 s``, ``3:38``);
+  decimals or a share (``F1 0.96``, ``0.96 F1``, ``an FDR of 0.30``, ``F1 95.8%``), a ratio of two decimals
+  (``2.98x``), or a time in minutes and seconds (``3 min 6 s``, ``3:38``);
 - in a method page's results sections (:data:`RESULTS_SECTIONS`, named by their headings; a section runs to the
   next heading of its level or above), also a share (``91.9%``) and a decimal number in a table cell
   (``| 87.5 |``, ``| 93.3 / 101.2 |``), the form results take there. Prose decimals (``alpha = 0.2``, ``lr 5e-5``)
@@ -514,10 +515,8 @@ def serve_load() -> str:
               f"questions/s."]  # fmt: skip
     batched = [run for run in r["servers"] if run["max_batch_size"] > 1]
     for run in batched:
-        by_c = {x["concurrency"]: x for x in run["load"]}
-        top, one = by_c[max(by_c)], by_c[min(by_c)]
+        top, one, workers = _ends(run)
         memory = f" (resident memory when ready: {run['rss_mb']:.0f} MB)" if "rss_mb" in run else ""
-        workers = {1: "one worker", 2: "two workers"}.get(run.get("workers", 1), f"{run.get('workers')} workers")
         lines[-1] += (f" With batching on {workers}{memory}, concurrency {top['concurrency']} "
                       f"gave {top['per_second'] / one['per_second']:.2f}x the throughput of concurrency "
                       f"{one['concurrency']} and {top['per_second'] / inproc['per_second']:.0%} of in-process "
@@ -530,7 +529,7 @@ def serve_load() -> str:
     soak = first.get("soak")
     if soak:
         bad = soak["malformed_statuses"]
-        four = sum(n for c, n in bad.items() if c.startswith("4"))
+        four = _answered_4xx(bad)
         lines[-1] += (f" A soak of {soak['minutes']:g} minutes at concurrency {soak['concurrency']} (one worker), "
                       f"one request in 100 malformed: {sum(soak['statuses'].values()):,} requests, "
                       f"{soak['server_errors']} answered 5xx, {four} of {sum(bad.values())} malformed ones answered "
@@ -543,6 +542,18 @@ def serve_load() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ends(run: dict) -> tuple[dict, dict, str]:
+    """A server setting's load at its highest and lowest concurrency, and its workers in words."""
+    by_c = {x["concurrency"]: x for x in run["load"]}
+    workers = {1: "one worker", 2: "two workers"}.get(run.get("workers", 1), f"{run.get('workers')} workers")
+    return by_c[max(by_c)], by_c[min(by_c)], workers
+
+
+def _answered_4xx(statuses: dict[str, int]) -> int:
+    """How many of a soak's requests, counted by status code, were answered with a 4xx."""
+    return sum(n for code, n in statuses.items() if code.startswith("4"))
+
+
 def _serve_targets(r: dict, batched: list[dict], inproc: dict) -> str:
     """Issue 60's targets against this run, each said met or not met (so that no prose restates the numbers)."""
 
@@ -551,10 +562,8 @@ def _serve_targets(r: dict, batched: list[dict], inproc: dict) -> str:
 
     said = []
     for run in batched:
-        by_c = {x["concurrency"]: x for x in run["load"]}
-        top, one = by_c[max(by_c)], by_c[min(by_c)]
+        top, one, workers = _ends(run)
         ratio, share = top["per_second"] / one["per_second"], top["per_second"] / inproc["per_second"]
-        workers = {1: "one worker", 2: "two workers"}.get(run.get("workers", 1), f"{run.get('workers')} workers")
         said.append(f"on {workers}, concurrency {top['concurrency']} at least 3x concurrency "
                     f"{one['concurrency']} ({ratio:.2f}x: {verdict(ratio >= 3)}) and within 25% of in-process scoring "
                     f"({share:.0%}: {verdict(share >= 0.75)})")  # fmt: skip
@@ -563,7 +572,7 @@ def _serve_targets(r: dict, batched: list[dict], inproc: dict) -> str:
         said.append(f"a small question's p50 under 150 ms ({small['p50_ms']:.0f} ms: {verdict(small['p50_ms'] < 150)})")
     if soak:
         bad = soak["malformed_statuses"]
-        four = sum(n for c, n in bad.items() if c.startswith("4"))
+        four = _answered_4xx(bad)
         said.append(f"the soak with no 5xx ({soak['server_errors']}: {verdict(soak['server_errors'] == 0)}), every "
                     f"malformed request a 4xx ({verdict(four == sum(bad.values()))}) and memory growing less than "
                     f"10% ({soak['rss_growth']:+.1%}: {verdict(soak['rss_growth'] < 0.10)})")  # fmt: skip
