@@ -16,12 +16,12 @@ import multiprocessing
 import os
 import signal
 import sys
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from kglightning.cli.names import PROG
+from kglightning.cli.serve_stop import SigtermStop, stop_workers
 from kglightning.help_format import DefaultsHelpFormatter
 
 __all__ = ["build_scorer", "main"]
@@ -241,7 +241,8 @@ def main(argv: list[str]) -> int:
     # SIGTERM (docker stop, kill, a test's terminate): new requests get a 503, the requests in flight are answered,
     # then LitServe shuts down as on Ctrl-C and stops its workers (Python's default would leave the workers running,
     # and LitServe's own shutdown closes the workers' way back before the HTTP servers have answered)
-    signal.signal(signal.SIGTERM, functools.partial(_drain, server, closing, args.timeout, os.getpid()))
+    stop = SigtermStop(server, closing, args.timeout, os.getpid())
+    signal.signal(signal.SIGTERM, stop)
     print(f"serving {args.checkpoint} on http://{args.host}:{args.port}/v1/guard (OpenAPI: /docs)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get(args.api_key_env):
         print(f"warning: listening on {args.host} with no API key: anyone who reaches this port can call it (set "
@@ -249,40 +250,17 @@ def main(argv: list[str]) -> int:
     try:
         server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=args.num_api_servers)
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C while the workers were loading (LitServe stops them once serving)
-        _stop_workers(server)
+        stop.done()
+        stop_workers(server)
         print("serve: stopped before the detector was ready", file=sys.stderr)
     except RuntimeError as err:
+        stop.done()
         if "workers failed to start" not in str(err):
             raise
-        _stop_workers(server)
+        stop_workers(server)
         print("serve: no worker could load the detector (the worker's error is above); nothing was served",
               file=sys.stderr)  # fmt: skip
         return 1
+    finally:
+        stop.done()
     return 0
-
-
-def _stop_workers(server: Any) -> None:
-    """End the inference workers LitServe started, before its queue manager goes with this process (a worker left
-    to find the manager gone prints a traceback of its own)."""
-    for worker in getattr(server, "inference_workers", None) or []:
-        worker.terminate()
-    for worker in getattr(server, "inference_workers", None) or []:
-        worker.join(5)
-
-
-def _drain(server: Any, closing: Any, timeout: float, main_pid: int, signum: int, frame: Any) -> None:
-    """The SIGTERM handler: in the main process, refuse new requests (``closing``), wait for those in flight (at most
-    ``timeout`` and 5 s), then stop as on Ctrl-C. The forked processes inherit it and ignore the signal: LitServe's
-    queue manager then outlives a SIGTERM sent to the whole process group, and an API server, whose uvicorn passes
-    the signal on once it has shut down, ends quietly. (The inference workers are spawned, and a SIGTERM sent to
-    them ends them: signal the main process only.)"""
-    if os.getpid() != main_pid:
-        return
-    closing.set()
-    deadline = time.monotonic() + timeout + 5.0
-    busy = server.active_requests or 0
-    if busy:
-        print(f"SIGTERM: answering the {busy} request(s) in flight, refusing new ones (503)", file=sys.stderr)
-    while (server.active_requests or 0) > 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    raise KeyboardInterrupt(f"signal {signum}")
