@@ -207,6 +207,10 @@ def test_cli_reference_lists_every_subcommand_each_on_a_page_of_its_own(cli_hook
     # the Trainer's options folded, the others open
     assert re.search(r'^\?\?\? note "\d+ options of Lightning\'s Trainer', fit, flags=re.M)
     assert "    --trainer.max_epochs MAX_EPOCHS" in fit and "\n  --model CONFIG" in fit
+    # a docstring's bullet list stays a list (argparse ran --ckpt_path's special values into one paragraph)
+    items = re.findall(r"^ {20,}- (best|last|registry):", fit, flags=re.M)
+    assert items == ["best", "last", "registry"], fit[fit.index("--ckpt_path CKPT_PATH") :][:1500]
+    assert re.search(r"^ {22,}- 'registry:model-name':", fit, flags=re.M)  # nested one level deeper
 
 
 def test_cli_reference_fits_the_column_is_plain_text_and_keeps_every_word(cli_hook):

@@ -13,11 +13,13 @@ import sys
 import warnings
 from typing import Any
 
+from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from kglightning.cli.names import DESCRIPTION, EXTRA_SUBCOMMANDS, PROG, version_string
+from kglightning.help_format import ListsHelpFormatter
 from kglightning.threads import apply_threads
 
 
@@ -50,9 +52,18 @@ def default_t_max(config: Any) -> None:
               file=sys.stderr)  # fmt: skip
 
 
+class TrainerHelpFormatter(ListsHelpFormatter, DefaultHelpFormatter):
+    """jsonargparse's help (types and defaults shown), with the bullet lists of Lightning's docstrings kept as lists
+    (``--ckpt_path``'s special values)."""
+
+
 class KGLightningCLI(LightningCLI):
-    """LightningCLI with kglightning's links between data and model, ``--version`` and the extra subcommands in
-    the top-level help."""
+    """LightningCLI with kglightning's links between data and model, ``--version``, the extra subcommands in
+    the top-level help, and help that keeps bullet lists (:class:`TrainerHelpFormatter`)."""
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        kwargs.setdefault("formatter_class", TrainerHelpFormatter)
+        return super().init_parser(**kwargs)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """As LightningCLI parses, less its warning for ``args`` given while ``sys.argv`` has arguments: ``seeds``,
