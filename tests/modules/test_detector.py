@@ -362,7 +362,10 @@ def test_answers_of_a_question_without_gold_answers_enter_no_loss_and_no_metric(
         results.append(({k: v for k, v in test.items() if "loss" not in k}, float(model.threshold)))
         if extra:
             assert dm.stats["test"].unlabelled == 4 and dm.stats["test"].instances == 3
-    assert results[1] == results[0]
+    # equal up to float noise: the same answers scored in batches of another size round differently on some CPUs
+    # (an AMD EPYC moved the threshold by 6e-5); 4 answers read as right would move it, and the metrics, far more
+    assert results[1][0] == pytest.approx(results[0][0], abs=1e-4)
+    assert results[1][1] == pytest.approx(results[0][1], abs=1e-3)
 
     # the training loss is the loss of the labelled answers alone
     record = KGQARecord.from_dict({**row, "id": "a", "prediction": ["Paris", "Seine"]})
