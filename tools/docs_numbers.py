@@ -11,7 +11,8 @@ result:
 
 - anywhere on the page: three or more decimals (``0.953``, ``0.9535``: a metric), a metric named with a value of two
   decimals or a share (``F1 0.96``, ``0.96 F1``, ``an FDR of 0.30``, ``F1 95.8%``), a ratio of two decimals
-  (``2.98x``), or a time in minutes and seconds (``3 min 6 s``, ``3:38``);
+  (``2.98x``), a time in minutes and seconds (``3 min 6 s``, ``3:38``), or a time something took (``took 14 s``,
+  ``took about 12 s``, ``took 77 to 80 ms``);
 - in a method page's results sections (:data:`RESULTS_SECTIONS`, named by their headings; a section runs to the
   next heading of its level or above), also a share (``91.9%``) and a decimal number in a table cell
   (``| 87.5 |``, ``| 93.3 / 101.2 |``), the form results take there. Prose decimals (``alpha = 0.2``, ``lr 5e-5``)
@@ -63,11 +64,13 @@ DETECTORS, BASELINES = MAIN_ROWS[:2], MAIN_ROWS[2:]
 METRIC = r"(?:F1|AUC-PR|AUROC|precision|recall|accuracy|ECE|coverage|FDR|ECR|Hits@1)"
 # numbers that only a result file may give: three or more decimals (a metric), a metric's name with a value of two
 # decimals or a share (``F1 0.96``, ``0.96 F1``, ``an FDR of 0.30``, ``F1 95.8%``), a ratio of two decimals
-# (``2.98x``), or a time in minutes and seconds (``3 min 6 s``, ``3:38``)
+# (``2.98x``), a time in minutes and seconds (``3 min 6 s``, ``3:38``), or a time something took (``took 14 s``)
 STRAY = re.compile(
     r"(?<![\w.])[01]\.\d{3,}(?!\d)|\b\d+ min \d+ s\b|(?<![\w:.])\d{1,2}:\d{2}(?![\w:])"
     rf"|\b{METRIC}(?:\s+(?:of|=|was))?\s+(?:0\.\d\d\b|\d{{1,3}}(?:\.\d+)?%)|(?<![\w.])0\.\d\d\s+{METRIC}\b"
-    r"|(?<![\w.])\d+\.\d\dx\b",  # a ratio of two decimals (2.98x)
+    r"|(?<![\w.])\d+\.\d\dx\b"  # a ratio of two decimals (2.98x)
+    # a time that something took (``took 14 s``, ``took about 12 s``, ``took 77 to 80 ms``): a measurement
+    r"|\btook (?:about |only |under |over |nearly )?(?:\d[\d,.]* to )?\d[\d,.]* ?(?:ms|s|seconds?|min|minutes?|h|hours?)\b",
     flags=re.I,
 )
 # each method page's results sections, by heading: there a share, or a decimal number in a table cell, is a result too
@@ -595,6 +598,31 @@ def serve_large() -> str:
     return "\n".join(lines) + "\n"
 
 
+def tutorial_times(page: str) -> str:
+    """What each command of a tutorial page took, from ``docs/results/tutorial_<page>.json`` (``record_run.py
+    tutorial``), in the page's order; a command the run left out (one on the reader's own files) says so."""
+    name = "tutorial_" + Path(page).stem.replace("-", "_")
+    run = load(name)
+    if run["page"] != page:
+        raise SystemExit(f"{page}: docs/results/{name}.json records {run['page']}")
+    m = run["machine"]
+    lines = [
+        f"What each command took on {m['cores']} CPU cores ({m['cpu']}, "
+        f"{'GPU ' + m['gpu'] if m.get('gpu') else 'no GPU'}), run one after the other as written on this page, from "
+        f"an empty cache at the first, on {run['date']} (commit {run['commit']}; "
+        f"`python tools/record_run.py tutorial {page}` measures it again):",
+        "",
+    ]
+    for step in run["steps"]:
+        command = step["command"].removeprefix("python -m kglightning ")
+        took = "not run (it reads your own files)" if step.get("skipped") else _duration(step["seconds"])
+        lines.append(f"- `{command}`: {took}")
+    return "\n".join(lines) + "\n"
+
+
+#: blocks rendered for the page that holds them
+PAGE_BLOCKS: dict[str, Callable[[str], str]] = {"tutorial-times": tutorial_times}
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "main-table": main_table,
     "misses-table": misses_table,
@@ -617,8 +645,10 @@ def render(text: str, page: str) -> str:
 
     def one(m: re.Match) -> str:
         name = m["name"]
+        if name in PAGE_BLOCKS:
+            return m[1] + PAGE_BLOCKS[name](page) + m[4]
         if name not in BLOCKS:
-            raise SystemExit(f"{page}: unknown numbers block {name!r} (known: {', '.join(BLOCKS)})")
+            raise SystemExit(f"{page}: unknown numbers block {name!r} (known: {', '.join([*BLOCKS, *PAGE_BLOCKS])})")
         return m[1] + BLOCKS[name]() + m[4]
 
     return BLOCK.sub(one, text)

@@ -5,6 +5,7 @@ the numbers that README.md and the docs show (``tools/docs_numbers.py`` renders 
     python tools/record_run.py fit --config configs/detector_gat.yaml --output docs/results/detector_gat.json
     python tools/record_run.py fit --config configs/detector.yaml --misses --output docs/results/detector_misses.json
     python tools/record_run.py tests --output docs/results/test_suite.json
+    python tools/record_run.py tutorial docs/tutorials/conformal-sets.md --output docs/results/tutorial_conformal_sets.json
     python tools/record_run.py predict --config configs/sgic.yaml --keep outputs/sgic/test/sgic_summary.json \
         --output docs/results/sgic.json
     python tools/record_run.py predict --config configs/uag.yaml --fit-first configs/relation_scorer.yaml \
@@ -32,6 +33,12 @@ logged.
 ``tests`` times the README's test command, ``python -m pytest -q``, in the repository with an empty kglightning
 cache, and records the counts of its summary line.
 
+``tutorial`` runs every ``python -m kglightning`` command of a tutorial page's bash blocks, in the page's order, as
+a reader who copies them would (continuation lines joined, comments dropped): in a temporary working folder holding
+a copy of ``configs/``, from an empty cache, and records each command's wall-clock seconds. ``--skip TEXT`` leaves
+out the commands that contain ``TEXT`` (a command on the reader's own files, which the machine does not have); they
+are recorded as skipped. ``tools/docs_numbers.py`` renders the page's ``tutorial-times`` block from the result.
+
 A run that fails, or whose log lacks the metrics or the test split's summary, writes nothing and keeps its temporary
 folder with the logs.
 """
@@ -45,6 +52,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -308,6 +316,40 @@ def record_predict(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> 
             "seconds": round(sum(s["seconds"] for s in steps), 1), "files": files}  # fmt: skip
 
 
+def page_commands(page: Path) -> list[str]:
+    """The ``python -m kglightning`` commands of ``page``'s bash blocks, in order, continuation lines joined and
+    comments dropped (what ``tests/tutorials`` runs)."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = " ".join(line.split(" #", 1)[0].split())
+            if line.startswith("python -m kglightning"):
+                out.append(line)
+    return out
+
+
+def record_tutorial(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> dict[str, object]:
+    """The ``tutorial`` subcommand: every command of the page, in order, in one working folder from an empty cache."""
+    page = (ROOT / args.page).resolve()
+    if not page.is_file():
+        raise SystemExit(f"{args.page}: no such page")
+    commands = page_commands(page)
+    if not commands:
+        raise SystemExit(f"{args.page}: no `python -m kglightning` command in a bash block")
+    work = tmp / "work"
+    shutil.copytree(ROOT / "configs", work / "configs")
+    env = {**env, "KGLIGHTNING_CACHE": str(tmp / "cache")}  # empty: the first run of a fresh clone
+    steps: list[dict[str, object]] = []
+    for i, command in enumerate(commands):
+        if any(text in command for text in args.skip):
+            steps.append({"command": command, "skipped": True})
+            continue
+        argv = shlex.split(command)
+        seconds, _, _ = _run([sys.executable, *argv[1:]], work, env, tmp / f"step{i}.log")
+        steps.append({"command": command, "seconds": round(seconds, 1)})
+    return {"page": args.page, **_about(), "cache": "empty at the first step", "steps": steps}
+
+
 # pytest's last line: "1822 passed, 13 skipped, 2 deselected, 5 warnings in 1679.12s (0:27:59)"
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
@@ -354,13 +396,18 @@ def main(argv: list[str] | None = None) -> None:
     predict.add_argument("--keep", nargs="+", required=True, help="JSON files the run writes (relative to its "
                          "working folder) to keep in the result")  # fmt: skip
     tests = sub.add_parser("tests", help="the README's test command, `python -m pytest -q`")
-    for p in (fit, predict, tests):
+    tutorial = sub.add_parser("tutorial", help="every command of a tutorial page, in order, from an empty cache")
+    tutorial.add_argument("page", help="the page, relative to the repository root (docs/tutorials/...)")
+    tutorial.add_argument("--skip", action="append", default=[], metavar="TEXT",
+                          help="leave out the commands that contain TEXT (recorded as skipped)")  # fmt: skip
+    for p in (fit, predict, tests, tutorial):
         p.add_argument("--output", required=True, type=Path, help="the result file (JSON) to write")
     args = parser.parse_args(argv)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     _about()  # the commit as the run starts, not as it ends
     tmp = Path(tempfile.mkdtemp(prefix="kglightning-record-"))
-    record = {"fit": record_fit, "predict": record_predict, "tests": record_tests}[args.what]
+    record = {"fit": record_fit, "predict": record_predict, "tests": record_tests, "tutorial": record_tutorial}
+    record = record[args.what]
     result = record(args, env, tmp)  # a failure keeps tmp and its logs
     shutil.rmtree(tmp, ignore_errors=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -110,6 +110,10 @@ def test_a_number_edited_by_hand_fails_the_check(copy, capsys):
         ("README.md", "The main job reached 0.96 F1.\n", False),
         ("README.md", "The main job reached an F1 of 95.8%.\n", False),
         ("docs/guides/serving.md", "Two workers gave 3.98x the throughput of one.\n", False),
+        # a time something took, in seconds alone (a setting, "a timeout of 30 s", is not one)
+        ("docs/tutorials/answers-with-a-guarantee.md", "On 2 CPU cores, this step took 14 s.\n", False),
+        ("docs/guides/serving.md", "A graph of 5,000 new triples took about 12 s.\n", False),
+        ("README.md", "A request at concurrency 1 took 77 to 80 ms at the median.\n", False),
     ],
 )
 def test_a_result_written_outside_the_blocks_fails_the_check(copy, capsys, page, line, results_section):
@@ -137,7 +141,8 @@ def test_settings_and_prose_decimals_are_not_results():
                 "LLM's scores, CLM and LoFreeCP\n")  # fmt: skip
     assert numbers.stray_numbers(settings, page) == []
     assert (
-        numbers.stray_numbers("At alpha 0.10 the target coverage is 90%; version 2.8, Python 3.11.\n", "README.md")
+        numbers.stray_numbers("At alpha 0.10 the target coverage is 90%; version 2.8, Python 3.11; a timeout of 30 s, "
+                              "waits up to 120 s.\n", "README.md")
         == []
     )
     results = settings.replace("(`alpha: 0.3`):", "(`alpha: 0.3`): coverage 81.8%, APSS 0.912\n| 0.3 | **79.9** |")
