@@ -70,7 +70,7 @@ STRAY = re.compile(
     rf"|\b{METRIC}(?:\s+(?:of|=|was))?\s+(?:0\.\d\d\b|\d{{1,3}}(?:\.\d+)?%)|(?<![\w.])0\.\d\d\s+{METRIC}\b"
     r"|(?<![\w.])\d+\.\d\dx\b"  # a ratio of two decimals (2.98x)
     # a time that something took (``took 14 s``, ``took about 12 s``, ``took 77 to 80 ms``): a measurement
-    r"|\btook (?:about |only |under |over |nearly )?(?:\d[\d,.]* to )?\d[\d,.]* ?(?:ms|s|seconds?|min|minutes?|h|hours?)\b",
+    r"|\btook (?:about |only |under |over |nearly )?(?:\d[\d,.]* to )?\d[\d,.]* ?(?:ms|s|seconds?|min|minutes?|h|hours?)\b(?! \d+ s\b)",
     flags=re.I,
 )
 # each method page's results sections, by heading: there a share, or a decimal number in a table cell, is a result too

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -34,13 +34,11 @@ def _text(page: str) -> str:
 
 
 def _commands(page: str) -> list[list[str]]:
-    out = []
-    for block in re.findall(r"```bash\n(.*?)```", _text(page), flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split(" #", 1)[0].strip()
-            if line.startswith("python -m kglightning"):
-                out.append(shlex.split(line))
-    return out
+    # the same reading as tools/record_run.py's, which times these commands for the page
+    spec = importlib.util.spec_from_file_location("record_run", ROOT / "tools" / "record_run.py")
+    record_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(record_run)
+    return [shlex.split(line) for line in record_run.page_commands(ROOT / page)]
 
 
 @pytest.fixture
