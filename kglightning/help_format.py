@@ -20,36 +20,45 @@ def _shown(value: object) -> str:
 
 class ListsHelpFormatter(argparse.HelpFormatter):
     """Keeps the bullet lists of an option's help (a docstring's ``- item`` lines, nested by their indentation) as
-    lists, where argparse would run them into one paragraph; a help without such a line is wrapped as argparse
-    wraps it.
+    lists, where argparse would run them into one paragraph. A line indented deeper than its bullet continues it;
+    a line that is not, and the ``(type: ..., default: ...)`` that jsonargparse appends, start a paragraph of their
+    own. A help without a bullet line is wrapped as argparse wraps it.
 
     Example:
-        >>> text = "Where to resume. One of:\\n\\n    - best: the best checkpoint\\n    - last: the last one"
+        >>> text = "Where to resume. One of:\\n\\n    - best: the best checkpoint\\n    - last: the last one (type: str)"
         >>> ListsHelpFormatter("prog")._split_lines(text, 24)
-        ['Where to resume. One of:', '- best: the best', '  checkpoint', '- last: the last one']
+        ['Where to resume. One of:', '- best: the best', '  checkpoint', '- last: the last one', '(type: str)']
+        >>> ListsHelpFormatter("prog")._split_lines("- x: y\\nThis is prose.", 60)
+        ['- x: y', 'This is prose.']
     """
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         if not re.search(r"^\s*- \S", text, flags=re.M):
             return super()._split_lines(text, width)
-        blocks: list[tuple[int | None, list[str]]] = []  # (the bullet's indentation or None for prose, its words)
+        tail = re.search(r"\s(\((?:type|default): .*\))\s*$", text, flags=re.S)  # jsonargparse's suffix
+        if tail:
+            text = text[: tail.start()]
+        # (the bullet's indentation, or None for prose; the line's indentation; its words)
+        blocks: list[tuple[int | None, int, list[str]]] = []
         for line in text.splitlines():
-            words = line.split()
+            words, indent = line.split(), len(line) - len(line.lstrip())
             if not words:
-                blocks.append((None, []))
+                blocks.append((None, 0, []))
             elif words[0] == "-":
-                blocks.append((len(line) - len(line.lstrip()), words[1:]))
-            elif blocks and blocks[-1][1]:
-                blocks[-1][1].extend(words)
+                blocks.append((indent, indent, words[1:]))
+            elif blocks and blocks[-1][2] and (blocks[-1][0] is None or indent > blocks[-1][0]):
+                blocks[-1][2].extend(words)
             else:
-                blocks.append((None, words))
-        indents = sorted({indent for indent, _ in blocks if indent is not None})
+                blocks.append((None, indent, words))
+        if tail:
+            blocks.append((None, 0, tail.group(1).split()))
+        indents = sorted({bullet for bullet, _, _ in blocks if bullet is not None})
         out: list[str] = []
-        for indent, words in blocks:
+        for bullet, _, words in blocks:
             if not words:
                 continue
-            pad = "" if indent is None else "  " * indents.index(indent)
-            first, rest = (pad, pad) if indent is None else (pad + "- ", pad + "  ")
+            pad = "" if bullet is None else "  " * indents.index(bullet)
+            first, rest = (pad, pad) if bullet is None else (pad + "- ", pad + "  ")
             out += textwrap.wrap(" ".join(words), width, initial_indent=first, subsequent_indent=rest,
                                  break_on_hyphens=False)  # fmt: skip
         return out

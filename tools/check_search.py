@@ -32,6 +32,13 @@ QUERIES: dict[str, tuple[str, ...]] = {
     # the data guide's search tag; "own answers" is a search for "answers" alone, and is not checked
     "own KG": ("guides/data/", "tutorials/own-llm-answers/", "guides/serving/"),
     "fit": ("reference/cli/fit/",),
+    "installation": ("",),
+    "quickstart": ("",),
+    "own data": ("guides/data/",),
+    "resume training": ("guides/cli/",),
+    "clean the cache": ("guides/cli/", "data/"),
+    "at most 10% wrong": ("tutorials/answers-with-a-guarantee/",),
+    "AnswerSelector parameters": ("api/conformal/selection/",),
     "install": ("", "guides/docker/"),
     "train": ("tutorials/", "methods/", "guides/"),
     "train a detector": ("methods/kg-guard/", "tutorials/own-llm-answers/", "guides/cli/"),

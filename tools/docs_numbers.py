@@ -11,8 +11,9 @@ result:
 
 - anywhere on the page: three or more decimals (``0.953``, ``0.9535``: a metric), a metric named with a value of two
   decimals or a share (``F1 0.96``, ``0.96 F1``, ``an FDR of 0.30``, ``F1 95.8%``), a ratio of two decimals
-  (``2.98x``), a time in minutes and seconds (``3 min 6 s``, ``3:38``), or a time something took (``took 14 s``,
-  ``took about 12 s``, ``took 77 to 80 ms``);
+  (``2.98x``), a time in minutes and seconds (``3 min 6 s``, ``3:38``), or a time something took, takes or needed
+  (``took 14 s``, ``takes about 12 s``, ``took **77 to 80 ms**``, ``ran in 69 s``; a setting is written otherwise:
+  ``a timeout of 30 s``);
 - in a method page's results sections (:data:`RESULTS_SECTIONS`, named by their headings; a section runs to the
   next heading of its level or above), also a share (``91.9%``) and a decimal number in a table cell
   (``| 87.5 |``, ``| 93.3 / 101.2 |``), the form results take there. Prose decimals (``alpha = 0.2``, ``lr 5e-5``)
@@ -69,8 +70,11 @@ STRAY = re.compile(
     r"(?<![\w.])[01]\.\d{3,}(?!\d)|\b\d+ min \d+ s\b|(?<![\w:.])\d{1,2}:\d{2}(?![\w:])"
     rf"|\b{METRIC}(?:\s+(?:of|=|was))?\s+(?:0\.\d\d\b|\d{{1,3}}(?:\.\d+)?%)|(?<![\w.])0\.\d\d\s+{METRIC}\b"
     r"|(?<![\w.])\d+\.\d\dx\b"  # a ratio of two decimals (2.98x)
-    # a time that something took (``took 14 s``, ``took about 12 s``, ``took 77 to 80 ms``): a measurement
-    r"|\btook (?:about |only |under |over |nearly )?(?:\d[\d,.]* to )?\d[\d,.]* ?(?:ms|s|seconds?|min|minutes?|h|hours?)\b(?! \d+ s\b)",
+    # a time that something took, takes or needed (``took 14 s``, ``takes about 12 s``, ``took **77 to 80 ms**``,
+    # ``ran in 69 s``): a measurement (not ``took 4 min 2 s``, the clock time above)
+    r"|\b(?:took|takes|take|taking|ran in|runs in|run in|needed|needs|lasted|finished in|finishes in)\s+"
+    r"(?:(?:about|only|under|over|nearly|roughly|around|almost|some|just|less than|more than)\s+)?\**"
+    r"(?:\d[\d,.]*\s?(?:to|\u2013|-)\s?)?\d[\d,.]*\**\s?\**(?:ms|s|seconds?|min|minutes?|h|hours?)\b\**(?!\s\d+\s?s\b)",
     flags=re.I,
 )
 # each method page's results sections, by heading: there a share, or a decimal number in a table cell, is a result too

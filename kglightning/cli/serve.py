@@ -14,7 +14,6 @@ import logging
 import math
 import multiprocessing
 import os
-import signal
 import sys
 import zipfile
 from pathlib import Path
@@ -242,7 +241,7 @@ def main(argv: list[str]) -> int:
     # then LitServe shuts down as on Ctrl-C and stops its workers (Python's default would leave the workers running,
     # and LitServe's own shutdown closes the workers' way back before the HTTP servers have answered)
     stop = SigtermStop(server, closing, args.timeout, os.getpid())
-    signal.signal(signal.SIGTERM, stop)
+    stop.install()
     print(f"serving {args.checkpoint} on http://{args.host}:{args.port}/v1/guard (OpenAPI: /docs)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not os.environ.get(args.api_key_env):
         print(f"warning: listening on {args.host} with no API key: anyone who reaches this port can call it (set "

@@ -4,7 +4,7 @@ Python runs a signal handler in the main thread between two bytecodes, and an ex
 interpreter ignores exceptions: a callback run around ``fork`` (``logging`` registers one, and LitServe forks its
 API servers while it starts), a ``__del__``, a weakref callback. A SIGTERM landing there used to be printed as
 "Exception ignored" and the server went on serving. :class:`SigtermStop` therefore raises again, once a second,
-until the stop is under way.
+until the stop is under way, and keeps quiet about an interrupt of its own that Python dropped.
 """
 
 from __future__ import annotations
@@ -18,10 +18,14 @@ import time
 from types import FrameType
 from typing import Any
 
-__all__ = ["SigtermStop", "stop_workers"]
+__all__ = ["SigtermInterrupt", "SigtermStop", "stop_workers"]
 
 # functions that stop the server: a SIGTERM arriving while one of them runs is not raised again
 _STOPPING = frozenset({"_perform_graceful_shutdown", "stop_workers"})
+
+
+class SigtermInterrupt(KeyboardInterrupt):
+    """The interrupt :class:`SigtermStop` raises (LitServe stops on it as on Ctrl-C)."""
 
 
 class SigtermStop:
@@ -40,6 +44,21 @@ class SigtermStop:
         self.server, self.closing, self.timeout, self.main_pid, self.retry = server, closing, timeout, main_pid, retry
         self.signalled = threading.Event()  # a SIGTERM came
         self.stopped = threading.Event()  # the stop is under way or over: no more interrupts
+        self.dropped = 0  # interrupts Python dropped (each raised again)
+
+    def install(self) -> None:
+        """Handle SIGTERM with this object, and count, rather than print as "Exception ignored" with a traceback, an
+        interrupt of its own that Python dropped (``sys.unraisablehook``; other exceptions are printed as before)."""
+        previous = sys.unraisablehook
+
+        def unraisable(info: Any) -> None:
+            if isinstance(info.exc_value, SigtermInterrupt):
+                self.dropped += 1
+            else:
+                previous(info)
+
+        sys.unraisablehook = unraisable
+        signal.signal(signal.SIGTERM, self)
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self.main_pid or self.stopped.is_set() or _stopping(frame):
@@ -50,7 +69,7 @@ class SigtermStop:
                 self._drain()
             finally:  # also when a second SIGTERM cut the wait short
                 threading.Thread(target=self._again, args=(signum,), name="serve-sigterm", daemon=True).start()
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise SigtermInterrupt(f"signal {signum}")
 
     def done(self) -> None:
         """The server has stopped, or its stop is under way outside the functions this module knows."""

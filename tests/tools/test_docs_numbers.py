@@ -117,6 +117,9 @@ def test_a_number_edited_by_hand_fails_the_check(copy, capsys):
         ("docs/tutorials/answers-with-a-guarantee.md", "On 2 CPU cores, this step took 14 s.\n", False),
         ("docs/guides/serving.md", "A graph of 5,000 new triples took about 12 s.\n", False),
         ("README.md", "A request at concurrency 1 took 77 to 80 ms at the median.\n", False),
+        ("README.md", "The fit took **69 s** alone.\n", False),
+        ("docs/data.md", "The training split takes about 20 minutes on 2 cores.\n", False),
+        ("docs/guides/cli.md", "The cross-validation ran in 345 s.\n", False),
     ],
 )
 def test_a_result_written_outside_the_blocks_fails_the_check(copy, capsys, page, line, results_section):
