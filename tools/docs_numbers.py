@@ -109,6 +109,12 @@ def _metric(result: dict, key: str, name: str) -> float:
         raise SystemExit(f"docs/results/{name}.json: no metric {key!r}") from None
 
 
+def _growth(share: float) -> str:
+    """A relative change with its sign, one decimal: ``+1.2%``, and ``0.0%`` where it rounds to nothing (not
+    ``-0.0%``)."""
+    return "0.0%" if round(share * 100, 1) == 0 else f"{share:+.1%}"
+
+
 def _duration(seconds: float) -> str:
     minutes, rest = divmod(round(seconds), 60)
     return f"{minutes} min {rest} s" if minutes else f"{rest} s"
@@ -542,7 +548,7 @@ def serve_load() -> str:
                       f"{soak['server_errors']} answered 5xx, {four} of {sum(bad.values())} malformed ones answered "
                       "4xx; the server's memory went from "
                       f"{soak['rss_mb_per_minute'][1 if len(soak['rss_mb_per_minute']) > 2 else 0]:.0f} MB after the "
-                      f"first minute to {soak['rss_mb_per_minute'][-1]:.0f} MB ({soak['rss_growth']:+.1%}).")  # fmt: skip
+                      f"first minute to {soak['rss_mb_per_minute'][-1]:.0f} MB ({_growth(soak['rss_growth'])}).")  # fmt: skip
     lines += ["", _serve_targets(r, batched, inproc)]
     lines += ["", f"On {m['cores']} CPU cores ({m['cpu']}) on {r['date']}, commit {r['commit']}: "
               "`docs/results/serve_load.json`."]  # fmt: skip
@@ -582,7 +588,7 @@ def _serve_targets(r: dict, batched: list[dict], inproc: dict) -> str:
         four = _answered_4xx(bad)
         said.append(f"the soak with no 5xx ({soak['server_errors']}: {verdict(soak['server_errors'] == 0)}), every "
                     f"malformed request a 4xx ({verdict(four == sum(bad.values()))}) and memory growing less than "
-                    f"10% ({soak['rss_growth']:+.1%}: {verdict(soak['rss_growth'] < 0.10)})")  # fmt: skip
+                    f"10% ({_growth(soak['rss_growth'])}: {verdict(soak['rss_growth'] < 0.10)})")  # fmt: skip
     return "Issue 60's targets on this run: " + "; ".join(said) + "."
 
 
