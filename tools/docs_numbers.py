@@ -203,7 +203,8 @@ def main_job_time() -> str:
         same = "the same test metrics to the last digit" if rerun["identical_metrics"] else (
             "different test metrics (" + ", ".join(rerun["differing"]) + ")")  # fmt: skip
         text += f" A rerun on the cache it filled took {_duration(rerun['fit_seconds'])} and gave {same}."
-    return text + " Timings on shared machines vary from hour to hour.\n"
+    return text + (" Timings on shared machines vary from hour to hour, and another CPU model's float arithmetic moves the "
+                   "test metrics a little (BENCHMARKS.md has an AMD EPYC's run of the same config).\n")
 
 
 def test_suite() -> str:
