@@ -38,23 +38,22 @@ class ListsHelpFormatter(argparse.HelpFormatter):
         tail = re.search(r"\s(\((?:type|default): .*\))\s*$", text, flags=re.S)  # jsonargparse's suffix
         if tail:
             text = text[: tail.start()]
-        # (the bullet's indentation, or None for prose; the line's indentation; its words)
-        blocks: list[tuple[int | None, int, list[str]]] = []
+        blocks: list[tuple[int | None, list[str]]] = []  # (the bullet's indentation, or None for prose; its words)
         for line in text.splitlines():
             words, indent = line.split(), len(line) - len(line.lstrip())
             if not words:
-                blocks.append((None, 0, []))
+                blocks.append((None, []))
             elif words[0] == "-":
-                blocks.append((indent, indent, words[1:]))
-            elif blocks and blocks[-1][2] and (blocks[-1][0] is None or indent > blocks[-1][0]):
-                blocks[-1][2].extend(words)
+                blocks.append((indent, words[1:]))
+            elif blocks and blocks[-1][1] and (blocks[-1][0] is None or indent > blocks[-1][0]):
+                blocks[-1][1].extend(words)
             else:
-                blocks.append((None, indent, words))
+                blocks.append((None, words))
         if tail:
-            blocks.append((None, 0, tail.group(1).split()))
-        indents = sorted({bullet for bullet, _, _ in blocks if bullet is not None})
+            blocks.append((None, tail.group(1).split()))
+        indents = sorted({bullet for bullet, _ in blocks if bullet is not None})
         out: list[str] = []
-        for bullet, _, words in blocks:
+        for bullet, words in blocks:
             if not words:
                 continue
             pad = "" if bullet is None else "  " * indents.index(bullet)

@@ -120,6 +120,12 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {rest} s" if minutes else f"{rest} s"
 
 
+def _cores(machine: dict) -> str:
+    """``2 CPU cores (Intel Xeon, no GPU)``: the machine a run was timed on."""
+    gpu = "GPU " + machine["gpu"] if machine.get("gpu") else "no GPU"
+    return f"{machine['cores']} CPU cores ({machine['cpu']}, {gpu})"
+
+
 def _where(result: dict) -> str:
     machine = result["machine"]
     return f"GPU ({machine['gpu']})" if machine.get("gpu") else f"CPU ({machine['cores']} cores, no GPU)"
@@ -186,9 +192,8 @@ def _findings(values: list[list[float]]) -> str:
 def main_job_time() -> str:
     """How long the README's first command took when it was last recorded."""
     main = load("main_job")
-    m = main["machine"]
     text = (
-        f"On {m['cores']} CPU cores ({m['cpu']}, {'GPU ' + m['gpu'] if m.get('gpu') else 'no GPU'}) the main job's "
+        f"On {_cores(main['machine'])} the main job's "
         f"`fit` took **{_duration(main['fit_seconds'])}** "
         f"on {main['date']} (commit {main['commit']}) from an empty cache (the benchmark, the baseline's answers and "
         "the text encodings built, "
@@ -203,8 +208,10 @@ def main_job_time() -> str:
         same = "the same test metrics to the last digit" if rerun["identical_metrics"] else (
             "different test metrics (" + ", ".join(rerun["differing"]) + ")")  # fmt: skip
         text += f" A rerun on the cache it filled took {_duration(rerun['fit_seconds'])} and gave {same}."
-    return text + (" Timings on shared machines vary from hour to hour, and another CPU model's float arithmetic moves the "
-                   "test metrics a little (BENCHMARKS.md has an AMD EPYC's run of the same config).\n")
+    return text + (
+        " Timings on shared machines vary from hour to hour, and another CPU model's float arithmetic moves the "
+        "test metrics a little (BENCHMARKS.md has an AMD EPYC's run of the same config).\n"
+    )
 
 
 def test_suite() -> str:
@@ -616,10 +623,8 @@ def tutorial_times(page: str) -> str:
     run = load(name)
     if run["page"] != page:
         raise SystemExit(f"{page}: docs/results/{name}.json records {run['page']}")
-    m = run["machine"]
     lines = [
-        f"What each command took on {m['cores']} CPU cores ({m['cpu']}, "
-        f"{'GPU ' + m['gpu'] if m.get('gpu') else 'no GPU'}), run one after the other as written on this page, from "
+        f"What each command took on {_cores(run['machine'])}, run one after the other as written on this page, from "
         f"an empty cache at the first, on {run['date']} (commit {run['commit']}; "
         f"`python tools/record_run.py tutorial {page}` measures it again):",
         "",

@@ -406,8 +406,8 @@ def main(argv: list[str] | None = None) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     _about()  # the commit as the run starts, not as it ends
     tmp = Path(tempfile.mkdtemp(prefix="kglightning-record-"))
-    record = {"fit": record_fit, "predict": record_predict, "tests": record_tests, "tutorial": record_tutorial}
-    record = record[args.what]
+    records = {"fit": record_fit, "predict": record_predict, "tests": record_tests, "tutorial": record_tutorial}
+    record = records[args.what]
     result = record(args, env, tmp)  # a failure keeps tmp and its logs
     shutil.rmtree(tmp, ignore_errors=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shlex
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -33,12 +35,17 @@ def _text(page: str) -> str:
     return (ROOT / page).read_text(encoding="utf-8")
 
 
+@functools.cache
+def _record_run() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("record_run", ROOT / "tools" / "record_run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _commands(page: str) -> list[list[str]]:
     # the same reading as tools/record_run.py's, which times these commands for the page
-    spec = importlib.util.spec_from_file_location("record_run", ROOT / "tools" / "record_run.py")
-    record_run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(record_run)
-    return [shlex.split(line) for line in record_run.page_commands(ROOT / page)]
+    return [shlex.split(line) for line in _record_run().page_commands(ROOT / page)]
 
 
 @pytest.fixture
