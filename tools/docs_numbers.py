@@ -557,10 +557,29 @@ def serve_load() -> str:
                       "4xx; the server's memory went from "
                       f"{soak['rss_mb_per_minute'][1 if len(soak['rss_mb_per_minute']) > 2 else 0]:.0f} MB after the "
                       f"first minute to {soak['rss_mb_per_minute'][-1]:.0f} MB ({_growth(soak['rss_growth'])}).")  # fmt: skip
+    cpu = _serve_cpu(first, inproc, m["cores"])
+    if cpu:
+        lines += ["", cpu]
     lines += ["", _serve_targets(r, batched, inproc)]
     lines += ["", f"On {m['cores']} CPU cores ({m['cpu']}) on {r['date']}, commit {r['commit']}: "
               "`docs/results/serve_load.json`."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _serve_cpu(run: dict, inproc: dict, cores: int) -> str:
+    """Where a request's CPU time went at a setting's highest concurrency, against in-process scoring's, and the
+    throughput those cores could give at best (empty for a record without CPU readings)."""
+    top, _, workers = _ends(run)
+    used, alone = top.get("cpu_ms_per_request"), inproc.get("cpu_ms_per_question")
+    if not used or not alone:
+        return ""
+    total = sum(used.values())
+    return (f"Where the CPU went, at concurrency {top['concurrency']} with batching on {workers}: a request took "
+            f"{used['workers']:.1f} ms of CPU in the worker, {used['http']:.1f} ms in the HTTP server and the rest of "
+            f"the server (parsing, validation, LitServe's queues) and {used['client']:.1f} ms in the load generator, "
+            f"{total:.1f} ms in all, where in-process scoring took {alone:.1f} ms a question. {cores} cores kept "
+            f"fully busy would serve at most {1000 * cores / total:.0f} requests/s, "
+            f"{1000 * cores / total / inproc['per_second']:.0%} of in-process scoring.")  # fmt: skip
 
 
 def _ends(run: dict) -> tuple[dict, dict, str]:

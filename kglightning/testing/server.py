@@ -74,6 +74,22 @@ class ServerProcess:
         """The resident memory of the server and its workers, in MiB."""
         return round(sum(p.memory_info().rss for p in self._tree()) / 2**20, 1)
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user and system) used so far by the server's processes: ``workers``, the spawned processes
+        that score requests, and ``http``, the others (its HTTP servers, LitServe's queue manager, the main
+        process). Take two readings around a load and subtract."""
+        import psutil
+
+        seen = {"workers": 0.0, "http": 0.0}
+        for p in self._tree():
+            try:
+                t = p.cpu_times()
+                spawned = "spawn_main" in " ".join(p.cmdline())  # how multiprocessing's spawn starts a process
+            except (psutil.NoSuchProcess, psutil.AccessDenied):  # it ended between the listing and the reading
+                continue
+            seen["workers" if spawned else "http"] += t.user + t.system
+        return seen
+
     def stop(self) -> list[Any]:
         """SIGTERM, then wait for the server and its workers; returns the processes still running after that
         (killed), which a graceful shutdown leaves none of."""

@@ -78,6 +78,8 @@ def served(tmp_path_factory, tiny_encoder_dir, detection_records):
     try:
         yield server.url, test, predicted, server.log, calibration
     finally:
+        cpu = server.cpu_seconds()  # the load benchmark's split: the tests' requests were scored by the workers
+        assert cpu["workers"] > 0 and cpu["http"] > 0, cpu
         alive = server.stop()  # SIGTERM: the server shuts down as on Ctrl-C, its workers with it
         assert server.proc.returncode is not None and not alive, f"left running after SIGTERM: {alive}"
 

@@ -74,11 +74,12 @@ def _in_process(scorer: object, bodies: list[dict], batch: int = 16) -> dict[str
 
     records = [GuardRequest(**b).record() for b in bodies]
     scorer.score(records[:batch])  # warm
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for lo in range(0, len(records), batch):
         scorer.score(records[lo : lo + batch])
-    seconds = time.perf_counter() - start
-    return {"questions": len(records), "seconds": round(seconds, 2), "per_second": round(len(records) / seconds, 1)}
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {"questions": len(records), "seconds": round(seconds, 2), "per_second": round(len(records) / seconds, 1),
+            "cpu_ms_per_question": round(1000 * cpu / len(records), 2)}  # fmt: skip
 
 
 def _server(checkpoint: str, batch: int, workers: int, log: Path, *extra: str) -> ServerProcess:
@@ -93,10 +94,11 @@ def _session(concurrency: int) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=limits, timeout=aiohttp.ClientTimeout(total=120))
 
 
-def _load(url: str, bodies: list[dict], concurrency: int) -> dict[str, float]:
+def _load(url: str, bodies: list[dict], concurrency: int, server: ServerProcess | None = None) -> dict[str, object]:
     """Every body sent once by ``concurrency`` clients, each sending its next as soon as its last is answered (one
     asyncio client: about 0.05 of a core at concurrency 32, where a thread per client took a sizeable share of the
-    2 cores the server runs on)."""
+    2 cores the server runs on). With ``server``, also the CPU milliseconds a request cost its worker processes,
+    its other processes (HTTP servers, queue manager) and the client (this process)."""
     latencies: list[float] = []
     payloads = iter([json.dumps(b).encode() for b in bodies])
 
@@ -115,15 +117,22 @@ def _load(url: str, bodies: list[dict], concurrency: int) -> dict[str, float]:
             done = await asyncio.gather(*[client(session) for _ in range(concurrency)])
         return [s for statuses in done for s in statuses]
 
-    start = time.perf_counter()
+    before = server.cpu_seconds() if server is not None else None
+    start, client_cpu = time.perf_counter(), time.process_time()  # the bodies encoded already
     statuses = asyncio.run(run())
-    seconds = time.perf_counter() - start
+    seconds, client_cpu = time.perf_counter() - start, time.process_time() - client_cpu
     if any(s != 200 for s in statuses):
         raise SystemExit(f"not every request got a 200: {sorted(set(statuses))}")
     latencies.sort()
-    return {"concurrency": concurrency, "requests": len(bodies), "per_second": round(len(bodies) / seconds, 1),
-            "p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
-            "p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1)}  # fmt: skip
+    row: dict[str, object] = {"concurrency": concurrency, "requests": len(bodies),
+                              "per_second": round(len(bodies) / seconds, 1),
+                              "p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
+                              "p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1)}  # fmt: skip
+    if server is not None:
+        after = server.cpu_seconds()
+        used = {**{k: after[k] - before[k] for k in after}, "client": client_cpu}
+        row["cpu_ms_per_request"] = {k: round(1000 * v / len(bodies), 2) for k, v in used.items()}
+    return row
 
 
 def _large(scorer: object, n: int, triples: int = 4150) -> list[dict]:
@@ -226,7 +235,7 @@ def main() -> None:
             _load(server.url, bodies[:64], 8)  # warm-up
             row = {"max_batch_size": batch, "workers": workers, "ready_seconds": server.ready_seconds,
                    "rss_mb": server.rss_mb(),
-                   "load": [_load(server.url, sent, c) for c in (1, 8, 32)]}  # fmt: skip
+                   "load": [_load(server.url, sent, c, server) for c in (1, 8, 32)]}  # fmt: skip
             if (batch, workers) == (16, 1):
                 row["small_question"] = _load(server.url, _small(bodies), 1)
                 if args.soak_minutes > 0:
