@@ -44,6 +44,20 @@ status=${PIPESTATUS[0]}
     tail -n 1 "$out/pytest.log" | sed 's/^/- summary: /'
     echo
 } >> "$report"
+# the guard as a service on the GPU: the server tests with the server and predict on cuda (issue 60)
+if "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    KGLIGHTNING_TEST_SERVE_ACCELERATOR=cuda "$py" -m pytest tests/serve/test_server.py -o addopts="" -p no:cacheprovider \
+        -q -rA 2>&1 | tee "$out/serve.log"
+    serve_status=${PIPESTATUS[0]}
+    {
+        echo "## tests/serve/test_server.py on cuda (pytest exit status $serve_status)"
+        echo
+        grep -E '^(PASSED|FAILED|ERROR|SKIPPED) ' "$out/serve.log" | sed 's/^/- /'
+        tail -n 1 "$out/serve.log" | sed 's/^/- summary: /'
+        echo
+    } >> "$report"
+    [ "$serve_status" = 0 ] || status=$serve_status
+fi
 if "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     { echo "## Benchmarks (tools/bench/bench_gpu.py)"; echo; "$py" tools/bench/bench_gpu.py ${GPU_BENCH_ARGS:-}; } >> "$report" 2>&1
 else

@@ -17,6 +17,7 @@ import hmac
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -67,6 +68,7 @@ class GuardAPI(ls.LitAPI):
         scorer.model.to(device)
         scorer.warm_up()
         self.scorer = scorer
+        print(f"{self.api_path}: a worker (pid {os.getpid()}) scores on {device}", file=sys.stderr, flush=True)
 
     def authorize(
         self,

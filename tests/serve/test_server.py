@@ -19,6 +19,9 @@ from kglightning.testing.server import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-7d1c"
+# the device the main server (and predict, which it is compared with) runs on: the GPU tier sets cuda
+# (tools/gpu_check.sh); CI and this machine: the CPU
+ACCELERATOR = os.environ.get("KGLIGHTNING_TEST_SERVE_ACCELERATOR", "cpu")
 # one worker runs this module, so that the detector is fitted and the server started once (pytest.ini: loadgroup)
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("serve-server")]
 
@@ -56,8 +59,9 @@ def served(tmp_path_factory, tiny_encoder_dir, detection_records):
     _run(tmp, "fit", *detector, "--trainer.max_epochs", "3", "--trainer.enable_progress_bar", "false",
          "--test_after_fit", "false")  # fmt: skip
     ckpt = tmp / "outputs/detector/graph_transformer/checkpoints/best.ckpt"
-    _run(tmp, "predict", *detector, "--ckpt_path", str(ckpt), "--trainer.enable_progress_bar", "false")
-    _run(tmp, "predict", *detector, "--ckpt_path", str(ckpt), "--trainer.enable_progress_bar", "false",
+    on = ["--trainer.accelerator", ACCELERATOR]
+    _run(tmp, "predict", *detector, "--ckpt_path", str(ckpt), "--trainer.enable_progress_bar", "false", *on)
+    _run(tmp, "predict", *detector, "--ckpt_path", str(ckpt), "--trainer.enable_progress_bar", "false", *on,
          "--data.init_args.predict_split", "validation")  # fmt: skip
     calibration = tmp / "outputs/detector/graph_transformer/hallucination_predictions_validation.jsonl"
     # a KG of every split's graphs, and the test questions' subgraphs cut from it by build-subgraphs
@@ -67,7 +71,7 @@ def served(tmp_path_factory, tiny_encoder_dir, detection_records):
     _run(tmp, "build-subgraphs", "--kg", str(tmp / "kg.tsv"), "--questions", f"test={data / 'test.jsonl'}",
          "--out", str(tmp / "cut"), "--encoder", tiny_encoder_dir)  # fmt: skip
     args = ["--config", str(ROOT / "configs/serve.yaml"), "--detector_config", str(ROOT / "configs/detector.yaml"),
-            "--checkpoint", str(ckpt), "--accelerator", "cpu", "--max_triples", "60", "--max_body_bytes", "200000",
+            "--checkpoint", str(ckpt), "--accelerator", ACCELERATOR, "--max_triples", "60", "--max_body_bytes", "200000",
             "--selection_calibration", str(calibration), "--selection_alpha", "0.3", "--kg", str(tmp / "kg.tsv"),
             "--kg_retrieval", json.dumps({"encoder": tiny_encoder_dir}),
             *_detector_args(str(data), tiny_encoder_dir)]  # fmt: skip
@@ -117,6 +121,14 @@ def test_probabilities_are_predicts_whatever_the_batch_companions(served):
             assert got["abstained"] == (not any(v["kept"] for v in got["answers"]))
             covered = {k for v in got["answers"] for k in v["entries"]}
             assert covered | {n["entry"] for n in got["not_scored"]} == set(range(len(record["prediction"])))
+
+
+def test_each_worker_says_which_device_it_scores_on(served):
+    _, _, _, log, _ = served
+    said = [line for line in log.read_text().splitlines() if "scores on" in line]
+    # the single-request endpoint's worker and the batch endpoint's, each on the device asked for
+    assert {line.split(":")[0] for line in said} == {"/v1/guard", "/v1/guard/batch"}, said
+    assert all(line.split("scores on ")[1].startswith(ACCELERATOR) for line in said), said
 
 
 def test_bad_input_gets_a_4xx_that_names_the_field(served):
