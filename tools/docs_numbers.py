@@ -65,11 +65,12 @@ DETECTORS, BASELINES = MAIN_ROWS[:2], MAIN_ROWS[2:]
 METRIC = r"(?:F1|AUC-PR|AUROC|precision|recall|accuracy|ECE|coverage|FDR|ECR|Hits@1)"
 # numbers that only a result file may give: three or more decimals (a metric), a metric's name with a value of two
 # decimals or a share (``F1 0.96``, ``0.96 F1``, ``an FDR of 0.30``, ``F1 95.8%``), a ratio of two decimals
-# (``2.98x``), a time in minutes and seconds (``3 min 6 s``, ``3:38``), or a time something took (``took 14 s``)
+# (``2.98x``) or with a decimal in words (``1.7 times as many``), a time in minutes and seconds (``3 min 6 s``, ``3:38``), or a time something took (``took 14 s``)
 STRAY = re.compile(
     r"(?<![\w.])[01]\.\d{3,}(?!\d)|\b\d+ min \d+ s\b|(?<![\w:.])\d{1,2}:\d{2}(?![\w:])"
     rf"|\b{METRIC}(?:\s+(?:of|=|was))?\s+(?:0\.\d\d\b|\d{{1,3}}(?:\.\d+)?%)|(?<![\w.])0\.\d\d\s+{METRIC}\b"
     r"|(?<![\w.])\d+\.\d\dx\b"  # a ratio of two decimals (2.98x)
+    r"|(?<![\w.])\d+\.\d+\s+times\s+as\b"  # a measured ratio in words (``1.7 times as many requests``)
     # a time that something took, takes or needed (``took 14 s``, ``takes about 12 s``, ``took **77 to 80 ms**``,
     # ``ran in 69 s``): a measurement (not ``took 4 min 2 s``, the clock time above)
     r"|\b(?:took|takes|take|taking|ran in|runs in|run in|needed|needs|lasted|finished in|finishes in)\s+"

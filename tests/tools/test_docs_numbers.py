@@ -113,6 +113,7 @@ def test_a_number_edited_by_hand_fails_the_check(copy, capsys):
         ("README.md", "The main job reached 0.96 F1.\n", False),
         ("README.md", "The main job reached an F1 of 95.8%.\n", False),
         ("docs/guides/serving.md", "Two workers gave 3.98x the throughput of one.\n", False),
+        ("docs/guides/serving.md", "Two workers scored about 1.7 times as many requests a second.\n", False),
         # a time something took, in seconds alone (a setting, "a timeout of 30 s", is not one)
         ("docs/tutorials/answers-with-a-guarantee.md", "On 2 CPU cores, this step took 14 s.\n", False),
         ("docs/guides/serving.md", "A graph of 5,000 new triples took about 12 s.\n", False),
