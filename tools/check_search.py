@@ -29,7 +29,8 @@ from check_layout import Browser, find_browser  # noqa: E402
 QUERIES: dict[str, tuple[str, ...]] = {
     "own LLM answers": ("tutorials/own-llm-answers/",),
     # lunr drops "own" (a stop word): "own KG" is a search for "KG", which every kglightning.* title matched before
-    # the data guide's search tag; "own answers" is a search for "answers" alone, and is not checked
+    # the data guide's search tag; "my own answers" is a search for "answers" alone (checked below: the own-LLM
+    # tutorial's tag)
     "own KG": ("guides/data/", "tutorials/own-llm-answers/", "guides/serving/"),
     "fit": ("reference/cli/fit/",),
     "installation": ("",),
@@ -52,6 +53,15 @@ QUERIES: dict[str, tuple[str, ...]] = {
     "HallucinationDetector": ("api/modules/detector/",),
     "AnswerSelector": ("api/conformal/selection/",),
     # a class that a tutorial and a method page teach under a heading of its name: any of the three
+    # a config by its file name (a page's word is "configs/detector.yaml"), and other words for the tasks
+    "detector.yaml": ("methods/kg-guard/",),
+    "detector_gat.yaml": ("methods/kg-guard/",),
+    "trust.yaml": ("tutorials/answers-with-a-guarantee/", "methods/trust/"),
+    "own LLM": ("tutorials/own-llm-answers/",),
+    "my own answers": ("tutorials/own-llm-answers/",),
+    "false discovery rate": ("tutorials/answers-with-a-guarantee/", "methods/trust/"),
+    "abstain": ("tutorials/answers-with-a-guarantee/", "methods/trust/"),
+    "selective answering": ("tutorials/answers-with-a-guarantee/", "methods/trust/"),
     "ConformalCallback": ("api/callbacks/conformal/", "tutorials/conformal-sets/", "methods/conformal/"),
 }
 #: the first results of the page's search, as (title, path) pairs
