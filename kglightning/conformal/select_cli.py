@@ -103,12 +103,19 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def default_report_dir(pool: str | os.PathLike) -> Path:
+    """Where ``select --pool POOL`` writes its report without ``--report-dir``: ``outputs/selection/<POOL's name
+    without .jsonl>`` (``hallucination_predictions_test.jsonl`` -> ``outputs/selection/hallucination_predictions_test``).
+    """
+    return Path("outputs/selection") / Path(pool).stem
+
+
 def check_rules(args: argparse.Namespace) -> Path:
     """Repeated random splits of ``--pool``; write the report."""
     from kglightning.conformal.selection_io import json_number, labelled_part
     from kglightning.conformal.selection_report import repeated_selection, summarize, write_report
 
-    out = Path(args.report_dir)
+    out = Path(args.report_dir) if args.report_dir else default_report_dir(args.pool)
     check_outputs_apart([out / name for name in REPORT_FILES], [args.pool])
     pool = _read(args.pool, args)
     answers = labelled_part(pool, args.pool, "pool")
@@ -172,7 +179,9 @@ def build_parser(prog: str = "kglightning select") -> argparse.ArgumentParser:
     p.add_argument("--calibration-share", type=float, default=0.5, help="--pool: share of questions calibrating")
     p.add_argument("--one-per-question", action="store_true",
                    help="--pool: keep one random answer per question in every split (answers then exchangeable)")  # fmt: skip
-    p.add_argument("--report-dir", default="outputs/selection", help="--pool: where report.md/json/png go")
+    p.add_argument("--report-dir", default=None,
+                   help="--pool: where report.md/json/png go (default: outputs/selection/ and the pool's file name "
+                   "without .jsonl, so that the reports of different pools or splits never share a file)")  # fmt: skip
     add_on_bad_record_argument(p)
     return p
 

@@ -382,3 +382,14 @@ def test_calibration_and_selection_on_the_same_questions_is_refused_or_warned(tm
     with caplog.at_level(logging.WARNING):
         assert main([*argv[:4], str(copy), *argv[5:]]) == 0
     assert "share 10 question ids" in caplog.text
+
+
+def test_pools_of_different_splits_get_reports_of_their_own_by_default(tmp_path, monkeypatch):
+    """Issue 59: outputs of different splits never share a file name; the default report folder was one for all."""
+    monkeypatch.chdir(tmp_path)
+    for split, seed in (("validation", 0), ("test", 1)):
+        _write(tmp_path / f"scored_{split}.jsonl", _pool(60, seed=seed))
+        assert main(["select", "--pool", f"scored_{split}.jsonl", "--repeats", "2"]) == 0
+    for split in ("validation", "test"):
+        report = tmp_path / "outputs/selection" / f"scored_{split}" / "report.md"
+        assert report.is_file() and f"scored_{split}.jsonl" in report.read_text()
