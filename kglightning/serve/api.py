@@ -70,12 +70,13 @@ class GuardAPI(ls.LitAPI):
         self.scorer = scorer
         print(f"{self.api_path}: a worker (pid {os.getpid()}) scores on {device}", file=sys.stderr, flush=True)
 
-    def authorize(
+    async def authorize(
         self,
         request: Request,
         x_api_key: str | None = Header(None, description="the server's API key, when it has one"),
     ) -> None:
-        """The FastAPI dependency of every route but ``/health`` (what a liveness probe calls without a key)."""
+        """The FastAPI dependency of every route but ``/health`` (what a liveness probe calls without a key); a
+        coroutine, so that FastAPI runs it on the event loop rather than handing each request to a thread."""
         if request.url.path == "/health":
             return
         if self._key is not None and not hmac.compare_digest((x_api_key or "").encode(), self._key):
