@@ -104,9 +104,9 @@ def apply_selection(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def default_report_dir(pool: str | os.PathLike) -> Path:
-    """Where ``select --pool POOL`` writes its report without ``--report-dir``: ``outputs/selection/<POOL's name
-    without .jsonl>`` (``hallucination_predictions_test.jsonl`` -> ``outputs/selection/hallucination_predictions_test``).
-    """
+    """Where ``select --pool POOL`` writes its report without ``--report-dir``: a folder of ``outputs/selection``
+    named as the pool's file without its suffix (``hallucination_predictions_test.jsonl``:
+    ``outputs/selection/hallucination_predictions_test``)."""
     return Path("outputs/selection") / Path(pool).stem
 
 
