@@ -21,7 +21,9 @@ def build_parser(prog: str = "kglightning conformalize") -> argparse.ArgumentPar
     p.add_argument("--calibration", required=True, help="predictions jsonl of the calibration questions")
     p.add_argument("--predictions", required=True, help="predictions jsonl to add sets to")
     p.add_argument("--alpha", type=float, required=True, help="miscoverage level in (0, 1)")
-    p.add_argument("--output", default=None, help="output jsonl (default: <predictions>.conformal.jsonl)")
+    p.add_argument("--output", default=None,
+                   help="output jsonl (default: <predictions>.conformal.jsonl); its summary (.summary.json) and, when "
+                   "the test rows have gold answers, a plot of the coverage against the target (.png) go beside it")  # fmt: skip
     p.add_argument(
         "--group-by",
         default=None,
@@ -74,4 +76,6 @@ def main(argv: list[str] | None = None, prog: str = "kglightning conformalize") 
             "see the warnings above)"
         )
     print(f"wrote {s['output']}")
+    if s.get("plot"):
+        print(f"wrote {s['plot']} (coverage against the target)")
     return 0

@@ -117,7 +117,8 @@ def conformalize(
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     out_path = Path(output) if output else Path(predictions).with_suffix(".conformal.jsonl")
-    check_outputs_apart([out_path, out_path.with_suffix(".summary.json")], [calibration, predictions])
+    check_outputs_apart([out_path, out_path.with_suffix(".summary.json"), out_path.with_suffix(".png")],
+                        [calibration, predictions])  # fmt: skip
     cal = read_predictions(calibration, on_bad_record=on_bad_record, require_confidence=True)
     # the questions to add sets to may be new ones, without gold answers (ECR and coverage then cover those with)
     test = read_predictions(predictions, on_bad_record=on_bad_record, require_confidence=True, require_gold=False)
@@ -174,8 +175,36 @@ def conformalize(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(out_path) as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
+    summary["plot"] = str(plot_coverage(summary, out_path.with_suffix(".png"))) if summary["ecr"] is not None else None
     write_text_atomic(out_path.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def plot_coverage(summary: dict[str, Any], path: str | Path) -> Path:
+    """The test coverage (ECR) of the sets against the target ``1 - alpha``: one bar for all questions and one per
+    group, each labelled with its mean set size (APSS) and test questions; a group whose sets are the full lists
+    (no threshold reaches the target) is hatched. ``summary``: what :func:`conformalize` returns."""
+    from matplotlib.figure import Figure
+
+    from kglightning.metrics.plots import save_figure
+
+    bars = [("all", summary)] + sorted(summary.get("groups", {}).items())
+    bars = [(name, info) for name, info in bars if info.get("ecr") is not None]
+    fig = Figure(figsize=(max(4.5, 1.4 * len(bars) + 2), 3.6))
+    ax = fig.subplots()
+    target = 1 - summary["alpha"]
+    for x, (name, info) in enumerate(bars):
+        full = bool(info["full_sets"]) if name != "all" or not summary.get("groups") else False
+        ax.bar(x, info["ecr"], color="#9fa8da" if full else "#3f51b5", hatch="//" if full else None,
+               edgecolor="black", linewidth=0.5)  # fmt: skip
+        size = "" if info.get("apss") is None else f"APSS {info['apss']:.2f}\n"
+        ax.text(x, max(info["ecr"], target) + 0.03, f"{size}n={info['n_test']}" + ("\nfull sets" if full else ""),
+                ha="center", va="bottom", fontsize=7)  # fmt: skip
+    ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target 1 - alpha = {target:g}")
+    ax.set_xticks(range(len(bars)), [name for name, _ in bars])
+    ax.set(ylim=(0, 1.25), ylabel="test coverage (ECR)", title=f"Conformal sets at alpha {summary['alpha']:g}")
+    ax.legend(fontsize=7, loc="upper right")
+    return save_figure(fig, path)
 
 
 def _grouped(rows: PredictionList, key: str, source: str, on_bad_record: str) -> tuple[PredictionList, list[str]]:

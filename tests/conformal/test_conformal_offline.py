@@ -257,3 +257,20 @@ def test_the_output_never_replaces_an_input(tmp_path, capsys):
                              "--output", str(output)])  # fmt: skip
         assert code == 2 and "over the input" in capsys.readouterr().err
     assert (cal.read_bytes(), test.read_bytes()) == kept and not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_coverage_plot_is_written_beside_the_sets_when_the_test_rows_have_gold(tmp_path, capsys):
+    """Issue 59 (a plot where a person would rather look than read): ``<output>.png``, the test coverage per group
+    against 1 - alpha; none for questions without gold answers (no coverage to draw)."""
+    cal = _write(tmp_path / "cal.jsonl", [{**_row(i, ["a", "b"], [0.9, 0.4], ["a"]), "kind": "k" + str(i % 2)}
+                                          for i in range(40)])  # fmt: skip
+    s = conformalize(cal, cal, alpha=0.2, output=tmp_path / "sets.jsonl", group_by="kind")
+    png = tmp_path / "sets.png"
+    assert s["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "sets.summary.json").read_text())["plot"] == str(png)
+    assert offline_main(["--calibration", str(cal), "--predictions", str(cal), "--alpha", "0.2",
+                         "--output", str(tmp_path / "cli.jsonl")]) == 0  # fmt: skip
+    assert f"wrote {tmp_path / 'cli.png'} (coverage against the target)" in capsys.readouterr().out
+    new = _write(tmp_path / "new.jsonl", [{"id": "n1", "prediction": ["a", "b"], "confidence": [0.95, 0.3]}])
+    s = conformalize(cal, new, alpha=0.2, output=tmp_path / "o.jsonl")
+    assert s["plot"] is None and not (tmp_path / "o.png").exists()
