@@ -35,30 +35,27 @@ PY
     [ "${KGLIGHTNING_GPU_TIER_ON_CPU:-0}" = 1 ] && echo "- DRY RUN on the CPU (KGLIGHTNING_GPU_TIER_ON_CPU=1): no GPU was used"
     echo
 } > "$report"
+# a report section from a pytest log (-rA): each test's outcome, then pytest's summary line
+section() {  # TITLE LOG
+    echo "## $1"
+    echo
+    grep -E '^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) ' "$2" | sed 's/^/- /'
+    tail -n 1 "$2" | sed 's/^/- summary: /'
+    echo
+}
+cuda() { "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; }
 "$py" -m pytest tests/gpu -m gpu -o addopts="" --strict-markers -p no:cacheprovider -q -rA --junitxml "$out/gpu_tier.xml" 2>&1 | tee "$out/pytest.log"
 status=${PIPESTATUS[0]}
-{
-    echo "## tests/gpu (pytest exit status $status)"
-    echo
-    grep -E '^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) ' "$out/pytest.log" | sed 's/^/- /'
-    tail -n 1 "$out/pytest.log" | sed 's/^/- summary: /'
-    echo
-} >> "$report"
+section "tests/gpu (pytest exit status $status)" "$out/pytest.log" >> "$report"
 # the guard as a service on the GPU: the server tests with the server and predict on cuda (issue 60)
-if "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+if cuda; then
     KGLIGHTNING_TEST_SERVE_ACCELERATOR=cuda "$py" -m pytest tests/serve/test_server.py -o addopts="" -p no:cacheprovider \
         -q -rA 2>&1 | tee "$out/serve.log"
     serve_status=${PIPESTATUS[0]}
-    {
-        echo "## tests/serve/test_server.py on cuda (pytest exit status $serve_status)"
-        echo
-        grep -E '^(PASSED|FAILED|ERROR|SKIPPED) ' "$out/serve.log" | sed 's/^/- /'
-        tail -n 1 "$out/serve.log" | sed 's/^/- summary: /'
-        echo
-    } >> "$report"
+    section "tests/serve/test_server.py on cuda (pytest exit status $serve_status)" "$out/serve.log" >> "$report"
     [ "$serve_status" = 0 ] || status=$serve_status
 fi
-if "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+if cuda; then
     { echo "## Benchmarks (tools/bench/bench_gpu.py)"; echo; "$py" tools/bench/bench_gpu.py ${GPU_BENCH_ARGS:-}; } >> "$report" 2>&1
 else
     { echo "## Benchmarks"; echo; echo "skipped: no CUDA device"; } >> "$report"
