@@ -168,10 +168,11 @@ def main_table() -> str:
         cells = [f"**{v:.3f}**" if f"{v:.3f}" == f"{b:.3f}" else f"{v:.3f}" for v, b in zip(row, best)]
         label = _label(label, results[name]) if i < len(DETECTORS) else label
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join([*lines, "", _findings(values), "", _verified("main_job", "detector_gat")]) + "\n"
+    runs = [load(name) for name in ("main_job", "detector_gat")]
+    return "\n".join([*lines, "", _findings(values, runs), "", _verified("main_job", "detector_gat")]) + "\n"
 
 
-def _findings(values: list[list[float]]) -> str:
+def _findings(values: list[list[float]], runs: list[dict] | None = None) -> str:
     """What the table shows, in words, read from its values (as displayed: three decimals)."""
     shown = [[round(v, 3) for v in row] for row in values]
     detectors, baselines = shown[: len(DETECTORS)], shown[len(DETECTORS) :]
@@ -186,8 +187,11 @@ def _findings(values: list[list[float]]) -> str:
     first, second = detectors
     wins = sum(a > b for a, b in zip(first, second))
     losses = sum(a < b for a, b in zip(first, second))
+    apart = ""
+    if runs and len({(r.get("commit"), r.get("machine", {}).get("cpu")) for r in runs}) > 1:
+        apart = " The two detectors' runs differ in commit or machine (below), which can move the third decimal."
     return (f"{text}. The GraphTransformer is ahead of the GAT on {wins} of {len(COLUMNS)} metrics and behind on "
-            f"{losses} (the paper found it ahead).")  # fmt: skip
+            f"{losses} (the paper found it ahead).{apart}")  # fmt: skip
 
 
 def main_job_time() -> str:

@@ -489,3 +489,13 @@ def test_the_serve_load_block_computes_its_ratios_from_the_result_file():
         assert f"{by_c[max(by_c)] / by_c[min(by_c)]:.2f}x the throughput" in text
         assert f"{by_c[max(by_c)] / r['in_process']['per_second']:.0%} of in-process" in text
     assert f"{batched[0]['soak']['server_errors']} answered 5xx" in text
+
+
+def test_the_detectors_comparison_says_when_their_runs_differ_in_commit_or_machine():
+    numbers = _tool("docs_numbers")
+    values = [[0.9] * 6, [0.8] * 6, [0.5] * 6, [0.4] * 6, [0.3] * 6]
+    same = [{"commit": "abc", "machine": {"cpu": "X"}}] * 2
+    assert "differ in commit or machine" not in numbers._findings(values, same)
+    other = [same[0], {"commit": "def", "machine": {"cpu": "X"}}]
+    assert "differ in commit or machine" in numbers._findings(values, other)
+    assert "ahead of the GAT on 6 of 6 metrics" in numbers._findings(values, other)
