@@ -11,7 +11,7 @@ result:
 
 - anywhere on the page: three or more decimals (``0.953``, ``0.9535``: a metric), a metric named with a value of two
   decimals or a share (``F1 0.96``, ``0.96 F1``, ``an FDR of 0.30``, ``F1 95.8%``), a ratio of two decimals
-  (``2.98x``), a time in minutes and seconds (``3 min 6 s``, ``3:38``), or a time something took, takes or needed
+  (``2.98x``) or with a decimal in words (``1.7 times as many``), a time in minutes and seconds (``3 min 6 s``, ``3:38``), or a time something took, takes or needed
   (``took 14 s``, ``takes about 12 s``, ``took **77 to 80 ms**``, ``ran in 69 s``; a setting is written otherwise:
   ``a timeout of 30 s``);
 - in a method page's results sections (:data:`RESULTS_SECTIONS`, named by their headings; a section runs to the
@@ -65,7 +65,8 @@ DETECTORS, BASELINES = MAIN_ROWS[:2], MAIN_ROWS[2:]
 METRIC = r"(?:F1|AUC-PR|AUROC|precision|recall|accuracy|ECE|coverage|FDR|ECR|Hits@1)"
 # numbers that only a result file may give: three or more decimals (a metric), a metric's name with a value of two
 # decimals or a share (``F1 0.96``, ``0.96 F1``, ``an FDR of 0.30``, ``F1 95.8%``), a ratio of two decimals
-# (``2.98x``) or with a decimal in words (``1.7 times as many``), a time in minutes and seconds (``3 min 6 s``, ``3:38``), or a time something took (``took 14 s``)
+# (``2.98x``) or with a decimal in words (``1.7 times as many``), a time in minutes and seconds (``3 min 6 s``,
+# ``3:38``), or a time something took (``took 14 s``)
 STRAY = re.compile(
     r"(?<![\w.])[01]\.\d{3,}(?!\d)|\b\d+ min \d+ s\b|(?<![\w:.])\d{1,2}:\d{2}(?![\w:])"
     rf"|\b{METRIC}(?:\s+(?:of|=|was))?\s+(?:0\.\d\d\b|\d{{1,3}}(?:\.\d+)?%)|(?<![\w.])0\.\d\d\s+{METRIC}\b"
@@ -168,7 +169,7 @@ def main_table() -> str:
         cells = [f"**{v:.3f}**" if f"{v:.3f}" == f"{b:.3f}" else f"{v:.3f}" for v, b in zip(row, best)]
         label = _label(label, results[name]) if i < len(DETECTORS) else label
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    runs = [load(name) for name in ("main_job", "detector_gat")]
+    runs = [results[name] for _, name, _ in DETECTORS]
     return "\n".join([*lines, "", _findings(values, runs), "", _verified("main_job", "detector_gat")]) + "\n"
 
 

@@ -194,7 +194,8 @@ def plot_coverage(summary: dict[str, Any], path: str | Path) -> Path:
     ax = fig.subplots()
     target = 1 - summary["alpha"]
     for x, (name, info) in enumerate(bars):
-        full = bool(info["full_sets"]) if name != "all" or not summary.get("groups") else False
+        # the pooled bar of grouped sets pools groups of either kind: only a group's (or an ungrouped run's) is hatched
+        full = bool(info["full_sets"]) and not (name == "all" and "groups" in summary)
         ax.bar(x, info["ecr"], color="#9fa8da" if full else "#3f51b5", hatch="//" if full else None,
                edgecolor="black", linewidth=0.5)  # fmt: skip
         size = "" if info.get("apss") is None else f"APSS {info['apss']:.2f}\n"
