@@ -4,7 +4,10 @@ Python runs a signal handler in the main thread between two bytecodes, and an ex
 interpreter ignores exceptions: a callback run around ``fork`` (``logging`` registers one, and LitServe forks its
 API servers while it starts), a ``__del__``, a weakref callback. A SIGTERM landing there used to be printed as
 "Exception ignored" and the server went on serving. :class:`SigtermStop` therefore raises again, once a second,
-until the stop is under way, and keeps quiet about an interrupt of its own that Python dropped.
+until the stop is under way, and keeps quiet about an interrupt of its own that Python dropped. It also waits while
+the main thread starts a process: raised between the child's start and its registration (``multiprocessing``'s
+``BaseProcess.start``), the interrupt would leave a child no one stops (a spawned worker then died on a half-sent
+start with a traceback, or lived on).
 """
 
 from __future__ import annotations
@@ -15,13 +18,15 @@ import signal
 import sys
 import threading
 import time
-from types import FrameType
+from collections.abc import Callable
+from types import CodeType, FrameType
 from typing import Any
 
 __all__ = ["SigtermInterrupt", "SigtermStop", "stop_workers"]
 
 # functions that stop the server: a SIGTERM arriving while one of them runs is not raised again
 _STOPPING = frozenset({"_perform_graceful_shutdown", "stop_workers"})
+_PROCESS_FILE = multiprocessing.process.__file__  # BaseProcess.start: the child runs, not yet in active_children()
 
 
 class SigtermInterrupt(KeyboardInterrupt):
@@ -69,6 +74,8 @@ class SigtermStop:
                 self._drain()
             finally:  # also when a second SIGTERM cut the wait short
                 threading.Thread(target=self._again, args=(signum,), name="serve-sigterm", daemon=True).start()
+        if _starting_a_process(frame):
+            return  # raised again by the retry once the child is registered (and stop_workers can end it)
         raise SigtermInterrupt(f"signal {signum}")
 
     def done(self) -> None:
@@ -91,8 +98,16 @@ class SigtermStop:
 
 
 def _stopping(frame: FrameType | None) -> bool:
+    return _in_frames(frame, lambda code: code.co_name in _STOPPING)
+
+
+def _starting_a_process(frame: FrameType | None) -> bool:
+    return _in_frames(frame, lambda code: code.co_name == "start" and code.co_filename == _PROCESS_FILE)
+
+
+def _in_frames(frame: FrameType | None, match: Callable[[CodeType], bool]) -> bool:
     while frame is not None:
-        if frame.f_code.co_name in _STOPPING:
+        if match(frame.f_code):
             return True
         frame = frame.f_back
     return False
@@ -103,7 +118,9 @@ def stop_workers(server: Any) -> None:
     that failed): its inference workers, then its queue manager, before they are left to find each other gone (a
     worker whose manager is gone prints a traceback of its own). A manager interrupted while it started never
     registered its own shutdown and ignores SIGTERM (see :class:`SigtermStop`): it is killed."""
+    # LitServe lists a launch's workers once all of them have started: a stop in between leaves some unlisted
     workers = list(getattr(server, "inference_workers", None) or [])
+    workers += [c for c in multiprocessing.active_children() if c.name == "inference-worker" and c not in workers]
     for worker in workers:
         worker.terminate()
     for worker in workers:

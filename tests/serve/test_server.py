@@ -4,6 +4,7 @@ then the real server in a subprocess on a free port, called over HTTP."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import subprocess
@@ -362,12 +363,29 @@ def test_a_checkpoint_of_another_model_and_a_sigterm_while_loading_end_in_one_li
                                  str(free_port())], cwd=tmp, env=_env(tmp), stdout=out, stderr=out)  # fmt: skip
         while "serving " not in log.read_text() and proc.poll() is None:  # the workers start after this line
             time.sleep(0.05)
-        children = psutil.Process(proc.pid).children(recursive=True)
+        children: dict[int, psutil.Process] = {}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(map(_spawned, children.values())):
+            with contextlib.suppress(psutil.Error):  # until the worker is spawned (it then loads for seconds)
+                children.update((c.pid, c) for c in psutil.Process(proc.pid).children(recursive=True))
+            time.sleep(0.02)
         proc.terminate()
         assert proc.wait(timeout=60) == 0
     text = log.read_text()
     assert "Traceback" not in text and "stopped before the detector was ready" in text, text[-3000:]
-    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    # multiprocessing's resource tracker ends once the server is gone (it reads the end of its pipe)
+    _, alive = psutil.wait_procs(list(children.values()), timeout=10)
+    assert not [(c.pid, c.cmdline()) for c in alive if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def _spawned(process) -> bool:
+    """Whether ``process`` (a ``psutil.Process``) is a spawned multiprocessing child, as LitServe's workers are."""
+    import psutil
+
+    try:
+        return "spawn_main" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _request(record: dict) -> dict:
