@@ -66,7 +66,7 @@ METRIC = r"(?:F1|AUC-PR|AUROC|precision|recall|accuracy|ECE|coverage|FDR|ECR|Hit
 # numbers that only a result file may give: three or more decimals (a metric), a metric's name with a value of two
 # decimals or a share (``F1 0.96``, ``0.96 F1``, ``an FDR of 0.30``, ``F1 95.8%``), a ratio of two decimals
 # (``2.98x``) or with a decimal in words (``1.7 times as many``), a time in minutes and seconds (``3 min 6 s``,
-# ``3:38``), or a time something took (``took 14 s``)
+# ``3:38``), a time something took (``took 14 s``), or an estimated time or a rate (``about 2 s``, ``5 ms per``)
 STRAY = re.compile(
     r"(?<![\w.])[01]\.\d{3,}(?!\d)|\b\d+ min \d+ s\b|(?<![\w:.])\d{1,2}:\d{2}(?![\w:])"
     rf"|\b{METRIC}(?:\s+(?:of|=|was))?\s+(?:0\.\d\d\b|\d{{1,3}}(?:\.\d+)?%)|(?<![\w.])0\.\d\d\s+{METRIC}\b"
@@ -76,7 +76,11 @@ STRAY = re.compile(
     # ``ran in 69 s``): a measurement (not ``took 4 min 2 s``, the clock time above)
     r"|\b(?:took|takes|take|taking|ran in|runs in|run in|needed|needs|lasted|finished in|finishes in)\s+"
     r"(?:(?:about|only|under|over|nearly|roughly|around|almost|some|just|less than|more than)\s+)?\**"
-    r"(?:\d[\d,.]*\s?(?:to|\u2013|-)\s?)?\d[\d,.]*\**\s?\**(?:ms|s|seconds?|min|minutes?|h|hours?)\b\**(?!\s\d+\s?s\b)",
+    r"(?:\d[\d,.]*\s?(?:to|\u2013|-)\s?)?\d[\d,.]*\**\s?\**(?:ms|s|seconds?|min|minutes?|h|hours?)\b\**(?!\s\d+\s?s\b)"
+    # an estimated time (``builds in about 2 s``, ``calibrate in roughly 5 ms``) or a rate (``2.5 s for a million
+    # triples``, ``12 ms per request``)
+    r"|\b(?:about|roughly|around|nearly|almost)\s+\**\d[\d,.]*\**\s?(?:ms|s|seconds?|min|minutes?|h|hours?)\b"
+    r"|(?<![\w.])\d[\d,.]*\s?(?:ms|s|seconds?|min|minutes?)\s+(?:for\s+(?:a|an|one|each|every)|per)\s",
     flags=re.I,
 )
 # each method page's results sections, by heading: there a share, or a decimal number in a table cell, is a result too
@@ -648,15 +652,24 @@ def tutorial_times(page: str) -> str:
     run = load(name)
     if run["page"] != page:
         raise SystemExit(f"{page}: docs/results/{name}.json records {run['page']}")
+    given = "".join(f" `{dest}` was {about}." for dest, about in run.get("files", {}).items())
     lines = [
         f"What each command took on {_cores(run['machine'])}, run one after the other as written on this page, from "
         f"an empty cache at the first, on {run['date']} (commit {run['commit']}; "
-        f"`python tools/record_run.py tutorial {page}` measures it again):",
+        f"`python tools/record_run.py tutorial {page}` measures it again).{given}",
         "",
     ]
     for step in run["steps"]:
         command = step["command"].removeprefix("python -m kglightning ")
-        took = "not run (it reads your own files)" if step.get("skipped") else _duration(step["seconds"])
+        skipped = step.get("skipped")
+        if skipped:
+            took = f"not run ({skipped if isinstance(skipped, str) else 'it reads your own files'})"
+        else:
+            took = _duration(step["seconds"])
+        if "test" in step:  # a fit: what it came out with
+            t = step["test"]
+            took += (f"; {step['epochs']} epochs, test F1 {t['test/f1']:.3f} and AUC-PR {t['test/auc_pr']:.3f} "
+                     f"(the structural baseline's F1: {t['test/structural/f1']:.3f})")  # fmt: skip
         lines.append(f"- `{command}`: {took}")
     return "\n".join(lines) + "\n"
 

@@ -37,7 +37,11 @@ cache, and records the counts of its summary line.
 a reader who copies them would (continuation lines joined, comments dropped): in a temporary working folder holding
 a copy of ``configs/``, from an empty cache, and records each command's wall-clock seconds. ``--skip TEXT`` leaves
 out the commands that contain ``TEXT`` (a command on the reader's own files, which the machine does not have); they
-are recorded as skipped. ``tools/docs_numbers.py`` renders the page's ``tutorial-times`` block from the result.
+are recorded as skipped (``TEXT=WHY`` records why). ``--python-block NAME`` first saves the page's python block
+that starts with ``# NAME`` as the reader would; ``--file DEST=SOURCE`` copies a file or folder into the working
+folder, such as a stand-in for the reader's own answers (``tools/standin_answers.py``), and ``--about DEST=TEXT``
+says what it is. Each ``fit`` step also records the test metrics and epochs of the run it logged.
+``tools/docs_numbers.py`` renders the page's ``tutorial-times`` block from the result.
 
 A run that fails, or whose log lacks the metrics or the test split's summary, writes nothing and keeps its temporary
 folder with the logs.
@@ -338,16 +342,40 @@ def record_tutorial(args: argparse.Namespace, env: dict[str, str], tmp: Path) ->
         raise SystemExit(f"{args.page}: no `python -m kglightning` command in a bash block")
     work = tmp / "work"
     shutil.copytree(ROOT / "configs", work / "configs")
+    for name in args.python_block:  # the reader saves it, as the page says
+        (work / name).write_text(page_python_block(page, name), encoding="utf-8")
+    given = {}
+    for pair in args.file:
+        dest, sep, source = pair.partition("=")
+        if not sep or not Path(source).exists():
+            raise SystemExit(f"--file {pair}: expected DEST=SOURCE with an existing SOURCE")
+        (work / dest).parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if Path(source).is_dir() else shutil.copyfile)(source, work / dest)
+        given[dest] = args.file_about.get(dest, source)
     env = {**env, "KGLIGHTNING_CACHE": str(tmp / "cache")}  # empty: the first run of a fresh clone
     steps: list[dict[str, object]] = []
+    skips = [pair.partition("=")[::2] for pair in args.skip]
     for i, command in enumerate(commands):
-        if any(text in command for text in args.skip):
-            steps.append({"command": command, "skipped": True})
+        why = next((why or True for text, why in skips if text in command), None)
+        if why:
+            steps.append({"command": command, "skipped": why})
             continue
         argv = shlex.split(command)
         seconds, _, _ = _run([sys.executable, *argv[1:]], work, env, tmp / f"step{i}.log")
-        steps.append({"command": command, "seconds": round(seconds, 1)})
-    return {"page": args.page, **_about(), "cache": "empty at the first step", "steps": steps}
+        step: dict[str, object] = {"command": command, "seconds": round(seconds, 1)}
+        if argv[3:4] == ["fit"]:  # what it came out with: the test metrics of the run it logged last, and its epochs
+            step["test"], step["epochs"] = run_metrics(work)
+        steps.append(step)
+    about = {"files": given} if given else {}
+    return {"page": args.page, **_about(), "cache": "empty at the first step", **about, "steps": steps}
+
+
+def page_python_block(page: Path, name: str) -> str:
+    """The ``python`` block of ``page`` whose first line is ``# name`` (the file the page asks the reader to save)."""
+    for block in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S):
+        if block.splitlines()[0].strip() == f"# {name}":
+            return block
+    raise SystemExit(f"{page.relative_to(ROOT)}: no python block starting with `# {name}`")
 
 
 # pytest's last line: "1822 passed, 13 skipped, 2 deselected, 5 warnings in 1679.12s (0:27:59)"
@@ -398,11 +426,21 @@ def main(argv: list[str] | None = None) -> None:
     tests = sub.add_parser("tests", help="the README's test command, `python -m pytest -q`")
     tutorial = sub.add_parser("tutorial", help="every command of a tutorial page, in order, from an empty cache")
     tutorial.add_argument("page", help="the page, relative to the repository root (docs/tutorials/...)")
-    tutorial.add_argument("--skip", action="append", default=[], metavar="TEXT",
-                          help="leave out the commands that contain TEXT (recorded as skipped)")  # fmt: skip
+    tutorial.add_argument("--skip", action="append", default=[], metavar="TEXT[=WHY]",
+                          help="leave out the commands that contain TEXT (recorded as skipped, with WHY when given: "
+                          "the page then says it rather than that the command reads your own files)")  # fmt: skip
+    tutorial.add_argument("--python-block", action="append", default=[], metavar="NAME",
+                          help="save the page's python block that starts with `# NAME` as NAME first")  # fmt: skip
+    tutorial.add_argument("--file", action="append", default=[], metavar="DEST=SOURCE",
+                          help="copy SOURCE (a file or folder) to DEST in the working folder first: the reader's "
+                          "own files, or a stand-in for them (recorded with --about)")  # fmt: skip
+    tutorial.add_argument("--about", action="append", default=[], metavar="DEST=TEXT",
+                          help="what the file copied to DEST is, as the page's times block says it")  # fmt: skip
     for p in (fit, predict, tests, tutorial):
         p.add_argument("--output", required=True, type=Path, help="the result file (JSON) to write")
     args = parser.parse_args(argv)
+    if args.what == "tutorial":
+        args.file_about = dict(pair.partition("=")[::2] for pair in args.about)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     _about()  # the commit as the run starts, not as it ends
     tmp = Path(tempfile.mkdtemp(prefix="kglightning-record-"))

@@ -56,9 +56,11 @@ def test_every_page_has_its_blocks_and_the_home_page_includes_the_table():
         "docs/methods/uag.md": ["uag-table"],
     } | {page: [] for page in numbers.PAGES if page.startswith(("docs/guides/", "docs/tutorials/"))} | {
         "docs/benchmark.md": [], "docs/data.md": [], "docs/architecture.md": [],
-        # the commands' times, from record_run.py tutorial (own-llm-answers' commands read the reader's files)
+        # the commands' times, from record_run.py tutorial (own-llm-answers' on a stand-in for the reader's answers)
         "docs/tutorials/conformal-sets.md": ["tutorial-times"],
-        "docs/tutorials/answers-with-a-guarantee.md": ["tutorial-times"]}  # fmt: skip
+        "docs/tutorials/answers-with-a-guarantee.md": ["tutorial-times"],
+        "docs/tutorials/own-llm-answers.md": ["tutorial-times"],
+        "docs/tutorials/your-own-modules.md": ["tutorial-times"]}  # fmt: skip
     # every method page is checked, and each results section named for the check exists
     assert {p for p in numbers.PAGES if p.startswith("docs/methods/")} == {
         f"docs/methods/{p.name}" for p in (ROOT / "docs" / "methods").glob("*.md")
@@ -121,6 +123,11 @@ def test_a_number_edited_by_hand_fails_the_check(copy, capsys):
         ("README.md", "The fit took **69 s** alone.\n", False),
         ("docs/data.md", "The training split takes about 20 minutes on 2 cores.\n", False),
         ("docs/guides/cli.md", "The cross-validation ran in 345 s.\n", False),
+        # an estimated time or a rate, with no verb of taking
+        ("docs/data.md", "A 10^6-triple graph builds in about 2 s on a 2-core machine.\n", False),
+        ("docs/guides/data.md", "It is read and indexed once (2.5 s for a million triples).\n", False),
+        ("docs/methods/conformal.md", "1,000 configurations calibrate in roughly 5 ms.\n", False),
+        ("docs/guides/serving.md", "Each worker spends 4.1 ms per request.\n", False),
     ],
 )
 def test_a_result_written_outside_the_blocks_fails_the_check(copy, capsys, page, line, results_section):
@@ -290,6 +297,61 @@ def test_unknown_block_and_missing_result_file_are_named(copy):
     (copy.RESULTS / "test_suite.json").unlink()
     with pytest.raises(SystemExit, match=r"docs/results/test_suite.json: no such result file"):
         copy.test_suite()
+
+
+def test_tutorial_times_say_what_stood_in_why_a_step_was_left_out_and_what_a_fit_came_out_with(copy):
+    run = {"page": "docs/tutorials/t.md", "date": "2026-12-07", "commit": "abc1234",
+           "machine": {"gpu": None, "cpu": "AMD EPYC", "cores": 2},
+           "files": {"predictions.jsonl": "a stand-in for your answers"},
+           "steps": [{"command": "python -m kglightning import-predictions --input predictions.jsonl", "seconds": 12.0},
+                     {"command": "python -m kglightning fit --config c.yaml", "seconds": 200.4, "epochs": 9,
+                      "test": {"test/f1": 0.95123, "test/auc_pr": 0.99, "test/structural/f1": 0.9}},
+                     {"command": "python -m kglightning serve --config s.yaml", "skipped": "a server runs until stopped"},
+                     {"command": "python -m kglightning select --calibration cal.jsonl", "skipped": True}]}  # fmt: skip
+    (copy.RESULTS / "tutorial_t.json").write_text(json.dumps(run))
+    block = copy.tutorial_times("docs/tutorials/t.md")
+    assert "`predictions.jsonl` was a stand-in for your answers." in block
+    assert "- `import-predictions --input predictions.jsonl`: 12 s\n" in block
+    assert "- `fit --config c.yaml`: 3 min 20 s; 9 epochs, test F1 0.951 and AUC-PR 0.990 (the structural " in block
+    assert "- `serve --config s.yaml`: not run (a server runs until stopped)\n" in block
+    assert "- `select --calibration cal.jsonl`: not run (it reads your own files)\n" in block
+
+
+def test_record_run_tutorial_saves_the_pages_file_copies_a_stand_in_and_says_why_it_skipped(tmp_path, monkeypatch):
+    import argparse
+    import os
+
+    record = _tool("record_run")
+    root = tmp_path / "repo"
+    (root / "configs").mkdir(parents=True)
+    (root / "configs" / "c.yaml").write_text("a: 1\n")
+    page = root / "docs" / "t.md"
+    page.parent.mkdir()
+    page.write_text("```python\nprint('not this one')\n```\n```python\n# my_models.py\nX = 1\n```\n```bash\n"
+                    "python -m kglightning --version\npython -m kglightning serve \\\n  --config s.yaml\n"
+                    "python -m kglightning select --calibration cal.jsonl  # your files\n```\n")  # fmt: skip
+    (tmp_path / "mine.jsonl").write_text("{}\n")
+    monkeypatch.setattr(record, "ROOT", root)
+    args = argparse.Namespace(page="docs/t.md", python_block=["my_models.py"], file=[f"in/p.jsonl={tmp_path / 'mine.jsonl'}"],
+                              file_about={"in/p.jsonl": "a stand-in"}, skip=["serve=a server", "cal.jsonl"])  # fmt: skip
+    work_tmp = tmp_path / "tmp"
+    work_tmp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = record.record_tutorial(args, env, work_tmp)
+    work = work_tmp / "work"
+    assert (work / "my_models.py").read_text() == "# my_models.py\nX = 1\n"
+    assert (work / "in" / "p.jsonl").read_text() == "{}\n" and (work / "configs" / "c.yaml").is_file()
+    assert result["files"] == {"in/p.jsonl": "a stand-in"}
+    steps = result["steps"]
+    assert [s.get("skipped") for s in steps] == [None, "a server", True]
+    assert steps[0]["command"] == "python -m kglightning --version" and steps[0]["seconds"] >= 0
+    assert steps[1]["command"] == "python -m kglightning serve --config s.yaml"
+    args.python_block = ["other.py"]
+    with pytest.raises(SystemExit, match="no python block starting with `# other.py`"):
+        record.record_tutorial(args, env, tmp_path / "again")
+    args.python_block, args.file = [], ["in/q.jsonl=/no/such/file"]
+    with pytest.raises(SystemExit, match="expected DEST=SOURCE with an existing SOURCE"):
+        record.record_tutorial(args, env, tmp_path / "once_more")
 
 
 def test_record_run_reads_the_last_metrics_the_epochs_and_the_split_counts(tmp_path):
