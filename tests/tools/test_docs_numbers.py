@@ -157,7 +157,7 @@ def test_settings_and_prose_decimals_are_not_results():
     assert (
         numbers.stray_numbers(
             "At alpha 0.10 the target coverage is 90%; version 2.8, Python 3.11; a timeout of 30 s, "
-            "waits up to 120 s.\n",
+            "waits up to 120 s. As in its Table 15, seconds per question.\n",
             "README.md",
         )
         == []

@@ -5,8 +5,9 @@ about 200 triples), read through the detector's own data module. For each settin
 one worker, 16 on two ``--workers``) the server is started, warmed up, and sent every question ``--rounds`` times at
 concurrency 1, 8 and 32 (one asyncio client, a connection per concurrent request): requests per second, p50 and p99
 latency. Beside it, in the same run, the same questions scored in-process
-(:class:`~kglightning.serve.guard.GuardScorer`, batches of 16: the server's work without HTTP), and the p50 latency
-of a small question (its first 20 triples, 5 answers) at concurrency 1.
+(:class:`~kglightning.serve.guard.GuardScorer`, batches of 16: the server's work without HTTP), Lightning's
+``predict`` over the same questions (``predict_questions.py``: the baseline issue 60 names), and the p50 latency of a
+small question (its first 20 triples, 5 answers) at concurrency 1.
 
 ``--large N`` sends ``N`` questions with graphs of GNN-RAG's size (about 4,150 triples, from
 ``rog_generator.py``; their texts encoded into the cache first) to the batching server on one and on two workers,
@@ -28,7 +29,9 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
@@ -80,6 +83,25 @@ def _in_process(scorer: object, bodies: list[dict], batch: int = 16) -> dict[str
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     return {"questions": len(records), "seconds": round(seconds, 2), "per_second": round(len(records) / seconds, 1),
             "cpu_ms_per_question": round(1000 * cpu / len(records), 2)}  # fmt: skip
+
+
+def _predict(scorer: object, bodies: list[dict], checkpoint: str) -> dict[str, float]:
+    """Lightning's ``predict`` over the same questions, in a process of its own (``predict_questions.py``): the
+    records written as a test split, read and their graphs built anew, the texts' encodings from this cache."""
+    from kglightning.data.store.cache import default_cache_root
+
+    wanted = {b["id"] for b in bodies}
+    with tempfile.TemporaryDirectory(prefix="bench-serve-predict-") as tmp:
+        with open(Path(tmp) / "test.jsonl", "w", encoding="utf-8") as out:
+            for record in scorer.data.records("test"):
+                if record.id in wanted:
+                    out.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
+        done = subprocess.run([sys.executable, str(ROOT / "tools/bench/predict_questions.py"), "--records", tmp,
+                               "--checkpoint", checkpoint, "--warm-cache", str(default_cache_root())],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"predict_questions.py failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _server(checkpoint: str, batch: int, workers: int, log: Path, *extra: str) -> ServerProcess:
@@ -217,6 +239,7 @@ def main() -> None:
                                  "questions": len(bodies),
                                  "median_triples": statistics.median(len(b["graph"]) for b in bodies),
                                  "in_process": _in_process(scorer, bodies)}  # fmt: skip
+    result["predict"] = _predict(scorer, bodies, checkpoint)
     large = _large(scorer, args.large) if args.large else []
     if large:  # this process validates the in-process requests too: their graphs are over the default cap
         LIMITS.max_triples = max(len(b["graph"]) for b in large)
@@ -225,7 +248,7 @@ def main() -> None:
                            "max_triples": max(len(b["graph"]) for b in large),
                            "in_process": _in_process(scorer, large)}  # fmt: skip
     del scorer
-    print(json.dumps(result["in_process"]), flush=True)
+    print(json.dumps(result["in_process"]), json.dumps(result["predict"]), flush=True)
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
     runs = []
     sent = bodies * args.rounds
