@@ -91,11 +91,11 @@ def _predict(scorer: object, bodies: list[dict], checkpoint: str) -> dict[str, f
     from kglightning.data.store.cache import default_cache_root
 
     wanted = {b["id"] for b in bodies}
+    rows = [json.dumps(r.to_dict(), ensure_ascii=False) + "\n" for r in scorer.data.records("test") if r.id in wanted]
     with tempfile.TemporaryDirectory(prefix="bench-serve-predict-") as tmp:
-        with open(Path(tmp) / "test.jsonl", "w", encoding="utf-8") as out:
-            for record in scorer.data.records("test"):
-                if record.id in wanted:
-                    out.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
+        (Path(tmp) / "test.jsonl").write_text("".join(rows), encoding="utf-8")
+        for split in ("train", "validation"):  # a records folder has all three; predict reads the test split
+            (Path(tmp) / f"{split}.jsonl").write_text(rows[0], encoding="utf-8")
         done = subprocess.run([sys.executable, str(ROOT / "tools/bench/predict_questions.py"), "--records", tmp,
                                "--checkpoint", checkpoint, "--warm-cache", str(default_cache_root())],
                               capture_output=True, text=True, check=False)  # fmt: skip
