@@ -554,9 +554,9 @@ def serve_load() -> str:
         memory = f" (resident memory when ready: {run['rss_mb']:.0f} MB)" if "rss_mb" in run else ""
         lines[-1] += (f" With batching on {workers}{memory}, concurrency {top['concurrency']} "
                       f"gave {top['per_second'] / one['per_second']:.2f}x the throughput of concurrency "
-                      f"{one['concurrency']} and {top['per_second'] / inproc['per_second']:.0%} of in-process "
-                      "scoring" + (f", {top['per_second'] / predict['per_second']:.0%} of `predict`" if predict else "")
-                      + ".")  # fmt: skip
+                      f"{one['concurrency']}, "
+                      + (f"{top['per_second'] / predict['per_second']:.0%} of `predict` and " if predict else "and ")
+                      + f"{top['per_second'] / inproc['per_second']:.0%} of in-process scoring.")  # fmt: skip
     first = batched[0]
     small = first.get("small_question")
     if small:

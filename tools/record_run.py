@@ -349,6 +349,8 @@ def record_tutorial(args: argparse.Namespace, env: dict[str, str], tmp: Path) ->
         dest, sep, source = pair.partition("=")
         if not sep or not Path(source).exists():
             raise SystemExit(f"--file {pair}: expected DEST=SOURCE with an existing SOURCE")
+        if Path(dest).is_absolute() or ".." in Path(dest).parts or dest in ("", "."):
+            raise SystemExit(f"--file {pair}: DEST must be a path inside the working folder")
         (work / dest).parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if Path(source).is_dir() else shutil.copyfile)(source, work / dest)
         given[dest] = args.file_about.get(dest, source)

@@ -352,6 +352,10 @@ def test_record_run_tutorial_saves_the_pages_file_copies_a_stand_in_and_says_why
     args.python_block, args.file = [], ["in/q.jsonl=/no/such/file"]
     with pytest.raises(SystemExit, match="expected DEST=SOURCE with an existing SOURCE"):
         record.record_tutorial(args, env, tmp_path / "once_more")
+    args.file = [f"../outside.jsonl={tmp_path / 'mine.jsonl'}"]
+    with pytest.raises(SystemExit, match="DEST must be a path inside the working folder"):
+        record.record_tutorial(args, env, tmp_path / "outside")
+    assert not (tmp_path / "outside" / "outside.jsonl").exists()
 
 
 def test_record_run_reads_the_last_metrics_the_epochs_and_the_split_counts(tmp_path):
@@ -550,7 +554,18 @@ def test_the_serve_load_block_computes_its_ratios_from_the_result_file():
         by_c = {x["concurrency"]: x["per_second"] for x in run["load"]}
         assert f"{by_c[max(by_c)] / by_c[min(by_c)]:.2f}x the throughput" in text
         assert f"{by_c[max(by_c)] / r['in_process']['per_second']:.0%} of in-process" in text
+        # issue 60's throughput target is against in-process `predict` over the same questions
+        share = by_c[max(by_c)] / r["predict"]["per_second"]
+        verdict = "met" if share >= 0.75 else "**not met**"
+        assert f"within 25% of in-process `predict` ({share:.0%}: {verdict})" in text
     assert f"{batched[0]['soak']['server_errors']} answered 5xx" in text
+
+
+def test_a_serve_record_without_the_predict_baseline_compares_with_in_process_scoring(copy):
+    path = copy.RESULTS / "serve_load.json"
+    _edit(path, lambda r: {k: v for k, v in r.items() if k != "predict"})
+    text = copy.serve_load()
+    assert "`predict`" not in text and "within 25% of in-process scoring (" in text
 
 
 def test_the_detectors_comparison_says_when_their_runs_differ_in_commit_or_machine():
