@@ -41,6 +41,7 @@ QUERIES: dict[str, tuple[str, ...]] = {
     "at most 10% wrong": ("tutorials/answers-with-a-guarantee/",),
     "AnswerSelector parameters": ("api/conformal/selection/",),
     "AnswerSelector's parameters": ("api/conformal/selection/",),  # typed as the issue wrote it, with "'s"
+    "AnswerSelector’s parameters": ("api/conformal/selection/",),  # with the apostrophe phones and Macs type
     "install": ("", "guides/docker/"),
     "train": ("tutorials/", "methods/", "guides/"),
     "train a detector": ("methods/kg-guard/", "tutorials/own-llm-answers/", "guides/cli/"),

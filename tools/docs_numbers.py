@@ -63,24 +63,31 @@ MAIN_ROWS = (
 )  # fmt: skip
 DETECTORS, BASELINES = MAIN_ROWS[:2], MAIN_ROWS[2:]
 METRIC = r"(?:F1|AUC-PR|AUROC|precision|recall|accuracy|ECE|coverage|FDR|ECR|Hits@1)"
+# a time in minutes and seconds (``3 min 6 s``); a time that something took, takes or needed (``took 14 s``,
+# ``takes about 12 s``, ``took **77 to 80 ms**``, ``ran in 69 s``): a measurement (not ``took 4 min 2 s``, a clock
+# time); an estimated time (``builds in about 2 s``, ``roughly 5 ms``, ``~2 s``, ``about 2 to 3 min``) or a rate
+# (``2.5 s for a million triples``, ``12 ms per request``, ``5 ms/request``)
+_UNIT = r"(?:ms|s|seconds?|min|minutes?|h|hours?)"
+_RANGE = r"(?:\d[\d,.]*\s?(?:to|\u2013|-)\s?)?"
+TIME = re.compile(
+    r"\b\d+ min \d+ s\b"
+    r"|\b(?:took|takes|take|taking|ran in|runs in|run in|needed|needs|lasted|finished in|finishes in)\s+"
+    r"(?:(?:about|only|under|over|nearly|roughly|around|almost|approximately|some|just|less than|more than)\s+)?\**"
+    rf"{_RANGE}\d[\d,.]*\**\s?\**{_UNIT}\b\**(?!\s\d+\s?s\b)"
+    rf"|(?:\b(?:about|roughly|around|nearly|almost|approximately)\s+|~\s?)\**{_RANGE}\d(?:[\d,.]*\d)?\**\s?{_UNIT}\b"
+    r"|(?<![\w.,])\d(?:[\d,.]*\d)?\s?(?:ms|s|seconds?|min|minutes?)(?:\s+per\s|/[a-z]"
+    r"|\s+for\s+(?:a|an|one|two|three|each|every|\d[\d,.]*)\s)",
+    flags=re.I,
+)
 # numbers that only a result file may give: three or more decimals (a metric), a metric's name with a value of two
 # decimals or a share (``F1 0.96``, ``0.96 F1``, ``an FDR of 0.30``, ``F1 95.8%``), a ratio of two decimals
-# (``2.98x``) or with a decimal in words (``1.7 times as many``), a time in minutes and seconds (``3 min 6 s``,
-# ``3:38``), a time something took (``took 14 s``), or an estimated time or a rate (``about 2 s``, ``5 ms per``)
+# (``2.98x``) or with a decimal in words (``1.7 times as many``), a clock time (``3:38``), or a time (:data:`TIME`)
 STRAY = re.compile(
-    r"(?<![\w.])[01]\.\d{3,}(?!\d)|\b\d+ min \d+ s\b|(?<![\w:.])\d{1,2}:\d{2}(?![\w:])"
+    r"(?<![\w.])[01]\.\d{3,}(?!\d)|(?<![\w:.])\d{1,2}:\d{2}(?![\w:])"
     rf"|\b{METRIC}(?:\s+(?:of|=|was))?\s+(?:0\.\d\d\b|\d{{1,3}}(?:\.\d+)?%)|(?<![\w.])0\.\d\d\s+{METRIC}\b"
     r"|(?<![\w.])\d+\.\d\dx\b"  # a ratio of two decimals (2.98x)
     r"|(?<![\w.])\d+\.\d+\s+times\s+as\b"  # a measured ratio in words (``1.7 times as many requests``)
-    # a time that something took, takes or needed (``took 14 s``, ``takes about 12 s``, ``took **77 to 80 ms**``,
-    # ``ran in 69 s``): a measurement (not ``took 4 min 2 s``, the clock time above)
-    r"|\b(?:took|takes|take|taking|ran in|runs in|run in|needed|needs|lasted|finished in|finishes in)\s+"
-    r"(?:(?:about|only|under|over|nearly|roughly|around|almost|some|just|less than|more than)\s+)?\**"
-    r"(?:\d[\d,.]*\s?(?:to|\u2013|-)\s?)?\d[\d,.]*\**\s?\**(?:ms|s|seconds?|min|minutes?|h|hours?)\b\**(?!\s\d+\s?s\b)"
-    # an estimated time (``builds in about 2 s``, ``calibrate in roughly 5 ms``) or a rate (``2.5 s for a million
-    # triples``, ``12 ms per request``)
-    r"|\b(?:about|roughly|around|nearly|almost)\s+\**\d(?:[\d,.]*\d)?\**\s?(?:ms|s|seconds?|min|minutes?|h|hours?)\b"
-    r"|(?<![\w.,])\d(?:[\d,.]*\d)?\s?(?:ms|s|seconds?|min|minutes?)\s+(?:for\s+(?:a|an|one|each|every)|per)\s",
+    rf"|{TIME.pattern}",
     flags=re.I,
 )
 # each method page's results sections, by heading: there a share, or a decimal number in a table cell, is a result too
@@ -747,11 +754,30 @@ def stray_numbers(text: str, page: str) -> list[str]:
     return STRAY.findall(_strip(text)) + STRAY_SHARE.findall(results) + cells
 
 
+def docstring_times(package: Path | None = None) -> list[str]:
+    """The times (:data:`TIME`) written in the docstrings of ``package`` (``kglightning/``), which the API pages
+    show: a measured time belongs in a result file or a dated record, which the docstring can point to. Doctest
+    lines are left out."""
+    import ast
+
+    found = []
+    root = package or ROOT / "kglightning"
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            doc = ast.get_docstring(node, clean=False) or ""
+            prose = "\n".join(line for line in doc.splitlines() if not line.lstrip().startswith((">>>", "...")))
+            where = f"{path.relative_to(root.parent)}: {getattr(node, 'name', 'the module')}'s docstring"
+            found += [f"{where}: {m.group()!r} (a time belongs in a result file)" for m in TIME.finditer(_strip(prose))]
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only say which blocks differ; exit 1 if any")
     args = parser.parse_args(argv)
-    stale = []
+    stale = docstring_times()
     for page in (*PAGES, *RENDER_ONLY):
         path = ROOT / page
         text = path.read_text()

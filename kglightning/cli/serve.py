@@ -14,6 +14,7 @@ import logging
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import zipfile
 from pathlib import Path
@@ -248,6 +249,11 @@ def main(argv: list[str]) -> int:
               f"{args.api_key_env} before starting to require X-API-Key)", file=sys.stderr)  # fmt: skip
     try:
         server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=args.num_api_servers)
+        # LitServe's own shutdown ends the API servers it has listed: one forked just before a SIGTERM (LitServe
+        # catches the interrupt while it starts them) is not listed yet, and would keep the port, and this
+        # process at its exit, for good
+        stop.done()
+        stop_workers(server)
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C while the workers were loading (LitServe stops them once serving)
         stop.done()
         stop_workers(server)
@@ -262,4 +268,6 @@ def main(argv: list[str]) -> int:
         return 1
     finally:
         stop.done()
+        if stop.signalled.is_set():  # stopping on a SIGTERM: another one, during the teardown, is not a new order
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return 0

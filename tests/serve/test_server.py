@@ -322,7 +322,8 @@ def test_a_late_request_gets_a_504_and_sigterm_finishes_the_requests_in_flight(s
 def test_a_checkpoint_of_another_model_and_a_sigterm_while_loading_end_in_one_line(served, tiny_encoder_dir):
     """A checkpoint whose weights do not fit the config stops the server with exit 1 and a line naming the file and
     the config (the worker's error above it), and one that is no checkpoint at all is refused before any worker
-    starts; SIGTERM while the worker is still loading stops it without a traceback, leaving no process."""
+    starts; SIGTERM while the worker is still loading (and a second one while it stops) stops it without a traceback,
+    leaving no process."""
     import psutil
 
     tmp = served[3].parent
@@ -370,12 +371,65 @@ def test_a_checkpoint_of_another_model_and_a_sigterm_while_loading_end_in_one_li
                 children.update((c.pid, c) for c in psutil.Process(proc.pid).children(recursive=True))
             time.sleep(0.02)
         proc.terminate()
+        time.sleep(0.5)
+        if proc.poll() is None:  # a second SIGTERM while it stops (as an impatient `kill` sends) changes nothing
+            proc.terminate()
         assert proc.wait(timeout=60) == 0
     text = log.read_text()
     assert "Traceback" not in text and "stopped before the detector was ready" in text, text[-3000:]
     # multiprocessing's resource tracker ends once the server is gone (it reads the end of its pipe)
     _, alive = psutil.wait_procs(list(children.values()), timeout=10)
     assert not [(c.pid, c.cmdline()) for c in alive if c.status() != psutil.STATUS_ZOMBIE]
+
+
+# `kglightning serve` with a SIGTERM sent at one moment LitServe's timing cannot be made to hit: after its first
+# HTTP server process is forked, before the second (LitServe catches that interrupt itself, before it has listed
+# the first, so its own shutdown leaves it running)
+_SIGTERM_BETWEEN_FORKS = """
+import os, signal, sys
+import litserve.server as litserve_server
+prepare, calls = litserve_server.LitServer._prepare_app_run, []
+
+def prepare_then_signal(self, app):
+    calls.append(1)
+    if len(calls) == 2:  # the first HTTP server is forked
+        os.kill(os.getpid(), signal.SIGTERM)
+    return prepare(self, app)
+
+litserve_server.LitServer._prepare_app_run = prepare_then_signal
+from kglightning.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_sigterm_between_the_http_servers_forks_leaves_no_server_behind(served, tiny_encoder_dir):
+    import psutil
+
+    tmp = served[3].parent
+    port = free_port()
+    cmd = [sys.executable, "-c", _SIGTERM_BETWEEN_FORKS, "serve", "--config", str(ROOT / "configs/serve.yaml"),
+           "--detector_config", str(ROOT / "configs/detector.yaml"), "--accelerator", "cpu",
+           *_detector_args(str(tmp / "data"), tiny_encoder_dir), "--num_api_servers", "2", "--checkpoint",
+           str(tmp / "outputs/detector/graph_transformer/checkpoints/best.ckpt"), "--port", str(port)]  # fmt: skip
+    log = tmp / "server_between_forks.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp, env=_env(tmp), stdout=out, stderr=out)
+        children: dict[int, psutil.Process] = {}
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:  # every process it starts, until it exits
+            with contextlib.suppress(psutil.Error):
+                children.update((c.pid, c) for c in psutil.Process(proc.pid).children(recursive=True))
+            time.sleep(0.05)
+        if proc.poll() is None:  # it hung: one of its HTTP servers kept it waiting at its exit
+            proc.kill()
+        proc.wait()
+    _, alive = psutil.wait_procs(list(children.values()), timeout=10)
+    left = [(c.pid, c.cmdline()) for c in alive if c.status() != psutil.STATUS_ZOMBIE]
+    for c in alive:
+        c.kill()
+    said = log.read_text()
+    assert proc.returncode == 0 and not left, (proc.returncode, left, said[-3000:])
+    assert "Traceback" not in said, said[-3000:]
 
 
 def _spawned(process) -> bool:

@@ -128,6 +128,11 @@ def test_a_number_edited_by_hand_fails_the_check(copy, capsys):
         ("docs/guides/data.md", "It is read and indexed once (2.5 s for a million triples).\n", False),
         ("docs/methods/conformal.md", "1,000 configurations calibrate in roughly 5 ms.\n", False),
         ("docs/guides/serving.md", "Each worker spends 4.1 ms per request.\n", False),
+        ("docs/guides/serving.md", "Each worker spends 4.1 ms/request.\n", False),
+        ("docs/data.md", "A KG indexes in approximately 2 s.\n", False),
+        ("docs/data.md", "A KG indexes in ~2 s.\n", False),
+        ("docs/data.md", "A KG indexes in about 2 to 3 min.\n", False),
+        ("docs/guides/data.md", "It is read and indexed once (2.5 s for 1 million triples).\n", False),
     ],
 )
 def test_a_result_written_outside_the_blocks_fails_the_check(copy, capsys, page, line, results_section):
@@ -142,6 +147,24 @@ def test_a_result_written_outside_the_blocks_fails_the_check(copy, capsys, page,
     assert copy.main(["--check"]) == 1
     out = capsys.readouterr().out
     assert f"{page}: " in out and "outside a block" in out
+
+
+def test_a_time_in_a_docstring_which_the_api_pages_show_is_named(tmp_path):
+    numbers = _tool("docs_numbers")
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "mod.py").write_text(
+        '"""A module whose index builds in about 2 s."""\n\n\n'
+        "def f():\n"
+        '    """Fast.\n\n    >>> f()  # took 3 s in a doctest: not prose\n    """\n\n\n'
+        "class C:\n"
+        '    """It took 33 ms at concurrency 1; a timeout of 30 s is a setting."""\n'
+    )
+    assert numbers.docstring_times(package) == [
+        "pkg/mod.py: the module's docstring: 'about 2 s' (a time belongs in a result file)",
+        "pkg/mod.py: C's docstring: 'took 33 ms' (a time belongs in a result file)",
+    ]
+    assert numbers.docstring_times() == []  # the package's own docstrings point to their records
 
 
 def test_settings_and_prose_decimals_are_not_results():

@@ -2,7 +2,7 @@
 
 The state machine (:mod:`kglightning.llm.trie.processor`) reads generated text token by token to find where a
 ``<PATH`` tag opens; it never decodes whole sequences at generation time. :class:`TagVocab` decodes every token
-once (about 0.3 s for a 49 K vocabulary) and keeps boolean masks over the vocabulary:
+once, when it is built, and keeps boolean masks over the vocabulary:
 
 * ``plain``: tokens free inside an opening tag (no ``<`` or ``>``, not a special token);
 * ``has_gt``: tokens containing ``>`` (they could close a tag);
