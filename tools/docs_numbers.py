@@ -670,7 +670,7 @@ def tutorial_times(page: str) -> str:
     lines = [
         f"What each command took on {_cores(run['machine'])}, run one after the other as written on this page, from "
         f"an empty cache at the first, on {run['date']} (commit {run['commit']}; "
-        f"`python tools/record_run.py tutorial {page}` measures it again).{given}",
+        f"`{run.get('rerun', f'python tools/record_run.py tutorial {page}')}` measures it again).{given}",
         "",
     ]
     for step in run["steps"]:

@@ -369,7 +369,11 @@ def record_tutorial(args: argparse.Namespace, env: dict[str, str], tmp: Path) ->
             step["test"], step["epochs"] = run_metrics(work)
         steps.append(step)
     about = {"files": given} if given else {}
-    return {"page": args.page, **_about(), "cache": "empty at the first step", **about, "steps": steps}
+    rerun = " ".join(["python tools/record_run.py tutorial", args.page,
+                      *(f"--python-block {name}" for name in args.python_block),
+                      *(f"--file {pair.partition('=')[0]}=FILE" for pair in args.file),
+                      *(shlex.quote(f"--skip={pair.partition('=')[0]}") for pair in args.skip)])  # fmt: skip
+    return {"page": args.page, **_about(), "cache": "empty at the first step", "rerun": rerun, **about, "steps": steps}
 
 
 def page_python_block(page: Path, name: str) -> str:

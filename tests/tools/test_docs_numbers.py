@@ -325,7 +325,7 @@ def test_unknown_block_and_missing_result_file_are_named(copy):
 def test_tutorial_times_say_what_stood_in_why_a_step_was_left_out_and_what_a_fit_came_out_with(copy):
     run = {"page": "docs/tutorials/t.md", "date": "2026-12-07", "commit": "abc1234",
            "machine": {"gpu": None, "cpu": "AMD EPYC", "cores": 2},
-           "files": {"predictions.jsonl": "a stand-in for your answers"},
+           "files": {"predictions.jsonl": "a stand-in for your answers"}, "rerun": "python tools/record_run.py x --y",
            "steps": [{"command": "python -m kglightning import-predictions --input predictions.jsonl", "seconds": 12.0},
                      {"command": "python -m kglightning fit --config c.yaml", "seconds": 200.4, "epochs": 9,
                       "test": {"test/f1": 0.95123, "test/auc_pr": 0.99, "test/structural/f1": 0.9}},
@@ -333,7 +333,9 @@ def test_tutorial_times_say_what_stood_in_why_a_step_was_left_out_and_what_a_fit
                      {"command": "python -m kglightning select --calibration cal.jsonl", "skipped": True}]}  # fmt: skip
     (copy.RESULTS / "tutorial_t.json").write_text(json.dumps(run))
     block = copy.tutorial_times("docs/tutorials/t.md")
-    assert "`predictions.jsonl` was a stand-in for your answers." in block
+    assert (
+        "`python tools/record_run.py x --y` measures it again). `predictions.jsonl` was a stand-in for your " in block
+    )
     assert "- `import-predictions --input predictions.jsonl`: 12 s\n" in block
     assert "- `fit --config c.yaml`: 3 min 20 s; 9 epochs, test F1 0.951 and AUC-PR 0.990 (the structural " in block
     assert "- `serve --config s.yaml`: not run (a server runs until stopped)\n" in block
@@ -365,6 +367,8 @@ def test_record_run_tutorial_saves_the_pages_file_copies_a_stand_in_and_says_why
     assert (work / "my_models.py").read_text() == "# my_models.py\nX = 1\n"
     assert (work / "in" / "p.jsonl").read_text() == "{}\n" and (work / "configs" / "c.yaml").is_file()
     assert result["files"] == {"in/p.jsonl": "a stand-in"}
+    assert result["rerun"] == ("python tools/record_run.py tutorial docs/t.md --python-block my_models.py "
+                               "--file in/p.jsonl=FILE --skip=serve --skip=cal.jsonl")  # fmt: skip
     steps = result["steps"]
     assert [s.get("skipped") for s in steps] == [None, "a server", True]
     assert steps[0]["command"] == "python -m kglightning --version" and steps[0]["seconds"] >= 0
