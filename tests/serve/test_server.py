@@ -388,6 +388,8 @@ def test_a_checkpoint_of_another_model_and_a_sigterm_while_loading_end_in_one_li
 _SIGTERM_BETWEEN_FORKS = """
 import os, signal, sys
 import litserve.server as litserve_server
+if not hasattr(litserve_server.LitServer, "_prepare_app_run"):  # a LitServe that starts its servers otherwise
+    sys.exit(77)
 prepare, calls = litserve_server.LitServer._prepare_app_run, []
 
 def prepare_then_signal(self, app):
@@ -428,6 +430,8 @@ def test_a_sigterm_between_the_http_servers_forks_leaves_no_server_behind(served
     for c in alive:
         c.kill()
     said = log.read_text()
+    if proc.returncode == 77:
+        pytest.skip("this LitServe has no LitServer._prepare_app_run to send the SIGTERM from")
     assert proc.returncode == 0 and not left, (proc.returncode, left, said[-3000:])
     assert "Traceback" not in said, said[-3000:]
 
