@@ -98,7 +98,8 @@ def test_a_sigterm_while_a_process_starts_is_raised_once_it_is_registered():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", _SIGNAL_IN_START], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "started; interrupted; registered: True", out.stdout + out.stderr
+    # "started; " comes first unless the retry lands between start() and the print: registered is what counts
+    assert out.stdout.strip().endswith("interrupted; registered: True"), out.stdout + out.stderr
 
 
 def test_no_interrupt_once_the_stop_is_under_way():
