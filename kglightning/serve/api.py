@@ -177,8 +177,9 @@ def guard_server(
     """A ``litserve.LitServer`` serving :class:`GuardAPI` on ``workers`` processes, each with its own copy of the
     detector (``accelerator="auto"``: on a GPU when there is one); its key, when ``api_key_env`` is set, read from
     the environment once. Responses come back to the HTTP processes over ZeroMQ (LitServe's ``fast_queue``, which
-    cut a request's time at concurrency 1 by about a third: BENCHMARKS.md, "The guard as a service under load"). ``closing``: an event (a
-    ``multiprocessing.Event``) that, once set, has new requests refused with a 503 while those in flight finish."""
+    cut a request's time at concurrency 1 by about a third: BENCHMARKS.md, "The guard as a service under load").
+    ``closing``: an event (a ``multiprocessing.Event``) that, once set, has new requests refused with a 503 while
+    those in flight finish."""
     key = os.environ.get(api_key_env) or None
     log.info(
         "serve: %s", f"an API key is required ({api_key_env} is set)" if key else f"no API key ({api_key_env} unset)"

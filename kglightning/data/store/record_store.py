@@ -1,11 +1,11 @@
 """Large record files read once: the validated records kept on disk as Arrow, their graphs memory-mapped.
 
-Parsing and validating a RoG file is the slowest step of a run at full size (CWQ's training split is 7 GB of
-jsonl; BENCHMARKS.md times its first and second read) and its graphs are most of the memory a run holds. So the first
-:func:`~kglightning.data.sources.loaders.read_records` of a local file (of at least ``KGLIGHTNING_RECORD_STORE_MIN_MB``
-MB, default 0: every file) writes what it read to ``$KGLIGHTNING_CACHE/records/<key>/``, as Apache Arrow IPC streams
-written with ordinary file writes (the format of ``datasets``' cache files), and gives back the records as the store
-holds them, as every later read does:
+Parsing and validating a RoG file is the slowest step of a run at full size (CWQ's training split is 7 GB of jsonl;
+BENCHMARKS.md times its first and second read) and its graphs are most of the memory a run holds. So the first
+:func:`~kglightning.data.sources.loaders.read_records` of a local file (of at least
+``KGLIGHTNING_RECORD_STORE_MIN_MB`` MB, default 0: every file) writes what it read to
+``$KGLIGHTNING_CACHE/records/<key>/``, as Apache Arrow IPC streams written with ordinary file writes (the format of
+``datasets``' cache files), and gives back the records as the store holds them, as every later read does:
 
 * ``records.arrow``: one row per record: ``id``, ``question``, ``answer``, ``q_entity``, ``a_entity``,
   ``prediction``, ``confidence`` and ``prediction_paths`` as Arrow strings and lists, ``graph`` as a list of
