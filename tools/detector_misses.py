@@ -64,15 +64,12 @@ def _bucket(value: int, edges: tuple[int, ...]) -> str:
 def score_nodes(config: str, ckpt: str, overrides: list[str]) -> tuple[list[dict], list[str]]:
     """Every test answer as a row (the detector's probability and flag, each baseline's score, the groups), and the
     baselines' names."""
-    from lightning.pytorch import LightningDataModule, LightningModule
-
-    from kglightning.cli import KGLightningCLI
+    from kglightning.cli.trainer import configured
     from kglightning.datamodules.detection_graphs import GROUNDING_KINDS, answer_owner
     from kglightning.evidence.answer_signals import SIGNALS
     from kglightning.modules import HallucinationDetector
 
-    cli = KGLightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                         run=False, args=["--config", config, *overrides])  # fmt: skip
+    cli = configured("predict", args=["--config", config, *overrides])
     dm = cli.datamodule
     dm.prepare_data()
     dm.setup("test")

@@ -11,9 +11,10 @@ result:
 
 - anywhere on the page: three or more decimals (``0.953``, ``0.9535``: a metric), a metric named with a value of two
   decimals or a share (``F1 0.96``, ``0.96 F1``, ``an FDR of 0.30``, ``F1 95.8%``), a ratio of two decimals
-  (``2.98x``) or with a decimal in words (``1.7 times as many``), a time in minutes and seconds (``3 min 6 s``, ``3:38``), or a time something took, takes or needed
-  (``took 14 s``, ``takes about 12 s``, ``took **77 to 80 ms**``, ``ran in 69 s``; a setting is written otherwise:
-  ``a timeout of 30 s``);
+  (``2.98x``) or with a decimal in words (``1.7 times as many``), a time in minutes and seconds (``3 min 6 s``,
+  ``3:38``), a time something took, takes or needed (``took 14 s``, ``takes about 12 s``, ``took **77 to 80 ms**``,
+  ``ran in 69 s``; a setting is written otherwise: ``a timeout of 30 s``), an estimated time or a rate
+  (``about 2 s``, ``5 ms per request``; :data:`TIME`, which the package's docstrings are read for too);
 - in a method page's results sections (:data:`RESULTS_SECTIONS`, named by their headings; a section runs to the
   next heading of its level or above), also a share (``91.9%``) and a decimal number in a table cell
   (``| 87.5 |``, ``| 93.3 / 101.2 |``), the form results take there. Prose decimals (``alpha = 0.2``, ``lr 5e-5``)

@@ -344,19 +344,18 @@ def record_tutorial(args: argparse.Namespace, env: dict[str, str], tmp: Path) ->
     shutil.copytree(ROOT / "configs", work / "configs")
     for name in args.python_block:  # the reader saves it, as the page says
         (work / name).write_text(page_python_block(page, name), encoding="utf-8")
+    files, skips, about = pairs(args.file), pairs(args.skip), dict(pairs(args.about))
     given = {}
-    for pair in args.file:
-        dest, sep, source = pair.partition("=")
-        if not sep or not Path(source).exists():
-            raise SystemExit(f"--file {pair}: expected DEST=SOURCE with an existing SOURCE")
+    for dest, source in files:
+        if not source or not Path(source).exists():
+            raise SystemExit(f"--file {dest}={source}: expected DEST=SOURCE with an existing SOURCE")
         if Path(dest).is_absolute() or ".." in Path(dest).parts or dest in ("", "."):
-            raise SystemExit(f"--file {pair}: DEST must be a path inside the working folder")
+            raise SystemExit(f"--file {dest}={source}: DEST must be a path inside the working folder")
         (work / dest).parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if Path(source).is_dir() else shutil.copyfile)(source, work / dest)
-        given[dest] = args.file_about.get(dest, source)
+        given[dest] = about.get(dest, source)
     env = {**env, "KGLIGHTNING_CACHE": str(tmp / "cache")}  # empty: the first run of a fresh clone
     steps: list[dict[str, object]] = []
-    skips = [pair.partition("=")[::2] for pair in args.skip]
     for i, command in enumerate(commands):
         why = next((why or True for text, why in skips if text in command), None)
         if why:
@@ -368,12 +367,17 @@ def record_tutorial(args: argparse.Namespace, env: dict[str, str], tmp: Path) ->
         if argv[3:4] == ["fit"]:  # what it came out with: the test metrics of the run it logged last, and its epochs
             step["test"], step["epochs"] = run_metrics(work)
         steps.append(step)
-    about = {"files": given} if given else {}
     rerun = " ".join(["python tools/record_run.py tutorial", args.page,
                       *(f"--python-block {name}" for name in args.python_block),
-                      *(f"--file {pair.partition('=')[0]}=FILE" for pair in args.file),
-                      *(shlex.quote(f"--skip={pair.partition('=')[0]}") for pair in args.skip)])  # fmt: skip
-    return {"page": args.page, **_about(), "cache": "empty at the first step", "rerun": rerun, **about, "steps": steps}
+                      *(f"--file {dest}=FILE" for dest, _ in files),
+                      *(shlex.quote(f"--skip={text}") for text, _ in skips)])  # fmt: skip
+    return {"page": args.page, **_about(), "cache": "empty at the first step", "rerun": rerun,
+            **({"files": given} if given else {}), "steps": steps}  # fmt: skip
+
+
+def pairs(values: list[str]) -> list[tuple[str, str]]:
+    """``KEY=VALUE`` options as ``(KEY, VALUE)`` pairs, split at the first ``=`` (``VALUE`` is ``""`` without one)."""
+    return [(key, value) for key, _, value in (v.partition("=") for v in values)]
 
 
 def page_python_block(page: Path, name: str) -> str:
@@ -445,8 +449,6 @@ def main(argv: list[str] | None = None) -> None:
     for p in (fit, predict, tests, tutorial):
         p.add_argument("--output", required=True, type=Path, help="the result file (JSON) to write")
     args = parser.parse_args(argv)
-    if args.what == "tutorial":
-        args.file_about = dict(pair.partition("=")[::2] for pair in args.about)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     _about()  # the commit as the run starts, not as it ends
     tmp = Path(tempfile.mkdtemp(prefix="kglightning-record-"))

@@ -19,8 +19,6 @@ import argparse
 import json
 from pathlib import Path
 
-SPLITS = ("train", "validation", "test")
-
 
 def gnn_rag_line(record) -> dict:
     """One record (a ``KGQARecord`` with ``prediction``) as a line of GNN-RAG's predictions file."""
@@ -35,12 +33,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", type=Path, required=True, help="the predictions file (JSON lines) to write")
     parser.add_argument("--config", default="configs/detector.yaml", help="the config whose data module proposes")
     args = parser.parse_args(argv)
-    from lightning.pytorch import LightningDataModule, LightningModule
+    from kglightning.cli.trainer import configured
+    from kglightning.data.splits import SPLITS
 
-    from kglightning.cli import KGLightningCLI
-
-    cli = KGLightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                         run=False, args=["--config", args.config])  # fmt: skip
+    cli = configured("predict", args=["--config", args.config])
     dm = cli.datamodule
     dm.prepare_data()
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -358,7 +358,7 @@ def test_record_run_tutorial_saves_the_pages_file_copies_a_stand_in_and_says_why
     (tmp_path / "mine.jsonl").write_text("{}\n")
     monkeypatch.setattr(record, "ROOT", root)
     args = argparse.Namespace(page="docs/t.md", python_block=["my_models.py"], file=[f"in/p.jsonl={tmp_path / 'mine.jsonl'}"],
-                              file_about={"in/p.jsonl": "a stand-in"}, skip=["serve=a server", "cal.jsonl"])  # fmt: skip
+                              about=["in/p.jsonl=a stand-in"], skip=["serve=a server", "cal.jsonl"])  # fmt: skip
     work_tmp = tmp_path / "tmp"
     work_tmp.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

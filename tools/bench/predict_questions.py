@@ -8,10 +8,9 @@ the same questions").
 folder (so that its predictions file leaves ``outputs/`` alone) with a temporary kglightning cache holding a copy of
 the warm cache's ``embeddings`` folder (the user's cache is only read): the texts are encoded already, as they are
 for the server in the same benchmark, while the records are read and the graphs built anew, as the server builds
-each request's. The time is
-that of ``trainer.predict`` alone (reading the records, building the graphs, the forward passes, writing the
-predictions), not the process's start, imports or checkpoint load, which the server pays once. Printed as one JSON
-line: the questions, the seconds and the questions per second.
+each request's. The time is that of ``trainer.predict`` alone (reading the records, building the graphs, the forward
+passes, writing the predictions), not the process's start, imports or checkpoint load, which the server pays once.
+Printed as one JSON line: the questions, the seconds and the questions per second.
 """
 
 from __future__ import annotations
@@ -44,15 +43,14 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["KGLIGHTNING_CACHE"] = str(cache)
         os.chdir(tmp)
         sys.path.insert(0, str(ROOT))
-        from lightning.pytorch import LightningDataModule, LightningModule
+        import torch
 
-        from kglightning.cli import KGLightningCLI
+        from kglightning.cli.trainer import configured
 
         overrides = ["--data.init_args.data_dir", str(records), "--data.init_args.proposer", "null",
                      "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]  # fmt: skip
-        cli = KGLightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                             run=False, args=["--config", str(ROOT / args.config), *overrides])  # fmt: skip
-        state = __import__("torch").load(checkpoint, map_location="cpu", weights_only=False)
+        cli = configured("predict", args=["--config", str(ROOT / args.config), *overrides])
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
         cli.model.load_state_dict(state["state_dict"])
         questions = sum(1 for line in (records / "test.jsonl").open() if line.strip())
         start = time.perf_counter()
